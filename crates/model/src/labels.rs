@@ -1,0 +1,303 @@
+//! Label sets: sorted by name, `__name__` included, no empty values, no duplicate names.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
+
+/// The label that carries the metric name.
+pub const METRIC_NAME: &str = "__name__";
+
+/// Separator used when hashing, a byte that cannot occur in UTF-8 text.
+const HASH_SEPARATOR: u8 = 0xff;
+
+/// One label. Strings are reference-counted so that label sets handed out by queries can share
+/// them with the head's symbol table instead of copying.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label {
+    pub name: Arc<str>,
+    pub value: Arc<str>,
+}
+
+impl Label {
+    pub fn new(name: impl Into<Arc<str>>, value: impl Into<Arc<str>>) -> Self {
+        Label { name: name.into(), value: value.into() }
+    }
+}
+
+impl fmt::Debug for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={:?}", self.name, self.value)
+    }
+}
+
+/// Why a label set was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LabelsError {
+    #[error("label set is empty")]
+    Empty,
+    #[error("label name is empty (value {value:?})")]
+    EmptyName { value: String },
+    #[error("duplicate label name {name:?}")]
+    DuplicateName { name: String },
+}
+
+/// A sorted label set. Invariant: sorted by name, names unique and non-empty, values non-empty.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Labels(Vec<Label>);
+
+impl Labels {
+    /// An empty label set (the identity for building).
+    pub fn empty() -> Self {
+        Labels(Vec::new())
+    }
+
+    /// Builds a validated label set from pairs in any order. Pairs with an empty value are
+    /// dropped (an empty value means the label is absent).
+    pub fn try_from_pairs<N, V>(pairs: impl IntoIterator<Item = (N, V)>) -> Result<Self, LabelsError>
+    where
+        N: Into<Arc<str>>,
+        V: Into<Arc<str>>,
+    {
+        let mut v: Vec<Label> = Vec::new();
+        for (n, val) in pairs {
+            let l = Label::new(n, val);
+            if l.name.is_empty() {
+                return Err(LabelsError::EmptyName { value: l.value.to_string() });
+            }
+            if !l.value.is_empty() {
+                v.push(l);
+            }
+        }
+        Self::from_unsorted(v)
+    }
+
+    /// Like [`Labels::try_from_pairs`] but panics on invalid input; for tests and literals.
+    pub fn from_pairs<N, V>(pairs: impl IntoIterator<Item = (N, V)>) -> Self
+    where
+        N: Into<Arc<str>>,
+        V: Into<Arc<str>>,
+    {
+        Self::try_from_pairs(pairs).expect("valid label pairs")
+    }
+
+    fn from_unsorted(mut v: Vec<Label>) -> Result<Self, LabelsError> {
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(w) = v.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(LabelsError::DuplicateName { name: w[0].name.to_string() });
+        }
+        Ok(Labels(v))
+    }
+
+    /// Wraps labels already known to be sorted, unique and non-empty (e.g. decoded from our own
+    /// storage, which only ever stores valid sets). Checked in debug builds.
+    pub fn from_sorted_unchecked(v: Vec<Label>) -> Self {
+        debug_assert!(v.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
+        debug_assert!(v.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
+        Labels(v)
+    }
+
+    /// Checks the invariants; used on label sets that come from outside.
+    pub fn validate(&self) -> Result<(), LabelsError> {
+        if self.0.is_empty() {
+            return Err(LabelsError::Empty);
+        }
+        for (i, l) in self.0.iter().enumerate() {
+            if l.name.is_empty() {
+                return Err(LabelsError::EmptyName { value: l.value.to_string() });
+            }
+            if i > 0 && self.0[i - 1].name >= l.name {
+                return Err(LabelsError::DuplicateName { name: l.name.to_string() });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|l| (*l.name).cmp(name))
+            .ok()
+            .map(|i| &*self.0[i].value)
+    }
+
+    /// The metric name, if any.
+    pub fn metric_name(&self) -> Option<&str> {
+        self.get(METRIC_NAME)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Label> {
+        self.0.iter()
+    }
+
+    pub fn as_slice(&self) -> &[Label] {
+        &self.0
+    }
+
+    /// A stable 64-bit hash: XXH3 over `name 0xff value 0xff` for each label in order. It
+    /// depends only on the label strings, never on process state, so it may be persisted.
+    pub fn stable_hash(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for l in &self.0 {
+            h.update(l.name.as_bytes());
+            h.update(&[HASH_SEPARATOR]);
+            h.update(l.value.as_bytes());
+            h.update(&[HASH_SEPARATOR]);
+        }
+        h.digest()
+    }
+}
+
+impl Ord for Labels {
+    /// Prometheus' order: compare label by label, name first, then value; a set that is a prefix
+    /// of another sorts first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        for (a, b) in self.0.iter().zip(other.0.iter()) {
+            match a.name.cmp(&b.name).then_with(|| a.value.cmp(&b.value)) {
+                Ordering::Equal => continue,
+                o => return o,
+            }
+        }
+        self.0.len().cmp(&other.0.len())
+    }
+}
+
+impl PartialOrd for Labels {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for Labels {
+    /// `name{a="b", c="d"}` as Prometheus prints series.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(n) = self.metric_name() {
+            f.write_str(n)?;
+        }
+        f.write_str("{")?;
+        let mut first = true;
+        for l in self.0.iter().filter(|l| &*l.name != METRIC_NAME) {
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{}={:?}", l.name, &*l.value)?;
+        }
+        f.write_str("}")
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl<'a> IntoIterator for &'a Labels {
+    type Item = &'a Label;
+    type IntoIter = std::slice::Iter<'a, Label>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// Builds a label set by setting and deleting labels on top of a base set.
+#[derive(Debug, Default)]
+pub struct LabelsBuilder {
+    labels: Vec<Label>,
+}
+
+impl LabelsBuilder {
+    pub fn new(base: &Labels) -> Self {
+        LabelsBuilder { labels: base.0.clone() }
+    }
+
+    /// Sets `name` to `value`; an empty value deletes the label.
+    pub fn set(&mut self, name: impl Into<Arc<str>>, value: impl Into<Arc<str>>) -> &mut Self {
+        let l = Label::new(name, value);
+        self.labels.retain(|x| x.name != l.name);
+        if !l.value.is_empty() {
+            self.labels.push(l);
+        }
+        self
+    }
+
+    pub fn del(&mut self, name: &str) -> &mut Self {
+        self.labels.retain(|x| &*x.name != name);
+        self
+    }
+
+    pub fn build(self) -> Result<Labels, LabelsError> {
+        Labels::from_unsorted(self.labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_are_sorted_and_empty_values_dropped() {
+        let l = Labels::from_pairs([("b", "2"), ("__name__", "up"), ("a", ""), ("c", "3")]);
+        let names: Vec<&str> = l.iter().map(|l| &*l.name).collect();
+        assert_eq!(names, ["__name__", "b", "c"]);
+        assert_eq!(l.get("a"), None);
+        assert_eq!(l.metric_name(), Some("up"));
+        assert_eq!(l.to_string(), r#"up{b="2", c="3"}"#);
+    }
+
+    #[test]
+    fn duplicate_and_empty_names_are_errors() {
+        assert_eq!(
+            Labels::try_from_pairs([("a", "1"), ("a", "2")]),
+            Err(LabelsError::DuplicateName { name: "a".into() })
+        );
+        assert_eq!(
+            Labels::try_from_pairs([("", "1")]),
+            Err(LabelsError::EmptyName { value: "1".into() })
+        );
+        assert_eq!(Labels::empty().validate(), Err(LabelsError::Empty));
+    }
+
+    #[test]
+    fn utf8_names_are_allowed() {
+        let l = Labels::from_pairs([("__name__", "température.celsius"), ("région", "île")]);
+        assert!(l.validate().is_ok());
+        assert_eq!(l.get("région"), Some("île"));
+    }
+
+    #[test]
+    fn hash_is_stable_and_separates_boundaries() {
+        let a = Labels::from_pairs([("a", "bc")]);
+        let b = Labels::from_pairs([("ab", "c")]);
+        assert_ne!(a.stable_hash(), b.stable_hash());
+        // Frozen value: the hash is persisted, so it must never change between versions.
+        assert_eq!(Labels::from_pairs([("__name__", "up")]).stable_hash(), 0xb1de_cace_4493_c590);
+    }
+
+    #[test]
+    fn ordering_is_label_by_label() {
+        let a = Labels::from_pairs([("a", "1")]);
+        let b = Labels::from_pairs([("a", "1"), ("b", "1")]);
+        let c = Labels::from_pairs([("a", "2")]);
+        let d = Labels::from_pairs([("b", "0")]);
+        let mut v = vec![d.clone(), c.clone(), b.clone(), a.clone()];
+        v.sort();
+        assert_eq!(v, vec![a, b, c, d]);
+    }
+
+    #[test]
+    fn builder_sets_and_deletes() {
+        let base = Labels::from_pairs([("a", "1"), ("b", "2")]);
+        let mut b = LabelsBuilder::new(&base);
+        b.set("c", "3").set("a", "").del("b");
+        assert_eq!(b.build().unwrap(), Labels::from_pairs([("c", "3")]));
+    }
+}
