@@ -20,7 +20,10 @@ pub struct Label {
 
 impl Label {
     pub fn new(name: impl Into<Arc<str>>, value: impl Into<Arc<str>>) -> Self {
-        Label { name: name.into(), value: value.into() }
+        Label {
+            name: name.into(),
+            value: value.into(),
+        }
     }
 }
 
@@ -54,7 +57,9 @@ impl Labels {
 
     /// Builds a validated label set from pairs in any order. Pairs with an empty value are
     /// dropped (an empty value means the label is absent).
-    pub fn try_from_pairs<N, V>(pairs: impl IntoIterator<Item = (N, V)>) -> Result<Self, LabelsError>
+    pub fn try_from_pairs<N, V>(
+        pairs: impl IntoIterator<Item = (N, V)>,
+    ) -> Result<Self, LabelsError>
     where
         N: Into<Arc<str>>,
         V: Into<Arc<str>>,
@@ -63,7 +68,9 @@ impl Labels {
         for (n, val) in pairs {
             let l = Label::new(n, val);
             if l.name.is_empty() {
-                return Err(LabelsError::EmptyName { value: l.value.to_string() });
+                return Err(LabelsError::EmptyName {
+                    value: l.value.to_string(),
+                });
             }
             if !l.value.is_empty() {
                 v.push(l);
@@ -84,7 +91,9 @@ impl Labels {
     fn from_unsorted(mut v: Vec<Label>) -> Result<Self, LabelsError> {
         v.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = v.windows(2).find(|w| w[0].name == w[1].name) {
-            return Err(LabelsError::DuplicateName { name: w[0].name.to_string() });
+            return Err(LabelsError::DuplicateName {
+                name: w[0].name.to_string(),
+            });
         }
         Ok(Labels(v))
     }
@@ -92,7 +101,10 @@ impl Labels {
     /// Wraps labels already known to be sorted, unique and non-empty (e.g. decoded from our own
     /// storage, which only ever stores valid sets). Checked in debug builds.
     pub fn from_sorted_unchecked(v: Vec<Label>) -> Self {
-        debug_assert!(v.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
+        debug_assert!(
+            v.windows(2).all(|w| w[0].name < w[1].name),
+            "labels not sorted/unique"
+        );
         debug_assert!(v.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
         Labels(v)
     }
@@ -104,10 +116,14 @@ impl Labels {
         }
         for (i, l) in self.0.iter().enumerate() {
             if l.name.is_empty() {
-                return Err(LabelsError::EmptyName { value: l.value.to_string() });
+                return Err(LabelsError::EmptyName {
+                    value: l.value.to_string(),
+                });
             }
             if i > 0 && self.0[i - 1].name >= l.name {
-                return Err(LabelsError::DuplicateName { name: l.name.to_string() });
+                return Err(LabelsError::DuplicateName {
+                    name: l.name.to_string(),
+                });
             }
         }
         Ok(())
@@ -216,7 +232,9 @@ pub struct LabelsBuilder {
 
 impl LabelsBuilder {
     pub fn new(base: &Labels) -> Self {
-        LabelsBuilder { labels: base.0.clone() }
+        LabelsBuilder {
+            labels: base.0.clone(),
+        }
     }
 
     /// Sets `name` to `value`; an empty value deletes the label.
@@ -279,7 +297,10 @@ mod tests {
         let b = Labels::from_pairs([("ab", "c")]);
         assert_ne!(a.stable_hash(), b.stable_hash());
         // Frozen value: the hash is persisted, so it must never change between versions.
-        assert_eq!(Labels::from_pairs([("__name__", "up")]).stable_hash(), 0xb1de_cace_4493_c590);
+        assert_eq!(
+            Labels::from_pairs([("__name__", "up")]).stable_hash(),
+            0xb1de_cace_4493_c590
+        );
     }
 
     #[test]

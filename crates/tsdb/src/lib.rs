@@ -1,1 +1,9 @@
-//! placeholder
+//! Strata's storage engine.
+//!
+//! The module layout mirrors the data directory: `chunkenc` is the chunk byte format, `wal` the
+//! `wal/` segments and checkpoints, `record` the records inside them, `head` the in-memory
+//! newest block, `index::postings` the sorted postings lists and their merge operations,
+//! `querier` the read path. See `docs/design.md` for invariants and the crash model.
+
+pub mod chunkenc;
+pub mod index;

@@ -1,0 +1,247 @@
+//! Bit streams, most significant bit first, as the XOR chunk needs them.
+//!
+//! The writer appends into a byte vector that is always a valid prefix of the stream (the head
+//! hands out copies of an open chunk at any moment). The reader keeps a 64-bit register so that
+//! the common one-bit reads of the XOR decoder are a shift and a compare.
+
+/// Appends bits to a byte vector.
+#[derive(Clone, Debug, Default)]
+pub struct BitWriter {
+    bytes: Vec<u8>,
+    /// Free bits in the last byte (0 when the last byte is full or there is none).
+    free_bits: u8,
+}
+
+impl BitWriter {
+    pub fn with_bytes(bytes: Vec<u8>) -> Self {
+        BitWriter {
+            bytes,
+            free_bits: 0,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    pub fn write_bit(&mut self, bit: bool) {
+        if self.free_bits == 0 {
+            self.bytes.push(0);
+            self.free_bits = 8;
+        }
+        self.free_bits -= 1;
+        if bit {
+            *self.bytes.last_mut().expect("a byte was just ensured") |= 1 << self.free_bits;
+        }
+    }
+
+    /// Writes the low `n` bits of `v`, most significant first. `n` is at most 64.
+    pub fn write_bits(&mut self, v: u64, n: u32) {
+        debug_assert!(n <= 64);
+        let mut n = n;
+        while n > 0 {
+            if self.free_bits == 0 {
+                self.bytes.push(0);
+                self.free_bits = 8;
+            }
+            let take = n.min(self.free_bits as u32);
+            let chunk = ((v >> (n - take)) & ((1u64 << take) - 1)) as u8;
+            self.free_bits -= take as u8;
+            *self.bytes.last_mut().expect("a byte was just ensured") |= chunk << self.free_bits;
+            n -= take;
+        }
+    }
+
+    /// Writes a whole byte; the fast path when the stream is byte-aligned.
+    pub fn write_byte(&mut self, b: u8) {
+        if self.free_bits == 0 {
+            self.bytes.push(b);
+        } else {
+            self.write_bits(b as u64, 8);
+        }
+    }
+
+    /// Unsigned LEB128.
+    pub fn write_uvarint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.write_byte((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.write_byte(v as u8);
+    }
+
+    /// Zig-zag signed LEB128.
+    pub fn write_varint(&mut self, v: i64) {
+        self.write_uvarint(((v << 1) ^ (v >> 63)) as u64);
+    }
+}
+
+/// Reads bits from a byte slice. Reading past the end yields `None`.
+#[derive(Clone, Debug)]
+pub struct BitReader {
+    /// Next byte of the stream to load into the register.
+    next_byte: usize,
+    /// Valid bits, left-aligned.
+    register: u64,
+    valid: u32,
+}
+
+impl BitReader {
+    /// Starts reading `data` at byte `start`.
+    pub fn new(start: usize) -> Self {
+        BitReader {
+            next_byte: start,
+            register: 0,
+            valid: 0,
+        }
+    }
+
+    #[inline]
+    fn refill(&mut self, data: &[u8]) {
+        if let Some(w) = data.get(self.next_byte..self.next_byte + 8) {
+            let word = u64::from_be_bytes(w.try_into().expect("slice of 8 bytes"));
+            // Take as many whole bytes as fit in the register.
+            let take_bytes = (64 - self.valid) / 8;
+            if take_bytes == 0 {
+                return;
+            }
+            let take_bits = take_bytes * 8;
+            let incoming = if take_bits == 64 {
+                word
+            } else {
+                word >> (64 - take_bits) << (64 - take_bits)
+            };
+            self.register |= if self.valid == 0 {
+                incoming
+            } else {
+                incoming >> self.valid
+            };
+            self.valid += take_bits;
+            self.next_byte += take_bytes as usize;
+        } else {
+            while self.valid <= 56 && self.next_byte < data.len() {
+                self.register |= (data[self.next_byte] as u64) << (56 - self.valid);
+                self.valid += 8;
+                self.next_byte += 1;
+            }
+        }
+    }
+
+    #[inline]
+    pub fn read_bit(&mut self, data: &[u8]) -> Option<bool> {
+        if self.valid == 0 {
+            self.refill(data);
+            if self.valid == 0 {
+                return None;
+            }
+        }
+        let bit = self.register >> 63 == 1;
+        self.register <<= 1;
+        self.valid -= 1;
+        Some(bit)
+    }
+
+    /// Reads `n` bits (at most 64) as the low bits of the result.
+    #[inline]
+    pub fn read_bits(&mut self, data: &[u8], n: u32) -> Option<u64> {
+        debug_assert!(n <= 64);
+        if n == 0 {
+            return Some(0);
+        }
+        if self.valid < n {
+            self.refill(data);
+        }
+        if self.valid >= n {
+            let v = self.register >> (64 - n);
+            self.register = if n == 64 { 0 } else { self.register << n };
+            self.valid -= n;
+            return Some(v);
+        }
+        // The register cannot hold `n` bits at once (n > 56): read in two parts.
+        let hi_n = self.valid;
+        if hi_n == 0 {
+            return None;
+        }
+        let hi = self.register >> (64 - hi_n);
+        self.register = 0;
+        self.valid = 0;
+        let lo_n = n - hi_n;
+        let lo = self.read_bits(data, lo_n)?;
+        Some((hi << lo_n) | lo)
+    }
+
+    pub fn read_byte(&mut self, data: &[u8]) -> Option<u8> {
+        self.read_bits(data, 8).map(|b| b as u8)
+    }
+
+    pub fn read_uvarint(&mut self, data: &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.read_byte(data)?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    pub fn read_varint(&mut self, data: &[u8]) -> Option<i64> {
+        let u = self.read_uvarint(data)?;
+        Some(((u >> 1) as i64) ^ -((u & 1) as i64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn bits_round_trip(ops in prop::collection::vec((any::<u64>(), 0u32..=64), 0..200)) {
+            let mut w = BitWriter::default();
+            for &(v, n) in &ops {
+                w.write_bits(v, n);
+            }
+            let data = w.into_bytes();
+            let mut r = BitReader::new(0);
+            for &(v, n) in &ops {
+                let mask = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+                prop_assert_eq!(r.read_bits(&data, n), Some(v & mask));
+            }
+        }
+
+        #[test]
+        fn varints_round_trip(vs in prop::collection::vec(any::<i64>(), 0..50), pad in 0u32..8) {
+            let mut w = BitWriter::default();
+            w.write_bits(0, pad);
+            for &v in &vs { w.write_varint(v); w.write_uvarint(v as u64); }
+            let data = w.into_bytes();
+            let mut r = BitReader::new(0);
+            r.read_bits(&data, pad).unwrap();
+            for &v in &vs {
+                prop_assert_eq!(r.read_varint(&data), Some(v));
+                prop_assert_eq!(r.read_uvarint(&data), Some(v as u64));
+            }
+        }
+    }
+
+    #[test]
+    fn reading_past_the_end_is_none() {
+        let data = [0b1010_0000u8];
+        let mut r = BitReader::new(0);
+        assert_eq!(r.read_bits(&data, 3), Some(0b101));
+        assert_eq!(r.read_bits(&data, 5), Some(0));
+        assert_eq!(r.read_bit(&data), None);
+        assert_eq!(BitReader::new(0).read_bits(&data, 9), None);
+    }
+}

@@ -1,0 +1,319 @@
+//! The XOR chunk: delta-of-delta timestamps and Gorilla XOR-compressed values.
+//!
+//! Scrape data is regular: timestamps advance by a near-constant interval and values often repeat
+//! or change in few bits. Delta-of-delta makes a regular timestamp cost one bit; XOR against the
+//! previous value makes a repeated value cost one bit and a slowly changing one a few dozen. The
+//! exact bit layout is in `docs/format/chunks.md`. All arithmetic wraps, so every strictly
+//! increasing i64 timestamp sequence (even one spanning the whole i64 range) round-trips, and
+//! values are handled as raw bits, so every f64 bit pattern round-trips.
+
+use super::bstream::{BitReader, BitWriter};
+use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use strata_model::Sample;
+
+/// Marks "no previous leading/trailing window yet".
+const NO_WINDOW: u8 = 0xff;
+/// Leading-zero counts are stored in 5 bits.
+const LEADING_ZEROS_MAX: u32 = 31;
+
+/// `(prefix bits, prefix length, value bits)` of the delta-of-delta buckets, smallest first;
+/// anything wider takes the `1111` prefix and 64 raw bits.
+const DOD_BUCKETS: [(u64, u32, u32); 3] = [(0b10, 2, 14), (0b110, 3, 17), (0b1110, 4, 20)];
+
+/// Appends samples to an XOR chunk. The bytes are a valid chunk after every append.
+#[derive(Clone, Debug)]
+pub struct XorAppender {
+    w: BitWriter,
+    count: u16,
+    t: i64,
+    delta: u64,
+    v_bits: u64,
+    leading: u8,
+    trailing: u8,
+}
+
+impl Default for XorAppender {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl XorAppender {
+    pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// A new chunk whose buffer is pre-sized to `bytes` (the head sizes it to a typical chunk).
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut v = Vec::with_capacity(bytes.max(HEADER_BYTES));
+        v.extend_from_slice(&[Encoding::Xor as u8, 0, 0]);
+        XorAppender {
+            w: BitWriter::with_bytes(v),
+            count: 0,
+            t: 0,
+            delta: 0,
+            v_bits: 0,
+            leading: NO_WINDOW,
+            trailing: 0,
+        }
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.count as usize
+    }
+
+    /// The chunk bytes (header included); a complete chunk at any time.
+    pub fn bytes(&self) -> &[u8] {
+        self.w.bytes()
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.w.into_bytes()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.count as usize >= SAMPLES_MAX
+    }
+
+    /// Last appended timestamp (meaningless when empty).
+    pub fn last_t(&self) -> i64 {
+        self.t
+    }
+
+    /// Last appended value (meaningless when empty).
+    pub fn last_v(&self) -> f64 {
+        f64::from_bits(self.v_bits)
+    }
+
+    /// Appends a sample. The caller guarantees `t` is greater than the last timestamp and the
+    /// chunk is not full; both are invariants of the head, so they are asserted.
+    pub fn append(&mut self, t: i64, v: f64) {
+        assert!(!self.is_full(), "XOR chunk is full ({SAMPLES_MAX} samples)");
+        debug_assert!(
+            self.count == 0 || t > self.t,
+            "timestamps must increase: {} after {}",
+            t,
+            self.t
+        );
+        let v_bits = v.to_bits();
+        match self.count {
+            0 => {
+                self.w.write_varint(t);
+                self.w.write_bits(v_bits, 64);
+            }
+            1 => {
+                let delta = (t as u64).wrapping_sub(self.t as u64);
+                self.w.write_uvarint(delta);
+                self.write_value(v_bits);
+                self.delta = delta;
+            }
+            _ => {
+                let delta = (t as u64).wrapping_sub(self.t as u64);
+                let dod = delta.wrapping_sub(self.delta) as i64;
+                self.write_dod(dod);
+                self.write_value(v_bits);
+                self.delta = delta;
+            }
+        }
+        self.t = t;
+        self.v_bits = v_bits;
+        self.count += 1;
+        let header = &mut self.w.bytes_mut()[1..HEADER_BYTES];
+        header.copy_from_slice(&self.count.to_be_bytes());
+    }
+
+    fn write_dod(&mut self, dod: i64) {
+        if dod == 0 {
+            self.w.write_bit(false);
+            return;
+        }
+        for (prefix, prefix_len, bits) in DOD_BUCKETS {
+            let half = 1i64 << (bits - 1);
+            if (-half..half).contains(&dod) {
+                self.w.write_bits(prefix, prefix_len);
+                self.w.write_bits(dod as u64, bits);
+                return;
+            }
+        }
+        self.w.write_bits(0b1111, 4);
+        self.w.write_bits(dod as u64, 64);
+    }
+
+    fn write_value(&mut self, v_bits: u64) {
+        let xor = v_bits ^ self.v_bits;
+        if xor == 0 {
+            self.w.write_bit(false);
+            return;
+        }
+        self.w.write_bit(true);
+        let leading = xor.leading_zeros().min(LEADING_ZEROS_MAX);
+        let trailing = xor.trailing_zeros();
+        if self.leading != NO_WINDOW
+            && leading >= self.leading as u32
+            && trailing >= self.trailing as u32
+        {
+            // Fits the previous window: reuse it.
+            self.w.write_bit(false);
+            let sig = 64 - self.leading as u32 - self.trailing as u32;
+            self.w.write_bits(xor >> self.trailing, sig);
+            return;
+        }
+        self.leading = leading as u8;
+        self.trailing = trailing as u8;
+        let sig = 64 - leading - trailing;
+        self.w.write_bit(true);
+        self.w.write_bits(leading as u64, 5);
+        // 64 significant bits do not fit in 6 bits; 0 stands for 64 (0 itself cannot occur).
+        self.w.write_bits((sig & 63) as u64, 6);
+        self.w.write_bits(xor >> trailing, sig);
+    }
+}
+
+/// Decodes an XOR chunk. `B` owns or borrows the chunk bytes.
+#[derive(Clone, Debug)]
+pub struct XorIterator<B> {
+    data: B,
+    r: BitReader,
+    total: u16,
+    read: u16,
+    t: i64,
+    delta: u64,
+    v_bits: u64,
+    leading: u8,
+    trailing: u8,
+    err: Option<ChunkError>,
+}
+
+impl<B: AsRef<[u8]>> XorIterator<B> {
+    /// The caller has checked the encoding byte and that the header is present.
+    pub(super) fn new(data: B) -> Self {
+        let d = data.as_ref();
+        let total = u16::from_be_bytes([d[1], d[2]]);
+        XorIterator {
+            data,
+            r: BitReader::new(HEADER_BYTES),
+            total,
+            read: 0,
+            t: 0,
+            delta: 0,
+            v_bits: 0,
+            leading: 0,
+            trailing: 0,
+            err: None,
+        }
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.total as usize
+    }
+
+    /// The decoding error that ended iteration early, if any.
+    pub fn err(&self) -> Option<&ChunkError> {
+        self.err.as_ref()
+    }
+
+    #[inline]
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "mirrors SampleIterator::next; Iterator would hide seek"
+    )]
+    pub fn next(&mut self) -> Option<Sample> {
+        if self.read >= self.total || self.err.is_some() {
+            return None;
+        }
+        match self.decode_next() {
+            Some(s) => {
+                self.read += 1;
+                Some(s)
+            }
+            None => {
+                self.err = Some(ChunkError::Truncated {
+                    sample: self.read as usize,
+                    samples: self.total as usize,
+                });
+                None
+            }
+        }
+    }
+
+    #[inline]
+    fn decode_next(&mut self) -> Option<Sample> {
+        let data = self.data.as_ref();
+        match self.read {
+            0 => {
+                self.t = self.r.read_varint(data)?;
+                self.v_bits = self.r.read_bits(data, 64)?;
+            }
+            1 => {
+                self.delta = self.r.read_uvarint(data)?;
+                self.t = (self.t as u64).wrapping_add(self.delta) as i64;
+                self.read_value()?;
+            }
+            _ => {
+                let dod = self.read_dod()?;
+                self.delta = self.delta.wrapping_add(dod as u64);
+                self.t = (self.t as u64).wrapping_add(self.delta) as i64;
+                self.read_value()?;
+            }
+        }
+        Some(Sample {
+            t: self.t,
+            v: f64::from_bits(self.v_bits),
+        })
+    }
+
+    #[inline]
+    fn read_dod(&mut self) -> Option<i64> {
+        let data = self.data.as_ref();
+        let mut prefix_len = 0;
+        while prefix_len < 4 {
+            if !self.r.read_bit(data)? {
+                break;
+            }
+            prefix_len += 1;
+        }
+        let bits = match prefix_len {
+            0 => return Some(0),
+            1..=3 => DOD_BUCKETS[prefix_len - 1].2,
+            _ => return self.r.read_bits(data, 64).map(|v| v as i64),
+        };
+        let raw = self.r.read_bits(data, bits)?;
+        // Sign-extend from `bits` bits.
+        let shift = 64 - bits;
+        Some(((raw << shift) as i64) >> shift)
+    }
+
+    #[inline]
+    fn read_value(&mut self) -> Option<()> {
+        let data = self.data.as_ref();
+        if !self.r.read_bit(data)? {
+            return Some(());
+        }
+        if self.r.read_bit(data)? {
+            let leading = self.r.read_bits(data, 5)? as u8;
+            let mut sig = self.r.read_bits(data, 6)? as u8;
+            if sig == 0 {
+                sig = 64;
+            }
+            if leading as u32 + sig as u32 > 64 {
+                return None;
+            }
+            self.leading = leading;
+            self.trailing = 64 - leading - sig;
+        }
+        let sig = 64 - self.leading as u32 - self.trailing as u32;
+        let bits = self.r.read_bits(data, sig)?;
+        self.v_bits ^= bits << self.trailing;
+        Some(())
+    }
+
+    /// Advances to the first sample with timestamp ≥ `t`.
+    pub fn seek(&mut self, t: i64) -> Option<Sample> {
+        loop {
+            let s = self.next()?;
+            if s.t >= t {
+                return Some(s);
+            }
+        }
+    }
+}
