@@ -6,4 +6,11 @@
 //! `querier` the read path. See `docs/design.md` for invariants and the crash model.
 
 pub mod chunkenc;
+pub mod encoding;
+pub mod error;
+pub mod fsutil;
 pub mod index;
+pub mod record;
+pub mod wal;
+
+pub use error::{Error, Result};

@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 use strata_model::SeriesRef;
 
 /// A cursor over a sorted set of series references.
-pub trait Postings: Send {
+pub trait Postings: Send + std::fmt::Debug {
     /// Advances to the next reference.
     fn next(&mut self) -> Option<SeriesRef>;
     /// Advances to the first reference ≥ `target`. If the current one already is, it is returned
@@ -97,6 +97,7 @@ impl Postings for EmptyPostings {
 }
 
 /// Intersection of several cursors (leap-frog).
+#[derive(Debug)]
 pub struct Intersect {
     its: Vec<BoxPostings>,
     cur: Option<SeriesRef>,
@@ -174,6 +175,7 @@ impl Postings for Intersect {
 }
 
 /// Union of several cursors (k-way merge with a min-heap).
+#[derive(Debug)]
 pub struct Merge {
     heap: BinaryHeap<Reverse<(SeriesRef, usize)>>,
     its: Vec<BoxPostings>,
@@ -271,6 +273,7 @@ impl Postings for Merge {
 }
 
 /// References of `full` absent from `drop`.
+#[derive(Debug)]
 pub struct Without {
     full: BoxPostings,
     drop: BoxPostings,

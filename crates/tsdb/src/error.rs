@@ -1,0 +1,57 @@
+//! Errors of the storage engine. Each carries what a human needs to act: the file, the segment
+//! and offset, what was expected.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::record::RecordError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("data directory {path} is in use by another process (lock file {lock} is held)")]
+    Locked { path: PathBuf, lock: PathBuf },
+    #[error("write-ahead log {dir}: segments are not contiguous: {before} is followed by {after}")]
+    WalSegmentGap {
+        dir: PathBuf,
+        before: u64,
+        after: u64,
+    },
+    #[error("write-ahead log checkpoint {path} is corrupt at byte {offset}: {reason}")]
+    CheckpointCorrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("write-ahead log segment {path}: record at byte {offset}: {source}")]
+    WalRecord {
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: RecordError,
+    },
+    #[error("write-ahead log segment {path} has a bad header: {reason}")]
+    WalHeader { path: PathBuf, reason: String },
+    #[error("write-ahead log failed earlier and accepts no more writes: {0}")]
+    WalFailed(String),
+    #[error("the head is closed")]
+    Closed,
+}
+
+/// Builds the `map_err` closure for an I/O operation on `path`.
+pub(crate) fn io_err(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { op, path, source }
+}

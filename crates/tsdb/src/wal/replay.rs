@@ -1,0 +1,165 @@
+//! Reading the log back at open: the newest checkpoint, then every later segment, in order.
+//!
+//! A frame that fails its checks (torn header, impossible length, CRC mismatch) marks the end of
+//! the valid log: the segment is cut there, later segments are removed, and both are logged
+//! loudly with segment and offset. Everything before that frame is applied.
+
+use std::fs::{self, OpenOptions};
+use std::path::Path;
+
+use super::checkpoint::{checkpoint_dir_entries, CheckpointEntry};
+use super::list_segments;
+use super::segment::{segment_path, Frame, SegmentReader, SEGMENT_HEADER_BYTES};
+use crate::error::{io_err, Error, Result};
+use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::record::RecordError;
+
+/// What replay found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayOutcome {
+    /// The segment the writer should create next.
+    pub next_segment: u64,
+    /// The checkpoint replayed first, if any.
+    pub checkpoint: Option<u64>,
+    pub segments_read: usize,
+    pub records: u64,
+    /// Where the log was cut, if it was: (segment, byte offset, reason).
+    pub cut: Option<(u64, u64, String)>,
+}
+
+/// Replays `dir` through `apply`, repairing a torn tail. Creates `dir` if missing.
+pub fn replay(
+    dir: &Path,
+    mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
+) -> Result<ReplayOutcome> {
+    create_dir_all(dir)?;
+    let mut out = ReplayOutcome::default();
+    let mut last_checkpoint = None;
+    for entry in checkpoint_dir_entries(dir)? {
+        match entry {
+            CheckpointEntry::Temporary(p) => {
+                tracing::warn!(path = %p.display(), "removing unfinished write-ahead log checkpoint");
+                fs::remove_dir_all(&p).map_err(io_err("remove", &p))?;
+            }
+            CheckpointEntry::Done(i, p) => last_checkpoint = Some((i, p)),
+        }
+    }
+    if let Some((index, path)) = &last_checkpoint {
+        replay_checkpoint(path, &mut apply, &mut out)?;
+        out.checkpoint = Some(*index);
+        out.next_segment = index + 1;
+    }
+
+    let mut segments = list_segments(dir)?;
+    if let Some(c) = out.checkpoint {
+        // Segments the checkpoint replaced, left behind by an interrupted truncation.
+        for &s in segments.iter().filter(|&&s| s <= c) {
+            let p = segment_path(dir, s);
+            fs::remove_file(&p).map_err(io_err("remove", &p))?;
+        }
+        segments.retain(|&s| s > c);
+        if let Some(&first) = segments.first() {
+            if first != c + 1 {
+                return Err(Error::WalSegmentGap {
+                    dir: dir.to_owned(),
+                    before: c,
+                    after: first,
+                });
+            }
+        }
+    }
+    if let Some(w) = segments.windows(2).find(|w| w[1] != w[0] + 1) {
+        return Err(Error::WalSegmentGap {
+            dir: dir.to_owned(),
+            before: w[0],
+            after: w[1],
+        });
+    }
+
+    for (i, &seg) in segments.iter().enumerate() {
+        let path = segment_path(dir, seg);
+        let mut r = SegmentReader::open(&path).map_err(io_err("open", &path))?;
+        out.segments_read += 1;
+        out.next_segment = seg + 1;
+        loop {
+            match r.next_frame().map_err(io_err("read", &path))? {
+                Frame::End => break,
+                Frame::Record => {
+                    apply(&r.body).map_err(|source| Error::WalRecord {
+                        path: path.clone(),
+                        offset: r.record_offset,
+                        source,
+                    })?;
+                    out.records += 1;
+                }
+                Frame::Corrupt(c) => {
+                    tracing::warn!(
+                        segment = %path.display(), offset = c.offset, reason = %c.reason,
+                        "write-ahead log is torn or corrupt; cutting it at the last valid record"
+                    );
+                    drop(r);
+                    cut_segment(&path, c.offset)?;
+                    if c.offset < SEGMENT_HEADER_BYTES {
+                        out.next_segment = seg;
+                    }
+                    for &later in &segments[i + 1..] {
+                        let p = segment_path(dir, later);
+                        tracing::warn!(segment = %p.display(), "removing write-ahead log segment after the cut");
+                        fs::remove_file(&p).map_err(io_err("remove", &p))?;
+                    }
+                    fsync_dir(dir)?;
+                    out.cut = Some((seg, c.offset, c.reason));
+                    return Ok(out);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Truncates a segment at `offset`, or removes it when not even its header is intact.
+fn cut_segment(path: &Path, offset: u64) -> Result<()> {
+    if offset < SEGMENT_HEADER_BYTES {
+        return fs::remove_file(path).map_err(io_err("remove", path));
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    f.set_len(offset).map_err(io_err("truncate", path))?;
+    f.sync_all().map_err(io_err("fsync", path))
+}
+
+fn replay_checkpoint(
+    dir: &Path,
+    apply: &mut impl FnMut(&[u8]) -> Result<(), RecordError>,
+    out: &mut ReplayOutcome,
+) -> Result<()> {
+    for seg in list_segments(dir)? {
+        let path = segment_path(dir, seg);
+        let mut r = SegmentReader::open(&path).map_err(io_err("open", &path))?;
+        loop {
+            match r.next_frame().map_err(io_err("read", &path))? {
+                Frame::End => break,
+                Frame::Record => {
+                    apply(&r.body).map_err(|source| Error::WalRecord {
+                        path: path.clone(),
+                        offset: r.record_offset,
+                        source,
+                    })?;
+                    out.records += 1;
+                }
+                // A checkpoint is fsynced before it is renamed into place: damage is not a torn
+                // write but real corruption, and cutting it would silently drop series.
+                Frame::Corrupt(c) => {
+                    return Err(Error::CheckpointCorrupt {
+                        path,
+                        offset: c.offset,
+                        reason: c.reason,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}

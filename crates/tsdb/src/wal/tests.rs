@@ -1,0 +1,335 @@
+use super::*;
+use crate::record::{encode_samples, encode_series, RefSample};
+use std::fs::OpenOptions;
+use std::io::{Seek, SeekFrom};
+use strata_model::Labels;
+
+fn opts() -> WalOptions {
+    WalOptions {
+        segment_bytes: SEGMENT_BYTES_DEFAULT,
+        fsync: FsyncPolicy::Always,
+    }
+}
+
+/// Opens the WAL in `dir` and returns it with every replayed record.
+fn open_collect(dir: &Path, o: WalOptions) -> (Arc<Wal>, Vec<Vec<u8>>, ReplayOutcome) {
+    let mut got = Vec::new();
+    let (wal, outcome) = Wal::open(dir, o, |r| {
+        got.push(r.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    (wal, got, outcome)
+}
+
+fn rec(i: u8, len: usize) -> Vec<u8> {
+    let mut v = vec![i; len];
+    v[0] = 2; // a samples record type byte; content is opaque to the WAL
+    v
+}
+
+/// Segment 0 holding three records; returns their offsets and lengths.
+fn three_records(dir: &Path) -> Vec<Vec<u8>> {
+    let recs = vec![rec(1, 10), rec(2, 300), rec(3, 40)];
+    let (wal, got, _) = open_collect(dir, opts());
+    assert!(got.is_empty());
+    for r in &recs {
+        wal.commit(&[r]).unwrap();
+    }
+    wal.close().unwrap();
+    recs
+}
+
+fn modify(path: &Path, f: impl FnOnce(&mut File, u64)) {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    f(&mut file, len);
+}
+
+fn write_at(f: &mut File, off: u64, bytes: &[u8]) {
+    f.seek(SeekFrom::Start(off)).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// Offsets of the frames of `three_records` in segment 0.
+const R1: u64 = SEGMENT_HEADER_BYTES;
+const R2: u64 = R1 + 8 + 10;
+const R3: u64 = R2 + 8 + 300;
+const END: u64 = R3 + 8 + 40;
+
+struct Case {
+    name: &'static str,
+    damage: fn(&mut File, u64),
+    survivors: usize,
+    cut_at: Option<u64>,
+}
+
+/// Each named corruption, and exactly what must survive it.
+const CASES: &[Case] = &[
+    Case {
+        name: "intact",
+        damage: |_, _| {},
+        survivors: 3,
+        cut_at: None,
+    },
+    Case {
+        name: "torn tail",
+        damage: |f, len| f.set_len(len - 3).unwrap(),
+        survivors: 2,
+        cut_at: Some(R3),
+    },
+    Case {
+        name: "torn frame header",
+        damage: |f, _| f.set_len(R3 + 5).unwrap(),
+        survivors: 2,
+        cut_at: Some(R3),
+    },
+    Case {
+        name: "bad crc in middle record",
+        damage: |f, _| write_at(f, R2 + 8 + 100, &[0xee]),
+        survivors: 1,
+        cut_at: Some(R2),
+    },
+    Case {
+        name: "bad length",
+        damage: |f, _| write_at(f, R3, &[0xff, 0xff, 0xff, 0x7f]),
+        survivors: 2,
+        cut_at: Some(R3),
+    },
+    Case {
+        name: "length off by one",
+        damage: |f, _| write_at(f, R2, &301u32.to_le_bytes()),
+        survivors: 1,
+        cut_at: Some(R2),
+    },
+    Case {
+        name: "zero-filled tail",
+        damage: |f, len| write_at(f, len, &[0u8; 4096]),
+        survivors: 3,
+        cut_at: Some(END),
+    },
+    Case {
+        name: "garbage tail",
+        damage: |f, len| write_at(f, len, b"garbage!garbage!"),
+        survivors: 3,
+        cut_at: Some(END),
+    },
+    Case {
+        name: "bad magic",
+        damage: |f, _| write_at(f, 0, b"XXXX"),
+        survivors: 0,
+        cut_at: Some(0),
+    },
+    Case {
+        name: "truncated to half a header",
+        damage: |f, _| f.set_len(4).unwrap(),
+        survivors: 0,
+        cut_at: Some(0),
+    },
+];
+
+#[test]
+fn corruption_cases() {
+    for case in CASES {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let recs = three_records(dir);
+        // A newer, intact segment after the damaged one must be dropped with the cut.
+        std::fs::write(segment_path(dir, 1), segment_header()).unwrap();
+        modify(&segment_path(dir, 0), case.damage);
+
+        let (wal, got, outcome) = open_collect(dir, opts());
+        assert_eq!(got, recs[..case.survivors].to_vec(), "case {:?}", case.name);
+        assert_eq!(
+            outcome.cut.as_ref().map(|c| c.1),
+            case.cut_at,
+            "case {:?}",
+            case.name
+        );
+        if case.cut_at.is_none() {
+            assert_eq!(outcome.segments_read, 2, "case {:?}", case.name);
+        } else {
+            assert_eq!(outcome.cut.as_ref().unwrap().0, 0, "case {:?}", case.name);
+        }
+
+        // The log accepts new records after the repair, and they replay after the survivors.
+        let extra = rec(9, 20);
+        wal.commit(&[&extra]).unwrap();
+        wal.close().unwrap();
+        drop(wal);
+        let (_, again, outcome) = open_collect(dir, opts());
+        let mut want = recs[..case.survivors].to_vec();
+        want.push(extra);
+        assert_eq!(again, want, "case {:?} after reopen", case.name);
+        assert_eq!(
+            outcome.cut, None,
+            "case {:?}: a repaired log reopens clean",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn segments_roll_at_the_size_limit_and_replay_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = WalOptions {
+        segment_bytes: 1000,
+        fsync: FsyncPolicy::Interval(Duration::from_millis(5)),
+    };
+    let (wal, _, _) = open_collect(tmp.path(), o);
+    let recs: Vec<Vec<u8>> = (0..50u8).map(|i| rec(i, 100 + i as usize)).collect();
+    for r in &recs {
+        wal.commit(&[r]).unwrap();
+    }
+    assert!(
+        wal.current_segment() > 5,
+        "expected several segments, at {}",
+        wal.current_segment()
+    );
+    for s in list_segments(tmp.path()).unwrap() {
+        let len = std::fs::metadata(segment_path(tmp.path(), s))
+            .unwrap()
+            .len();
+        assert!(len <= 1000, "segment {s} is {len} bytes");
+    }
+    wal.close().unwrap();
+    drop(wal);
+    let (_, got, outcome) = open_collect(tmp.path(), o);
+    assert_eq!(got, recs);
+    assert_eq!(outcome.cut, None);
+}
+
+#[test]
+fn a_missing_segment_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = WalOptions {
+        segment_bytes: 200,
+        fsync: FsyncPolicy::Always,
+    };
+    let (wal, _, _) = open_collect(tmp.path(), o);
+    for i in 0..10 {
+        wal.commit(&[&rec(i, 150)]).unwrap();
+    }
+    drop(wal);
+    std::fs::remove_file(segment_path(tmp.path(), 3)).unwrap();
+    let err = Wal::open(tmp.path(), o, |_| Ok(())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WalSegmentGap {
+                before: 2,
+                after: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn group_commit_acknowledges_every_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open_collect(tmp.path(), opts());
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let wal = wal.clone();
+            std::thread::spawn(move || {
+                for i in 0..100u8 {
+                    wal.commit(&[&[2, t, i]]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let fsyncs = wal.stats.fsyncs.load(Ordering::Relaxed);
+    assert!(fsyncs <= 400, "{fsyncs} fsyncs for 400 commits");
+    drop(wal);
+    let (_, got, _) = open_collect(tmp.path(), opts());
+    assert_eq!(got.len(), 400);
+    for t in 0..4u8 {
+        let mine: Vec<u8> = got.iter().filter(|r| r[1] == t).map(|r| r[2]).collect();
+        assert_eq!(
+            mine,
+            (0..100).collect::<Vec<u8>>(),
+            "thread {t}'s commits in order"
+        );
+    }
+}
+
+fn series_rec(r: u64, name: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    encode_series(
+        [(SeriesRef(r), &Labels::from_pairs([("__name__", name)]))],
+        &mut b,
+    );
+    b
+}
+
+fn samples_rec(s: &[(u64, i64)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    let v: Vec<RefSample> = s
+        .iter()
+        .map(|&(r, t)| RefSample {
+            series: SeriesRef(r),
+            t,
+            v: t as f64,
+        })
+        .collect();
+    encode_samples(&v, &mut b);
+    b
+}
+
+#[test]
+fn checkpoint_keeps_live_series_and_recent_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (wal, _, _) = open_collect(dir, opts());
+    wal.commit(&[&series_rec(1, "a"), &series_rec(2, "b")])
+        .unwrap();
+    wal.commit(&[&samples_rec(&[(1, 10), (2, 10), (1, 20), (2, 20)])])
+        .unwrap();
+    let s0 = wal.current_segment();
+    wal.roll().unwrap();
+    wal.commit(&[&series_rec(3, "c"), &samples_rec(&[(1, 30), (3, 30)])])
+        .unwrap();
+    let last = wal.current_segment();
+    wal.roll().unwrap();
+    wal.commit(&[&samples_rec(&[(1, 40)])]).unwrap();
+
+    // Drop series 2; keep samples from t=20 on.
+    let stats = wal.checkpoint(last, |r| r != SeriesRef(2), 20).unwrap();
+    assert_eq!((stats.series_kept, stats.series_dropped), (2, 1));
+    assert_eq!((stats.samples_kept, stats.samples_dropped), (3, 3));
+    assert!(!segment_path(dir, s0).exists() && !segment_path(dir, last).exists());
+    assert!(dir.join(checkpoint_name(last)).is_dir());
+    wal.close().unwrap();
+    drop(wal);
+
+    let mut series = Vec::new();
+    let mut samples = Vec::new();
+    let (_, outcome) = Wal::open(dir, opts(), |r| {
+        match crate::record::decode(r)? {
+            crate::record::Record::Series(v) => series.extend(v.into_iter().map(|s| s.series.0)),
+            crate::record::Record::Samples(v) => {
+                samples.extend(v.into_iter().map(|s| (s.series.0, s.t)))
+            }
+            crate::record::Record::Tombstones(_) => {}
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(outcome.checkpoint, Some(last));
+    assert_eq!(series, vec![1, 3]);
+    assert_eq!(samples, vec![(1, 20), (1, 30), (3, 30), (1, 40)]);
+
+    // A leftover temporary checkpoint (crash while writing one) is removed on open.
+    std::fs::create_dir(dir.join(format!("{}.tmp", checkpoint_name(99)))).unwrap();
+    let (_, _, _) = open_collect(dir, opts());
+    assert!(!dir.join(format!("{}.tmp", checkpoint_name(99))).exists());
+}
