@@ -20,10 +20,7 @@ pub struct Label {
 
 impl Label {
     pub fn new(name: impl Into<Arc<str>>, value: impl Into<Arc<str>>) -> Self {
-        Label {
-            name: name.into(),
-            value: value.into(),
-        }
+        Label { name: name.into(), value: value.into() }
     }
 }
 
@@ -57,9 +54,7 @@ impl Labels {
 
     /// Builds a validated label set from pairs in any order. Pairs with an empty value are
     /// dropped (an empty value means the label is absent).
-    pub fn try_from_pairs<N, V>(
-        pairs: impl IntoIterator<Item = (N, V)>,
-    ) -> Result<Self, LabelsError>
+    pub fn try_from_pairs<N, V>(pairs: impl IntoIterator<Item = (N, V)>) -> Result<Self, LabelsError>
     where
         N: Into<Arc<str>>,
         V: Into<Arc<str>>,
@@ -68,9 +63,7 @@ impl Labels {
         for (n, val) in pairs {
             let l = Label::new(n, val);
             if l.name.is_empty() {
-                return Err(LabelsError::EmptyName {
-                    value: l.value.to_string(),
-                });
+                return Err(LabelsError::EmptyName { value: l.value.to_string() });
             }
             if !l.value.is_empty() {
                 v.push(l);
@@ -91,9 +84,7 @@ impl Labels {
     fn from_unsorted(mut v: Vec<Label>) -> Result<Self, LabelsError> {
         v.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = v.windows(2).find(|w| w[0].name == w[1].name) {
-            return Err(LabelsError::DuplicateName {
-                name: w[0].name.to_string(),
-            });
+            return Err(LabelsError::DuplicateName { name: w[0].name.to_string() });
         }
         Ok(Labels(v))
     }
@@ -101,10 +92,7 @@ impl Labels {
     /// Wraps labels already known to be sorted, unique and non-empty (e.g. decoded from our own
     /// storage, which only ever stores valid sets). Checked in debug builds.
     pub fn from_sorted_unchecked(v: Vec<Label>) -> Self {
-        debug_assert!(
-            v.windows(2).all(|w| w[0].name < w[1].name),
-            "labels not sorted/unique"
-        );
+        debug_assert!(v.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
         debug_assert!(v.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
         Labels(v)
     }
@@ -116,24 +104,17 @@ impl Labels {
         }
         for (i, l) in self.0.iter().enumerate() {
             if l.name.is_empty() {
-                return Err(LabelsError::EmptyName {
-                    value: l.value.to_string(),
-                });
+                return Err(LabelsError::EmptyName { value: l.value.to_string() });
             }
             if i > 0 && self.0[i - 1].name >= l.name {
-                return Err(LabelsError::DuplicateName {
-                    name: l.name.to_string(),
-                });
+                return Err(LabelsError::DuplicateName { name: l.name.to_string() });
             }
         }
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .binary_search_by(|l| (*l.name).cmp(name))
-            .ok()
-            .map(|i| &*self.0[i].value)
+        self.0.binary_search_by(|l| (*l.name).cmp(name)).ok().map(|i| &*self.0[i].value)
     }
 
     /// The metric name, if any.
@@ -232,9 +213,7 @@ pub struct LabelsBuilder {
 
 impl LabelsBuilder {
     pub fn new(base: &Labels) -> Self {
-        LabelsBuilder {
-            labels: base.0.clone(),
-        }
+        LabelsBuilder { labels: base.0.clone() }
     }
 
     /// Sets `name` to `value`; an empty value deletes the label.
@@ -277,10 +256,7 @@ mod tests {
             Labels::try_from_pairs([("a", "1"), ("a", "2")]),
             Err(LabelsError::DuplicateName { name: "a".into() })
         );
-        assert_eq!(
-            Labels::try_from_pairs([("", "1")]),
-            Err(LabelsError::EmptyName { value: "1".into() })
-        );
+        assert_eq!(Labels::try_from_pairs([("", "1")]), Err(LabelsError::EmptyName { value: "1".into() }));
         assert_eq!(Labels::empty().validate(), Err(LabelsError::Empty));
     }
 
@@ -297,10 +273,7 @@ mod tests {
         let b = Labels::from_pairs([("ab", "c")]);
         assert_ne!(a.stable_hash(), b.stable_hash());
         // Frozen value: the hash is persisted, so it must never change between versions.
-        assert_eq!(
-            Labels::from_pairs([("__name__", "up")]).stable_hash(),
-            0xb1de_cace_4493_c590
-        );
+        assert_eq!(Labels::from_pairs([("__name__", "up")]).stable_hash(), 0xb1de_cace_4493_c590);
     }
 
     #[test]

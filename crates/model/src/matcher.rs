@@ -46,11 +46,7 @@ impl MatchOp {
 #[non_exhaustive]
 pub enum MatcherError {
     #[error("invalid regular expression {pattern:?} for label {name:?}: {reason}")]
-    InvalidRegex {
-        name: String,
-        pattern: String,
-        reason: String,
-    },
+    InvalidRegex { name: String, pattern: String, reason: String },
 }
 
 /// Classes with at most this many characters are expanded into a literal set, so `a|b|c`
@@ -99,10 +95,7 @@ impl RegexMatcher {
             Some(Analysis::NonEmpty) => RegexShape::NonEmpty,
             Some(Analysis::Prefix(p)) => RegexShape::Prefix(p),
             Some(Analysis::PrefixThenGeneral(prefix)) => RegexShape::General { prefix, re },
-            None => RegexShape::General {
-                prefix: String::new(),
-                re,
-            },
+            None => RegexShape::General { prefix: String::new(), re },
         };
         Ok(RegexMatcher { shape })
     }
@@ -111,9 +104,7 @@ impl RegexMatcher {
         match &self.shape {
             RegexShape::Any => true,
             RegexShape::NonEmpty => !v.is_empty(),
-            RegexShape::Literals(set) if set.len() <= LITERAL_SET_LINEAR_MAX => {
-                set.iter().any(|s| s == v)
-            }
+            RegexShape::Literals(set) if set.len() <= LITERAL_SET_LINEAR_MAX => set.iter().any(|s| s == v),
             RegexShape::Literals(set) => set.binary_search_by(|s| s.as_str().cmp(v)).is_ok(),
             RegexShape::Prefix(p) => v.starts_with(p.as_str()),
             RegexShape::General { prefix, re } => v.starts_with(prefix.as_str()) && re.is_match(v),
@@ -149,9 +140,7 @@ fn analyze(hir: &Hir) -> Option<Analysis> {
     match hir.kind() {
         HirKind::Empty => Some(Analysis::Literals(vec![String::new()])),
         HirKind::Capture(c) => analyze(&c.sub),
-        HirKind::Literal(l) => Some(Analysis::Literals(vec![
-            String::from_utf8(l.0.to_vec()).ok()?
-        ])),
+        HirKind::Literal(l) => Some(Analysis::Literals(vec![String::from_utf8(l.0.to_vec()).ok()?])),
         HirKind::Class(c) => class_literals(c).map(Analysis::Literals),
         HirKind::Alternation(subs) => {
             let mut all = Vec::new();
@@ -174,9 +163,7 @@ fn analyze(hir: &Hir) -> Option<Analysis> {
             };
             let prefix = String::from_utf8(l.0.to_vec()).ok()?;
             match &parts[1..] {
-                [rest] if matches!(analyze(rest), Some(Analysis::Any)) => {
-                    Some(Analysis::Prefix(prefix))
-                }
+                [rest] if matches!(analyze(rest), Some(Analysis::Any)) => Some(Analysis::Prefix(prefix)),
                 _ => Some(Analysis::PrefixThenGeneral(prefix)),
             }
         }
@@ -186,11 +173,7 @@ fn analyze(hir: &Hir) -> Option<Analysis> {
 
 fn class_literals(c: &Class) -> Option<Vec<String>> {
     let Class::Unicode(u) = c else { return None };
-    let count: u32 = u
-        .ranges()
-        .iter()
-        .map(|r| r.end() as u32 - r.start() as u32 + 1)
-        .sum();
+    let count: u32 = u.ranges().iter().map(|r| r.end() as u32 - r.start() as u32 + 1).sum();
     if count > SMALL_CLASS_CHARS_MAX {
         return None;
     }
@@ -230,40 +213,24 @@ pub struct Matcher {
 }
 
 impl Matcher {
-    pub fn new(
-        op: MatchOp,
-        name: impl Into<String>,
-        value: impl Into<String>,
-    ) -> Result<Self, MatcherError> {
+    pub fn new(op: MatchOp, name: impl Into<String>, value: impl Into<String>) -> Result<Self, MatcherError> {
         let (name, value) = (name.into(), value.into());
         let re = match op {
             MatchOp::RegexMatch | MatchOp::RegexNoMatch => {
-                Some(Arc::new(RegexMatcher::new(&value).map_err(|reason| {
-                    MatcherError::InvalidRegex {
-                        name: name.clone(),
-                        pattern: value.clone(),
-                        reason,
-                    }
+                Some(Arc::new(RegexMatcher::new(&value).map_err(|reason| MatcherError::InvalidRegex {
+                    name: name.clone(),
+                    pattern: value.clone(),
+                    reason,
                 })?))
             }
             _ => None,
         };
-        Ok(Matcher {
-            op,
-            name,
-            value,
-            re,
-        })
+        Ok(Matcher { op, name, value, re })
     }
 
     /// `name="value"`; never fails.
     pub fn equal(name: impl Into<String>, value: impl Into<String>) -> Self {
-        Matcher {
-            op: MatchOp::Equal,
-            name: name.into(),
-            value: value.into(),
-            re: None,
-        }
+        Matcher { op: MatchOp::Equal, name: name.into(), value: value.into(), re: None }
     }
 
     /// Whether a label value (empty for an absent label) satisfies the matcher.
@@ -283,12 +250,7 @@ impl Matcher {
 
     /// The matcher selecting exactly the values this one rejects.
     pub fn inverse(&self) -> Matcher {
-        Matcher {
-            op: self.op.inverse(),
-            name: self.name.clone(),
-            value: self.value.clone(),
-            re: self.re.clone(),
-        }
+        Matcher { op: self.op.inverse(), name: self.name.clone(), value: self.value.clone(), re: self.re.clone() }
     }
 
     /// For `=` and positive regexes reducing to a finite set: the exact values matched. An index
@@ -296,10 +258,7 @@ impl Matcher {
     pub fn set_matches(&self) -> Option<Vec<&str>> {
         match self.op {
             MatchOp::Equal => Some(vec![self.value.as_str()]),
-            MatchOp::RegexMatch => self
-                .regex()
-                .set_matches()
-                .map(|v| v.iter().map(String::as_str).collect()),
+            MatchOp::RegexMatch => self.regex().set_matches().map(|v| v.iter().map(String::as_str).collect()),
             _ => None,
         }
     }
@@ -313,9 +272,7 @@ impl Matcher {
     }
 
     fn regex(&self) -> &RegexMatcher {
-        self.re
-            .as_deref()
-            .expect("regex matchers always carry a compiled regex")
+        self.re.as_deref().expect("regex matchers always carry a compiled regex")
     }
 }
 
@@ -374,32 +331,20 @@ mod tests {
         assert_eq!(r.set_matches(), Some(vec!["a", "b", "c"]));
         let r = m(MatchOp::RegexMatch, "api|web(?:)|db");
         assert_eq!(r.set_matches(), Some(vec!["api", "db", "web"]));
-        assert_eq!(
-            m(MatchOp::RegexMatch, r"a\.b").set_matches(),
-            Some(vec!["a.b"])
-        );
+        assert_eq!(m(MatchOp::RegexMatch, r"a\.b").set_matches(), Some(vec!["a.b"]));
         assert_eq!(m(MatchOp::RegexMatch, "foo.*").literal_prefix(), "foo");
         assert_eq!(m(MatchOp::RegexMatch, "foo[0-9]+").literal_prefix(), "foo");
         assert!(m(MatchOp::RegexMatch, "foo[0-9]+").matches("foo12"));
         assert!(!m(MatchOp::RegexMatch, "foo[0-9]+").matches("foo"));
-        assert!(matches!(
-            RegexMatcher::new(".*").unwrap().shape,
-            RegexShape::Any
-        ));
-        assert!(matches!(
-            RegexMatcher::new(".+").unwrap().shape,
-            RegexShape::NonEmpty
-        ));
+        assert!(matches!(RegexMatcher::new(".*").unwrap().shape, RegexShape::Any));
+        assert!(matches!(RegexMatcher::new(".+").unwrap().shape, RegexShape::NonEmpty));
         assert!(m(MatchOp::RegexMatch, "(?i)FOO").matches("foo"));
     }
 
     #[test]
     fn invalid_regex_is_a_typed_error() {
         let e = Matcher::new(MatchOp::RegexMatch, "job", "a(").unwrap_err();
-        assert!(
-            e.to_string().contains("job") && e.to_string().contains("a("),
-            "{e}"
-        );
+        assert!(e.to_string().contains("job") && e.to_string().contains("a("), "{e}");
     }
 
     #[test]

@@ -55,11 +55,7 @@ impl<'a> Decoder<'a> {
     }
 
     fn err(&self, what: &'static str, problem: &'static str) -> DecodeError {
-        DecodeError {
-            what,
-            offset: self.pos,
-            problem,
-        }
+        DecodeError { what, offset: self.pos, problem }
     }
 
     pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
@@ -76,9 +72,7 @@ impl<'a> Decoder<'a> {
     }
 
     pub fn u64_le(&mut self, what: &'static str) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(
-            self.bytes(8, what)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.bytes(8, what)?.try_into().expect("8 bytes")))
     }
 
     pub fn uvarint(&mut self, what: &'static str) -> Result<u64, DecodeError> {
@@ -132,10 +126,7 @@ mod tests {
     fn errors_name_what_and_where() {
         let mut d = Decoder::new(&[0x80, 0x80]);
         let e = d.uvarint("series ref").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "series ref at byte 2: unexpected end of data"
-        );
+        assert_eq!(e.to_string(), "series ref at byte 2: unexpected end of data");
         let mut d = Decoder::new(&[1, 0xff]);
         assert_eq!(d.str("label name").unwrap_err().problem, "invalid UTF-8");
     }

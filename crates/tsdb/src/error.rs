@@ -21,17 +21,9 @@ pub enum Error {
     #[error("data directory {path} is in use by another process (lock file {lock} is held)")]
     Locked { path: PathBuf, lock: PathBuf },
     #[error("write-ahead log {dir}: segments are not contiguous: {before} is followed by {after}")]
-    WalSegmentGap {
-        dir: PathBuf,
-        before: u64,
-        after: u64,
-    },
+    WalSegmentGap { dir: PathBuf, before: u64, after: u64 },
     #[error("write-ahead log checkpoint {path} is corrupt at byte {offset}: {reason}")]
-    CheckpointCorrupt {
-        path: PathBuf,
-        offset: u64,
-        reason: String,
-    },
+    CheckpointCorrupt { path: PathBuf, offset: u64, reason: String },
     #[error("write-ahead log segment {path}: record at byte {offset}: {source}")]
     WalRecord {
         path: PathBuf,
@@ -48,10 +40,7 @@ pub enum Error {
 }
 
 /// Builds the `map_err` closure for an I/O operation on `path`.
-pub(crate) fn io_err(
-    op: &'static str,
-    path: impl Into<PathBuf>,
-) -> impl FnOnce(io::Error) -> Error {
+pub(crate) fn io_err(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
     let path = path.into();
     move |source| Error::Io { op, path, source }
 }

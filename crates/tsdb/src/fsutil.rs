@@ -7,9 +7,7 @@ use crate::error::{io_err, Result};
 
 /// Fsyncs a directory so that entries created, renamed or removed in it survive a crash.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("fsync directory", dir))
+    File::open(dir).and_then(|f| f.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
 /// Renames `from` to `to` (same directory) and makes the rename durable.

@@ -14,3 +14,6 @@ pub mod record;
 pub mod wal;
 
 pub use error::{Error, Result};
+pub mod hash;
+pub mod head;
+pub mod querier;

@@ -65,19 +65,13 @@ pub enum RecordError {
     #[error("unknown record type {0}")]
     UnknownType(u8),
     #[error("{kind} record: {source}")]
-    Malformed {
-        kind: &'static str,
-        source: DecodeError,
-    },
+    Malformed { kind: &'static str, source: DecodeError },
     #[error("series record: invalid label set for series {series}: {reason}")]
     InvalidLabels { series: u64, reason: String },
 }
 
 /// Appends a series record for `series` to `buf`.
-pub fn encode_series<'a>(
-    series: impl IntoIterator<Item = (SeriesRef, &'a Labels)>,
-    buf: &mut Vec<u8>,
-) {
+pub fn encode_series<'a>(series: impl IntoIterator<Item = (SeriesRef, &'a Labels)>, buf: &mut Vec<u8>) {
     buf.push(RecordType::Series as u8);
     for (r, labels) in series {
         buf.extend_from_slice(&r.0.to_le_bytes());
@@ -162,17 +156,9 @@ fn decode_series(body: &[u8]) -> Result<Vec<RefSeries>, RecordError> {
             let value = d.str("label value").map_err(&m)?;
             pairs.push(Label::new(name, value));
         }
-        let labels =
-            Labels::try_from_pairs(pairs.into_iter().map(|l| (l.name, l.value))).map_err(|e| {
-                RecordError::InvalidLabels {
-                    series: r,
-                    reason: e.to_string(),
-                }
-            })?;
-        out.push(RefSeries {
-            series: SeriesRef(r),
-            labels,
-        });
+        let labels = Labels::try_from_pairs(pairs.into_iter().map(|l| (l.name, l.value)))
+            .map_err(|e| RecordError::InvalidLabels { series: r, reason: e.to_string() })?;
+        out.push(RefSeries { series: SeriesRef(r), labels });
     }
     Ok(out)
 }
@@ -250,14 +236,8 @@ mod tests {
         assert_eq!(
             decode(&buf).unwrap(),
             Record::Series(vec![
-                RefSeries {
-                    series: SeriesRef(7),
-                    labels: a
-                },
-                RefSeries {
-                    series: SeriesRef(9),
-                    labels: b
-                }
+                RefSeries { series: SeriesRef(7), labels: a },
+                RefSeries { series: SeriesRef(9), labels: b }
             ])
         );
     }
@@ -266,31 +246,14 @@ mod tests {
     #[test]
     fn doc_example_bytes() {
         let mut buf = Vec::new();
-        encode_series(
-            [(SeriesRef(1), &Labels::from_pairs([("__name__", "up")]))],
-            &mut buf,
-        );
+        encode_series([(SeriesRef(1), &Labels::from_pairs([("__name__", "up")]))], &mut buf);
         assert_eq!(hex(&buf), "01010000000000000001085f5f6e616d655f5f027570");
         buf.clear();
         encode_samples(
-            &[
-                RefSample {
-                    series: SeriesRef(1),
-                    t: 1000,
-                    v: 1.0,
-                },
-                RefSample {
-                    series: SeriesRef(2),
-                    t: 1500,
-                    v: 0.0,
-                },
-            ],
+            &[RefSample { series: SeriesRef(1), t: 1000, v: 1.0 }, RefSample { series: SeriesRef(2), t: 1500, v: 0.0 }],
             &mut buf,
         );
-        assert_eq!(
-            hex(&buf),
-            "020100000000000000e8030000000000000000000000000000f03f02e8070000000000000000"
-        );
+        assert_eq!(hex(&buf), "020100000000000000e8030000000000000000000000000000f03f02e8070000000000000000");
     }
 
     fn hex(b: &[u8]) -> String {
@@ -300,24 +263,15 @@ mod tests {
     #[test]
     fn corrupt_series_records_are_typed_errors() {
         let mut buf = Vec::new();
-        encode_series(
-            [(SeriesRef(1), &Labels::from_pairs([("a", "b")]))],
-            &mut buf,
-        );
+        encode_series([(SeriesRef(1), &Labels::from_pairs([("a", "b")]))], &mut buf);
         let cut = &buf[..buf.len() - 1];
-        assert!(matches!(
-            decode(cut),
-            Err(RecordError::Malformed { kind: "series", .. })
-        ));
+        assert!(matches!(decode(cut), Err(RecordError::Malformed { kind: "series", .. })));
         assert_eq!(decode(&[9]), Err(RecordError::UnknownType(9)));
         assert_eq!(decode(&[]), Err(RecordError::Empty));
         // Duplicate label names inside a record are refused.
         let mut dup = vec![1u8];
         dup.extend_from_slice(&5u64.to_le_bytes());
         dup.extend_from_slice(&[2, 1, b'a', 1, b'x', 1, b'a', 1, b'y']);
-        assert!(matches!(
-            decode(&dup),
-            Err(RecordError::InvalidLabels { series: 5, .. })
-        ));
+        assert!(matches!(decode(&dup), Err(RecordError::InvalidLabels { series: 5, .. })));
     }
 }

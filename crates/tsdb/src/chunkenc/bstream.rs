@@ -14,10 +14,7 @@ pub struct BitWriter {
 
 impl BitWriter {
     pub fn with_bytes(bytes: Vec<u8>) -> Self {
-        BitWriter {
-            bytes,
-            free_bits: 0,
-        }
+        BitWriter { bytes, free_bits: 0 }
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -97,11 +94,7 @@ pub struct BitReader {
 impl BitReader {
     /// Starts reading `data` at byte `start`.
     pub fn new(start: usize) -> Self {
-        BitReader {
-            next_byte: start,
-            register: 0,
-            valid: 0,
-        }
+        BitReader { next_byte: start, register: 0, valid: 0 }
     }
 
     #[inline]
@@ -114,16 +107,8 @@ impl BitReader {
                 return;
             }
             let take_bits = take_bytes * 8;
-            let incoming = if take_bits == 64 {
-                word
-            } else {
-                word >> (64 - take_bits) << (64 - take_bits)
-            };
-            self.register |= if self.valid == 0 {
-                incoming
-            } else {
-                incoming >> self.valid
-            };
+            let incoming = if take_bits == 64 { word } else { word >> (64 - take_bits) << (64 - take_bits) };
+            self.register |= if self.valid == 0 { incoming } else { incoming >> self.valid };
             self.valid += take_bits;
             self.next_byte += take_bytes as usize;
         } else {

@@ -77,10 +77,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
     }
 
     #[inline]
-    #[allow(
-        clippy::should_implement_trait,
-        reason = "a sample cursor with seek, not a std Iterator"
-    )]
+    #[allow(clippy::should_implement_trait, reason = "a sample cursor with seek, not a std Iterator")]
     pub fn next(&mut self) -> Option<Sample> {
         match self {
             ChunkIterator::Xor(x) => x.next(),

@@ -30,11 +30,8 @@ fn assert_bit_equal(a: &[Sample], b: &[Sample]) {
 /// Strictly increasing timestamps built from arbitrary positive gaps (wrapping allowed, since the
 /// head only requires each timestamp to exceed the previous one).
 fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
-    (
-        any::<i64>(),
-        prop::collection::vec(prop_oneof![1i64..20, 1i64..100_000, 1i64..i64::MAX], 0..300),
-    )
-        .prop_map(|(start, gaps)| {
+    (any::<i64>(), prop::collection::vec(prop_oneof![1i64..20, 1i64..100_000, 1i64..i64::MAX], 0..300)).prop_map(
+        |(start, gaps)| {
             let mut t = start;
             let mut out = vec![start];
             for g in gaps {
@@ -47,7 +44,8 @@ fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
                 }
             }
             out
-        })
+        },
+    )
 }
 
 fn interesting_f64() -> impl Strategy<Value = f64> {
@@ -121,11 +119,7 @@ fn special_values_round_trip() {
         f64::MAX,
         5e-324,
     ];
-    let samples: Vec<Sample> = vals
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| Sample::new(i as i64 * 15_000, v))
-        .collect();
+    let samples: Vec<Sample> = vals.iter().enumerate().map(|(i, &v)| Sample::new(i as i64 * 15_000, v)).collect();
     assert_bit_equal(&decode(&encode(&samples)), &samples);
 }
 
@@ -143,27 +137,17 @@ fn extreme_timestamps_round_trip() {
 
 #[test]
 fn regular_scrapes_cost_about_two_bits_per_sample() {
-    let samples: Vec<Sample> = (0..120)
-        .map(|i| Sample::new(1_700_000_000_000 + i * 15_000, 1.0))
-        .collect();
+    let samples: Vec<Sample> = (0..120).map(|i| Sample::new(1_700_000_000_000 + i * 15_000, 1.0)).collect();
     let bytes = encode(&samples);
     // 3 header + 6 varint time + 8 value + 3 delta + ~2 bits for each of 118 samples.
-    assert!(
-        bytes.len() <= 3 + 6 + 8 + 3 + 1 + 30,
-        "{} bytes",
-        bytes.len()
-    );
+    assert!(bytes.len() <= 3 + 6 + 8 + 3 + 1 + 30, "{} bytes", bytes.len());
 }
 
 /// Byte-exact example from docs/format/chunks.md; keeps the document and the encoder honest.
 #[test]
 fn doc_example_bytes() {
-    let bytes = encode(&[
-        Sample::new(1000, 1.0),
-        Sample::new(2000, 1.0),
-        Sample::new(3000, 2.0),
-        Sample::new(4001, 2.0),
-    ]);
+    let bytes =
+        encode(&[Sample::new(1000, 1.0), Sample::new(2000, 1.0), Sample::new(3000, 2.0), Sample::new(4001, 2.0)]);
     assert_eq!(hex(&bytes), DOC_EXAMPLE_HEX);
 }
 
@@ -175,12 +159,6 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn unknown_encoding_is_a_typed_error() {
-    assert_eq!(
-        ChunkIterator::new(&[9u8, 0, 0][..]).err(),
-        Some(ChunkError::UnknownEncoding(9))
-    );
-    assert_eq!(
-        ChunkIterator::new(&[1u8][..]).err(),
-        Some(ChunkError::ShortHeader(1))
-    );
+    assert_eq!(ChunkIterator::new(&[9u8, 0, 0][..]).err(), Some(ChunkError::UnknownEncoding(9)));
+    assert_eq!(ChunkIterator::new(&[1u8][..]).err(), Some(ChunkError::ShortHeader(1)));
 }

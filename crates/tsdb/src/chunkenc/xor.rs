@@ -89,12 +89,7 @@ impl XorAppender {
     /// chunk is not full; both are invariants of the head, so they are asserted.
     pub fn append(&mut self, t: i64, v: f64) {
         assert!(!self.is_full(), "XOR chunk is full ({SAMPLES_MAX} samples)");
-        debug_assert!(
-            self.count == 0 || t > self.t,
-            "timestamps must increase: {} after {}",
-            t,
-            self.t
-        );
+        debug_assert!(self.count == 0 || t > self.t, "timestamps must increase: {} after {}", t, self.t);
         let v_bits = v.to_bits();
         match self.count {
             0 => {
@@ -148,10 +143,7 @@ impl XorAppender {
         self.w.write_bit(true);
         let leading = xor.leading_zeros().min(LEADING_ZEROS_MAX);
         let trailing = xor.trailing_zeros();
-        if self.leading != NO_WINDOW
-            && leading >= self.leading as u32
-            && trailing >= self.trailing as u32
-        {
+        if self.leading != NO_WINDOW && leading >= self.leading as u32 && trailing >= self.trailing as u32 {
             // Fits the previous window: reuse it.
             self.w.write_bit(false);
             let sig = 64 - self.leading as u32 - self.trailing as u32;
@@ -213,10 +205,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
     }
 
     #[inline]
-    #[allow(
-        clippy::should_implement_trait,
-        reason = "mirrors SampleIterator::next; Iterator would hide seek"
-    )]
+    #[allow(clippy::should_implement_trait, reason = "mirrors SampleIterator::next; Iterator would hide seek")]
     pub fn next(&mut self) -> Option<Sample> {
         if self.read >= self.total || self.err.is_some() {
             return None;
@@ -227,10 +216,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
                 Some(s)
             }
             None => {
-                self.err = Some(ChunkError::Truncated {
-                    sample: self.read as usize,
-                    samples: self.total as usize,
-                });
+                self.err = Some(ChunkError::Truncated { sample: self.read as usize, samples: self.total as usize });
                 None
             }
         }
@@ -256,10 +242,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
                 self.read_value()?;
             }
         }
-        Some(Sample {
-            t: self.t,
-            v: f64::from_bits(self.v_bits),
-        })
+        Some(Sample { t: self.t, v: f64::from_bits(self.v_bits) })
     }
 
     #[inline]

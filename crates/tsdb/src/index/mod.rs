@@ -1,4 +1,5 @@
 //! Series indexes. For now the postings lists and their set operations, shared by the head's
 //! in-memory index and (next) the persisted block index.
 
+pub mod matchers;
 pub mod postings;

@@ -32,10 +32,7 @@ pub struct ListPostings {
 
 impl ListPostings {
     pub fn new(list: Vec<SeriesRef>) -> Self {
-        debug_assert!(
-            list.windows(2).all(|w| w[0] < w[1]),
-            "postings must be sorted and unique"
-        );
+        debug_assert!(list.windows(2).all(|w| w[0] < w[1]), "postings must be sorted and unique");
         ListPostings { list, pos: 0 }
     }
 }
@@ -74,9 +71,7 @@ impl Postings for ListPostings {
     }
 
     fn at(&self) -> Option<SeriesRef> {
-        self.pos
-            .checked_sub(1)
-            .and_then(|i| self.list.get(i).copied())
+        self.pos.checked_sub(1).and_then(|i| self.list.get(i).copied())
     }
 }
 
@@ -109,11 +104,7 @@ pub fn intersect(mut its: Vec<BoxPostings>) -> BoxPostings {
     match its.len() {
         0 => Box::new(EmptyPostings),
         1 => its.pop().expect("one element"),
-        _ => Box::new(Intersect {
-            its,
-            cur: None,
-            done: false,
-        }),
+        _ => Box::new(Intersect { its, cur: None, done: false }),
     }
 }
 
@@ -188,12 +179,7 @@ pub fn merge(mut its: Vec<BoxPostings>) -> BoxPostings {
     match its.len() {
         0 => Box::new(EmptyPostings),
         1 => its.pop().expect("one element"),
-        _ => Box::new(Merge {
-            heap: BinaryHeap::with_capacity(its.len()),
-            its,
-            cur: None,
-            started: false,
-        }),
+        _ => Box::new(Merge { heap: BinaryHeap::with_capacity(its.len()), its, cur: None, started: false }),
     }
 }
 
@@ -283,13 +269,7 @@ pub struct Without {
 }
 
 pub fn without(full: BoxPostings, drop: BoxPostings) -> BoxPostings {
-    Box::new(Without {
-        full,
-        drop,
-        drop_cur: None,
-        drop_done: false,
-        cur: None,
-    })
+    Box::new(Without { full, drop, drop_cur: None, drop_done: false, cur: None })
 }
 
 impl Without {
@@ -369,31 +349,23 @@ mod tests {
     }
 
     fn expr() -> impl Strategy<Value = Expr> {
-        set()
-            .prop_map(Expr::Leaf)
-            .prop_recursive(3, 24, 4, |inner| {
-                prop_oneof![
-                    prop::collection::vec(inner.clone(), 0..4).prop_map(Expr::And),
-                    prop::collection::vec(inner.clone(), 0..4).prop_map(Expr::Or),
-                    (inner.clone(), inner)
-                        .prop_map(|(a, b)| Expr::Without(Box::new(a), Box::new(b))),
-                ]
-            })
+        set().prop_map(Expr::Leaf).prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Expr::And),
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Expr::Or),
+                (inner.clone(), inner).prop_map(|(a, b)| Expr::Without(Box::new(a), Box::new(b))),
+            ]
+        })
     }
 
     fn model(e: &Expr) -> BTreeSet<u64> {
         match e {
             Expr::Leaf(s) => s.clone(),
             Expr::And(v) if v.is_empty() => BTreeSet::new(),
-            Expr::And(v) => v
-                .iter()
-                .map(model)
-                .reduce(|a, b| a.intersection(&b).copied().collect())
-                .expect("non-empty"),
-            Expr::Or(v) => v
-                .iter()
-                .map(model)
-                .fold(BTreeSet::new(), |a, b| a.union(&b).copied().collect()),
+            Expr::And(v) => {
+                v.iter().map(model).reduce(|a, b| a.intersection(&b).copied().collect()).expect("non-empty")
+            }
+            Expr::Or(v) => v.iter().map(model).fold(BTreeSet::new(), |a, b| a.union(&b).copied().collect()),
             Expr::Without(a, b) => model(a).difference(&model(b)).copied().collect(),
         }
     }

@@ -89,11 +89,7 @@ fn for_each_record(path: &Path, mut f: impl FnMut(Record)) -> Result<()> {
                 f(rec);
             }
             Frame::Corrupt(c) => {
-                return Err(Error::CheckpointCorrupt {
-                    path: path.to_owned(),
-                    offset: c.offset,
-                    reason: c.reason,
-                })
+                return Err(Error::CheckpointCorrupt { path: path.to_owned(), offset: c.offset, reason: c.reason })
             }
         }
     }
@@ -110,19 +106,11 @@ pub(super) fn write_checkpoint(
     for e in checkpoint_dir_entries(dir)? {
         if let CheckpointEntry::Done(i, p) = e {
             if i <= last {
-                inputs = list_segments(&p)?
-                    .into_iter()
-                    .map(|s| segment_path(&p, s))
-                    .collect();
+                inputs = list_segments(&p)?.into_iter().map(|s| segment_path(&p, s)).collect();
             }
         }
     }
-    inputs.extend(
-        list_segments(dir)?
-            .into_iter()
-            .filter(|&s| s <= last)
-            .map(|s| segment_path(dir, s)),
-    );
+    inputs.extend(list_segments(dir)?.into_iter().filter(|&s| s <= last).map(|s| segment_path(dir, s)));
 
     let final_dir = dir.join(checkpoint_name(last));
     let tmp_dir = dir.join(format!("{}{TMP_SUFFIX}", checkpoint_name(last)));
@@ -133,10 +121,7 @@ pub(super) fn write_checkpoint(
     let out_path = segment_path(&tmp_dir, 0);
     let mut out = File::create(&out_path).map_err(io_err("create", &out_path))?;
     let mut buf = segment_header().to_vec();
-    let mut stats = CheckpointStats {
-        path: final_dir.clone(),
-        ..Default::default()
-    };
+    let mut stats = CheckpointStats { path: final_dir.clone(), ..Default::default() };
     let mut series: Vec<RefSeries> = Vec::new();
     let mut samples: Vec<RefSample> = Vec::new();
     let mut body = Vec::new();
@@ -177,17 +162,11 @@ pub(super) fn write_checkpoint(
                     // Tombstones must follow the series they refer to.
                     if !series.is_empty() {
                         body.clear();
-                        record::encode_series(
-                            series.iter().map(|s| (s.series, &s.labels)),
-                            &mut body,
-                        );
+                        record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
                         frame_record(&body, &mut buf);
                         series.clear();
                     }
-                    let kept: Vec<_> = v
-                        .into_iter()
-                        .filter(|t| keep(t.series) && t.maxt >= mint)
-                        .collect();
+                    let kept: Vec<_> = v.into_iter().filter(|t| keep(t.series) && t.maxt >= mint).collect();
                     stats.tombstones_kept += kept.len() as u64;
                     if !kept.is_empty() {
                         body.clear();

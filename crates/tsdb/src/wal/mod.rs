@@ -41,6 +41,9 @@ pub const SEGMENT_BYTES_DEFAULT: u64 = 128 << 20;
 /// Default fsync interval of the `Interval` policy: the most a power loss can take.
 pub const FSYNC_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 
+/// Buffered records are written out once they reach this size even without a commit.
+const PENDING_BYTES_MAX: usize = 1 << 20;
+
 /// When the log is fsynced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncPolicy {
@@ -64,10 +67,7 @@ pub struct WalOptions {
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions {
-            segment_bytes: SEGMENT_BYTES_DEFAULT,
-            fsync: FsyncPolicy::default(),
-        }
+        WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::default() }
     }
 }
 
@@ -93,6 +93,8 @@ struct Writer {
     lsn: u64,
     /// Set after a failed write: the segment may end in a torn frame, so nothing may follow it.
     failed: Option<String>,
+    /// Framed records waiting to go out with the next write (see `Wal::buffer`).
+    pending: Vec<u8>,
 }
 
 #[derive(Debug, Default)]
@@ -123,10 +125,7 @@ impl Wal {
         opts: WalOptions,
         apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
     ) -> Result<(Arc<Wal>, ReplayOutcome)> {
-        assert!(
-            opts.segment_bytes > SEGMENT_HEADER_BYTES,
-            "segment size must exceed the header"
-        );
+        assert!(opts.segment_bytes > SEGMENT_HEADER_BYTES, "segment size must exceed the header");
         let outcome = replay(dir, apply)?;
         let index = outcome.next_segment;
         let file = create_segment(dir, index)?;
@@ -139,6 +138,7 @@ impl Wal {
                 segment_bytes: SEGMENT_HEADER_BYTES,
                 lsn: 0,
                 failed: None,
+                pending: Vec::new(),
             }),
             sync: Mutex::new(SyncState::default()),
             sync_done: Condvar::new(),
@@ -176,7 +176,20 @@ impl Wal {
         Ok(())
     }
 
-    /// Frames `records` and writes them with one `write` call; returns the LSN to wait for.
+    /// Queues a record to be written ahead of the next commit's records, without a system call.
+    /// The head logs each new series this way the moment it creates it: any commit that can use
+    /// the series is written after it, so replay always meets a series before its samples.
+    pub fn buffer(&self, record: &[u8]) -> Result<()> {
+        let mut w = self.writer.lock();
+        frame_record(record, &mut w.pending);
+        if w.pending.len() >= PENDING_BYTES_MAX {
+            self.write_locked(&mut w, Vec::new(), 0)?;
+        }
+        Ok(())
+    }
+
+    /// Frames `records` and writes them, after any buffered records, with one `write` call;
+    /// returns the LSN to wait for.
     pub fn write(&self, records: &[&[u8]]) -> Result<u64> {
         // Frame and checksum outside the lock.
         let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + 8).sum());
@@ -184,13 +197,22 @@ impl Wal {
             frame_record(r, &mut buf);
         }
         let mut w = self.writer.lock();
+        self.write_locked(&mut w, buf, records.len())
+    }
+
+    fn write_locked(&self, w: &mut Writer, buf: Vec<u8>, records: usize) -> Result<u64> {
         if let Some(f) = &w.failed {
             return Err(Error::WalFailed(f.clone()));
         }
-        if w.segment_bytes > SEGMENT_HEADER_BYTES
-            && w.segment_bytes + buf.len() as u64 > self.opts.segment_bytes
-        {
-            self.roll_locked(&mut w)?;
+        let buf = if w.pending.is_empty() {
+            buf
+        } else {
+            let mut all = std::mem::take(&mut w.pending);
+            all.extend_from_slice(&buf);
+            all
+        };
+        if w.segment_bytes > SEGMENT_HEADER_BYTES && w.segment_bytes + buf.len() as u64 > self.opts.segment_bytes {
+            self.roll_locked(w)?;
         }
         if let Err(e) = w.file.write_all(&buf) {
             let path = segment_path(&self.dir, w.index);
@@ -199,12 +221,8 @@ impl Wal {
         }
         w.segment_bytes += buf.len() as u64;
         w.lsn += buf.len() as u64;
-        self.stats
-            .bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.stats
-            .records_written
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.stats.records_written.fetch_add(records as u64, Ordering::Relaxed);
         Ok(w.lsn)
     }
 
@@ -236,9 +254,7 @@ impl Wal {
 
     fn note_fsync(&self, started: Instant) {
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .fsync_nanos_total
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats.fsync_nanos_total.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Blocks until everything up to `lsn` is fsynced. One caller becomes the leader and fsyncs
@@ -265,12 +281,10 @@ impl Wal {
             let w = self.writer.lock();
             w.file.try_clone().map(|f| (f, w.lsn, w.index))
         };
-        let result = snapshot
-            .map_err(io_err("duplicate handle of", self.dir.clone()))
-            .and_then(|(f, target, index)| {
+        let result =
+            snapshot.map_err(io_err("duplicate handle of", self.dir.clone())).and_then(|(f, target, index)| {
                 let t0 = Instant::now();
-                f.sync_data()
-                    .map_err(io_err("fsync", segment_path(&self.dir, index)))?;
+                f.sync_data().map_err(io_err("fsync", segment_path(&self.dir, index)))?;
                 self.note_fsync(t0);
                 Ok(target)
             });
@@ -291,9 +305,16 @@ impl Wal {
         out
     }
 
-    /// Fsyncs everything written so far.
+    /// Writes buffered records and fsyncs everything written so far.
     pub fn sync_all(&self) -> Result<()> {
-        let lsn = self.writer.lock().lsn;
+        let lsn = {
+            let mut w = self.writer.lock();
+            if w.pending.is_empty() {
+                w.lsn
+            } else {
+                self.write_locked(&mut w, Vec::new(), 0)?
+            }
+        };
         self.sync_to(lsn)
     }
 
@@ -321,10 +342,7 @@ impl Wal {
         keep: impl Fn(SeriesRef) -> bool,
         mint: i64,
     ) -> Result<CheckpointStats> {
-        assert!(
-            last_segment < self.current_segment(),
-            "cannot checkpoint the segment being written"
-        );
+        assert!(last_segment < self.current_segment(), "cannot checkpoint the segment being written");
         let stats = checkpoint::write_checkpoint(&self.dir, last_segment, keep, mint)?;
         checkpoint::remove_replaced(&self.dir, last_segment)?;
         Ok(stats)
@@ -339,11 +357,7 @@ impl Drop for Wal {
     }
 }
 
-fn spawn_syncer(
-    wal: Weak<Wal>,
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    every: Duration,
-) -> JoinHandle<()> {
+fn spawn_syncer(wal: Weak<Wal>, stop: Arc<(Mutex<bool>, Condvar)>, every: Duration) -> JoinHandle<()> {
     std::thread::Builder::new()
         .name("wal-fsync".into())
         .spawn(move || loop {
@@ -374,8 +388,7 @@ fn create_segment(dir: &Path, index: u64) -> Result<File> {
         .truncate(true)
         .open(&path)
         .map_err(io_err("create segment", &path))?;
-    f.write_all(&segment_header())
-        .map_err(io_err("write header of", &path))?;
+    f.write_all(&segment_header()).map_err(io_err("write header of", &path))?;
     f.sync_data().map_err(io_err("fsync", &path))?;
     fsync_dir(dir)?;
     Ok(f)

@@ -28,10 +28,7 @@ pub struct ReplayOutcome {
 }
 
 /// Replays `dir` through `apply`, repairing a torn tail. Creates `dir` if missing.
-pub fn replay(
-    dir: &Path,
-    mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
-) -> Result<ReplayOutcome> {
+pub fn replay(dir: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>) -> Result<ReplayOutcome> {
     create_dir_all(dir)?;
     let mut out = ReplayOutcome::default();
     let mut last_checkpoint = None;
@@ -60,20 +57,12 @@ pub fn replay(
         segments.retain(|&s| s > c);
         if let Some(&first) = segments.first() {
             if first != c + 1 {
-                return Err(Error::WalSegmentGap {
-                    dir: dir.to_owned(),
-                    before: c,
-                    after: first,
-                });
+                return Err(Error::WalSegmentGap { dir: dir.to_owned(), before: c, after: first });
             }
         }
     }
     if let Some(w) = segments.windows(2).find(|w| w[1] != w[0] + 1) {
-        return Err(Error::WalSegmentGap {
-            dir: dir.to_owned(),
-            before: w[0],
-            after: w[1],
-        });
+        return Err(Error::WalSegmentGap { dir: dir.to_owned(), before: w[0], after: w[1] });
     }
 
     for (i, &seg) in segments.iter().enumerate() {
@@ -122,10 +111,7 @@ fn cut_segment(path: &Path, offset: u64) -> Result<()> {
     if offset < SEGMENT_HEADER_BYTES {
         return fs::remove_file(path).map_err(io_err("remove", path));
     }
-    let f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(io_err("open", path))?;
+    let f = OpenOptions::new().write(true).open(path).map_err(io_err("open", path))?;
     f.set_len(offset).map_err(io_err("truncate", path))?;
     f.sync_all().map_err(io_err("fsync", path))
 }
@@ -151,13 +137,7 @@ fn replay_checkpoint(
                 }
                 // A checkpoint is fsynced before it is renamed into place: damage is not a torn
                 // write but real corruption, and cutting it would silently drop series.
-                Frame::Corrupt(c) => {
-                    return Err(Error::CheckpointCorrupt {
-                        path,
-                        offset: c.offset,
-                        reason: c.reason,
-                    })
-                }
+                Frame::Corrupt(c) => return Err(Error::CheckpointCorrupt { path, offset: c.offset, reason: c.reason }),
             }
         }
     }

@@ -45,11 +45,7 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 
 /// Appends a framed record to `buf`.
 pub fn frame_record(body: &[u8], buf: &mut Vec<u8>) {
-    assert!(
-        body.len() <= RECORD_BYTES_MAX as usize,
-        "record of {} bytes exceeds RECORD_BYTES_MAX",
-        body.len()
-    );
+    assert!(body.len() <= RECORD_BYTES_MAX as usize, "record of {} bytes exceeds RECORD_BYTES_MAX", body.len());
     let len = (body.len() as u32).to_le_bytes();
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len), body);
     buf.extend_from_slice(&len);
@@ -106,20 +102,14 @@ impl SegmentReader {
     }
 
     fn corrupt(&self, reason: impl Into<String>) -> Frame {
-        Frame::Corrupt(Corruption {
-            offset: self.offset,
-            reason: reason.into(),
-        })
+        Frame::Corrupt(Corruption { offset: self.offset, reason: reason.into() })
     }
 
     /// Reads the next frame into `self.body`.
     pub fn next_frame(&mut self) -> io::Result<Frame> {
         if self.offset == 0 {
             if self.file_len < SEGMENT_HEADER_BYTES {
-                return Ok(self.corrupt(format!(
-                    "segment is {} bytes, shorter than its header",
-                    self.file_len
-                )));
+                return Ok(self.corrupt(format!("segment is {} bytes, shorter than its header", self.file_len)));
             }
             let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
             self.r.read_exact(&mut h)?;
@@ -136,33 +126,24 @@ impl SegmentReader {
             return Ok(Frame::End);
         }
         if left < FRAME_HEADER_BYTES {
-            return Ok(self.corrupt(format!(
-                "torn frame header ({left} bytes at end of segment)"
-            )));
+            return Ok(self.corrupt(format!("torn frame header ({left} bytes at end of segment)")));
         }
         let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
         self.r.read_exact(&mut fh)?;
         let len = u32::from_le_bytes(fh[..4].try_into().expect("4 bytes"));
         let crc = u32::from_le_bytes(fh[4..].try_into().expect("4 bytes"));
         if len > RECORD_BYTES_MAX {
-            return Ok(self.corrupt(format!(
-                "record length {len} exceeds the maximum {RECORD_BYTES_MAX}"
-            )));
+            return Ok(self.corrupt(format!("record length {len} exceeds the maximum {RECORD_BYTES_MAX}")));
         }
         if len as u64 > left - FRAME_HEADER_BYTES {
-            return Ok(self.corrupt(format!(
-                "torn record: length {len} but {} bytes left",
-                left - FRAME_HEADER_BYTES
-            )));
+            return Ok(self.corrupt(format!("torn record: length {len} but {} bytes left", left - FRAME_HEADER_BYTES)));
         }
         self.body.clear();
         self.body.resize(len as usize, 0);
         self.r.read_exact(&mut self.body)?;
         let got = crc32c::crc32c_append(crc32c::crc32c(&fh[..4]), &self.body);
         if got != crc {
-            return Ok(self.corrupt(format!(
-                "checksum mismatch: stored {crc:#010x}, computed {got:#010x}"
-            )));
+            return Ok(self.corrupt(format!("checksum mismatch: stored {crc:#010x}, computed {got:#010x}")));
         }
         if len == 0 {
             return Ok(self.corrupt("empty record"));

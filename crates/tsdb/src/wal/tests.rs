@@ -5,10 +5,7 @@ use std::io::{Seek, SeekFrom};
 use strata_model::Labels;
 
 fn opts() -> WalOptions {
-    WalOptions {
-        segment_bytes: SEGMENT_BYTES_DEFAULT,
-        fsync: FsyncPolicy::Always,
-    }
+    WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::Always }
 }
 
 /// Opens the WAL in `dir` and returns it with every replayed record.
@@ -41,11 +38,7 @@ fn three_records(dir: &Path) -> Vec<Vec<u8>> {
 }
 
 fn modify(path: &Path, f: impl FnOnce(&mut File, u64)) {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
+    let mut file = OpenOptions::new().read(true).write(true).open(path).unwrap();
     let len = file.metadata().unwrap().len();
     f(&mut file, len);
 }
@@ -70,24 +63,9 @@ struct Case {
 
 /// Each named corruption, and exactly what must survive it.
 const CASES: &[Case] = &[
-    Case {
-        name: "intact",
-        damage: |_, _| {},
-        survivors: 3,
-        cut_at: None,
-    },
-    Case {
-        name: "torn tail",
-        damage: |f, len| f.set_len(len - 3).unwrap(),
-        survivors: 2,
-        cut_at: Some(R3),
-    },
-    Case {
-        name: "torn frame header",
-        damage: |f, _| f.set_len(R3 + 5).unwrap(),
-        survivors: 2,
-        cut_at: Some(R3),
-    },
+    Case { name: "intact", damage: |_, _| {}, survivors: 3, cut_at: None },
+    Case { name: "torn tail", damage: |f, len| f.set_len(len - 3).unwrap(), survivors: 2, cut_at: Some(R3) },
+    Case { name: "torn frame header", damage: |f, _| f.set_len(R3 + 5).unwrap(), survivors: 2, cut_at: Some(R3) },
     Case {
         name: "bad crc in middle record",
         damage: |f, _| write_at(f, R2 + 8 + 100, &[0xee]),
@@ -106,30 +84,15 @@ const CASES: &[Case] = &[
         survivors: 1,
         cut_at: Some(R2),
     },
-    Case {
-        name: "zero-filled tail",
-        damage: |f, len| write_at(f, len, &[0u8; 4096]),
-        survivors: 3,
-        cut_at: Some(END),
-    },
+    Case { name: "zero-filled tail", damage: |f, len| write_at(f, len, &[0u8; 4096]), survivors: 3, cut_at: Some(END) },
     Case {
         name: "garbage tail",
         damage: |f, len| write_at(f, len, b"garbage!garbage!"),
         survivors: 3,
         cut_at: Some(END),
     },
-    Case {
-        name: "bad magic",
-        damage: |f, _| write_at(f, 0, b"XXXX"),
-        survivors: 0,
-        cut_at: Some(0),
-    },
-    Case {
-        name: "truncated to half a header",
-        damage: |f, _| f.set_len(4).unwrap(),
-        survivors: 0,
-        cut_at: Some(0),
-    },
+    Case { name: "bad magic", damage: |f, _| write_at(f, 0, b"XXXX"), survivors: 0, cut_at: Some(0) },
+    Case { name: "truncated to half a header", damage: |f, _| f.set_len(4).unwrap(), survivors: 0, cut_at: Some(0) },
 ];
 
 #[test]
@@ -144,12 +107,7 @@ fn corruption_cases() {
 
         let (wal, got, outcome) = open_collect(dir, opts());
         assert_eq!(got, recs[..case.survivors].to_vec(), "case {:?}", case.name);
-        assert_eq!(
-            outcome.cut.as_ref().map(|c| c.1),
-            case.cut_at,
-            "case {:?}",
-            case.name
-        );
+        assert_eq!(outcome.cut.as_ref().map(|c| c.1), case.cut_at, "case {:?}", case.name);
         if case.cut_at.is_none() {
             assert_eq!(outcome.segments_read, 2, "case {:?}", case.name);
         } else {
@@ -165,35 +123,22 @@ fn corruption_cases() {
         let mut want = recs[..case.survivors].to_vec();
         want.push(extra);
         assert_eq!(again, want, "case {:?} after reopen", case.name);
-        assert_eq!(
-            outcome.cut, None,
-            "case {:?}: a repaired log reopens clean",
-            case.name
-        );
+        assert_eq!(outcome.cut, None, "case {:?}: a repaired log reopens clean", case.name);
     }
 }
 
 #[test]
 fn segments_roll_at_the_size_limit_and_replay_in_order() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = WalOptions {
-        segment_bytes: 1000,
-        fsync: FsyncPolicy::Interval(Duration::from_millis(5)),
-    };
+    let o = WalOptions { segment_bytes: 1000, fsync: FsyncPolicy::Interval(Duration::from_millis(5)) };
     let (wal, _, _) = open_collect(tmp.path(), o);
     let recs: Vec<Vec<u8>> = (0..50u8).map(|i| rec(i, 100 + i as usize)).collect();
     for r in &recs {
         wal.commit(&[r]).unwrap();
     }
-    assert!(
-        wal.current_segment() > 5,
-        "expected several segments, at {}",
-        wal.current_segment()
-    );
+    assert!(wal.current_segment() > 5, "expected several segments, at {}", wal.current_segment());
     for s in list_segments(tmp.path()).unwrap() {
-        let len = std::fs::metadata(segment_path(tmp.path(), s))
-            .unwrap()
-            .len();
+        let len = std::fs::metadata(segment_path(tmp.path(), s)).unwrap().len();
         assert!(len <= 1000, "segment {s} is {len} bytes");
     }
     wal.close().unwrap();
@@ -206,10 +151,7 @@ fn segments_roll_at_the_size_limit_and_replay_in_order() {
 #[test]
 fn a_missing_segment_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = WalOptions {
-        segment_bytes: 200,
-        fsync: FsyncPolicy::Always,
-    };
+    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always };
     let (wal, _, _) = open_collect(tmp.path(), o);
     for i in 0..10 {
         wal.commit(&[&rec(i, 150)]).unwrap();
@@ -217,17 +159,7 @@ fn a_missing_segment_is_an_error() {
     drop(wal);
     std::fs::remove_file(segment_path(tmp.path(), 3)).unwrap();
     let err = Wal::open(tmp.path(), o, |_| Ok(())).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::WalSegmentGap {
-                before: 2,
-                after: 4,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::WalSegmentGap { before: 2, after: 4, .. }), "{err}");
 }
 
 #[test]
@@ -254,33 +186,19 @@ fn group_commit_acknowledges_every_commit() {
     assert_eq!(got.len(), 400);
     for t in 0..4u8 {
         let mine: Vec<u8> = got.iter().filter(|r| r[1] == t).map(|r| r[2]).collect();
-        assert_eq!(
-            mine,
-            (0..100).collect::<Vec<u8>>(),
-            "thread {t}'s commits in order"
-        );
+        assert_eq!(mine, (0..100).collect::<Vec<u8>>(), "thread {t}'s commits in order");
     }
 }
 
 fn series_rec(r: u64, name: &str) -> Vec<u8> {
     let mut b = Vec::new();
-    encode_series(
-        [(SeriesRef(r), &Labels::from_pairs([("__name__", name)]))],
-        &mut b,
-    );
+    encode_series([(SeriesRef(r), &Labels::from_pairs([("__name__", name)]))], &mut b);
     b
 }
 
 fn samples_rec(s: &[(u64, i64)]) -> Vec<u8> {
     let mut b = Vec::new();
-    let v: Vec<RefSample> = s
-        .iter()
-        .map(|&(r, t)| RefSample {
-            series: SeriesRef(r),
-            t,
-            v: t as f64,
-        })
-        .collect();
+    let v: Vec<RefSample> = s.iter().map(|&(r, t)| RefSample { series: SeriesRef(r), t, v: t as f64 }).collect();
     encode_samples(&v, &mut b);
     b
 }
@@ -290,14 +208,11 @@ fn checkpoint_keeps_live_series_and_recent_samples() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let (wal, _, _) = open_collect(dir, opts());
-    wal.commit(&[&series_rec(1, "a"), &series_rec(2, "b")])
-        .unwrap();
-    wal.commit(&[&samples_rec(&[(1, 10), (2, 10), (1, 20), (2, 20)])])
-        .unwrap();
+    wal.commit(&[&series_rec(1, "a"), &series_rec(2, "b")]).unwrap();
+    wal.commit(&[&samples_rec(&[(1, 10), (2, 10), (1, 20), (2, 20)])]).unwrap();
     let s0 = wal.current_segment();
     wal.roll().unwrap();
-    wal.commit(&[&series_rec(3, "c"), &samples_rec(&[(1, 30), (3, 30)])])
-        .unwrap();
+    wal.commit(&[&series_rec(3, "c"), &samples_rec(&[(1, 30), (3, 30)])]).unwrap();
     let last = wal.current_segment();
     wal.roll().unwrap();
     wal.commit(&[&samples_rec(&[(1, 40)])]).unwrap();
@@ -316,9 +231,7 @@ fn checkpoint_keeps_live_series_and_recent_samples() {
     let (_, outcome) = Wal::open(dir, opts(), |r| {
         match crate::record::decode(r)? {
             crate::record::Record::Series(v) => series.extend(v.into_iter().map(|s| s.series.0)),
-            crate::record::Record::Samples(v) => {
-                samples.extend(v.into_iter().map(|s| (s.series.0, s.t)))
-            }
+            crate::record::Record::Samples(v) => samples.extend(v.into_iter().map(|s| (s.series.0, s.t))),
             crate::record::Record::Tombstones(_) => {}
         }
         Ok(())

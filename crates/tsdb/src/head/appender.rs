@@ -1,0 +1,171 @@
+//! Batched appends to the head: validate as samples arrive, apply and log at commit.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use strata_model::{Labels, LabelsError, SeriesRef};
+
+use super::series::{Appended, MemSeries, SampleError};
+use super::Head;
+use crate::error::Result;
+use crate::hash::U64Map;
+use crate::record::{self, RefSample};
+
+/// Samples per WAL samples record: bounds record size (~20 B/sample → ~200 KiB).
+const SAMPLES_PER_RECORD: usize = 10_000;
+
+/// Why one append was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppendError {
+    #[error("invalid label set: {0}")]
+    InvalidLabels(LabelsError),
+    #[error("unknown series reference {0}")]
+    UnknownSeries(SeriesRef),
+    #[error(transparent)]
+    Sample(SampleError),
+    #[error("write-ahead log: {0}")]
+    Wal(String),
+}
+
+/// What a commit stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CommitOutcome {
+    /// Samples stored and logged.
+    pub appended: usize,
+    /// Samples that passed validation at `append` but lost a race with a concurrent commit to
+    /// the same series; not stored, not logged, not acknowledged.
+    pub rejected: usize,
+    pub first_rejection: Option<(SeriesRef, SampleError)>,
+}
+
+/// A batch of appends. Dropping it without `commit` discards the samples (series created by it
+/// stay, empty, until the head garbage-collects them).
+#[derive(Debug)]
+pub struct Appender<'h> {
+    head: &'h Head,
+    pending: Vec<(Arc<MemSeries>, i64, f64)>,
+    /// Newest pending timestamp per series, to refuse out-of-order samples within the batch.
+    batch_max: U64Map<SeriesRef, i64>,
+    min_t: i64,
+}
+
+impl<'h> Appender<'h> {
+    pub(super) fn new(head: &'h Head) -> Self {
+        Appender { head, pending: Vec::new(), batch_max: U64Map::default(), min_t: head.min_append_time() }
+    }
+
+    /// Appends a sample to the series with `labels`, creating it if needed.
+    pub fn append(&mut self, labels: &Labels, t: i64, v: f64) -> Result<SeriesRef, AppendError> {
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        // Before creating the series, so that a stream of too-old samples creates nothing.
+        self.check_too_old(t)?;
+        let (series, _) = self.head.get_or_create(labels)?;
+        let r = series.series_ref;
+        self.push(series, t, v)?;
+        Ok(r)
+    }
+
+    /// Appends a sample to a series by the reference an earlier `append` returned.
+    pub fn append_ref(&mut self, r: SeriesRef, t: i64, v: f64) -> Result<(), AppendError> {
+        self.check_too_old(t)?;
+        let series = self.head.series(r).ok_or(AppendError::UnknownSeries(r))?;
+        self.push(series, t, v)
+    }
+
+    fn check_too_old(&self, t: i64) -> Result<(), AppendError> {
+        if t < self.min_t {
+            self.head.stats.rejected_too_old.fetch_add(1, Ordering::Relaxed);
+            return Err(AppendError::Sample(SampleError::TooOld { t, min_t: self.min_t }));
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, series: Arc<MemSeries>, t: i64, v: f64) -> Result<(), AppendError> {
+        let r = series.series_ref;
+        let verdict = match self.batch_max.get(&r) {
+            Some(&latest) if t <= latest => {
+                Err(if t == latest { SampleError::Duplicate { t } } else { SampleError::OutOfOrder { t, latest } })
+            }
+            Some(_) => Ok(Appended::Sample { chunk_created: false }),
+            None => series.state.lock().appendable(t, v),
+        };
+        match verdict {
+            Ok(Appended::Same) => Ok(()),
+            Ok(Appended::Sample { .. }) => {
+                self.batch_max.insert(r, t);
+                self.pending.push((series, t, v));
+                Ok(())
+            }
+            Err(e) => {
+                self.count_rejection(&e);
+                Err(AppendError::Sample(e))
+            }
+        }
+    }
+
+    fn count_rejection(&self, e: &SampleError) {
+        let c = match e {
+            SampleError::OutOfOrder { .. } => &self.head.stats.rejected_out_of_order,
+            SampleError::Duplicate { .. } => &self.head.stats.rejected_duplicate,
+            SampleError::TooOld { .. } => &self.head.stats.rejected_too_old,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Applies the batch to memory, logs what was applied, and (under `Always`) waits for the
+    /// fsync. Only the samples counted in `appended` are acknowledged.
+    pub fn commit(self) -> Result<CommitOutcome> {
+        let head = self.head;
+        let range = head.opts.chunk_range_ms;
+        let mut out = CommitOutcome::default();
+        let mut logged: Vec<RefSample> = Vec::with_capacity(self.pending.len());
+        let (mut min_t, mut max_t) = (i64::MAX, i64::MIN);
+        for (series, t, v) in &self.pending {
+            let res = series.state.lock().append(*t, *v, range);
+            match res {
+                Ok(Appended::Sample { chunk_created }) => {
+                    if chunk_created {
+                        head.stats.chunks_created.fetch_add(1, Ordering::Relaxed);
+                    }
+                    min_t = min_t.min(*t);
+                    max_t = max_t.max(*t);
+                    logged.push(RefSample { series: series.series_ref, t: *t, v: *v });
+                }
+                Ok(Appended::Same) => {}
+                Err(e) => {
+                    self.count_rejection(&e);
+                    out.rejected += 1;
+                    out.first_rejection.get_or_insert((series.series_ref, e));
+                }
+            }
+        }
+        if let Some(wal) = &head.wal {
+            if !logged.is_empty() {
+                let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD));
+                for part in logged.chunks(SAMPLES_PER_RECORD) {
+                    let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
+                    record::encode_samples(part, &mut rec);
+                    records.push(rec);
+                }
+                let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                wal.commit(&refs)?;
+            }
+        }
+        if !logged.is_empty() {
+            head.note_time(min_t);
+            head.note_time(max_t);
+        }
+        out.appended = logged.len();
+        head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+}

@@ -1,0 +1,505 @@
+//! The head: the newest block, in memory, protected by the write-ahead log.
+//!
+//! Appends take no global lock: series are found through lock stripes (by label hash for
+//! get-or-create, by reference for appends by reference), each series has its own mutex, and
+//! only creating a series touches the shared symbol table and postings. Series references come
+//! from one atomic counter, so they only grow and postings lists stay sorted by construction.
+//!
+//! Commit protocol (see `docs/design.md`): samples are validated and applied to their series in
+//! memory, then the accepted ones are written to the WAL in one write, which under the `Always`
+//! policy is fsynced (group commit) before `commit` returns. New series are logged the moment
+//! they are created, ahead of any sample that can use them. A commit acknowledges only samples
+//! that are in the WAL; replay re-applies them, merging any that two concurrent commits to the
+//! same series logged in the opposite order from the one they reached memory in.
+
+mod appender;
+pub mod mem_postings;
+pub mod series;
+pub mod symbols;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use strata_model::{Labels, Matcher, Sample, SeriesRef};
+
+pub use appender::{AppendError, Appender, CommitOutcome};
+use mem_postings::MemPostings;
+pub use series::{Appended, ChunkMeta, MemSeries, SampleError};
+use symbols::{SymbolId, Symbols};
+
+use crate::error::Result;
+use crate::hash::U64Map;
+use crate::index::matchers::{postings_for_matchers, IndexReader};
+use crate::index::postings::{self, BoxPostings, ListPostings};
+use crate::record::{self, Record, RecordError, RecordType, RefSample, Tombstone};
+use crate::wal::{ReplayOutcome, Wal, WalOptions};
+
+/// Default block range: the span of one persisted block and the alignment of head chunks.
+pub const BLOCK_RANGE_MS_DEFAULT: i64 = 2 * 3600 * 1000;
+/// Lock stripes: enough that 2–64 appending threads rarely meet on one lock.
+const STRIPES: usize = 1 << 12;
+const _: () = assert!(STRIPES.is_power_of_two());
+
+#[derive(Clone, Copy, Debug)]
+pub struct HeadOptions {
+    /// Block range in milliseconds; chunks never span a multiple of it.
+    pub chunk_range_ms: i64,
+    pub wal: WalOptions,
+}
+
+impl Default for HeadOptions {
+    fn default() -> Self {
+        HeadOptions { chunk_range_ms: BLOCK_RANGE_MS_DEFAULT, wal: WalOptions::default() }
+    }
+}
+
+/// Counters for `/metrics` and tests.
+#[derive(Debug, Default)]
+pub struct HeadStats {
+    pub samples_appended: AtomicU64,
+    pub series_created: AtomicU64,
+    pub rejected_out_of_order: AtomicU64,
+    pub rejected_duplicate: AtomicU64,
+    pub rejected_too_old: AtomicU64,
+    pub chunks_created: AtomicU64,
+}
+
+/// Series by reference, one map per lock stripe.
+type RefStripe = U64Map<SeriesRef, Arc<MemSeries>>;
+
+/// Series sharing one label-set hash (collisions are rare, so the first sits inline).
+#[derive(Debug, Default)]
+struct HashStripe {
+    first: U64Map<u64, SeriesRef>,
+    more: U64Map<u64, Vec<SeriesRef>>,
+}
+
+/// The in-memory head block.
+#[derive(Debug)]
+pub struct Head {
+    opts: HeadOptions,
+    pub(crate) symbols: Symbols,
+    pub(crate) postings: MemPostings,
+    by_ref: Box<[RwLock<RefStripe>]>,
+    by_hash: Box<[RwLock<HashStripe>]>,
+    next_ref: AtomicU64,
+    num_series: AtomicU64,
+    min_time: AtomicI64,
+    max_time: AtomicI64,
+    /// No sample older than this is accepted (raised when the head is truncated).
+    min_valid_time: AtomicI64,
+    wal: Option<Arc<Wal>>,
+    tombstones: RwLock<U64Map<SeriesRef, Vec<(i64, i64)>>>,
+    pub stats: HeadStats,
+}
+
+impl Head {
+    /// A head without a WAL (tests, benchmarks, the block builder of the next milestone).
+    pub fn in_memory(opts: HeadOptions) -> Head {
+        Head {
+            opts,
+            symbols: Symbols::default(),
+            postings: MemPostings::default(),
+            by_ref: (0..STRIPES).map(|_| RwLock::default()).collect(),
+            by_hash: (0..STRIPES).map(|_| RwLock::default()).collect(),
+            next_ref: AtomicU64::new(1),
+            num_series: AtomicU64::new(0),
+            min_time: AtomicI64::new(i64::MAX),
+            max_time: AtomicI64::new(i64::MIN),
+            min_valid_time: AtomicI64::new(i64::MIN),
+            wal: None,
+            tombstones: RwLock::default(),
+            stats: HeadStats::default(),
+        }
+    }
+
+    /// Opens the head persisted in `wal_dir`: replays the WAL, then appends to a new segment.
+    pub fn open(wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
+        let mut head = Head::in_memory(opts);
+        let mut replay = Replay::default();
+        let (wal, outcome) = Wal::open(wal_dir, opts.wal, |rec| replay.apply(&head, rec))?;
+        replay.finish(&head);
+        head.wal = Some(wal);
+        Ok((head, outcome))
+    }
+
+    pub fn options(&self) -> &HeadOptions {
+        &self.opts
+    }
+
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.as_ref()
+    }
+
+    pub fn appender(&self) -> Appender<'_> {
+        Appender::new(self)
+    }
+
+    pub fn num_series(&self) -> u64 {
+        self.num_series.load(Ordering::Relaxed)
+    }
+
+    /// Time range of the samples in the head; `None` when empty.
+    pub fn time_range(&self) -> Option<(i64, i64)> {
+        let (min, max) = (self.min_time.load(Ordering::Relaxed), self.max_time.load(Ordering::Relaxed));
+        (min <= max).then_some((min, max))
+    }
+
+    /// Oldest timestamp an append may carry: half a block range behind the newest sample, so that
+    /// a block cut from the head's oldest range is never written to again.
+    pub fn min_append_time(&self) -> i64 {
+        let max = self.max_time.load(Ordering::Relaxed);
+        let by_max = if max == i64::MIN { i64::MIN } else { max.saturating_sub(self.opts.chunk_range_ms / 2) };
+        by_max.max(self.min_valid_time.load(Ordering::Relaxed))
+    }
+
+    fn stripe(r: u64) -> usize {
+        (r as usize) & (STRIPES - 1)
+    }
+
+    pub fn series(&self, r: SeriesRef) -> Option<Arc<MemSeries>> {
+        self.by_ref[Self::stripe(r.0)].read().get(&r).cloned()
+    }
+
+    /// Finds the series with exactly `labels`.
+    fn find(&self, labels: &Labels, hash: u64, ids: &mut Option<Option<Vec<SymbolId>>>) -> Option<Arc<MemSeries>> {
+        let candidates: Vec<SeriesRef> = {
+            let s = self.by_hash[Self::stripe(hash)].read();
+            let first = *s.first.get(&hash)?;
+            let mut c = vec![first];
+            if let Some(more) = s.more.get(&hash) {
+                c.extend_from_slice(more);
+            }
+            c
+        };
+        let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
+        candidates.into_iter().filter_map(|r| self.series(r)).find(|s| &*s.labels == ids)
+    }
+
+    /// The series with `labels`, created (and logged) if new. Returns whether it was created.
+    pub fn get_or_create(&self, labels: &Labels) -> Result<(Arc<MemSeries>, bool), AppendError> {
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        let hash = labels.stable_hash();
+        let mut ids = None;
+        if let Some(s) = self.find(labels, hash, &mut ids) {
+            return Ok((s, false));
+        }
+        let mut stripe = self.by_hash[Self::stripe(hash)].write();
+        // Re-check under the write lock: another appender may have created it meanwhile.
+        let mut ids2 = None;
+        drop(ids);
+        if let Some(s) = self.find_locked(&stripe, labels, hash, &mut ids2) {
+            return Ok((s, false));
+        }
+        let r = SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed));
+        let series = self.insert_series(r, labels)?;
+        match stripe.first.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(r);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(r),
+        }
+        Ok((series, true))
+    }
+
+    fn find_locked(
+        &self,
+        stripe: &HashStripe,
+        labels: &Labels,
+        hash: u64,
+        ids: &mut Option<Option<Vec<SymbolId>>>,
+    ) -> Option<Arc<MemSeries>> {
+        let first = *stripe.first.get(&hash)?;
+        let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
+        std::iter::once(first)
+            .chain(stripe.more.get(&hash).into_iter().flatten().copied())
+            .filter_map(|r| self.series(r))
+            .find(|s| &*s.labels == ids)
+    }
+
+    /// Creates series `r`: interns labels, logs it, indexes it. The caller holds the hash stripe.
+    fn insert_series(&self, r: SeriesRef, labels: &Labels) -> Result<Arc<MemSeries>, AppendError> {
+        let ids = self.symbols.intern_labels(labels);
+        if let Some(wal) = &self.wal {
+            let mut rec = Vec::with_capacity(64);
+            record::encode_series([(r, labels)], &mut rec);
+            wal.buffer(&rec).map_err(|e| AppendError::Wal(e.to_string()))?;
+        }
+        let series = Arc::new(MemSeries::new(r, ids));
+        self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
+        self.postings.add(r, &series.labels);
+        self.num_series.fetch_add(1, Ordering::Relaxed);
+        self.stats.series_created.fetch_add(1, Ordering::Relaxed);
+        Ok(series)
+    }
+
+    /// Series creation during replay, keeping the logged reference.
+    fn replay_series(&self, r: SeriesRef, labels: &Labels) -> Option<SeriesRef> {
+        let hash = labels.stable_hash();
+        let mut stripe = self.by_hash[Self::stripe(hash)].write();
+        if let Some(existing) = self.find_locked(&stripe, labels, hash, &mut None) {
+            return Some(existing.series_ref);
+        }
+        let ids = self.symbols.intern_labels(labels);
+        let series = Arc::new(MemSeries::new(r, ids));
+        self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
+        self.postings.add(r, &series.labels);
+        self.num_series.fetch_add(1, Ordering::Relaxed);
+        match stripe.first.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(r);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(r),
+        }
+        self.next_ref.fetch_max(r.0 + 1, Ordering::Relaxed);
+        None
+    }
+
+    fn note_time(&self, t: i64) {
+        self.min_time.fetch_min(t, Ordering::Relaxed);
+        self.max_time.fetch_max(t, Ordering::Relaxed);
+    }
+
+    /// Label set of a series.
+    pub fn labels_of(&self, s: &MemSeries) -> Labels {
+        self.symbols.resolve(&s.labels)
+    }
+
+    /// References of the series matching all `matchers`, ascending.
+    pub fn postings_for(&self, matchers: &[Matcher]) -> BoxPostings {
+        postings_for_matchers(&HeadIndex(self), matchers)
+    }
+
+    /// Deletes samples in `[mint, maxt]` of every series matching `matchers`: logged as tombstones
+    /// and hidden from queries at once. Returns the number of series affected.
+    pub fn delete(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<usize> {
+        let refs = postings::expand(self.postings_for(matchers));
+        let stones: Vec<Tombstone> = refs.iter().map(|&series| Tombstone { series, mint, maxt }).collect();
+        if stones.is_empty() {
+            return Ok(0);
+        }
+        if let Some(wal) = &self.wal {
+            let mut rec = Vec::new();
+            record::encode_tombstones(&stones, &mut rec);
+            wal.commit(&[&rec])?;
+        }
+        self.add_tombstones(&stones);
+        Ok(stones.len())
+    }
+
+    fn add_tombstones(&self, stones: &[Tombstone]) {
+        let mut w = self.tombstones.write();
+        for t in stones {
+            w.entry(t.series).or_default().push((t.mint, t.maxt));
+        }
+    }
+
+    /// Deleted intervals of a series.
+    pub fn tombstones_of(&self, r: SeriesRef) -> Vec<(i64, i64)> {
+        self.tombstones.read().get(&r).cloned().unwrap_or_default()
+    }
+
+    /// Memory held by the head's structures, approximately (for accounting and benchmarks).
+    pub fn approx_bytes(&self) -> usize {
+        let mut b = self.symbols.approx_bytes() + self.postings.approx_bytes();
+        for s in self.by_ref.iter() {
+            let s = s.read();
+            b += s.capacity() * 17;
+            for series in s.values() {
+                b +=
+                    std::mem::size_of::<MemSeries>() + 16 + series.labels.len() * 4 + series.state.lock().chunk_bytes();
+            }
+        }
+        for s in self.by_hash.iter() {
+            b += s.read().first.capacity() * 17;
+        }
+        b
+    }
+
+    /// Label names of series matching `matchers` (all names if none), sorted.
+    pub fn label_names(&self, matchers: &[Matcher]) -> Vec<String> {
+        let ids: Vec<SymbolId> = if matchers.is_empty() {
+            self.postings.label_names()
+        } else {
+            let mut set = std::collections::HashSet::new();
+            for r in postings::expand(self.postings_for(matchers)) {
+                if let Some(s) = self.series(r) {
+                    set.extend(s.labels.chunks_exact(2).map(|p| p[0]));
+                }
+            }
+            set.into_iter().collect()
+        };
+        self.sorted_strings(ids)
+    }
+
+    /// Values of label `name` among series matching `matchers` (all series if none), sorted.
+    pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Vec<String> {
+        let Some(name_id) = self.symbols.lookup(name) else { return Vec::new() };
+        let ids: Vec<SymbolId> = if matchers.is_empty() {
+            self.postings.label_values(name_id)
+        } else {
+            let mut set = std::collections::HashSet::new();
+            for r in postings::expand(self.postings_for(matchers)) {
+                if let Some(s) = self.series(r) {
+                    set.extend(s.labels.chunks_exact(2).filter(|p| p[0] == name_id).map(|p| p[1]));
+                }
+            }
+            set.into_iter().collect()
+        };
+        self.sorted_strings(ids)
+    }
+
+    fn sorted_strings(&self, ids: Vec<SymbolId>) -> Vec<String> {
+        let mut v: Vec<String> = self.symbols.with(|get| ids.into_iter().map(|id| get(id).to_string()).collect());
+        v.sort();
+        v
+    }
+
+    /// Cardinality statistics: series per metric name and per label pair, top `limit` each.
+    pub fn cardinality(&self, limit: usize) -> Cardinality {
+        let (per_name, pairs) = self.postings.stats();
+        let name_id = self.symbols.lookup(strata_model::METRIC_NAME);
+        self.symbols.with(|get| {
+            let mut by_metric: Vec<(String, usize)> = pairs
+                .iter()
+                .filter(|((n, _), _)| Some(*n) == name_id)
+                .map(|((_, v), c)| (get(*v).to_string(), *c))
+                .collect();
+            let mut by_pair: Vec<(String, usize)> =
+                pairs.iter().map(|((n, v), c)| (format!("{}={}", get(*n), get(*v)), *c)).collect();
+            let mut by_label: Vec<(String, usize)> = per_name.iter().map(|(n, c)| (get(*n).to_string(), *c)).collect();
+            for v in [&mut by_metric, &mut by_pair, &mut by_label] {
+                v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                v.truncate(limit);
+            }
+            Cardinality { series: self.num_series(), by_metric, by_pair, by_label }
+        })
+    }
+
+    /// Writes buffered WAL records and fsyncs; then stops the WAL's background fsync.
+    pub fn close(&self) -> Result<()> {
+        match &self.wal {
+            Some(w) => w.close(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Series counts for `strata` status output and `/api/v1/status/tsdb`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cardinality {
+    pub series: u64,
+    pub by_metric: Vec<(String, usize)>,
+    pub by_pair: Vec<(String, usize)>,
+    pub by_label: Vec<(String, usize)>,
+}
+
+/// The head seen through the index interface.
+struct HeadIndex<'a>(&'a Head);
+
+impl IndexReader for HeadIndex<'_> {
+    fn postings(&self, name: &str, values: &[&str]) -> BoxPostings {
+        let h = self.0;
+        let Some(n) = h.symbols.lookup(name) else { return Box::new(postings::EmptyPostings) };
+        let lists = h.postings.get_many(n, values.iter().filter_map(|v| h.symbols.lookup(v)));
+        postings::merge(lists.into_iter().map(|l| Box::new(ListPostings::new(l)) as BoxPostings).collect())
+    }
+
+    fn postings_matching(&self, name: &str, prefix: &str, accept: &dyn Fn(&str) -> bool) -> BoxPostings {
+        let h = self.0;
+        let Some(n) = h.symbols.lookup(name) else { return Box::new(postings::EmptyPostings) };
+        let values = h.postings.label_values(n);
+        let matching: Vec<SymbolId> = h.symbols.with(|get| {
+            values
+                .into_iter()
+                .filter(|&v| {
+                    let s = get(v);
+                    s.starts_with(prefix) && accept(&s)
+                })
+                .collect()
+        });
+        let lists = h.postings.get_many(n, matching.into_iter());
+        postings::merge(lists.into_iter().map(|l| Box::new(ListPostings::new(l)) as BoxPostings).collect())
+    }
+
+    fn all_postings(&self) -> BoxPostings {
+        Box::new(ListPostings::new(self.0.postings.all()))
+    }
+}
+
+/// State carried across the records of one replay.
+#[derive(Default)]
+struct Replay {
+    /// A series logged twice under different references maps to the first.
+    aliases: HashMap<SeriesRef, SeriesRef>,
+    samples: Vec<RefSample>,
+    late: HashMap<SeriesRef, Vec<Sample>>,
+    unknown_refs: u64,
+}
+
+impl Replay {
+    fn apply(&mut self, head: &Head, rec: &[u8]) -> Result<(), RecordError> {
+        match record::record_type(rec)? {
+            RecordType::Samples => {
+                self.samples.clear();
+                record::decode_samples_into(&rec[1..], &mut self.samples)?;
+                for s in &self.samples {
+                    let r = self.aliases.get(&s.series).copied().unwrap_or(s.series);
+                    let Some(series) = head.series(r) else {
+                        self.unknown_refs += 1;
+                        continue;
+                    };
+                    let res = series.state.lock().append(s.t, s.v, head.opts.chunk_range_ms);
+                    match res {
+                        Ok(_) => head.note_time(s.t),
+                        Err(_) => self.late.entry(r).or_default().push(Sample::new(s.t, s.v)),
+                    }
+                }
+                Ok(())
+            }
+            _ => match record::decode(rec)? {
+                Record::Series(v) => {
+                    for s in v {
+                        if let Some(existing) = head.replay_series(s.series, &s.labels) {
+                            self.aliases.insert(s.series, existing);
+                        }
+                    }
+                    Ok(())
+                }
+                Record::Tombstones(v) => {
+                    let v: Vec<Tombstone> = v
+                        .into_iter()
+                        .map(|t| Tombstone { series: self.aliases.get(&t.series).copied().unwrap_or(t.series), ..t })
+                        .collect();
+                    head.add_tombstones(&v);
+                    Ok(())
+                }
+                Record::Samples(_) => unreachable!("handled above"),
+            },
+        }
+    }
+
+    fn finish(self, head: &Head) {
+        if self.unknown_refs > 0 {
+            tracing::warn!(samples = self.unknown_refs, "WAL replay skipped samples of series that were never logged");
+        }
+        let late: usize = self.late.values().map(Vec::len).sum();
+        if late > 0 {
+            tracing::info!(samples = late, series = self.late.len(), "WAL replay merged samples logged out of order");
+        }
+        for (r, mut samples) in self.late {
+            if let Some(series) = head.series(r) {
+                for s in &samples {
+                    head.note_time(s.t);
+                }
+                series.state.lock().merge_late(&mut samples, head.opts.chunk_range_ms);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,238 @@
+use super::*;
+use crate::querier::{Querier, SampleIterator};
+use crate::wal::FsyncPolicy;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use strata_model::MatchOp;
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    Labels::from_pairs(pairs.iter().copied())
+}
+
+fn m(op: MatchOp, name: &str, v: &str) -> Matcher {
+    Matcher::new(op, name, v).unwrap()
+}
+
+fn wal_opts() -> HeadOptions {
+    HeadOptions { wal: WalOptions { fsync: FsyncPolicy::Always, ..Default::default() }, ..Default::default() }
+}
+
+/// Every series and sample of the head, as a model map.
+fn dump(head: &Head) -> BTreeMap<Labels, Vec<(i64, u64)>> {
+    Querier::new(head, i64::MIN, i64::MAX)
+        .select(&[m(MatchOp::RegexMatch, "__name__", ".+")])
+        .into_iter()
+        .map(|s| (s.labels.clone(), s.samples().iter().map(|x| (x.t, x.v.to_bits())).collect()))
+        .collect()
+}
+
+#[test]
+fn append_then_select_sorted_by_labels() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    for (i, job) in ["b", "a", "c"].iter().enumerate() {
+        for t in 0..300 {
+            app.append(&l(&[("__name__", "up"), ("job", job)]), t * 1000, (t + i as i64) as f64).unwrap();
+        }
+    }
+    app.append(&l(&[("__name__", "other")]), 0, 1.0).unwrap();
+    assert_eq!(app.commit().unwrap().appended, 901);
+
+    let q = Querier::new(&head, 10_000, 20_000);
+    let got = q.select(&[m(MatchOp::Equal, "__name__", "up")]);
+    let jobs: Vec<&str> = got.iter().map(|s| s.labels.get("job").unwrap()).collect();
+    assert_eq!(jobs, ["a", "b", "c"]);
+    let s = got[0].samples();
+    assert_eq!(s.first().map(|s| s.t), Some(10_000));
+    assert_eq!(s.last().map(|s| s.t), Some(20_000));
+    assert_eq!(s.len(), 11);
+    assert_eq!(head.num_series(), 4);
+    assert_eq!(head.time_range(), Some((0, 299_000)));
+}
+
+#[test]
+fn typed_append_errors() {
+    let head = Head::in_memory(HeadOptions::default());
+    let a = l(&[("__name__", "x")]);
+    let mut app = head.appender();
+    app.append(&a, 10_000_000, 1.0).unwrap();
+    assert_eq!(
+        app.append(&a, 9_000_000, 1.0),
+        Err(AppendError::Sample(SampleError::OutOfOrder { t: 9_000_000, latest: 10_000_000 }))
+    );
+    assert_eq!(app.append(&a, 10_000_000, 2.0), Err(AppendError::Sample(SampleError::Duplicate { t: 10_000_000 })));
+    app.commit().unwrap();
+
+    let mut app = head.appender();
+    assert_eq!(app.append(&a, 10_000_000, 1.0), Ok(SeriesRef(1)), "an identical retry is accepted");
+    assert_eq!(app.append(&a, 10_000_000, 3.0), Err(AppendError::Sample(SampleError::Duplicate { t: 10_000_000 })));
+    let min_t = 10_000_000 - BLOCK_RANGE_MS_DEFAULT / 2;
+    assert_eq!(app.append(&a, min_t - 1, 1.0), Err(AppendError::Sample(SampleError::TooOld { t: min_t - 1, min_t })));
+    assert!(matches!(app.append(&Labels::empty(), 1, 1.0), Err(AppendError::InvalidLabels(_))));
+    assert_eq!(app.append_ref(SeriesRef(99), 10_000_001, 1.0), Err(AppendError::UnknownSeries(SeriesRef(99))));
+    assert_eq!(app.commit().unwrap().appended, 0);
+    assert_eq!(head.stats.rejected_duplicate.load(Ordering::Relaxed), 2);
+    assert_eq!(head.stats.rejected_too_old.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn matchers_follow_prometheus_semantics() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    let sets = [
+        l(&[("__name__", "m"), ("a", "1")]),
+        l(&[("__name__", "m"), ("a", "2"), ("b", "x")]),
+        l(&[("__name__", "m"), ("b", "y")]),
+        l(&[("__name__", "n"), ("a", "1")]),
+    ];
+    for s in &sets {
+        app.append(s, 1, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    let q = Querier::new(&head, 0, 10);
+    let names = |ms: &[Matcher]| -> Vec<String> { q.select(ms).iter().map(|s| s.labels.to_string()).collect() };
+    let name_m = m(MatchOp::Equal, "__name__", "m");
+    assert_eq!(names(&[name_m.clone(), m(MatchOp::RegexMatch, "a", ".*")]).len(), 3, "=~.* includes series without a");
+    assert_eq!(names(&[name_m.clone(), m(MatchOp::NotEqual, "a", "")]), [r#"m{a="1"}"#, r#"m{a="2", b="x"}"#]);
+    assert_eq!(names(&[name_m.clone(), m(MatchOp::Equal, "a", "")]), [r#"m{b="y"}"#]);
+    assert_eq!(names(&[name_m.clone(), m(MatchOp::NotEqual, "a", "1")]), [r#"m{a="2", b="x"}"#, r#"m{b="y"}"#]);
+    assert_eq!(names(&[name_m.clone(), m(MatchOp::RegexNoMatch, "b", "x|z")]), [r#"m{a="1"}"#, r#"m{b="y"}"#]);
+    assert_eq!(names(&[m(MatchOp::RegexMatch, "a", "1|2")]).len(), 3);
+    assert_eq!(names(&[m(MatchOp::RegexMatch, "__name__", "m|n"), m(MatchOp::Equal, "a", "1")]).len(), 2);
+    assert!(names(&[m(MatchOp::Equal, "nope", "x")]).is_empty());
+
+    assert_eq!(q.label_names(&[]), ["__name__", "a", "b"]);
+    assert_eq!(q.label_names(&[m(MatchOp::Equal, "__name__", "n")]), ["__name__", "a"]);
+    assert_eq!(q.label_values("a", &[]), ["1", "2"]);
+    assert_eq!(q.label_values("b", &[m(MatchOp::Equal, "a", "2")]), ["x"]);
+    assert!(q.label_values("zzz", &[]).is_empty());
+}
+
+#[test]
+fn wal_replay_rebuilds_the_head_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let before = {
+        let (head, _) = Head::open(tmp.path(), wal_opts()).unwrap();
+        for batch in 0..20 {
+            let mut app = head.appender();
+            for s in 0..50 {
+                let labels =
+                    l(&[("__name__", "metric"), ("series", &s.to_string()), ("batch_parity", &(s % 3).to_string())]);
+                for k in 0..5 {
+                    let t = (batch * 5 + k) * 15_000;
+                    let v = if k == 3 {
+                        f64::from_bits(strata_model::STALE_NAN_BITS)
+                    } else {
+                        (t as f64).sqrt() * s as f64
+                    };
+                    app.append(&labels, t, v).unwrap();
+                }
+            }
+            app.commit().unwrap();
+        }
+        head.delete(&[m(MatchOp::Equal, "series", "7")], 0, 100_000).unwrap();
+        head.close().unwrap();
+        dump(&head)
+    };
+    let (head, outcome) = Head::open(tmp.path(), wal_opts()).unwrap();
+    assert_eq!(outcome.cut, None);
+    assert_eq!(dump(&head), before);
+    assert_eq!(head.num_series(), 50);
+    // The head accepts new appends and new series after replay, with fresh references.
+    let mut app = head.appender();
+    let r = app.append(&l(&[("__name__", "new")]), 10_000_000, 1.0).unwrap();
+    assert_eq!(r, SeriesRef(51));
+    app.commit().unwrap();
+}
+
+#[test]
+fn concurrent_appenders_to_shared_series_replay_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let before = {
+        let (head, _) = Head::open(tmp.path(), wal_opts()).unwrap();
+        let head = Arc::new(head);
+        let threads: Vec<_> = (0..4)
+            .map(|th| {
+                let head = head.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200i64 {
+                        let mut app = head.appender();
+                        for s in 0..10 {
+                            // Every thread writes every series: commits race on each one.
+                            let _ = app.append(&l(&[("__name__", "shared"), ("s", &s.to_string())]), i * 10 + th, 1.0);
+                        }
+                        app.commit().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        head.close().unwrap();
+        dump(&head)
+    };
+    let (head, _) = Head::open(tmp.path(), wal_opts()).unwrap();
+    assert_eq!(dump(&head), before);
+}
+
+#[test]
+fn deleted_samples_are_hidden() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    for t in 0..10 {
+        app.append(&l(&[("__name__", "x")]), t, t as f64).unwrap();
+    }
+    app.commit().unwrap();
+    assert_eq!(head.delete(&[m(MatchOp::Equal, "__name__", "x")], 3, 5).unwrap(), 1);
+    let s = Querier::new(&head, 0, 100).select(&[m(MatchOp::Equal, "__name__", "x")]);
+    let ts: Vec<i64> = s[0].samples().iter().map(|s| s.t).collect();
+    assert_eq!(ts, [0, 1, 2, 6, 7, 8, 9]);
+    let mut it = s[0].iter();
+    assert_eq!(it.seek(4).map(|s| s.t), Some(6));
+}
+
+fn label_set() -> impl Strategy<Value = Vec<(String, String)>> {
+    prop::collection::vec(
+        (prop::sample::select(vec!["a", "b", "c"]), prop::sample::select(vec!["", "1", "2", "10", "x"])),
+        0..3,
+    )
+    .prop_map(|v| {
+        let mut v: Vec<(String, String)> = v.into_iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        v.sort();
+        v.dedup_by(|x, y| x.0 == y.0);
+        v
+    })
+}
+
+fn matcher() -> impl Strategy<Value = Matcher> {
+    (
+        prop::sample::select(vec![MatchOp::Equal, MatchOp::NotEqual, MatchOp::RegexMatch, MatchOp::RegexNoMatch]),
+        prop::sample::select(vec!["a", "b", "c", "d"]),
+        prop::sample::select(vec!["", "1", "x", "1|2", ".*", ".+", "1.*", "x|", "[12]0?"]),
+    )
+        .prop_map(|(op, n, v)| m(op, n, v))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Index-based selection agrees with testing every series against every matcher.
+    #[test]
+    fn select_agrees_with_naive_filter(sets in prop::collection::vec(label_set(), 1..30), ms in prop::collection::vec(matcher(), 1..4)) {
+        let head = Head::in_memory(HeadOptions::default());
+        let mut app = head.appender();
+        let mut all = std::collections::BTreeSet::new();
+        for (i, s) in sets.iter().enumerate() {
+            let mut pairs = s.clone();
+            pairs.push(("__name__".into(), format!("m{}", i % 2)));
+            let labels = Labels::from_pairs(pairs);
+            if all.insert(labels.clone()) {
+                app.append(&labels, 1, 1.0).unwrap();
+            }
+        }
+        app.commit().unwrap();
+        let want: Vec<Labels> = all.into_iter().filter(|ls| ms.iter().all(|m| m.matches(ls.get(&m.name).unwrap_or("")))).collect();
+        let got: Vec<Labels> = Querier::new(&head, 0, 2).select(&ms).into_iter().map(|s| s.labels).collect();
+        prop_assert_eq!(got, want);
+    }
+}
