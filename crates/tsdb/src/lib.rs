@@ -14,6 +14,9 @@ pub mod record;
 pub mod wal;
 
 pub use error::{Error, Result};
+pub mod db;
 pub mod hash;
 pub mod head;
 pub mod querier;
+
+pub use db::{Db, DbOptions};
