@@ -1,1 +1,5 @@
-//! placeholder
+//! Strata's server: how the binary's settings become an open database, and how its state is
+//! reported. The HTTP API (Prometheus' query API, remote write and read) lands here next.
+
+pub mod config;
+pub mod status;
