@@ -1,1 +1,355 @@
-fn main() {}
+//! Storage benchmarks, run with `cargo bench -p strata-tsdb --bench tsdb_bench [-- GROUP…]`.
+//! Groups: `chunks` (encode/decode on the node-exporter recording), `append` (1M series from
+//! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
+//! `wal` (append with the WAL on disk). Each figure is the median of several runs; the machine is
+//! shared and noisy, so compare ratios from one run rather than absolute times across runs.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use strata_model::{Labels, MatchOp, Matcher, Sample, SeriesRef};
+use strata_tsdb::chunkenc::{ChunkIterator, XorAppender};
+use strata_tsdb::head::{Head, HeadOptions};
+use strata_tsdb::querier::Querier;
+use strata_tsdb::wal::{FsyncPolicy, WalOptions};
+
+/// Counts live heap bytes, so memory per series is measured, not estimated.
+struct CountingAlloc;
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator and only adds bookkeeping.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE_BYTES.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+fn live_bytes() -> isize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+fn shared_data(name: &str) -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for up in [here.join("../../../shared/data"), here.join("../../shared/data")] {
+        if up.join(name).exists() {
+            return up.join(name);
+        }
+    }
+    panic!("{name} not found next to the repository (../shared/data)");
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Samples per series of the node-exporter recording, in time order.
+fn load_recording() -> Vec<Vec<Sample>> {
+    let f = std::fs::File::open(shared_data("node-exporter-600x10s.om.gz")).unwrap();
+    let r = BufReader::new(flate2::read::GzDecoder::new(f));
+    let mut series: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
+    for line in r.lines() {
+        let line = line.unwrap();
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let mut parts = line.rsplitn(3, ' ');
+        let (ts, v, key) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let t = (ts.parse::<f64>().unwrap() * 1000.0).round() as i64;
+        let v: f64 = v.parse().unwrap_or_else(|_| panic!("value {v:?}"));
+        series.entry(key.to_string()).or_default().push(Sample::new(t, v));
+    }
+    series.into_values().collect()
+}
+
+fn encode(samples: &[Sample], per_chunk: usize) -> Vec<Vec<u8>> {
+    samples
+        .chunks(per_chunk)
+        .map(|c| {
+            let mut a = XorAppender::new();
+            for s in c {
+                a.append(s.t, s.v);
+            }
+            a.into_bytes()
+        })
+        .collect()
+}
+
+fn bench_chunks() {
+    let rec = load_recording();
+    let total: usize = rec.iter().map(Vec::len).sum();
+    println!("chunks: node-exporter recording, {} series, {total} samples", rec.len());
+    for per_chunk in [120usize, 240] {
+        let chunks: Vec<Vec<u8>> = rec.iter().flat_map(|s| encode(s, per_chunk)).collect();
+        let bytes: usize = chunks.iter().map(Vec::len).sum();
+        println!("  {per_chunk} samples/chunk: {:.3} bytes/sample ({bytes} bytes in {} chunks)", bytes as f64 / total as f64, chunks.len());
+    }
+    let mut enc = Vec::new();
+    let mut dec = Vec::new();
+    let mut dec_batch = Vec::new();
+    let chunks: Vec<Vec<u8>> = rec.iter().flat_map(|s| encode(s, 120)).collect();
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        let mut n = 0;
+        for s in &rec {
+            n += encode(s, 120).len();
+        }
+        std::hint::black_box(n);
+        enc.push(total as f64 / t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        let mut sum = 0u64;
+        for _ in 0..10 {
+            for c in &chunks {
+                let mut it = ChunkIterator::new(&c[..]).unwrap();
+                while let Some(s) = it.next() {
+                    sum = sum.wrapping_add(s.t as u64 ^ s.v.to_bits());
+                }
+            }
+        }
+        std::hint::black_box(sum);
+        dec.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        let mut buf = Vec::with_capacity(256);
+        for _ in 0..10 {
+            for c in &chunks {
+                buf.clear();
+                ChunkIterator::new(&c[..]).unwrap().decode_into(&mut buf);
+                sum = sum.wrapping_add(buf.len() as u64);
+            }
+        }
+        std::hint::black_box(sum);
+        dec_batch.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
+    }
+    println!("  encode: {:.1} M samples/s (median of 7, one thread)", median(enc) / 1e6);
+    println!("  decode, next() per sample: {:.1} M samples/s (median of 7, one thread)", median(dec) / 1e6);
+    println!("  decode, whole chunk (decode_into): {:.1} M samples/s (median of 7, one thread)", median(dec_batch) / 1e6);
+}
+
+/// 1M label sets: each of the 20k real sets × 50 values of an extra `replica` label.
+fn million_label_sets() -> Vec<Labels> {
+    let f = std::fs::File::open(shared_data("20kseries.json")).unwrap();
+    let base: Vec<Vec<(String, String)>> = BufReader::new(f)
+        .lines()
+        .map(|l| {
+            let m: BTreeMap<String, String> = serde_json::from_str(&l.unwrap()).unwrap();
+            m.into_iter().collect()
+        })
+        .collect();
+    let mut out = Vec::with_capacity(base.len() * 50);
+    for r in 0..50 {
+        let replica = format!("r{r}");
+        for b in &base {
+            out.push(Labels::from_pairs(b.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([("replica", replica.as_str())])));
+        }
+    }
+    out
+}
+
+const THREADS: usize = 2;
+const COMMIT_SERIES: usize = 1000;
+const INTERVAL_MS: i64 = 15_000;
+
+/// Appends `steps` samples to every series from `THREADS` threads; returns refs and elapsed time
+/// for the first step (series creation) and the rest.
+fn fill(head: &Head, sets: &[Labels], values: &[Vec<Sample>], steps: usize) -> (Duration, Duration) {
+    let per_thread = sets.len().div_ceil(THREADS);
+    let t0 = Instant::now();
+    let refs: Vec<Vec<SeriesRef>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = sets
+            .chunks(per_thread)
+            .enumerate()
+            .map(|(th, part)| {
+                sc.spawn(move || {
+                    let mut refs = Vec::with_capacity(part.len());
+                    for (b, batch) in part.chunks(COMMIT_SERIES).enumerate() {
+                        let mut app = head.appender();
+                        for (k, l) in batch.iter().enumerate() {
+                            let i = th * per_thread + b * COMMIT_SERIES + k;
+                            let v = values[i % values.len()][0].v;
+                            refs.push(app.append(l, 0, v).unwrap());
+                        }
+                        app.commit().unwrap();
+                    }
+                    refs
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let create = t0.elapsed();
+    let t1 = Instant::now();
+    std::thread::scope(|sc| {
+        for (th, refs) in refs.iter().enumerate() {
+            sc.spawn(move || {
+                for step in 1..steps {
+                    for (b, batch) in refs.chunks(COMMIT_SERIES).enumerate() {
+                        let mut app = head.appender();
+                        for (k, &r) in batch.iter().enumerate() {
+                            let i = th * per_thread + b * COMMIT_SERIES + k;
+                            let src = &values[i % values.len()];
+                            app.append_ref(r, step as i64 * INTERVAL_MS, src[step % src.len()].v).unwrap();
+                        }
+                        app.commit().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    (create, t1.elapsed())
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).unwrap().parse().unwrap()
+}
+
+fn bench_append_and_select(groups: &[String]) {
+    let sets = million_label_sets();
+    let values = load_recording();
+    let n = sets.len();
+    let steps = 120;
+    println!("append: {n} series (20kseries.json × 50 replicas), {THREADS} threads, {COMMIT_SERIES} series per commit, no WAL");
+    let mut create_rates = Vec::new();
+    let mut append_rates = Vec::new();
+    let runs = 3;
+    let mut kept: Option<Head> = None;
+    for run in 0..runs {
+        drop(kept.take());
+        let before = live_bytes();
+        let rss_before = rss_kib();
+        let head = Head::in_memory(HeadOptions::default());
+        let (create, rest) = fill(&head, &sets, &values, steps);
+        create_rates.push(n as f64 / create.as_secs_f64());
+        append_rates.push((n * (steps - 1)) as f64 / rest.as_secs_f64());
+        if run == runs - 1 {
+            let bytes = live_bytes() - before;
+            println!(
+                "  memory after {steps} samples/series: {:.0} bytes/series heap (counted), RSS grew {:.0} bytes/series",
+                bytes as f64 / n as f64,
+                (rss_kib() - rss_before) as f64 * 1024.0 / n as f64
+            );
+            kept = Some(head);
+        }
+    }
+    println!("  series creation (first sample): {:.2} M series/s (median of {runs})", median(create_rates) / 1e6);
+    println!("  append by ref: {:.2} M samples/s (median of {runs})", median(append_rates) / 1e6);
+
+    // Memory right after creation with one sample per series.
+    drop(kept.take());
+    let before = live_bytes();
+    let head = Head::in_memory(HeadOptions::default());
+    fill(&head, &sets, &values, 1);
+    println!("  memory with 1 sample/series: {:.0} bytes/series heap", (live_bytes() - before) as f64 / n as f64);
+    fill_rest(&head, &sets, &values);
+
+    if groups.is_empty() || groups.iter().any(|g| g == "select") {
+        bench_select(&head, &sets);
+    }
+}
+
+/// Brings the 1-sample head up to 120 samples so selects read realistic chunks.
+fn fill_rest(head: &Head, sets: &[Labels], values: &[Vec<Sample>]) {
+    let mut app = head.appender();
+    for step in 1..120 {
+        for (i, l) in sets.iter().enumerate() {
+            let src = &values[i % values.len()];
+            app.append(l, step * INTERVAL_MS, src[step as usize % src.len()].v).unwrap();
+            if app.len() >= 100_000 {
+                std::mem::replace(&mut app, head.appender()).commit().unwrap();
+            }
+        }
+    }
+    app.commit().unwrap();
+}
+
+fn bench_select(head: &Head, sets: &[Labels]) {
+    // The most common metric name, narrowed by a regex on the replica label.
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in sets {
+        *counts.entry(l.metric_name().unwrap()).or_default() += 1;
+    }
+    let (name, _) = counts.iter().max_by_key(|(_, c)| **c).unwrap();
+    let queries: Vec<(String, Vec<Matcher>)> = vec![
+        (
+            format!("{{__name__=\"{name}\", replica=~\"r1.*\"}}"),
+            vec![Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(), Matcher::new(MatchOp::RegexMatch, "replica", "r1.*").unwrap()],
+        ),
+        (
+            format!("{{__name__=\"{name}\", replica=\"r7\"}}"),
+            vec![Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(), Matcher::new(MatchOp::Equal, "replica", "r7").unwrap()],
+        ),
+    ];
+    println!("select: over {} series, last 30 min of 120 samples/series", head.num_series());
+    for (text, ms) in queries {
+        let mut lat = Vec::new();
+        let mut n = 0;
+        let mut samples = 0;
+        for _ in 0..15 {
+            let t0 = Instant::now();
+            let res = Querier::new(head, 90 * INTERVAL_MS, 120 * INTERVAL_MS).select(&ms);
+            n = res.len();
+            lat.push(t0.elapsed().as_secs_f64());
+            samples = res.iter().map(|s| s.samples().len()).sum::<usize>();
+        }
+        println!("  {text}: {n} series ({samples} samples when read), select {:.2} ms (median of 15)", median(lat) * 1e3);
+    }
+}
+
+fn bench_wal() {
+    let sets: Vec<Labels> = million_label_sets().into_iter().take(200_000).collect();
+    let values = load_recording();
+    for fsync in [FsyncPolicy::Interval(Duration::from_secs(1)), FsyncPolicy::Always] {
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = HeadOptions { wal: WalOptions { fsync, ..Default::default() }, ..Default::default() };
+        let (head, _) = Head::open(tmp.path(), opts).unwrap();
+        let steps = 30;
+        let (create, rest) = fill(&head, &sets, &values, steps);
+        let bytes = head.wal().unwrap().stats.bytes_written.load(Ordering::Relaxed);
+        println!(
+            "wal {fsync:?}: {} series created in {:.2}s, append {:.2} M samples/s, {:.1} WAL bytes/sample",
+            sets.len(),
+            create.as_secs_f64(),
+            (sets.len() * (steps - 1)) as f64 / rest.as_secs_f64() / 1e6,
+            bytes as f64 / (sets.len() * steps) as f64
+        );
+        head.close().unwrap();
+        drop(head);
+        let t0 = Instant::now();
+        let (head, _) = Head::open(tmp.path(), opts).unwrap();
+        println!("  replay: {:.2} M samples/s ({} series)", (sets.len() * steps) as f64 / t0.elapsed().as_secs_f64() / 1e6, head.num_series());
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything else not starting with `-` selects groups.
+    let groups: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let want = |g: &str| groups.is_empty() || groups.iter().any(|x| x == g);
+    if want("chunks") {
+        bench_chunks();
+    }
+    if want("append") || want("select") {
+        bench_append_and_select(&groups);
+    }
+    if want("wal") {
+        bench_wal();
+    }
+}

@@ -81,86 +81,122 @@ impl BitWriter {
     }
 }
 
-/// Reads bits from a byte slice. Reading past the end yields `None`.
-#[derive(Clone, Debug)]
+/// Reads bits from a byte slice through a 64-bit register.
+///
+/// The register is refilled with one unaligned 8-byte load whenever fewer than 57 bits are left,
+/// so decoding a typical sample (a few bits) is register arithmetic with no dependent memory
+/// load. Bits past the end of the data read as zero; callers detect that with `overran`.
+#[derive(Clone, Copy, Debug)]
 pub struct BitReader {
-    /// Next byte of the stream to load into the register.
-    next_byte: usize,
-    /// Valid bits, left-aligned.
-    register: u64,
+    /// Unread bits, left-aligned; only the top `valid` are meaningful, the rest are zero.
+    buf: u64,
     valid: u32,
+    /// Next byte of the data to load into the register.
+    next_byte: usize,
 }
 
+/// Bits guaranteed in the register after a `peek`.
+pub const PEEK_BITS: u32 = 57;
+
 impl BitReader {
-    /// Starts reading `data` at byte `start`.
+    /// Starts reading at byte `start`.
     pub fn new(start: usize) -> Self {
-        BitReader { next_byte: start, register: 0, valid: 0 }
+        BitReader { buf: 0, valid: 0, next_byte: start }
     }
 
-    #[inline]
+    /// Bit position of the next unread bit.
+    #[inline(always)]
+    pub fn pos(&self) -> usize {
+        self.next_byte * 8 - self.valid as usize
+    }
+
+    #[inline(always)]
+    fn load(data: &[u8], byte: usize) -> u64 {
+        match data.get(byte..byte + 8) {
+            Some(w) => u64::from_be_bytes(w.try_into().expect("8 bytes")),
+            None => {
+                let mut b = [0u8; 8];
+                if byte < data.len() {
+                    let tail = &data[byte..];
+                    b[..tail.len()].copy_from_slice(tail);
+                }
+                u64::from_be_bytes(b)
+            }
+        }
+    }
+
+    #[inline(always)]
     fn refill(&mut self, data: &[u8]) {
-        if let Some(w) = data.get(self.next_byte..self.next_byte + 8) {
-            let word = u64::from_be_bytes(w.try_into().expect("slice of 8 bytes"));
-            // Take as many whole bytes as fit in the register.
-            let take_bytes = (64 - self.valid) / 8;
-            if take_bytes == 0 {
-                return;
-            }
-            let take_bits = take_bytes * 8;
-            let incoming = if take_bits == 64 { word } else { word >> (64 - take_bits) << (64 - take_bits) };
-            self.register |= if self.valid == 0 { incoming } else { incoming >> self.valid };
-            self.valid += take_bits;
-            self.next_byte += take_bytes as usize;
+        let word = Self::load(data, self.next_byte);
+        if self.valid == 0 {
+            self.buf = word;
+            self.valid = 64;
+            self.next_byte += 8;
         } else {
-            while self.valid <= 56 && self.next_byte < data.len() {
-                self.register |= (data[self.next_byte] as u64) << (56 - self.valid);
-                self.valid += 8;
-                self.next_byte += 1;
-            }
+            let take_bits = (64 - self.valid) / 8 * 8;
+            // `take_bits` is at least 8 here because callers refill only below PEEK_BITS.
+            self.buf |= (word >> (64 - take_bits)) << (64 - take_bits - self.valid);
+            self.valid += take_bits;
+            self.next_byte += (take_bits / 8) as usize;
+        }
+    }
+
+    /// The register, holding at least `PEEK_BITS` valid bits (zeros past the end of the data).
+    #[inline(always)]
+    pub fn peek(&mut self, data: &[u8]) -> u64 {
+        if self.valid < PEEK_BITS {
+            self.refill(data);
+        }
+        self.buf
+    }
+
+    /// Drops `n` bits (at most `PEEK_BITS`) that a `peek` made available.
+    #[inline(always)]
+    pub fn consume(&mut self, n: u32) {
+        debug_assert!(n <= self.valid);
+        self.buf = if n >= 64 { 0 } else { self.buf << n };
+        self.valid -= n;
+    }
+
+    /// Whether reading went past the end of `data`.
+    #[inline(always)]
+    pub fn overran(&self, data: &[u8]) -> bool {
+        self.pos() > data.len() * 8
+    }
+
+    /// Reads `n` bits (at most 64) as the low bits of the result; `None` past the end.
+    #[inline]
+    pub fn read_bits(&mut self, data: &[u8], n: u32) -> Option<u64> {
+        let v = self.read_bits_unchecked(data, n);
+        if self.overran(data) {
+            return None;
+        }
+        Some(v)
+    }
+
+    /// Like `read_bits` without the end check (callers check `overran` once per sample).
+    #[inline(always)]
+    pub fn read_bits_unchecked(&mut self, data: &[u8], n: u32) -> u64 {
+        debug_assert!(n <= 64);
+        if n == 0 {
+            return 0;
+        }
+        if n <= PEEK_BITS {
+            let v = self.peek(data) >> (64 - n);
+            self.consume(n);
+            v
+        } else {
+            let hi = self.peek(data) >> 32;
+            self.consume(32);
+            let lo = self.peek(data) >> (64 - (n - 32));
+            self.consume(n - 32);
+            (hi << (n - 32)) | lo
         }
     }
 
     #[inline]
     pub fn read_bit(&mut self, data: &[u8]) -> Option<bool> {
-        if self.valid == 0 {
-            self.refill(data);
-            if self.valid == 0 {
-                return None;
-            }
-        }
-        let bit = self.register >> 63 == 1;
-        self.register <<= 1;
-        self.valid -= 1;
-        Some(bit)
-    }
-
-    /// Reads `n` bits (at most 64) as the low bits of the result.
-    #[inline]
-    pub fn read_bits(&mut self, data: &[u8], n: u32) -> Option<u64> {
-        debug_assert!(n <= 64);
-        if n == 0 {
-            return Some(0);
-        }
-        if self.valid < n {
-            self.refill(data);
-        }
-        if self.valid >= n {
-            let v = self.register >> (64 - n);
-            self.register = if n == 64 { 0 } else { self.register << n };
-            self.valid -= n;
-            return Some(v);
-        }
-        // The register cannot hold `n` bits at once (n > 56): read in two parts.
-        let hi_n = self.valid;
-        if hi_n == 0 {
-            return None;
-        }
-        let hi = self.register >> (64 - hi_n);
-        self.register = 0;
-        self.valid = 0;
-        let lo_n = n - hi_n;
-        let lo = self.read_bits(data, lo_n)?;
-        Some((hi << lo_n) | lo)
+        self.read_bits(data, 1).map(|b| b == 1)
     }
 
     pub fn read_byte(&mut self, data: &[u8]) -> Option<u8> {

@@ -84,6 +84,13 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         }
     }
 
+    /// Decodes every remaining sample into `out` (the fast way to read a whole chunk).
+    pub fn decode_into(&mut self, out: &mut Vec<Sample>) {
+        match self {
+            ChunkIterator::Xor(x) => x.decode_into(out),
+        }
+    }
+
     pub fn seek(&mut self, t: i64) -> Option<Sample> {
         match self {
             ChunkIterator::Xor(x) => x.seek(t),

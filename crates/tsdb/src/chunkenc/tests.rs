@@ -72,6 +72,16 @@ proptest! {
     }
 
     #[test]
+    fn decode_into_matches_next(times in increasing_times(), values in prop::collection::vec(interesting_f64(), 301), skip in 0usize..5) {
+        let samples: Vec<Sample> = times.iter().zip(&values).map(|(&t, &v)| Sample::new(t, v)).collect();
+        let bytes = encode(&samples);
+        let mut it = ChunkIterator::new(&bytes[..]).unwrap();
+        let mut got: Vec<Sample> = (0..skip).filter_map(|_| it.next()).collect();
+        it.decode_into(&mut got);
+        assert_bit_equal(&got, &samples);
+    }
+
+    #[test]
     fn seek_finds_first_at_or_after(times in increasing_times(), target in any::<i64>()) {
         let samples: Vec<Sample> = times.iter().map(|&t| Sample::new(t, t as f64)).collect();
         let bytes = encode(&samples);
