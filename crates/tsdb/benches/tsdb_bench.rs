@@ -101,7 +101,11 @@ fn bench_chunks() {
     for per_chunk in [120usize, 240] {
         let chunks: Vec<Vec<u8>> = rec.iter().flat_map(|s| encode(s, per_chunk)).collect();
         let bytes: usize = chunks.iter().map(Vec::len).sum();
-        println!("  {per_chunk} samples/chunk: {:.3} bytes/sample ({bytes} bytes in {} chunks)", bytes as f64 / total as f64, chunks.len());
+        println!(
+            "  {per_chunk} samples/chunk: {:.3} bytes/sample ({bytes} bytes in {} chunks)",
+            bytes as f64 / total as f64,
+            chunks.len()
+        );
     }
     let mut enc = Vec::new();
     let mut dec = Vec::new();
@@ -141,7 +145,10 @@ fn bench_chunks() {
     }
     println!("  encode: {:.1} M samples/s (median of 7, one thread)", median(enc) / 1e6);
     println!("  decode, next() per sample: {:.1} M samples/s (median of 7, one thread)", median(dec) / 1e6);
-    println!("  decode, whole chunk (decode_into): {:.1} M samples/s (median of 7, one thread)", median(dec_batch) / 1e6);
+    println!(
+        "  decode, whole chunk (decode_into): {:.1} M samples/s (median of 7, one thread)",
+        median(dec_batch) / 1e6
+    );
 }
 
 /// 1M label sets: each of the 20k real sets × 50 values of an extra `replica` label.
@@ -158,7 +165,9 @@ fn million_label_sets() -> Vec<Labels> {
     for r in 0..50 {
         let replica = format!("r{r}");
         for b in &base {
-            out.push(Labels::from_pairs(b.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([("replica", replica.as_str())])));
+            out.push(Labels::from_pairs(
+                b.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([("replica", replica.as_str())]),
+            ));
         }
     }
     out
@@ -291,11 +300,17 @@ fn bench_select(head: &Head, sets: &[Labels]) {
     let queries: Vec<(String, Vec<Matcher>)> = vec![
         (
             format!("{{__name__=\"{name}\", replica=~\"r1.*\"}}"),
-            vec![Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(), Matcher::new(MatchOp::RegexMatch, "replica", "r1.*").unwrap()],
+            vec![
+                Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(),
+                Matcher::new(MatchOp::RegexMatch, "replica", "r1.*").unwrap(),
+            ],
         ),
         (
             format!("{{__name__=\"{name}\", replica=\"r7\"}}"),
-            vec![Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(), Matcher::new(MatchOp::Equal, "replica", "r7").unwrap()],
+            vec![
+                Matcher::new(MatchOp::Equal, "__name__", *name).unwrap(),
+                Matcher::new(MatchOp::Equal, "replica", "r7").unwrap(),
+            ],
         ),
     ];
     println!("select: over {} series, last 30 min of 120 samples/series", head.num_series());
@@ -310,7 +325,10 @@ fn bench_select(head: &Head, sets: &[Labels]) {
             lat.push(t0.elapsed().as_secs_f64());
             samples = res.iter().map(|s| s.samples().len()).sum::<usize>();
         }
-        println!("  {text}: {n} series ({samples} samples when read), select {:.2} ms (median of 15)", median(lat) * 1e3);
+        println!(
+            "  {text}: {n} series ({samples} samples when read), select {:.2} ms (median of 15)",
+            median(lat) * 1e3
+        );
     }
 }
 
@@ -335,7 +353,11 @@ fn bench_wal() {
         drop(head);
         let t0 = Instant::now();
         let (head, _) = Head::open(tmp.path(), opts).unwrap();
-        println!("  replay: {:.2} M samples/s ({} series)", (sets.len() * steps) as f64 / t0.elapsed().as_secs_f64() / 1e6, head.num_series());
+        println!(
+            "  replay: {:.2} M samples/s ({} series)",
+            (sets.len() * steps) as f64 / t0.elapsed().as_secs_f64() / 1e6,
+            head.num_series()
+        );
     }
 }
 

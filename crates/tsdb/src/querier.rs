@@ -177,12 +177,7 @@ impl<'a> Querier<'a> {
             found
                 .into_iter()
                 .map(|(s, chunks)| {
-                    let labels = Labels::from_sorted_unchecked(
-                        s.labels
-                            .chunks_exact(2)
-                            .map(|p| strata_model::Label { name: get(p[0]), value: get(p[1]) })
-                            .collect(),
-                    );
+                    let labels = s.labels.resolve_with(get);
                     (s.series_ref, labels, chunks)
                 })
                 .map(|(r, labels, chunks)| {

@@ -29,9 +29,19 @@ impl BitWriter {
         self.bytes
     }
 
+    /// Appends a zero byte, growing by half (not doubling): the head keeps millions of open
+    /// chunks, and their spare capacity is pure overhead.
+    #[inline]
+    fn push_zero(&mut self) {
+        if self.bytes.len() == self.bytes.capacity() {
+            self.bytes.reserve_exact((self.bytes.capacity() / 2).max(16));
+        }
+        self.bytes.push(0);
+    }
+
     pub fn write_bit(&mut self, bit: bool) {
         if self.free_bits == 0 {
-            self.bytes.push(0);
+            self.push_zero();
             self.free_bits = 8;
         }
         self.free_bits -= 1;
@@ -46,7 +56,7 @@ impl BitWriter {
         let mut n = n;
         while n > 0 {
             if self.free_bits == 0 {
-                self.bytes.push(0);
+                self.push_zero();
                 self.free_bits = 8;
             }
             let take = n.min(self.free_bits as u32);
@@ -60,7 +70,8 @@ impl BitWriter {
     /// Writes a whole byte; the fast path when the stream is byte-aligned.
     pub fn write_byte(&mut self, b: u8) {
         if self.free_bits == 0 {
-            self.bytes.push(b);
+            self.push_zero();
+            *self.bytes.last_mut().expect("a byte was just pushed") = b;
         } else {
             self.write_bits(b as u64, 8);
         }

@@ -224,7 +224,8 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
                 Some(s)
             }
             None => {
-                self.err = Some(ChunkError::Truncated { sample: self.st.read as usize, samples: self.st.total as usize });
+                self.err =
+                    Some(ChunkError::Truncated { sample: self.st.read as usize, samples: self.st.total as usize });
                 None
             }
         }

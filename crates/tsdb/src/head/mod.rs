@@ -165,7 +165,7 @@ impl Head {
     }
 
     /// Finds the series with exactly `labels`.
-    fn find(&self, labels: &Labels, hash: u64, ids: &mut Option<Option<Vec<SymbolId>>>) -> Option<Arc<MemSeries>> {
+    fn find(&self, labels: &Labels, hash: u64, ids: &mut Option<Option<Vec<u8>>>) -> Option<Arc<MemSeries>> {
         let candidates: Vec<SeriesRef> = {
             let s = self.by_hash[Self::stripe(hash)].read();
             let first = *s.first.get(&hash)?;
@@ -176,26 +176,23 @@ impl Head {
             c
         };
         let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
-        candidates.into_iter().filter_map(|r| self.series(r)).find(|s| &*s.labels == ids)
+        candidates.into_iter().filter_map(|r| self.series(r)).find(|s| s.labels.as_bytes() == ids)
     }
 
     /// The series with `labels`, created (and logged) if new. Returns whether it was created.
     pub fn get_or_create(&self, labels: &Labels) -> Result<(Arc<MemSeries>, bool), AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
         let hash = labels.stable_hash();
-        let mut ids = None;
-        if let Some(s) = self.find(labels, hash, &mut ids) {
+        if let Some(s) = self.find(labels, hash, &mut None) {
             return Ok((s, false));
         }
         let mut stripe = self.by_hash[Self::stripe(hash)].write();
         // Re-check under the write lock: another appender may have created it meanwhile.
-        let mut ids2 = None;
-        drop(ids);
-        if let Some(s) = self.find_locked(&stripe, labels, hash, &mut ids2) {
+        if let Some(s) = self.find_locked(&stripe, labels, hash, &mut None) {
             return Ok((s, false));
         }
-        let r = SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed));
-        let series = self.insert_series(r, labels)?;
+        let series = self.insert_series(labels)?;
+        let r = series.series_ref;
         match stripe.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(r);
@@ -210,19 +207,24 @@ impl Head {
         stripe: &HashStripe,
         labels: &Labels,
         hash: u64,
-        ids: &mut Option<Option<Vec<SymbolId>>>,
+        ids: &mut Option<Option<Vec<u8>>>,
     ) -> Option<Arc<MemSeries>> {
         let first = *stripe.first.get(&hash)?;
         let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
         std::iter::once(first)
             .chain(stripe.more.get(&hash).into_iter().flatten().copied())
             .filter_map(|r| self.series(r))
-            .find(|s| &*s.labels == ids)
+            .find(|s| s.labels.as_bytes() == ids)
     }
 
-    /// Creates series `r`: interns labels, logs it, indexes it. The caller holds the hash stripe.
-    fn insert_series(&self, r: SeriesRef, labels: &Labels) -> Result<Arc<MemSeries>, AppendError> {
+    /// Creates a series: interns labels, assigns the next reference, logs it, indexes it. The
+    /// caller holds the hash stripe. The reference is taken under the postings lock, so series
+    /// reach the postings lists (and the WAL) in reference order and lists stay sorted by
+    /// appending.
+    fn insert_series(&self, labels: &Labels) -> Result<Arc<MemSeries>, AppendError> {
         let ids = self.symbols.intern_labels(labels);
+        let mut postings = self.postings.writer();
+        let r = SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed));
         if let Some(wal) = &self.wal {
             let mut rec = Vec::with_capacity(64);
             record::encode_series([(r, labels)], &mut rec);
@@ -230,7 +232,8 @@ impl Head {
         }
         let series = Arc::new(MemSeries::new(r, ids));
         self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
-        self.postings.add(r, &series.labels);
+        postings.add(r, series.labels.pairs());
+        drop(postings);
         self.num_series.fetch_add(1, Ordering::Relaxed);
         self.stats.series_created.fetch_add(1, Ordering::Relaxed);
         Ok(series)
@@ -246,7 +249,7 @@ impl Head {
         let ids = self.symbols.intern_labels(labels);
         let series = Arc::new(MemSeries::new(r, ids));
         self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
-        self.postings.add(r, &series.labels);
+        self.postings.add(r, series.labels.pairs());
         self.num_series.fetch_add(1, Ordering::Relaxed);
         match stripe.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -309,8 +312,10 @@ impl Head {
             let s = s.read();
             b += s.capacity() * 17;
             for series in s.values() {
-                b +=
-                    std::mem::size_of::<MemSeries>() + 16 + series.labels.len() * 4 + series.state.lock().chunk_bytes();
+                b += std::mem::size_of::<MemSeries>()
+                    + 16
+                    + series.labels.heap_bytes()
+                    + series.state.lock().chunk_bytes();
             }
         }
         for s in self.by_hash.iter() {
@@ -327,7 +332,7 @@ impl Head {
             let mut set = std::collections::HashSet::new();
             for r in postings::expand(self.postings_for(matchers)) {
                 if let Some(s) = self.series(r) {
-                    set.extend(s.labels.chunks_exact(2).map(|p| p[0]));
+                    set.extend(s.labels.pairs().map(|p| p.0));
                 }
             }
             set.into_iter().collect()
@@ -344,7 +349,7 @@ impl Head {
             let mut set = std::collections::HashSet::new();
             for r in postings::expand(self.postings_for(matchers)) {
                 if let Some(s) = self.series(r) {
-                    set.extend(s.labels.chunks_exact(2).filter(|p| p[0] == name_id).map(|p| p[1]));
+                    set.extend(s.labels.pairs().filter(|p| p.0 == name_id).map(|p| p.1));
                 }
             }
             set.into_iter().collect()

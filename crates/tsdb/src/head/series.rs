@@ -9,7 +9,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use strata_model::{Sample, SeriesRef};
 
-use super::symbols::SymbolId;
+use super::symbols::PackedLabels;
 use crate::chunkenc::{ChunkIterator, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
 
 /// Initial buffer of a new open chunk: enough for a few dozen regular samples; it doubles from
@@ -55,13 +55,13 @@ pub enum Appended {
 #[derive(Debug)]
 pub struct MemSeries {
     pub series_ref: SeriesRef,
-    /// `[name, value, name, value, …]`, sorted by name.
-    pub labels: Box<[SymbolId]>,
+    /// Label symbol ids, packed; sorted by name.
+    pub labels: PackedLabels,
     pub state: Mutex<SeriesState>,
 }
 
 impl MemSeries {
-    pub fn new(series_ref: SeriesRef, labels: Box<[SymbolId]>) -> Self {
+    pub fn new(series_ref: SeriesRef, labels: PackedLabels) -> Self {
         MemSeries { series_ref, labels, state: Mutex::new(SeriesState::default()) }
     }
 }
@@ -121,7 +121,9 @@ impl SeriesState {
         };
         if cut {
             self.close_open_chunk();
-            self.open = Some(XorAppender::with_capacity(OPEN_CHUNK_INITIAL_BYTES));
+            // Size the new chunk like the last one: regular series produce similar chunks.
+            let bytes = self.closed.last().map_or(OPEN_CHUNK_INITIAL_BYTES, |c| c.data.len() + 8);
+            self.open = Some(XorAppender::with_capacity(bytes));
             self.open_mint = t;
         }
         self.open.as_mut().expect("an open chunk was just ensured").append(t, v);

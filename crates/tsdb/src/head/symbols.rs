@@ -1,5 +1,6 @@
-//! The head's symbol table: every label name and value is stored once and referred to by a
-//! 32-bit id, so a series' label set costs 8 bytes per label however long the strings are.
+//! The head's symbol table: every label name and value is stored once and referred to by an id,
+//! and a series keeps its label set as those ids, varint-packed: typically 2–4 bytes per label
+//! however long the strings are.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,11 +8,58 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use strata_model::{Label, Labels};
 
+use crate::encoding::put_uvarint;
+use xxhash_rust::xxh3::Xxh3Builder;
+
 pub type SymbolId = u32;
+
+/// A label set as varint-packed symbol ids `name value name value …`, in label order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedLabels(Box<[u8]>);
+
+impl PackedLabels {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// `(name, value)` id pairs in label order.
+    pub fn pairs(&self) -> impl Iterator<Item = (SymbolId, SymbolId)> + '_ {
+        let mut ids = VarintIds { data: &self.0 };
+        std::iter::from_fn(move || Some((ids.next()?, ids.next()?)))
+    }
+
+    pub fn resolve_with(&self, get: &dyn Fn(SymbolId) -> Arc<str>) -> Labels {
+        Labels::from_sorted_unchecked(self.pairs().map(|(n, v)| Label { name: get(n), value: get(v) }).collect())
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Decodes ids written by `put_uvarint`; the bytes are our own, so they are well formed.
+struct VarintIds<'a> {
+    data: &'a [u8],
+}
+
+impl Iterator for VarintIds<'_> {
+    type Item = SymbolId;
+    fn next(&mut self) -> Option<SymbolId> {
+        let mut v = 0u32;
+        for (i, &b) in self.data.iter().enumerate() {
+            v |= ((b & 0x7f) as u32) << (7 * i);
+            if b < 0x80 {
+                self.data = &self.data[i + 1..];
+                return Some(v);
+            }
+        }
+        None
+    }
+}
 
 #[derive(Debug, Default)]
 struct Inner {
-    ids: HashMap<Arc<str>, SymbolId>,
+    ids: HashMap<Arc<str>, SymbolId, Xxh3Builder>,
     strings: Vec<Arc<str>>,
 }
 
@@ -44,20 +92,29 @@ impl Symbols {
         self.inner.read().ids.get(s).copied()
     }
 
-    /// Ids of a whole label set as `[name, value, name, value, …]`, or `None` if any string is
-    /// unknown (then no series with these labels can exist).
-    pub fn lookup_labels(&self, labels: &Labels) -> Option<Vec<SymbolId>> {
+    /// The packed form of a label set, or `None` if any string is unknown (then no series with
+    /// these labels can exist). Packed forms compare equal exactly when the label sets do.
+    pub fn lookup_labels(&self, labels: &Labels) -> Option<Vec<u8>> {
         let r = self.inner.read();
-        let mut out = Vec::with_capacity(labels.len() * 2);
+        let mut out = Vec::with_capacity(labels.len() * 4);
         for l in labels {
-            out.push(*r.ids.get(&*l.name)?);
-            out.push(*r.ids.get(&*l.value)?);
+            put_uvarint(&mut out, *r.ids.get(&*l.name)? as u64);
+            put_uvarint(&mut out, *r.ids.get(&*l.value)? as u64);
         }
         Some(out)
     }
 
-    pub fn intern_labels(&self, labels: &Labels) -> Box<[SymbolId]> {
-        labels.iter().flat_map(|l| [self.intern(&l.name), self.intern(&l.value)]).collect()
+    pub fn intern_labels(&self, labels: &Labels) -> PackedLabels {
+        // Usually every string is known already: one read lock for the whole set.
+        if let Some(packed) = self.lookup_labels(labels) {
+            return PackedLabels(packed.into_boxed_slice());
+        }
+        let mut out = Vec::with_capacity(labels.len() * 4);
+        for l in labels {
+            put_uvarint(&mut out, self.intern(&l.name) as u64);
+            put_uvarint(&mut out, self.intern(&l.value) as u64);
+        }
+        PackedLabels(out.into_boxed_slice())
     }
 
     pub fn get(&self, id: SymbolId) -> Arc<str> {
@@ -65,13 +122,8 @@ impl Symbols {
     }
 
     /// Rebuilds a label set from ids.
-    pub fn resolve(&self, ids: &[SymbolId]) -> Labels {
-        let r = self.inner.read();
-        let v = ids
-            .chunks_exact(2)
-            .map(|p| Label { name: r.strings[p[0] as usize].clone(), value: r.strings[p[1] as usize].clone() })
-            .collect();
-        Labels::from_sorted_unchecked(v)
+    pub fn resolve(&self, packed: &PackedLabels) -> Labels {
+        self.with(|get| packed.resolve_with(get))
     }
 
     /// Runs `f` with a resolver, taking the lock once for many lookups.
