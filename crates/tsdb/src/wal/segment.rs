@@ -153,3 +153,24 @@ impl SegmentReader {
         Ok(Frame::Record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header and frame layout of docs/format/wal.md.
+    #[test]
+    fn doc_layout_bytes() {
+        assert_eq!(segment_header(), [b'S', b'T', b'W', b'L', 1, 0, 0, 0]);
+        let mut buf = Vec::new();
+        frame_record(&[2], &mut buf);
+        assert_eq!(buf.len() as u64, FRAME_HEADER_BYTES + 1);
+        assert_eq!(&buf[..4], &1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&[1, 0, 0, 0, 2]);
+        assert_eq!(&buf[4..8], &crc.to_le_bytes());
+        assert_eq!(buf[8], 2);
+        assert_eq!(segment_name(42), "00000042");
+        assert_eq!(parse_segment_name("00000042"), Some(42));
+        assert_eq!(parse_segment_name("checkpoint.00000042"), None);
+    }
+}
