@@ -7,7 +7,7 @@
 //! increasing i64 timestamp sequence (even one spanning the whole i64 range) round-trips, and
 //! values are handled as raw bits, so every f64 bit pattern round-trips.
 
-use super::bstream::{BitReader, BitWriter};
+use super::bstream::{BitReader, BitWriter, PEEK_BITS};
 use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use strata_model::Sample;
 
@@ -182,6 +182,8 @@ struct DecodeState {
     trailing: u8,
     /// A value header announced more than 64 bits: the chunk is corrupt.
     bad_window: bool,
+    /// Samples of the current run of `0 0` (same interval, same value) not yet returned.
+    run: u16,
 }
 
 impl<B: AsRef<[u8]>> XorIterator<B> {
@@ -199,6 +201,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
             leading: 0,
             trailing: 0,
             bad_window: false,
+            run: 0,
         };
         XorIterator { data, st, err: None }
     }
@@ -270,10 +273,20 @@ impl DecodeState {
     #[inline(always)]
     fn decode_next(&mut self, data: &[u8]) -> Option<Sample> {
         if self.read >= 2 {
+            if self.run > 0 {
+                // Inside a run of `0 0` samples whose bits were already consumed.
+                self.run -= 1;
+                self.t = (self.t as u64).wrapping_add(self.delta) as i64;
+                return Some(Sample { t: self.t, v: f64::from_bits(self.v_bits) });
+            }
             let word = self.r.peek(data);
             if word >> 62 == 0 {
                 // The commonest sample of scrape data: regular interval, unchanged value (`0 0`).
-                self.r.consume(2);
+                // Take the whole run of them visible in the register at once.
+                let visible_pairs = (word.leading_zeros().min(PEEK_BITS) / 2) as u16;
+                let run = visible_pairs.min(self.total - self.read).max(1);
+                self.r.consume(2 * run as u32);
+                self.run = run - 1;
                 self.t = (self.t as u64).wrapping_add(self.delta) as i64;
             } else {
                 let dod = if word >> 63 == 0 {

@@ -39,6 +39,8 @@ use crate::wal::{ReplayOutcome, Wal, WalOptions};
 
 /// Default block range: the span of one persisted block and the alignment of head chunks.
 pub const BLOCK_RANGE_MS_DEFAULT: i64 = 2 * 3600 * 1000;
+/// Most threads replaying the WAL in parallel.
+const REPLAY_WORKERS_MAX: usize = 8;
 /// Lock stripes: enough that 2–64 appending threads rarely meet on one lock.
 const STRIPES: usize = 1 << 12;
 const _: () = assert!(STRIPES.is_power_of_two());
@@ -119,9 +121,24 @@ impl Head {
     /// Opens the head persisted in `wal_dir`: replays the WAL, then appends to a new segment.
     pub fn open(wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
-        let mut replay = Replay::default();
-        let (wal, outcome) = Wal::open(wal_dir, opts.wal, |rec| replay.apply(&head, rec))?;
-        replay.finish(&head);
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
+        let (wal, outcome) = std::thread::scope(|scope| {
+            let head = &head;
+            let (senders, handles): (Vec<_>, Vec<_>) = (0..workers)
+                .map(|_| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(REPLAY_QUEUE_BATCHES);
+                    (tx, scope.spawn(move || replay_worker(head, rx)))
+                })
+                .unzip();
+            let mut replay = Replay::new(head, senders);
+            let opened = Wal::open(wal_dir, opts.wal, |rec| replay.apply(rec));
+            replay.finish();
+            let shards: Vec<ReplayShard> = handles.into_iter().map(|h| h.join().expect("replay worker")).collect();
+            if opened.is_ok() {
+                finish_replay(head, shards);
+            }
+            opened
+        })?;
         head.wal = Some(wal);
         Ok((head, outcome))
     }
@@ -435,32 +452,58 @@ impl IndexReader for HeadIndex<'_> {
     }
 }
 
-/// State carried across the records of one replay.
+/// Samples handed to one replay worker at a time.
+const REPLAY_BATCH_SAMPLES: usize = 8192;
+/// Batches queued per replay worker before the reader waits.
+const REPLAY_QUEUE_BATCHES: usize = 16;
+
+/// What a replay worker found.
 #[derive(Default)]
-struct Replay {
-    /// A series logged twice under different references maps to the first.
-    aliases: HashMap<SeriesRef, SeriesRef>,
-    samples: Vec<RefSample>,
+struct ReplayShard {
     late: HashMap<SeriesRef, Vec<Sample>>,
     unknown_refs: u64,
+    min_t: i64,
+    max_t: i64,
 }
 
-impl Replay {
-    fn apply(&mut self, head: &Head, rec: &[u8]) -> Result<(), RecordError> {
+/// Replay state: the reading thread decodes records, creates series and routes samples to
+/// workers by series reference, so each series is appended to by one worker, in log order.
+struct Replay<'a> {
+    head: &'a Head,
+    /// A series logged twice under different references maps to the first.
+    aliases: HashMap<SeriesRef, SeriesRef>,
+    decoded: Vec<RefSample>,
+    queues: Vec<Vec<RefSample>>,
+    senders: Vec<std::sync::mpsc::SyncSender<Vec<RefSample>>>,
+}
+
+impl<'a> Replay<'a> {
+    fn new(head: &'a Head, senders: Vec<std::sync::mpsc::SyncSender<Vec<RefSample>>>) -> Self {
+        let queues = senders.iter().map(|_| Vec::with_capacity(REPLAY_BATCH_SAMPLES)).collect();
+        Replay { head, aliases: HashMap::new(), decoded: Vec::new(), queues, senders }
+    }
+
+    fn resolve(&self, r: SeriesRef) -> SeriesRef {
+        if self.aliases.is_empty() {
+            r
+        } else {
+            self.aliases.get(&r).copied().unwrap_or(r)
+        }
+    }
+
+    fn apply(&mut self, rec: &[u8]) -> Result<(), RecordError> {
         match record::record_type(rec)? {
             RecordType::Samples => {
-                self.samples.clear();
-                record::decode_samples_into(&rec[1..], &mut self.samples)?;
-                for s in &self.samples {
-                    let r = self.aliases.get(&s.series).copied().unwrap_or(s.series);
-                    let Some(series) = head.series(r) else {
-                        self.unknown_refs += 1;
-                        continue;
-                    };
-                    let res = series.state.lock().append(s.t, s.v, head.opts.chunk_range_ms);
-                    match res {
-                        Ok(_) => head.note_time(s.t),
-                        Err(_) => self.late.entry(r).or_default().push(Sample::new(s.t, s.v)),
+                self.decoded.clear();
+                record::decode_samples_into(&rec[1..], &mut self.decoded)?;
+                let n = self.senders.len();
+                for i in 0..self.decoded.len() {
+                    let mut s = self.decoded[i];
+                    s.series = self.resolve(s.series);
+                    let w = (s.series.0 % n as u64) as usize;
+                    self.queues[w].push(s);
+                    if self.queues[w].len() >= REPLAY_BATCH_SAMPLES {
+                        self.flush(w);
                     }
                 }
                 Ok(())
@@ -468,18 +511,16 @@ impl Replay {
             _ => match record::decode(rec)? {
                 Record::Series(v) => {
                     for s in v {
-                        if let Some(existing) = head.replay_series(s.series, &s.labels) {
+                        if let Some(existing) = self.head.replay_series(s.series, &s.labels) {
                             self.aliases.insert(s.series, existing);
                         }
                     }
                     Ok(())
                 }
                 Record::Tombstones(v) => {
-                    let v: Vec<Tombstone> = v
-                        .into_iter()
-                        .map(|t| Tombstone { series: self.aliases.get(&t.series).copied().unwrap_or(t.series), ..t })
-                        .collect();
-                    head.add_tombstones(&v);
+                    let v: Vec<Tombstone> =
+                        v.into_iter().map(|t| Tombstone { series: self.resolve(t.series), ..t }).collect();
+                    self.head.add_tombstones(&v);
                     Ok(())
                 }
                 Record::Samples(_) => unreachable!("handled above"),
@@ -487,15 +528,61 @@ impl Replay {
         }
     }
 
-    fn finish(self, head: &Head) {
-        if self.unknown_refs > 0 {
-            tracing::warn!(samples = self.unknown_refs, "WAL replay skipped samples of series that were never logged");
+    fn flush(&mut self, w: usize) {
+        let batch = std::mem::replace(&mut self.queues[w], Vec::with_capacity(REPLAY_BATCH_SAMPLES));
+        // A worker only stops early by panicking, which the scope re-raises.
+        let _ = self.senders[w].send(batch);
+    }
+
+    /// Sends what is queued and closes the queues, so the workers finish.
+    fn finish(mut self) {
+        for w in 0..self.queues.len() {
+            self.flush(w);
         }
-        let late: usize = self.late.values().map(Vec::len).sum();
+    }
+}
+
+/// Appends routed samples; samples that arrive out of order are kept for `merge_late`.
+fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<Vec<RefSample>>) -> ReplayShard {
+    let mut shard = ReplayShard { min_t: i64::MAX, max_t: i64::MIN, ..Default::default() };
+    let range = head.opts.chunk_range_ms;
+    for batch in rx {
+        for s in batch {
+            let stripe = head.by_ref[Head::stripe(s.series.0)].read();
+            let Some(series) = stripe.get(&s.series) else {
+                shard.unknown_refs += 1;
+                continue;
+            };
+            let res = series.state.lock().append(s.t, s.v, range);
+            drop(stripe);
+            match res {
+                Ok(_) => {
+                    shard.min_t = shard.min_t.min(s.t);
+                    shard.max_t = shard.max_t.max(s.t);
+                }
+                Err(_) => shard.late.entry(s.series).or_default().push(Sample::new(s.t, s.v)),
+            }
+        }
+    }
+    shard
+}
+
+/// Merges what the replay workers found into the head.
+fn finish_replay(head: &Head, shards: Vec<ReplayShard>) {
+    let unknown: u64 = shards.iter().map(|s| s.unknown_refs).sum();
+    if unknown > 0 {
+        tracing::warn!(samples = unknown, "WAL replay skipped samples of series that were never logged");
+    }
+    for shard in shards {
+        if shard.min_t <= shard.max_t {
+            head.note_time(shard.min_t);
+            head.note_time(shard.max_t);
+        }
+        let late: usize = shard.late.values().map(Vec::len).sum();
         if late > 0 {
-            tracing::info!(samples = late, series = self.late.len(), "WAL replay merged samples logged out of order");
+            tracing::info!(samples = late, series = shard.late.len(), "WAL replay merged samples logged out of order");
         }
-        for (r, mut samples) in self.late {
+        for (r, mut samples) in shard.late {
             if let Some(series) = head.series(r) {
                 for s in &samples {
                     head.note_time(s.t);
