@@ -147,3 +147,27 @@ impl Symbols {
         strings + r.strings.capacity() * 16 + r.ids.capacity() * 24
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_labels_round_trip_and_compare_like_label_sets() {
+        let s = Symbols::default();
+        // Enough distinct strings that ids need two varint bytes.
+        for i in 0..300 {
+            s.intern(&format!("filler{i}"));
+        }
+        let a = Labels::from_pairs([("__name__", "up"), ("job", "node"), ("zone", "filler299")]);
+        let b = Labels::from_pairs([("__name__", "up"), ("job", "node2")]);
+        assert_eq!(s.lookup_labels(&b), None, "an unknown string means no series can match");
+        let pa = s.intern_labels(&a);
+        let pb = s.intern_labels(&b);
+        assert_eq!(s.resolve(&pa), a);
+        assert_eq!(s.resolve(&pb), b);
+        assert_eq!(s.lookup_labels(&a).as_deref(), Some(pa.as_bytes()));
+        assert_ne!(pa.as_bytes(), pb.as_bytes());
+        assert_eq!(pa.pairs().count(), 3);
+    }
+}

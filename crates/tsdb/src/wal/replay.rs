@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::checkpoint::{checkpoint_dir_entries, CheckpointEntry};
 use super::list_segments;
-use super::segment::{segment_path, Frame, SegmentReader, SEGMENT_HEADER_BYTES};
+use super::segment::{segment_path, Corruption, Frame, SegmentReader, SEGMENT_HEADER_BYTES};
 use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::record::RecordError;
@@ -67,43 +67,51 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), RecordError
 
     for (i, &seg) in segments.iter().enumerate() {
         let path = segment_path(dir, seg);
-        let mut r = SegmentReader::open(&path).map_err(io_err("open", &path))?;
         out.segments_read += 1;
         out.next_segment = seg + 1;
-        loop {
-            match r.next_frame().map_err(io_err("read", &path))? {
-                Frame::End => break,
-                Frame::Record => {
-                    apply(&r.body).map_err(|source| Error::WalRecord {
-                        path: path.clone(),
-                        offset: r.record_offset,
-                        source,
-                    })?;
-                    out.records += 1;
-                }
-                Frame::Corrupt(c) => {
-                    tracing::warn!(
-                        segment = %path.display(), offset = c.offset, reason = %c.reason,
-                        "write-ahead log is torn or corrupt; cutting it at the last valid record"
-                    );
-                    drop(r);
-                    cut_segment(&path, c.offset)?;
-                    if c.offset < SEGMENT_HEADER_BYTES {
-                        out.next_segment = seg;
-                    }
-                    for &later in &segments[i + 1..] {
-                        let p = segment_path(dir, later);
-                        tracing::warn!(segment = %p.display(), "removing write-ahead log segment after the cut");
-                        fs::remove_file(&p).map_err(io_err("remove", &p))?;
-                    }
-                    fsync_dir(dir)?;
-                    out.cut = Some((seg, c.offset, c.reason));
-                    return Ok(out);
-                }
-            }
+        let Some(c) = apply_segment(&path, &mut apply, &mut out)? else { continue };
+        tracing::warn!(
+            segment = %path.display(), offset = c.offset, reason = %c.reason,
+            "write-ahead log is torn or corrupt; cutting it at the last valid record"
+        );
+        cut_segment(&path, c.offset)?;
+        if c.offset < SEGMENT_HEADER_BYTES {
+            out.next_segment = seg;
         }
+        for &later in &segments[i + 1..] {
+            let p = segment_path(dir, later);
+            tracing::warn!(segment = %p.display(), "removing write-ahead log segment after the cut");
+            fs::remove_file(&p).map_err(io_err("remove", &p))?;
+        }
+        fsync_dir(dir)?;
+        out.cut = Some((seg, c.offset, c.reason));
+        return Ok(out);
     }
     Ok(out)
+}
+
+/// Applies every intact record of the segment at `path`, in order; returns where and why it
+/// stopped early, if it did.
+fn apply_segment(
+    path: &Path,
+    apply: &mut impl FnMut(&[u8]) -> Result<(), RecordError>,
+    out: &mut ReplayOutcome,
+) -> Result<Option<Corruption>> {
+    let mut r = SegmentReader::open(path).map_err(io_err("open", path))?;
+    loop {
+        match r.next_frame().map_err(io_err("read", path))? {
+            Frame::End => return Ok(None),
+            Frame::Record => {
+                apply(&r.body).map_err(|source| Error::WalRecord {
+                    path: path.to_owned(),
+                    offset: r.record_offset,
+                    source,
+                })?;
+                out.records += 1;
+            }
+            Frame::Corrupt(c) => return Ok(Some(c)),
+        }
+    }
 }
 
 /// Truncates a segment at `offset`, or removes it when not even its header is intact.
@@ -123,22 +131,10 @@ fn replay_checkpoint(
 ) -> Result<()> {
     for seg in list_segments(dir)? {
         let path = segment_path(dir, seg);
-        let mut r = SegmentReader::open(&path).map_err(io_err("open", &path))?;
-        loop {
-            match r.next_frame().map_err(io_err("read", &path))? {
-                Frame::End => break,
-                Frame::Record => {
-                    apply(&r.body).map_err(|source| Error::WalRecord {
-                        path: path.clone(),
-                        offset: r.record_offset,
-                        source,
-                    })?;
-                    out.records += 1;
-                }
-                // A checkpoint is fsynced before it is renamed into place: damage is not a torn
-                // write but real corruption, and cutting it would silently drop series.
-                Frame::Corrupt(c) => return Err(Error::CheckpointCorrupt { path, offset: c.offset, reason: c.reason }),
-            }
+        // A checkpoint is fsynced before it is renamed into place: damage is not a torn write
+        // but real corruption, and cutting it would silently drop series.
+        if let Some(c) = apply_segment(&path, apply, out)? {
+            return Err(Error::CheckpointCorrupt { path, offset: c.offset, reason: c.reason });
         }
     }
     Ok(())
