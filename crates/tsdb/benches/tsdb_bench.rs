@@ -249,13 +249,16 @@ fn bench_append_and_select(groups: &[String]) {
         let (create, rest) = fill(&head, &sets, &values, steps);
         create_rates.push(n as f64 / create.as_secs_f64());
         append_rates.push((n * (steps - 1)) as f64 / rest.as_secs_f64());
-        if run == runs - 1 {
+        // Measured on the first head of the process: later ones reuse pages freed by earlier ones.
+        if run == 0 {
             let bytes = live_bytes() - before;
             println!(
                 "  memory after {steps} samples/series: {:.0} bytes/series heap (counted), RSS grew {:.0} bytes/series",
                 bytes as f64 / n as f64,
                 (rss_kib() - rss_before) as f64 * 1024.0 / n as f64
             );
+        }
+        if run == runs - 1 {
             kept = Some(head);
         }
     }
