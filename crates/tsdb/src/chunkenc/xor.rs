@@ -218,6 +218,14 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
     #[inline]
     #[allow(clippy::should_implement_trait, reason = "mirrors SampleIterator::next; Iterator would hide seek")]
     pub fn next(&mut self) -> Option<Sample> {
+        let st = &mut self.st;
+        if st.run > 0 {
+            // Inside a run of `0 0` samples (same interval, same value) already consumed.
+            st.run -= 1;
+            st.read += 1;
+            st.t = (st.t as u64).wrapping_add(st.delta) as i64;
+            return Some(Sample { t: st.t, v: f64::from_bits(st.v_bits) });
+        }
         if self.st.read >= self.st.total || self.err.is_some() {
             return None;
         }
@@ -248,6 +256,13 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
                 Some(s) => {
                     out.push(s);
                     st.read += 1;
+                    // Emit a run of repeated samples in one tight loop.
+                    let v = s.v;
+                    for _ in 0..std::mem::take(&mut st.run) {
+                        st.t = (st.t as u64).wrapping_add(st.delta) as i64;
+                        out.push(Sample { t: st.t, v });
+                        st.read += 1;
+                    }
                 }
                 None => {
                     self.err = Some(ChunkError::Truncated { sample: st.read as usize, samples: st.total as usize });
@@ -274,7 +289,8 @@ impl DecodeState {
     fn decode_next(&mut self, data: &[u8]) -> Option<Sample> {
         if self.read >= 2 {
             if self.run > 0 {
-                // Inside a run of `0 0` samples whose bits were already consumed.
+                // Inside a run of `0 0` samples whose bits were already consumed (`decode_into`
+                // comes here; `next` takes this path itself).
                 self.run -= 1;
                 self.t = (self.t as u64).wrapping_add(self.delta) as i64;
                 return Some(Sample { t: self.t, v: f64::from_bits(self.v_bits) });
