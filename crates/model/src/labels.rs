@@ -141,14 +141,22 @@ impl Labels {
     /// A stable 64-bit hash: XXH3 over `name 0xff value 0xff` for each label in order. It
     /// depends only on the label strings, never on process state, so it may be persisted.
     pub fn stable_hash(&self) -> u64 {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for l in &self.0 {
-            h.update(l.name.as_bytes());
-            h.update(&[HASH_SEPARATOR]);
-            h.update(l.value.as_bytes());
-            h.update(&[HASH_SEPARATOR]);
+        // One-shot hashing of a joined buffer: same value as streaming the parts, much faster
+        // for many short strings.
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        h.digest()
+        BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            b.clear();
+            for l in &self.0 {
+                b.extend_from_slice(l.name.as_bytes());
+                b.push(HASH_SEPARATOR);
+                b.extend_from_slice(l.value.as_bytes());
+                b.push(HASH_SEPARATOR);
+            }
+            xxhash_rust::xxh3::xxh3_64(&b)
+        })
     }
 }
 

@@ -182,30 +182,21 @@ impl Head {
     }
 
     /// Finds the series with exactly `labels`.
-    fn find(&self, labels: &Labels, hash: u64, ids: &mut Option<Option<Vec<u8>>>) -> Option<Arc<MemSeries>> {
-        let candidates: Vec<SeriesRef> = {
-            let s = self.by_hash[Self::stripe(hash)].read();
-            let first = *s.first.get(&hash)?;
-            let mut c = vec![first];
-            if let Some(more) = s.more.get(&hash) {
-                c.extend_from_slice(more);
-            }
-            c
-        };
-        let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
-        candidates.into_iter().filter_map(|r| self.series(r)).find(|s| s.labels.as_bytes() == ids)
+    fn find(&self, labels: &Labels, hash: u64) -> Option<Arc<MemSeries>> {
+        let stripe = self.by_hash[Self::stripe(hash)].read();
+        self.find_locked(&stripe, labels, hash)
     }
 
     /// The series with `labels`, created (and logged) if new. Returns whether it was created.
     pub fn get_or_create(&self, labels: &Labels) -> Result<(Arc<MemSeries>, bool), AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
         let hash = labels.stable_hash();
-        if let Some(s) = self.find(labels, hash, &mut None) {
+        if let Some(s) = self.find(labels, hash) {
             return Ok((s, false));
         }
         let mut stripe = self.by_hash[Self::stripe(hash)].write();
         // Re-check under the write lock: another appender may have created it meanwhile.
-        if let Some(s) = self.find_locked(&stripe, labels, hash, &mut None) {
+        if let Some(s) = self.find_locked(&stripe, labels, hash) {
             return Ok((s, false));
         }
         let series = self.insert_series(labels)?;
@@ -219,19 +210,12 @@ impl Head {
         Ok((series, true))
     }
 
-    fn find_locked(
-        &self,
-        stripe: &HashStripe,
-        labels: &Labels,
-        hash: u64,
-        ids: &mut Option<Option<Vec<u8>>>,
-    ) -> Option<Arc<MemSeries>> {
+    fn find_locked(&self, stripe: &HashStripe, labels: &Labels, hash: u64) -> Option<Arc<MemSeries>> {
         let first = *stripe.first.get(&hash)?;
-        let ids = ids.get_or_insert_with(|| self.symbols.lookup_labels(labels)).as_deref()?;
         std::iter::once(first)
             .chain(stripe.more.get(&hash).into_iter().flatten().copied())
             .filter_map(|r| self.series(r))
-            .find(|s| s.labels.as_bytes() == ids)
+            .find(|s| self.symbols.equals(&s.labels, labels))
     }
 
     /// Creates a series: interns labels, assigns the next reference, logs it, indexes it. The
@@ -260,7 +244,7 @@ impl Head {
     fn replay_series(&self, r: SeriesRef, labels: &Labels) -> Option<SeriesRef> {
         let hash = labels.stable_hash();
         let mut stripe = self.by_hash[Self::stripe(hash)].write();
-        if let Some(existing) = self.find_locked(&stripe, labels, hash, &mut None) {
+        if let Some(existing) = self.find_locked(&stripe, labels, hash) {
             return Some(existing.series_ref);
         }
         let ids = self.symbols.intern_labels(labels);

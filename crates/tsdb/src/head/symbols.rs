@@ -9,7 +9,6 @@ use parking_lot::RwLock;
 use strata_model::{Label, Labels};
 
 use crate::encoding::put_uvarint;
-use xxhash_rust::xxh3::Xxh3Builder;
 
 pub type SymbolId = u32;
 
@@ -59,7 +58,9 @@ impl Iterator for VarintIds<'_> {
 
 #[derive(Debug, Default)]
 struct Inner {
-    ids: HashMap<Arc<str>, SymbolId, Xxh3Builder>,
+    /// foldhash: fast on short strings and seeded per process, so label values chosen by a
+    /// client cannot be crafted to collide.
+    ids: HashMap<Arc<str>, SymbolId, foldhash::fast::RandomState>,
     strings: Vec<Arc<str>>,
 }
 
@@ -102,6 +103,19 @@ impl Symbols {
             put_uvarint(&mut out, *r.ids.get(&*l.value)? as u64);
         }
         Some(out)
+    }
+
+    /// Whether `packed` is exactly `labels`: compares strings through the table, no hashing.
+    pub fn equals(&self, packed: &PackedLabels, labels: &Labels) -> bool {
+        let r = self.inner.read();
+        let mut want = labels.iter();
+        for (n, v) in packed.pairs() {
+            match want.next() {
+                Some(l) if *r.strings[n as usize] == *l.name && *r.strings[v as usize] == *l.value => {}
+                _ => return false,
+            }
+        }
+        want.next().is_none()
     }
 
     pub fn intern_labels(&self, labels: &Labels) -> PackedLabels {
@@ -169,5 +183,9 @@ mod tests {
         assert_eq!(s.lookup_labels(&a).as_deref(), Some(pa.as_bytes()));
         assert_ne!(pa.as_bytes(), pb.as_bytes());
         assert_eq!(pa.pairs().count(), 3);
+        assert!(s.equals(&pa, &a) && s.equals(&pb, &b));
+        assert!(!s.equals(&pa, &b) && !s.equals(&pb, &a));
+        let prefix = Labels::from_pairs([("__name__", "up"), ("job", "node")]);
+        assert!(!s.equals(&pa, &prefix), "a prefix is not equal");
     }
 }
