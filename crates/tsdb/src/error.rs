@@ -35,8 +35,8 @@ pub enum Error {
     WalHeader { path: PathBuf, reason: String },
     #[error("write-ahead log failed earlier and accepts no more writes: {0}")]
     WalFailed(String),
-    #[error("the head is closed")]
-    Closed,
+    #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]
+    RecordTooLarge { bytes: usize, limit: u32 },
 }
 
 /// Builds the `map_err` closure for an I/O operation on `path`.

@@ -180,6 +180,7 @@ impl Wal {
     /// The head logs each new series this way the moment it creates it: any commit that can use
     /// the series is written after it, so replay always meets a series before its samples.
     pub fn buffer(&self, record: &[u8]) -> Result<()> {
+        check_record_size(record)?;
         let mut w = self.writer.lock();
         frame_record(record, &mut w.pending);
         if w.pending.len() >= PENDING_BYTES_MAX {
@@ -191,6 +192,9 @@ impl Wal {
     /// Frames `records` and writes them, after any buffered records, with one `write` call;
     /// returns the LSN to wait for.
     pub fn write(&self, records: &[&[u8]]) -> Result<u64> {
+        for r in records {
+            check_record_size(r)?;
+        }
         // Frame and checksum outside the lock.
         let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + 8).sum());
         for r in records {
@@ -377,6 +381,14 @@ fn spawn_syncer(wal: Weak<Wal>, stop: Arc<(Mutex<bool>, Condvar)>, every: Durati
             }
         })
         .expect("spawn the WAL fsync thread")
+}
+
+/// Refuses records the reader would take for corruption (a label set of tens of MiB).
+fn check_record_size(record: &[u8]) -> Result<()> {
+    if record.len() > segment::RECORD_BYTES_MAX as usize {
+        return Err(Error::RecordTooLarge { bytes: record.len(), limit: segment::RECORD_BYTES_MAX });
+    }
+    Ok(())
 }
 
 /// Creates segment `index` with its header and makes its directory entry durable.

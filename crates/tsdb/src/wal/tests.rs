@@ -149,6 +149,19 @@ fn segments_roll_at_the_size_limit_and_replay_in_order() {
 }
 
 #[test]
+fn oversized_records_are_refused_not_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open_collect(tmp.path(), opts());
+    let huge = vec![2u8; segment::RECORD_BYTES_MAX as usize + 1];
+    assert!(matches!(wal.commit(&[&huge]), Err(Error::RecordTooLarge { .. })));
+    assert!(matches!(wal.buffer(&huge), Err(Error::RecordTooLarge { .. })));
+    wal.commit(&[&rec(1, 10)]).unwrap();
+    drop(wal);
+    let (_, got, _) = open_collect(tmp.path(), opts());
+    assert_eq!(got, vec![rec(1, 10)]);
+}
+
+#[test]
 fn a_missing_segment_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always };
