@@ -21,6 +21,23 @@ pub fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
     buf.extend_from_slice(b);
 }
 
+/// Reads a uvarint at `*pos` from bytes this process wrote itself (in-memory postings and
+/// label ids), so they are known to be well formed; advances `pos`.
+#[inline]
+pub fn read_uvarint_trusted(data: &[u8], pos: &mut usize) -> u64 {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let b = data[*pos];
+        *pos += 1;
+        v |= ((b & 0x7f) as u64) << shift;
+        if b < 0x80 {
+            return v;
+        }
+        shift += 7;
+    }
+}
+
 /// A decoding failure: what was being read, at which byte offset of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} at byte {offset}: {problem}")]

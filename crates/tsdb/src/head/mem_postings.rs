@@ -14,7 +14,7 @@ use parking_lot::RwLock;
 use strata_model::SeriesRef;
 
 use super::symbols::SymbolId;
-use crate::encoding::put_uvarint;
+use crate::encoding::{put_uvarint, read_uvarint_trusted};
 use crate::hash::U64Map;
 
 /// Series per label name, and series per label pair.
@@ -56,20 +56,6 @@ pub struct PackedPostings {
     len: u32,
 }
 
-fn read_uvarint(data: &[u8], pos: &mut usize) -> u64 {
-    let mut v = 0u64;
-    let mut shift = 0;
-    loop {
-        let b = data[*pos];
-        *pos += 1;
-        v |= ((b & 0x7f) as u64) << shift;
-        if b < 0x80 {
-            return v;
-        }
-        shift += 7;
-    }
-}
-
 impl PackedPostings {
     pub fn from_sorted(refs: &[SeriesRef]) -> Self {
         let mut p = PackedPostings::default();
@@ -98,7 +84,7 @@ impl PackedPostings {
         }
         // The usual race: `r` belongs just before the last entry.
         let mut pos = self.last_off as usize;
-        let last_delta = read_uvarint(&self.data, &mut pos);
+        let last_delta = read_uvarint_trusted(&self.data, &mut pos);
         let before_last = self.last - last_delta;
         if self.len >= 2 && r.0 > before_last || self.len == 1 {
             let last = self.last;
@@ -124,7 +110,7 @@ impl PackedPostings {
             if pos >= self.data.len() {
                 return None;
             }
-            acc += read_uvarint(&self.data, &mut pos);
+            acc += read_uvarint_trusted(&self.data, &mut pos);
             Some(SeriesRef(acc))
         })
     }
@@ -146,10 +132,6 @@ impl PackedPostings {
     pub fn retain(&mut self, keep: impl Fn(SeriesRef) -> bool) {
         let v: Vec<SeriesRef> = self.iter().filter(|&r| keep(r)).collect();
         *self = Self::from_sorted(&v);
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.data.capacity()
     }
 }
 
@@ -177,23 +159,11 @@ impl MemPostings {
         w.all.retain(|r| !dead.contains(&r));
     }
 
-    /// A copy of the list for `name=value`.
-    pub fn get(&self, name: SymbolId, value: SymbolId) -> Vec<SeriesRef> {
-        self.inner.read().by_name.get(&name).and_then(|v| v.get(&value)).map(PackedPostings::to_vec).unwrap_or_default()
-    }
-
     /// Copies of the lists of `name` for each of `values`.
     pub fn get_many(&self, name: SymbolId, values: impl Iterator<Item = SymbolId>) -> Vec<Vec<SeriesRef>> {
         let r = self.inner.read();
         let Some(m) = r.by_name.get(&name) else { return Vec::new() };
         values.filter_map(|v| m.get(&v).map(PackedPostings::to_vec)).collect()
-    }
-
-    /// Copies of the lists of every value of `name` that satisfies `keep`.
-    pub fn get_matching(&self, name: SymbolId, mut keep: impl FnMut(SymbolId) -> bool) -> Vec<Vec<SeriesRef>> {
-        let r = self.inner.read();
-        let Some(m) = r.by_name.get(&name) else { return Vec::new() };
-        m.iter().filter(|(v, _)| keep(**v)).map(|(_, l)| l.to_vec()).collect()
     }
 
     /// Every series in the head.
@@ -219,17 +189,6 @@ impl MemPostings {
             pairs.extend(values.iter().map(|(v, l)| ((*n, *v), l.len())));
         }
         (per_name, pairs)
-    }
-
-    /// Heap bytes held, approximately.
-    pub fn approx_bytes(&self) -> usize {
-        let r = self.inner.read();
-        let mut b = r.all.heap_bytes() + r.by_name.capacity() * 48;
-        for v in r.by_name.values() {
-            b += v.capacity() * (4 + std::mem::size_of::<PackedPostings>());
-            b += v.values().map(PackedPostings::heap_bytes).sum::<usize>();
-        }
-        b
     }
 }
 
@@ -261,9 +220,9 @@ mod tests {
         for r in [1u64, 3, 2, 5, 4, 0] {
             p.add(SeriesRef(r), [(7, 8)].into_iter());
         }
-        assert_eq!(p.get(7, 8), (0..6).map(SeriesRef).collect::<Vec<_>>());
+        assert_eq!(p.get_many(7, [8].into_iter()), vec![(0..6).map(SeriesRef).collect::<Vec<_>>()]);
         assert_eq!(p.all(), (0..6).map(SeriesRef).collect::<Vec<_>>());
         p.delete(&[SeriesRef(2)].into_iter().collect());
-        assert_eq!(p.get(7, 8), [0, 1, 3, 4, 5].map(SeriesRef).to_vec());
+        assert_eq!(p.get_many(7, [8].into_iter()), vec![[0, 1, 3, 4, 5].map(SeriesRef).to_vec()]);
     }
 }

@@ -267,11 +267,6 @@ impl Head {
         self.max_time.fetch_max(t, Ordering::Relaxed);
     }
 
-    /// Label set of a series.
-    pub fn labels_of(&self, s: &MemSeries) -> Labels {
-        self.symbols.resolve(&s.labels)
-    }
-
     /// References of the series matching all `matchers`, ascending.
     pub fn postings_for(&self, matchers: &[Matcher]) -> BoxPostings {
         postings_for_matchers(&HeadIndex(self), matchers)
@@ -304,25 +299,6 @@ impl Head {
     /// Deleted intervals of a series.
     pub fn tombstones_of(&self, r: SeriesRef) -> Vec<(i64, i64)> {
         self.tombstones.read().get(&r).cloned().unwrap_or_default()
-    }
-
-    /// Memory held by the head's structures, approximately (for accounting and benchmarks).
-    pub fn approx_bytes(&self) -> usize {
-        let mut b = self.symbols.approx_bytes() + self.postings.approx_bytes();
-        for s in self.by_ref.iter() {
-            let s = s.read();
-            b += s.capacity() * 17;
-            for series in s.values() {
-                b += std::mem::size_of::<MemSeries>()
-                    + 16
-                    + series.labels.heap_bytes()
-                    + series.state.lock().chunk_bytes();
-            }
-        }
-        for s in self.by_hash.iter() {
-            b += s.read().first.capacity() * 17;
-        }
-        b
     }
 
     /// Label names of series matching `matchers` (all names if none), sorted.

@@ -174,14 +174,6 @@ impl SeriesState {
             self.append(s.t, s.v, chunk_range).expect("sorted, deduplicated samples always append");
         }
     }
-
-    /// Heap bytes held by this series' chunks.
-    pub fn chunk_bytes(&self) -> usize {
-        let closed: usize = self.closed.iter().map(|c| c.data.len() + 16).sum();
-        closed
-            + self.closed.capacity() * std::mem::size_of::<ChunkMeta>()
-            + self.open.as_ref().map_or(0, |a| a.bytes().len())
-    }
 }
 
 /// End (exclusive) of the chunk range that contains `t`.

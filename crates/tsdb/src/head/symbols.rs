@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use strata_model::{Label, Labels};
 
-use crate::encoding::put_uvarint;
+use crate::encoding::{put_uvarint, read_uvarint_trusted};
 
 pub type SymbolId = u32;
 
@@ -23,36 +23,18 @@ impl PackedLabels {
 
     /// `(name, value)` id pairs in label order.
     pub fn pairs(&self) -> impl Iterator<Item = (SymbolId, SymbolId)> + '_ {
-        let mut ids = VarintIds { data: &self.0 };
-        std::iter::from_fn(move || Some((ids.next()?, ids.next()?)))
+        let mut pos = 0;
+        let data = &self.0;
+        std::iter::from_fn(move || {
+            (pos < data.len()).then(|| {
+                let n = read_uvarint_trusted(data, &mut pos) as SymbolId;
+                (n, read_uvarint_trusted(data, &mut pos) as SymbolId)
+            })
+        })
     }
 
     pub fn resolve_with(&self, get: &dyn Fn(SymbolId) -> Arc<str>) -> Labels {
         Labels::from_sorted_unchecked(self.pairs().map(|(n, v)| Label { name: get(n), value: get(v) }).collect())
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// Decodes ids written by `put_uvarint`; the bytes are our own, so they are well formed.
-struct VarintIds<'a> {
-    data: &'a [u8],
-}
-
-impl Iterator for VarintIds<'_> {
-    type Item = SymbolId;
-    fn next(&mut self) -> Option<SymbolId> {
-        let mut v = 0u32;
-        for (i, &b) in self.data.iter().enumerate() {
-            v |= ((b & 0x7f) as u32) << (7 * i);
-            if b < 0x80 {
-                self.data = &self.data[i + 1..];
-                return Some(v);
-            }
-        }
-        None
     }
 }
 
@@ -131,10 +113,6 @@ impl Symbols {
         PackedLabels(out.into_boxed_slice())
     }
 
-    pub fn get(&self, id: SymbolId) -> Arc<str> {
-        self.inner.read().strings[id as usize].clone()
-    }
-
     /// Rebuilds a label set from ids.
     pub fn resolve(&self, packed: &PackedLabels) -> Labels {
         self.with(|get| packed.resolve_with(get))
@@ -152,13 +130,6 @@ impl Symbols {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Heap bytes held, approximately (for memory accounting).
-    pub fn approx_bytes(&self) -> usize {
-        let r = self.inner.read();
-        let strings: usize = r.strings.iter().map(|s| s.len() + 16).sum();
-        strings + r.strings.capacity() * 16 + r.ids.capacity() * 24
     }
 }
 
