@@ -28,7 +28,7 @@ pub trait SampleIterator {
 pub struct Series {
     pub labels: Labels,
     pub chunks: Vec<ChunkMeta>,
-    deleted: Arc<[(i64, i64)]>,
+    deleted: Vec<(i64, i64)>,
     mint: i64,
     maxt: i64,
 }
@@ -173,16 +173,13 @@ impl<'a> Querier<'a> {
                 found.push((s, chunks));
             }
         }
+        let stones = self.head.tombstones_snapshot();
         let mut out: Vec<Series> = self.head.symbols.with(|get| {
             found
                 .into_iter()
                 .map(|(s, chunks)| {
-                    let labels = s.labels.resolve_with(get);
-                    (s.series_ref, labels, chunks)
-                })
-                .map(|(r, labels, chunks)| {
-                    Series { labels, chunks, deleted: Arc::from(Vec::new()), mint: self.mint, maxt: self.maxt }
-                        .with_deleted(self.head.tombstones_of(r))
+                    let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
+                    Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })
                 .collect()
         });
@@ -196,15 +193,6 @@ impl<'a> Querier<'a> {
 
     pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Vec<String> {
         self.head.label_values(name, matchers)
-    }
-}
-
-impl Series {
-    fn with_deleted(mut self, deleted: Vec<(i64, i64)>) -> Self {
-        if !deleted.is_empty() {
-            self.deleted = Arc::from(deleted);
-        }
-        self
     }
 }
 

@@ -199,14 +199,7 @@ impl Head {
         if let Some(s) = self.find_locked(&stripe, labels, hash) {
             return Ok((s, false));
         }
-        let series = self.insert_series(labels)?;
-        let r = series.series_ref;
-        match stripe.first.entry(hash) {
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(r);
-            }
-            std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(r),
-        }
+        let series = self.create_locked(&mut stripe, hash, labels, None)?;
         Ok((series, true))
     }
 
@@ -218,14 +211,26 @@ impl Head {
             .find(|s| self.symbols.equals(&s.labels, labels))
     }
 
-    /// Creates a series: interns labels, assigns the next reference, logs it, indexes it. The
-    /// caller holds the hash stripe. The reference is taken under the postings lock, so series
-    /// reach the postings lists (and the WAL) in reference order and lists stay sorted by
-    /// appending.
-    fn insert_series(&self, labels: &Labels) -> Result<Arc<MemSeries>, AppendError> {
+    /// Creates a series: interns labels, takes a reference (the next one, or during replay the
+    /// logged `fixed` one), logs it if the head has a WAL, indexes it. The caller holds the hash
+    /// stripe. The reference is taken under the postings lock, so series reach the postings lists
+    /// (and the WAL) in reference order and lists stay sorted by appending.
+    fn create_locked(
+        &self,
+        stripe: &mut HashStripe,
+        hash: u64,
+        labels: &Labels,
+        fixed: Option<SeriesRef>,
+    ) -> Result<Arc<MemSeries>, AppendError> {
         let ids = self.symbols.intern_labels(labels);
         let mut postings = self.postings.writer();
-        let r = SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed));
+        let r = match fixed {
+            Some(r) => {
+                self.next_ref.fetch_max(r.0 + 1, Ordering::Relaxed);
+                r
+            }
+            None => SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed)),
+        };
         if let Some(wal) = &self.wal {
             let mut rec = Vec::with_capacity(64);
             record::encode_series([(r, labels)], &mut rec);
@@ -235,30 +240,28 @@ impl Head {
         self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
         postings.add(r, series.labels.pairs());
         drop(postings);
-        self.num_series.fetch_add(1, Ordering::Relaxed);
-        self.stats.series_created.fetch_add(1, Ordering::Relaxed);
-        Ok(series)
-    }
-
-    /// Series creation during replay, keeping the logged reference.
-    fn replay_series(&self, r: SeriesRef, labels: &Labels) -> Option<SeriesRef> {
-        let hash = labels.stable_hash();
-        let mut stripe = self.by_hash[Self::stripe(hash)].write();
-        if let Some(existing) = self.find_locked(&stripe, labels, hash) {
-            return Some(existing.series_ref);
-        }
-        let ids = self.symbols.intern_labels(labels);
-        let series = Arc::new(MemSeries::new(r, ids));
-        self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
-        self.postings.add(r, series.labels.pairs());
-        self.num_series.fetch_add(1, Ordering::Relaxed);
         match stripe.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(r);
             }
             std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(r),
         }
-        self.next_ref.fetch_max(r.0 + 1, Ordering::Relaxed);
+        self.num_series.fetch_add(1, Ordering::Relaxed);
+        self.stats.series_created.fetch_add(1, Ordering::Relaxed);
+        Ok(series)
+    }
+
+    /// Series creation during replay, keeping the logged reference. Returns the existing
+    /// reference if the label set was already logged under another one.
+    fn replay_series(&self, r: SeriesRef, labels: &Labels) -> Option<SeriesRef> {
+        let hash = labels.stable_hash();
+        let mut stripe = self.by_hash[Self::stripe(hash)].write();
+        if let Some(existing) = self.find_locked(&stripe, labels, hash) {
+            return Some(existing.series_ref);
+        }
+        // The WAL is attached only after replay, so nothing is logged and creation cannot fail.
+        debug_assert!(self.wal.is_none());
+        self.create_locked(&mut stripe, hash, labels, Some(r)).expect("replay logs nothing");
         None
     }
 
@@ -296,9 +299,11 @@ impl Head {
         }
     }
 
-    /// Deleted intervals of a series.
-    pub fn tombstones_of(&self, r: SeriesRef) -> Vec<(i64, i64)> {
-        self.tombstones.read().get(&r).cloned().unwrap_or_default()
+    /// All deleted intervals, or `None` when nothing is deleted (the common case, which then
+    /// costs a query one lock instead of one per series).
+    pub(crate) fn tombstones_snapshot(&self) -> Option<U64Map<SeriesRef, Vec<(i64, i64)>>> {
+        let t = self.tombstones.read();
+        (!t.is_empty()).then(|| t.clone())
     }
 
     /// Label names of series matching `matchers` (all names if none), sorted.
