@@ -6,9 +6,11 @@
 //! plain slice operations, and an empty label value means "this label is absent" (Prometheus
 //! semantics), so such labels are dropped when a set is built.
 
+pub mod duration;
 pub mod labels;
 pub mod matcher;
 
+pub use duration::parse_duration_ms;
 pub use labels::{Label, Labels, LabelsBuilder, LabelsError, METRIC_NAME};
 pub use matcher::{MatchOp, Matcher, MatcherError};
 

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use strata_tsdb::db::RETENTION_DEFAULT_MS;
 use strata_tsdb::head::HeadOptions;
 use strata_tsdb::wal::{FsyncPolicy, WalOptions, FSYNC_INTERVAL_DEFAULT, SEGMENT_BYTES_DEFAULT};
 use strata_tsdb::DbOptions;
@@ -36,6 +37,10 @@ pub struct StorageConfig {
     pub wal_fsync: WalFsync,
     pub wal_fsync_interval: Duration,
     pub wal_segment_bytes: u64,
+    /// Blocks entirely older than this behind the newest sample are deleted (0: never).
+    pub retention_ms: i64,
+    /// Oldest blocks are deleted while blocks and WAL exceed this (0: no limit).
+    pub retention_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -45,6 +50,8 @@ impl Default for StorageConfig {
             wal_fsync: WalFsync::Interval,
             wal_fsync_interval: FSYNC_INTERVAL_DEFAULT,
             wal_segment_bytes: SEGMENT_BYTES_DEFAULT,
+            retention_ms: RETENTION_DEFAULT_MS,
+            retention_bytes: 0,
         }
     }
 }
@@ -60,8 +67,31 @@ impl StorageConfig {
                 wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes },
                 ..Default::default()
             },
+            retention_ms: self.retention_ms,
+            retention_bytes: self.retention_bytes,
+            ..Default::default()
         }
     }
+}
+
+/// Parses a size like Prometheus' `--storage.tsdb.retention.size`: a number and a unit among
+/// B, KB, MB, GB, TB, PB, EB (powers of 1024), e.g. `512MB`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let bad = || format!("invalid size {s:?}: expected a number and a unit (B, KB, MB, GB, TB, PB, EB), e.g. 512MB");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit {
+        "B" => 0,
+        "KB" => 10,
+        "MB" => 20,
+        "GB" => 30,
+        "TB" => 40,
+        "PB" => 50,
+        "EB" => 60,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 #[cfg(test)]
@@ -75,5 +105,16 @@ mod tests {
         assert!(e.contains("sometimes") && e.contains("interval"), "{e}");
         let c = StorageConfig { wal_fsync: WalFsync::Always, ..Default::default() };
         assert_eq!(c.db_options().head.wal.fsync, FsyncPolicy::Always);
+    }
+
+    #[test]
+    fn sizes_parse_like_prometheus() {
+        assert_eq!(parse_bytes("512MB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1GB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("10B"), Ok(10));
+        for bad in ["", "MB", "10", "10mb", "1.5GB", "-1GB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_bytes("99999999999EB").is_err());
     }
 }

@@ -345,7 +345,7 @@ fn bench_select(head: &Head, sets: &[Labels]) {
         let mut samples = 0;
         for _ in 0..15 {
             let t0 = Instant::now();
-            let res = Querier::new(head, 90 * INTERVAL_MS, 120 * INTERVAL_MS).select(&ms);
+            let res = Querier::new(head, 90 * INTERVAL_MS, 120 * INTERVAL_MS).select(&ms).unwrap();
             n = res.len();
             lat.push(t0.elapsed().as_secs_f64());
             samples = res.iter().map(|s| s.samples().len()).sum::<usize>();

@@ -1,38 +1,129 @@
-//! The database: one data directory, one process. Today it holds the head and its WAL; blocks,
-//! compaction and retention join in the next milestone.
+//! The database: one data directory, one process. The head (with its WAL) takes writes; blocks
+//! hold everything older; a background thread cuts the head into blocks, compacts them and
+//! applies retention.
 //!
 //! ```text
 //! data/
-//! ├── lock        held (flock) by the process that has the directory open
-//! └── wal/        segments and checkpoints of the head
+//! ├── lock                 held (flock) by the process that has the directory open
+//! ├── wal/                 segments and checkpoints of the head
+//! ├── 01J…/                a block (see `block`)
+//! ├── 01J….tmp/            a block being written; removed on open if a crash left it
+//! └── 01J….corrupt/        a block that failed its checks, set aside for an operator
 //! ```
+//!
+//! Consistency: the block list is swapped as a whole (`Arc<Vec>`), a new block is added before
+//! the head is truncated, and compaction removes its inputs from the list only after its output
+//! is durable and listed, then deletes them. A crash between those steps leaves both output and
+//! inputs on disk; the output's `parents` then name the inputs, which `open` removes.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, RwLock};
+use strata_model::Matcher;
+
+use crate::block::{writer::TMP_SUFFIX, Block};
+use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{io_err, Error, Result};
-use crate::fsutil::create_dir_all;
+use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
 use crate::head::{Appender, Cardinality, Head, HeadOptions};
-use crate::querier::Querier;
+use crate::querier::{BlockList, Querier};
 use crate::wal::{self, ReplayOutcome};
 
 pub const LOCK_FILE: &str = "lock";
 pub const WAL_DIR: &str = "wal";
+/// Suffix of a block directory set aside after failing its checks.
+pub const CORRUPT_SUFFIX: &str = ".corrupt";
+/// Suffix of a block directory being deleted (renamed first, so a crash never leaves half a
+/// block under its real name).
+pub const DELETING_SUFFIX: &str = ".tmp-for-deletion";
+pub const RETENTION_DEFAULT_MS: i64 = 15 * 24 * 3600 * 1000;
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct DbOptions {
     pub head: HeadOptions,
+    /// Blocks entirely older than this (behind the newest sample) are deleted; 0 keeps all.
+    pub retention_ms: i64,
+    /// The oldest blocks are deleted while blocks and WAL together exceed this; 0 = no limit.
+    pub retention_bytes: u64,
+    /// How often the background thread cuts, compacts and applies retention; `None` runs no
+    /// thread (tests and tools call `compact` themselves).
+    pub compact_interval: Option<Duration>,
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        DbOptions {
+            head: HeadOptions::default(),
+            retention_ms: RETENTION_DEFAULT_MS,
+            retention_bytes: 0,
+            compact_interval: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl DbOptions {
+    /// Compaction ranges: the block range ×3 up to 31 days or a tenth of the retention.
+    pub fn compaction_ranges(&self) -> Vec<i64> {
+        let base = self.head.chunk_range_ms;
+        let mut max = BLOCK_RANGE_MAX_MS;
+        if self.retention_ms > 0 {
+            max = max.min(self.retention_ms / 10);
+        }
+        compact::ranges(base, max.max(base))
+    }
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct DbStats {
+    pub head_blocks_written: AtomicU64,
+    pub compactions: AtomicU64,
+    pub compaction_failures: AtomicU64,
+    pub compaction_nanos_total: AtomicU64,
+    pub blocks_deleted_by_retention: AtomicU64,
+    pub blocks_set_aside: AtomicU64,
+}
+
+/// What one `compact` call did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CompactOutcome {
+    pub head_blocks: usize,
+    pub compactions: usize,
+    pub retention_deleted: usize,
+    pub set_aside: usize,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    opts: DbOptions,
+    head: Head,
+    blocks: BlockList,
+    /// One compaction, head cut or retention pass at a time.
+    compaction: Mutex<()>,
+    replay: ReplayOutcome,
+    stats: DbStats,
+    /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
+    _lock: File,
+}
+
+#[derive(Debug)]
+struct Background {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: JoinHandle<()>,
 }
 
 /// An open data directory.
 #[derive(Debug)]
 pub struct Db {
-    dir: PathBuf,
-    head: Head,
-    replay: ReplayOutcome,
-    /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
-    _lock: File,
+    inner: Arc<Inner>,
+    background: Mutex<Option<Background>>,
 }
 
 /// What `strata status` prints.
@@ -45,66 +136,399 @@ pub struct DbStatus {
     pub wal_bytes: u64,
     pub replay: ReplayOutcome,
     pub cardinality: Cardinality,
+    pub blocks: Vec<crate::block::BlockMeta>,
+    pub blocks_bytes: u64,
 }
 
 impl Db {
-    /// Opens (creating if needed) the data directory: takes the lock, replays the WAL.
+    /// Opens (creating if needed) the data directory: takes the lock, cleans up what a crash
+    /// left, opens the blocks, replays the WAL, starts the background thread.
     pub fn open(dir: &Path, opts: DbOptions) -> Result<Db> {
         create_dir_all(dir)?;
         let lock = lock_dir(dir)?;
-        let started = std::time::Instant::now();
-        let (head, replay) = Head::open(&dir.join(WAL_DIR), opts.head)?;
+        let blocks = open_blocks(dir)?;
+        let persisted_until = blocks.iter().map(|b| b.meta().max_time).max().unwrap_or(i64::MIN);
+        let started = Instant::now();
+        let (head, replay) = Head::open_after(&dir.join(WAL_DIR), opts.head, persisted_until)?;
         tracing::info!(
-            dir = %dir.display(), series = head.num_series(), records = replay.records,
+            dir = %dir.display(), blocks = blocks.len(), series = head.num_series(), records = replay.records,
             segments = replay.segments_read, elapsed_ms = started.elapsed().as_millis() as u64,
-            "replayed write-ahead log"
+            "opened blocks and replayed write-ahead log"
         );
-        Ok(Db { dir: dir.to_owned(), head, replay, _lock: lock })
+        let inner = Arc::new(Inner {
+            dir: dir.to_owned(),
+            opts,
+            head,
+            blocks: RwLock::new(Arc::new(blocks)),
+            compaction: Mutex::new(()),
+            replay,
+            stats: DbStats::default(),
+            _lock: lock,
+        });
+        let background = opts.compact_interval.map(|every| spawn_background(&inner, every));
+        Ok(Db { inner, background: Mutex::new(background) })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.inner.dir
+    }
+
+    pub fn options(&self) -> &DbOptions {
+        &self.inner.opts
     }
 
     pub fn head(&self) -> &Head {
-        &self.head
+        &self.inner.head
+    }
+
+    pub fn stats(&self) -> &DbStats {
+        &self.inner.stats
     }
 
     pub fn appender(&self) -> Appender<'_> {
-        self.head.appender()
+        self.inner.head.appender()
     }
 
+    /// A reader over the head and every block, for `[mint, maxt]` (inclusive).
     pub fn querier(&self, mint: i64, maxt: i64) -> Querier<'_> {
-        Querier::new(&self.head, mint, maxt)
+        Querier::with_blocks(&self.inner.head, &self.inner.blocks, mint, maxt)
+    }
+
+    /// The current blocks, sorted by start time.
+    pub fn blocks(&self) -> Arc<Vec<Arc<Block>>> {
+        self.inner.blocks.read().clone()
     }
 
     pub fn replay_outcome(&self) -> &ReplayOutcome {
-        &self.replay
+        &self.inner.replay
+    }
+
+    /// Cuts the head into blocks while it spans more than 1.5 block ranges, compacts blocks while
+    /// the planner finds work, applies retention, and sets aside blocks found corrupt.
+    pub fn compact(&self) -> Result<CompactOutcome> {
+        self.inner.compact()
+    }
+
+    /// Deletes samples in `[mint, maxt]` of the series matching `matchers`, in the head and in
+    /// every block: hidden from queries at once, removed from disk by compaction or
+    /// `clean_tombstones`. Returns the number of series affected (counted once per place).
+    pub fn delete(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<usize> {
+        let mut n = self.inner.head.delete(matchers, mint, maxt)?;
+        for b in self.blocks().iter() {
+            n += b.delete(matchers, mint, maxt).inspect_err(|_| b.mark_corrupt())?;
+        }
+        Ok(n)
+    }
+
+    /// Rewrites every block that has tombstones, dropping the deleted samples.
+    pub fn clean_tombstones(&self) -> Result<usize> {
+        let inner = &self.inner;
+        let _guard = inner.compaction.lock();
+        let mut n = 0;
+        for b in self.blocks().iter().filter(|b| !b.tombstones().is_empty()) {
+            inner.replace(std::slice::from_ref(b))?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     pub fn status(&self, top: usize) -> Result<DbStatus> {
-        let wal_dir = self.dir.join(WAL_DIR);
+        let wal_dir = self.inner.dir.join(WAL_DIR);
         let wal_segments = wal::list_segments(&wal_dir)?;
-        let mut wal_bytes = 0;
-        for &s in &wal_segments {
-            let p = wal::segment::segment_path(&wal_dir, s);
-            wal_bytes += std::fs::metadata(&p).map_err(io_err("stat", &p))?.len();
-        }
+        let wal_bytes = wal_dir_bytes(&wal_dir)?;
+        let blocks = self.blocks();
+        let head = &self.inner.head;
         Ok(DbStatus {
-            dir: self.dir.clone(),
-            series: self.head.num_series(),
-            time_range: self.head.time_range(),
+            dir: self.inner.dir.clone(),
+            series: head.num_series(),
+            time_range: head.time_range(),
             wal_segments,
             wal_bytes,
-            replay: self.replay.clone(),
-            cardinality: self.head.cardinality(top),
+            replay: self.inner.replay.clone(),
+            cardinality: head.cardinality(top),
+            blocks_bytes: blocks.iter().map(|b| b.bytes()).sum(),
+            blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
         })
     }
 
-    /// Flushes and fsyncs the WAL; the lock is released when the `Db` is dropped.
+    /// Stops the background thread (letting a running compaction finish), then flushes and
+    /// fsyncs the WAL; the lock is released when the `Db` is dropped.
     pub fn close(self) -> Result<()> {
-        self.head.close()
+        self.stop_background();
+        self.inner.head.close()
     }
+
+    fn stop_background(&self) {
+        if let Some(bg) = self.background.lock().take() {
+            *bg.stop.0.lock() = true;
+            bg.stop.1.notify_all();
+            let _ = bg.thread.join();
+        }
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.stop_background();
+    }
+}
+
+impl Inner {
+    fn compact(&self) -> Result<CompactOutcome> {
+        let _guard = self.compaction.lock();
+        let mut out = CompactOutcome { set_aside: self.set_aside_corrupt(), ..Default::default() };
+        out.head_blocks = self.cut_head()?;
+        let ranges = self.opts.compaction_ranges();
+        loop {
+            let blocks = self.blocks.read().clone();
+            let Some(group) = compact::plan(&blocks, &ranges) else { break };
+            let started = Instant::now();
+            match self.replace(&group) {
+                Ok(()) => {
+                    self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+                    self.stats.compaction_nanos_total.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    out.compactions += 1;
+                }
+                Err(e) => {
+                    self.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
+                    out.set_aside += self.set_aside_corrupt();
+                    if out.set_aside == 0 {
+                        return Err(e);
+                    }
+                    tracing::error!(error = %e, "compaction found a corrupt block; it was set aside");
+                }
+            }
+        }
+        out.retention_deleted = self.apply_retention()?;
+        Ok(out)
+    }
+
+    /// Writes the head's oldest block range while the head spans more than 1.5 ranges, then
+    /// truncates the head and checkpoints the WAL.
+    fn cut_head(&self) -> Result<usize> {
+        let head = &self.head;
+        let range = self.opts.head.chunk_range_ms;
+        let mut written = 0;
+        while let Some((min, max)) = head.time_range() {
+            if max.saturating_sub(min) <= range / 2 * 3 {
+                break;
+            }
+            let start = min.div_euclid(range) * range;
+            let end = start + range;
+            let started = Instant::now();
+            if let Some(meta) = compact::write_head_block(head, &self.dir, start, end)? {
+                let block = Block::open(&self.dir.join(&meta.ulid))
+                    .map_err(|reason| Error::BlockCorrupt { block: self.dir.join(&meta.ulid), reason })?;
+                self.swap_blocks(&[], Some(Arc::new(block)));
+                tracing::info!(
+                    ulid = %meta.ulid, min_time = start, max_time = end, series = meta.stats.num_series,
+                    samples = meta.stats.num_samples, elapsed_ms = started.elapsed().as_millis() as u64,
+                    "wrote head block"
+                );
+                written += 1;
+                self.stats.head_blocks_written.fetch_add(1, Ordering::Relaxed);
+            }
+            let (chunks, series) = head.truncate(end);
+            if let Some(wal) = head.wal() {
+                let current = wal.roll()?;
+                let cp = wal.checkpoint(current - 1, |r| head.series(r).is_some(), end)?;
+                tracing::info!(chunks, series, checkpoint = ?cp, "truncated head and write-ahead log");
+            }
+        }
+        Ok(written)
+    }
+
+    /// Merges `group` into one block, lists it in place of the inputs, deletes the inputs.
+    fn replace(&self, group: &[Arc<Block>]) -> Result<()> {
+        let started = Instant::now();
+        let meta = compact::merge_blocks(&self.dir, group)?;
+        let out = match &meta {
+            Some(m) => {
+                let dir = self.dir.join(&m.ulid);
+                Some(Arc::new(Block::open(&dir).map_err(|reason| Error::BlockCorrupt { block: dir, reason })?))
+            }
+            None => None,
+        };
+        self.swap_blocks(group, out);
+        for b in group {
+            delete_block_dir(b.dir())?;
+        }
+        tracing::info!(
+            inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
+            level = meta.as_ref().map_or(0, |m| m.compaction.level),
+            elapsed_ms = started.elapsed().as_millis() as u64, "compacted blocks"
+        );
+        Ok(())
+    }
+
+    /// Replaces `remove` by `add` in the block list, atomically for readers.
+    fn swap_blocks(&self, remove: &[Arc<Block>], add: Option<Arc<Block>>) {
+        let mut w = self.blocks.write();
+        let mut next: Vec<Arc<Block>> =
+            w.iter().filter(|b| !remove.iter().any(|r| Arc::ptr_eq(r, b))).cloned().collect();
+        next.extend(add);
+        next.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+        *w = Arc::new(next);
+    }
+
+    /// Deletes whole blocks outside the retention window (by time, then by size), oldest first.
+    fn apply_retention(&self) -> Result<usize> {
+        let blocks = self.blocks.read().clone();
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        let mut doomed: Vec<Arc<Block>> = Vec::new();
+        if self.opts.retention_ms > 0 {
+            let newest = blocks
+                .iter()
+                .map(|b| b.meta().max_time - 1)
+                .chain(self.head.time_range().map(|r| r.1))
+                .max()
+                .expect("not empty");
+            let cutoff = newest.saturating_sub(self.opts.retention_ms);
+            doomed.extend(blocks.iter().filter(|b| b.meta().max_time <= cutoff).cloned());
+        }
+        if self.opts.retention_bytes > 0 {
+            let mut total: u64 =
+                blocks.iter().map(|b| b.bytes()).sum::<u64>() + wal_dir_bytes(&self.dir.join(WAL_DIR)).unwrap_or(0);
+            total -= doomed.iter().map(|b| b.bytes()).sum::<u64>();
+            for b in blocks.iter() {
+                if total <= self.opts.retention_bytes {
+                    break;
+                }
+                if doomed.iter().any(|d| Arc::ptr_eq(d, b)) {
+                    continue;
+                }
+                total -= b.bytes();
+                doomed.push(b.clone());
+            }
+        }
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        {
+            let mut w = self.blocks.write();
+            let next: Vec<Arc<Block>> =
+                w.iter().filter(|b| !doomed.iter().any(|d| Arc::ptr_eq(d, b))).cloned().collect();
+            *w = Arc::new(next);
+        }
+        for b in &doomed {
+            tracing::info!(
+                ulid = b.ulid(),
+                min_time = b.meta().min_time,
+                max_time = b.meta().max_time,
+                "retention deletes block"
+            );
+            delete_block_dir(b.dir())?;
+        }
+        self.stats.blocks_deleted_by_retention.fetch_add(doomed.len() as u64, Ordering::Relaxed);
+        Ok(doomed.len())
+    }
+
+    /// Moves blocks flagged corrupt out of the list and renames their directories.
+    fn set_aside_corrupt(&self) -> usize {
+        let blocks = self.blocks.read().clone();
+        let bad: Vec<Arc<Block>> = blocks.iter().filter(|b| b.is_corrupt()).cloned().collect();
+        if bad.is_empty() {
+            return 0;
+        }
+        self.swap_blocks(&bad, None);
+        for b in &bad {
+            set_aside(b.dir(), "failed a checksum or bounds check on read");
+        }
+        self.stats.blocks_set_aside.fetch_add(bad.len() as u64, Ordering::Relaxed);
+        bad.len()
+    }
+}
+
+fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let weak = Arc::downgrade(inner);
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("compactor".into())
+        .spawn(move || loop {
+            {
+                let mut stopped = stop2.0.lock();
+                if !*stopped {
+                    stop2.1.wait_for(&mut stopped, every);
+                }
+                if *stopped {
+                    return;
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            if let Err(e) = inner.compact() {
+                inner.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "background compaction failed; retrying next round");
+            }
+        })
+        .expect("spawn the compactor thread");
+    Background { stop, thread }
+}
+
+/// Opens every block in `dir`: removes leftovers of interrupted writes and deletions, sets
+/// aside blocks whose metadata cannot be read, removes blocks a compaction already replaced.
+fn open_blocks(dir: &Path) -> Result<Vec<Arc<Block>>> {
+    let mut blocks = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let e = e.map_err(io_err("list", dir))?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = e.path();
+        if name.ends_with(TMP_SUFFIX) || name.ends_with(DELETING_SUFFIX) {
+            tracing::warn!(dir = %path.display(), "removing a block directory left by an interrupted write or delete");
+            std::fs::remove_dir_all(&path).map_err(io_err("remove", &path))?;
+            continue;
+        }
+        if ulid::Ulid::from_string(name).is_err() || !path.is_dir() {
+            continue;
+        }
+        match Block::open(&path) {
+            Ok(b) => blocks.push(Arc::new(b)),
+            Err(reason) => set_aside(&path, &reason),
+        }
+    }
+    fsync_dir(dir)?;
+    let replaced: std::collections::HashSet<String> =
+        blocks.iter().flat_map(|b| b.meta().compaction.parents.iter().cloned()).collect();
+    let (gone, mut kept): (Vec<_>, Vec<_>) = blocks.into_iter().partition(|b| replaced.contains(b.ulid()));
+    for b in gone {
+        tracing::warn!(ulid = b.ulid(), "removing a block that a finished compaction replaced");
+        delete_block_dir(b.dir())?;
+    }
+    kept.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+    Ok(kept)
+}
+
+/// Renames a bad block directory to `<name>.corrupt`, loudly; it is no longer read.
+fn set_aside(path: &Path, reason: &str) {
+    let mut to = path.as_os_str().to_owned();
+    to.push(CORRUPT_SUFFIX);
+    let to = PathBuf::from(to);
+    tracing::error!(block = %path.display(), moved_to = %to.display(), reason, "setting aside a corrupt block");
+    if let Err(e) = rename_durable(path, &to) {
+        tracing::error!(block = %path.display(), error = %e, "could not set the block aside");
+    }
+}
+
+/// Deletes a block directory: renamed first, so a crash leaves only a `.tmp-for-deletion`
+/// directory that the next open removes, never a half-deleted block.
+fn delete_block_dir(path: &Path) -> Result<()> {
+    let mut to = path.as_os_str().to_owned();
+    to.push(DELETING_SUFFIX);
+    let to = PathBuf::from(to);
+    rename_durable(path, &to)?;
+    std::fs::remove_dir_all(&to).map_err(io_err("remove", &to))
+}
+
+fn wal_dir_bytes(wal_dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for &s in &wal::list_segments(wal_dir)? {
+        let p = wal::segment::segment_path(wal_dir, s);
+        total += std::fs::metadata(&p).map_err(io_err("stat", &p))?.len();
+    }
+    Ok(total)
 }
 
 /// Takes an exclusive, non-blocking `flock` on `dir/lock`.

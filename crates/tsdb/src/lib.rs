@@ -5,7 +5,9 @@
 //! newest block, `index::postings` the sorted postings lists and their merge operations,
 //! `querier` the read path. See `docs/design.md` for invariants and the crash model.
 
+pub mod block;
 pub mod chunkenc;
+pub mod compact;
 pub mod encoding;
 pub mod error;
 pub mod fsutil;
@@ -19,4 +21,4 @@ pub mod hash;
 pub mod head;
 pub mod querier;
 
-pub use db::{Db, DbOptions};
+pub use db::{CompactOutcome, Db, DbOptions, DbStats};

@@ -1,14 +1,18 @@
 //! The read path: `select(matchers)` over a time range returns series sorted by label set, each
 //! with a sample iterator.
 //!
-//! Today it reads the head; persisted blocks join in the next milestone, each contributing its
-//! chunks for a series, merged in time order.
+//! A series' chunks come from the head and from every block overlapping the range; they are
+//! concatenated in time order, and where chunks overlap (backfilled or not-yet-compacted
+//! blocks) they are merged with duplicate timestamps removed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample};
 
+use crate::block::{Block, ChunkReader, ChunkRef};
 use crate::chunkenc::{ChunkError, ChunkIterator};
+use crate::error::Result;
 use crate::head::{ChunkMeta, Head};
 use crate::index::postings;
 
@@ -23,11 +27,38 @@ pub trait SampleIterator {
     fn err(&self) -> Option<&ChunkError>;
 }
 
-/// One selected series: its labels, its chunks overlapping the range, and deleted intervals.
+/// Where a selected chunk's bytes are: copied out of the head, or in a mapped block file.
+#[derive(Debug, Clone)]
+pub enum ChunkData {
+    Mem(Arc<[u8]>),
+    Block { reader: Arc<ChunkReader>, chunk: ChunkRef },
+}
+
+impl ChunkData {
+    /// The chunk's bytes; a block chunk is checked against its CRC here, when first touched.
+    pub fn bytes(&self) -> Result<&[u8], ChunkError> {
+        match self {
+            ChunkData::Mem(d) => Ok(d),
+            ChunkData::Block { reader, chunk } => reader.chunk(*chunk),
+        }
+    }
+}
+
+/// One chunk of a selected series, with its time range (inclusive).
+#[derive(Debug, Clone)]
+pub struct QueryChunk {
+    pub mint: i64,
+    pub maxt: i64,
+    pub data: ChunkData,
+}
+
+/// One selected series: its labels, its chunks overlapping the range from the head and every
+/// block (ordered by start time; overlapping chunks are merged while iterating), and deleted
+/// intervals.
 #[derive(Debug, Clone)]
 pub struct Series {
     pub labels: Labels,
-    pub chunks: Vec<ChunkMeta>,
+    pub chunks: Vec<QueryChunk>,
     deleted: Vec<(i64, i64)>,
     mint: i64,
     maxt: i64,
@@ -46,12 +77,43 @@ impl Series {
     }
 }
 
+/// The chunk (or merged group of overlapping chunks) being read.
+#[derive(Debug)]
+enum Cursor<'a> {
+    Chunk(ChunkIterator<&'a [u8]>),
+    /// Samples of chunks that overlap in time (from overlapping blocks, or a block and the
+    /// head), merged in time order with duplicate timestamps dropped; `pos` is the seek cursor.
+    Merged {
+        samples: Vec<Sample>,
+        pos: usize,
+    },
+}
+
+impl Cursor<'_> {
+    fn seek(&mut self, t: i64) -> Option<Sample> {
+        match self {
+            Cursor::Chunk(it) => it.seek(t),
+            Cursor::Merged { samples, pos } => {
+                *pos += samples[*pos..].partition_point(|s| s.t < t);
+                samples.get(*pos).copied()
+            }
+        }
+    }
+
+    fn err(&self) -> Option<&ChunkError> {
+        match self {
+            Cursor::Chunk(it) => it.err(),
+            Cursor::Merged { .. } => None,
+        }
+    }
+}
+
 /// Iterates one series' chunks, clipped to the selected range, skipping deleted intervals.
 #[derive(Debug)]
 pub struct SeriesIterator<'a> {
     series: &'a Series,
     next_chunk: usize,
-    cur: Option<ChunkIterator<&'a [u8]>>,
+    cur: Option<Cursor<'a>>,
     last: Option<Sample>,
     err: Option<ChunkError>,
 }
@@ -61,17 +123,29 @@ impl SeriesIterator<'_> {
         self.series.deleted.iter().any(|&(a, b)| a <= t && t <= b)
     }
 
-    /// Opens the next chunk whose range reaches `t`.
+    /// Opens the next chunk whose range reaches `t`, merging it with any chunks it overlaps.
     fn open_chunk_reaching(&mut self, t: i64) -> bool {
         let chunks = &self.series.chunks;
         while self.next_chunk < chunks.len() && chunks[self.next_chunk].maxt < t {
             self.next_chunk += 1;
         }
-        let Some(c) = chunks.get(self.next_chunk) else { return false };
-        self.next_chunk += 1;
-        match ChunkIterator::new(&c.data[..]) {
-            Ok(it) => {
-                self.cur = Some(it);
+        let first = self.next_chunk;
+        let Some(c) = chunks.get(first) else { return false };
+        let mut end = first + 1;
+        let mut group_maxt = c.maxt;
+        while end < chunks.len() && chunks[end].mint <= group_maxt {
+            group_maxt = group_maxt.max(chunks[end].maxt);
+            end += 1;
+        }
+        self.next_chunk = end;
+        let opened = if end == first + 1 {
+            c.data.bytes().and_then(ChunkIterator::new).map(Cursor::Chunk)
+        } else {
+            merge_chunks(&chunks[first..end])
+        };
+        match opened {
+            Ok(cur) => {
+                self.cur = Some(cur);
                 true
             }
             Err(e) => {
@@ -149,21 +223,86 @@ impl SampleIterator for SeriesIterator<'_> {
     }
 }
 
-/// Reads the head over `[mint, maxt]` (inclusive, milliseconds).
+/// Decodes overlapping chunks into one run: sorted by time, the first sample of each timestamp
+/// kept (chunks come oldest block first, the head last).
+fn merge_chunks<'a>(chunks: &'a [QueryChunk]) -> Result<Cursor<'a>, ChunkError> {
+    let mut samples = Vec::new();
+    for c in chunks {
+        let mut it = ChunkIterator::new(c.data.bytes()?)?;
+        it.decode_into(&mut samples);
+        if let Some(e) = it.err() {
+            return Err(e.clone());
+        }
+    }
+    samples.sort_by_key(|s| s.t);
+    samples.dedup_by_key(|s| s.t);
+    Ok(Cursor::Merged { samples, pos: 0 })
+}
+
+/// The blocks a querier reads: a shared, swappable list (the database replaces it when blocks
+/// are written, compacted or deleted).
+pub type BlockList = parking_lot::RwLock<Arc<Vec<Arc<Block>>>>;
+
+/// Reads the head and the blocks over `[mint, maxt]` (inclusive, milliseconds).
 #[derive(Debug)]
 pub struct Querier<'a> {
     head: &'a Head,
+    blocks: Option<&'a BlockList>,
     mint: i64,
     maxt: i64,
 }
 
 impl<'a> Querier<'a> {
+    /// A querier over the head alone.
     pub fn new(head: &'a Head, mint: i64, maxt: i64) -> Self {
-        Querier { head, mint, maxt }
+        Querier { head, blocks: None, mint, maxt }
     }
 
-    /// Series matching every matcher with at least one sample in range, sorted by labels.
-    pub fn select(&self, matchers: &[Matcher]) -> Vec<Series> {
+    /// A querier over the head and the blocks in `blocks`.
+    pub fn with_blocks(head: &'a Head, blocks: &'a BlockList, mint: i64, maxt: i64) -> Self {
+        Querier { head, blocks: Some(blocks), mint, maxt }
+    }
+
+    /// The blocks overlapping the range. Read *after* the head: the database adds a block before
+    /// truncating the head, so a reader sees the data in the head, in the block, or (briefly) in
+    /// both, where the merge drops the duplicates; never in neither.
+    fn blocks(&self) -> Vec<Arc<Block>> {
+        let Some(list) = self.blocks else { return Vec::new() };
+        let list = list.read().clone();
+        list.iter().filter(|b| b.overlaps(self.mint, self.maxt) && !b.is_corrupt()).cloned().collect()
+    }
+
+    /// Series matching every matcher with a chunk overlapping the range (whose samples may still
+    /// all fall outside it, or be deleted), sorted by labels. A
+    /// block found corrupt is reported (naming block and file) and flagged, so the database sets
+    /// it aside.
+    pub fn select(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
+        let mut out = self.select_head(matchers);
+        let blocks = self.blocks();
+        if blocks.is_empty() {
+            return Ok(out);
+        }
+        for b in &blocks {
+            let from_block = self.select_block(b, matchers).inspect_err(|_| b.mark_corrupt())?;
+            out.extend(from_block);
+        }
+        // Stable: for equal label sets, block chunks (oldest block first) precede head chunks.
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        out.dedup_by(|later, first| {
+            if later.labels != first.labels {
+                return false;
+            }
+            first.chunks.append(&mut later.chunks);
+            first.deleted.append(&mut later.deleted);
+            true
+        });
+        for s in &mut out {
+            s.chunks.sort_by_key(|c| c.mint);
+        }
+        Ok(out)
+    }
+
+    fn select_head(&self, matchers: &[Matcher]) -> Vec<Series> {
         let refs = postings::expand(self.head.postings_for(matchers));
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<ChunkMeta>)> = Vec::with_capacity(refs.len());
         for r in refs {
@@ -179,6 +318,10 @@ impl<'a> Querier<'a> {
                 .into_iter()
                 .map(|(s, chunks)| {
                     let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
+                    let chunks = chunks
+                        .into_iter()
+                        .map(|c| QueryChunk { mint: c.mint, maxt: c.maxt, data: ChunkData::Mem(c.data) })
+                        .collect();
                     Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })
                 .collect()
@@ -187,12 +330,61 @@ impl<'a> Querier<'a> {
         out
     }
 
-    pub fn label_names(&self, matchers: &[Matcher]) -> Vec<String> {
-        self.head.label_names(matchers)
+    fn select_block(&self, block: &Block, matchers: &[Matcher]) -> Result<Vec<Series>> {
+        let data = block.data()?;
+        let stones = block.tombstones();
+        let mut metas = Vec::new();
+        let mut out = Vec::new();
+        for id in block.select_ids(matchers)? {
+            let labels = data.index.series(id, &mut metas).map_err(|e| block.corrupt(e))?;
+            let chunks: Vec<QueryChunk> = metas
+                .iter()
+                .filter(|c| c.maxt >= self.mint && c.mint <= self.maxt)
+                .map(|c| QueryChunk {
+                    mint: c.mint,
+                    maxt: c.maxt,
+                    data: ChunkData::Block { reader: data.chunks.clone(), chunk: c.chunk },
+                })
+                .collect();
+            if chunks.is_empty() {
+                continue;
+            }
+            let deleted = stones.get(&id.0).cloned().unwrap_or_default();
+            out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });
+        }
+        Ok(out)
     }
 
-    pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Vec<String> {
-        self.head.label_values(name, matchers)
+    /// Label names of series matching `matchers` in range (all names if none), sorted.
+    pub fn label_names(&self, matchers: &[Matcher]) -> Result<Vec<String>> {
+        let mut names: BTreeSet<String> = self.head.label_names(matchers).into_iter().collect();
+        for b in self.blocks() {
+            if matchers.is_empty() {
+                let data = b.data().inspect_err(|_| b.mark_corrupt())?;
+                names.extend(data.index.label_names().into_iter().map(str::to_owned));
+            } else {
+                for s in self.select_block(&b, matchers).inspect_err(|_| b.mark_corrupt())? {
+                    names.extend(s.labels.iter().map(|l| l.name.to_string()));
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// Values of label `name` among series matching `matchers` (all if none), sorted.
+    pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Result<Vec<String>> {
+        let mut values: BTreeSet<String> = self.head.label_values(name, matchers).into_iter().collect();
+        for b in self.blocks() {
+            if matchers.is_empty() {
+                let data = b.data().inspect_err(|_| b.mark_corrupt())?;
+                values.extend(data.index.label_values(name).into_iter().map(str::to_owned));
+            } else {
+                for s in self.select_block(&b, matchers).inspect_err(|_| b.mark_corrupt())? {
+                    values.extend(s.labels.get(name).map(str::to_owned));
+                }
+            }
+        }
+        Ok(values.into_iter().collect())
     }
 }
 

@@ -1,9 +1,13 @@
-//! Crash test with a real process: `strata-crash-writer` appends 100k series × 240 samples from
-//! several threads with `Always` fsync and reports each acknowledged commit; we SIGKILL it at a
-//! random moment, reopen the directory and check that every acknowledged sample is there, exact
-//! and not duplicated, and that nothing else is corrupt. Repeated for many trials on one
-//! directory, so every run also replays what the previous ones left (torn tails included) and
-//! keeps appending to it.
+//! Crash tests with a real process: `strata-crash-writer` appends a workload from several threads
+//! with `Always` fsync and reports each acknowledged commit; we SIGKILL it at a random moment,
+//! reopen the directory and check that every acknowledged sample is there, exact and not
+//! duplicated, and that nothing else is corrupt. Repeated for many trials on one directory, so
+//! every run also replays what the previous ones left (torn tails included) and keeps appending
+//! to it.
+//!
+//! Two workloads: 100k series × 240 samples into the head (WAL replay under load), and 5k series
+//! with a block range of 10 steps and the compactor running every 5 ms, so kills land while
+//! blocks are written, the head and WAL are truncated, and blocks are compacted.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -14,12 +18,17 @@ use rand::{Rng, SeedableRng};
 use strata_model::{MatchOp, Matcher};
 use strata_tsdb::{Db, DbOptions};
 
-const SERIES: usize = 100_000;
-const STEPS: usize = 240;
-const THREADS: usize = 4;
-const BATCH: usize = 1_000;
-const TRIALS: usize = 20;
 const STEP_MS: i64 = 15_000;
+
+#[derive(Clone, Copy)]
+struct Workload {
+    series: usize,
+    steps: usize,
+    threads: usize,
+    batch: usize,
+    kills: usize,
+    block_steps: Option<usize>,
+}
 
 fn value_bits(series: usize, step: usize) -> u64 {
     if step % 97 == 96 {
@@ -30,22 +39,23 @@ fn value_bits(series: usize, step: usize) -> u64 {
 }
 
 /// Acknowledged step per series, from the writer's `A th batch step` lines.
-fn apply_ack(line: &str, acked: &mut [Option<usize>]) {
+fn apply_ack(w: &Workload, line: &str, acked: &mut [Option<usize>]) {
     let f: Vec<usize> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
     let (th, b, step) = (f[0], f[1], f[2]);
-    let mine: Vec<usize> = (th..SERIES).step_by(THREADS).collect();
-    for &s in mine.chunks(BATCH).nth(b).unwrap() {
+    let mine: Vec<usize> = (th..w.series).step_by(w.threads).collect();
+    for &s in mine.chunks(w.batch).nth(b).unwrap() {
         acked[s] = Some(acked[s].map_or(step, |a| a.max(step)));
     }
 }
 
 /// Every series holds steps 0..=k exactly once with the exact values, and k covers the ack.
-fn verify(dir: &std::path::Path, acked: &[Option<usize>]) -> usize {
-    let db = Db::open(dir, DbOptions::default()).expect("the data dir reopens after a crash");
-    let mut seen = vec![false; SERIES];
+fn verify(w: &Workload, dir: &std::path::Path, acked: &[Option<usize>]) -> usize {
+    let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
+    let db = Db::open(dir, opts).expect("the data dir reopens after a crash");
+    let mut seen = vec![false; w.series];
     let mut total = 0;
     let all = Matcher::new(MatchOp::RegexMatch, "__name__", "crash_metric_.*").unwrap();
-    for s in db.querier(i64::MIN, i64::MAX).select(&[all]) {
+    for s in db.querier(i64::MIN, i64::MAX).select(&[all]).unwrap() {
         let id: usize = s.labels.get("series").unwrap().parse().unwrap();
         assert!(!seen[id], "series {id} returned twice");
         seen[id] = true;
@@ -72,26 +82,37 @@ fn verify(dir: &std::path::Path, acked: &[Option<usize>]) -> usize {
 
 #[test]
 fn acknowledged_samples_survive_sigkill() {
+    run(Workload { series: 100_000, steps: 240, threads: 4, batch: 1_000, kills: 20, block_steps: None });
+}
+
+#[test]
+fn acknowledged_samples_survive_sigkill_during_block_writes_and_compaction() {
+    run(Workload { series: 5_000, steps: 1_200, threads: 2, batch: 500, kills: 40, block_steps: Some(10) });
+}
+
+fn run(w: Workload) {
     let tmp = tempfile::tempdir().unwrap();
     let seed: u64 = std::env::var("STRATA_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     eprintln!("crash test seed {seed} (set STRATA_CRASH_SEED to repeat)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut acked: Vec<Option<usize>> = vec![None; SERIES];
+    let mut acked: Vec<Option<usize>> = vec![None; w.series];
     let mut killed = 0;
 
     let mut trial = 0;
     let mut generation = 0;
-    while killed < TRIALS {
+    while killed < w.kills {
         trial += 1;
         let dir = tmp.path().join(format!("data{generation}"));
+        let mut args = vec![
+            dir.to_str().unwrap().to_owned(),
+            w.series.to_string(),
+            w.steps.to_string(),
+            w.threads.to_string(),
+            w.batch.to_string(),
+        ];
+        args.extend(w.block_steps.map(|b| b.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata-crash-writer"))
-            .args([
-                dir.to_str().unwrap(),
-                &SERIES.to_string(),
-                &STEPS.to_string(),
-                &THREADS.to_string(),
-                &BATCH.to_string(),
-            ])
+            .args(&args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -118,7 +139,7 @@ fn acknowledged_samples_survive_sigkill() {
                     done = true;
                     break;
                 }
-                Ok(line) => apply_ack(&line, &mut acked),
+                Ok(line) => apply_ack(&w, &line, &mut acked),
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
                 Err(mpsc::RecvTimeoutError::Disconnected) => panic!("writer exited early: {:?}", child.wait()),
             }
@@ -132,15 +153,19 @@ fn acknowledged_samples_survive_sigkill() {
         reader.join().unwrap();
         for line in rx.try_iter() {
             if line.starts_with("A ") {
-                apply_ack(&line, &mut acked);
+                apply_ack(&w, &line, &mut acked);
             }
         }
-        let total = verify(&dir, &acked);
+        let total = verify(&w, &dir, &acked);
         let acked_total: usize = acked.iter().map(|a| a.map_or(0, |s| s + 1)).sum();
-        eprintln!("trial {trial}: ran {run_for:?}, {acked_total} samples acknowledged, {total} present");
+        let blocks =
+            std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().join("meta.json").exists()).count();
+        eprintln!(
+            "trial {trial}: ran {run_for:?}, {acked_total} samples acknowledged, {total} present, {blocks} blocks"
+        );
         if done {
             // The workload finished before enough kills: start over in a fresh directory.
-            assert_eq!(total, SERIES * STEPS, "a finished run holds the whole workload");
+            assert_eq!(total, w.series * w.steps, "a finished run holds the whole workload");
             generation += 1;
             acked.iter_mut().for_each(|a| *a = None);
         }

@@ -3,7 +3,12 @@
 //! killed. On start it resumes each series after its newest stored sample, so successive runs
 //! against one directory (each killed at a random moment) complete the workload together.
 //!
-//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH`
+//! With `BLOCK_STEPS`, the block range is that many steps and the compactor runs every few
+//! milliseconds, so kills also land in block writes, head truncation, WAL checkpoints and
+//! compactions. Threads then move through the steps together (a barrier per step), as
+//! scrapes do, so no thread falls behind the head's append window.
+//!
+//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS]`
 //! Output: `READY <samples present>`, then `A <thread> <batch> <step>` per commit, then `DONE`.
 
 use std::io::Write;
@@ -37,9 +42,13 @@ fn value(series: usize, step: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, series, steps, threads, batch] = &args[..] else {
-        eprintln!("usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH");
-        std::process::exit(2);
+    let (dir, series, steps, threads, batch, block_steps) = match &args[..] {
+        [_, d, s, st, th, b] => (d, s, st, th, b, None),
+        [_, d, s, st, th, b, bs] => (d, s, st, th, b, Some(bs.parse::<i64>().expect("BLOCK_STEPS"))),
+        _ => {
+            eprintln!("usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS]");
+            std::process::exit(2);
+        }
     };
     let dir = PathBuf::from(dir);
     let n_series: usize = series.parse().expect("SERIES");
@@ -47,19 +56,25 @@ fn main() {
     let n_threads: usize = threads.parse().expect("THREADS");
     let batch: usize = batch.parse().expect("BATCH");
 
-    let opts = DbOptions {
+    let mut opts = DbOptions {
         head: HeadOptions {
             wal: WalOptions { fsync: FsyncPolicy::Always, segment_bytes: 16 << 20 },
             ..Default::default()
         },
+        ..Default::default()
     };
+    if let Some(bs) = block_steps {
+        opts.head.chunk_range_ms = bs * STEP_MS;
+        opts.compact_interval = Some(std::time::Duration::from_millis(5));
+        opts.retention_ms = 0;
+    }
     let db = Arc::new(Db::open(&dir, opts).expect("open data dir"));
 
     // Resume: the next step of each series is one past its newest stored sample.
     let mut next_step = vec![0usize; n_series];
     let mut present = 0usize;
     let all = Matcher::new(MatchOp::RegexMatch, "__name__", "crash_metric_.*").expect("regex");
-    for s in db.querier(i64::MIN, i64::MAX).select(&[all]) {
+    for s in db.querier(i64::MIN, i64::MAX).select(&[all]).expect("select") {
         let id: usize = s.labels.get("series").expect("series label").parse().expect("numeric");
         let samples = s.samples();
         present += samples.len();
@@ -67,16 +82,20 @@ fn main() {
     }
     let out = Arc::new(Mutex::new(std::io::stdout()));
     writeln!(out.lock().unwrap(), "READY {present}").unwrap();
+    let first_step = next_step.iter().copied().min().unwrap_or(n_steps);
     let next_step = Arc::new(next_step);
+    let barrier = Arc::new(std::sync::Barrier::new(n_threads));
 
     let workers: Vec<_> = (0..n_threads)
         .map(|th| {
-            let (db, out, next_step) = (db.clone(), out.clone(), next_step.clone());
+            let (db, out, next_step, barrier) = (db.clone(), out.clone(), next_step.clone(), barrier.clone());
             std::thread::spawn(move || {
                 let mine: Vec<usize> = (th..n_series).step_by(n_threads).collect();
                 let mut refs: Vec<Option<SeriesRef>> = vec![None; mine.len()];
-                let first = mine.iter().map(|&s| next_step[s]).min().unwrap_or(n_steps);
-                for step in first..n_steps {
+                for step in first_step..n_steps {
+                    if block_steps.is_some() {
+                        barrier.wait();
+                    }
                     for (b, part) in mine.chunks(batch).enumerate() {
                         let mut app = db.appender();
                         for (k, &s) in part.iter().enumerate() {

@@ -56,6 +56,9 @@ pub enum ChunkError {
     ShortHeader(usize),
     #[error("chunk data ends at sample {sample} of {samples}")]
     Truncated { sample: usize, samples: usize },
+    /// A stored chunk failed its checksum or points outside its file (names file and offset).
+    #[error("corrupt chunk: {0}")]
+    Corrupt(String),
 }
 
 /// Iterates over the samples of one chunk, whatever its encoding.

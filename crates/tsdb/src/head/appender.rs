@@ -44,6 +44,9 @@ pub struct CommitOutcome {
 #[derive(Debug)]
 pub struct Appender<'h> {
     head: &'h Head,
+    /// Keeps head truncation from removing series or raising the time limit under this batch.
+    /// A thread must not hold two appenders at once (a waiting truncation would deadlock it).
+    _gate: parking_lot::RwLockReadGuard<'h, ()>,
     pending: Vec<(Arc<MemSeries>, i64, f64)>,
     /// Newest pending timestamp per series, to refuse out-of-order samples within the batch.
     batch_max: U64Map<SeriesRef, i64>,
@@ -52,7 +55,8 @@ pub struct Appender<'h> {
 
 impl<'h> Appender<'h> {
     pub(super) fn new(head: &'h Head) -> Self {
-        Appender { head, pending: Vec::new(), batch_max: U64Map::default(), min_t: head.min_append_time() }
+        let gate = head.gc_gate.read();
+        Appender { head, _gate: gate, pending: Vec::new(), batch_max: U64Map::default(), min_t: head.min_append_time() }
     }
 
     /// Appends a sample to the series with `labels`, creating it if needed.

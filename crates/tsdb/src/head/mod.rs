@@ -93,6 +93,10 @@ pub struct Head {
     max_time: AtomicI64,
     /// No sample older than this is accepted (raised when the head is truncated).
     min_valid_time: AtomicI64,
+    /// Held (shared) by every open appender; truncation takes it exclusively to raise
+    /// `min_valid_time` and remove empty series, so no appender holds a series being removed or
+    /// a sample older than the new limit.
+    gc_gate: RwLock<()>,
     wal: Option<Arc<Wal>>,
     tombstones: RwLock<U64Map<SeriesRef, Vec<(i64, i64)>>>,
     pub stats: HeadStats,
@@ -112,6 +116,7 @@ impl Head {
             min_time: AtomicI64::new(i64::MAX),
             max_time: AtomicI64::new(i64::MIN),
             min_valid_time: AtomicI64::new(i64::MIN),
+            gc_gate: RwLock::new(()),
             wal: None,
             tombstones: RwLock::default(),
             stats: HeadStats::default(),
@@ -120,7 +125,15 @@ impl Head {
 
     /// Opens the head persisted in `wal_dir`: replays the WAL, then appends to a new segment.
     pub fn open(wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
+        Head::open_after(wal_dir, opts, i64::MIN)
+    }
+
+    /// Like `open`, for a head whose data before `min_valid_time` is already in blocks: replay
+    /// skips older samples (a crash may have come between writing a block and truncating the
+    /// WAL) and appends before it are refused.
+    pub fn open_after(wal_dir: &Path, opts: HeadOptions, min_valid_time: i64) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
+        head.min_valid_time.store(min_valid_time, Ordering::Relaxed);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
         let (wal, outcome) = std::thread::scope(|scope| {
             let head = &head;
@@ -366,6 +379,78 @@ impl Head {
         })
     }
 
+    /// Oldest timestamp the head may hold: everything older is in blocks.
+    pub fn min_valid_time(&self) -> i64 {
+        self.min_valid_time.load(Ordering::Relaxed)
+    }
+
+    /// Drops everything before `mint` (now persisted in a block): chunks that end before it, then
+    /// series left without samples (from the indexes; their symbols stay until restart). Appends
+    /// before `mint` are refused from now on. Returns (chunks dropped, series removed).
+    pub fn truncate(&self, mint: i64) -> (usize, usize) {
+        {
+            let _gate = self.gc_gate.write();
+            self.min_valid_time.fetch_max(mint, Ordering::Relaxed);
+        }
+        let mut dropped_chunks = 0;
+        let mut empty: Vec<Arc<MemSeries>> = Vec::new();
+        let mut new_min = i64::MAX;
+        for stripe in self.by_ref.iter() {
+            let stripe = stripe.read();
+            for s in stripe.values() {
+                let mut st = s.state.lock();
+                dropped_chunks += st.truncate_before(mint);
+                match st.min_time() {
+                    Some(t) => new_min = new_min.min(t),
+                    None => empty.push(s.clone()),
+                }
+            }
+        }
+        self.min_time.store(new_min, Ordering::Relaxed);
+        if empty.is_empty() {
+            return (dropped_chunks, 0);
+        }
+        let _gate = self.gc_gate.write();
+        let mut dead = std::collections::HashSet::new();
+        for s in empty {
+            // Re-check under the gate: an appender may have added samples since the scan.
+            if s.state.lock().min_time().is_some() {
+                continue;
+            }
+            let labels = self.symbols.resolve(&s.labels);
+            let hash = labels.stable_hash();
+            let mut stripe = self.by_hash[Self::stripe(hash)].write();
+            let r = s.series_ref;
+            if stripe.first.get(&hash) == Some(&r) {
+                match stripe.more.get_mut(&hash).and_then(|v| (!v.is_empty()).then(|| v.remove(0))) {
+                    Some(next) => {
+                        stripe.first.insert(hash, next);
+                    }
+                    None => {
+                        stripe.first.remove(&hash);
+                    }
+                }
+            } else if let Some(v) = stripe.more.get_mut(&hash) {
+                v.retain(|&x| x != r);
+            }
+            if stripe.more.get(&hash).is_some_and(Vec::is_empty) {
+                stripe.more.remove(&hash);
+            }
+            self.by_ref[Self::stripe(r.0)].write().remove(&r);
+            dead.insert(r);
+        }
+        self.postings.delete(&dead);
+        {
+            let mut t = self.tombstones.write();
+            t.retain(|r, ivs| {
+                ivs.retain(|&(_, maxt)| maxt >= mint);
+                !dead.contains(r) && !ivs.is_empty()
+            });
+        }
+        self.num_series.fetch_sub(dead.len() as u64, Ordering::Relaxed);
+        (dropped_chunks, dead.len())
+    }
+
     /// Writes buffered WAL records and fsyncs; then stops the WAL's background fsync.
     pub fn close(&self) -> Result<()> {
         match &self.wal {
@@ -427,6 +512,8 @@ const REPLAY_QUEUE_BATCHES: usize = 16;
 struct ReplayShard {
     late: HashMap<SeriesRef, Vec<Sample>>,
     unknown_refs: u64,
+    /// Samples skipped because a block already holds them.
+    persisted: u64,
     min_t: i64,
     max_t: i64,
 }
@@ -511,8 +598,13 @@ impl<'a> Replay<'a> {
 fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<Vec<RefSample>>) -> ReplayShard {
     let mut shard = ReplayShard { min_t: i64::MAX, max_t: i64::MIN, ..Default::default() };
     let range = head.opts.chunk_range_ms;
+    let min_valid = head.min_valid_time();
     for batch in rx {
         for s in batch {
+            if s.t < min_valid {
+                shard.persisted += 1;
+                continue;
+            }
             let stripe = head.by_ref[Head::stripe(s.series.0)].read();
             let Some(series) = stripe.get(&s.series) else {
                 shard.unknown_refs += 1;
@@ -537,6 +629,10 @@ fn finish_replay(head: &Head, shards: Vec<ReplayShard>) {
     let unknown: u64 = shards.iter().map(|s| s.unknown_refs).sum();
     if unknown > 0 {
         tracing::warn!(samples = unknown, "WAL replay skipped samples of series that were never logged");
+    }
+    let persisted: u64 = shards.iter().map(|s| s.persisted).sum();
+    if persisted > 0 {
+        tracing::info!(samples = persisted, "WAL replay skipped samples already persisted in blocks");
     }
     for shard in shards {
         if shard.min_t <= shard.max_t {

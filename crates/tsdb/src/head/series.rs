@@ -151,6 +151,16 @@ impl SeriesState {
         out
     }
 
+    /// Drops chunks that end before `mint`; returns how many.
+    pub fn truncate_before(&mut self, mint: i64) -> usize {
+        let before = self.num_chunks();
+        self.closed.retain(|c| c.maxt >= mint);
+        if self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
+            self.open = None;
+        }
+        before - self.num_chunks()
+    }
+
     pub fn num_chunks(&self) -> usize {
         self.closed.len() + usize::from(self.open.as_ref().is_some_and(|a| a.num_samples() > 0))
     }

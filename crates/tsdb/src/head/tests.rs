@@ -21,6 +21,7 @@ fn wal_opts() -> HeadOptions {
 fn dump(head: &Head) -> BTreeMap<Labels, Vec<(i64, u64)>> {
     Querier::new(head, i64::MIN, i64::MAX)
         .select(&[m(MatchOp::RegexMatch, "__name__", ".+")])
+        .unwrap()
         .into_iter()
         .map(|s| (s.labels.clone(), s.samples().iter().map(|x| (x.t, x.v.to_bits())).collect()))
         .collect()
@@ -39,7 +40,7 @@ fn append_then_select_sorted_by_labels() {
     assert_eq!(app.commit().unwrap().appended, 901);
 
     let q = Querier::new(&head, 10_000, 20_000);
-    let got = q.select(&[m(MatchOp::Equal, "__name__", "up")]);
+    let got = q.select(&[m(MatchOp::Equal, "__name__", "up")]).unwrap();
     let jobs: Vec<&str> = got.iter().map(|s| s.labels.get("job").unwrap()).collect();
     assert_eq!(jobs, ["a", "b", "c"]);
     let s = got[0].samples();
@@ -90,7 +91,8 @@ fn matchers_follow_prometheus_semantics() {
     }
     app.commit().unwrap();
     let q = Querier::new(&head, 0, 10);
-    let names = |ms: &[Matcher]| -> Vec<String> { q.select(ms).iter().map(|s| s.labels.to_string()).collect() };
+    let names =
+        |ms: &[Matcher]| -> Vec<String> { q.select(ms).unwrap().iter().map(|s| s.labels.to_string()).collect() };
     let name_m = m(MatchOp::Equal, "__name__", "m");
     assert_eq!(names(&[name_m.clone(), m(MatchOp::RegexMatch, "a", ".*")]).len(), 3, "=~.* includes series without a");
     assert_eq!(names(&[name_m.clone(), m(MatchOp::NotEqual, "a", "")]), [r#"m{a="1"}"#, r#"m{a="2", b="x"}"#]);
@@ -101,11 +103,11 @@ fn matchers_follow_prometheus_semantics() {
     assert_eq!(names(&[m(MatchOp::RegexMatch, "__name__", "m|n"), m(MatchOp::Equal, "a", "1")]).len(), 2);
     assert!(names(&[m(MatchOp::Equal, "nope", "x")]).is_empty());
 
-    assert_eq!(q.label_names(&[]), ["__name__", "a", "b"]);
-    assert_eq!(q.label_names(&[m(MatchOp::Equal, "__name__", "n")]), ["__name__", "a"]);
-    assert_eq!(q.label_values("a", &[]), ["1", "2"]);
-    assert_eq!(q.label_values("b", &[m(MatchOp::Equal, "a", "2")]), ["x"]);
-    assert!(q.label_values("zzz", &[]).is_empty());
+    assert_eq!(q.label_names(&[]).unwrap(), ["__name__", "a", "b"]);
+    assert_eq!(q.label_names(&[m(MatchOp::Equal, "__name__", "n")]).unwrap(), ["__name__", "a"]);
+    assert_eq!(q.label_values("a", &[]).unwrap(), ["1", "2"]);
+    assert_eq!(q.label_values("b", &[m(MatchOp::Equal, "a", "2")]).unwrap(), ["x"]);
+    assert!(q.label_values("zzz", &[]).unwrap().is_empty());
 }
 
 #[test]
@@ -185,7 +187,7 @@ fn deleted_samples_are_hidden() {
     }
     app.commit().unwrap();
     assert_eq!(head.delete(&[m(MatchOp::Equal, "__name__", "x")], 3, 5).unwrap(), 1);
-    let s = Querier::new(&head, 0, 100).select(&[m(MatchOp::Equal, "__name__", "x")]);
+    let s = Querier::new(&head, 0, 100).select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap();
     let ts: Vec<i64> = s[0].samples().iter().map(|s| s.t).collect();
     assert_eq!(ts, [0, 1, 2, 6, 7, 8, 9]);
     let mut it = s[0].iter();
@@ -232,7 +234,7 @@ proptest! {
         }
         app.commit().unwrap();
         let want: Vec<Labels> = all.into_iter().filter(|ls| ms.iter().all(|m| m.matches(ls.get(&m.name).unwrap_or("")))).collect();
-        let got: Vec<Labels> = Querier::new(&head, 0, 2).select(&ms).into_iter().map(|s| s.labels).collect();
+        let got: Vec<Labels> = Querier::new(&head, 0, 2).select(&ms).unwrap().into_iter().map(|s| s.labels).collect();
         prop_assert_eq!(got, want);
     }
 }

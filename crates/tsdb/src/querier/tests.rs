@@ -13,7 +13,7 @@ fn head_with(samples: &[(i64, f64)]) -> Head {
 }
 
 fn sel(head: &Head, mint: i64, maxt: i64) -> Vec<Series> {
-    Querier::new(head, mint, maxt).select(&[Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()])
+    Querier::new(head, mint, maxt).select(&[Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()]).unwrap()
 }
 
 #[test]

@@ -1,0 +1,68 @@
+//! `meta.json`: what a block holds, readable by people and tools.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{io_err, Result};
+
+pub const META_FILE: &str = "meta.json";
+pub const META_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockMeta {
+    pub ulid: String,
+    /// First millisecond the block covers (inclusive).
+    pub min_time: i64,
+    /// End of the block's range (exclusive), as in Prometheus.
+    pub max_time: i64,
+    pub stats: BlockStats,
+    pub compaction: Compaction,
+    pub version: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockStats {
+    pub num_samples: u64,
+    pub num_series: u64,
+    pub num_chunks: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Compaction {
+    /// 1 for a block cut from the head, one more than the highest input's for a compacted block.
+    pub level: u32,
+    /// ULIDs of the level-1 blocks whose data this block holds.
+    pub sources: Vec<String>,
+    /// ULIDs of the blocks this one replaced; on open, any of them still present is removed
+    /// (a crash happened between writing this block and deleting its inputs).
+    #[serde(default)]
+    pub parents: Vec<String>,
+}
+
+impl BlockMeta {
+    pub fn read(dir: &Path) -> Result<BlockMeta, String> {
+        let path = dir.join(META_FILE);
+        let data = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        let meta: BlockMeta = serde_json::from_slice(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+        if meta.version != META_VERSION {
+            return Err(format!("{}: unsupported block version {}", path.display(), meta.version));
+        }
+        if meta.min_time >= meta.max_time {
+            return Err(format!("{}: empty time range {}..{}", path.display(), meta.min_time, meta.max_time));
+        }
+        Ok(meta)
+    }
+
+    /// Writes and fsyncs `dir/meta.json` (inside a block directory not yet renamed into place).
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(META_FILE);
+        let mut data = serde_json::to_vec_pretty(self).expect("meta serializes");
+        data.push(b'\n');
+        std::fs::write(&path, &data).map_err(io_err("write", &path))?;
+        std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io_err("fsync", &path))
+    }
+}

@@ -1,0 +1,112 @@
+//! Writes one block: into `<ulid>.tmp`, every file fsynced, then renamed into place, so a crash
+//! at any point leaves either no block or the whole block.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata_model::Labels;
+use ulid::Ulid;
+
+use super::chunks::ChunkWriter;
+use super::index::{ChunkMetaRef, IndexWriter, INDEX_FILE};
+use super::meta::{BlockMeta, BlockStats, Compaction, META_VERSION};
+use super::tombstones;
+use crate::chunkenc;
+use crate::error::{io_err, Result};
+use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
+
+/// Suffix of a block directory being written; removed on open if a crash left one behind.
+pub const TMP_SUFFIX: &str = ".tmp";
+
+/// A chunk to write: its time range (inclusive) and its bytes (encoding byte first).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkInput<'a> {
+    pub mint: i64,
+    pub maxt: i64,
+    pub data: &'a [u8],
+}
+
+#[derive(Debug)]
+pub struct BlockWriter {
+    parent: PathBuf,
+    ulid: Ulid,
+    tmp: PathBuf,
+    chunks: ChunkWriter,
+    index: IndexWriter,
+    stats: BlockStats,
+    metas: Vec<ChunkMetaRef>,
+}
+
+impl BlockWriter {
+    /// Starts a block in `parent/<new ulid>.tmp`. `symbols`: sorted, unique, every label string
+    /// of the series to come.
+    pub fn create(parent: &Path, symbols: &[Arc<str>]) -> Result<Self> {
+        let ulid = Ulid::new();
+        let tmp = parent.join(format!("{ulid}{TMP_SUFFIX}"));
+        create_dir_all(&tmp)?;
+        let chunks = ChunkWriter::create(&tmp)?;
+        let index = IndexWriter::create(&tmp.join(INDEX_FILE), symbols)?;
+        Ok(BlockWriter {
+            parent: parent.to_owned(),
+            ulid,
+            tmp,
+            chunks,
+            index,
+            stats: BlockStats::default(),
+            metas: Vec::new(),
+        })
+    }
+
+    /// Adds a series (in label order) with its chunks (in time order, not empty).
+    pub fn add_series(&mut self, labels: &Labels, chunks: &[ChunkInput<'_>]) -> Result<()> {
+        debug_assert!(!chunks.is_empty());
+        self.metas.clear();
+        for c in chunks {
+            let r = self.chunks.write(c.data)?;
+            self.metas.push(ChunkMetaRef { mint: c.mint, maxt: c.maxt, chunk: r });
+            self.stats.num_samples += chunkenc::num_samples(c.data).unwrap_or(0) as u64;
+        }
+        self.stats.num_chunks += chunks.len() as u64;
+        self.stats.num_series += 1;
+        self.index.add_series(labels, &self.metas)
+    }
+
+    pub fn num_series(&self) -> u64 {
+        self.stats.num_series
+    }
+
+    /// Finishes the block covering `[min_time, max_time)` and renames it into place. A block with
+    /// no series is not kept: returns `None`.
+    pub fn finish(self, min_time: i64, max_time: i64, mut compaction: Compaction) -> Result<Option<BlockMeta>> {
+        if compaction.sources.is_empty() {
+            compaction.sources.push(self.ulid.to_string());
+        }
+        if self.stats.num_series == 0 {
+            drop((self.chunks, self.index));
+            std::fs::remove_dir_all(&self.tmp).map_err(io_err("remove", &self.tmp))?;
+            return Ok(None);
+        }
+        self.chunks.finish()?;
+        self.index.finish()?;
+        tombstones::write(&self.tmp, &tombstones::Tombstones::new())?;
+        let meta = BlockMeta {
+            ulid: self.ulid.to_string(),
+            min_time,
+            max_time,
+            stats: self.stats,
+            compaction,
+            version: META_VERSION,
+        };
+        meta.write(&self.tmp)?;
+        fsync_dir(&self.tmp)?;
+        rename_durable(&self.tmp, &self.parent.join(self.ulid.to_string()))?;
+        Ok(Some(meta))
+    }
+
+    /// Abandons the block, removing its temporary directory.
+    pub fn abort(self) {
+        let tmp = self.tmp.clone();
+        drop(self);
+        let _ = std::fs::remove_dir_all(tmp);
+    }
+}

@@ -1,0 +1,297 @@
+//! Writing blocks: cutting the head's oldest range into a block, and compaction, which merges
+//! blocks into fewer, larger ones.
+//!
+//! Compaction is leveled: blocks cut from the head span one block range (2 h by default);
+//! adjacent blocks are merged once they fill the next range (×3: 6 h, 18 h, 54 h, …, capped);
+//! blocks whose time ranges overlap (backfill) are merged first, whatever their size, with
+//! duplicate samples dropped; a block with many deleted series is rewritten alone, which
+//! removes the deleted samples for good.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_model::{Labels, Sample};
+
+use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings};
+use crate::chunkenc::{ChunkIterator, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
+use crate::error::{Error, Result};
+use crate::head::Head;
+use crate::index::postings::{self, Postings};
+
+/// Longest block compaction produces, whatever the retention: 31 days.
+pub const BLOCK_RANGE_MAX_MS: i64 = 31 * 24 * 3600 * 1000;
+/// A block whose tombstones cover at least this share of its series is rewritten.
+const TOMBSTONE_REWRITE_RATIO: f64 = 0.05;
+
+/// Compaction ranges: `base`, then ×3 while at most `max` (at least `base` itself).
+pub fn ranges(base: i64, max: i64) -> Vec<i64> {
+    let mut out = vec![base];
+    while let Some(next) = out.last().and_then(|r| r.checked_mul(3)) {
+        if next > max {
+            break;
+        }
+        out.push(next);
+    }
+    out
+}
+
+/// Writes the head's samples in `[mint, maxt)` as a level-1 block in `parent`. Head tombstones
+/// are applied (deleted samples are not written). Returns `None` if the range holds no sample.
+pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Result<Option<BlockMeta>> {
+    let stones = head.tombstones_snapshot();
+    /// Labels, chunks in range, deleted intervals.
+    type HeadSeries = (Labels, Vec<crate::head::ChunkMeta>, Vec<(i64, i64)>);
+    let mut series: Vec<HeadSeries> = Vec::new();
+    for r in postings::expand(head.postings_for(&[])) {
+        let Some(s) = head.series(r) else { continue };
+        let chunks = s.state.lock().chunks(mint, maxt - 1);
+        if chunks.is_empty() {
+            continue;
+        }
+        let deleted = stones.as_ref().and_then(|t| t.get(&r).cloned()).unwrap_or_default();
+        series.push((head.symbols.resolve(&s.labels), chunks, deleted));
+    }
+    series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut symbols: BTreeSet<Arc<str>> = BTreeSet::new();
+    for (labels, _, _) in &series {
+        for l in labels {
+            symbols.insert(l.name.clone());
+            symbols.insert(l.value.clone());
+        }
+    }
+    let symbols: Vec<Arc<str>> = symbols.into_iter().collect();
+    let mut w = BlockWriter::create(parent, &symbols)?;
+    let mut inputs = Vec::new();
+    let mut scratch = Scratch::default();
+    for (labels, chunks, deleted) in &series {
+        inputs.clear();
+        inputs.extend(chunks.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }));
+        if let Err(e) = write_series(&mut w, labels, &inputs, deleted, mint, maxt, &mut scratch) {
+            w.abort();
+            return Err(e);
+        }
+    }
+    w.finish(mint, maxt, Compaction { level: 1, sources: Vec::new(), parents: Vec::new() })
+}
+
+/// Buffers reused across series while rewriting chunks.
+#[derive(Default)]
+struct Scratch {
+    samples: Vec<Sample>,
+    encoded: Vec<(i64, i64, Vec<u8>)>,
+}
+
+/// Writes one series: its chunks as they are when they neither overlap each other, nor stick out
+/// of `[mint, maxt)`, nor hold deleted samples; otherwise decoded, merged (first sample of
+/// each timestamp kept), filtered and re-encoded. A series left with no sample is skipped.
+fn write_series(
+    w: &mut BlockWriter,
+    labels: &Labels,
+    chunks: &[ChunkInput<'_>],
+    deleted: &[(i64, i64)],
+    mint: i64,
+    maxt: i64,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let overlapping = chunks.windows(2).any(|p| p[1].mint <= p[0].maxt);
+    let clipped = chunks.iter().any(|c| c.mint < mint || c.maxt >= maxt);
+    let hit = chunks.iter().any(|c| deleted.iter().any(|&(a, b)| a <= c.maxt && c.mint <= b));
+    if !overlapping && !clipped && !hit {
+        return if chunks.is_empty() { Ok(()) } else { w.add_series(labels, chunks) };
+    }
+    let samples = &mut scratch.samples;
+    samples.clear();
+    for c in chunks {
+        let mut it = ChunkIterator::new(c.data).map_err(|e| chunk_err(labels, e))?;
+        it.decode_into(samples);
+        if let Some(e) = it.err() {
+            return Err(chunk_err(labels, e.clone()));
+        }
+    }
+    samples.sort_by_key(|s| s.t);
+    samples.dedup_by_key(|s| s.t);
+    samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
+    if samples.is_empty() {
+        return Ok(());
+    }
+    scratch.encoded.clear();
+    let mut app = XorAppender::new();
+    let mut first_t = samples[0].t;
+    for s in samples.iter() {
+        if app.num_samples() >= SAMPLES_PER_CHUNK || app.bytes().len() >= CHUNK_BYTES_TARGET {
+            let done = std::mem::take(&mut app);
+            scratch.encoded.push((first_t, done.last_t(), done.into_bytes()));
+            first_t = s.t;
+        }
+        app.append(s.t, s.v);
+    }
+    scratch.encoded.push((first_t, app.last_t(), app.into_bytes()));
+    let inputs: Vec<ChunkInput<'_>> =
+        scratch.encoded.iter().map(|(a, b, d)| ChunkInput { mint: *a, maxt: *b, data: d }).collect();
+    w.add_series(labels, &inputs)
+}
+
+fn chunk_err(labels: &Labels, e: crate::chunkenc::ChunkError) -> Error {
+    Error::BlockCorrupt { block: Default::default(), reason: format!("series {labels}: {e}") }
+}
+
+/// One input block's series, read in label order.
+struct Cursor<'a> {
+    block: &'a Block,
+    postings: MmapPostings,
+    labels: Labels,
+    metas: Vec<ChunkMetaRef>,
+    id: u64,
+}
+
+impl<'a> Cursor<'a> {
+    fn open(block: &'a Block) -> Result<Option<Cursor<'a>>> {
+        let postings = block.data()?.index.all_postings().map_err(|e| block.corrupt(e))?;
+        let mut c = Cursor { block, postings, labels: Labels::empty(), metas: Vec::new(), id: 0 };
+        Ok(c.advance()?.then_some(c))
+    }
+
+    /// Reads the next series; false at the end.
+    fn advance(&mut self) -> Result<bool> {
+        let Some(id) = self.postings.next() else { return Ok(false) };
+        let data = self.block.data()?;
+        self.labels = data.index.series(id, &mut self.metas).map_err(|e| self.block.corrupt(e))?;
+        self.id = id.0;
+        Ok(true)
+    }
+}
+
+/// Merges `blocks` (sorted by start time) into one block in `parent`, dropping deleted and
+/// duplicate samples. The inputs are not touched; the caller swaps and deletes them once the
+/// output is durable. Returns `None` if nothing survives (every sample deleted).
+pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<BlockMeta>> {
+    assert!(!blocks.is_empty());
+    let mint = blocks.iter().map(|b| b.meta().min_time).min().expect("not empty");
+    let maxt = blocks.iter().map(|b| b.meta().max_time).max().expect("not empty");
+    let mut symbols: BTreeSet<&str> = BTreeSet::new();
+    for b in blocks {
+        let ix = &b.data()?.index;
+        symbols.extend((0..ix.num_symbols() as u32).map(|i| ix.symbol(i)));
+    }
+    let symbols: Vec<Arc<str>> = symbols.into_iter().map(Arc::from).collect();
+    let stones: Vec<_> = blocks.iter().map(|b| b.tombstones()).collect();
+
+    let mut cursors: Vec<Option<Cursor<'_>>> = Vec::with_capacity(blocks.len());
+    let mut heap = BinaryHeap::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let c = Cursor::open(b)?;
+        if let Some(c) = &c {
+            heap.push(Reverse((c.labels.clone(), i)));
+        }
+        cursors.push(c);
+    }
+
+    let mut w = BlockWriter::create(parent, &symbols)?;
+    let result = (|| -> Result<()> {
+        let mut scratch = Scratch::default();
+        let mut chunk_refs: Vec<(usize, ChunkMetaRef)> = Vec::new();
+        let mut deleted: Vec<(i64, i64)> = Vec::new();
+        while let Some(Reverse((labels, first))) = heap.pop() {
+            let mut from = vec![first];
+            while heap.peek().is_some_and(|Reverse((l, _))| *l == labels) {
+                from.push(heap.pop().expect("peeked").0 .1);
+            }
+            from.sort_unstable();
+            chunk_refs.clear();
+            deleted.clear();
+            for &i in &from {
+                let c = cursors[i].as_mut().expect("a cursor in the heap is open");
+                chunk_refs.extend(c.metas.iter().map(|m| (i, *m)));
+                if let Some(ivs) = stones[i].get(&c.id) {
+                    deleted.extend_from_slice(ivs);
+                }
+            }
+            chunk_refs.sort_by_key(|(_, m)| m.mint);
+            let mut inputs = Vec::with_capacity(chunk_refs.len());
+            for (i, m) in &chunk_refs {
+                let data = blocks[*i].data()?;
+                let bytes = data.chunks.chunk(m.chunk).map_err(|e| blocks[*i].corrupt(e.to_string()))?;
+                inputs.push(ChunkInput { mint: m.mint, maxt: m.maxt, data: bytes });
+            }
+            write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, &mut scratch)?;
+            for &i in &from {
+                let c = cursors[i].as_mut().expect("open");
+                if c.advance()? {
+                    heap.push(Reverse((c.labels.clone(), i)));
+                } else {
+                    cursors[i] = None;
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        w.abort();
+        return Err(e);
+    }
+    let level = blocks.iter().map(|b| b.meta().compaction.level).max().unwrap_or(0) + 1;
+    let mut sources: Vec<String> = blocks.iter().flat_map(|b| b.meta().compaction.sources.iter().cloned()).collect();
+    sources.sort();
+    sources.dedup();
+    let parents = blocks.iter().map(|b| b.ulid().to_owned()).collect();
+    w.finish(mint, maxt, Compaction { level, sources, parents })
+}
+
+/// The next set of blocks to compact, if any. `blocks` is sorted by start time.
+///
+/// In order: blocks whose ranges overlap (merged whatever their size); then, for each range
+/// from the smallest, two or more blocks inside one aligned window of that range that either
+/// fill it or will get no more data (a newer block starts after the window); then a single
+/// block with enough deletions to be worth rewriting.
+pub fn plan(blocks: &[Arc<Block>], ranges: &[i64]) -> Option<Vec<Arc<Block>>> {
+    // Overlapping blocks.
+    let mut i = 0;
+    while i < blocks.len() {
+        let mut end = blocks[i].meta().max_time;
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j].meta().min_time < end {
+            end = end.max(blocks[j].meta().max_time);
+            j += 1;
+        }
+        if j - i > 1 {
+            return Some(blocks[i..j].to_vec());
+        }
+        i = j;
+    }
+    let newest_start = blocks.iter().map(|b| b.meta().min_time).max()?;
+    for &r in ranges.iter().skip(1) {
+        let mut i = 0;
+        while i < blocks.len() {
+            let start = blocks[i].meta().min_time.div_euclid(r) * r;
+            let end = start.saturating_add(r);
+            let mut j = i;
+            while j < blocks.len() && blocks[j].meta().min_time >= start && blocks[j].meta().max_time <= end {
+                j += 1;
+            }
+            if j == i {
+                // This block is already larger than the window.
+                i += 1;
+                continue;
+            }
+            let group = &blocks[i..j];
+            let covers = group[0].meta().min_time == start && group[group.len() - 1].meta().max_time == end;
+            let closed = newest_start >= end;
+            if group.len() > 1 && (covers || closed) {
+                return Some(group.to_vec());
+            }
+            i = j;
+        }
+    }
+    blocks
+        .iter()
+        .find(|b| {
+            let deleted = b.tombstones().len() as f64;
+            deleted > 0.0 && deleted >= TOMBSTONE_REWRITE_RATIO * b.meta().stats.num_series.max(1) as f64
+        })
+        .map(|b| vec![b.clone()])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+//! Compaction, deletion and retention checked against a naive model: every sample ever
+//! acknowledged, minus what was deleted, minus whole blocks retention dropped.
+
+use std::collections::BTreeMap;
+
+use rand::{Rng, SeedableRng};
+use strata_model::{Labels, MatchOp, Matcher};
+
+use super::*;
+use crate::db::{Db, DbOptions};
+use crate::head::HeadOptions;
+
+const RANGE: i64 = 1000;
+
+fn opts(retention_ms: i64) -> DbOptions {
+    DbOptions {
+        head: HeadOptions { chunk_range_ms: RANGE, ..Default::default() },
+        retention_ms,
+        retention_bytes: 0,
+        compact_interval: None,
+    }
+}
+
+/// Samples by series label string, then timestamp (value bits).
+type Model = BTreeMap<String, BTreeMap<i64, u64>>;
+
+fn all() -> Vec<Matcher> {
+    vec![Matcher::new(MatchOp::RegexMatch, "__name__", ".+").unwrap()]
+}
+
+/// What the database returns over `[mint, maxt]`, as a model.
+fn read(db: &Db, mint: i64, maxt: i64) -> Model {
+    let mut out = Model::new();
+    for s in db.querier(mint, maxt).select(&all()).unwrap() {
+        let samples: BTreeMap<i64, u64> = s.samples().iter().map(|x| (x.t, x.v.to_bits())).collect();
+        assert_eq!(samples.len(), s.samples().len(), "{}: duplicate timestamps", s.labels);
+        // A series is selected when a chunk overlaps the range, though no sample may fall in it.
+        if samples.is_empty() {
+            continue;
+        }
+        assert!(out.insert(s.labels.to_string(), samples).is_none(), "{} returned twice", s.labels);
+    }
+    out
+}
+
+fn expect(model: &Model, mint: i64, maxt: i64) -> Model {
+    model
+        .iter()
+        .map(|(k, v)| (k.clone(), v.range(mint..=maxt).map(|(t, b)| (*t, *b)).collect::<BTreeMap<_, _>>()))
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+}
+
+fn check(db: &Db, model: &Model, rng: &mut impl Rng, hi: i64) {
+    assert_eq!(read(db, i64::MIN, i64::MAX), expect(model, i64::MIN, i64::MAX));
+    for _ in 0..5 {
+        let a = rng.gen_range(-100..hi + 100);
+        let b = a + rng.gen_range(0..4 * RANGE);
+        let (got, want) = (read(db, a, b), expect(model, a, b));
+        for (k, v) in &want {
+            assert_eq!(got.get(k), Some(v), "range [{a}, {b}] series {k}");
+        }
+        assert_eq!(got.len(), want.len(), "range [{a}, {b}]");
+    }
+}
+
+fn assert_no_overlap(db: &Db) {
+    let blocks = db.blocks();
+    for w in blocks.windows(2) {
+        assert!(w[0].meta().max_time <= w[1].meta().min_time, "blocks overlap after compaction");
+    }
+}
+
+#[test]
+fn compaction_and_deletion_match_a_model() {
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut db = Db::open(tmp.path(), opts(0)).unwrap();
+    let mut model = Model::new();
+    let series: Vec<Labels> =
+        (0..30).map(|i| Labels::from_pairs([("__name__", format!("m{}", i % 4)), ("i", i.to_string())])).collect();
+    let rounds = 300;
+    for round in 0..rounds {
+        let mut app = db.appender();
+        for l in &series {
+            if rng.gen_bool(0.7) {
+                let t = round * 100 + rng.gen_range(0..100);
+                let v: f64 = rng.gen_range(-1e6..1e6);
+                app.append(l, t, v).unwrap();
+                model.entry(l.to_string()).or_default().insert(t, v.to_bits());
+            }
+        }
+        app.commit().unwrap();
+        if rng.gen_bool(0.03) {
+            let victim = &series[rng.gen_range(0..series.len())];
+            let a = rng.gen_range(0..(round + 1) * 100);
+            // Only the past: a tombstone also hides samples appended later inside its range.
+            let b = (a + rng.gen_range(0..3000)).min(round * 100 + 99);
+            let ms = [Matcher::new(MatchOp::Equal, "i", victim.get("i").unwrap()).unwrap()];
+            db.delete(&ms, a, b).unwrap();
+            if let Some(s) = model.get_mut(&victim.to_string()) {
+                s.retain(|t, _| *t < a || *t > b);
+            }
+        }
+        if round % 25 == 24 {
+            db.compact().unwrap();
+            assert_no_overlap(&db);
+            check(&db, &model, &mut rng, round * 100);
+        }
+        if round % 100 == 99 {
+            db.close().unwrap();
+            db = Db::open(tmp.path(), opts(0)).unwrap();
+            check(&db, &model, &mut rng, round * 100);
+        }
+    }
+    model.retain(|_, v| !v.is_empty());
+    db.clean_tombstones().unwrap();
+    check(&db, &model, &mut rng, rounds * 100);
+    let blocks = db.blocks();
+    assert!(blocks.iter().all(|b| b.tombstones().is_empty()), "clean_tombstones rewrote every block");
+    assert!(blocks.iter().any(|b| b.meta().compaction.level >= 3), "blocks were compacted twice over");
+    let ranges = db.options().compaction_ranges();
+    for b in blocks.iter() {
+        let (lo, hi) = (b.meta().min_time, b.meta().max_time - 1);
+        assert!(ranges.iter().any(|r| lo.div_euclid(*r) == hi.div_euclid(*r)), "block {lo}..{hi} fits one window");
+    }
+    db.close().unwrap();
+}
+
+#[test]
+fn retention_drops_whole_blocks_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let retention = 5 * RANGE + 500;
+    let db = Db::open(tmp.path(), opts(retention)).unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for t in (0..20 * RANGE).step_by(50) {
+        let mut app = db.appender();
+        app.append(&l, t, t as f64).unwrap();
+        app.commit().unwrap();
+    }
+    let out = db.compact().unwrap();
+    assert!(out.retention_deleted > 0, "{out:?}");
+    let newest = 20 * RANGE - 50;
+    let cutoff = newest - retention;
+    let blocks = db.blocks();
+    assert!(blocks.iter().all(|b| b.meta().max_time > cutoff), "every block reaches into the window");
+    let oldest = blocks.first().map(|b| b.meta().min_time).unwrap();
+    assert!(oldest <= cutoff, "the block straddling the cutoff stays");
+    let got: Vec<i64> =
+        db.querier(i64::MIN, i64::MAX).select(&all()).unwrap()[0].samples().iter().map(|s| s.t).collect();
+    let want: Vec<i64> = (oldest..20 * RANGE).step_by(50).collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        db.stats().blocks_deleted_by_retention.load(std::sync::atomic::Ordering::Relaxed),
+        out.retention_deleted as u64
+    );
+}
+
+#[test]
+fn retention_by_size_drops_oldest_blocks_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = opts(0);
+    let db = Db::open(tmp.path(), o).unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for t in (0..20 * RANGE).step_by(10) {
+        let mut app = db.appender();
+        app.append(&l, t, (t % 7) as f64).unwrap();
+        app.commit().unwrap();
+    }
+    db.compact().unwrap();
+    let before = db.blocks();
+    assert!(
+        before.len() >= 2,
+        "{:?}",
+        before.iter().map(|b| (b.meta().min_time, b.meta().max_time)).collect::<Vec<_>>()
+    );
+    let newest_bytes = before.last().unwrap().bytes();
+    let wal = db.status(1).unwrap().wal_bytes;
+    db.close().unwrap();
+    // Slack for the segment the reopened WAL starts (a header of a few bytes).
+    o.retention_bytes = newest_bytes + wal + 64;
+    let db = Db::open(tmp.path(), o).unwrap();
+    db.compact().unwrap();
+    let after = db.blocks();
+    assert_eq!(after.len(), 1, "only the newest block fits");
+    assert_eq!(after[0].ulid(), before.last().unwrap().ulid());
+}
+
+#[test]
+fn overlapping_blocks_are_merged_and_deduplicated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    let a = Labels::from_pairs([("__name__", "only_a")]);
+    // Two heads with overlapping ranges, as a backfill would produce.
+    for (series, ts) in [(&[&l, &a][..], 0..1000), (&[&l][..], 500..1500)] {
+        let h = Head::in_memory(HeadOptions { chunk_range_ms: 10 * RANGE, ..Default::default() });
+        let mut app = h.appender();
+        for t in ts.clone().step_by(10) {
+            for s in series {
+                app.append(s, t, t as f64).unwrap();
+            }
+        }
+        app.commit().unwrap();
+        write_head_block(&h, tmp.path(), ts.start, ts.end).unwrap().unwrap();
+    }
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    assert_eq!(db.blocks().len(), 2);
+    let read_x = |db: &Db| -> Vec<i64> {
+        let got = db.querier(0, 2000).select(&[Matcher::new(MatchOp::Equal, "__name__", "x").unwrap()]).unwrap();
+        got[0].samples().iter().map(|s| s.t).collect()
+    };
+    let want: Vec<i64> = (0..1500).step_by(10).collect();
+    assert_eq!(read_x(&db), want, "the querier merges overlapping blocks");
+    let out = db.compact().unwrap();
+    assert_eq!(out.compactions, 1);
+    let blocks = db.blocks();
+    assert_eq!(blocks.len(), 1);
+    assert_eq!((blocks[0].meta().min_time, blocks[0].meta().max_time), (0, 1500));
+    assert_eq!(blocks[0].meta().stats.num_samples, 150 + 100);
+    assert_eq!(blocks[0].meta().compaction.parents.len(), 2);
+    assert_eq!(read_x(&db), want);
+}
+
+#[test]
+fn a_corrupt_block_is_reported_then_set_aside_and_the_rest_stays_queryable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for t in (0..5 * RANGE).step_by(10) {
+        let mut app = db.appender();
+        app.append(&l, t, t as f64).unwrap();
+        app.commit().unwrap();
+    }
+    db.compact().unwrap();
+    let blocks = db.blocks();
+    assert!(blocks.len() >= 2, "{} blocks", blocks.len());
+    let victim = blocks[0].dir().to_owned();
+    let (vmin, vmax) = (blocks[0].meta().min_time, blocks[0].meta().max_time);
+    drop(blocks);
+    db.close().unwrap();
+
+    // Flip a byte inside the first chunk's data.
+    let seg = victim.join("chunks/000001");
+    let mut data = std::fs::read(&seg).unwrap();
+    data[12] ^= 0xff;
+    std::fs::write(&seg, data).unwrap();
+
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let s = db.querier(vmin, vmax - 1).select(&all()).unwrap();
+    let mut it = s[0].iter();
+    while crate::querier::SampleIterator::next(&mut it).is_some() {}
+    let err = crate::querier::SampleIterator::err(&it).expect("the corruption is reported").to_string();
+    assert!(err.contains("chunks/000001") && err.contains("checksum mismatch"), "{err}");
+    assert_eq!(db.compact().unwrap().set_aside, 1);
+    let mut aside = victim.clone().into_os_string();
+    aside.push(".corrupt");
+    assert!(std::path::Path::new(&aside).is_dir(), "the block is kept for an operator");
+    let got = db.querier(i64::MIN, i64::MAX).select(&all()).unwrap();
+    assert_eq!(got[0].samples().first().unwrap().t, vmax, "the other blocks and the head still answer");
+}
