@@ -9,10 +9,12 @@
 pub mod duration;
 pub mod labels;
 pub mod matcher;
+pub mod selector;
 
 pub use duration::parse_duration_ms;
 pub use labels::{Label, Labels, LabelsBuilder, LabelsError, METRIC_NAME};
 pub use matcher::{MatchOp, Matcher, MatcherError};
+pub use selector::parse_selector;
 
 /// Milliseconds since the Unix epoch, as Prometheus counts time.
 pub type TimestampMs = i64;

@@ -1,5 +1,8 @@
 //! Strata's server: how the binary's settings become an open database, and how its state is
 //! reported. The HTTP API (Prometheus' query API, remote write and read) lands here next.
 
+pub mod analyze;
 pub mod config;
+pub mod import;
 pub mod status;
+pub mod textparse;

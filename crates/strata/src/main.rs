@@ -1,14 +1,17 @@
 //! `strata`: the Strata time series database.
 //!
-//! Today it opens a data directory (replaying its write-ahead log, repairing a torn tail) and
-//! reports what it holds; `strata serve` with Prometheus' HTTP API comes next.
+//! Today: `status` opens a data directory and reports what it holds; `tsdb import`, `tsdb
+//! analyze` and `tsdb dump` are the operator tools. `strata serve` with Prometheus' HTTP API
+//! comes next.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use strata_server::config::{StorageConfig, WalFsync, DATA_DIR_DEFAULT};
-use strata_tsdb::Db;
+use strata_server::textparse::Format;
+use strata_server::{analyze, import};
+use strata_tsdb::{Db, DbOptions};
 
 #[derive(Parser, Debug)]
 #[command(name = "strata", version, about = "Strata: a time series database compatible with Prometheus")]
@@ -31,6 +34,112 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         top: usize,
     },
+    /// Operator tools for a data directory (run while no server has it open).
+    #[command(subcommand)]
+    Tsdb(TsdbCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TsdbCommand {
+    /// Build blocks from a text file whose samples carry timestamps (`.gz` is decompressed).
+    Import {
+        /// `openmetrics` (timestamps in seconds, `# EOF` at the end) or `prometheus` (text
+        /// format 0.0.4, timestamps in milliseconds).
+        format: ImportFormat,
+        file: PathBuf,
+        data_dir: PathBuf,
+    },
+    /// Blocks, sizes and the highest-cardinality labels, metric names and label pairs.
+    Analyze {
+        data_dir: PathBuf,
+        /// Block to analyse (default: the newest).
+        #[arg(long)]
+        block: Option<String>,
+        /// Rows in each table.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Print samples as `labels value timestamp_ms` lines.
+    Dump {
+        data_dir: PathBuf,
+        /// Series selector, e.g. `up{job="node"}`; repeatable (union). Default: every series.
+        #[arg(long = "match")]
+        matchers: Vec<String>,
+        /// Start, milliseconds since the epoch (inclusive).
+        #[arg(long, default_value_t = i64::MIN, allow_hyphen_values = true)]
+        min_time: i64,
+        /// End, milliseconds since the epoch (inclusive).
+        #[arg(long, default_value_t = i64::MAX, allow_hyphen_values = true)]
+        max_time: i64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ImportFormat {
+    Openmetrics,
+    Prometheus,
+}
+
+/// Opens a data directory for a one-shot tool: no background compaction thread.
+fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::Error>> {
+    let opts = DbOptions { compact_interval: None, ..StorageConfig::default().db_options() };
+    Ok(Db::open(data_dir, opts)?)
+}
+
+fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        TsdbCommand::Import { format, file, data_dir } => {
+            let raw = std::fs::read(&file).map_err(|e| format!("read {}: {e}", file.display()))?;
+            let bytes = if file.extension().is_some_and(|e| e == "gz") {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut out)
+                    .map_err(|e| format!("decompress {}: {e}", file.display()))?;
+                out
+            } else {
+                raw
+            };
+            let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8: {e}", file.display()))?;
+            let format = match format {
+                ImportFormat::Openmetrics => Format::OpenMetrics,
+                ImportFormat::Prometheus => Format::Prometheus,
+            };
+            let db = open_for_tool(&data_dir)?;
+            let started = std::time::Instant::now();
+            let out = import::import_text(&db, &text, format).map_err(|e| format!("{}: {e}", file.display()))?;
+            println!(
+                "imported {} samples of {} series into {} blocks in {:.1?}",
+                out.samples,
+                out.series,
+                out.blocks.len(),
+                started.elapsed()
+            );
+            let compacted = db.compact()?;
+            println!("compaction: {} merges", compacted.compactions);
+            db.close()?;
+        }
+        TsdbCommand::Analyze { data_dir, block, limit } => {
+            let db = open_for_tool(&data_dir)?;
+            print!("{}", analyze::analyze(&db, block.as_deref(), limit)?);
+            db.close()?;
+        }
+        TsdbCommand::Dump { data_dir, matchers, min_time, max_time } => {
+            let db = open_for_tool(&data_dir)?;
+            let sets: Vec<Vec<strata_model::Matcher>> = if matchers.is_empty() {
+                vec![vec![strata_model::Matcher::new(strata_model::MatchOp::RegexMatch, "__name__", ".+")?]]
+            } else {
+                matchers.iter().map(|m| strata_model::parse_selector(m)).collect::<Result<_, _>>()?
+            };
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::new(stdout.lock());
+            for set in &sets {
+                analyze::dump(&db, set, min_time, max_time, &mut w)?;
+            }
+            std::io::Write::flush(&mut w)?;
+            drop(w);
+            db.close()?;
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -57,5 +166,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             db.close()?;
             Ok(())
         }
+        Command::Tsdb(cmd) => run_tsdb(cmd),
     }
 }

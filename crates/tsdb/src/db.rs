@@ -147,9 +147,8 @@ impl Db {
         create_dir_all(dir)?;
         let lock = lock_dir(dir)?;
         let blocks = open_blocks(dir)?;
-        let persisted_until = blocks.iter().map(|b| b.meta().max_time).max().unwrap_or(i64::MIN);
         let started = Instant::now();
-        let (head, replay) = Head::open_after(&dir.join(WAL_DIR), opts.head, persisted_until)?;
+        let (head, replay) = Head::open(&dir.join(WAL_DIR), opts.head)?;
         tracing::info!(
             dir = %dir.display(), blocks = blocks.len(), series = head.num_series(), records = replay.records,
             segments = replay.segments_read, elapsed_ms = started.elapsed().as_millis() as u64,
@@ -218,6 +217,28 @@ impl Db {
             n += b.delete(matchers, mint, maxt).inspect_err(|_| b.mark_corrupt())?;
         }
         Ok(n)
+    }
+
+    /// Backfill: writes the samples of `source` (a head of its own, usually `backfill`) as
+    /// blocks, one per aligned block range, and lists them. Blocks overlapping existing data are
+    /// merged by the next compaction; until then queries merge them.
+    pub fn import_head(&self, source: &Head) -> Result<Vec<crate::block::BlockMeta>> {
+        let inner = &self.inner;
+        let _guard = inner.compaction.lock();
+        let Some((min, max)) = source.time_range() else { return Ok(Vec::new()) };
+        let range = inner.opts.head.chunk_range_ms;
+        let mut out = Vec::new();
+        let mut start = min.div_euclid(range) * range;
+        while start <= max {
+            if let Some(meta) = compact::write_head_block(source, &inner.dir, start, start + range)? {
+                let dir = inner.dir.join(&meta.ulid);
+                let block = Block::open(&dir).map_err(|reason| Error::BlockCorrupt { block: dir, reason })?;
+                inner.swap_blocks(&[], Some(Arc::new(block)));
+                out.push(meta);
+            }
+            start += range;
+        }
+        Ok(out)
     }
 
     /// Rewrites every block that has tombstones, dropping the deleted samples.

@@ -49,12 +49,15 @@ const _: () = assert!(STRIPES.is_power_of_two());
 pub struct HeadOptions {
     /// Block range in milliseconds; chunks never span a multiple of it.
     pub chunk_range_ms: i64,
+    /// No append window: any timestamp is accepted as long as each series stays in order. For
+    /// imports that build blocks from a head of their own, never for the live head.
+    pub backfill: bool,
     pub wal: WalOptions,
 }
 
 impl Default for HeadOptions {
     fn default() -> Self {
-        HeadOptions { chunk_range_ms: BLOCK_RANGE_MS_DEFAULT, wal: WalOptions::default() }
+        HeadOptions { chunk_range_ms: BLOCK_RANGE_MS_DEFAULT, backfill: false, wal: WalOptions::default() }
     }
 }
 
@@ -124,16 +127,14 @@ impl Head {
     }
 
     /// Opens the head persisted in `wal_dir`: replays the WAL, then appends to a new segment.
+    ///
+    /// Replay keeps every logged sample, even one older than the newest block: a crash between
+    /// writing a block and checkpointing the WAL leaves such samples, and they are then in the
+    /// head and in the block at once, which queries and compaction deduplicate. Dropping them by
+    /// the blocks' time range instead would lose data whenever an imported block reaches past
+    /// the head's oldest sample.
     pub fn open(wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
-        Head::open_after(wal_dir, opts, i64::MIN)
-    }
-
-    /// Like `open`, for a head whose data before `min_valid_time` is already in blocks: replay
-    /// skips older samples (a crash may have come between writing a block and truncating the
-    /// WAL) and appends before it are refused.
-    pub fn open_after(wal_dir: &Path, opts: HeadOptions, min_valid_time: i64) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
-        head.min_valid_time.store(min_valid_time, Ordering::Relaxed);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
         let (wal, outcome) = std::thread::scope(|scope| {
             let head = &head;
@@ -181,6 +182,9 @@ impl Head {
     /// Oldest timestamp an append may carry: half a block range behind the newest sample, so that
     /// a block cut from the head's oldest range is never written to again.
     pub fn min_append_time(&self) -> i64 {
+        if self.opts.backfill {
+            return i64::MIN;
+        }
         let max = self.max_time.load(Ordering::Relaxed);
         let by_max = if max == i64::MIN { i64::MIN } else { max.saturating_sub(self.opts.chunk_range_ms / 2) };
         by_max.max(self.min_valid_time.load(Ordering::Relaxed))
@@ -512,8 +516,6 @@ const REPLAY_QUEUE_BATCHES: usize = 16;
 struct ReplayShard {
     late: HashMap<SeriesRef, Vec<Sample>>,
     unknown_refs: u64,
-    /// Samples skipped because a block already holds them.
-    persisted: u64,
     min_t: i64,
     max_t: i64,
 }
@@ -598,13 +600,8 @@ impl<'a> Replay<'a> {
 fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<Vec<RefSample>>) -> ReplayShard {
     let mut shard = ReplayShard { min_t: i64::MAX, max_t: i64::MIN, ..Default::default() };
     let range = head.opts.chunk_range_ms;
-    let min_valid = head.min_valid_time();
     for batch in rx {
         for s in batch {
-            if s.t < min_valid {
-                shard.persisted += 1;
-                continue;
-            }
             let stripe = head.by_ref[Head::stripe(s.series.0)].read();
             let Some(series) = stripe.get(&s.series) else {
                 shard.unknown_refs += 1;
@@ -630,10 +627,7 @@ fn finish_replay(head: &Head, shards: Vec<ReplayShard>) {
     if unknown > 0 {
         tracing::warn!(samples = unknown, "WAL replay skipped samples of series that were never logged");
     }
-    let persisted: u64 = shards.iter().map(|s| s.persisted).sum();
-    if persisted > 0 {
-        tracing::info!(samples = persisted, "WAL replay skipped samples already persisted in blocks");
-    }
+
     for shard in shards {
         if shard.min_t <= shard.max_t {
             head.note_time(shard.min_t);

@@ -1,0 +1,117 @@
+//! `strata tsdb analyze` and `strata tsdb dump`: what an operator reads to understand a data
+//! directory, in the spirit of `promtool tsdb analyze` / `dump`.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use strata_model::Matcher;
+use strata_tsdb::querier::SampleIterator;
+use strata_tsdb::Db;
+
+use crate::status::format_ms;
+
+/// Blocks table, then cardinality tables for one block (`ulid`, or the newest).
+pub fn analyze(db: &Db, ulid: Option<&str>, limit: usize) -> Result<String, String> {
+    let mut out = String::new();
+    let blocks = db.blocks();
+    let (mut samples, mut bytes) = (0u64, 0u64);
+    writeln!(out, "{} blocks", blocks.len()).unwrap();
+    writeln!(
+        out,
+        "{:<26} {:<24} {:<24} {:>10} {:>12} {:>10} {:>5} {:>12} {:>8}",
+        "ULID", "MIN TIME", "MAX TIME", "SERIES", "SAMPLES", "CHUNKS", "LEVEL", "BYTES", "B/SAMPLE"
+    )
+    .unwrap();
+    for b in blocks.iter() {
+        let m = b.meta();
+        samples += m.stats.num_samples;
+        bytes += b.bytes();
+        writeln!(
+            out,
+            "{:<26} {:<24} {:<24} {:>10} {:>12} {:>10} {:>5} {:>12} {:>8.3}",
+            m.ulid,
+            format_ms(m.min_time),
+            format_ms(m.max_time),
+            m.stats.num_series,
+            m.stats.num_samples,
+            m.stats.num_chunks,
+            m.compaction.level,
+            b.bytes(),
+            b.bytes() as f64 / m.stats.num_samples.max(1) as f64
+        )
+        .unwrap();
+    }
+    writeln!(
+        out,
+        "total: {samples} samples in {bytes} bytes ({:.3} bytes/sample)",
+        bytes as f64 / samples.max(1) as f64
+    )
+    .unwrap();
+    let head = db.head();
+    writeln!(
+        out,
+        "head: {} series, range {:?}",
+        head.num_series(),
+        head.time_range().map(|(a, b)| (format_ms(a), format_ms(b)))
+    )
+    .unwrap();
+
+    let block = match ulid {
+        Some(u) => blocks.iter().find(|b| b.ulid() == u).ok_or_else(|| format!("no block {u}"))?,
+        None => match blocks.last() {
+            Some(b) => b,
+            None => return Ok(out),
+        },
+    };
+    let ix = &block.data().map_err(|e| e.to_string())?.index;
+    let pairs = ix.pair_counts();
+    let mut values_per_name: HashMap<&str, usize> = HashMap::new();
+    let mut entries = 0usize;
+    for (n, _, c) in &pairs {
+        *values_per_name.entry(n).or_default() += 1;
+        entries += c;
+    }
+    writeln!(
+        out,
+        "\nblock {}: {} label names, {} label pairs, {} postings entries",
+        block.ulid(),
+        values_per_name.len(),
+        pairs.len(),
+        entries
+    )
+    .unwrap();
+    let mut by_values: Vec<(String, usize)> = values_per_name.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+    table(&mut out, "Highest cardinality labels (distinct values)", &mut by_values, limit);
+    let mut metrics: Vec<(String, usize)> =
+        pairs.iter().filter(|(n, _, _)| *n == "__name__").map(|(_, v, c)| (v.to_string(), *c)).collect();
+    table(&mut out, "Highest cardinality metric names (series)", &mut metrics, limit);
+    let mut common: Vec<(String, usize)> = pairs.iter().map(|(n, v, c)| (format!("{n}={v}"), *c)).collect();
+    table(&mut out, "Most common label pairs (series)", &mut common, limit);
+    Ok(out)
+}
+
+fn table(out: &mut String, title: &str, rows: &mut [(String, usize)], limit: usize) {
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    writeln!(out, "\n{title}:").unwrap();
+    for (k, c) in rows.iter().take(limit) {
+        writeln!(out, "{c:>10} {k}").unwrap();
+    }
+}
+
+/// Writes every sample of the series matching `matchers` in `[mint, maxt]` as
+/// `labels value timestamp_ms` lines.
+pub fn dump(db: &Db, matchers: &[Matcher], mint: i64, maxt: i64, w: &mut dyn std::io::Write) -> Result<u64, String> {
+    let mut n = 0;
+    for s in db.querier(mint, maxt).select(matchers).map_err(|e| e.to_string())? {
+        let labels = s.labels.to_string();
+        let mut it = s.iter();
+        while let Some(x) = it.next() {
+            writeln!(w, "{labels} {} {}", x.v, x.t).map_err(|e| e.to_string())?;
+            n += 1;
+        }
+        if let Some(e) = it.err() {
+            return Err(format!("{labels}: {e}"));
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,409 @@
+//! Parser for the Prometheus text exposition format (0.0.4) and OpenMetrics text (1.0): what
+//! targets serve, what `/api/v1/import/prometheus` and `strata tsdb import` read.
+//!
+//! The two differ where it matters for storage: OpenMetrics timestamps are seconds (with a
+//! fraction), Prometheus' are integer milliseconds; OpenMetrics ends with `# EOF` and may carry
+//! exemplars after ` # `, which are skipped. Label values are unescaped (`\\`, `\"`, `\n`);
+//! quoted metric and label names (UTF-8 names, `{"my.metric", "a.b"="c"}`) are accepted.
+
+use strata_model::{Label, Labels, LabelsError, METRIC_NAME};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Prometheus,
+    OpenMetrics,
+}
+
+/// Metric family type from `# TYPE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricType {
+    Counter,
+    Gauge,
+    Histogram,
+    GaugeHistogram,
+    Summary,
+    Info,
+    StateSet,
+    Unknown,
+}
+
+impl MetricType {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "counter" => MetricType::Counter,
+            "gauge" => MetricType::Gauge,
+            "histogram" => MetricType::Histogram,
+            "gaugehistogram" => MetricType::GaugeHistogram,
+            "summary" => MetricType::Summary,
+            "info" => MetricType::Info,
+            "stateset" => MetricType::StateSet,
+            "unknown" | "untyped" => MetricType::Unknown,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entry {
+    Sample { labels: Labels, value: f64, timestamp_ms: Option<i64> },
+    Type { family: String, kind: MetricType },
+    Help { family: String, text: String },
+    Unit { family: String, unit: String },
+    Eof,
+}
+
+/// A line that cannot be parsed, with its 1-based number.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+/// Parses `text` line by line.
+#[derive(Debug)]
+pub struct Parser<'a> {
+    lines: std::str::Lines<'a>,
+    line: usize,
+    format: Format,
+    done: bool,
+}
+
+impl<'a> Parser<'a> {
+    pub fn new(text: &'a str, format: Format) -> Self {
+        Parser { lines: text.lines(), line: 0, format, done: false }
+    }
+
+    fn err(&self, message: impl Into<String>) -> ParseError {
+        ParseError { line: self.line, message: message.into() }
+    }
+
+    fn comment(&self, rest: &str) -> Result<Option<Entry>, ParseError> {
+        let rest = rest.trim_start();
+        if self.format == Format::OpenMetrics && rest == "EOF" {
+            return Ok(Some(Entry::Eof));
+        }
+        let mut parts = rest.splitn(3, ' ');
+        let (kw, family, arg) = (parts.next().unwrap_or(""), parts.next(), parts.next());
+        let Some(family) = family else { return Ok(None) };
+        let family = family.to_owned();
+        match kw {
+            "TYPE" => {
+                let t = arg.unwrap_or("").trim();
+                let kind = MetricType::parse(t).ok_or_else(|| self.err(format!("unknown metric type {t:?}")))?;
+                Ok(Some(Entry::Type { family, kind }))
+            }
+            "HELP" => Ok(Some(Entry::Help { family, text: unescape_help(arg.unwrap_or("")) })),
+            "UNIT" => Ok(Some(Entry::Unit { family, unit: arg.unwrap_or("").trim().to_owned() })),
+            _ => Ok(None),
+        }
+    }
+
+    fn sample(&self, line: &str) -> Result<Entry, ParseError> {
+        let mut c = Cursor { s: line, pos: 0 };
+        let mut labels: Vec<Label> = Vec::new();
+        let mut name: Option<String> = None;
+        if c.peek() != Some('{') {
+            name = Some(c.name().ok_or_else(|| self.err("expected a metric name"))?.to_owned());
+        }
+        if c.eat('{') {
+            loop {
+                c.skip_spaces();
+                if c.eat('}') {
+                    break;
+                }
+                let key = if c.peek() == Some('"') {
+                    c.quoted().map_err(|m| self.err(m))?
+                } else {
+                    c.name()
+                        .ok_or_else(|| self.err(format!("expected a label name at column {}", c.pos + 1)))?
+                        .to_owned()
+                };
+                c.skip_spaces();
+                if c.eat('=') {
+                    c.skip_spaces();
+                    if c.peek() != Some('"') {
+                        return Err(self.err(format!("label {key:?}: expected a quoted value")));
+                    }
+                    let value = c.quoted().map_err(|m| self.err(m))?;
+                    labels.push(Label::new(key, value));
+                } else if name.is_none() {
+                    // `{"metric.name", …}`: a quoted name alone is the metric name.
+                    name = Some(key);
+                } else {
+                    return Err(self.err(format!("label {key:?}: expected '='")));
+                }
+                c.skip_spaces();
+                if c.eat(',') {
+                    continue;
+                }
+                if c.eat('}') {
+                    break;
+                }
+                return Err(self.err(format!("expected ',' or '}}' at column {}", c.pos + 1)));
+            }
+        }
+        let name = name.ok_or_else(|| self.err("missing metric name"))?;
+        if labels.iter().any(|l| &*l.name == METRIC_NAME) {
+            return Err(self.err("label __name__ given besides the metric name"));
+        }
+        labels.push(Label::new(METRIC_NAME, name));
+        if !c.skip_spaces() {
+            return Err(self.err(format!("expected a space before the value at column {}", c.pos + 1)));
+        }
+        let value_str = c.token();
+        let value = parse_float(value_str).ok_or_else(|| self.err(format!("invalid value {value_str:?}")))?;
+        c.skip_spaces();
+        let mut timestamp_ms = None;
+        let rest = c.rest();
+        if !rest.is_empty() && !rest.starts_with('#') {
+            let ts = c.token();
+            timestamp_ms = Some(match self.format {
+                Format::Prometheus => ts.parse::<i64>().map_err(|_| self.err(format!("invalid timestamp {ts:?}")))?,
+                Format::OpenMetrics => {
+                    let secs = parse_float(ts)
+                        .filter(|s| s.is_finite())
+                        .ok_or_else(|| self.err(format!("invalid timestamp {ts:?}")))?;
+                    let ms = (secs * 1000.0).round();
+                    if ms.abs() > 9.0e15 {
+                        return Err(self.err(format!("timestamp {ts:?} is out of range")));
+                    }
+                    ms as i64
+                }
+            });
+            c.skip_spaces();
+            let rest = c.rest();
+            if !rest.is_empty() && !(self.format == Format::OpenMetrics && rest.starts_with('#')) {
+                return Err(self.err(format!("unexpected text after the timestamp: {rest:?}")));
+            }
+        }
+        let labels = Labels::try_from_pairs(labels.into_iter().map(|l| (l.name, l.value)))
+            .map_err(|e: LabelsError| self.err(e.to_string()))?;
+        Ok(Entry::Sample { labels, value, timestamp_ms })
+    }
+}
+
+impl Iterator for Parser<'_> {
+    type Item = Result<Entry, ParseError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let Some(line) = self.lines.next() else {
+                self.done = true;
+                if self.format == Format::OpenMetrics {
+                    return Some(Err(self.err("missing # EOF at the end")));
+                }
+                return None;
+            };
+            self.line += 1;
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.trim().is_empty() {
+                continue;
+            }
+            let res = match line.strip_prefix('#') {
+                Some(rest) => match self.comment(rest) {
+                    Ok(None) => continue,
+                    Ok(Some(Entry::Eof)) => {
+                        self.done = true;
+                        Ok(Entry::Eof)
+                    }
+                    other => other.map(|e| e.expect("some")),
+                },
+                None => self.sample(line.trim_start()),
+            };
+            return Some(res);
+        }
+    }
+}
+
+fn unescape_help(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(ch) = it.next() {
+        if ch == '\\' {
+            match it.next() {
+                Some('n') => out.push('\n'),
+                Some(o) => out.push(o),
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Go's `strconv.ParseFloat` forms that exposition formats use: decimals, exponents, `NaN`,
+/// `+Inf`, `-Inf` (any case).
+fn parse_float(s: &str) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    match s.to_ascii_lowercase().as_str() {
+        "nan" => Some(f64::NAN),
+        "+inf" | "inf" => Some(f64::INFINITY),
+        "-inf" => Some(f64::NEG_INFINITY),
+        _ if s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE_".contains(&b)) && !s.contains('_') => s.parse().ok(),
+        _ => None,
+    }
+}
+
+struct Cursor<'a> {
+    s: &'a str,
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<char> {
+        self.s[self.pos..].chars().next()
+    }
+
+    fn eat(&mut self, ch: char) -> bool {
+        if self.peek() == Some(ch) {
+            self.pos += ch.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Skips spaces and tabs; whether any were skipped.
+    fn skip_spaces(&mut self) -> bool {
+        let start = self.pos;
+        while matches!(self.peek(), Some(' ' | '\t')) {
+            self.pos += 1;
+        }
+        self.pos > start
+    }
+
+    /// `[a-zA-Z_:][a-zA-Z0-9_:]*`
+    fn name(&mut self) -> Option<&'a str> {
+        let bytes = self.s.as_bytes();
+        let start = self.pos;
+        while self.pos < bytes.len() {
+            let b = bytes[self.pos];
+            let ok = b.is_ascii_alphabetic() || b == b'_' || b == b':' || (self.pos > start && b.is_ascii_digit());
+            if !ok {
+                break;
+            }
+            self.pos += 1;
+        }
+        (self.pos > start).then(|| &self.s[start..self.pos])
+    }
+
+    /// A double-quoted string with `\\`, `\"` and `\n` escapes.
+    fn quoted(&mut self) -> Result<String, String> {
+        let start = self.pos;
+        if !self.eat('"') {
+            return Err(format!("expected '\"' at column {}", self.pos + 1));
+        }
+        let mut out = String::new();
+        let mut chars = self.s[self.pos..].char_indices();
+        while let Some((i, ch)) = chars.next() {
+            match ch {
+                '"' => {
+                    self.pos += i + 1;
+                    return Ok(out);
+                }
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => out.push('\n'),
+                    Some((_, '\\')) => out.push('\\'),
+                    Some((_, '"')) => out.push('"'),
+                    Some((_, other)) => return Err(format!("invalid escape \\{other} in a quoted string")),
+                    None => break,
+                },
+                other => out.push(other),
+            }
+        }
+        Err(format!("unterminated quoted string starting at column {}", start + 1))
+    }
+
+    fn token(&mut self) -> &'a str {
+        let start = self.pos;
+        while let Some(ch) = self.peek() {
+            if ch == ' ' || ch == '\t' {
+                break;
+            }
+            self.pos += ch.len_utf8();
+        }
+        &self.s[start..self.pos]
+    }
+
+    fn rest(&self) -> &'a str {
+        &self.s[self.pos..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(text: &str, f: Format) -> Vec<(String, f64, Option<i64>)> {
+        Parser::new(text, f)
+            .filter_map(|e| match e.unwrap() {
+                Entry::Sample { labels, value, timestamp_ms } => Some((labels.to_string(), value, timestamp_ms)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prometheus_text() {
+        let text = "# HELP http_requests_total The total.\n# TYPE http_requests_total counter\n\
+            http_requests_total{method=\"post\",code=\"200\"} 1027 1395066363000\n\
+            http_requests_total{method=\"post\",code=\"400\"}    3 1395066363000\n\
+            msdos_file_access_time_seconds{path=\"C:\\\\DIR\\\\FILE.TXT\",error=\"Cannot find file:\\n\\\"FILE.TXT\\\"\"} 1.458255915e9\n\
+            metric_without_timestamp_and_labels 12.47\n\
+            something_weird{problem=\"division by zero\"} +Inf -3982045\n";
+        let got = samples(text, Format::Prometheus);
+        assert_eq!(got[0], ("http_requests_total{code=\"200\", method=\"post\"}".into(), 1027.0, Some(1395066363000)));
+        assert_eq!(got[1].1, 3.0);
+        assert_eq!(
+            got[2].0,
+            "msdos_file_access_time_seconds{error=\"Cannot find file:\\n\\\"FILE.TXT\\\"\", path=\"C:\\\\DIR\\\\FILE.TXT\"}"
+        );
+        assert_eq!(got[3], ("metric_without_timestamp_and_labels{}".into(), 12.47, None));
+        assert_eq!(got[4].1, f64::INFINITY);
+        assert_eq!(got[4].2, Some(-3982045));
+        let meta: Vec<Entry> = Parser::new(text, Format::Prometheus).take(2).map(Result::unwrap).collect();
+        assert_eq!(meta[1], Entry::Type { family: "http_requests_total".into(), kind: MetricType::Counter });
+    }
+
+    #[test]
+    fn openmetrics_seconds_exemplars_and_eof() {
+        let text = "# TYPE a counter\n# UNIT a seconds\na_total{x=\"1\"} 5 1795332570.123 # {trace_id=\"abc\"} 1 1.0\n\
+            {\"my.metric\",\"a.b\"=\"c\"} NaN 1.5\n# EOF\n";
+        let got = samples(text, Format::OpenMetrics);
+        assert_eq!(got[0], ("a_total{x=\"1\"}".into(), 5.0, Some(1795332570123)));
+        assert_eq!(got[1].0, "my.metric{a.b=\"c\"}");
+        assert!(got[1].1.is_nan());
+        assert_eq!(got[1].2, Some(1500));
+        let err = Parser::new("a 1 1\n", Format::OpenMetrics).last().unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "line 1: missing # EOF at the end");
+    }
+
+    #[test]
+    fn errors_name_the_line_and_problem() {
+        let bad = [
+            ("a{b=\"1\" 1", "expected ',' or '}'"),
+            ("a{b=1} 1", "expected a quoted value"),
+            ("a{b=\"1\"} x", "invalid value \"x\""),
+            ("a 1 12.5", "invalid timestamp \"12.5\""),
+            ("a{b=\"1\",b=\"2\"} 1", "duplicate"),
+            ("a{b=\"\\q\"} 1", "invalid escape"),
+            ("a{b=\"1} 1", "unterminated"),
+            ("a 1 2 3", "unexpected text"),
+            ("# TYPE a wat", "unknown metric type"),
+            ("{} 1", "missing metric name"),
+        ];
+        for (line, want) in bad {
+            let text = format!("ok 1\n{line}\n");
+            let err = Parser::new(&text, Format::Prometheus).find_map(|e| e.err()).expect(line);
+            assert_eq!(err.line, 2, "{line}");
+            assert!(err.message.contains(want), "{line}: {err}");
+        }
+    }
+}
