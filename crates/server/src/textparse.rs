@@ -173,7 +173,8 @@ impl<'a> Parser<'a> {
             });
             c.skip_spaces();
             let rest = c.rest();
-            if !rest.is_empty() && !(self.format == Format::OpenMetrics && rest.starts_with('#')) {
+            let exemplar = self.format == Format::OpenMetrics && rest.starts_with('#');
+            if !rest.is_empty() && !exemplar {
                 return Err(self.err(format!("unexpected text after the timestamp: {rest:?}")));
             }
         }
