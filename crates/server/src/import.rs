@@ -18,17 +18,33 @@ pub struct ImportOutcome {
 /// and each series' samples must come in time order; the first violation aborts the import
 /// with its line number, before anything is written.
 pub fn import_text(db: &Db, text: &str, format: Format) -> Result<ImportOutcome, String> {
+    import_reader(db, text.as_bytes(), format)
+}
+
+/// `import_text` reading lines from `input` as it goes; only the parsed samples are held in
+/// memory (compressed, in a head of the import's own) until the blocks are written.
+pub fn import_reader(db: &Db, mut input: impl std::io::BufRead, format: Format) -> Result<ImportOutcome, String> {
     let opts = HeadOptions { chunk_range_ms: db.options().head.chunk_range_ms, backfill: true, ..Default::default() };
     let head = Head::in_memory(opts);
     let mut samples = 0u64;
     let mut app = head.appender();
     let mut pending = 0;
-    for (i, entry) in Parser::new(text, format).enumerate() {
+    let mut parser = Parser::new("", format);
+    let mut line = String::new();
+    let mut line_no = 0usize;
+    loop {
+        line.clear();
+        let n = input.read_line(&mut line).map_err(|e| format!("read line {}: {e}", line_no + 1))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        let Some(entry) = parser.parse_line(line.trim_end_matches('\n')) else { continue };
         let Entry::Sample { labels, value, timestamp_ms } = entry.map_err(|e| e.to_string())? else { continue };
         let Some(t) = timestamp_ms else {
-            return Err(format!("sample {} ({labels}) has no timestamp: an import needs one on every sample", i + 1));
+            return Err(format!("line {line_no}: {labels} has no timestamp: an import needs one on every sample"));
         };
-        app.append(&labels, t, value).map_err(|e| format!("{labels} at {t}: {e}"))?;
+        app.append(&labels, t, value).map_err(|e| format!("line {line_no}: {labels} at {t}: {e}"))?;
         samples += 1;
         pending += 1;
         if pending == 100_000 {
@@ -38,6 +54,7 @@ pub fn import_text(db: &Db, text: &str, format: Format) -> Result<ImportOutcome,
         }
     }
     app.commit().map_err(|e| e.to_string())?;
+    parser.finish().map_err(|e| e.to_string())?;
     let blocks = db.import_head(&head).map_err(|e| e.to_string())?;
     Ok(ImportOutcome { samples, series: head.num_series(), blocks })
 }

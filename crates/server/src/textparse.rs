@@ -66,12 +66,15 @@ pub struct Parser<'a> {
     lines: std::str::Lines<'a>,
     line: usize,
     format: Format,
+    /// `# EOF` seen.
     done: bool,
+    /// The iterator has returned its last item.
+    finished: bool,
 }
 
 impl<'a> Parser<'a> {
     pub fn new(text: &'a str, format: Format) -> Self {
-        Parser { lines: text.lines(), line: 0, format, done: false }
+        Parser { lines: text.lines(), line: 0, format, done: false, finished: false }
     }
 
     fn err(&self, message: impl Into<String>) -> ParseError {
@@ -184,38 +187,58 @@ impl<'a> Parser<'a> {
     }
 }
 
+impl Parser<'_> {
+    /// Parses one line (the caller numbers lines by calling in order): `None` for blank lines
+    /// and plain comments.
+    pub fn parse_line(&mut self, line: &str) -> Option<Result<Entry, ParseError>> {
+        self.line += 1;
+        if self.done {
+            return Some(Err(self.err("text after # EOF")));
+        }
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            return None;
+        }
+        match line.strip_prefix('#') {
+            Some(rest) => match self.comment(rest) {
+                Ok(None) => None,
+                Ok(Some(Entry::Eof)) => {
+                    self.done = true;
+                    Some(Ok(Entry::Eof))
+                }
+                other => other.transpose(),
+            },
+            None => Some(self.sample(line.trim_start())),
+        }
+    }
+
+    /// Call after the last line: an OpenMetrics text must have ended with `# EOF`.
+    pub fn finish(&self) -> Result<(), ParseError> {
+        if self.format == Format::OpenMetrics && !self.done {
+            return Err(self.err("missing # EOF at the end"));
+        }
+        Ok(())
+    }
+}
+
 impl Iterator for Parser<'_> {
     type Item = Result<Entry, ParseError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if self.done {
+            if self.finished {
                 return None;
             }
             let Some(line) = self.lines.next() else {
-                self.done = true;
-                if self.format == Format::OpenMetrics {
-                    return Some(Err(self.err("missing # EOF at the end")));
+                self.finished = true;
+                return self.finish().err().map(Err);
+            };
+            if let Some(res) = self.parse_line(line) {
+                if res.is_err() {
+                    self.finished = true;
                 }
-                return None;
-            };
-            self.line += 1;
-            let line = line.strip_suffix('\r').unwrap_or(line);
-            if line.trim().is_empty() {
-                continue;
+                return Some(res);
             }
-            let res = match line.strip_prefix('#') {
-                Some(rest) => match self.comment(rest) {
-                    Ok(None) => continue,
-                    Ok(Some(Entry::Eof)) => {
-                        self.done = true;
-                        Ok(Entry::Eof)
-                    }
-                    other => other.map(|e| e.expect("some")),
-                },
-                None => self.sample(line.trim_start()),
-            };
-            return Some(res);
         }
     }
 }

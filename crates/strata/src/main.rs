@@ -89,23 +89,19 @@ fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::E
 fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
         TsdbCommand::Import { format, file, data_dir } => {
-            let raw = std::fs::read(&file).map_err(|e| format!("read {}: {e}", file.display()))?;
-            let bytes = if file.extension().is_some_and(|e| e == "gz") {
-                let mut out = Vec::new();
-                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut out)
-                    .map_err(|e| format!("decompress {}: {e}", file.display()))?;
-                out
+            let f = std::fs::File::open(&file).map_err(|e| format!("open {}: {e}", file.display()))?;
+            let input: Box<dyn std::io::BufRead> = if file.extension().is_some_and(|e| e == "gz") {
+                Box::new(std::io::BufReader::with_capacity(1 << 20, flate2::read::GzDecoder::new(f)))
             } else {
-                raw
+                Box::new(std::io::BufReader::with_capacity(1 << 20, f))
             };
-            let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8: {e}", file.display()))?;
             let format = match format {
                 ImportFormat::Openmetrics => Format::OpenMetrics,
                 ImportFormat::Prometheus => Format::Prometheus,
             };
             let db = open_for_tool(&data_dir)?;
             let started = std::time::Instant::now();
-            let out = import::import_text(&db, &text, format).map_err(|e| format!("{}: {e}", file.display()))?;
+            let out = import::import_reader(&db, input, format).map_err(|e| format!("{}: {e}", file.display()))?;
             println!(
                 "imported {} samples of {} series into {} blocks in {:.1?}",
                 out.samples,

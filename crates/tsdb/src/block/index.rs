@@ -142,9 +142,12 @@ impl IndexWriter {
                     put_uvarint(&mut body, c.chunk.0);
                 }
                 Some(p) => {
-                    put_varint(&mut body, c.mint.wrapping_sub(p.maxt));
+                    // A series' chunks neither overlap nor go back in the file: both deltas are
+                    // positive, so they take unsigned varints (a byte less than zigzag, often).
+                    assert!(c.mint > p.maxt && c.chunk > p.chunk, "chunks of {labels} overlap or go backwards");
+                    put_uvarint(&mut body, c.mint.wrapping_sub(p.maxt) as u64);
                     put_uvarint(&mut body, c.maxt.wrapping_sub(c.mint) as u64);
-                    put_varint(&mut body, c.chunk.0.wrapping_sub(p.chunk.0) as i64);
+                    put_uvarint(&mut body, c.chunk.0 - p.chunk.0);
                 }
             }
             prev = Some(c);
@@ -367,13 +370,9 @@ impl IndexFile {
                     ChunkMetaRef { mint, maxt, chunk: ChunkRef(d.uvarint("chunk ref")?) }
                 }
                 Some(p) => {
-                    let mint = p.maxt.wrapping_add(d.varint("chunk mint delta")?);
+                    let mint = p.maxt.wrapping_add(d.uvarint("chunk mint delta")? as i64);
                     let maxt = mint.wrapping_add(d.uvarint("chunk span")? as i64);
-                    ChunkMetaRef {
-                        mint,
-                        maxt,
-                        chunk: ChunkRef(p.chunk.0.wrapping_add(d.varint("chunk ref delta")? as u64)),
-                    }
+                    ChunkMetaRef { mint, maxt, chunk: ChunkRef(p.chunk.0.wrapping_add(d.uvarint("chunk ref delta")?)) }
                 }
             };
             chunks.push(c);

@@ -113,3 +113,82 @@ fn a_corrupt_index_is_detected_and_named() {
     let err = b.data().unwrap().index.series(first, &mut metas).unwrap_err();
     assert!(err.contains(&format!("series {}: checksum mismatch", first.0)), "{err}");
 }
+
+mod index_round_trip {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use strata_model::{Labels, SeriesRef};
+
+    use crate::block::chunks::ChunkRef;
+    use crate::block::index::{ChunkMetaRef, IndexFile, IndexWriter};
+    use crate::index::postings::{self, Postings};
+
+    /// Series: label values from a small alphabet (so pairs repeat across series), and chunk
+    /// metas as (gap before, span, bytes) steps so they never overlap and refs only grow.
+    fn series() -> impl Strategy<Value = Vec<(std::collections::BTreeMap<u8, u8>, Vec<(u32, u32, u32)>)>> {
+        let labels = prop::collection::btree_map(0u8..6, 0u8..8, 1..5);
+        let chunks = prop::collection::vec((1u32..100_000, 0u32..1_000_000, 4u32..5000), 0..20);
+        prop::collection::vec((labels, chunks), 1..60)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn what_is_written_is_read_back(input in series(), t0 in -1_000_000_000_000i64..2_000_000_000_000) {
+            let mut sets: Vec<(Labels, Vec<ChunkMetaRef>)> = Vec::new();
+            let mut seen = BTreeSet::new();
+            let mut offset = 8u64;
+            for (pairs, chunks) in input {
+                let l = Labels::from_pairs(pairs.iter().map(|(n, v)| (format!("l{n}"), format!("v{v}"))));
+                if !seen.insert(l.clone()) {
+                    continue;
+                }
+                let mut t = t0;
+                let metas = chunks
+                    .iter()
+                    .map(|&(gap, span, bytes)| {
+                        let mint = t + gap as i64;
+                        let maxt = mint + span as i64;
+                        t = maxt;
+                        offset += bytes as u64;
+                        ChunkMetaRef { mint, maxt, chunk: ChunkRef::new(1 + (offset >> 29) as u32, (offset & ((1 << 29) - 1)) as u32) }
+                    })
+                    .collect();
+                sets.push((l, metas));
+            }
+            sets.sort_by(|a, b| a.0.cmp(&b.0));
+            let symbols: BTreeSet<Arc<str>> =
+                sets.iter().flat_map(|(l, _)| l.iter().flat_map(|x| [x.name.clone(), x.value.clone()])).collect();
+            let symbols: Vec<Arc<str>> = symbols.into_iter().collect();
+            let tmp = tempfile::tempdir().unwrap();
+            let path = tmp.path().join("index");
+            let mut w = IndexWriter::create(&path, &symbols).unwrap();
+            for (l, metas) in &sets {
+                w.add_series(l, metas).unwrap();
+            }
+            w.finish().unwrap();
+
+            let ix = IndexFile::open(&path).unwrap();
+            let ids = postings::expand(Box::new(ix.all_postings().unwrap()));
+            prop_assert_eq!(ids.len(), sets.len());
+            let mut got = Vec::new();
+            for (&id, (l, metas)) in ids.iter().zip(&sets) {
+                prop_assert_eq!(&ix.series(id, &mut got).unwrap(), l);
+                prop_assert_eq!(&got, metas);
+            }
+            // Every label pair's list holds exactly the series with that pair.
+            for (i, (l, _)) in sets.iter().enumerate() {
+                for x in l {
+                    let mut p = ix.postings(&x.name, &x.value).unwrap().unwrap();
+                    prop_assert_eq!(p.seek(ids[i]), Some(ids[i]));
+                }
+            }
+            let want: Vec<SeriesRef> =
+                sets.iter().zip(&ids).filter(|(s, _)| s.0.get("l0") == Some("v3")).map(|(_, id)| *id).collect();
+            let got = ix.postings("l0", "v3").unwrap().map(|p| postings::expand(Box::new(p))).unwrap_or_default();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

@@ -29,6 +29,10 @@ pub struct SeriesState {
     closed: Vec<ChunkMeta>,
     open: Option<XorAppender>,
     open_mint: i64,
+    /// The open chunk is cut at the first sample at or after this time: the end of its block
+    /// range at first, then (once the chunk is a quarter full) an estimate that spreads the
+    /// range's remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
+    next_at: i64,
 }
 
 /// Why the head refused a sample. Each maps to a clear message for the client.
@@ -114,9 +118,13 @@ impl SeriesState {
         let cut = match &self.open {
             None => true,
             Some(a) => {
-                a.num_samples() >= SAMPLES_PER_CHUNK
-                    || a.bytes().len() >= CHUNK_BYTES_TARGET
-                    || t >= chunk_range_end(self.open_mint, chunk_range)
+                let n = a.num_samples();
+                if n == SAMPLES_PER_CHUNK / 4 {
+                    self.next_at = chunk_end_estimate(self.open_mint, a.last_t(), self.next_at);
+                }
+                // Twice the target: the rate rose since the estimate; cut, the next chunk
+                // estimates again.
+                n >= 2 * SAMPLES_PER_CHUNK || a.bytes().len() >= CHUNK_BYTES_TARGET || t >= self.next_at
             }
         };
         if cut {
@@ -125,6 +133,7 @@ impl SeriesState {
             let bytes = self.closed.last().map_or(OPEN_CHUNK_INITIAL_BYTES, |c| c.data.len() + 8);
             self.open = Some(XorAppender::with_capacity(bytes));
             self.open_mint = t;
+            self.next_at = chunk_range_end(t, chunk_range);
         }
         self.open.as_mut().expect("an open chunk was just ensured").append(t, v);
         Ok(Appended::Sample { chunk_created: cut })
@@ -183,6 +192,20 @@ impl SeriesState {
         for s in all {
             self.append(s.t, s.v, chunk_range).expect("sorted, deduplicated samples always append");
         }
+    }
+}
+
+/// When a chunk that started at `start` and reached `cur` with a quarter of its target samples
+/// should end so that the rest of its range, up to `range_end`, fills chunks of equal size (the
+/// rule Prometheus uses). A range's last, partial chunk thus never ends up tiny: fewer chunk
+/// headers and first samples to store.
+fn chunk_end_estimate(start: i64, cur: i64, range_end: i64) -> i64 {
+    let span = cur.saturating_sub(start).saturating_add(1).saturating_mul(4).max(1);
+    let n = range_end.saturating_sub(start) / span;
+    if n <= 1 {
+        range_end
+    } else {
+        start + range_end.saturating_sub(start) / n
     }
 }
 
