@@ -127,7 +127,10 @@ mod index_round_trip {
 
     /// Series: label values from a small alphabet (so pairs repeat across series), and chunk
     /// metas as (gap before, span, bytes) steps so they never overlap and refs only grow.
-    fn series() -> impl Strategy<Value = Vec<(std::collections::BTreeMap<u8, u8>, Vec<(u32, u32, u32)>)>> {
+    /// Label name → value ids, and chunk steps.
+    type SeriesInput = (std::collections::BTreeMap<u8, u8>, Vec<(u32, u32, u32)>);
+
+    fn series() -> impl Strategy<Value = Vec<SeriesInput>> {
         let labels = prop::collection::btree_map(0u8..6, 0u8..8, 1..5);
         let chunks = prop::collection::vec((1u32..100_000, 0u32..1_000_000, 4u32..5000), 0..20);
         prop::collection::vec((labels, chunks), 1..60)
