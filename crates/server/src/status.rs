@@ -47,6 +47,11 @@ pub fn render(s: &DbStatus) -> String {
         s.replay.segments_read,
         s.replay.checkpoint.map(|c| format!(" after checkpoint {c}")).unwrap_or_default()
     );
+    let samples: u64 = s.blocks.iter().map(|b| b.stats.num_samples).sum();
+    let _ = writeln!(o, "blocks:         {} holding {} samples in {} bytes", s.blocks.len(), samples, s.blocks_bytes);
+    if let (Some(first), Some(last)) = (s.blocks.first(), s.blocks.last()) {
+        let _ = writeln!(o, "blocks range:   {} .. {}", format_ms(first.min_time), format_ms(last.max_time));
+    }
     if let Some((seg, off, why)) = &s.replay.cut {
         let _ = writeln!(o, "wal repaired:   cut segment {seg} at byte {off} ({why})");
     }

@@ -195,3 +195,29 @@ mod index_round_trip {
         }
     }
 }
+
+/// The worked example of docs/format/block.md, byte for byte: one series `{a="b"}` with one
+/// chunk over [1000, 2000] at segment 1, offset 8.
+#[test]
+fn index_bytes_match_the_format_document() {
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("index");
+    let symbols: Vec<Arc<str>> = vec![Arc::from("a"), Arc::from("b")];
+    let mut w = index::IndexWriter::create(&path, &symbols).unwrap();
+    let meta = ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) };
+    w.add_series(&Labels::from_pairs([("a", "b")]), &[meta]).unwrap();
+    w.finish().unwrap();
+    let got: Vec<String> = std::fs::read(&path).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format/block.md")).unwrap();
+    let start = doc.find("<!-- index-example -->").expect("marker in the document");
+    let block = &doc[start..];
+    let hex: Vec<&str> = block
+        .lines()
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .flat_map(|l| l.split('#').next().unwrap().split_whitespace().skip(1))
+        .collect();
+    assert_eq!(got, hex, "index bytes:\n{}", got.join(" "));
+}
