@@ -1,7 +1,8 @@
 //! Storage benchmarks, run with `cargo bench -p strata-tsdb --bench tsdb_bench [-- GROUP…]`.
 //! Groups: `chunks` (encode/decode on the node-exporter recording), `append` (1M series from
 //! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
-//! `wal` (append with the WAL on disk). Each figure is the median of several runs; the machine is
+//! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
+//! replaced every 15 minutes: query latency over blocks). Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare ratios from one run rather than absolute times across runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -386,6 +387,118 @@ fn bench_wal() {
     }
 }
 
+/// Active series at any time in the churn benchmark, and their scrape interval.
+const CHURN_ACTIVE: usize = 2_000;
+const CHURN_STEP_MS: i64 = 60_000;
+const CHURN_DAYS: i64 = 7;
+
+/// Writes 7 days of `CHURN_ACTIVE` series at 1-minute steps through a real `Db` (head, WAL,
+/// head cuts, compaction). With `churn`, 60% of the series (all but ids `% 5 < 2`) get a new
+/// `instance` every 15 minutes, as pods do on a busy cluster. Returns the series created.
+fn build_churn_db(dir: &Path, churn: bool) -> usize {
+    let db = strata_tsdb::Db::open(
+        dir,
+        strata_tsdb::DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() },
+    )
+    .unwrap();
+    let steps = CHURN_DAYS * 24 * 60;
+    let mut created = std::collections::HashSet::new();
+    let mut labels: Vec<Labels> = Vec::new();
+    let mut generation = -1;
+    for step in 0..steps {
+        let t = step * CHURN_STEP_MS;
+        let g = if churn { t / (15 * 60_000) } else { 0 };
+        if g != generation {
+            generation = g;
+            labels = (0..CHURN_ACTIVE)
+                .map(|i| {
+                    let instance = if i % 5 < 2 { format!("i{i}") } else { format!("i{i}-g{g}") };
+                    Labels::from_pairs([
+                        ("__name__", format!("m{}", i % 10)),
+                        ("job", format!("j{}", i % 7)),
+                        ("instance", instance),
+                    ])
+                })
+                .collect();
+        }
+        let mut app = db.appender();
+        for (i, l) in labels.iter().enumerate() {
+            let r = app.append(l, t, (step as usize * (i + 1)) as f64).unwrap();
+            created.insert(r);
+        }
+        app.commit().unwrap();
+        if step % 120 == 119 {
+            db.compact().unwrap();
+        }
+    }
+    db.compact().unwrap();
+    db.close().unwrap();
+    created.len()
+}
+
+fn bench_churn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let end = CHURN_DAYS * 24 * 3600 * 1000;
+    let m = |op, n: &str, v: &str| Matcher::new(op, n, v).unwrap();
+    let queries: Vec<(&str, i64, Vec<Matcher>)> = vec![
+        ("one stable series, 7 d", 0, vec![m(MatchOp::Equal, "__name__", "m5"), m(MatchOp::Equal, "instance", "i5")]),
+        (
+            "one stable series, last 1 h",
+            end - 3_600_000,
+            vec![m(MatchOp::Equal, "__name__", "m5"), m(MatchOp::Equal, "instance", "i5")],
+        ),
+        (
+            "m3 of job j1, last 1 h",
+            end - 3_600_000,
+            vec![m(MatchOp::Equal, "__name__", "m3"), m(MatchOp::Equal, "job", "j1")],
+        ),
+        (
+            "stable instances i1.* of m1, last 6 h",
+            end - 6 * 3_600_000,
+            vec![m(MatchOp::Equal, "__name__", "m1"), m(MatchOp::RegexMatch, "instance", "i1[0-9]*")],
+        ),
+    ];
+    let mut results: Vec<Vec<f64>> = Vec::new();
+    for churn in [false, true] {
+        let dir = tmp.path().join(if churn { "churn" } else { "steady" });
+        let t0 = Instant::now();
+        let created = build_churn_db(&dir, churn);
+        let db = strata_tsdb::Db::open(
+            &dir,
+            strata_tsdb::DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() },
+        )
+        .unwrap();
+        let blocks = db.blocks();
+        println!(
+            "churn={churn}: {created} series created, {} blocks, {} bytes, built in {:.1?}",
+            blocks.len(),
+            blocks.iter().map(|b| b.bytes()).sum::<u64>(),
+            t0.elapsed()
+        );
+        let mut row = Vec::new();
+        for (name, mint, ms) in &queries {
+            let mut lat = Vec::new();
+            let mut found = (0, 0);
+            for _ in 0..31 {
+                let t0 = Instant::now();
+                let res = db.querier(*mint, end).select(ms).unwrap();
+                let samples: usize = res.iter().map(|s| s.samples().len()).sum();
+                lat.push(t0.elapsed().as_secs_f64());
+                found = (res.len(), samples);
+            }
+            let med = median(lat);
+            println!("  {name}: {} series, {} samples, {:.3} ms (median of 31)", found.0, found.1, med * 1e3);
+            row.push(med);
+        }
+        results.push(row);
+        drop(blocks);
+        db.close().unwrap();
+    }
+    for (i, (name, _, _)) in queries.iter().enumerate() {
+        println!("  churned/steady {name}: {:.2}x", results[1][i] / results[0][i]);
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with `-` selects groups.
     let groups: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
@@ -398,5 +511,8 @@ fn main() {
     }
     if want("wal") {
         bench_wal();
+    }
+    if want("churn") {
+        bench_churn();
     }
 }

@@ -87,7 +87,7 @@ fn acknowledged_samples_survive_sigkill() {
 
 #[test]
 fn acknowledged_samples_survive_sigkill_during_block_writes_and_compaction() {
-    run(Workload { series: 5_000, steps: 1_200, threads: 2, batch: 500, kills: 40, block_steps: Some(10) });
+    run(Workload { series: 5_000, steps: 1_200, threads: 2, batch: 500, kills: 50, block_steps: Some(10) });
 }
 
 fn run(w: Workload) {
@@ -156,6 +156,10 @@ fn run(w: Workload) {
                 apply_ack(&w, &line, &mut acked);
             }
         }
+        // Evidence that kills land mid-write: block directories the crash left half-written.
+        let torn = std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().filter(|e| e.file_name().to_string_lossy().contains(".tmp")).count())
+            .unwrap_or(0);
         let total = verify(&w, &dir, &acked);
         let acked_total: usize = acked.iter().map(|a| a.map_or(0, |s| s + 1)).sum();
         let blocks =
