@@ -165,7 +165,8 @@ fn run(w: Workload) {
         let blocks =
             std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().join("meta.json").exists()).count();
         eprintln!(
-            "trial {trial}: ran {run_for:?}, {acked_total} samples acknowledged, {total} present, {blocks} blocks"
+            "trial {trial}: ran {run_for:?}, {acked_total} samples acknowledged, {total} present, {blocks} blocks, \
+             {torn} half-written block dirs at the kill"
         );
         if done {
             // The workload finished before enough kills: start over in a fresh directory.
