@@ -62,6 +62,7 @@ pub fn ranges(base: i64, max: i64) -> Vec<i64> {
 /// are applied (deleted samples are not written). Returns `None` if the range holds no sample.
 pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Result<Option<BlockMeta>> {
     let stones = head.tombstones_snapshot();
+    let gate = head.read_gate();
     /// Labels, chunks in range, deleted intervals.
     type HeadSeries = (Labels, Vec<crate::head::ChunkMeta>, Vec<(i64, i64)>);
     let mut series: Vec<HeadSeries> = Vec::new();
@@ -74,6 +75,7 @@ pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Res
         let deleted = stones.as_ref().and_then(|t| t.get(&r).cloned()).unwrap_or_default();
         series.push((head.symbols.resolve(&s.labels), chunks, deleted));
     }
+    drop(gate);
     series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut symbols: BTreeSet<Arc<str>> = BTreeSet::new();
     for (labels, _, _) in &series {

@@ -303,6 +303,9 @@ impl<'a> Querier<'a> {
     }
 
     fn select_head(&self, matchers: &[Matcher]) -> Vec<Series> {
+        // Series found here may be removed by a truncation before their labels are resolved;
+        // the gate keeps their symbols alive until then.
+        let _gate = self.head.read_gate();
         let refs = postings::expand(self.head.postings_for(matchers));
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<ChunkMeta>)> = Vec::with_capacity(refs.len());
         for r in refs {

@@ -96,9 +96,11 @@ pub struct Head {
     max_time: AtomicI64,
     /// No sample older than this is accepted (raised when the head is truncated).
     min_valid_time: AtomicI64,
-    /// Held (shared) by every open appender; truncation takes it exclusively to raise
-    /// `min_valid_time` and remove empty series, so no appender holds a series being removed or
-    /// a sample older than the new limit.
+    /// Held (shared) by every open appender and by readers resolving symbol ids; truncation
+    /// takes it exclusively to raise `min_valid_time`, remove empty series and free their
+    /// symbols, so no appender holds a series being removed or a sample older than the new
+    /// limit, and no reader resolves a freed id. A thread must not take it twice (an appender
+    /// and a query at once): a waiting truncation would deadlock it.
     gc_gate: RwLock<()>,
     wal: Option<Arc<Wal>>,
     tombstones: RwLock<U64Map<SeriesRef, Vec<(i64, i64)>>>,
@@ -325,6 +327,7 @@ impl Head {
 
     /// Label names of series matching `matchers` (all names if none), sorted.
     pub fn label_names(&self, matchers: &[Matcher]) -> Vec<String> {
+        let _gate = self.read_gate();
         let ids: Vec<SymbolId> = if matchers.is_empty() {
             self.postings.label_names()
         } else {
@@ -341,6 +344,7 @@ impl Head {
 
     /// Values of label `name` among series matching `matchers` (all series if none), sorted.
     pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Vec<String> {
+        let _gate = self.read_gate();
         let Some(name_id) = self.symbols.lookup(name) else { return Vec::new() };
         let ids: Vec<SymbolId> = if matchers.is_empty() {
             self.postings.label_values(name_id)
@@ -364,6 +368,7 @@ impl Head {
 
     /// Cardinality statistics: series per metric name and per label pair, top `limit` each.
     pub fn cardinality(&self, limit: usize) -> Cardinality {
+        let _gate = self.read_gate();
         let (per_name, pairs) = self.postings.stats();
         let name_id = self.symbols.lookup(strata_model::METRIC_NAME);
         self.symbols.with(|get| {
@@ -383,13 +388,19 @@ impl Head {
         })
     }
 
+    /// Held by readers that turn symbol ids into strings: truncation frees (and may reuse) the
+    /// symbols of the series it removes only when no reader holds this.
+    pub(crate) fn read_gate(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.gc_gate.read()
+    }
+
     /// Oldest timestamp the head may hold: everything older is in blocks.
     pub fn min_valid_time(&self) -> i64 {
         self.min_valid_time.load(Ordering::Relaxed)
     }
 
     /// Drops everything before `mint` (now persisted in a block): chunks that end before it, then
-    /// series left without samples (from the indexes; their symbols stay until restart). Appends
+    /// series left without samples (from the indexes), then symbols no series uses. Appends
     /// before `mint` are refused from now on. Returns (chunks dropped, series removed).
     pub fn truncate(&self, mint: i64) -> (usize, usize) {
         {
@@ -452,6 +463,19 @@ impl Head {
             });
         }
         self.num_series.fetch_sub(dead.len() as u64, Ordering::Relaxed);
+        // Sweep symbols no live series uses (churned pod names and the like), still under the
+        // gate: no series is being created, so no unmarked symbol can gain a user meanwhile.
+        let mut used = vec![false; self.symbols.capacity()];
+        for stripe in self.by_ref.iter() {
+            for s in stripe.read().values() {
+                for (n, v) in s.labels.pairs() {
+                    used[n as usize] = true;
+                    used[v as usize] = true;
+                }
+            }
+        }
+        let freed = self.symbols.sweep(&used);
+        tracing::debug!(series = dead.len(), symbols = freed, "head garbage-collected series and symbols");
         (dropped_chunks, dead.len())
     }
 

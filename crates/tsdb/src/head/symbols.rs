@@ -44,10 +44,11 @@ struct Inner {
     /// client cannot be crafted to collide.
     ids: HashMap<Arc<str>, SymbolId, foldhash::fast::RandomState>,
     strings: Vec<Arc<str>>,
+    /// Ids freed by `sweep`, reused by `intern` (so churned label values do not grow the table).
+    free: Vec<SymbolId>,
 }
 
-/// Interned strings. Symbols are never removed while the head lives; the head truncation of the
-/// next milestone rebuilds the table when series are garbage-collected.
+/// Interned strings. Head truncation sweeps the ones no live series uses any more (`sweep`).
 #[derive(Debug, Default)]
 pub struct Symbols {
     inner: RwLock<Inner>,
@@ -63,9 +64,19 @@ impl Symbols {
         if let Some(&id) = w.ids.get(s) {
             return id;
         }
-        let id = SymbolId::try_from(w.strings.len()).expect("more than 4 billion distinct label strings in the head");
         let a: Arc<str> = Arc::from(s);
-        w.strings.push(a.clone());
+        let id = match w.free.pop() {
+            Some(id) => {
+                w.strings[id as usize] = a.clone();
+                id
+            }
+            None => {
+                let id = SymbolId::try_from(w.strings.len())
+                    .expect("more than 4 billion distinct label strings in the head");
+                w.strings.push(a.clone());
+                id
+            }
+        };
         w.ids.insert(a, id);
         id
     }
@@ -124,8 +135,38 @@ impl Symbols {
         f(&|id| r.strings[id as usize].clone())
     }
 
+    /// Strings in the table.
     pub fn len(&self) -> usize {
+        let r = self.inner.read();
+        r.strings.len() - r.free.len()
+    }
+
+    /// Slots (live and free): the bound for ids, and the size of a `sweep` mark vector.
+    pub fn capacity(&self) -> usize {
         self.inner.read().strings.len()
+    }
+
+    /// Frees every symbol whose id is not marked in `used` (indexed by id; ids past its end are
+    /// kept, as they were added after the marking). The caller guarantees no series holds an
+    /// unmarked id and none is being created. Returns how many were freed.
+    pub fn sweep(&self, used: &[bool]) -> usize {
+        let mut w = self.inner.write();
+        let w = &mut *w;
+        let empty: Arc<str> = Arc::from("");
+        let mut freed = 0;
+        let already: std::collections::HashSet<SymbolId> = w.free.iter().copied().collect();
+        for (id, &keep) in used.iter().enumerate() {
+            let id = id as SymbolId;
+            if keep || already.contains(&id) {
+                continue;
+            }
+            let s = std::mem::replace(&mut w.strings[id as usize], empty.clone());
+            w.ids.remove(&s);
+            w.free.push(id);
+            freed += 1;
+        }
+        w.ids.shrink_to_fit();
+        freed
     }
 
     pub fn is_empty(&self) -> bool {
@@ -158,5 +199,25 @@ mod tests {
         assert!(!s.equals(&pa, &b) && !s.equals(&pb, &a));
         let prefix = Labels::from_pairs([("__name__", "up"), ("job", "node")]);
         assert!(!s.equals(&pa, &prefix), "a prefix is not equal");
+    }
+
+    #[test]
+    fn swept_symbols_are_forgotten_and_their_ids_reused() {
+        let s = Symbols::default();
+        let keep = s.intern_labels(&Labels::from_pairs([("pod", "a")]));
+        let gone = s.intern_labels(&Labels::from_pairs([("pod", "b")]));
+        let mut used = vec![false; s.capacity()];
+        for (n, v) in keep.pairs() {
+            used[n as usize] = true;
+            used[v as usize] = true;
+        }
+        assert_eq!(s.sweep(&used), 1, "only \"b\" is unused");
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.lookup("b"), None);
+        assert_eq!(s.resolve(&keep), Labels::from_pairs([("pod", "a")]));
+        let c = s.intern("c");
+        assert_eq!(Some(c), gone.pairs().map(|p| p.1).next(), "the freed id is reused");
+        assert_eq!(s.capacity(), 3);
+        assert_eq!(s.sweep(&vec![true; s.capacity()]), 0, "nothing unmarked, nothing freed");
     }
 }

@@ -238,3 +238,43 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+#[test]
+fn truncation_forgets_churned_series_and_their_symbols() {
+    const RANGE: i64 = 1000;
+    let head = Head::in_memory(HeadOptions { chunk_range_ms: RANGE, ..Default::default() });
+    let mut peak_symbols = 0;
+    for gen in 0..20i64 {
+        let mut app = head.appender();
+        for t in (gen * RANGE..(gen + 1) * RANGE).step_by(100) {
+            app.append(&l(&[("__name__", "up"), ("pod", "stable")]), t, 1.0).unwrap();
+            for p in 0..50 {
+                app.append(&l(&[("__name__", "up"), ("pod", &format!("g{gen}-p{p}"))]), t, 1.0).unwrap();
+            }
+        }
+        app.commit().unwrap();
+        if gen >= 1 {
+            let (_, removed) = head.truncate(gen * RANGE);
+            assert_eq!(removed, 50, "generation {}'s pods are gone", gen - 1);
+        }
+        peak_symbols = peak_symbols.max(head.symbols.capacity());
+    }
+    assert_eq!(head.num_series(), 51);
+    assert!(peak_symbols <= 2 * 51 + 4, "freed symbol ids are reused: {peak_symbols} slots");
+    assert_eq!(head.symbols.lookup("g0-p0"), None);
+    assert_eq!(head.label_values("pod", &[]).len(), 51);
+    let d = dump(&head);
+    assert_eq!(d.len(), 51);
+    assert!(d.values().all(|s| s.first().unwrap().0 >= 19 * RANGE));
+    // Appends before the truncation point are refused; the head stays consistent for new series.
+    let mut app = head.appender();
+    assert!(matches!(
+        app.append(&l(&[("__name__", "up"), ("pod", "late")]), 19 * RANGE - 1, 1.0),
+        Err(AppendError::Sample(SampleError::TooOld { .. }))
+    ));
+    app.append(&l(&[("__name__", "up"), ("pod", "g0-p0")]), 20 * RANGE, 2.0).unwrap();
+    app.commit().unwrap();
+    let got = Querier::new(&head, 0, i64::MAX).select(&[m(MatchOp::Equal, "pod", "g0-p0")]).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].samples().len(), 1);
+}
