@@ -212,6 +212,9 @@ impl Db {
     /// every block: hidden from queries at once, removed from disk by compaction or
     /// `clean_tombstones`. Returns the number of series affected (counted once per place).
     pub fn delete(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<usize> {
+        // Not while a compaction runs: it read its inputs' tombstones when it started, and its
+        // output would bring back what is deleted now.
+        let _guard = self.inner.compaction.lock();
         let mut n = self.inner.head.delete(matchers, mint, maxt)?;
         for b in self.blocks().iter() {
             n += b.delete(matchers, mint, maxt).inspect_err(|_| b.mark_corrupt())?;

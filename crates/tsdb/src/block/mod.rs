@@ -104,6 +104,11 @@ impl Block {
         Error::BlockCorrupt { block: self.dir.clone(), reason }
     }
 
+    /// Whether the index and chunks have been mapped (by a query or compaction reaching the block).
+    pub fn is_loaded(&self) -> bool {
+        self.data.get().is_some()
+    }
+
     /// Whether any read of this block failed its checks.
     pub fn is_corrupt(&self) -> bool {
         self.corrupt.load(Ordering::Relaxed)

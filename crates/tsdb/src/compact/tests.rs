@@ -260,3 +260,27 @@ fn a_corrupt_block_is_reported_then_set_aside_and_the_rest_stays_queryable() {
     let got = db.querier(i64::MIN, i64::MAX).select(&all()).unwrap();
     assert_eq!(got[0].samples().first().unwrap().t, vmax, "the other blocks and the head still answer");
 }
+
+#[test]
+fn blocks_open_lazily_and_queries_touch_only_blocks_in_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 200 blocks of one range each, written directly (as an import would).
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for b in 0..200i64 {
+        let h = Head::in_memory(HeadOptions { chunk_range_ms: RANGE, ..Default::default() });
+        let mut app = h.appender();
+        for t in (b * RANGE..(b + 1) * RANGE).step_by(100) {
+            app.append(&l, t, t as f64).unwrap();
+        }
+        app.commit().unwrap();
+        write_head_block(&h, tmp.path(), b * RANGE, (b + 1) * RANGE).unwrap().unwrap();
+    }
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let blocks = db.blocks();
+    assert_eq!(blocks.len(), 200);
+    assert!(blocks.iter().all(|b| !b.is_loaded()), "open reads only meta.json and tombstones");
+    let got = db.querier(50 * RANGE + 10, 52 * RANGE - 10).select(&all()).unwrap();
+    assert_eq!(got[0].samples().len(), 20 - 1);
+    let loaded: Vec<i64> = blocks.iter().filter(|b| b.is_loaded()).map(|b| b.meta().min_time / RANGE).collect();
+    assert_eq!(loaded, [50, 51], "only the blocks overlapping the range were mapped");
+}
