@@ -18,7 +18,7 @@ use strata_server::textparse::Format;
 use strata_tsdb::block::Block;
 use strata_tsdb::{Db, DbOptions};
 
-const RECORDING: &str = "../../../shared/data/node-exporter-600x10s.om.gz";
+const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
 
 /// Bytes of every file under the block directories (ULID-named) of `dir`.
 fn blocks_bytes(dir: &Path) -> u64 {

@@ -26,7 +26,7 @@ fn bad_flags_are_named() {
 }
 
 /// The recording in `../shared/data`: 604 series, 357,446 samples over 100 minutes at 10 s.
-const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/node-exporter-600x10s.om.gz");
+const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/node-exporter-600x10s.om.gz");
 
 fn run_ok(args: &[&str]) -> String {
     let out = strata().args(args).output().unwrap();

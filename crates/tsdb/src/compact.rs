@@ -17,6 +17,7 @@ use strata_model::{Labels, Sample};
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings};
 use crate::chunkenc::{ChunkIterator, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
+use crate::head::symbols::PackedLabels;
 use crate::head::Head;
 use crate::index::postings::{self, Postings};
 
@@ -60,43 +61,65 @@ pub fn ranges(base: i64, max: i64) -> Vec<i64> {
 
 /// Writes the head's samples in `[mint, maxt)` as a level-1 block in `parent`. Head tombstones
 /// are applied (deleted samples are not written). Returns `None` if the range holds no sample.
+///
+/// Memory stays small whatever the head's size: series are sorted by label set through a
+/// snapshot of the symbol table (one pointer per symbol), and each series' labels and chunks are
+/// materialized only while it is written.
 pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Result<Option<BlockMeta>> {
     let stones = head.tombstones_snapshot();
-    let gate = head.read_gate();
-    /// Labels, chunks in range, deleted intervals.
-    type HeadSeries = (Labels, Vec<crate::head::ChunkMeta>, Vec<(i64, i64)>);
-    let mut series: Vec<HeadSeries> = Vec::new();
-    for r in postings::expand(head.postings_for(&[])) {
-        let Some(s) = head.series(r) else { continue };
-        let chunks = s.state.lock().chunks(mint, maxt - 1);
-        if chunks.is_empty() {
-            continue;
-        }
-        let deleted = stones.as_ref().and_then(|t| t.get(&r).cloned()).unwrap_or_default();
-        series.push((head.symbols.resolve(&s.labels), chunks, deleted));
-    }
-    drop(gate);
-    series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut symbols: BTreeSet<Arc<str>> = BTreeSet::new();
-    for (labels, _, _) in &series {
-        for l in labels {
-            symbols.insert(l.name.clone());
-            symbols.insert(l.value.clone());
+    // Keeps truncation from freeing the symbols of the series collected here.
+    let _gate = head.read_gate();
+    let mut series: Vec<Arc<crate::head::MemSeries>> = postings::expand(head.postings_for(&[]))
+        .into_iter()
+        .filter_map(|r| head.series(r))
+        .filter(|s| s.state.lock().overlaps(mint, maxt - 1))
+        .collect();
+    let strings = head.symbols.snapshot();
+    let mut used = vec![false; strings.len()];
+    for s in &series {
+        for (n, v) in s.labels.pairs() {
+            used[n as usize] = true;
+            used[v as usize] = true;
         }
     }
-    let symbols: Vec<Arc<str>> = symbols.into_iter().collect();
+    series.sort_unstable_by(|a, b| compare_packed(&a.labels, &b.labels, &strings));
+    let mut symbols: Vec<Arc<str>> = used.iter().zip(&strings).filter(|(u, _)| **u).map(|(_, s)| s.clone()).collect();
+    symbols.sort_unstable();
+    drop(strings);
     let mut w = BlockWriter::create(parent, &symbols)?;
-    let mut inputs = Vec::new();
     let mut scratch = Scratch::default();
-    for (labels, chunks, deleted) in &series {
-        inputs.clear();
-        inputs.extend(chunks.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }));
-        if let Err(e) = write_series(&mut w, labels, &inputs, deleted, mint, maxt, HEAD_CHUNKING, &mut scratch) {
+    for s in &series {
+        let chunks = s.state.lock().chunks(mint, maxt - 1);
+        let labels = head.symbols.resolve(&s.labels);
+        let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).map(Vec::as_slice)).unwrap_or(&[]);
+        let inputs: Vec<ChunkInput<'_>> =
+            chunks.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }).collect();
+        if let Err(e) = write_series(&mut w, &labels, &inputs, deleted, mint, maxt, HEAD_CHUNKING, &mut scratch) {
             w.abort();
             return Err(e);
         }
     }
     w.finish(mint, maxt, Compaction { level: 1, sources: Vec::new(), parents: Vec::new() })
+}
+
+/// Orders two packed label sets as their label sets order (name, then value, label by label).
+fn compare_packed(a: &PackedLabels, b: &PackedLabels, strings: &[Arc<str>]) -> std::cmp::Ordering {
+    let (mut x, mut y) = (a.pairs(), b.pairs());
+    loop {
+        match (x.next(), y.next()) {
+            (None, None) => return std::cmp::Ordering::Equal,
+            (None, Some(_)) => return std::cmp::Ordering::Less,
+            (Some(_), None) => return std::cmp::Ordering::Greater,
+            (Some((an, av)), Some((bn, bv))) => {
+                let o = strings[an as usize]
+                    .cmp(&strings[bn as usize])
+                    .then_with(|| strings[av as usize].cmp(&strings[bv as usize]));
+                if o.is_ne() {
+                    return o;
+                }
+            }
+        }
+    }
 }
 
 /// Buffers reused across series while rewriting chunks.

@@ -148,6 +148,12 @@ impl SeriesState {
         }
     }
 
+    /// Whether any sample may lie in `[mint, maxt]` (a chunk overlaps it).
+    pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
+        self.closed.iter().any(|c| c.maxt >= mint && c.mint <= maxt)
+            || self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt)
+    }
+
     /// Chunks overlapping `[mint, maxt]`, oldest first; the open chunk is copied.
     pub fn chunks(&self, mint: i64, maxt: i64) -> Vec<ChunkMeta> {
         let mut out: Vec<ChunkMeta> =

@@ -135,6 +135,12 @@ impl Symbols {
         f(&|id| r.strings[id as usize].clone())
     }
 
+    /// A copy of the table, indexed by id (freed ids map to ""): lets a long job such as a
+    /// block write resolve ids without holding the lock.
+    pub fn snapshot(&self) -> Vec<Arc<str>> {
+        self.inner.read().strings.clone()
+    }
+
     /// Strings in the table.
     pub fn len(&self) -> usize {
         let r = self.inner.read();
