@@ -45,10 +45,7 @@ pub fn segment_name(segment: u32) -> String {
 }
 
 fn header() -> [u8; HEADER_BYTES] {
-    let mut h = [0u8; HEADER_BYTES];
-    h[..4].copy_from_slice(&MAGIC.to_be_bytes());
-    h[4] = VERSION;
-    h
+    super::file_header(MAGIC, VERSION)
 }
 
 /// Appends chunks to `dir/chunks/NNNNNN`, cutting a new segment past `SEGMENT_BYTES_MAX`.

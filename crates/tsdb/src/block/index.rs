@@ -39,10 +39,7 @@ pub struct ChunkMetaRef {
 }
 
 fn header() -> [u8; HEADER_BYTES] {
-    let mut h = [0u8; HEADER_BYTES];
-    h[..4].copy_from_slice(&MAGIC.to_be_bytes());
-    h[4] = VERSION;
-    h
+    super::file_header(MAGIC, VERSION)
 }
 
 /// Writes an index in one pass: symbols first (the caller knows them all up front), then series

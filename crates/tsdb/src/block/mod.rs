@@ -35,6 +35,14 @@ use crate::error::{Error, Result};
 use crate::index::matchers::{postings_for_matchers, IndexReader};
 use crate::index::postings::{self, merge, BoxPostings, EmptyPostings};
 
+/// The 8-byte header of every block file: magic, version, three zero bytes.
+pub(crate) fn file_header(magic: u32, version: u8) -> [u8; 8] {
+    let mut h = [0u8; 8];
+    h[..4].copy_from_slice(&magic.to_be_bytes());
+    h[4] = version;
+    h
+}
+
 /// The mapped files of an open block.
 #[derive(Debug)]
 pub struct BlockData {

@@ -29,8 +29,7 @@ pub fn encode(stones: &Tombstones) -> Vec<u8> {
         }
     }
     let mut out = Vec::with_capacity(body.len() + 16);
-    out.extend_from_slice(&MAGIC.to_be_bytes());
-    out.extend_from_slice(&[VERSION, 0, 0, 0]);
+    out.extend_from_slice(&super::file_header(MAGIC, VERSION));
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(&body);
     out.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
