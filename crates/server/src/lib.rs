@@ -3,6 +3,10 @@
 
 pub mod analyze;
 pub mod config;
+pub mod http;
 pub mod import;
+pub mod metrics;
+pub mod remote;
 pub mod status;
 pub mod textparse;
+pub mod timeparse;

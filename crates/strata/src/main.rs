@@ -1,8 +1,10 @@
 //! `strata`: the Strata time series database.
 //!
-//! Today: `status` opens a data directory and reports what it holds; `tsdb import`, `tsdb
-//! analyze` and `tsdb dump` are the operator tools. `strata serve` with Prometheus' HTTP API
-//! comes next.
+//! `serve` runs the server (Prometheus' HTTP API, remote write and read); `status` opens a data
+//! directory and reports what it holds; `tsdb import`, `tsdb analyze` and `tsdb dump` are the
+//! operator tools.
+
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +36,8 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         top: usize,
     },
+    /// Run the server: Prometheus' HTTP API, remote write and read, over one data directory.
+    Serve(serve::ServeArgs),
     /// Operator tools for a data directory (run while no server has it open).
     #[command(subcommand)]
     Tsdb(TsdbCommand),
@@ -163,5 +167,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Tsdb(cmd) => run_tsdb(cmd),
+        Command::Serve(args) => serve::run(args),
     }
 }

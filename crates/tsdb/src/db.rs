@@ -278,6 +278,12 @@ impl Db {
     /// Stops the background thread (letting a running compaction finish), then flushes and
     /// fsyncs the WAL; the lock is released when the `Db` is dropped.
     pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    /// `close` for a shared `Db` (a server whose handlers may still hold it): after this,
+    /// appends fail and nothing runs in the background.
+    pub fn shutdown(&self) -> Result<()> {
         self.stop_background();
         self.inner.head.close()
     }

@@ -1,0 +1,1107 @@
+//! `strata serve`'s HTTP API: Prometheus' endpoints and JSON shapes, remote write and read,
+//! import and export, health, and `/metrics`.
+//!
+//! Storage work runs on blocking threads (`spawn_blocking`): appends and queries take locks and
+//! can run for a while, and an appender must never be held across an `.await`. Every request is
+//! bounded: body bytes (and their decompressed size), series and samples per write, samples and
+//! series per query, query time, and concurrent queries (queued, then 503).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use strata_model::{parse_selector, Labels, MatchOp, Matcher, Sample};
+use strata_tsdb::querier::{SampleIterator, Series};
+use strata_tsdb::Db;
+
+use crate::metrics::ServerMetrics;
+use crate::remote::{self, DecodeError};
+use crate::textparse::{Entry, Format, Parser};
+use crate::timeparse::{format_seconds, parse_duration_param_ms, parse_time_ms};
+
+/// Prometheus' default lookback for instant selectors.
+pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
+
+/// Every per-request limit; each has a flag in `strata serve`.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Bytes of a request body as sent (compressed for remote write/read).
+    pub max_body_bytes: usize,
+    /// Bytes of a remote-write/read body after snappy decompression.
+    pub max_decompressed_bytes: usize,
+    pub max_series_per_write: usize,
+    pub max_samples_per_write: usize,
+    /// Samples a query may load into memory (Prometheus' `--query.max-samples`).
+    pub max_query_samples: usize,
+    /// Series a query may select.
+    pub max_query_series: usize,
+    pub query_timeout: Duration,
+    pub max_concurrent_queries: usize,
+    /// How long a request body may take to arrive (slow clients).
+    pub body_read_timeout: Duration,
+    /// Samples further than this in the future are refused (clock skew is fine, year 3000 is not).
+    pub max_future_ms: i64,
+    /// Samples older than this are refused (the retention: they would be deleted at once);
+    /// 0 accepts any age the head takes.
+    pub max_age_ms: i64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 << 20,
+            max_decompressed_bytes: 128 << 20,
+            max_series_per_write: 100_000,
+            max_samples_per_write: 1_000_000,
+            max_query_samples: 50_000_000,
+            max_query_series: 1_000_000,
+            query_timeout: Duration::from_secs(120),
+            max_concurrent_queries: 20,
+            body_read_timeout: Duration::from_secs(30),
+            max_future_ms: 24 * 3600 * 1000,
+            max_age_ms: 0,
+        }
+    }
+}
+
+/// Shared by every handler.
+#[derive(Debug)]
+pub struct AppState {
+    /// Set once the WAL is replayed; until then storage endpoints answer 503.
+    pub db: OnceLock<Arc<Db>>,
+    pub limits: Limits,
+    pub metrics: ServerMetrics,
+    query_slots: tokio::sync::Semaphore,
+    started: std::time::SystemTime,
+    /// Command-line flags as given, for `/api/v1/status/flags`.
+    pub flags: BTreeMap<String, String>,
+    /// The configuration file's text, for `/api/v1/status/config`.
+    pub config_yaml: String,
+    /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
+    metadata: Mutex<HashMap<String, (String, String, String)>>,
+}
+
+impl AppState {
+    pub fn new(limits: Limits, flags: BTreeMap<String, String>, config_yaml: String) -> Arc<AppState> {
+        Arc::new(AppState {
+            db: OnceLock::new(),
+            query_slots: tokio::sync::Semaphore::new(limits.max_concurrent_queries.max(1)),
+            limits,
+            metrics: ServerMetrics::default(),
+            started: std::time::SystemTime::now(),
+            flags,
+            config_yaml,
+            metadata: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+/// An API error in Prometheus' shape: `{"status":"error","errorType":…,"error":…}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn bad_data(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, kind: "bad_data", message: m.into() }
+    }
+    fn execution(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, kind: "execution", message: m.into() }
+    }
+    fn timeout(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "timeout", message: m.into() }
+    }
+    fn unavailable(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "unavailable", message: m.into() }
+    }
+    fn internal(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "internal", message: m.into() }
+    }
+    fn too_large(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "bad_data", message: m.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"status": "error", "errorType": self.kind, "error": self.message});
+        (self.status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    }
+}
+
+fn success(data: Value) -> Response {
+    let body = json!({"status": "success", "data": data});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The router with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/-/healthy", get(|| async { "Strata is Healthy.\n" }))
+        .route("/-/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/write", post(remote_write))
+        .route("/api/v1/read", post(remote_read))
+        .route("/api/v1/import/prometheus", post(import_text))
+        .route("/api/v1/export", get(export).post(export))
+        .route("/federate", get(federate))
+        .route("/api/v1/query", get(query).post(query))
+        .route("/api/v1/query_range", get(query_range).post(query_range))
+        .route("/api/v1/series", get(series).post(series))
+        .route("/api/v1/labels", get(labels).post(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/metadata", get(metadata))
+        .route("/api/v1/status/buildinfo", get(buildinfo))
+        .route("/api/v1/status/runtimeinfo", get(runtimeinfo))
+        .route("/api/v1/status/flags", get(flags))
+        .route("/api/v1/status/config", get(config))
+        .route("/api/v1/status/tsdb", get(tsdb_status))
+        .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
+        .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
+        .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Counts requests by handler and status code, and their latency.
+async fn observe(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let handler = handler_name(req.uri().path());
+    let t0 = Instant::now();
+    let resp = next.run(req).await;
+    st.metrics.observe_request(handler, resp.status().as_u16(), t0.elapsed());
+    resp
+}
+
+fn handler_name(path: &str) -> &'static str {
+    match path {
+        "/api/v1/write" => "write",
+        "/api/v1/read" => "read",
+        "/api/v1/query" => "query",
+        "/api/v1/query_range" => "query_range",
+        "/api/v1/series" => "series",
+        "/api/v1/labels" => "labels",
+        "/metrics" => "metrics",
+        "/-/ready" | "/-/healthy" => "health",
+        "/api/v1/import/prometheus" => "import",
+        "/api/v1/export" | "/federate" => "export",
+        p if p.starts_with("/api/v1/label/") => "label_values",
+        p if p.starts_with("/api/v1/status/") => "status",
+        p if p.starts_with("/api/v1/admin/") => "admin",
+        _ => "other",
+    }
+}
+
+fn db(st: &AppState) -> Result<Arc<Db>, ApiError> {
+    st.db.get().cloned().ok_or_else(|| ApiError::unavailable("not ready: the write-ahead log is being replayed"))
+}
+
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if st.db.get().is_some() {
+        (StatusCode::OK, "Strata is Ready.\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable: replaying the write-ahead log.\n").into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let text = st.metrics.render(st.db.get().map(|d| &**d));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// Reads a request body within the size limit and the read timeout.
+async fn read_body(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.limits.max_body_bytes;
+    match tokio::time::timeout(st.limits.body_read_timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "bad_data",
+            message: format!("request body not received within {:?}", st.limits.body_read_timeout),
+        }),
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            if text.contains("length limit") {
+                Err(ApiError::too_large(format!("request body exceeds the limit of {limit} bytes")))
+            } else {
+                Err(ApiError::bad_data(format!("reading the request body: {text}")))
+            }
+        }
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
+fn decode_err(e: DecodeError) -> ApiError {
+    match e {
+        DecodeError::BodyTooLarge { .. } => ApiError::too_large(e.to_string()),
+        other => ApiError::bad_data(other.to_string()),
+    }
+}
+
+/// Runs storage work on a blocking thread.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker failed: {e}")))
+}
+
+/// What one write request did, for the response and the counters.
+#[derive(Debug, Default)]
+struct WriteOutcome {
+    samples: usize,
+    appended: usize,
+    rejected: usize,
+    first_error: Option<String>,
+}
+
+impl WriteOutcome {
+    fn reject(&mut self, n: usize, why: impl FnOnce() -> String) {
+        self.rejected += n;
+        if self.first_error.is_none() {
+            self.first_error = Some(why());
+        }
+    }
+
+    fn into_response(self, st: &AppState) -> Response {
+        st.metrics.remote_write_samples_received.fetch_add(self.samples as u64, Ordering::Relaxed);
+        st.metrics.remote_write_samples_rejected.fetch_add(self.rejected as u64, Ordering::Relaxed);
+        match self.first_error {
+            None => StatusCode::NO_CONTENT.into_response(),
+            Some(first) => {
+                let msg = format!(
+                    "{} of {} samples rejected ({} stored); first: {first}\n",
+                    self.rejected, self.samples, self.appended
+                );
+                (StatusCode::BAD_REQUEST, msg).into_response()
+            }
+        }
+    }
+}
+
+/// Appends `(labels, samples)` pairs in one commit: good samples are stored even when others
+/// are refused; the first refusal is named.
+fn append_all(
+    db: &Db,
+    limits: &Limits,
+    series: Vec<(Result<Labels, String>, Vec<Sample>)>,
+) -> Result<WriteOutcome, String> {
+    let mut out = WriteOutcome::default();
+    let now = now_ms();
+    let newest = now.saturating_add(limits.max_future_ms);
+    let oldest = if limits.max_age_ms > 0 { now.saturating_sub(limits.max_age_ms) } else { i64::MIN };
+    let mut app = db.appender();
+    for (labels, samples) in series {
+        out.samples += samples.len();
+        let labels = match labels {
+            Ok(l) => l,
+            Err(why) => {
+                out.reject(samples.len(), || why);
+                continue;
+            }
+        };
+        let mut r = None;
+        for s in samples {
+            if s.t > newest || s.t < oldest {
+                out.reject(1, || {
+                    format!(
+                        "series {labels}: sample timestamp {} is outside the accepted window [{oldest}, {newest}]",
+                        s.t
+                    )
+                });
+                continue;
+            }
+            let res = match r {
+                Some(r) => app.append_ref(r, s.t, s.v),
+                None => app.append(&labels, s.t, s.v).map(|x| r = Some(x)),
+            };
+            if let Err(e) = res {
+                out.reject(1, || format!("series {labels}: {e}"));
+            }
+        }
+    }
+    let c = app.commit().map_err(|e| e.to_string())?;
+    out.appended = c.appended;
+    if let Some((_, e)) = c.first_rejection {
+        out.reject(c.rejected, || e.to_string());
+    }
+    Ok(out)
+}
+
+async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
+    let db = db(&st)?;
+    if let Some(v) = headers.get("X-Prometheus-Remote-Write-Version") {
+        if !v.to_str().unwrap_or("").starts_with("0.1") {
+            return Err(ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                kind: "bad_data",
+                message: format!("remote write version {v:?} is not supported; send 0.1.0 (remote write 1.0)"),
+            });
+        }
+    }
+    let body = read_body(&st, body).await?;
+    let max = st.limits.max_decompressed_bytes;
+    let req: remote::WriteRequest = remote::decode(&body, max).map_err(decode_err)?;
+    if req.timeseries.len() > st.limits.max_series_per_write {
+        return Err(ApiError::bad_data(format!(
+            "{} series in one request exceed the limit of {}",
+            req.timeseries.len(),
+            st.limits.max_series_per_write
+        )));
+    }
+    let samples: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+    if samples > st.limits.max_samples_per_write {
+        return Err(ApiError::bad_data(format!(
+            "{samples} samples in one request exceed the limit of {}",
+            st.limits.max_samples_per_write
+        )));
+    }
+    if !req.metadata.is_empty() {
+        let mut m = st.metadata.lock();
+        for md in &req.metadata {
+            let kind = metric_type_name(md.r#type).to_owned();
+            m.insert(md.metric_family_name.clone(), (kind, md.help.clone(), md.unit.clone()));
+        }
+    }
+    let mut invalid = 0;
+    let series: Vec<(Result<Labels, String>, Vec<Sample>)> = req
+        .timeseries
+        .into_iter()
+        .map(|ts| {
+            let shown = || ts.labels.iter().map(|l| format!("{}={:?}", l.name, l.value)).collect::<Vec<_>>().join(", ");
+            let labels = if !ts.histograms.is_empty() {
+                Err(format!("series {{{}}}: native histograms are not supported yet", shown()))
+            } else {
+                Labels::try_from_pairs(ts.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())))
+                    .map_err(|e| format!("series {{{}}}: invalid labels: {e}", shown()))
+            };
+            if labels.is_err() {
+                invalid += 1;
+            }
+            let samples = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
+            (labels, samples)
+        })
+        .collect();
+    st.metrics.remote_write_series_invalid.fetch_add(invalid, Ordering::Relaxed);
+    let limits = st.limits.clone();
+    let out = blocking(move || append_all(&db, &limits, series)).await?.map_err(ApiError::internal)?;
+    Ok(out.into_response(&st))
+}
+
+fn metric_type_name(t: i32) -> &'static str {
+    match t {
+        1 => "counter",
+        2 => "gauge",
+        3 => "histogram",
+        4 => "gaugehistogram",
+        5 => "summary",
+        6 => "info",
+        7 => "stateset",
+        _ => "unknown",
+    }
+}
+
+async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
+    let db = db(&st)?;
+    let body = read_body(&st, body).await?;
+    let req: remote::ReadRequest = remote::decode(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
+    let max_samples = st.limits.max_query_samples;
+    let resp = blocking(move || -> Result<remote::ReadResponse, ApiError> {
+        let mut budget = max_samples;
+        let mut results = Vec::with_capacity(req.queries.len());
+        for q in &req.queries {
+            let matchers = q
+                .matchers
+                .iter()
+                .map(|m| {
+                    let op = match m.r#type {
+                        0 => MatchOp::Equal,
+                        1 => MatchOp::NotEqual,
+                        2 => MatchOp::RegexMatch,
+                        3 => MatchOp::RegexNoMatch,
+                        t => return Err(ApiError::bad_data(format!("unknown matcher type {t}"))),
+                    };
+                    Matcher::new(op, m.name.clone(), m.value.clone()).map_err(|e| ApiError::bad_data(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let selected = db
+                .querier(q.start_timestamp_ms, q.end_timestamp_ms)
+                .select(&matchers)
+                .map_err(|e| ApiError::execution(e.to_string()))?;
+            let mut timeseries = Vec::new();
+            for s in selected {
+                let samples: Vec<remote::Sample> =
+                    s.samples().iter().map(|x| remote::Sample { value: x.v, timestamp: x.t }).collect();
+                if samples.is_empty() {
+                    continue;
+                }
+                budget = budget.checked_sub(samples.len()).ok_or_else(|| {
+                    ApiError::execution(format!("remote read would return more than {max_samples} samples"))
+                })?;
+                let labels = s
+                    .labels
+                    .iter()
+                    .map(|l| remote::Label { name: l.name.to_string(), value: l.value.to_string() })
+                    .collect();
+                timeseries.push(remote::TimeSeries { labels, samples, histograms: vec![] });
+            }
+            results.push(remote::QueryResult { timeseries });
+        }
+        Ok(remote::ReadResponse { results })
+    })
+    .await??;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")],
+        remote::encode(&resp),
+    )
+        .into_response())
+}
+
+/// Request parameters from the query string and, for a form POST, the body.
+async fn params(
+    st: &AppState,
+    method: &Method,
+    raw: Option<String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Params, ApiError> {
+    let mut out: Vec<(String, String)> = form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let is_form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    if *method == Method::POST && is_form {
+        let b = read_body(st, body).await?;
+        out.extend(form_urlencoded::parse(&b).map(|(k, v)| (k.into_owned(), v.into_owned())));
+    }
+    Ok(Params(out))
+}
+
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+    fn all(&self, k: &str) -> Vec<&str> {
+        self.0.iter().filter(|(n, _)| n == k).map(|(_, v)| v.as_str()).collect()
+    }
+    fn time(&self, k: &str, default: i64) -> Result<i64, ApiError> {
+        match self.get(k) {
+            None | Some("") => Ok(default),
+            Some(v) => parse_time_ms(v).map_err(|e| ApiError::bad_data(format!("invalid parameter {k:?}: {e}"))),
+        }
+    }
+    /// `match[]` selectors; `required` makes an empty list an error, as for `/api/v1/series`.
+    fn selectors(&self, required: bool) -> Result<Vec<Vec<Matcher>>, ApiError> {
+        let raw = self.all("match[]");
+        if raw.is_empty() && required {
+            return Err(ApiError::bad_data("no match[] parameter provided"));
+        }
+        raw.iter()
+            .map(|s| parse_selector(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"match[]\": {e}"))))
+            .collect()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Prometheus' float formatting: shortest round-trip decimal, `NaN`, `+Inf`, `-Inf`.
+pub fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn labels_json(l: &Labels) -> Value {
+    Value::Object(l.iter().map(|x| (x.name.to_string(), Value::String(x.value.to_string()))).collect())
+}
+
+fn point(t: i64, v: f64) -> Value {
+    json!([format_seconds(t), format_value(v)])
+}
+
+/// A query expression the server can answer before the PromQL engine lands: a selector with an
+/// optional range (`up{job="x"}[5m]`).
+fn parse_query(q: &str) -> Result<(Vec<Matcher>, Option<i64>), ApiError> {
+    let q = q.trim();
+    let (sel, range) = match q.strip_suffix(']').and_then(|s| s.rsplit_once('[')) {
+        Some((sel, r)) => {
+            let ms = strata_model::parse_duration_ms(r)
+                .map_err(|e| ApiError::bad_data(format!("invalid range in {q:?}: {e}")))?;
+            if ms <= 0 {
+                return Err(ApiError::bad_data(format!("range in {q:?} must be positive")));
+            }
+            (sel, Some(ms))
+        }
+        None => (q, None),
+    };
+    let m = parse_selector(sel).map_err(|e| {
+        ApiError::bad_data(format!(
+            "{e} (until the PromQL engine lands, queries are limited to series selectors with an optional [range])"
+        ))
+    })?;
+    Ok((m, range))
+}
+
+/// Gives a query its slot (waiting up to the query timeout), counting and timing it.
+async fn run_query<T: Send + 'static>(
+    st: &Arc<AppState>,
+    f: impl FnOnce(Instant) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let timeout = st.limits.query_timeout;
+    let Ok(Ok(_slot)) = tokio::time::timeout(timeout, st.query_slots.acquire()).await else {
+        return Err(ApiError::unavailable(format!(
+            "too many concurrent queries (limit {}); none finished within {timeout:?}",
+            st.limits.max_concurrent_queries
+        )));
+    };
+    let t0 = Instant::now();
+    let deadline = t0 + timeout;
+    let res = blocking(move || f(deadline)).await.and_then(|r| r);
+    st.metrics.queries.fetch_add(1, Ordering::Relaxed);
+    st.metrics.query_duration.observe(t0.elapsed());
+    if res.is_err() {
+        st.metrics.queries_failed.fetch_add(1, Ordering::Relaxed);
+    }
+    res
+}
+
+/// Checks the query's deadline and budgets as it goes.
+struct Budget {
+    deadline: Instant,
+    samples_left: usize,
+    max_samples: usize,
+    timeout: Duration,
+}
+
+impl Budget {
+    fn new(st: &AppState, deadline: Instant) -> Self {
+        Budget {
+            deadline,
+            samples_left: st.limits.max_query_samples,
+            max_samples: st.limits.max_query_samples,
+            timeout: st.limits.query_timeout,
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<(), ApiError> {
+        if Instant::now() > self.deadline {
+            return Err(ApiError::timeout(format!("query timed out in query execution (timeout {:?})", self.timeout)));
+        }
+        self.samples_left = self.samples_left.checked_sub(n).ok_or_else(|| {
+            ApiError::execution(format!(
+                "query processing would load too many samples into memory in query execution (limit {})",
+                self.max_samples
+            ))
+        })?;
+        Ok(())
+    }
+}
+
+fn select_checked(
+    db: &Db,
+    st_limit: usize,
+    matchers: &[Matcher],
+    mint: i64,
+    maxt: i64,
+) -> Result<Vec<Series>, ApiError> {
+    let sel = db.querier(mint, maxt).select(matchers).map_err(|e| ApiError::execution(e.to_string()))?;
+    if sel.len() > st_limit {
+        return Err(ApiError::execution(format!(
+            "query selects {} series, more than the limit of {st_limit}",
+            sel.len()
+        )));
+    }
+    Ok(sel)
+}
+
+async fn query(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    let (matchers, range) = parse_query(q)?;
+    let t = p.time("time", now_ms())?;
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let data = run_query(&st, move |deadline| {
+        let mut budget = Budget::new(&st2, deadline);
+        let max_series = st2.limits.max_query_series;
+        match range {
+            Some(r) => {
+                let mut result = Vec::new();
+                for s in select_checked(&db, max_series, &matchers, t - r + 1, t)? {
+                    let pts: Vec<Value> = s
+                        .samples()
+                        .iter()
+                        .filter(|x| !strata_model::is_stale_nan(x.v))
+                        .map(|x| point(x.t, x.v))
+                        .collect();
+                    budget.take(pts.len())?;
+                    if !pts.is_empty() {
+                        result.push(json!({"metric": labels_json(&s.labels), "values": pts}));
+                    }
+                }
+                Ok(json!({"resultType": "matrix", "result": result}))
+            }
+            None => {
+                let mut result = Vec::new();
+                for s in select_checked(&db, max_series, &matchers, t - LOOKBACK_MS + 1, t)? {
+                    budget.take(1)?;
+                    let mut it = s.iter();
+                    let mut last = None;
+                    while let Some(x) = it.next() {
+                        last = Some(x);
+                    }
+                    if let Some(e) = it.err() {
+                        return Err(ApiError::execution(format!("{}: {e}", s.labels)));
+                    }
+                    if let Some(x) = last.filter(|x| !strata_model::is_stale_nan(x.v)) {
+                        result.push(json!({"metric": labels_json(&s.labels), "value": point(t, x.v)}));
+                    }
+                }
+                Ok(json!({"resultType": "vector", "result": result}))
+            }
+        }
+    })
+    .await?;
+    Ok(success(data))
+}
+
+async fn query_range(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    let start = p.time("start", i64::MIN)?;
+    let end = p.time("end", i64::MIN)?;
+    if start == i64::MIN || end == i64::MIN {
+        return Err(ApiError::bad_data("invalid parameter \"start\" or \"end\": both are required"));
+    }
+    if end < start {
+        return Err(ApiError::bad_data("invalid parameter \"end\": end timestamp must not be before start time"));
+    }
+    let step = parse_duration_param_ms(p.get("step").unwrap_or(""))
+        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"step\": {e}")))?;
+    if step <= 0 {
+        return Err(ApiError::bad_data(
+            "invalid parameter \"step\": zero or negative query resolution step widths are not accepted. Try a positive integer",
+        ));
+    }
+    if (end - start) / step > 11_000 {
+        return Err(ApiError::bad_data(
+            "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
+        ));
+    }
+    let (matchers, range) = parse_query(q)?;
+    if range.is_some() {
+        return Err(ApiError::bad_data(format!(
+            "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector: {q}"
+        )));
+    }
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let data = run_query(&st, move |deadline| {
+        let mut budget = Budget::new(&st2, deadline);
+        let mut result = Vec::new();
+        for s in select_checked(&db, st2.limits.max_query_series, &matchers, start - LOOKBACK_MS + 1, end)? {
+            // One pass over the series: a cursor moves forward with the steps.
+            let mut it = s.iter();
+            let mut cur: Option<Sample> = None;
+            let mut next = it.next();
+            let mut pts = Vec::new();
+            let mut ts = start;
+            while ts <= end {
+                while let Some(x) = next.filter(|x| x.t <= ts) {
+                    cur = Some(x);
+                    next = it.next();
+                }
+                if let Some(x) = cur.filter(|x| x.t > ts - LOOKBACK_MS && !strata_model::is_stale_nan(x.v)) {
+                    pts.push(point(ts, x.v));
+                }
+                ts += step;
+            }
+            if let Some(e) = it.err() {
+                return Err(ApiError::execution(format!("{}: {e}", s.labels)));
+            }
+            budget.take(pts.len())?;
+            if !pts.is_empty() {
+                result.push(json!({"metric": labels_json(&s.labels), "values": pts}));
+            }
+        }
+        Ok(json!({"resultType": "matrix", "result": result}))
+    })
+    .await?;
+    Ok(success(data))
+}
+
+/// Series matching any of `sets` in `[mint, maxt]`, deduplicated, in label order.
+fn series_matching(
+    db: &Db,
+    sets: &[Vec<Matcher>],
+    mint: i64,
+    maxt: i64,
+    limit: usize,
+) -> Result<Vec<Labels>, ApiError> {
+    let mut out = std::collections::BTreeSet::new();
+    for m in sets {
+        for s in select_checked(db, limit, m, mint, maxt)? {
+            out.insert(s.labels);
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+async fn series(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let sets = p.selectors(true)?;
+    let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
+    let db = db(&st)?;
+    let limit = st.limits.max_query_series;
+    let found = blocking(move || series_matching(&db, &sets, start, end, limit)).await??;
+    Ok(success(Value::Array(found.iter().map(labels_json).collect())))
+}
+
+async fn labels(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let sets = p.selectors(false)?;
+    let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
+    let db = db(&st)?;
+    let names = blocking(move || -> Result<Vec<String>, ApiError> {
+        let q = db.querier(start, end);
+        if sets.is_empty() {
+            return q.label_names(&[]).map_err(|e| ApiError::execution(e.to_string()));
+        }
+        let mut all = std::collections::BTreeSet::new();
+        for m in &sets {
+            all.extend(q.label_names(m).map_err(|e| ApiError::execution(e.to_string()))?);
+        }
+        Ok(all.into_iter().collect())
+    })
+    .await??;
+    Ok(success(json!(names)))
+}
+
+async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params(
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    );
+    let sets = p.selectors(false)?;
+    let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
+    let db = db(&st)?;
+    let values = blocking(move || -> Result<Vec<String>, ApiError> {
+        let q = db.querier(start, end);
+        if sets.is_empty() {
+            return q.label_values(&name, &[]).map_err(|e| ApiError::execution(e.to_string()));
+        }
+        let mut all = std::collections::BTreeSet::new();
+        for m in &sets {
+            all.extend(q.label_values(&name, m).map_err(|e| ApiError::execution(e.to_string()))?);
+        }
+        Ok(all.into_iter().collect())
+    })
+    .await??;
+    Ok(success(json!(values)))
+}
+
+async fn metadata(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params(
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    );
+    let only = p.get("metric").map(str::to_owned);
+    let m = st.metadata.lock();
+    let mut out = serde_json::Map::new();
+    for (name, (kind, help, unit)) in m.iter() {
+        if only.as_ref().is_some_and(|o| o != name) {
+            continue;
+        }
+        out.insert(name.clone(), json!([{"type": kind, "help": help, "unit": unit}]));
+    }
+    Ok(success(Value::Object(out)))
+}
+
+async fn buildinfo() -> Response {
+    success(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "revision": "",
+        "branch": "",
+        "buildUser": "",
+        "buildDate": "",
+        "goVersion": "strata (Rust)",
+    }))
+}
+
+async fn runtimeinfo(State(st): State<Arc<AppState>>) -> ApiResult {
+    let db = db(&st)?;
+    let started = st.started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    Ok(success(json!({
+        "startTime": crate::status::format_ms(started),
+        "CWD": std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
+        "reloadConfigSuccess": true,
+        "lastConfigTime": crate::status::format_ms(started),
+        "corruptionCount": db.stats().blocks_set_aside.load(Ordering::Relaxed),
+        "goroutineCount": 0,
+        "GOMAXPROCS": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "GOGC": "",
+        "GODEBUG": "",
+        "storageRetention": st.flags.get("retention").cloned().unwrap_or_default(),
+    })))
+}
+
+async fn flags(State(st): State<Arc<AppState>>) -> Response {
+    success(json!(st.flags))
+}
+
+async fn config(State(st): State<Arc<AppState>>) -> Response {
+    success(json!({"yaml": st.config_yaml}))
+}
+
+async fn tsdb_status(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params(
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    );
+    let limit: usize = match p.get("limit") {
+        None => 10,
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| ApiError::bad_data(format!("invalid parameter \"limit\": {v:?}")))?,
+    };
+    let db = db(&st)?;
+    let status = blocking(move || db.status(limit)).await?.map_err(|e| ApiError::internal(e.to_string()))?;
+    let pairs = |v: &[(String, usize)]| -> Value {
+        Value::Array(v.iter().map(|(n, c)| json!({"name": n, "value": c})).collect())
+    };
+    let (min, max) = status.time_range.unwrap_or((0, 0));
+    Ok(success(json!({
+        "headStats": {
+            "numSeries": status.series,
+            "numLabelPairs": status.cardinality.by_pair.len(),
+            "chunkCount": 0,
+            "minTime": min,
+            "maxTime": max,
+        },
+        "seriesCountByMetricName": pairs(&status.cardinality.by_metric),
+        "labelValueCountByLabelName": pairs(&status.cardinality.by_label),
+        "memoryInBytesByLabelName": [],
+        "seriesCountByLabelValuePair": pairs(&status.cardinality.by_pair),
+    })))
+}
+
+async fn delete_series(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let sets = p.selectors(true)?;
+    let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
+    let db = db(&st)?;
+    blocking(move || -> Result<(), ApiError> {
+        for m in &sets {
+            db.delete(m, start, end).map_err(|e| ApiError::internal(e.to_string()))?;
+        }
+        Ok(())
+    })
+    .await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn clean_tombstones(State(st): State<Arc<AppState>>) -> ApiResult {
+    let db = db(&st)?;
+    blocking(move || db.clean_tombstones()).await?.map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn snapshot() -> ApiResult {
+    Err(ApiError {
+        status: StatusCode::NOT_IMPLEMENTED,
+        kind: "unavailable",
+        message: "snapshots are not implemented yet".into(),
+    })
+}
+
+/// `POST /api/v1/import/prometheus`: text exposition or OpenMetrics (by content type, or an
+/// `# EOF` at the end); samples without a timestamp get the time of the request.
+async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
+    let db = db(&st)?;
+    let body = read_body(&st, body).await?;
+    let text = String::from_utf8(body.to_vec()).map_err(|e| ApiError::bad_data(format!("body is not UTF-8: {e}")))?;
+    let om = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/openmetrics-text"))
+        || text.trim_end().ends_with("# EOF");
+    let format = if om { Format::OpenMetrics } else { Format::Prometheus };
+    let now = now_ms();
+    let max_samples = st.limits.max_samples_per_write;
+    let mut by_series: Vec<(Result<Labels, String>, Vec<Sample>)> = Vec::new();
+    let mut index: HashMap<Labels, usize> = HashMap::new();
+    let mut n = 0;
+    for e in Parser::new(&text, format) {
+        let e = e.map_err(|e| ApiError::bad_data(e.to_string()))?;
+        let Entry::Sample { labels, value, timestamp_ms } = e else { continue };
+        n += 1;
+        if n > max_samples {
+            return Err(ApiError::bad_data(format!("more than {max_samples} samples in one request")));
+        }
+        let i = *index.entry(labels.clone()).or_insert_with(|| {
+            by_series.push((Ok(labels), Vec::new()));
+            by_series.len() - 1
+        });
+        by_series[i].1.push(Sample::new(timestamp_ms.unwrap_or(now), value));
+    }
+    let limits = st.limits.clone();
+    let out = blocking(move || append_all(&db, &limits, by_series)).await?.map_err(ApiError::internal)?;
+    Ok(out.into_response(&st))
+}
+
+/// `GET /api/v1/export`: JSON lines, one series per line, in VictoriaMetrics' shape
+/// (`{"metric":{…},"values":[…],"timestamps":[…]}`).
+async fn export(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let sets = p.selectors(true)?;
+    let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let text = run_query(&st, move |deadline| {
+        let mut budget = Budget::new(&st2, deadline);
+        let mut seen = std::collections::HashSet::new();
+        let mut out = String::new();
+        for m in &sets {
+            for s in select_checked(&db, st2.limits.max_query_series, m, start, end)? {
+                if !seen.insert(s.labels.clone()) {
+                    continue;
+                }
+                let samples = s.samples();
+                budget.take(samples.len())?;
+                if samples.is_empty() {
+                    continue;
+                }
+                let values: Vec<Value> = samples
+                    .iter()
+                    .map(|x| {
+                        serde_json::Number::from_f64(x.v)
+                            .map_or_else(|| Value::String(format_value(x.v)), Value::Number)
+                    })
+                    .collect();
+                let ts: Vec<i64> = samples.iter().map(|x| x.t).collect();
+                out.push_str(
+                    &json!({"metric": labels_json(&s.labels), "values": values, "timestamps": ts}).to_string(),
+                );
+                out.push('\n');
+            }
+        }
+        Ok(out)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "application/stream+json")], text).into_response())
+}
+
+/// `GET /federate`: the latest sample of each matching series in the text format.
+async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params(
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    );
+    let sets = p.selectors(true)?;
+    let t = now_ms();
+    let db = db(&st)?;
+    let limit = st.limits.max_query_series;
+    let text = blocking(move || -> Result<String, ApiError> {
+        let mut out = String::new();
+        let mut seen = std::collections::HashSet::new();
+        for m in &sets {
+            for s in select_checked(&db, limit, m, t - LOOKBACK_MS + 1, t)? {
+                if !seen.insert(s.labels.clone()) {
+                    continue;
+                }
+                if let Some(x) = s.samples().last().filter(|x| !strata_model::is_stale_nan(x.v)) {
+                    out.push_str(&exposition_line(&s.labels, x.v, x.t));
+                }
+            }
+        }
+        Ok(out)
+    })
+    .await??;
+    let mut resp = text.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    Ok(resp)
+}
+
+/// One sample as a text-format line: `name{a="b"} value timestamp_ms`.
+fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
+    let mut s = l.metric_name().unwrap_or("").to_owned();
+    let rest: Vec<String> = l
+        .iter()
+        .filter(|x| &*x.name != strata_model::METRIC_NAME)
+        .map(|x| format!("{}=\"{}\"", x.name, x.value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .collect();
+    if !rest.is_empty() {
+        s.push('{');
+        s.push_str(&rest.join(","));
+        s.push('}');
+    }
+    format!("{s} {} {t}\n", format_value(v))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! `/metrics`: Strata's own metrics in the Prometheus text format, named like Prometheus' where
+//! the meaning is the same (`prometheus_tsdb_*` becomes `strata_tsdb_*`), so existing dashboards
+//! translate directly. The output parses with our own text parser, so Strata can store it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use strata_tsdb::Db;
+
+/// Latency buckets in seconds, as Prometheus' HTTP and query histograms use.
+const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ =
+                writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}", self.counts[i].load(Ordering::Relaxed));
+        }
+        let n = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {n}");
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {n}");
+    }
+}
+
+/// Counters the HTTP layer updates.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    /// Requests by (handler, status code).
+    http_requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    http_duration: Mutex<BTreeMap<&'static str, std::sync::Arc<Histogram>>>,
+    pub remote_write_samples_received: AtomicU64,
+    pub remote_write_samples_rejected: AtomicU64,
+    pub remote_write_series_invalid: AtomicU64,
+    pub queries: AtomicU64,
+    pub queries_failed: AtomicU64,
+    pub query_duration: Histogram,
+}
+
+impl ServerMetrics {
+    pub fn observe_request(&self, handler: &'static str, code: u16, took: Duration) {
+        *self.http_requests.lock().entry((handler, code)).or_default() += 1;
+        let h = self.http_duration.lock().entry(handler).or_default().clone();
+        h.observe(took);
+    }
+
+    /// Everything, in the text exposition format.
+    pub fn render(&self, db: Option<&Db>) -> String {
+        let mut o = String::with_capacity(8192);
+        let c = |o: &mut String, name: &str, help: &str, kind: &str, v: String| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        let _ = writeln!(o, "# HELP strata_build_info Build information.\n# TYPE strata_build_info gauge");
+        let _ = writeln!(o, "strata_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        let _ = writeln!(o, "# HELP strata_http_requests_total HTTP requests by handler and status code.");
+        let _ = writeln!(o, "# TYPE strata_http_requests_total counter");
+        for ((h, code), n) in self.http_requests.lock().iter() {
+            let _ = writeln!(o, "strata_http_requests_total{{handler=\"{h}\",code=\"{code}\"}} {n}");
+        }
+        let _ = writeln!(o, "# HELP strata_http_request_duration_seconds HTTP request latency by handler.");
+        let _ = writeln!(o, "# TYPE strata_http_request_duration_seconds histogram");
+        for (h, hist) in self.http_duration.lock().iter() {
+            hist.render(&mut o, "strata_http_request_duration_seconds", &format!("handler=\"{h}\""));
+        }
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        c(
+            &mut o,
+            "strata_remote_write_samples_received_total",
+            "Samples received by remote write.",
+            "counter",
+            load(&self.remote_write_samples_received),
+        );
+        c(
+            &mut o,
+            "strata_remote_write_samples_rejected_total",
+            "Samples remote write refused.",
+            "counter",
+            load(&self.remote_write_samples_rejected),
+        );
+        c(
+            &mut o,
+            "strata_remote_write_series_invalid_total",
+            "Series with invalid labels in remote write.",
+            "counter",
+            load(&self.remote_write_series_invalid),
+        );
+        c(&mut o, "strata_engine_queries_total", "Queries evaluated.", "counter", load(&self.queries));
+        c(
+            &mut o,
+            "strata_engine_queries_failed_total",
+            "Queries that ended in an error.",
+            "counter",
+            load(&self.queries_failed),
+        );
+        let _ = writeln!(o, "# HELP strata_engine_query_duration_seconds Query latency.");
+        let _ = writeln!(o, "# TYPE strata_engine_query_duration_seconds histogram");
+        self.query_duration.render(&mut o, "strata_engine_query_duration_seconds", "");
+        if let Some(db) = db {
+            render_db(&mut o, db);
+        }
+        o
+    }
+}
+
+fn render_db(o: &mut String, db: &Db) {
+    let head = db.head();
+    let st = &head.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut c = |name: &str, help: &str, kind: &str, v: f64| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    c("strata_tsdb_head_series", "Series in the head.", "gauge", head.num_series() as f64);
+    c(
+        "strata_tsdb_head_samples_appended_total",
+        "Samples appended to the head.",
+        "counter",
+        load(&st.samples_appended) as f64,
+    );
+    c(
+        "strata_tsdb_head_series_created_total",
+        "Series created in the head.",
+        "counter",
+        load(&st.series_created) as f64,
+    );
+    c(
+        "strata_tsdb_head_chunks_created_total",
+        "Chunks created in the head.",
+        "counter",
+        load(&st.chunks_created) as f64,
+    );
+    if let Some((a, b)) = head.time_range() {
+        c("strata_tsdb_head_min_time_seconds", "Oldest sample in the head.", "gauge", a as f64 / 1000.0);
+        c("strata_tsdb_head_max_time_seconds", "Newest sample in the head.", "gauge", b as f64 / 1000.0);
+    }
+    let _ = writeln!(o, "# HELP strata_tsdb_samples_rejected_total Samples the head refused, by reason.");
+    let _ = writeln!(o, "# TYPE strata_tsdb_samples_rejected_total counter");
+    for (reason, v) in [
+        ("out_of_order", &st.rejected_out_of_order),
+        ("duplicate", &st.rejected_duplicate),
+        ("too_old", &st.rejected_too_old),
+    ] {
+        let _ = writeln!(o, "strata_tsdb_samples_rejected_total{{reason=\"{reason}\"}} {}", load(v));
+    }
+    let mut c = |name: &str, help: &str, kind: &str, v: f64| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    if let Some(wal) = head.wal() {
+        let w = &wal.stats;
+        c("strata_tsdb_wal_bytes_written_total", "Bytes written to the WAL.", "counter", load(&w.bytes_written) as f64);
+        c(
+            "strata_tsdb_wal_records_written_total",
+            "Records written to the WAL.",
+            "counter",
+            load(&w.records_written) as f64,
+        );
+        c("strata_tsdb_wal_fsyncs_total", "WAL fsyncs.", "counter", load(&w.fsyncs) as f64);
+        c(
+            "strata_tsdb_wal_fsync_duration_seconds_total",
+            "Time spent in WAL fsyncs.",
+            "counter",
+            load(&w.fsync_nanos_total) as f64 / 1e9,
+        );
+        c(
+            "strata_tsdb_wal_segments_created_total",
+            "WAL segments created.",
+            "counter",
+            load(&w.segments_created) as f64,
+        );
+        c(
+            "strata_tsdb_wal_segment_current",
+            "Index of the WAL segment being written.",
+            "gauge",
+            wal.current_segment() as f64,
+        );
+    }
+    let blocks = db.blocks();
+    let d = db.stats();
+    c("strata_tsdb_blocks_loaded", "Persisted blocks.", "gauge", blocks.len() as f64);
+    c(
+        "strata_tsdb_storage_blocks_bytes",
+        "Bytes of persisted blocks.",
+        "gauge",
+        blocks.iter().map(|b| b.bytes()).sum::<u64>() as f64,
+    );
+    c(
+        "strata_tsdb_head_blocks_written_total",
+        "Blocks cut from the head.",
+        "counter",
+        load(&d.head_blocks_written) as f64,
+    );
+    c("strata_tsdb_compactions_total", "Compactions run.", "counter", load(&d.compactions) as f64);
+    c(
+        "strata_tsdb_compactions_failed_total",
+        "Compactions that failed.",
+        "counter",
+        load(&d.compaction_failures) as f64,
+    );
+    c(
+        "strata_tsdb_compaction_duration_seconds_total",
+        "Time spent compacting.",
+        "counter",
+        load(&d.compaction_nanos_total) as f64 / 1e9,
+    );
+    c(
+        "strata_tsdb_retention_blocks_deleted_total",
+        "Blocks deleted by retention.",
+        "counter",
+        load(&d.blocks_deleted_by_retention) as f64,
+    );
+    c(
+        "strata_tsdb_blocks_set_aside_total",
+        "Blocks set aside as corrupt.",
+        "counter",
+        load(&d.blocks_set_aside) as f64,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::textparse::{Entry, Format, Parser};
+
+    #[test]
+    fn output_is_valid_exposition_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = Db::open(tmp.path(), strata_tsdb::DbOptions { compact_interval: None, ..Default::default() }).unwrap();
+        let m = ServerMetrics::default();
+        m.observe_request("query", 200, Duration::from_millis(3));
+        m.query_duration.observe(Duration::from_millis(30));
+        let text = m.render(Some(&db));
+        let mut samples = 0;
+        for e in Parser::new(&text, Format::Prometheus) {
+            if let Entry::Sample { .. } = e.unwrap_or_else(|e| panic!("{e}\n{text}")) {
+                samples += 1;
+            }
+        }
+        assert!(samples > 40, "{samples}");
+        assert!(text.contains("strata_http_requests_total{handler=\"query\",code=\"200\"} 1"));
+        assert!(text.contains("strata_engine_query_duration_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(text.contains("strata_tsdb_samples_rejected_total{reason=\"too_old\"} 0"));
+    }
+}
