@@ -48,6 +48,9 @@ pub struct ServeArgs {
     /// Longest a query may run (and wait for a slot).
     #[arg(long = "query.timeout", default_value = "2m", value_parser = duration_ms)]
     query_timeout: i64,
+    /// Longest a client may take to send a request body (slow clients get 408).
+    #[arg(long = "web.read-timeout", default_value = "30s", value_parser = duration_ms)]
+    body_read_timeout: i64,
     /// Queries evaluated at once; more wait, up to the query timeout, then get 503.
     #[arg(long = "query.max-concurrency", default_value_t = 20)]
     max_concurrent_queries: usize,
@@ -76,6 +79,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         query_timeout: Duration::from_millis(args.query_timeout.max(1) as u64),
         max_concurrent_queries: args.max_concurrent_queries,
         max_age_ms: args.retention,
+        body_read_timeout: Duration::from_millis(args.body_read_timeout.max(1) as u64),
         ..Limits::default()
     };
     let cfg = StorageConfig {

@@ -1,0 +1,136 @@
+//! `strata serve` end to end: the real binary on a free loopback port, spoken to over real
+//! HTTP: remote write, the query API, restarts (SIGKILL and graceful), bad input and limits.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{http, now_ms, remote_write_body, Server};
+
+#[test]
+fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut srv = Server::start(tmp.path(), &["--wal-fsync", "always"]);
+    let t0 = now_ms() / 1000 * 1000 - 100 * 15_000;
+    let series: Vec<(Vec<(&str, String)>, Vec<(i64, f64)>)> = (0..3)
+        .map(|i| {
+            let labels = vec![("__name__", "e2e_metric".to_owned()), ("instance", format!("host-{i}"))];
+            let samples = (0..100).map(|k| (t0 + k * 15_000, (i * 1000 + k) as f64)).collect();
+            (labels, samples)
+        })
+        .collect();
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
+    assert_eq!(status, 204, "{body}");
+
+    let check = |port: u16| {
+        let q = format!(
+            "/api/v1/query_range?query=e2e_metric&start={}&end={}&step=15",
+            t0 / 1000,
+            (t0 + 99 * 15_000) / 1000
+        );
+        let (status, body) = http(port, "GET", &q, &[], b"");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["status"], "success");
+        assert_eq!(v["data"]["resultType"], "matrix");
+        let result = v["data"]["result"].as_array().unwrap();
+        assert_eq!(result.len(), 3, "{body}");
+        assert_eq!(result[1]["metric"]["instance"], "host-1");
+        let values = result[1]["values"].as_array().unwrap();
+        assert_eq!(values.len(), 100);
+        assert_eq!(values[7][1], "1007");
+        let (status, body) = http(port, "GET", "/api/v1/series?match[]=e2e_metric", &[], b"");
+        assert_eq!(status, 200);
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["data"].as_array().unwrap().len(), 3);
+        let (_, body) = http(port, "GET", "/api/v1/label/instance/values", &[], b"");
+        assert_eq!(body, r#"{"status":"success","data":["host-0","host-1","host-2"]}"#);
+    };
+    check(srv.port);
+
+    srv.kill();
+    let mut srv = Server::start(tmp.path(), &["--wal-fsync", "always"]);
+    check(srv.port);
+
+    let (code, log) = srv.terminate();
+    assert_eq!(code, Some(0), "graceful shutdown exits 0:\n{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    let srv = Server::start(tmp.path(), &[]);
+    check(srv.port);
+    let (status, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("strata_tsdb_head_series 3"), "{metrics}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        tmp.path(),
+        &["--write.max-body-size", "4KB", "--write.max-series", "5", "--web.read-timeout", "1s"],
+    );
+    let now = now_ms();
+    let snappy = [("Content-Encoding", "snappy")];
+    let write = |body: &[u8]| http(srv.port, "POST", "/api/v1/write", &snappy, body);
+    let one = |labels: Vec<(&str, String)>, t: i64| remote_write_body(&[(labels, vec![(t, 1.0)])]);
+    let name = |n: &str| ("__name__", n.to_owned());
+
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("malformed snappy", b"\x05\xff\x01garbage".to_vec(), 400, "snappy"),
+        ("malformed protobuf", support::snappy(b"\x0a\x05\x0a\x03\xff"), 400, "protobuf"),
+        ("invalid UTF-8 label", support::snappy(&support::raw_utf8_violation()), 400, "protobuf"),
+        ("empty label name", one(vec![name("m"), ("", "x".into())], now), 400, "invalid labels"),
+        ("duplicate label", one(vec![name("m"), ("a", "1".into()), ("a", "2".into())], now), 400, "invalid labels"),
+        ("far future", one(vec![name("m")], now + 10 * 86_400_000), 400, "outside the accepted window"),
+        ("absurd past", one(vec![name("m")], i64::MIN), 400, "outside the accepted window"),
+        (
+            "too many series",
+            remote_write_body(&(0..6).map(|i| (vec![name(&format!("m{i}"))], vec![(now, 1.0)])).collect::<Vec<_>>()),
+            400,
+            "exceed the limit of 5",
+        ),
+        ("oversized body", vec![0u8; 8 << 10], 413, "exceeds the limit"),
+    ];
+    for (what, body, want, text) in cases {
+        let (status, resp) = write(&body);
+        assert_eq!(status, want, "{what}: {resp}");
+        assert!(resp.contains(text), "{what}: {resp}");
+        assert_eq!(http(srv.port, "GET", "/-/healthy", &[], b"").0, 200, "healthy after {what}");
+    }
+
+    // Good samples in a batch with bad ones are stored; the answer names the first bad one.
+    let mixed = remote_write_body(&[
+        (vec![name("good")], vec![(now - 1000, 1.0), (now, 2.0)]),
+        (vec![name("bad"), ("", "x".into())], vec![(now, 1.0)]),
+        (vec![name("late")], vec![(now, 1.0), (now - 5000, 2.0)]),
+    ]);
+    let (status, resp) = write(&mixed);
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp.starts_with("2 of 5 samples rejected (3 stored)"), "{resp}");
+    assert!(resp.contains("invalid labels"), "{resp}");
+    let (_, body) = http(srv.port, "GET", "/api/v1/query?query=good", &[], b"");
+    assert!(body.contains(r#""value":["#) && body.contains(r#""2"]"#), "{body}");
+
+    // Query API errors in Prometheus' shape.
+    for (path, want) in [
+        ("/api/v1/query?query=up&time=yesterday", "cannot parse \\\"yesterday\\\""),
+        ("/api/v1/query_range?query=up&start=1&end=2&step=0", "zero or negative query resolution"),
+        ("/api/v1/query_range?query=up&start=2&end=1&step=1", "end timestamp must not be before start"),
+        ("/api/v1/series", "no match[] parameter provided"),
+        ("/api/v1/query?query=up{", "expected"),
+    ] {
+        let (status, body) = http(srv.port, "GET", path, &[], b"");
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains(r#""errorType":"bad_data""#) && body.contains(want), "{path}: {body}");
+    }
+
+    // A client that announces a body and never sends it is cut off.
+    let t0 = std::time::Instant::now();
+    let (status, _) = support::http_raw(
+        srv.port,
+        b"POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nContent-Encoding: snappy\r\n\r\nabc",
+    );
+    assert_eq!(status, 408);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(http(srv.port, "GET", "/-/ready", &[], b"").0, 200);
+}

@@ -1,0 +1,162 @@
+//! Helpers for tests that run `strata serve`: start and stop the real binary, and a minimal
+//! HTTP/1.1 client (no client library: requests are written by hand, `Connection: close`).
+
+#![allow(dead_code, reason = "each test binary uses part of the helpers")]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// A free loopback port (bound, then released for the server to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub struct Server {
+    pub port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `strata serve` on `data_dir` and waits until `/-/ready` answers 200.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        let log = data_dir.with_extension(format!("{port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir", data_dir.to_str().unwrap()])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start strata serve");
+        let srv = Server { port, child: Some(child), log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = try_http(port, "GET", "/-/ready", &[], b"") {
+                return srv;
+            }
+            assert!(Instant::now() < deadline, "server not ready in 60 s:\n{}", srv.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait: (exit code, log).
+    pub fn terminate(&mut self) -> (Option<i32>, String) {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: sends a signal to our own child process.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let status = c.wait().unwrap();
+        (status.code(), self.log_text())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut raw = req.into_bytes();
+    raw.extend_from_slice(body);
+    send(port, &raw)
+}
+
+fn send(port: u16, raw: &[u8]) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(raw)?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One request; returns (status, body).
+pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    try_http(port, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Sends raw bytes (for malformed or slow requests).
+pub fn http_raw(port: u16, raw: &[u8]) -> (u16, String) {
+    send(port, raw).unwrap()
+}
+
+pub fn snappy(data: &[u8]) -> Vec<u8> {
+    snap::raw::Encoder::new().compress_vec(data).unwrap()
+}
+
+/// A snappy-compressed remote-write body.
+pub fn remote_write_body(series: &[(Vec<(&str, String)>, Vec<(i64, f64)>)]) -> Vec<u8> {
+    use strata_server::remote::{Label, Sample, TimeSeries, WriteRequest};
+    let req = WriteRequest {
+        timeseries: series
+            .iter()
+            .map(|(l, s)| TimeSeries {
+                labels: l.iter().map(|(n, v)| Label { name: (*n).to_owned(), value: v.clone() }).collect(),
+                samples: s.iter().map(|&(t, v)| Sample { value: v, timestamp: t }).collect(),
+                histograms: vec![],
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    strata_server::remote::encode(&req)
+}
+
+/// A protobuf WriteRequest whose label value is not UTF-8.
+pub fn raw_utf8_violation() -> Vec<u8> {
+    // timeseries { labels { name: "a" value: "\xff" } }
+    vec![0x0a, 0x08, 0x0a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, 0xff]
+}
