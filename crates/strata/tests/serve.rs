@@ -12,7 +12,7 @@ fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
     let tmp = tempfile::tempdir().unwrap();
     let mut srv = Server::start(tmp.path(), &["--wal-fsync", "always"]);
     let t0 = now_ms() / 1000 * 1000 - 100 * 15_000;
-    let series: Vec<(Vec<(&str, String)>, Vec<(i64, f64)>)> = (0..3)
+    let series: Vec<support::TestSeries> = (0..3)
         .map(|i| {
             let labels = vec![("__name__", "e2e_metric".to_owned()), ("instance", format!("host-{i}"))];
             let samples = (0..100).map(|k| (t0 + k * 15_000, (i * 1000 + k) as f64)).collect();

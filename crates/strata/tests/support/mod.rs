@@ -138,8 +138,11 @@ pub fn snappy(data: &[u8]) -> Vec<u8> {
     snap::raw::Encoder::new().compress_vec(data).unwrap()
 }
 
+/// A series to write: label pairs and `(timestamp ms, value)` samples.
+pub type TestSeries<'a> = (Vec<(&'a str, String)>, Vec<(i64, f64)>);
+
 /// A snappy-compressed remote-write body.
-pub fn remote_write_body(series: &[(Vec<(&str, String)>, Vec<(i64, f64)>)]) -> Vec<u8> {
+pub fn remote_write_body(series: &[TestSeries<'_>]) -> Vec<u8> {
     use strata_server::remote::{Label, Sample, TimeSeries, WriteRequest};
     let req = WriteRequest {
         timeseries: series
