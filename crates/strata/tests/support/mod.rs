@@ -77,7 +77,7 @@ impl Drop for Server {
     }
 }
 
-fn try_http(
+pub fn try_http(
     port: u16,
     method: &str,
     path: &str,
