@@ -215,7 +215,8 @@ impl Parser<'_> {
     /// Call after the last line: an OpenMetrics text must have ended with `# EOF`.
     pub fn finish(&self) -> Result<(), ParseError> {
         if self.format == Format::OpenMetrics && !self.done {
-            return Err(self.err("missing # EOF at the end"));
+            // The last line (line 1 of an empty text).
+            return Err(ParseError { line: self.line.max(1), message: "missing # EOF at the end".into() });
         }
         Ok(())
     }
@@ -407,6 +408,39 @@ mod tests {
         assert_eq!(got[1].2, Some(1500));
         let err = Parser::new("a 1 1\n", Format::OpenMetrics).last().unwrap().unwrap_err();
         assert_eq!(err.to_string(), "line 1: missing # EOF at the end");
+    }
+
+    proptest::proptest! {
+        /// Arbitrary text, and arbitrary mutations of a valid exposition, never panic the parser
+        /// (it returns entries or a line-numbered error).
+        #[test]
+        fn arbitrary_input_never_panics(
+            junk in "\\PC{0,200}",
+            cut in 0usize..200,
+            byte in 0usize..200,
+            with in proptest::prelude::any::<char>(),
+        ) {
+            for f in [Format::Prometheus, Format::OpenMetrics] {
+                for r in Parser::new(&junk, f) {
+                    let _ = r;
+                }
+            }
+            let valid = "# TYPE a counter\na_total{x=\"1\",y=\"\\\"q\"} 1.5e3 1795332570.123 # {t=\"x\"} 1\n{\"u.v\"} NaN\n# EOF\n";
+            let mut m: Vec<char> = valid.chars().collect();
+            m.truncate(cut.min(m.len()));
+            if !m.is_empty() {
+                let i = byte % m.len();
+                m[i] = with;
+            }
+            let m: String = m.into_iter().collect();
+            for f in [Format::Prometheus, Format::OpenMetrics] {
+                for r in Parser::new(&m, f) {
+                    if let Err(e) = r {
+                        proptest::prop_assert!(e.line >= 1);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

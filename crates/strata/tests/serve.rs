@@ -134,3 +134,85 @@ fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
     assert!(t0.elapsed() < Duration::from_secs(10));
     assert_eq!(http(srv.port, "GET", "/-/ready", &[], b"").0, 200);
 }
+
+#[test]
+fn remote_read_import_export_federate_and_delete() {
+    use prost::Message;
+    use strata_server::remote::{LabelMatcher, Query, ReadRequest, ReadResponse};
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &[]);
+    let now = now_ms() / 1000 * 1000;
+    let text = format!(
+        "# TYPE temp gauge\ntemp{{room=\"a\"}} 21.5 {}\ntemp{{room=\"a\"}} 22 {}\ntemp{{room=\"b\",note=\"q\\\"x\"}} 19 {}\n",
+        now - 2000,
+        now - 1000,
+        now - 1000
+    );
+    let (status, body) = http(srv.port, "POST", "/api/v1/import/prometheus", &[], text.as_bytes());
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = http(srv.port, "POST", "/api/v1/import/prometheus", &[], b"temp{room=\"a\" 1\n");
+    assert_eq!(status, 400);
+    assert!(body.contains("line 1"), "{body}");
+
+    // Remote read returns raw samples.
+    let req = ReadRequest {
+        queries: vec![Query {
+            start_timestamp_ms: now - 60_000,
+            end_timestamp_ms: now,
+            matchers: vec![LabelMatcher { r#type: 0, name: "room".into(), value: "a".into() }],
+        }],
+        accepted_response_types: vec![0],
+    };
+    let body = strata_server::remote::encode(&req);
+    let (status, resp) =
+        support::http_bytes(srv.port, "POST", "/api/v1/read", &[("Content-Encoding", "snappy")], &body);
+    assert_eq!(status, 200);
+    let raw = snap::raw::Decoder::new().decompress_vec(&resp).unwrap();
+    let read = ReadResponse::decode(&raw[..]).unwrap();
+    let ts = &read.results[0].timeseries;
+    assert_eq!(ts.len(), 1);
+    let got: Vec<(i64, f64)> = ts[0].samples.iter().map(|s| (s.timestamp, s.value)).collect();
+    assert_eq!(got, [(now - 2000, 21.5), (now - 1000, 22.0)]);
+
+    // Export: JSON lines; federate: text format with escapes.
+    let (status, body) = http(srv.port, "GET", "/api/v1/export?match[]=temp", &[], b"");
+    assert_eq!(status, 200);
+    assert_eq!(body.lines().count(), 2, "{body}");
+    // Label order: {__name__, note, room="b"} sorts before {__name__, room="a"}.
+    let line: serde_json::Value = serde_json::from_str(body.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(line["metric"]["room"], "a");
+    assert_eq!(line["values"], serde_json::json!([21.5, 22.0]));
+    assert_eq!(line["timestamps"], serde_json::json!([now - 2000, now - 1000]));
+    let (_, body) = http(srv.port, "GET", "/federate?match[]=temp", &[], b"");
+    assert!(body.contains(&format!("temp{{room=\"a\"}} 22 {}\n", now - 1000)), "{body}");
+    assert!(body.contains(&format!("temp{{note=\"q\\\"x\",room=\"b\"}} 19 {}\n", now - 1000)), "{body}");
+
+    // Deletion hides the samples at once.
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/admin/tsdb/delete_series?match%5B%5D=temp%7Broom%3D%22a%22%7D", &[], b"");
+    assert_eq!(status, 204, "{body}");
+    let (_, body) = http(srv.port, "GET", "/api/v1/export?match[]=temp", &[], b"");
+    assert_eq!(body.lines().count(), 1, "{body}");
+    let (status, _) = http(srv.port, "POST", "/api/v1/admin/tsdb/clean_tombstones", &[], b"");
+    assert_eq!(status, 204);
+
+    // Status endpoints answer in Prometheus' shapes.
+    let (_, body) = http(srv.port, "GET", "/api/v1/status/tsdb", &[], b"");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"]["headStats"]["numSeries"], 2, "{body}");
+    assert_eq!(v["data"]["seriesCountByMetricName"][0]["name"], "temp");
+    let (_, body) = http(srv.port, "GET", "/api/v1/status/buildinfo", &[], b"");
+    assert!(body.contains("\"version\""), "{body}");
+    let (_, body) = http(srv.port, "GET", "/api/v1/status/flags", &[], b"");
+    assert!(body.contains("\"retention\""), "{body}");
+    // Form POST works like GET.
+    let (status, body) = http(
+        srv.port,
+        "POST",
+        "/api/v1/series",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"match%5B%5D=temp",
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"room\":\"b\""), "{body}");
+}

@@ -97,12 +97,37 @@ pub fn try_http(
     send(port, &raw)
 }
 
-fn send(port: u16, raw: &[u8]) -> std::io::Result<(u16, String)> {
+/// One request with a binary response body: (status, body bytes). Bodies here are never chunked
+/// (the server sends a length for buffered responses).
+pub fn http_bytes(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut raw = req.into_bytes();
+    raw.extend_from_slice(body);
+    let resp = exchange(port, &raw).unwrap();
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
+    let head = String::from_utf8_lossy(&resp[..split]);
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, resp[split + 4..].to_vec())
+}
+
+fn exchange(port: u16, raw: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     s.write_all(raw)?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
+    Ok(resp)
+}
+
+fn send(port: u16, raw: &[u8]) -> std::io::Result<(u16, String)> {
+    let resp = exchange(port, raw)?;
     let text = String::from_utf8_lossy(&resp).into_owned();
     let status: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
