@@ -1,0 +1,264 @@
+//! Remote-write ingestion, Strata against Prometheus and VictoriaMetrics, in one run.
+//!
+//! `cargo bench -p strata --bench ingest_compare [-- INSTANCES [CONNECTIONS]]` (defaults 100, 4).
+//! Pre-encodes remote-write requests (2,000 samples each, snappy) from the node-exporter
+//! recording replicated to INSTANCES `instance` values, re-stamped to end now, in scrape order.
+//! Then, for each server found on the PATH (`strata` from this build, Debian's `prometheus`
+//! with `--web.enable-remote-write-receiver`, Debian's `victoria-metrics`), starts it on a
+//! fresh data directory, sends every request over CONNECTIONS keep-alive connections, and
+//! reports samples/s, server CPU seconds per million samples (from /proc) and peak RSS.
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
+use strata_server::textparse::{Entry, Format, Parser};
+
+const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
+const SAMPLES_PER_REQUEST: usize = 2_000;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Requests per connection (series are sharded over connections, as Prometheus' remote-write
+/// shards do, so each series' samples arrive in order), and the sample count.
+fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDING);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
+    // Samples grouped by timestamp (a scrape), as a scraper would send them.
+    let mut by_time: std::collections::BTreeMap<i64, Vec<(Vec<(String, String)>, f64)>> = Default::default();
+    for e in Parser::new(&text, Format::OpenMetrics) {
+        if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
+            let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
+            by_time.entry(t).or_default().push((pairs, value));
+        }
+    }
+    let last = *by_time.keys().last().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let shift = now - 60_000 - last;
+    let mut requests: Vec<Vec<Vec<u8>>> = vec![Vec::new(); shards];
+    let mut batches: Vec<Vec<TimeSeries>> = vec![Vec::new(); shards];
+    let mut total = 0;
+    for (t, samples) in &by_time {
+        for i in 0..instances {
+            let instance = format!("host-{i:05}:9100");
+            for (pairs, v) in samples {
+                // By series, so each series' samples stay in one ordered stream.
+                let shard = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (i, pairs).hash(&mut h);
+                    (h.finish() % shards as u64) as usize
+                };
+                let batch = &mut batches[shard];
+                let mut labels: Vec<Label> =
+                    pairs.iter().map(|(n, v)| Label { name: n.clone(), value: v.clone() }).collect();
+                labels.push(Label { name: "instance".into(), value: instance.clone() });
+                labels.push(Label { name: "job".into(), value: "node".into() });
+                labels.sort_by(|a, b| a.name.cmp(&b.name));
+                batch.push(TimeSeries {
+                    labels,
+                    samples: vec![Sample { value: *v, timestamp: t + shift }],
+                    histograms: vec![],
+                });
+                total += 1;
+                if batch.len() == SAMPLES_PER_REQUEST {
+                    requests[shard].push(encode(&WriteRequest { timeseries: std::mem::take(batch), metadata: vec![] }));
+                }
+            }
+        }
+    }
+    for (shard, batch) in batches.into_iter().enumerate() {
+        if !batch.is_empty() {
+            requests[shard].push(encode(&WriteRequest { timeseries: batch, metadata: vec![] }));
+        }
+    }
+    (requests, total)
+}
+
+/// Reads one HTTP/1.1 response (status, body) from a keep-alive connection.
+fn read_response(r: &mut std::io::BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok((status, body))
+}
+
+fn send_all(port: u16, path: &str, requests: &Arc<Vec<Vec<Vec<u8>>>>) -> Duration {
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..requests.len())
+        .map(|shard| {
+            let (requests, path) = (requests.clone(), path.to_owned());
+            std::thread::spawn(move || {
+                let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                stream.set_nodelay(true).unwrap();
+                let mut w = stream.try_clone().unwrap();
+                let mut r = std::io::BufReader::new(stream);
+                for (i, body) in requests[shard].iter().enumerate() {
+                    let head = format!(
+                        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: snappy\r\n\
+                         Content-Type: application/x-protobuf\r\nX-Prometheus-Remote-Write-Version: 0.1.0\r\n\
+                         Content-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    w.write_all(head.as_bytes()).unwrap();
+                    w.write_all(body).unwrap();
+                    let (status, resp) = read_response(&mut r).unwrap();
+                    assert!(status / 100 == 2, "request {i}: HTTP {status}: {}", String::from_utf8_lossy(&resp));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    t0.elapsed()
+}
+
+/// (CPU seconds, peak RSS bytes) of a process, from /proc.
+fn proc_usage(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    (cpu / ticks, hwm * 1024)
+}
+
+fn wait_ready(port: u16, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("server on {port} not ready");
+}
+
+struct Peer {
+    name: &'static str,
+    child: Child,
+    port: u16,
+    write_path: &'static str,
+}
+
+fn start(name: &'static str, dir: &Path) -> Option<Peer> {
+    let port = free_port();
+    std::fs::create_dir_all(dir).unwrap();
+    let (cmd, args, ready, write_path): (String, Vec<String>, &str, &str) = match name {
+        "strata" => (
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string(),
+            vec![
+                "serve".into(),
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--data-dir".into(),
+                dir.join("data").display().to_string(),
+            ],
+            "/-/ready",
+            "/api/v1/write",
+        ),
+        "prometheus" => {
+            let cfg = dir.join("prometheus.yml");
+            std::fs::write(&cfg, "global:\n  scrape_interval: 1m\n").unwrap();
+            (
+                "prometheus".into(),
+                vec![
+                    format!("--config.file={}", cfg.display()),
+                    format!("--storage.tsdb.path={}", dir.join("data").display()),
+                    format!("--web.listen-address=127.0.0.1:{port}"),
+                    "--web.enable-remote-write-receiver".into(),
+                ],
+                "/-/ready",
+                "/api/v1/write",
+            )
+        }
+        "victoria-metrics" => (
+            "victoria-metrics".into(),
+            vec![
+                format!("-storageDataPath={}", dir.join("data").display()),
+                format!("-httpListenAddr=127.0.0.1:{port}"),
+            ],
+            "/health",
+            "/api/v1/write",
+        ),
+        _ => unreachable!(),
+    };
+    let child = Command::new(&cmd).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
+    wait_ready(port, ready);
+    Some(Peer { name, child, port, write_path })
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let instances = args.first().copied().unwrap_or(100);
+    let connections = args.get(1).copied().unwrap_or(4);
+    // The strata binary this bench drives must exist and be current.
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "strata", "--bin", "strata"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let t0 = Instant::now();
+    let (requests, samples) = build_requests(instances, connections.max(1));
+    let bytes: usize = requests.iter().flatten().map(Vec::len).sum();
+    println!(
+        "{instances} instances: {samples} samples in {} requests ({bytes} bytes snappy), built in {:.1?}; {connections} connections",
+        requests.iter().map(Vec::len).sum::<usize>(),
+        t0.elapsed()
+    );
+    let requests = Arc::new(requests);
+    let tmp = tempfile::tempdir().unwrap();
+    println!("{:<18} {:>12} {:>14} {:>16} {:>12}", "server", "seconds", "samples/s", "CPU s/M samples", "peak RSS MiB");
+    for name in ["strata", "prometheus", "victoria-metrics"] {
+        let Some(mut peer) = start(name, &tmp.path().join(name)) else {
+            println!("{name:<18} not found on the PATH; skipped");
+            continue;
+        };
+        let (cpu0, _) = proc_usage(peer.child.id());
+        let took = send_all(peer.port, peer.write_path, &requests);
+        let (cpu1, rss) = proc_usage(peer.child.id());
+        println!(
+            "{:<18} {:>12.2} {:>14.0} {:>16.2} {:>12.0}",
+            peer.name,
+            took.as_secs_f64(),
+            samples as f64 / took.as_secs_f64(),
+            (cpu1 - cpu0) / (samples as f64 / 1e6),
+            rss as f64 / (1 << 20) as f64
+        );
+        let _ = peer.child.kill();
+        let _ = peer.child.wait();
+    }
+}
