@@ -25,6 +25,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// One scraped sample: label pairs and value.
+type Scraped = (Vec<(String, String)>, f64);
+
 /// Requests per connection (series are sharded over connections, as Prometheus' remote-write
 /// shards do, so each series' samples arrive in order), and the sample count.
 fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize) {
@@ -32,7 +35,7 @@ fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize)
     let mut text = String::new();
     flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
     // Samples grouped by timestamp (a scrape), as a scraper would send them.
-    let mut by_time: std::collections::BTreeMap<i64, Vec<(Vec<(String, String)>, f64)>> = Default::default();
+    let mut by_time: std::collections::BTreeMap<i64, Vec<Scraped>> = Default::default();
     for e in Parser::new(&text, Format::OpenMetrics) {
         if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
             let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
