@@ -419,6 +419,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
     let body = read_body(&st, body).await?;
     let req: remote::ReadRequest = remote::decode(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
     let max_samples = st.limits.max_query_samples;
+    let max_series = st.limits.max_query_series;
     let resp = blocking(move || -> Result<remote::ReadResponse, ApiError> {
         let mut budget = max_samples;
         let mut results = Vec::with_capacity(req.queries.len());
@@ -437,10 +438,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                     Matcher::new(op, m.name.clone(), m.value.clone()).map_err(|e| ApiError::bad_data(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let selected = db
-                .querier(q.start_timestamp_ms, q.end_timestamp_ms)
-                .select(&matchers)
-                .map_err(|e| ApiError::execution(e.to_string()))?;
+            let selected = select_checked(&db, max_series, &matchers, q.start_timestamp_ms, q.end_timestamp_ms)?;
             let mut timeseries = Vec::new();
             for s in selected {
                 let samples: Vec<remote::Sample> =
@@ -619,21 +617,15 @@ impl Budget {
     }
 }
 
+/// Selects with the per-query series limit: the querier stops loading once it is passed.
 fn select_checked(
     db: &Db,
-    st_limit: usize,
+    max_series: usize,
     matchers: &[Matcher],
     mint: i64,
     maxt: i64,
 ) -> Result<Vec<Series>, ApiError> {
-    let sel = db.querier(mint, maxt).select(matchers).map_err(|e| ApiError::execution(e.to_string()))?;
-    if sel.len() > st_limit {
-        return Err(ApiError::execution(format!(
-            "query selects {} series, more than the limit of {st_limit}",
-            sel.len()
-        )));
-    }
-    Ok(sel)
+    db.querier(mint, maxt).limit_series(max_series).select(matchers).map_err(|e| ApiError::execution(e.to_string()))
 }
 
 async fn query(

@@ -216,3 +216,30 @@ fn remote_read_import_export_federate_and_delete() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"room\":\"b\""), "{body}");
 }
+
+#[test]
+fn query_limits_are_enforced_with_prometheus_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &["--query.max-series", "2", "--query.max-samples", "50"]);
+    let t0 = now_ms() / 1000 * 1000 - 60_000;
+    let series: Vec<support::TestSeries> = (0..3)
+        .map(|i| {
+            (
+                vec![("__name__", "lim".to_owned()), ("i", i.to_string())],
+                (0..40).map(|k| (t0 + k * 1000, 1.0)).collect(),
+            )
+        })
+        .collect();
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = http(srv.port, "GET", "/api/v1/query?query=lim", &[], b"");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains(r#""errorType":"execution""#) && body.contains("more than 2 series"), "{body}");
+    let q = format!("/api/v1/query_range?query=lim%7Bi%3D%220%22%7D&start={}&end={}&step=1", t0 / 1000, t0 / 1000 + 59);
+    let (status, body) = http(srv.port, "GET", &q, &[], b"");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("too many samples"), "{body}");
+    let (status, body) = http(srv.port, "GET", "/api/v1/query?query=lim%7Bi%3D%220%22%7D", &[], b"");
+    assert_eq!(status, 200, "a query within the limits still answers: {body}");
+}

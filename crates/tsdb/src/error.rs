@@ -35,6 +35,8 @@ pub enum Error {
     WalHeader { path: PathBuf, reason: String },
     #[error("write-ahead log failed earlier and accepts no more writes: {0}")]
     WalFailed(String),
+    #[error("the query selects more than {limit} series")]
+    TooManySeries { limit: usize },
     #[error("block {block} is corrupt: {reason}")]
     BlockCorrupt { block: PathBuf, reason: String },
     #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]

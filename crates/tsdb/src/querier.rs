@@ -250,17 +250,33 @@ pub struct Querier<'a> {
     blocks: Option<&'a BlockList>,
     mint: i64,
     maxt: i64,
+    /// `select` fails once it has found more series than this, before loading more.
+    max_series: usize,
 }
 
 impl<'a> Querier<'a> {
     /// A querier over the head alone.
     pub fn new(head: &'a Head, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: None, mint, maxt }
+        Querier { head, blocks: None, mint, maxt, max_series: usize::MAX }
     }
 
     /// A querier over the head and the blocks in `blocks`.
     pub fn with_blocks(head: &'a Head, blocks: &'a BlockList, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: Some(blocks), mint, maxt }
+        Querier { head, blocks: Some(blocks), mint, maxt, max_series: usize::MAX }
+    }
+
+    /// Makes `select` fail with `TooManySeries` rather than load more than `n` series (per
+    /// source, then after merging), so one query cannot exhaust memory.
+    pub fn limit_series(mut self, n: usize) -> Self {
+        self.max_series = n;
+        self
+    }
+
+    fn check_limit(&self, n: usize) -> Result<()> {
+        if n > self.max_series {
+            return Err(crate::Error::TooManySeries { limit: self.max_series });
+        }
+        Ok(())
     }
 
     /// The blocks overlapping the range. Read *after* the head: the database adds a block before
@@ -277,7 +293,7 @@ impl<'a> Querier<'a> {
     /// block found corrupt is reported (naming block and file) and flagged, so the database sets
     /// it aside.
     pub fn select(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
-        let mut out = self.select_head(matchers);
+        let mut out = self.select_head(matchers)?;
         let blocks = self.blocks();
         if blocks.is_empty() {
             return Ok(out);
@@ -296,13 +312,14 @@ impl<'a> Querier<'a> {
             first.deleted.append(&mut later.deleted);
             true
         });
+        self.check_limit(out.len())?;
         for s in &mut out {
             s.chunks.sort_by_key(|c| c.mint);
         }
         Ok(out)
     }
 
-    fn select_head(&self, matchers: &[Matcher]) -> Vec<Series> {
+    fn select_head(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
         // Series found here may be removed by a truncation before their labels are resolved;
         // the gate keeps their symbols alive until then.
         let _gate = self.head.read_gate();
@@ -313,6 +330,7 @@ impl<'a> Querier<'a> {
             let chunks = s.state.lock().chunks(self.mint, self.maxt);
             if !chunks.is_empty() {
                 found.push((s, chunks));
+                self.check_limit(found.len())?;
             }
         }
         let stones = self.head.tombstones_snapshot();
@@ -330,7 +348,7 @@ impl<'a> Querier<'a> {
                 .collect()
         });
         out.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
-        out
+        Ok(out)
     }
 
     fn select_block(&self, block: &Block, matchers: &[Matcher]) -> Result<Vec<Series>> {
@@ -354,6 +372,7 @@ impl<'a> Querier<'a> {
             }
             let deleted = stones.get(&id.0).cloned().unwrap_or_default();
             out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });
+            self.check_limit(out.len())?;
         }
         Ok(out)
     }

@@ -48,3 +48,20 @@ fn series_without_samples_in_range_are_not_selected() {
     assert!(sel(&head, 200, 300).is_empty());
     assert_eq!(sel(&head, 100, 100).len(), 1);
 }
+
+#[test]
+fn select_stops_at_the_series_limit() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    for i in 0..10 {
+        app.append(&Labels::from_pairs([("__name__", "s"), ("i", &i.to_string())]), 100, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    let all = [Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()];
+    assert_eq!(Querier::new(&head, 0, 200).limit_series(10).select(&all).unwrap().len(), 10);
+    let err = Querier::new(&head, 0, 200).limit_series(9).select(&all).unwrap_err();
+    assert!(matches!(err, crate::Error::TooManySeries { limit: 9 }), "{err}");
+    assert_eq!(err.to_string(), "the query selects more than 9 series");
+    // Series without samples in range do not count.
+    assert_eq!(Querier::new(&head, 200, 300).limit_series(1).select(&all).unwrap().len(), 0);
+}
