@@ -42,6 +42,36 @@ pub enum LabelsError {
     DuplicateName { name: String },
 }
 
+/// `Labels::stable_hash` of the label set these pairs form, computed from borrowed strings
+/// (the pairs must already be in canonical order: see `pairs_are_canonical`).
+pub fn stable_hash_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    // One-shot hashing of a joined buffer: same value as streaming the parts, much faster
+    // for many short strings.
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        b.clear();
+        for (n, v) in pairs {
+            b.extend_from_slice(n.as_bytes());
+            b.push(HASH_SEPARATOR);
+            b.extend_from_slice(v.as_bytes());
+            b.push(HASH_SEPARATOR);
+        }
+        xxhash_rust::xxh3::xxh3_64(&b)
+    })
+}
+
+/// Whether `pairs` already are a valid label set as `Labels` stores it: names strictly
+/// ascending (so unique) and non-empty, values non-empty. Clients such as Prometheus send label
+/// sets this way, which lets the write path look series up without building a `Labels`.
+pub fn pairs_are_canonical<N: AsRef<str>, V: AsRef<str>>(pairs: &[(N, V)]) -> bool {
+    !pairs.is_empty()
+        && pairs.iter().all(|(n, v)| !n.as_ref().is_empty() && !v.as_ref().is_empty())
+        && pairs.windows(2).all(|w| w[0].0.as_ref() < w[1].0.as_ref())
+}
+
 /// A sorted label set. Invariant: sorted by name, names unique and non-empty, values non-empty.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Labels(Vec<Label>);
@@ -141,22 +171,7 @@ impl Labels {
     /// A stable 64-bit hash: XXH3 over `name 0xff value 0xff` for each label in order. It
     /// depends only on the label strings, never on process state, so it may be persisted.
     pub fn stable_hash(&self) -> u64 {
-        // One-shot hashing of a joined buffer: same value as streaming the parts, much faster
-        // for many short strings.
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        BUF.with(|b| {
-            let mut b = b.borrow_mut();
-            b.clear();
-            for l in &self.0 {
-                b.extend_from_slice(l.name.as_bytes());
-                b.push(HASH_SEPARATOR);
-                b.extend_from_slice(l.value.as_bytes());
-                b.push(HASH_SEPARATOR);
-            }
-            xxhash_rust::xxh3::xxh3_64(&b)
-        })
+        stable_hash_pairs(self.0.iter().map(|l| (&*l.name, &*l.value)))
     }
 }
 

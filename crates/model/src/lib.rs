@@ -12,7 +12,7 @@ pub mod matcher;
 pub mod selector;
 
 pub use duration::parse_duration_ms;
-pub use labels::{Label, Labels, LabelsBuilder, LabelsError, METRIC_NAME};
+pub use labels::{pairs_are_canonical, stable_hash_pairs, Label, Labels, LabelsBuilder, LabelsError, METRIC_NAME};
 pub use matcher::{MatchOp, Matcher, MatcherError};
 pub use selector::parse_selector;
 

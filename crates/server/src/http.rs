@@ -292,22 +292,27 @@ impl WriteOutcome {
     }
 }
 
-/// Appends `(labels, samples)` pairs in one commit: good samples are stored even when others
-/// are refused; the first refusal is named.
-fn append_all(
-    db: &Db,
-    limits: &Limits,
-    series: Vec<(Result<Labels, String>, Vec<Sample>)>,
-) -> Result<WriteOutcome, String> {
+/// One series of a write request: its label pairs as sent (or why they are invalid) and its
+/// samples.
+type WriteSeries<S> = (Result<Vec<(S, S)>, String>, Vec<Sample>);
+
+/// Appends every series in one commit: good samples are stored even when others are refused;
+/// the first refusal is named. Label pairs in canonical order (as Prometheus sends them) find
+/// their series without allocating.
+fn append_all<S: AsRef<str>>(db: &Db, limits: &Limits, series: Vec<WriteSeries<S>>) -> Result<WriteOutcome, String> {
     let mut out = WriteOutcome::default();
     let now = now_ms();
     let newest = now.saturating_add(limits.max_future_ms);
     let oldest = if limits.max_age_ms > 0 { now.saturating_sub(limits.max_age_ms) } else { i64::MIN };
+    let show = |pairs: &[(S, S)]| {
+        let inner: Vec<String> = pairs.iter().map(|(n, v)| format!("{}={:?}", n.as_ref(), v.as_ref())).collect();
+        format!("{{{}}}", inner.join(", "))
+    };
     let mut app = db.appender();
-    for (labels, samples) in series {
+    for (pairs, samples) in series {
         out.samples += samples.len();
-        let labels = match labels {
-            Ok(l) => l,
+        let pairs = match pairs {
+            Ok(p) => p,
             Err(why) => {
                 out.reject(samples.len(), || why);
                 continue;
@@ -318,7 +323,8 @@ fn append_all(
             if s.t > newest || s.t < oldest {
                 out.reject(1, || {
                     format!(
-                        "series {labels}: sample timestamp {} is outside the accepted window [{oldest}, {newest}]",
+                        "series {}: sample timestamp {} is outside the accepted window [{oldest}, {newest}]",
+                        show(&pairs),
                         s.t
                     )
                 });
@@ -326,10 +332,14 @@ fn append_all(
             }
             let res = match r {
                 Some(r) => app.append_ref(r, s.t, s.v),
-                None => app.append(&labels, s.t, s.v).map(|x| r = Some(x)),
+                None => app.append_pairs(&pairs, s.t, s.v).map(|x| r = Some(x)),
             };
             if let Err(e) = res {
-                out.reject(1, || format!("series {labels}: {e}"));
+                let what = match e {
+                    strata_tsdb::head::AppendError::InvalidLabels(e) => format!("invalid labels: {e}"),
+                    e => e.to_string(),
+                };
+                out.reject(1, || format!("series {}: {what}", show(&pairs)));
             }
         }
     }
@@ -339,6 +349,16 @@ fn append_all(
         out.reject(c.rejected, || e.to_string());
     }
     Ok(out)
+}
+
+/// A label string borrowed from the request buffer, checked as UTF-8.
+struct BytesStr(bytes::Bytes);
+
+impl AsRef<str> for BytesStr {
+    fn as_ref(&self) -> &str {
+        // Checked by `Label::strs` when the value was made.
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
 }
 
 async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
@@ -377,22 +397,32 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
         }
     }
     let mut invalid = 0;
-    let series: Vec<(Result<Labels, String>, Vec<Sample>)> = req
+    let series: Vec<WriteSeries<BytesStr>> = req
         .timeseries
         .into_iter()
         .map(|ts| {
-            let shown = || ts.labels.iter().map(|l| format!("{}={:?}", l.name, l.value)).collect::<Vec<_>>().join(", ");
-            let labels = if !ts.histograms.is_empty() {
+            let shown = || {
+                let inner: Vec<String> = ts
+                    .labels
+                    .iter()
+                    .map(|l| format!("{}={:?}", String::from_utf8_lossy(&l.name), String::from_utf8_lossy(&l.value)))
+                    .collect();
+                inner.join(", ")
+            };
+            let pairs = if !ts.histograms.is_empty() {
                 Err(format!("series {{{}}}: native histograms are not supported yet", shown()))
             } else {
-                Labels::try_from_pairs(ts.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())))
+                ts.labels
+                    .iter()
+                    .map(|l| l.strs().map(|_| (BytesStr(l.name.clone()), BytesStr(l.value.clone()))))
+                    .collect::<Result<Vec<_>, String>>()
                     .map_err(|e| format!("series {{{}}}: invalid labels: {e}", shown()))
             };
-            if labels.is_err() {
+            if pairs.is_err() {
                 invalid += 1;
             }
             let samples = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
-            (labels, samples)
+            (pairs, samples)
         })
         .collect();
     st.metrics.remote_write_series_invalid.fetch_add(invalid, Ordering::Relaxed);
@@ -449,11 +479,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                 budget = budget.checked_sub(samples.len()).ok_or_else(|| {
                     ApiError::execution(format!("remote read would return more than {max_samples} samples"))
                 })?;
-                let labels = s
-                    .labels
-                    .iter()
-                    .map(|l| remote::Label { name: l.name.to_string(), value: l.value.to_string() })
-                    .collect();
+                let labels = s.labels.iter().map(|l| remote::Label::new(&*l.name, &*l.value)).collect();
                 timeseries.push(remote::TimeSeries { labels, samples, histograms: vec![] });
             }
             results.push(remote::QueryResult { timeseries });
@@ -977,7 +1003,7 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
     let format = if om { Format::OpenMetrics } else { Format::Prometheus };
     let now = now_ms();
     let max_samples = st.limits.max_samples_per_write;
-    let mut by_series: Vec<(Result<Labels, String>, Vec<Sample>)> = Vec::new();
+    let mut by_series: Vec<WriteSeries<Arc<str>>> = Vec::new();
     let mut index: HashMap<Labels, usize> = HashMap::new();
     let mut n = 0;
     for e in Parser::new(&text, format) {
@@ -988,7 +1014,8 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             return Err(ApiError::bad_data(format!("more than {max_samples} samples in one request")));
         }
         let i = *index.entry(labels.clone()).or_insert_with(|| {
-            by_series.push((Ok(labels), Vec::new()));
+            let pairs = labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
+            by_series.push((Ok(pairs), Vec::new()));
             by_series.len() - 1
         });
         by_series[i].1.push(Sample::new(timestamp_ms.unwrap_or(now), value));

@@ -24,12 +24,30 @@ pub struct TimeSeries {
     pub histograms: Vec<Histogram>,
 }
 
+/// Name and value are protobuf `string`s, decoded as `bytes` so that they are slices of the
+/// request buffer instead of one allocation each; `Label::strs` checks the UTF-8 that protobuf
+/// requires of a string.
 #[derive(Clone, PartialEq, Message)]
 pub struct Label {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub name: bytes::Bytes,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: bytes::Bytes,
+}
+
+impl Label {
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Label {
+        Label { name: name.into().into(), value: value.into().into() }
+    }
+
+    /// Name and value as text; an error names the invalid field.
+    pub fn strs(&self) -> Result<(&str, &str), String> {
+        let name =
+            std::str::from_utf8(&self.name).map_err(|_| format!("label name {:?} is not valid UTF-8", self.name))?;
+        let value = std::str::from_utf8(&self.value)
+            .map_err(|_| format!("value of label {name:?} is not valid UTF-8: {:?}", self.value))?;
+        Ok((name, value))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Message)]
@@ -119,7 +137,8 @@ pub fn decode<M: Message + Default>(body: &[u8], max_decompressed: usize) -> Res
         return Err(DecodeError::BodyTooLarge { bytes: len, limit: max_decompressed });
     }
     let raw = snap::raw::Decoder::new().decompress_vec(body).map_err(|e| DecodeError::Snappy(e.to_string()))?;
-    M::decode(&raw[..]).map_err(|e| DecodeError::Protobuf(e.to_string()))
+    // From `Bytes`, so that `bytes` fields are slices of this buffer, not copies.
+    M::decode(bytes::Bytes::from(raw)).map_err(|e| DecodeError::Protobuf(e.to_string()))
 }
 
 /// Encodes and snappy-compresses a message.
@@ -136,7 +155,7 @@ mod tests {
     fn round_trip_and_named_errors() {
         let req = WriteRequest {
             timeseries: vec![TimeSeries {
-                labels: vec![Label { name: "__name__".into(), value: "up".into() }],
+                labels: vec![Label::new("__name__", "up")],
                 samples: vec![Sample { value: 1.5, timestamp: 1000 }],
                 histograms: vec![],
             }],
@@ -148,13 +167,14 @@ mod tests {
         assert!(matches!(decode::<WriteRequest>(b"\x05\xff\x01", 1 << 20), Err(DecodeError::Snappy(_))));
         let garbage = snap::raw::Encoder::new().compress_vec(b"\x0a\x05\x0a\x03").unwrap();
         assert!(matches!(decode::<WriteRequest>(&garbage, 1 << 20), Err(DecodeError::Protobuf(_))));
-        // A label value that is not UTF-8 is a protobuf error, never a panic.
+        // A label value that is not UTF-8 decodes (as bytes) and is then named by `strs`.
         let mut raw = req.encode_to_vec();
         let at = raw.windows(2).position(|w| w == b"up").unwrap();
         raw[at] = 0xff;
         let bad = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
-        let err = decode::<WriteRequest>(&bad, 1 << 20).unwrap_err().to_string();
-        assert!(err.contains("protobuf"), "{err}");
+        let got = decode::<WriteRequest>(&bad, 1 << 20).unwrap();
+        let err = got.timeseries[0].labels[0].strs().unwrap_err();
+        assert!(err.contains("value of label \"__name__\" is not valid UTF-8"), "{err}");
     }
 
     proptest! {

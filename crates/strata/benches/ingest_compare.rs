@@ -7,6 +7,7 @@
 //! with `--web.enable-remote-write-receiver`, Debian's `victoria-metrics`), starts it on a
 //! fresh data directory, sends every request over CONNECTIONS keep-alive connections, and
 //! reports samples/s, server CPU seconds per million samples (from /proc) and peak RSS.
+//! With `INGEST_TARGET_PORT=N` it only sends to a server already listening there (profiling).
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
@@ -60,10 +61,9 @@ fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize)
                     (h.finish() % shards as u64) as usize
                 };
                 let batch = &mut batches[shard];
-                let mut labels: Vec<Label> =
-                    pairs.iter().map(|(n, v)| Label { name: n.clone(), value: v.clone() }).collect();
-                labels.push(Label { name: "instance".into(), value: instance.clone() });
-                labels.push(Label { name: "job".into(), value: "node".into() });
+                let mut labels: Vec<Label> = pairs.iter().map(|(n, v)| Label::new(n.clone(), v.clone())).collect();
+                labels.push(Label::new("instance", instance.clone()));
+                labels.push(Label::new("job", "node"));
                 labels.sort_by(|a, b| a.name.cmp(&b.name));
                 batch.push(TimeSeries {
                     labels,
@@ -243,6 +243,12 @@ fn main() {
         t0.elapsed()
     );
     let requests = Arc::new(requests);
+    // Profiling aid: send to a server already running (e.g. under `perf record`) and stop.
+    if let Some(port) = std::env::var("INGEST_TARGET_PORT").ok().and_then(|p| p.parse().ok()) {
+        let took = send_all(port, "/api/v1/write", &requests);
+        println!("sent to :{port} in {took:.2?}: {:.0} samples/s", samples as f64 / took.as_secs_f64());
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     println!("{:<18} {:>12} {:>14} {:>16} {:>12}", "server", "seconds", "samples/s", "CPU s/M samples", "peak RSS MiB");
     for name in ["strata", "prometheus", "victoria-metrics"] {

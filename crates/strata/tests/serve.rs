@@ -78,7 +78,7 @@ fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         ("malformed snappy", b"\x05\xff\x01garbage".to_vec(), 400, "snappy"),
         ("malformed protobuf", support::snappy(b"\x0a\x05\x0a\x03\xff"), 400, "protobuf"),
-        ("invalid UTF-8 label", support::snappy(&support::raw_utf8_violation()), 400, "protobuf"),
+        ("invalid UTF-8 label", support::snappy(&support::raw_utf8_violation()), 400, "not valid UTF-8"),
         ("empty label name", one(vec![name("m"), ("", "x".into())], now), 400, "invalid labels"),
         ("duplicate label", one(vec![name("m"), ("a", "1".into()), ("a", "2".into())], now), 400, "invalid labels"),
         ("far future", one(vec![name("m")], now + 10 * 86_400_000), 400, "outside the accepted window"),

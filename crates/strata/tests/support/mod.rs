@@ -173,7 +173,7 @@ pub fn remote_write_body(series: &[TestSeries<'_>]) -> Vec<u8> {
         timeseries: series
             .iter()
             .map(|(l, s)| TimeSeries {
-                labels: l.iter().map(|(n, v)| Label { name: (*n).to_owned(), value: v.clone() }).collect(),
+                labels: l.iter().map(|(n, v)| Label::new(*n, v.clone())).collect(),
                 samples: s.iter().map(|&(t, v)| Sample { value: v, timestamp: t }).collect(),
                 histograms: vec![],
             })

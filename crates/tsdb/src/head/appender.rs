@@ -70,6 +70,30 @@ impl<'h> Appender<'h> {
         Ok(r)
     }
 
+    /// Appends a sample to the series with the label set `pairs`, as a client sent them. When
+    /// they are already canonical (sorted, unique, non-empty: what Prometheus sends) an existing
+    /// series is found without building a `Labels`, the hot path of remote write; otherwise, or
+    /// for a new series, this is `append`.
+    pub fn append_pairs<N: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        pairs: &[(N, V)],
+        t: i64,
+        v: f64,
+    ) -> Result<SeriesRef, AppendError> {
+        if strata_model::pairs_are_canonical(pairs) {
+            self.check_too_old(t)?;
+            let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
+            if let Some(series) = self.head.find_pairs(pairs, hash) {
+                let r = series.series_ref;
+                self.push(series, t, v)?;
+                return Ok(r);
+            }
+        }
+        let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
+            .map_err(AppendError::InvalidLabels)?;
+        self.append(&labels, t, v)
+    }
+
     /// Appends a sample to a series by the reference an earlier `append` returned.
     pub fn append_ref(&mut self, r: SeriesRef, t: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;

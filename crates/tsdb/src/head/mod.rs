@@ -222,6 +222,21 @@ impl Head {
         Ok((series, true))
     }
 
+    /// The existing series whose label set is `pairs` (canonical order, see
+    /// `strata_model::pairs_are_canonical`) with `stable_hash` `hash`; no allocation.
+    pub(crate) fn find_pairs<N: AsRef<str>, V: AsRef<str>>(
+        &self,
+        pairs: &[(N, V)],
+        hash: u64,
+    ) -> Option<Arc<MemSeries>> {
+        let stripe = self.by_hash[Self::stripe(hash)].read();
+        let first = *stripe.first.get(&hash)?;
+        std::iter::once(first)
+            .chain(stripe.more.get(&hash).into_iter().flatten().copied())
+            .filter_map(|r| self.series(r))
+            .find(|s| self.symbols.equals_pairs(&s.labels, pairs))
+    }
+
     fn find_locked(&self, stripe: &HashStripe, labels: &Labels, hash: u64) -> Option<Arc<MemSeries>> {
         let first = *stripe.first.get(&hash)?;
         std::iter::once(first)

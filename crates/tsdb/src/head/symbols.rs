@@ -111,6 +111,19 @@ impl Symbols {
         want.next().is_none()
     }
 
+    /// Whether `packed` is exactly the label set of `pairs` (canonical order).
+    pub fn equals_pairs<N: AsRef<str>, V: AsRef<str>>(&self, packed: &PackedLabels, pairs: &[(N, V)]) -> bool {
+        let r = self.inner.read();
+        let mut want = pairs.iter();
+        for (n, v) in packed.pairs() {
+            match want.next() {
+                Some((wn, wv)) if *r.strings[n as usize] == *wn.as_ref() && *r.strings[v as usize] == *wv.as_ref() => {}
+                _ => return false,
+            }
+        }
+        want.next().is_none()
+    }
+
     pub fn intern_labels(&self, labels: &Labels) -> PackedLabels {
         // Usually every string is known already: one read lock for the whole set.
         if let Some(packed) = self.lookup_labels(labels) {

@@ -278,3 +278,24 @@ fn truncation_forgets_churned_series_and_their_symbols() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].samples().len(), 1);
 }
+
+#[test]
+fn append_pairs_finds_the_same_series_as_append() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    let r = app.append(&l(&[("__name__", "up"), ("job", "a")]), 10, 1.0).unwrap();
+    // Canonical pairs take the no-allocation path and find the series.
+    assert_eq!(app.append_pairs(&[("__name__", "up"), ("job", "a")], 20, 2.0).unwrap(), r);
+    // Unsorted pairs, or with an empty value (an absent label), are normalized first.
+    assert_eq!(app.append_pairs(&[("job", "a"), ("__name__", "up")], 30, 3.0).unwrap(), r);
+    assert_eq!(app.append_pairs(&[("__name__", "up"), ("x", ""), ("job", "a")], 40, 4.0).unwrap(), r);
+    // A new series through the pairs path is created like any other.
+    let r2 = app.append_pairs(&[("__name__", "up"), ("job", "b")], 10, 1.0).unwrap();
+    assert_ne!(r2, r);
+    assert!(matches!(app.append_pairs(&[("", "x")], 10, 1.0), Err(AppendError::InvalidLabels(_))));
+    assert!(matches!(app.append_pairs(&[("a", "1"), ("a", "2")], 10, 1.0), Err(AppendError::InvalidLabels(_))));
+    app.commit().unwrap();
+    let d = dump(&head);
+    assert_eq!(d[&l(&[("__name__", "up"), ("job", "a")])].len(), 4);
+    assert_eq!(head.num_series(), 2);
+}
