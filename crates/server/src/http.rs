@@ -351,16 +351,6 @@ fn append_all<S: AsRef<str>>(db: &Db, limits: &Limits, series: Vec<WriteSeries<S
     Ok(out)
 }
 
-/// A label string borrowed from the request buffer, checked as UTF-8.
-struct BytesStr(bytes::Bytes);
-
-impl AsRef<str> for BytesStr {
-    fn as_ref(&self) -> &str {
-        // Checked by `Label::strs` when the value was made.
-        std::str::from_utf8(&self.0).unwrap_or("")
-    }
-}
-
 async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
     let db = db(&st)?;
     if let Some(v) = headers.get("X-Prometheus-Remote-Write-Version") {
@@ -396,38 +386,46 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
             m.insert(md.metric_family_name.clone(), (kind, md.help.clone(), md.unit.clone()));
         }
     }
-    let mut invalid = 0;
-    let series: Vec<WriteSeries<BytesStr>> = req
-        .timeseries
-        .into_iter()
-        .map(|ts| {
-            let shown = || {
-                let inner: Vec<String> = ts
-                    .labels
-                    .iter()
-                    .map(|l| format!("{}={:?}", String::from_utf8_lossy(&l.name), String::from_utf8_lossy(&l.value)))
-                    .collect();
-                inner.join(", ")
-            };
-            let pairs = if !ts.histograms.is_empty() {
-                Err(format!("series {{{}}}: native histograms are not supported yet", shown()))
-            } else {
-                ts.labels
-                    .iter()
-                    .map(|l| l.strs().map(|_| (BytesStr(l.name.clone()), BytesStr(l.value.clone()))))
-                    .collect::<Result<Vec<_>, String>>()
-                    .map_err(|e| format!("series {{{}}}: invalid labels: {e}", shown()))
-            };
-            if pairs.is_err() {
-                invalid += 1;
-            }
-            let samples = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
-            (pairs, samples)
-        })
-        .collect();
-    st.metrics.remote_write_series_invalid.fetch_add(invalid, Ordering::Relaxed);
     let limits = st.limits.clone();
-    let out = blocking(move || append_all(&db, &limits, series)).await?.map_err(ApiError::internal)?;
+    let st2 = st.clone();
+    // The label strings stay slices of the request, borrowed while the batch is appended.
+    let out = blocking(move || {
+        let mut invalid = 0;
+        let series: Vec<WriteSeries<&str>> = req
+            .timeseries
+            .iter()
+            .map(|ts| {
+                let shown = || {
+                    let inner: Vec<String> = ts
+                        .labels
+                        .iter()
+                        .map(|l| {
+                            format!("{}={:?}", String::from_utf8_lossy(&l.name), String::from_utf8_lossy(&l.value))
+                        })
+                        .collect();
+                    inner.join(", ")
+                };
+                let pairs = if !ts.histograms.is_empty() {
+                    Err(format!("series {{{}}}: native histograms are not supported yet", shown()))
+                } else {
+                    ts.labels
+                        .iter()
+                        .map(remote::Label::strs)
+                        .collect::<Result<Vec<_>, String>>()
+                        .map_err(|e| format!("series {{{}}}: invalid labels: {e}", shown()))
+                };
+                if pairs.is_err() {
+                    invalid += 1;
+                }
+                let samples = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
+                (pairs, samples)
+            })
+            .collect();
+        st2.metrics.remote_write_series_invalid.fetch_add(invalid, Ordering::Relaxed);
+        append_all(&db, &limits, series)
+    })
+    .await?
+    .map_err(ApiError::internal)?;
     Ok(out.into_response(&st))
 }
 
