@@ -979,12 +979,23 @@ async fn clean_tombstones(State(st): State<Arc<AppState>>) -> ApiResult {
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn snapshot() -> ApiResult {
-    Err(ApiError {
-        status: StatusCode::NOT_IMPLEMENTED,
-        kind: "unavailable",
-        message: "snapshots are not implemented yet".into(),
-    })
+/// `POST /api/v1/admin/tsdb/snapshot[?skip_head=true]`: hard-links every block (and writes the
+/// head as a block) into `<data dir>/snapshots/<name>`, as Prometheus does.
+async fn snapshot(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params(
+        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    );
+    let skip_head = match p.get("skip_head") {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(v) => return Err(ApiError::bad_data(format!("invalid parameter \"skip_head\": {v:?}"))),
+    };
+    let db = db(&st)?;
+    let path = blocking(move || db.snapshot(skip_head)).await?.map_err(|e| ApiError::internal(e.to_string()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(success(json!({"name": name})))
 }
 
 /// `POST /api/v1/import/prometheus`: text exposition or OpenMetrics (by content type, or an

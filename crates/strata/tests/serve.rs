@@ -195,6 +195,10 @@ fn remote_read_import_export_federate_and_delete() {
     assert_eq!(body.lines().count(), 1, "{body}");
     let (status, _) = http(srv.port, "POST", "/api/v1/admin/tsdb/clean_tombstones", &[], b"");
     assert_eq!(status, 204);
+    let (status, body) = http(srv.port, "POST", "/api/v1/admin/tsdb/snapshot", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let name = serde_json::from_str::<serde_json::Value>(&body).unwrap()["data"]["name"].as_str().unwrap().to_owned();
+    assert!(tmp.path().join("snapshots").join(&name).is_dir(), "{body}");
 
     // Status endpoints answer in Prometheus' shapes.
     let (_, body) = http(srv.port, "GET", "/api/v1/status/tsdb", &[], b"");

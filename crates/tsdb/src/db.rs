@@ -43,6 +43,8 @@ pub const CORRUPT_SUFFIX: &str = ".corrupt";
 /// block under its real name).
 pub const DELETING_SUFFIX: &str = ".tmp-for-deletion";
 pub const RETENTION_DEFAULT_MS: i64 = 15 * 24 * 3600 * 1000;
+/// Where `Db::snapshot` writes, inside the data directory.
+pub const SNAPSHOTS_DIR: &str = "snapshots";
 
 #[derive(Clone, Copy, Debug)]
 pub struct DbOptions {
@@ -241,6 +243,32 @@ impl Db {
             }
             start += range;
         }
+        Ok(out)
+    }
+
+    /// Writes a consistent copy of the database into `dir/snapshots/<name>/` (created): every
+    /// block hard-linked (blocks are immutable, so this costs no space), and, unless
+    /// `skip_head`, the head's samples written as one more block. Returns the snapshot's path.
+    /// A snapshot is a data directory: `strata serve --data-dir` opens it.
+    pub fn snapshot(&self, skip_head: bool) -> Result<PathBuf> {
+        let inner = &self.inner;
+        // No compaction may delete a block while it is being linked.
+        let _guard = inner.compaction.lock();
+        let name = format!("{}-{}", chrono_like_now(), ulid::Ulid::new());
+        let snaps = inner.dir.join(SNAPSHOTS_DIR);
+        let tmp = snaps.join(format!("{name}{TMP_SUFFIX}"));
+        create_dir_all(&tmp)?;
+        for b in self.blocks().iter() {
+            link_tree(b.dir(), &tmp.join(b.ulid()))?;
+        }
+        if !skip_head {
+            if let Some((min, max)) = inner.head.time_range() {
+                compact::write_head_block(&inner.head, &tmp, min, max.saturating_add(1))?;
+            }
+        }
+        fsync_dir(&tmp)?;
+        let out = snaps.join(&name);
+        rename_durable(&tmp, &out)?;
         Ok(out)
     }
 
@@ -550,6 +578,39 @@ fn delete_block_dir(path: &Path) -> Result<()> {
     let to = PathBuf::from(to);
     rename_durable(path, &to)?;
     std::fs::remove_dir_all(&to).map_err(io_err("remove", &to))
+}
+
+/// Hard-links every file under `from` into the same layout under `to`.
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    create_dir_all(to)?;
+    for e in std::fs::read_dir(from).map_err(io_err("list", from))? {
+        let e = e.map_err(io_err("list", from))?;
+        let target = to.join(e.file_name());
+        if e.file_type().map_err(io_err("stat", e.path()))?.is_dir() {
+            link_tree(&e.path(), &target)?;
+        } else {
+            std::fs::hard_link(e.path(), &target).map_err(io_err("hard-link into", &target))?;
+        }
+    }
+    fsync_dir(to)
+}
+
+/// `20261122T130501Z`: snapshot names sort by time, as Prometheus' do.
+fn chrono_like_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since the epoch (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 fn wal_dir_bytes(wal_dir: &Path) -> Result<u64> {

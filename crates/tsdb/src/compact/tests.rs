@@ -284,3 +284,29 @@ fn blocks_open_lazily_and_queries_touch_only_blocks_in_range() {
     let loaded: Vec<i64> = blocks.iter().filter(|b| b.is_loaded()).map(|b| b.meta().min_time / RANGE).collect();
     assert_eq!(loaded, [50, 51], "only the blocks overlapping the range were mapped");
 }
+
+#[test]
+fn a_snapshot_is_a_data_directory_holding_blocks_and_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for t in (0..5 * RANGE).step_by(10) {
+        let mut app = db.appender();
+        app.append(&l, t, t as f64).unwrap();
+        app.commit().unwrap();
+    }
+    db.compact().unwrap();
+    assert!(!db.blocks().is_empty() && db.head().time_range().is_some(), "data in blocks and in the head");
+    let want = read(&db, i64::MIN, i64::MAX);
+    let snap = db.snapshot(false).unwrap();
+    assert!(snap.starts_with(tmp.path().join("snapshots")));
+    // The snapshot opens on its own and holds everything; the original keeps working.
+    let copy = Db::open(&snap, opts(0)).unwrap();
+    assert_eq!(read(&copy, i64::MIN, i64::MAX), want);
+    copy.close().unwrap();
+    let without_head = db.snapshot(true).unwrap();
+    let copy = Db::open(&without_head, opts(0)).unwrap();
+    let got = read(&copy, i64::MIN, i64::MAX);
+    assert!(got["x{}"].len() < want["x{}"].len(), "skip_head leaves the head's samples out");
+    assert_eq!(read(&db, i64::MIN, i64::MAX), want);
+}
