@@ -3,6 +3,7 @@
 
 pub mod analyze;
 pub mod config;
+pub mod config_file;
 pub mod http;
 pub mod import;
 pub mod metrics;

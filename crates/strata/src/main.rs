@@ -37,7 +37,7 @@ enum Command {
         top: usize,
     },
     /// Run the server: Prometheus' HTTP API, remote write and read, over one data directory.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Operator tools for a data directory (run while no server has it open).
     #[command(subcommand)]
     Tsdb(TsdbCommand),
@@ -167,6 +167,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Tsdb(cmd) => run_tsdb(cmd),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
     }
 }

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
+use strata_server::config_file::ConfigFile;
 use strata_server::http::{router, AppState, Limits};
 use strata_tsdb::Db;
 
+/// Every setting has a default; the config file (`--config`) overrides the defaults, and a flag
+/// given on the command line overrides the file.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on.
@@ -18,46 +21,52 @@ pub struct ServeArgs {
     /// Data directory (created if missing).
     #[arg(long, default_value = DATA_DIR_DEFAULT)]
     data_dir: PathBuf,
-    /// Delete blocks entirely older than this behind the newest sample (`0` keeps everything).
-    #[arg(long, default_value = "15d", value_parser = duration_ms)]
-    retention: i64,
-    /// Delete the oldest blocks while blocks and WAL exceed this size (e.g. `512GB`; `0` = no limit).
-    #[arg(long, default_value = "0", value_parser = size_or_zero)]
-    retention_size: u64,
-    /// WAL fsync policy: "interval" (every second) or "always" (before acknowledging a write).
-    #[arg(long, default_value = "interval")]
-    wal_fsync: WalFsync,
-    /// Largest request body accepted (compressed size for remote write and read).
-    #[arg(long = "write.max-body-size", default_value = "32MB", value_parser = parse_bytes)]
-    max_body: u64,
-    /// Largest remote-write or remote-read body after snappy decompression.
-    #[arg(long = "write.max-decompressed-size", default_value = "128MB", value_parser = parse_bytes)]
-    max_decompressed: u64,
-    /// Most series in one write request.
-    #[arg(long = "write.max-series", default_value_t = 100_000)]
-    max_series_per_write: usize,
-    /// Most samples in one write request.
-    #[arg(long = "write.max-samples", default_value_t = 1_000_000)]
-    max_samples_per_write: usize,
-    /// Most samples a query may load into memory.
-    #[arg(long = "query.max-samples", default_value_t = 50_000_000)]
-    max_query_samples: usize,
-    /// Most series a query may select.
-    #[arg(long = "query.max-series", default_value_t = 1_000_000)]
-    max_query_series: usize,
-    /// Longest a query may run (and wait for a slot).
-    #[arg(long = "query.timeout", default_value = "2m", value_parser = duration_ms)]
-    query_timeout: i64,
-    /// Longest a client may take to send a request body (slow clients get 408).
-    #[arg(long = "web.read-timeout", default_value = "30s", value_parser = duration_ms)]
-    body_read_timeout: i64,
-    /// Queries evaluated at once; more wait, up to the query timeout, then get 503.
-    #[arg(long = "query.max-concurrency", default_value_t = 20)]
-    max_concurrent_queries: usize,
+    /// YAML configuration file (see `strata_server::config_file`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Delete blocks entirely older than this behind the newest sample; `0` keeps everything [default: 15d].
+    #[arg(long)]
+    retention: Option<String>,
+    /// Delete the oldest blocks while blocks and WAL exceed this size (e.g. `512GB`) [default: 0, no limit].
+    #[arg(long)]
+    retention_size: Option<String>,
+    /// WAL fsync policy: "interval" (every second) or "always" (before acknowledging a write) [default: interval].
+    #[arg(long)]
+    wal_fsync: Option<String>,
+    /// Largest request body accepted (compressed size for remote write and read) [default: 32MB].
+    #[arg(long = "write.max-body-size")]
+    max_body: Option<String>,
+    /// Largest remote-write or remote-read body after snappy decompression [default: 128MB].
+    #[arg(long = "write.max-decompressed-size")]
+    max_decompressed: Option<String>,
+    /// Most series in one write request [default: 100000].
+    #[arg(long = "write.max-series")]
+    max_series_per_write: Option<usize>,
+    /// Most samples in one write request [default: 1000000].
+    #[arg(long = "write.max-samples")]
+    max_samples_per_write: Option<usize>,
+    /// Most samples a query may load into memory [default: 50000000].
+    #[arg(long = "query.max-samples")]
+    max_query_samples: Option<usize>,
+    /// Most series a query may select [default: 1000000].
+    #[arg(long = "query.max-series")]
+    max_query_series: Option<usize>,
+    /// Longest a query may run, and wait for a slot [default: 2m].
+    #[arg(long = "query.timeout")]
+    query_timeout: Option<String>,
+    /// Queries evaluated at once; more wait, up to the query timeout, then get 503 [default: 20].
+    #[arg(long = "query.max-concurrency")]
+    max_concurrent_queries: Option<usize>,
+    /// Longest a client may take to send a request body; slow clients get 408 [default: 30s].
+    #[arg(long = "web.read-timeout")]
+    body_read_timeout: Option<String>,
 }
 
-fn duration_ms(s: &str) -> Result<i64, String> {
-    strata_model::parse_duration_ms(s)
+/// The effective settings, and each one's source for `/api/v1/status/flags`.
+struct Settings {
+    storage: StorageConfig,
+    limits: Limits,
+    flags: BTreeMap<String, String>,
 }
 
 fn size_or_zero(s: &str) -> Result<u64, String> {
@@ -68,37 +77,119 @@ fn size_or_zero(s: &str) -> Result<u64, String> {
     }
 }
 
-pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let limits = Limits {
-        max_body_bytes: args.max_body as usize,
-        max_decompressed_bytes: args.max_decompressed as usize,
-        max_series_per_write: args.max_series_per_write,
-        max_samples_per_write: args.max_samples_per_write,
-        max_query_samples: args.max_query_samples,
-        max_query_series: args.max_query_series,
-        query_timeout: Duration::from_millis(args.query_timeout.max(1) as u64),
-        max_concurrent_queries: args.max_concurrent_queries,
-        max_age_ms: args.retention,
-        body_read_timeout: Duration::from_millis(args.body_read_timeout.max(1) as u64),
-        ..Limits::default()
+/// Flag, else file, else default; `parse` turns the chosen text into a value, and an error
+/// names the setting.
+fn pick<T>(
+    flags: &mut BTreeMap<String, String>,
+    name: &str,
+    flag: Option<String>,
+    file: Option<String>,
+    default: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<T, String> {
+    let text = flag.or(file).unwrap_or_else(|| default.to_owned());
+    let v = parse(&text).map_err(|e| format!("{name}: {e}"))?;
+    flags.insert(name.to_owned(), text);
+    Ok(v)
+}
+
+fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
+    let (file, yaml) = match &args.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => (ConfigFile::default(), String::new()),
     };
-    let cfg = StorageConfig {
-        data_dir: args.data_dir.clone(),
-        wal_fsync: args.wal_fsync,
-        retention_ms: args.retention,
-        retention_bytes: args.retention_size,
-        ..Default::default()
-    };
+    let (st, li) = (file.storage, file.limits);
     let mut flags = BTreeMap::new();
     flags.insert("listen".to_owned(), args.listen.to_string());
     flags.insert("data-dir".to_owned(), args.data_dir.display().to_string());
-    flags.insert("retention".to_owned(), format!("{}ms", args.retention));
-    flags.insert("retention-size".to_owned(), args.retention_size.to_string());
-    flags.insert("wal-fsync".to_owned(), format!("{:?}", args.wal_fsync).to_lowercase());
-    flags.insert("query.timeout".to_owned(), format!("{}ms", args.query_timeout));
-    flags.insert("query.max-samples".to_owned(), args.max_query_samples.to_string());
-    flags.insert("query.max-concurrency".to_owned(), args.max_concurrent_queries.to_string());
-    let state = AppState::new(limits, flags, String::new());
+    if let Some(c) = &args.config {
+        flags.insert("config".to_owned(), c.display().to_string());
+    }
+    let num = |v: Option<usize>| v.map(|n| n.to_string());
+    let f = &mut flags;
+    let retention = pick(f, "retention", args.retention.clone(), st.retention, "15d", strata_model::parse_duration_ms)?;
+    let retention_size = pick(f, "retention-size", args.retention_size.clone(), st.retention_size, "0", size_or_zero)?;
+    let wal_fsync: WalFsync = pick(f, "wal-fsync", args.wal_fsync.clone(), st.wal_fsync, "interval", |s| s.parse())?;
+    let ms = |s: &str| strata_model::parse_duration_ms(s).map(|v| Duration::from_millis(v.max(1) as u64));
+    let limits = Limits {
+        max_body_bytes: pick(
+            f,
+            "write.max-body-size",
+            args.max_body.clone(),
+            li.write_max_body_size,
+            "32MB",
+            parse_bytes,
+        )? as usize,
+        max_decompressed_bytes: pick(
+            f,
+            "write.max-decompressed-size",
+            args.max_decompressed.clone(),
+            li.write_max_decompressed_size,
+            "128MB",
+            parse_bytes,
+        )? as usize,
+        max_series_per_write: pick(
+            f,
+            "write.max-series",
+            num(args.max_series_per_write),
+            num(li.write_max_series),
+            "100000",
+            parse_count,
+        )?,
+        max_samples_per_write: pick(
+            f,
+            "write.max-samples",
+            num(args.max_samples_per_write),
+            num(li.write_max_samples),
+            "1000000",
+            parse_count,
+        )?,
+        max_query_samples: pick(
+            f,
+            "query.max-samples",
+            num(args.max_query_samples),
+            num(li.query_max_samples),
+            "50000000",
+            parse_count,
+        )?,
+        max_query_series: pick(
+            f,
+            "query.max-series",
+            num(args.max_query_series),
+            num(li.query_max_series),
+            "1000000",
+            parse_count,
+        )?,
+        query_timeout: pick(f, "query.timeout", args.query_timeout.clone(), li.query_timeout, "2m", ms)?,
+        max_concurrent_queries: pick(
+            f,
+            "query.max-concurrency",
+            num(args.max_concurrent_queries),
+            num(li.query_max_concurrency),
+            "20",
+            parse_count,
+        )?,
+        body_read_timeout: pick(f, "web.read-timeout", args.body_read_timeout.clone(), li.web_read_timeout, "30s", ms)?,
+        max_age_ms: retention,
+        ..Limits::default()
+    };
+    let storage = StorageConfig {
+        data_dir: args.data_dir.clone(),
+        wal_fsync,
+        retention_ms: retention,
+        retention_bytes: retention_size,
+        ..Default::default()
+    };
+    Ok((Settings { storage, limits, flags }, yaml))
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("expected a positive whole number, got {s:?}"))
+}
+
+pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (Settings { storage: cfg, limits, flags }, yaml) = settings(&args)?;
+    let state = AppState::new(limits, flags, yaml);
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata-http").build()?;
     rt.block_on(async move {

@@ -63,3 +63,25 @@ fn import_analyze_and_dump_the_node_exporter_recording() {
     let text = run_ok(&["status", "--data-dir", d]);
     assert!(text.contains("blocks:         2 holding 357446 samples"), "{text}");
 }
+
+#[test]
+fn serve_refuses_a_bad_config_file_naming_the_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("strata.yml");
+    std::fs::write(&cfg, "storage:\n  retention: 30d\nlimits:\n  query_max_sries: 5\n").unwrap();
+    let out = strata()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", tmp.path().join("d").to_str().unwrap()])
+        .args(["--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("strata.yml") && err.contains("unknown field `query_max_sries`") && err.contains("line 4"),
+        "{err}"
+    );
+    std::fs::write(&cfg, "storage:\n  retention: soon\n").unwrap();
+    let out = strata().args(["serve", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("retention: invalid duration \"soon\""), "{err}");
+}

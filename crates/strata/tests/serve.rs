@@ -224,7 +224,14 @@ fn remote_read_import_export_federate_and_delete() {
 #[test]
 fn query_limits_are_enforced_with_prometheus_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let srv = Server::start(tmp.path(), &["--query.max-series", "2", "--query.max-samples", "50"]);
+    // Limits from the config file; a flag overrides the file.
+    let cfg = tmp.path().with_extension("yml");
+    std::fs::write(&cfg, "limits:\n  query_max_series: 2\n  query_max_samples: 1000\n").unwrap();
+    let srv = Server::start(tmp.path(), &["--config", cfg.to_str().unwrap(), "--query.max-samples", "50"]);
+    let (_, flags) = http(srv.port, "GET", "/api/v1/status/flags", &[], b"");
+    assert!(flags.contains(r#""query.max-series":"2""#) && flags.contains(r#""query.max-samples":"50""#), "{flags}");
+    let (_, config) = http(srv.port, "GET", "/api/v1/status/config", &[], b"");
+    assert!(config.contains("query_max_series: 2"), "{config}");
     let t0 = now_ms() / 1000 * 1000 - 60_000;
     let series: Vec<support::TestSeries> = (0..3)
         .map(|i| {
