@@ -294,12 +294,16 @@ impl WriteOutcome {
 
 /// One series of a write request: its label pairs as sent (or why they are invalid) and its
 /// samples.
-type WriteSeries<S> = (Result<Vec<(S, S)>, String>, Vec<Sample>);
+type WriteSeries<'a, S> = (Result<&'a [(S, S)], String>, &'a [Sample]);
 
 /// Appends every series in one commit: good samples are stored even when others are refused;
 /// the first refusal is named. Label pairs in canonical order (as Prometheus sends them) find
 /// their series without allocating.
-fn append_all<S: AsRef<str>>(db: &Db, limits: &Limits, series: Vec<WriteSeries<S>>) -> Result<WriteOutcome, String> {
+fn append_all<'a, S: AsRef<str> + 'a>(
+    db: &Db,
+    limits: &Limits,
+    series: impl Iterator<Item = WriteSeries<'a, S>>,
+) -> Result<WriteOutcome, String> {
     let mut out = WriteOutcome::default();
     let now = now_ms();
     let newest = now.saturating_add(limits.max_future_ms);
@@ -319,12 +323,12 @@ fn append_all<S: AsRef<str>>(db: &Db, limits: &Limits, series: Vec<WriteSeries<S
             }
         };
         let mut r = None;
-        for s in samples {
+        for &s in samples {
             if s.t > newest || s.t < oldest {
                 out.reject(1, || {
                     format!(
                         "series {}: sample timestamp {} is outside the accepted window [{oldest}, {newest}]",
-                        show(&pairs),
+                        show(pairs),
                         s.t
                     )
                 });
@@ -332,14 +336,14 @@ fn append_all<S: AsRef<str>>(db: &Db, limits: &Limits, series: Vec<WriteSeries<S
             }
             let res = match r {
                 Some(r) => app.append_ref(r, s.t, s.v),
-                None => app.append_pairs(&pairs, s.t, s.v).map(|x| r = Some(x)),
+                None => app.append_pairs(pairs, s.t, s.v).map(|x| r = Some(x)),
             };
             if let Err(e) = res {
                 let what = match e {
                     strata_tsdb::head::AppendError::InvalidLabels(e) => format!("invalid labels: {e}"),
                     e => e.to_string(),
                 };
-                out.reject(1, || format!("series {}: {what}", show(&pairs)));
+                out.reject(1, || format!("series {}: {what}", show(pairs)));
             }
         }
     }
@@ -363,69 +367,77 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
         }
     }
     let body = read_body(&st, body).await?;
-    let max = st.limits.max_decompressed_bytes;
-    let req: remote::WriteRequest = remote::decode(&body, max).map_err(decode_err)?;
-    if req.timeseries.len() > st.limits.max_series_per_write {
-        return Err(ApiError::bad_data(format!(
-            "{} series in one request exceed the limit of {}",
-            req.timeseries.len(),
-            st.limits.max_series_per_write
-        )));
-    }
-    let samples: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
-    if samples > st.limits.max_samples_per_write {
-        return Err(ApiError::bad_data(format!(
-            "{samples} samples in one request exceed the limit of {}",
-            st.limits.max_samples_per_write
-        )));
-    }
-    if !req.metadata.is_empty() {
-        let mut m = st.metadata.lock();
-        for md in &req.metadata {
-            let kind = metric_type_name(md.r#type).to_owned();
-            m.insert(md.metric_family_name.clone(), (kind, md.help.clone(), md.unit.clone()));
-        }
-    }
+    let raw = remote::decompress(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
+    drop(body);
     let limits = st.limits.clone();
     let st2 = st.clone();
-    // The label strings stay slices of the request, borrowed while the batch is appended.
-    let out = blocking(move || {
-        let mut invalid = 0;
-        let series: Vec<WriteSeries<&str>> = req
-            .timeseries
-            .iter()
-            .map(|ts| {
-                let shown = || {
-                    let inner: Vec<String> = ts
-                        .labels
-                        .iter()
-                        .map(|l| {
-                            format!("{}={:?}", String::from_utf8_lossy(&l.name), String::from_utf8_lossy(&l.value))
-                        })
-                        .collect();
-                    inner.join(", ")
-                };
-                let pairs = if !ts.histograms.is_empty() {
-                    Err(format!("series {{{}}}: native histograms are not supported yet", shown()))
-                } else {
-                    ts.labels
-                        .iter()
-                        .map(remote::Label::strs)
-                        .collect::<Result<Vec<_>, String>>()
-                        .map_err(|e| format!("series {{{}}}: invalid labels: {e}", shown()))
-                };
-                if pairs.is_err() {
-                    invalid += 1;
+    // Read in place and appended on one blocking thread: label strings are borrowed from the
+    // decompressed buffer, and nothing is allocated per series or per label.
+    let out = blocking(move || -> Result<WriteOutcome, ApiError> {
+        let batch = remote::read_write_request(&raw).map_err(decode_err)?;
+        if batch.series.len() > limits.max_series_per_write {
+            return Err(ApiError::bad_data(format!(
+                "{} series in one request exceed the limit of {}",
+                batch.series.len(),
+                limits.max_series_per_write
+            )));
+        }
+        if batch.samples.len() > limits.max_samples_per_write {
+            return Err(ApiError::bad_data(format!(
+                "{} samples in one request exceed the limit of {}",
+                batch.samples.len(),
+                limits.max_samples_per_write
+            )));
+        }
+        if !batch.metadata.is_empty() {
+            let mut m = st2.metadata.lock();
+            for md in &batch.metadata {
+                let kind = metric_type_name(md.r#type).to_owned();
+                m.insert(md.metric_family_name.clone(), (kind, md.help.clone(), md.unit.clone()));
+            }
+        }
+        // Label strings checked as UTF-8 once; a series with a bad one is refused by name.
+        let mut strs: Vec<(&str, &str)> = Vec::with_capacity(batch.labels.len());
+        let mut bad: Vec<Option<String>> = vec![None; batch.series.len()];
+        let shown = |span: &remote::SeriesSpan| {
+            let inner: Vec<String> = batch.labels[span.labels.clone()]
+                .iter()
+                .map(|(n, v)| format!("{}={:?}", String::from_utf8_lossy(n), String::from_utf8_lossy(v)))
+                .collect();
+            format!("{{{}}}", inner.join(", "))
+        };
+        for (i, span) in batch.series.iter().enumerate() {
+            for &(n, v) in &batch.labels[span.labels.clone()] {
+                match (std::str::from_utf8(n), std::str::from_utf8(v)) {
+                    (Ok(n), Ok(v)) => strs.push((n, v)),
+                    (n, _) => {
+                        let which = match n {
+                            Ok(n) => format!("value of label {n:?}"),
+                            Err(_) => "a label name".to_owned(),
+                        };
+                        bad[i].get_or_insert_with(|| {
+                            format!("series {}: invalid labels: {which} is not valid UTF-8", shown(span))
+                        });
+                        strs.push(("", ""));
+                    }
                 }
-                let samples = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
-                (pairs, samples)
-            })
-            .collect();
-        st2.metrics.remote_write_series_invalid.fetch_add(invalid, Ordering::Relaxed);
-        append_all(&db, &limits, series)
+            }
+            if span.histograms && bad[i].is_none() {
+                bad[i] = Some(format!("series {}: native histograms are not supported yet", shown(span)));
+            }
+        }
+        let invalid = bad.iter().filter(|b| b.is_some()).count();
+        st2.metrics.remote_write_series_invalid.fetch_add(invalid as u64, Ordering::Relaxed);
+        let series = batch.series.iter().zip(bad).map(|(span, bad)| {
+            let pairs = match bad {
+                Some(why) => Err(why),
+                None => Ok(&strs[span.labels.clone()]),
+            };
+            (pairs, &batch.samples[span.samples.clone()])
+        });
+        append_all(&db, &limits, series).map_err(ApiError::internal)
     })
-    .await?
-    .map_err(ApiError::internal)?;
+    .await??;
     Ok(out.into_response(&st))
 }
 
@@ -1012,7 +1024,9 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
     let format = if om { Format::OpenMetrics } else { Format::Prometheus };
     let now = now_ms();
     let max_samples = st.limits.max_samples_per_write;
-    let mut by_series: Vec<WriteSeries<Arc<str>>> = Vec::new();
+    /// Label pairs and samples of one imported series.
+    type Imported = (Vec<(Arc<str>, Arc<str>)>, Vec<Sample>);
+    let mut by_series: Vec<Imported> = Vec::new();
     let mut index: HashMap<Labels, usize> = HashMap::new();
     let mut n = 0;
     for e in Parser::new(&text, format) {
@@ -1024,13 +1038,15 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         }
         let i = *index.entry(labels.clone()).or_insert_with(|| {
             let pairs = labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
-            by_series.push((Ok(pairs), Vec::new()));
+            by_series.push((pairs, Vec::new()));
             by_series.len() - 1
         });
         by_series[i].1.push(Sample::new(timestamp_ms.unwrap_or(now), value));
     }
     let limits = st.limits.clone();
-    let out = blocking(move || append_all(&db, &limits, by_series)).await?.map_err(ApiError::internal)?;
+    let out = blocking(move || append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), &s[..]))))
+        .await?
+        .map_err(ApiError::internal)?;
     Ok(out.into_response(&st))
 }
 

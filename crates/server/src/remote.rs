@@ -129,14 +129,19 @@ pub enum DecodeError {
     Protobuf(String),
 }
 
-/// Snappy-decompresses `body` (refusing to allocate more than `max_decompressed` bytes, judged
-/// from the length header before decompressing) and decodes a protobuf message.
-pub fn decode<M: Message + Default>(body: &[u8], max_decompressed: usize) -> Result<M, DecodeError> {
+/// Snappy-decompresses `body`, refusing to allocate more than `max_decompressed` bytes (judged
+/// from the length header, before decompressing).
+pub fn decompress(body: &[u8], max_decompressed: usize) -> Result<Vec<u8>, DecodeError> {
     let len = snap::raw::decompress_len(body).map_err(|e| DecodeError::Snappy(e.to_string()))?;
     if len > max_decompressed {
         return Err(DecodeError::BodyTooLarge { bytes: len, limit: max_decompressed });
     }
-    let raw = snap::raw::Decoder::new().decompress_vec(body).map_err(|e| DecodeError::Snappy(e.to_string()))?;
+    snap::raw::Decoder::new().decompress_vec(body).map_err(|e| DecodeError::Snappy(e.to_string()))
+}
+
+/// `decompress`, then decodes a protobuf message.
+pub fn decode<M: Message + Default>(body: &[u8], max_decompressed: usize) -> Result<M, DecodeError> {
+    let raw = decompress(body, max_decompressed)?;
     // From `Bytes`, so that `bytes` fields are slices of this buffer, not copies.
     M::decode(bytes::Bytes::from(raw)).map_err(|e| DecodeError::Protobuf(e.to_string()))
 }
@@ -185,6 +190,216 @@ mod tests {
             let framed = snap::raw::Encoder::new().compress_vec(&data).unwrap();
             let _ = decode::<WriteRequest>(&framed, 1 << 20);
             let _ = decode::<ReadRequest>(&framed, 1 << 20);
+        }
+    }
+}
+
+/// A remote-write request read in place: every label string and sample stays in (or is copied
+/// flat from) the decompressed buffer, with no allocation per series or per label. This is the
+/// ingestion hot path; `WriteRequest` (prost) remains for encoding and for tests.
+#[derive(Debug, Default)]
+pub struct WriteBatch<'a> {
+    /// Every series' labels, back to back: `(name, value)` as raw bytes (UTF-8 not yet checked).
+    pub labels: Vec<(&'a [u8], &'a [u8])>,
+    /// Every series' samples, back to back.
+    pub samples: Vec<strata_model::Sample>,
+    pub series: Vec<SeriesSpan>,
+    /// Metadata entries, decoded with prost (rare, small).
+    pub metadata: Vec<MetricMetadata>,
+}
+
+/// One series of a `WriteBatch`: ranges into its `labels` and `samples`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesSpan {
+    pub labels: std::ops::Range<usize>,
+    pub samples: std::ops::Range<usize>,
+    /// The series carries native histograms, which are not stored yet.
+    pub histograms: bool,
+}
+
+/// Protobuf wire reader over a byte slice; every read is bounds-checked.
+struct Wire<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Wire<'a> {
+    fn err(&self, what: &str) -> DecodeError {
+        DecodeError::Protobuf(format!("{what} at byte {}", self.pos))
+    }
+
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *self.buf.get(self.pos).ok_or_else(|| self.err("truncated varint"))?;
+            self.pos += 1;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(self.err("varint longer than 10 bytes"))
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = usize::try_from(self.varint()?).map_err(|_| self.err("length overflows"))?;
+        let end =
+            self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| self.err("length past the end"))?;
+        let b = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(b)
+    }
+
+    fn fixed64(&mut self) -> Result<u64, DecodeError> {
+        let end =
+            self.pos.checked_add(8).filter(|&e| e <= self.buf.len()).ok_or_else(|| self.err("truncated fixed64"))?;
+        let v = u64::from_le_bytes(self.buf[self.pos..end].try_into().expect("8 bytes"));
+        self.pos = end;
+        Ok(v)
+    }
+
+    /// The next field's (number, wire type), or `None` at the end.
+    fn key(&mut self) -> Result<Option<(u64, u8)>, DecodeError> {
+        if self.pos >= self.buf.len() {
+            return Ok(None);
+        }
+        let k = self.varint()?;
+        let field = k >> 3;
+        if field == 0 {
+            return Err(self.err("field number 0"));
+        }
+        Ok(Some((field, (k & 7) as u8)))
+    }
+
+    fn skip(&mut self, wire: u8) -> Result<(), DecodeError> {
+        match wire {
+            0 => self.varint().map(drop),
+            1 => self.fixed64().map(drop),
+            2 => self.bytes().map(drop),
+            5 => {
+                let end = self
+                    .pos
+                    .checked_add(4)
+                    .filter(|&e| e <= self.buf.len())
+                    .ok_or_else(|| self.err("truncated fixed32"))?;
+                self.pos = end;
+                Ok(())
+            }
+            w => Err(self.err(&format!("unsupported wire type {w}"))),
+        }
+    }
+}
+
+/// Reads a `prometheus.WriteRequest` in place (see `WriteBatch`). Field numbers and types as in
+/// `prompb`; unknown fields are skipped as protobuf requires.
+pub fn read_write_request(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
+    let mut out = WriteBatch::default();
+    let mut w = Wire { buf: raw, pos: 0 };
+    while let Some((field, wire)) = w.key()? {
+        match (field, wire) {
+            (1, 2) => {
+                let ts = w.bytes()?;
+                read_series(ts, &mut out)?;
+            }
+            (3, 2) => {
+                let md = w.bytes()?;
+                out.metadata.push(MetricMetadata::decode(md).map_err(|e| DecodeError::Protobuf(e.to_string()))?);
+            }
+            (_, wire) => w.skip(wire)?,
+        }
+    }
+    Ok(out)
+}
+
+fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), DecodeError> {
+    let (l0, s0) = (out.labels.len(), out.samples.len());
+    let mut histograms = false;
+    let mut w = Wire { buf, pos: 0 };
+    while let Some((field, wire)) = w.key()? {
+        match (field, wire) {
+            (1, 2) => {
+                let mut l = Wire { buf: w.bytes()?, pos: 0 };
+                let (mut name, mut value): (&[u8], &[u8]) = (&[], &[]);
+                while let Some((f, wt)) = l.key()? {
+                    match (f, wt) {
+                        (1, 2) => name = l.bytes()?,
+                        (2, 2) => value = l.bytes()?,
+                        (_, wt) => l.skip(wt)?,
+                    }
+                }
+                out.labels.push((name, value));
+            }
+            (2, 2) => {
+                let mut s = Wire { buf: w.bytes()?, pos: 0 };
+                let (mut v, mut t) = (0f64, 0i64);
+                while let Some((f, wt)) = s.key()? {
+                    match (f, wt) {
+                        (1, 1) => v = f64::from_bits(s.fixed64()?),
+                        (2, 0) => t = s.varint()? as i64,
+                        (_, wt) => s.skip(wt)?,
+                    }
+                }
+                out.samples.push(strata_model::Sample::new(t, v));
+            }
+            (4, 2) => {
+                w.bytes()?;
+                histograms = true;
+            }
+            (_, wire) => w.skip(wire)?,
+        }
+    }
+    out.series.push(SeriesSpan { labels: l0..out.labels.len(), samples: s0..out.samples.len(), histograms });
+    Ok(())
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_request() -> impl Strategy<Value = WriteRequest> {
+        let label = ("[a-z_]{0,6}", "\\PC{0,6}").prop_map(|(n, v)| Label::new(n, v));
+        let sample = (any::<i64>(), any::<f64>()).prop_map(|(t, v)| Sample { value: v, timestamp: t });
+        let series = (
+            prop::collection::vec(label, 0..5),
+            prop::collection::vec(sample, 0..5),
+            prop::collection::vec(any::<i64>().prop_map(|t| Histogram { timestamp: t }), 0..2),
+        )
+            .prop_map(|(labels, samples, histograms)| TimeSeries { labels, samples, histograms });
+        let md = ("[a-z]{0,5}", 0..8i32).prop_map(|(n, t)| MetricMetadata {
+            r#type: t,
+            metric_family_name: n,
+            help: "h".into(),
+            unit: String::new(),
+        });
+        (prop::collection::vec(series, 0..6), prop::collection::vec(md, 0..2))
+            .prop_map(|(timeseries, metadata)| WriteRequest { timeseries, metadata })
+    }
+
+    proptest! {
+        /// The in-place reader sees exactly what prost decodes.
+        #[test]
+        fn in_place_reader_agrees_with_prost(req in arb_request()) {
+            let raw = req.encode_to_vec();
+            // Compare with what prost reads back (its encoder drops a -0.0 value as a default).
+            let req = WriteRequest::decode(&raw[..]).unwrap();
+            let b = read_write_request(&raw).unwrap();
+            prop_assert_eq!(b.series.len(), req.timeseries.len());
+            prop_assert_eq!(&b.metadata, &req.metadata);
+            for (span, ts) in b.series.iter().zip(&req.timeseries) {
+                let labels: Vec<(&[u8], &[u8])> = ts.labels.iter().map(|l| (&l.name[..], &l.value[..])).collect();
+                prop_assert_eq!(&b.labels[span.labels.clone()], &labels[..]);
+                let samples: Vec<(i64, u64)> = ts.samples.iter().map(|s| (s.timestamp, s.value.to_bits())).collect();
+                let got: Vec<(i64, u64)> = b.samples[span.samples.clone()].iter().map(|s| (s.t, s.v.to_bits())).collect();
+                prop_assert_eq!(got, samples);
+                prop_assert_eq!(span.histograms, !ts.histograms.is_empty());
+            }
+        }
+
+        /// Arbitrary bytes give an error or a batch, never a panic.
+        #[test]
+        fn in_place_reader_never_panics(data in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = read_write_request(&data);
         }
     }
 }
