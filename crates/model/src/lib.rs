@@ -6,6 +6,7 @@
 //! plain slice operations, and an empty label value means "this label is absent" (Prometheus
 //! semantics), so such labels are dropped when a set is built.
 
+pub mod civil;
 pub mod duration;
 pub mod labels;
 pub mod matcher;

@@ -529,6 +529,15 @@ async fn params(
 struct Params(Vec<(String, String)>);
 
 impl Params {
+    /// From a query string alone (GET-only endpoints).
+    fn from_query(raw: Option<String>) -> Params {
+        Params(
+            form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
     fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
     }
@@ -852,11 +861,7 @@ async fn labels(
 }
 
 async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params(
-        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    );
+    let p = Params::from_query(raw);
     let sets = p.selectors(false)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
@@ -876,11 +881,7 @@ async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>,
 }
 
 async fn metadata(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params(
-        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    );
+    let p = Params::from_query(raw);
     let only = p.get("metric").map(str::to_owned);
     let m = st.metadata.lock();
     let mut out = serde_json::Map::new();
@@ -930,11 +931,7 @@ async fn config(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn tsdb_status(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params(
-        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    );
+    let p = Params::from_query(raw);
     let limit: usize = match p.get("limit") {
         None => 10,
         Some(v) => v
@@ -994,11 +991,7 @@ async fn clean_tombstones(State(st): State<Arc<AppState>>) -> ApiResult {
 /// `POST /api/v1/admin/tsdb/snapshot[?skip_head=true]`: hard-links every block (and writes the
 /// head as a block) into `<data dir>/snapshots/<name>`, as Prometheus does.
 async fn snapshot(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params(
-        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    );
+    let p = Params::from_query(raw);
     let skip_head = match p.get("skip_head") {
         None | Some("false") | Some("0") => false,
         Some("true") | Some("1") => true,
@@ -1100,11 +1093,7 @@ async fn export(
 
 /// `GET /federate`: the latest sample of each matching series in the text format.
 async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params(
-        form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    );
+    let p = Params::from_query(raw);
     let sets = p.selectors(true)?;
     let t = now_ms();
     let db = db(&st)?;

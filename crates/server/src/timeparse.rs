@@ -70,19 +70,8 @@ fn parse_rfc3339_ms(s: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    let days = days_from_civil(y, mo as u32, d as u32);
+    let days = strata_model::civil::days_from_civil(y, mo as u32, d as u32);
     Some(((days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60) * 1000) + ms)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m as i64 + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// Formats milliseconds as Prometheus' JSON does: float seconds (`1435781451.781`).
