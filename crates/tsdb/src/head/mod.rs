@@ -75,11 +75,20 @@ pub struct HeadStats {
 /// Series by reference, one map per lock stripe.
 type RefStripe = U64Map<SeriesRef, Arc<MemSeries>>;
 
-/// Series sharing one label-set hash (collisions are rare, so the first sits inline).
+/// Series by label-set hash (collisions are rare, so the first sits inline). The series itself
+/// is held (a pointer, the size of a reference), so a lookup by labels takes no second lock.
 #[derive(Debug, Default)]
 struct HashStripe {
-    first: U64Map<u64, SeriesRef>,
-    more: U64Map<u64, Vec<SeriesRef>>,
+    first: U64Map<u64, Arc<MemSeries>>,
+    more: U64Map<u64, Vec<Arc<MemSeries>>>,
+}
+
+impl HashStripe {
+    /// The series with `hash` for which `same` holds.
+    fn find(&self, hash: u64, same: impl Fn(&MemSeries) -> bool) -> Option<Arc<MemSeries>> {
+        let first = self.first.get(&hash)?;
+        std::iter::once(first).chain(self.more.get(&hash).into_iter().flatten()).find(|s| same(s)).cloned()
+    }
 }
 
 /// The in-memory head block.
@@ -229,20 +238,11 @@ impl Head {
         pairs: &[(N, V)],
         hash: u64,
     ) -> Option<Arc<MemSeries>> {
-        let stripe = self.by_hash[Self::stripe(hash)].read();
-        let first = *stripe.first.get(&hash)?;
-        std::iter::once(first)
-            .chain(stripe.more.get(&hash).into_iter().flatten().copied())
-            .filter_map(|r| self.series(r))
-            .find(|s| self.symbols.equals_pairs(&s.labels, pairs))
+        self.by_hash[Self::stripe(hash)].read().find(hash, |s| self.symbols.equals_pairs(&s.labels, pairs))
     }
 
     fn find_locked(&self, stripe: &HashStripe, labels: &Labels, hash: u64) -> Option<Arc<MemSeries>> {
-        let first = *stripe.first.get(&hash)?;
-        std::iter::once(first)
-            .chain(stripe.more.get(&hash).into_iter().flatten().copied())
-            .filter_map(|r| self.series(r))
-            .find(|s| self.symbols.equals(&s.labels, labels))
+        stripe.find(hash, |s| self.symbols.equals(&s.labels, labels))
     }
 
     /// Creates a series: interns labels, takes a reference (the next one, or during replay the
@@ -276,9 +276,9 @@ impl Head {
         drop(postings);
         match stripe.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(r);
+                e.insert(series.clone());
             }
-            std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(r),
+            std::collections::hash_map::Entry::Occupied(_) => stripe.more.entry(hash).or_default().push(series.clone()),
         }
         self.num_series.fetch_add(1, Ordering::Relaxed);
         self.stats.series_created.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +451,7 @@ impl Head {
             let hash = labels.stable_hash();
             let mut stripe = self.by_hash[Self::stripe(hash)].write();
             let r = s.series_ref;
-            if stripe.first.get(&hash) == Some(&r) {
+            if stripe.first.get(&hash).is_some_and(|f| f.series_ref == r) {
                 match stripe.more.get_mut(&hash).and_then(|v| (!v.is_empty()).then(|| v.remove(0))) {
                     Some(next) => {
                         stripe.first.insert(hash, next);
@@ -461,7 +461,7 @@ impl Head {
                     }
                 }
             } else if let Some(v) = stripe.more.get_mut(&hash) {
-                v.retain(|&x| x != r);
+                v.retain(|x| x.series_ref != r);
             }
             if stripe.more.get(&hash).is_some_and(Vec::is_empty) {
                 stripe.more.remove(&hash);

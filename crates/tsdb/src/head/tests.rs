@@ -299,3 +299,22 @@ fn append_pairs_finds_the_same_series_as_append() {
     assert_eq!(d[&l(&[("__name__", "up"), ("job", "a")])].len(), 4);
     assert_eq!(head.num_series(), 2);
 }
+
+#[test]
+fn hash_stripes_keep_colliding_series_apart() {
+    let symbols = Symbols::default();
+    let a = Arc::new(MemSeries::new(SeriesRef(1), symbols.intern_labels(&l(&[("x", "a")]))));
+    let b = Arc::new(MemSeries::new(SeriesRef(2), symbols.intern_labels(&l(&[("x", "b")]))));
+    let mut stripe = HashStripe::default();
+    // Two label sets with one hash: the first inline, the second in the side map.
+    stripe.first.insert(7, a.clone());
+    stripe.more.entry(7).or_default().push(b.clone());
+    let find = |hash: u64, v: &str| {
+        let want = l(&[("x", v)]);
+        stripe.find(hash, |s| symbols.equals(&s.labels, &want)).map(|s| s.series_ref)
+    };
+    assert_eq!(find(7, "a"), Some(SeriesRef(1)));
+    assert_eq!(find(7, "b"), Some(SeriesRef(2)));
+    assert_eq!(find(7, "c"), None);
+    assert_eq!(find(8, "a"), None);
+}
