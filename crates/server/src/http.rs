@@ -276,10 +276,12 @@ impl WriteOutcome {
         }
     }
 
+    /// 204, or 400 naming the first refusal; either way with remote write 2.0's
+    /// `X-Prometheus-Remote-Write-*-Written` headers (harmless to 1.0 clients).
     fn into_response(self, st: &AppState) -> Response {
         st.metrics.remote_write_samples_received.fetch_add(self.samples as u64, Ordering::Relaxed);
         st.metrics.remote_write_samples_rejected.fetch_add(self.rejected as u64, Ordering::Relaxed);
-        match self.first_error {
+        let mut resp = match self.first_error {
             None => StatusCode::NO_CONTENT.into_response(),
             Some(first) => {
                 let msg = format!(
@@ -288,7 +290,12 @@ impl WriteOutcome {
                 );
                 (StatusCode::BAD_REQUEST, msg).into_response()
             }
-        }
+        };
+        let h = resp.headers_mut();
+        h.insert("X-Prometheus-Remote-Write-Samples-Written", HeaderValue::from(self.appended));
+        h.insert("X-Prometheus-Remote-Write-Histograms-Written", HeaderValue::from(0));
+        h.insert("X-Prometheus-Remote-Write-Exemplars-Written", HeaderValue::from(0));
+        resp
     }
 }
 
@@ -355,17 +362,40 @@ fn append_all<'a, S: AsRef<str> + 'a>(
     Ok(out)
 }
 
-async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
-    let db = db(&st)?;
-    if let Some(v) = headers.get("X-Prometheus-Remote-Write-Version") {
-        if !v.to_str().unwrap_or("").starts_with("0.1") {
-            return Err(ApiError {
-                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                kind: "bad_data",
-                message: format!("remote write version {v:?} is not supported; send 0.1.0 (remote write 1.0)"),
-            });
+/// Remote write's content negotiation: `true` for 2.0 (`proto=io.prometheus.write.v2.Request`),
+/// `false` for 1.0 (no `proto`, or `proto=prometheus.WriteRequest`); anything else is 415, as
+/// the 2.0 specification asks, so the sender can fall back.
+fn remote_write_protocol(headers: &HeaderMap) -> Result<bool, ApiError> {
+    let unsupported =
+        |what: String| ApiError { status: StatusCode::UNSUPPORTED_MEDIA_TYPE, kind: "bad_data", message: what };
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/x-protobuf");
+    let mut parts = ct.split(';').map(str::trim);
+    let media = parts.next().unwrap_or("");
+    if !media.eq_ignore_ascii_case("application/x-protobuf") {
+        return Err(unsupported(format!("content type {ct:?} is not supported; send application/x-protobuf")));
+    }
+    let proto = parts.find_map(|p| p.strip_prefix("proto=")).map(|p| p.trim_matches('"'));
+    let v2 = match proto {
+        None | Some("prometheus.WriteRequest") => false,
+        Some("io.prometheus.write.v2.Request") => true,
+        Some(other) => {
+            return Err(unsupported(format!(
+                "remote write message {other:?} is not supported; send prometheus.WriteRequest (1.0) or io.prometheus.write.v2.Request (2.0)"
+            )))
+        }
+    };
+    if let Some(v) = headers.get("X-Prometheus-Remote-Write-Version").and_then(|v| v.to_str().ok()) {
+        let major_ok = if v2 { v.starts_with("2.") } else { v.starts_with("0.1") || v.starts_with("1.") };
+        if !major_ok {
+            return Err(unsupported(format!("remote write version {v:?} does not match the content type {ct:?}")));
         }
     }
+    Ok(v2)
+}
+
+async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
+    let db = db(&st)?;
+    let v2 = remote_write_protocol(&headers)?;
     let body = read_body(&st, body).await?;
     let raw = remote::decompress(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
     drop(body);
@@ -374,7 +404,8 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
     // Read in place and appended on one blocking thread: label strings are borrowed from the
     // decompressed buffer, and nothing is allocated per series or per label.
     let out = blocking(move || -> Result<WriteOutcome, ApiError> {
-        let batch = remote::read_write_request(&raw).map_err(decode_err)?;
+        let batch = if v2 { remote::read_write_request_v2(&raw) } else { remote::read_write_request(&raw) }
+            .map_err(decode_err)?;
         if batch.series.len() > limits.max_series_per_write {
             return Err(ApiError::bad_data(format!(
                 "{} series in one request exceed the limit of {}",

@@ -254,3 +254,41 @@ fn query_limits_are_enforced_with_prometheus_errors() {
     let (status, body) = http(srv.port, "GET", "/api/v1/query?query=lim%7Bi%3D%220%22%7D", &[], b"");
     assert_eq!(status, 200, "a query within the limits still answers: {body}");
 }
+
+#[test]
+fn remote_write_2_0_is_negotiated_by_content_type() {
+    use prost::Message;
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &[]);
+    let t = now_ms() / 1000 * 1000;
+    let req = strata_server::remote::v2::request(&[
+        (vec![("__name__", "v2_metric"), ("job", "a")], vec![(t - 1000, 1.0), (t, 2.0)]),
+        (vec![("__name__", "v2_metric"), ("job", "b")], vec![(t, 3.0)]),
+    ]);
+    let body = support::snappy(&req.encode_to_vec());
+    let v2 = [
+        ("Content-Encoding", "snappy"),
+        ("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v2.Request"),
+        ("X-Prometheus-Remote-Write-Version", "2.0.0"),
+    ];
+    let (status, head, resp) = support::http_with_head(srv.port, "POST", "/api/v1/write", &v2, &body);
+    assert_eq!(status, 204, "{resp}");
+    assert!(head.to_ascii_lowercase().contains("x-prometheus-remote-write-samples-written: 3"), "{head}");
+    let (_, body_json) = http(srv.port, "GET", "/api/v1/query?query=v2_metric", &[], b"");
+    assert!(
+        body_json.contains(r#""job":"a""#) && body_json.contains(r#""2"]"#) && body_json.contains(r#""3"]"#),
+        "{body_json}"
+    );
+
+    // An unknown message type is 415, so a sender can fall back to 1.0.
+    let other = [
+        ("Content-Encoding", "snappy"),
+        ("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v3.Request"),
+    ];
+    let (status, resp) = http(srv.port, "POST", "/api/v1/write", &other, &body);
+    assert_eq!(status, 415, "{resp}");
+    // A 2.0 body sent as 1.0 is refused by name rather than read as an empty 1.0 request.
+    let (status, resp) = http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &body);
+    assert_eq!(status, 400);
+    assert!(resp.contains("remote write 2.0 request"), "{resp}");
+}

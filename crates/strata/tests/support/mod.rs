@@ -154,6 +154,31 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
     try_http(port, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// One request; returns (status, response head, body). Bodies here are never chunked.
+pub fn http_with_head(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    let mut raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        raw.push_str(&format!("{k}: {v}\r\n"));
+    }
+    raw.push_str("\r\n");
+    let mut raw = raw.into_bytes();
+    raw.extend_from_slice(body);
+    let resp = exchange(port, &raw).unwrap();
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, head.to_owned(), rest.to_owned())
+}
+
 /// Sends raw bytes (for malformed or slow requests).
 pub fn http_raw(port: u16, raw: &[u8]) -> (u16, String) {
     send(port, raw).unwrap()
