@@ -332,6 +332,20 @@ pub fn read_write_request(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
     Ok(out)
 }
 
+/// A `Sample` message (the same in 1.0 and 2.0): value (1, double), timestamp (2, int64).
+fn read_sample(buf: &[u8]) -> Result<strata_model::Sample, DecodeError> {
+    let mut s = Wire { buf, pos: 0 };
+    let (mut v, mut t) = (0f64, 0i64);
+    while let Some((f, wt)) = s.key()? {
+        match (f, wt) {
+            (1, 1) => v = f64::from_bits(s.fixed64()?),
+            (2, 0) => t = s.varint()? as i64,
+            (_, wt) => s.skip(wt)?,
+        }
+    }
+    Ok(strata_model::Sample::new(t, v))
+}
+
 fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), DecodeError> {
     let (l0, s0) = (out.labels.len(), out.samples.len());
     let mut histograms = false;
@@ -351,16 +365,7 @@ fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), Decode
                 out.labels.push((name, value));
             }
             (2, 2) => {
-                let mut s = Wire { buf: w.bytes()?, pos: 0 };
-                let (mut v, mut t) = (0f64, 0i64);
-                while let Some((f, wt)) = s.key()? {
-                    match (f, wt) {
-                        (1, 1) => v = f64::from_bits(s.fixed64()?),
-                        (2, 0) => t = s.varint()? as i64,
-                        (_, wt) => s.skip(wt)?,
-                    }
-                }
-                out.samples.push(strata_model::Sample::new(t, v));
+                out.samples.push(read_sample(w.bytes()?)?);
             }
             (4, 2) => {
                 w.bytes()?;

@@ -77,6 +77,21 @@ impl Drop for Server {
     }
 }
 
+/// The bytes of one `Connection: close` request.
+fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut raw = req.into_bytes();
+    raw.extend_from_slice(body);
+    raw
+}
+
 pub fn try_http(
     port: u16,
     method: &str,
@@ -84,32 +99,14 @@ pub fn try_http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<(u16, String)> {
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    let mut raw = req.into_bytes();
-    raw.extend_from_slice(body);
+    let raw = request_bytes(method, path, headers, body);
     send(port, &raw)
 }
 
 /// One request with a binary response body: (status, body bytes). Bodies here are never chunked
 /// (the server sends a length for buffered responses).
 pub fn http_bytes(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    let mut raw = req.into_bytes();
-    raw.extend_from_slice(body);
+    let raw = request_bytes(method, path, headers, body);
     let resp = exchange(port, &raw).unwrap();
     let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
     let head = String::from_utf8_lossy(&resp[..split]);
@@ -162,16 +159,7 @@ pub fn http_with_head(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String, String) {
-    let mut raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        raw.push_str(&format!("{k}: {v}\r\n"));
-    }
-    raw.push_str("\r\n");
-    let mut raw = raw.into_bytes();
-    raw.extend_from_slice(body);
+    let raw = request_bytes(method, path, headers, body);
     let resp = exchange(port, &raw).unwrap();
     let text = String::from_utf8_lossy(&resp).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
