@@ -148,6 +148,7 @@ impl Db {
     pub fn open(dir: &Path, opts: DbOptions) -> Result<Db> {
         create_dir_all(dir)?;
         let lock = lock_dir(dir)?;
+        remove_interrupted_snapshots(dir)?;
         let blocks = open_blocks(dir)?;
         let started = Instant::now();
         let (head, replay) = Head::open(&dir.join(WAL_DIR), opts.head)?;
@@ -523,6 +524,20 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
         })
         .expect("spawn the compactor thread");
     Background { stop, thread }
+}
+
+/// Removes `snapshots/*.tmp`: snapshots a crash interrupted (a finished one is renamed).
+fn remove_interrupted_snapshots(dir: &Path) -> Result<()> {
+    let snaps = dir.join(SNAPSHOTS_DIR);
+    let Ok(entries) = std::fs::read_dir(&snaps) else { return Ok(()) };
+    for e in entries {
+        let e = e.map_err(io_err("list", &snaps))?;
+        if e.file_name().to_str().is_some_and(|n| n.ends_with(TMP_SUFFIX)) {
+            tracing::warn!(dir = %e.path().display(), "removing a snapshot a crash interrupted");
+            std::fs::remove_dir_all(e.path()).map_err(io_err("remove", e.path()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Opens every block in `dir`: removes leftovers of interrupted writes and deletions, sets

@@ -309,4 +309,12 @@ fn a_snapshot_is_a_data_directory_holding_blocks_and_head() {
     let got = read(&copy, i64::MIN, i64::MAX);
     assert!(got["x{}"].len() < want["x{}"].len(), "skip_head leaves the head's samples out");
     assert_eq!(read(&db, i64::MIN, i64::MAX), want);
+
+    // A snapshot a crash interrupted is removed on the next open; finished ones stay.
+    let torn = tmp.path().join("snapshots").join("20260101T000000Z-X.tmp");
+    std::fs::create_dir_all(torn.join("01ABC")).unwrap();
+    db.close().unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    assert!(!torn.exists() && snap.exists() && without_head.exists());
+    db.close().unwrap();
 }
