@@ -97,7 +97,12 @@ impl<'h> Appender<'h> {
     /// Appends a sample to a series by the reference an earlier `append` returned.
     pub fn append_ref(&mut self, r: SeriesRef, t: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;
-        let series = self.head.series(r).ok_or(AppendError::UnknownSeries(r))?;
+        // Consecutive samples of one series (a remote-write series, an import) reuse the series
+        // the previous sample found, instead of a stripe lock and map lookup per sample.
+        let series = match self.pending.last() {
+            Some((s, _, _)) if s.series_ref == r => s.clone(),
+            _ => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
+        };
         self.push(series, t, v)
     }
 

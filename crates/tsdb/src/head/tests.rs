@@ -318,3 +318,17 @@ fn hash_stripes_keep_colliding_series_apart() {
     assert_eq!(find(7, "c"), None);
     assert_eq!(find(8, "a"), None);
 }
+
+#[test]
+fn consecutive_appends_by_ref_reuse_the_series_and_unknown_refs_still_fail() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    let r = app.append(&l(&[("__name__", "up")]), 10, 1.0).unwrap();
+    for t in [20, 30, 40] {
+        app.append_ref(r, t, 1.0).unwrap();
+    }
+    assert!(matches!(app.append_ref(r, 35, 1.0), Err(AppendError::Sample(SampleError::OutOfOrder { .. }))));
+    assert!(matches!(app.append_ref(SeriesRef(999), 50, 1.0), Err(AppendError::UnknownSeries(_))));
+    assert_eq!(app.commit().unwrap().appended, 4);
+    assert_eq!(dump(&head)[&l(&[("__name__", "up")])].len(), 4);
+}
