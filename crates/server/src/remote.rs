@@ -1,6 +1,10 @@
 //! Prometheus remote write 1.0 and remote read (samples) messages, declared with prost's derive
 //! (field numbers and types as in Prometheus' `prompb/types.proto` and `remote.proto`), and the
 //! snappy framing around them (the block format, not the stream format).
+//!
+//! Incoming write requests (1.0 and 2.0) are read in place by `read_write_request*` into a
+//! `WriteBatch`, without prost: no allocation per series or label. The prost messages decode
+//! remote-read requests and encode everything (responses, tests, benchmarks).
 
 use prost::Message;
 
@@ -24,29 +28,17 @@ pub struct TimeSeries {
     pub histograms: Vec<Histogram>,
 }
 
-/// Name and value are protobuf `string`s, decoded as `bytes` so that they are slices of the
-/// request buffer instead of one allocation each; `Label::strs` checks the UTF-8 that protobuf
-/// requires of a string.
 #[derive(Clone, PartialEq, Message)]
 pub struct Label {
-    #[prost(bytes = "bytes", tag = "1")]
-    pub name: bytes::Bytes,
-    #[prost(bytes = "bytes", tag = "2")]
-    pub value: bytes::Bytes,
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
 }
 
 impl Label {
     pub fn new(name: impl Into<String>, value: impl Into<String>) -> Label {
-        Label { name: name.into().into(), value: value.into().into() }
-    }
-
-    /// Name and value as text; an error names the invalid field.
-    pub fn strs(&self) -> Result<(&str, &str), String> {
-        let name =
-            std::str::from_utf8(&self.name).map_err(|_| format!("label name {:?} is not valid UTF-8", self.name))?;
-        let value = std::str::from_utf8(&self.value)
-            .map_err(|_| format!("value of label {name:?} is not valid UTF-8: {:?}", self.value))?;
-        Ok((name, value))
+        Label { name: name.into(), value: value.into() }
     }
 }
 
@@ -142,8 +134,7 @@ pub fn decompress(body: &[u8], max_decompressed: usize) -> Result<Vec<u8>, Decod
 /// `decompress`, then decodes a protobuf message.
 pub fn decode<M: Message + Default>(body: &[u8], max_decompressed: usize) -> Result<M, DecodeError> {
     let raw = decompress(body, max_decompressed)?;
-    // From `Bytes`, so that `bytes` fields are slices of this buffer, not copies.
-    M::decode(bytes::Bytes::from(raw)).map_err(|e| DecodeError::Protobuf(e.to_string()))
+    M::decode(&raw[..]).map_err(|e| DecodeError::Protobuf(e.to_string()))
 }
 
 /// Encodes and snappy-compresses a message.
@@ -184,14 +175,14 @@ mod tests {
         assert!(matches!(decode::<WriteRequest>(b"\x05\xff\x01", 1 << 20), Err(DecodeError::Snappy(_))));
         let garbage = snap::raw::Encoder::new().compress_vec(b"\x0a\x05\x0a\x03").unwrap();
         assert!(matches!(decode::<WriteRequest>(&garbage, 1 << 20), Err(DecodeError::Protobuf(_))));
-        // A label value that is not UTF-8 decodes (as bytes) and is then named by `strs`.
+        // A label value that is not UTF-8: prost refuses the string; the in-place reader hands
+        // the bytes on, for the HTTP layer to refuse that one series by name.
         let mut raw = req.encode_to_vec();
         let at = raw.windows(2).position(|w| w == b"up").unwrap();
         raw[at] = 0xff;
         let bad = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
-        let got = decode::<WriteRequest>(&bad, 1 << 20).unwrap();
-        let err = got.timeseries[0].labels[0].strs().unwrap_err();
-        assert!(err.contains("value of label \"__name__\" is not valid UTF-8"), "{err}");
+        assert!(matches!(decode::<WriteRequest>(&bad, 1 << 20), Err(DecodeError::Protobuf(_))));
+        assert_eq!(read_write_request(&raw).unwrap().labels[0].1, b"\xffp");
     }
 
     proptest! {
@@ -565,7 +556,7 @@ mod batch_tests {
             prop_assert_eq!(b.series.len(), req.timeseries.len());
             prop_assert_eq!(&b.metadata, &req.metadata);
             for (span, ts) in b.series.iter().zip(&req.timeseries) {
-                let labels: Vec<(&[u8], &[u8])> = ts.labels.iter().map(|l| (&l.name[..], &l.value[..])).collect();
+                let labels: Vec<(&[u8], &[u8])> = ts.labels.iter().map(|l| (l.name.as_bytes(), l.value.as_bytes())).collect();
                 prop_assert_eq!(&b.labels[span.labels.clone()], &labels[..]);
                 let samples: Vec<(i64, u64)> = ts.samples.iter().map(|s| (s.timestamp, s.value.to_bits())).collect();
                 let got: Vec<(i64, u64)> = b.samples[span.samples.clone()].iter().map(|s| (s.t, s.v.to_bits())).collect();
@@ -584,27 +575,22 @@ mod batch_tests {
         /// A 2.0 request reads back to the same label sets and samples as the 1.0 form.
         #[test]
         fn v2_reads_like_v1(req in arb_request()) {
-            type Owned = (Vec<(String, String)>, Vec<(i64, f64)>);
-            let series: Vec<Owned> = req
+            let series: Vec<v2::SeriesInput> = req
                 .timeseries
                 .iter()
                 .map(|ts| {
-                    let l = ts.labels.iter().map(|l| (String::from_utf8_lossy(&l.name).into_owned(), String::from_utf8_lossy(&l.value).into_owned())).collect();
+                    let l = ts.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())).collect();
                     (l, ts.samples.iter().map(|s| (s.timestamp, s.value)).collect())
                 })
                 .collect();
-            let borrowed: Vec<v2::SeriesInput> =
-                series.iter().map(|(l, s)| (l.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect(), s.clone())).collect();
-            let raw = v2::request(&borrowed).encode_to_vec();
+            let raw = v2::request(&series).encode_to_vec();
             let b = read_write_request_v2(&raw).unwrap();
             prop_assert_eq!(b.series.len(), series.len());
             for (span, (labels, samples)) in b.series.iter().zip(&series) {
-                let got: Vec<(String, String)> = b.labels[span.labels.clone()]
-                    .iter()
-                    .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
-                    .collect();
-                prop_assert_eq!(&got, labels);
+                let want: Vec<(&[u8], &[u8])> = labels.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())).collect();
+                prop_assert_eq!(&b.labels[span.labels.clone()], &want[..]);
                 let got: Vec<(i64, u64)> = b.samples[span.samples.clone()].iter().map(|s| (s.t, s.v.to_bits())).collect();
+                // prost leaves a -0.0 value out as a default, so it reads back as 0.0.
                 let want: Vec<(i64, u64)> = samples.iter().map(|&(t, v)| (t, if v == 0.0 { 0 } else { v.to_bits() })).collect();
                 prop_assert_eq!(got, want);
             }
