@@ -71,53 +71,48 @@ impl ServerMetrics {
     /// Everything, in the text exposition format.
     pub fn render(&self, db: Option<&Db>) -> String {
         let mut o = String::with_capacity(8192);
-        let c = |o: &mut String, name: &str, help: &str, kind: &str, v: String| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        };
-        let _ = writeln!(o, "# HELP strata_build_info Build information.\n# TYPE strata_build_info gauge");
+        family(&mut o, "strata_build_info", "Build information.", "gauge");
         let _ = writeln!(o, "strata_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
-        let _ = writeln!(o, "# HELP strata_http_requests_total HTTP requests by handler and status code.");
-        let _ = writeln!(o, "# TYPE strata_http_requests_total counter");
+        family(&mut o, "strata_http_requests_total", "HTTP requests by handler and status code.", "counter");
         for ((h, code), n) in self.http_requests.lock().iter() {
             let _ = writeln!(o, "strata_http_requests_total{{handler=\"{h}\",code=\"{code}\"}} {n}");
         }
-        let _ = writeln!(o, "# HELP strata_http_request_duration_seconds HTTP request latency by handler.");
-        let _ = writeln!(o, "# TYPE strata_http_request_duration_seconds histogram");
+        family(&mut o, "strata_http_request_duration_seconds", "HTTP request latency by handler.", "histogram");
         for (h, hist) in self.http_duration.lock().iter() {
             hist.render(&mut o, "strata_http_request_duration_seconds", &format!("handler=\"{h}\""));
         }
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
-        c(
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        singles(
             &mut o,
-            "strata_remote_write_samples_received_total",
-            "Samples received by remote write.",
-            "counter",
-            load(&self.remote_write_samples_received),
+            &[
+                (
+                    "strata_remote_write_samples_received_total",
+                    "Samples received by remote write.",
+                    "counter",
+                    load(&self.remote_write_samples_received),
+                ),
+                (
+                    "strata_remote_write_samples_rejected_total",
+                    "Samples remote write refused.",
+                    "counter",
+                    load(&self.remote_write_samples_rejected),
+                ),
+                (
+                    "strata_remote_write_series_invalid_total",
+                    "Series with invalid labels in remote write.",
+                    "counter",
+                    load(&self.remote_write_series_invalid),
+                ),
+                ("strata_engine_queries_total", "Queries evaluated.", "counter", load(&self.queries)),
+                (
+                    "strata_engine_queries_failed_total",
+                    "Queries that ended in an error.",
+                    "counter",
+                    load(&self.queries_failed),
+                ),
+            ],
         );
-        c(
-            &mut o,
-            "strata_remote_write_samples_rejected_total",
-            "Samples remote write refused.",
-            "counter",
-            load(&self.remote_write_samples_rejected),
-        );
-        c(
-            &mut o,
-            "strata_remote_write_series_invalid_total",
-            "Series with invalid labels in remote write.",
-            "counter",
-            load(&self.remote_write_series_invalid),
-        );
-        c(&mut o, "strata_engine_queries_total", "Queries evaluated.", "counter", load(&self.queries));
-        c(
-            &mut o,
-            "strata_engine_queries_failed_total",
-            "Queries that ended in an error.",
-            "counter",
-            load(&self.queries_failed),
-        );
-        let _ = writeln!(o, "# HELP strata_engine_query_duration_seconds Query latency.");
-        let _ = writeln!(o, "# TYPE strata_engine_query_duration_seconds histogram");
+        family(&mut o, "strata_engine_query_duration_seconds", "Query latency.", "histogram");
         self.query_duration.render(&mut o, "strata_engine_query_duration_seconds", "");
         if let Some(db) = db {
             render_db(&mut o, db);
@@ -126,38 +121,57 @@ impl ServerMetrics {
     }
 }
 
+/// `# HELP` and `# TYPE` lines of a metric family.
+fn family(o: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Families of one unlabelled sample each: (name, help, type, value).
+fn singles(o: &mut String, rows: &[(&str, &str, &str, f64)]) {
+    for &(name, help, kind, v) in rows {
+        family(o, name, help, kind);
+        let _ = writeln!(o, "{name} {v}");
+    }
+}
+
 fn render_db(o: &mut String, db: &Db) {
     let head = db.head();
     let st = &head.stats;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut c = |name: &str, help: &str, kind: &str, v: f64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-    };
-    c("strata_tsdb_head_series", "Series in the head.", "gauge", head.num_series() as f64);
-    c(
-        "strata_tsdb_head_samples_appended_total",
-        "Samples appended to the head.",
-        "counter",
-        load(&st.samples_appended) as f64,
-    );
-    c(
-        "strata_tsdb_head_series_created_total",
-        "Series created in the head.",
-        "counter",
-        load(&st.series_created) as f64,
-    );
-    c(
-        "strata_tsdb_head_chunks_created_total",
-        "Chunks created in the head.",
-        "counter",
-        load(&st.chunks_created) as f64,
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    singles(
+        o,
+        &[
+            ("strata_tsdb_head_series", "Series in the head.", "gauge", head.num_series() as f64),
+            (
+                "strata_tsdb_head_samples_appended_total",
+                "Samples appended to the head.",
+                "counter",
+                load(&st.samples_appended),
+            ),
+            (
+                "strata_tsdb_head_series_created_total",
+                "Series created in the head.",
+                "counter",
+                load(&st.series_created),
+            ),
+            (
+                "strata_tsdb_head_chunks_created_total",
+                "Chunks created in the head.",
+                "counter",
+                load(&st.chunks_created),
+            ),
+        ],
     );
     if let Some((a, b)) = head.time_range() {
-        c("strata_tsdb_head_min_time_seconds", "Oldest sample in the head.", "gauge", a as f64 / 1000.0);
-        c("strata_tsdb_head_max_time_seconds", "Newest sample in the head.", "gauge", b as f64 / 1000.0);
+        singles(
+            o,
+            &[
+                ("strata_tsdb_head_min_time_seconds", "Oldest sample in the head.", "gauge", a as f64 / 1000.0),
+                ("strata_tsdb_head_max_time_seconds", "Newest sample in the head.", "gauge", b as f64 / 1000.0),
+            ],
+        );
     }
-    let _ = writeln!(o, "# HELP strata_tsdb_samples_rejected_total Samples the head refused, by reason.");
-    let _ = writeln!(o, "# TYPE strata_tsdb_samples_rejected_total counter");
+    family(o, "strata_tsdb_samples_rejected_total", "Samples the head refused, by reason.", "counter");
     for (reason, v) in [
         ("out_of_order", &st.rejected_out_of_order),
         ("duplicate", &st.rejected_duplicate),
@@ -165,77 +179,84 @@ fn render_db(o: &mut String, db: &Db) {
     ] {
         let _ = writeln!(o, "strata_tsdb_samples_rejected_total{{reason=\"{reason}\"}} {}", load(v));
     }
-    let mut c = |name: &str, help: &str, kind: &str, v: f64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-    };
     if let Some(wal) = head.wal() {
         let w = &wal.stats;
-        c("strata_tsdb_wal_bytes_written_total", "Bytes written to the WAL.", "counter", load(&w.bytes_written) as f64);
-        c(
-            "strata_tsdb_wal_records_written_total",
-            "Records written to the WAL.",
-            "counter",
-            load(&w.records_written) as f64,
-        );
-        c("strata_tsdb_wal_fsyncs_total", "WAL fsyncs.", "counter", load(&w.fsyncs) as f64);
-        c(
-            "strata_tsdb_wal_fsync_duration_seconds_total",
-            "Time spent in WAL fsyncs.",
-            "counter",
-            load(&w.fsync_nanos_total) as f64 / 1e9,
-        );
-        c(
-            "strata_tsdb_wal_segments_created_total",
-            "WAL segments created.",
-            "counter",
-            load(&w.segments_created) as f64,
-        );
-        c(
-            "strata_tsdb_wal_segment_current",
-            "Index of the WAL segment being written.",
-            "gauge",
-            wal.current_segment() as f64,
+        singles(
+            o,
+            &[
+                ("strata_tsdb_wal_bytes_written_total", "Bytes written to the WAL.", "counter", load(&w.bytes_written)),
+                (
+                    "strata_tsdb_wal_records_written_total",
+                    "Records written to the WAL.",
+                    "counter",
+                    load(&w.records_written),
+                ),
+                ("strata_tsdb_wal_fsyncs_total", "WAL fsyncs.", "counter", load(&w.fsyncs)),
+                (
+                    "strata_tsdb_wal_fsync_duration_seconds_total",
+                    "Time spent in WAL fsyncs.",
+                    "counter",
+                    load(&w.fsync_nanos_total) / 1e9,
+                ),
+                (
+                    "strata_tsdb_wal_segments_created_total",
+                    "WAL segments created.",
+                    "counter",
+                    load(&w.segments_created),
+                ),
+                (
+                    "strata_tsdb_wal_segment_current",
+                    "Index of the WAL segment being written.",
+                    "gauge",
+                    wal.current_segment() as f64,
+                ),
+            ],
         );
     }
     let blocks = db.blocks();
     let d = db.stats();
-    c("strata_tsdb_blocks_loaded", "Persisted blocks.", "gauge", blocks.len() as f64);
-    c(
-        "strata_tsdb_storage_blocks_bytes",
-        "Bytes of persisted blocks.",
-        "gauge",
-        blocks.iter().map(|b| b.bytes()).sum::<u64>() as f64,
-    );
-    c(
-        "strata_tsdb_head_blocks_written_total",
-        "Blocks cut from the head.",
-        "counter",
-        load(&d.head_blocks_written) as f64,
-    );
-    c("strata_tsdb_compactions_total", "Compactions run.", "counter", load(&d.compactions) as f64);
-    c(
-        "strata_tsdb_compactions_failed_total",
-        "Compactions that failed.",
-        "counter",
-        load(&d.compaction_failures) as f64,
-    );
-    c(
-        "strata_tsdb_compaction_duration_seconds_total",
-        "Time spent compacting.",
-        "counter",
-        load(&d.compaction_nanos_total) as f64 / 1e9,
-    );
-    c(
-        "strata_tsdb_retention_blocks_deleted_total",
-        "Blocks deleted by retention.",
-        "counter",
-        load(&d.blocks_deleted_by_retention) as f64,
-    );
-    c(
-        "strata_tsdb_blocks_set_aside_total",
-        "Blocks set aside as corrupt.",
-        "counter",
-        load(&d.blocks_set_aside) as f64,
+    singles(
+        o,
+        &[
+            ("strata_tsdb_blocks_loaded", "Persisted blocks.", "gauge", blocks.len() as f64),
+            (
+                "strata_tsdb_storage_blocks_bytes",
+                "Bytes of persisted blocks.",
+                "gauge",
+                blocks.iter().map(|b| b.bytes()).sum::<u64>() as f64,
+            ),
+            (
+                "strata_tsdb_head_blocks_written_total",
+                "Blocks cut from the head.",
+                "counter",
+                load(&d.head_blocks_written),
+            ),
+            ("strata_tsdb_compactions_total", "Compactions run.", "counter", load(&d.compactions)),
+            (
+                "strata_tsdb_compactions_failed_total",
+                "Compactions that failed.",
+                "counter",
+                load(&d.compaction_failures),
+            ),
+            (
+                "strata_tsdb_compaction_duration_seconds_total",
+                "Time spent compacting.",
+                "counter",
+                load(&d.compaction_nanos_total) / 1e9,
+            ),
+            (
+                "strata_tsdb_retention_blocks_deleted_total",
+                "Blocks deleted by retention.",
+                "counter",
+                load(&d.blocks_deleted_by_retention),
+            ),
+            (
+                "strata_tsdb_blocks_set_aside_total",
+                "Blocks set aside as corrupt.",
+                "counter",
+                load(&d.blocks_set_aside),
+            ),
+        ],
     );
 }
 
