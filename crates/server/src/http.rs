@@ -832,21 +832,36 @@ async fn query_range(
     Ok(success(data))
 }
 
-/// Series matching any of `sets` in `[mint, maxt]`, deduplicated, in label order.
-fn series_matching(
-    db: &Db,
-    sets: &[Vec<Matcher>],
-    mint: i64,
-    maxt: i64,
-    limit: usize,
-) -> Result<Vec<Labels>, ApiError> {
-    let mut out = std::collections::BTreeSet::new();
+/// Series matching any of the selector `sets` (`match[]`) in `[mint, maxt]`, each once, in
+/// label order; the series limit applies to the union too.
+fn select_union(db: &Db, limit: usize, sets: &[Vec<Matcher>], mint: i64, maxt: i64) -> Result<Vec<Series>, ApiError> {
+    let mut out: BTreeMap<Labels, Series> = BTreeMap::new();
     for m in sets {
         for s in select_checked(db, limit, m, mint, maxt)? {
-            out.insert(s.labels);
+            out.entry(s.labels.clone()).or_insert(s);
+        }
+        if out.len() > limit {
+            return Err(ApiError::execution(strata_tsdb::Error::TooManySeries { limit }.to_string()));
         }
     }
-    Ok(out.into_iter().collect())
+    Ok(out.into_values().collect())
+}
+
+/// Label names or values (`get`) over the union of the selector `sets`, or over everything
+/// when there is none, sorted and unique.
+fn strings_union(
+    sets: &[Vec<Matcher>],
+    get: impl Fn(&[Matcher]) -> strata_tsdb::Result<Vec<String>>,
+) -> Result<Vec<String>, ApiError> {
+    let err = |e: strata_tsdb::Error| ApiError::execution(e.to_string());
+    if sets.is_empty() {
+        return get(&[]).map_err(err);
+    }
+    let mut all = std::collections::BTreeSet::new();
+    for m in sets {
+        all.extend(get(m).map_err(err)?);
+    }
+    Ok(all.into_iter().collect())
 }
 
 async fn series(
@@ -861,8 +876,8 @@ async fn series(
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
     let limit = st.limits.max_query_series;
-    let found = blocking(move || series_matching(&db, &sets, start, end, limit)).await??;
-    Ok(success(Value::Array(found.iter().map(labels_json).collect())))
+    let found = blocking(move || select_union(&db, limit, &sets, start, end)).await??;
+    Ok(success(Value::Array(found.iter().map(|s| labels_json(&s.labels)).collect())))
 }
 
 async fn labels(
@@ -876,16 +891,9 @@ async fn labels(
     let sets = p.selectors(false)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
-    let names = blocking(move || -> Result<Vec<String>, ApiError> {
+    let names = blocking(move || {
         let q = db.querier(start, end);
-        if sets.is_empty() {
-            return q.label_names(&[]).map_err(|e| ApiError::execution(e.to_string()));
-        }
-        let mut all = std::collections::BTreeSet::new();
-        for m in &sets {
-            all.extend(q.label_names(m).map_err(|e| ApiError::execution(e.to_string()))?);
-        }
-        Ok(all.into_iter().collect())
+        strings_union(&sets, |m| q.label_names(m))
     })
     .await??;
     Ok(success(json!(names)))
@@ -896,16 +904,9 @@ async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>,
     let sets = p.selectors(false)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
-    let values = blocking(move || -> Result<Vec<String>, ApiError> {
+    let values = blocking(move || {
         let q = db.querier(start, end);
-        if sets.is_empty() {
-            return q.label_values(&name, &[]).map_err(|e| ApiError::execution(e.to_string()));
-        }
-        let mut all = std::collections::BTreeSet::new();
-        for m in &sets {
-            all.extend(q.label_values(&name, m).map_err(|e| ApiError::execution(e.to_string()))?);
-        }
-        Ok(all.into_iter().collect())
+        strings_union(&sets, |m| q.label_values(&name, m))
     })
     .await??;
     Ok(success(json!(values)))
@@ -1090,31 +1091,22 @@ async fn export(
     let st2 = st.clone();
     let text = run_query(&st, move |deadline| {
         let mut budget = Budget::new(&st2, deadline);
-        let mut seen = std::collections::HashSet::new();
         let mut out = String::new();
-        for m in &sets {
-            for s in select_checked(&db, st2.limits.max_query_series, m, start, end)? {
-                if !seen.insert(s.labels.clone()) {
-                    continue;
-                }
-                let samples = s.samples();
-                budget.take(samples.len())?;
-                if samples.is_empty() {
-                    continue;
-                }
-                let values: Vec<Value> = samples
-                    .iter()
-                    .map(|x| {
-                        serde_json::Number::from_f64(x.v)
-                            .map_or_else(|| Value::String(format_value(x.v)), Value::Number)
-                    })
-                    .collect();
-                let ts: Vec<i64> = samples.iter().map(|x| x.t).collect();
-                out.push_str(
-                    &json!({"metric": labels_json(&s.labels), "values": values, "timestamps": ts}).to_string(),
-                );
-                out.push('\n');
+        for s in select_union(&db, st2.limits.max_query_series, &sets, start, end)? {
+            let samples = s.samples();
+            budget.take(samples.len())?;
+            if samples.is_empty() {
+                continue;
             }
+            let values: Vec<Value> = samples
+                .iter()
+                .map(|x| {
+                    serde_json::Number::from_f64(x.v).map_or_else(|| Value::String(format_value(x.v)), Value::Number)
+                })
+                .collect();
+            let ts: Vec<i64> = samples.iter().map(|x| x.t).collect();
+            out.push_str(&json!({"metric": labels_json(&s.labels), "values": values, "timestamps": ts}).to_string());
+            out.push('\n');
         }
         Ok(out)
     })
@@ -1128,23 +1120,20 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     let sets = p.selectors(true)?;
     let t = now_ms();
     let db = db(&st)?;
-    let limit = st.limits.max_query_series;
-    let text = blocking(move || -> Result<String, ApiError> {
+    let st2 = st.clone();
+    let text = run_query(&st, move |deadline| {
+        let mut budget = Budget::new(&st2, deadline);
         let mut out = String::new();
-        let mut seen = std::collections::HashSet::new();
-        for m in &sets {
-            for s in select_checked(&db, limit, m, t - LOOKBACK_MS + 1, t)? {
-                if !seen.insert(s.labels.clone()) {
-                    continue;
-                }
-                if let Some(x) = s.samples().last().filter(|x| !strata_model::is_stale_nan(x.v)) {
-                    out.push_str(&exposition_line(&s.labels, x.v, x.t));
-                }
+        for s in select_union(&db, st2.limits.max_query_series, &sets, t - LOOKBACK_MS + 1, t)? {
+            let samples = s.samples();
+            budget.take(samples.len())?;
+            if let Some(x) = samples.last().filter(|x| !strata_model::is_stale_nan(x.v)) {
+                out.push_str(&exposition_line(&s.labels, x.v, x.t));
             }
         }
         Ok(out)
     })
-    .await??;
+    .await?;
     let mut resp = text.into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
