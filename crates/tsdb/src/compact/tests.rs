@@ -64,6 +64,16 @@ fn check(db: &Db, model: &Model, rng: &mut impl Rng, hi: i64) {
     }
 }
 
+/// Appends series `x` at `ts`, value = time, one commit per sample (as a scraper would).
+fn append_x(db: &Db, ts: impl Iterator<Item = i64>) {
+    let l = Labels::from_pairs([("__name__", "x")]);
+    for t in ts {
+        let mut app = db.appender();
+        app.append(&l, t, t as f64).unwrap();
+        app.commit().unwrap();
+    }
+}
+
 fn assert_no_overlap(db: &Db) {
     let blocks = db.blocks();
     for w in blocks.windows(2) {
@@ -134,12 +144,7 @@ fn retention_drops_whole_blocks_only() {
     let tmp = tempfile::tempdir().unwrap();
     let retention = 5 * RANGE + 500;
     let db = Db::open(tmp.path(), opts(retention)).unwrap();
-    let l = Labels::from_pairs([("__name__", "x")]);
-    for t in (0..20 * RANGE).step_by(50) {
-        let mut app = db.appender();
-        app.append(&l, t, t as f64).unwrap();
-        app.commit().unwrap();
-    }
+    append_x(&db, (0..20 * RANGE).step_by(50));
     let out = db.compact().unwrap();
     assert!(out.retention_deleted > 0, "{out:?}");
     let newest = 20 * RANGE - 50;
@@ -163,12 +168,7 @@ fn retention_by_size_drops_oldest_blocks_first() {
     let tmp = tempfile::tempdir().unwrap();
     let mut o = opts(0);
     let db = Db::open(tmp.path(), o).unwrap();
-    let l = Labels::from_pairs([("__name__", "x")]);
-    for t in (0..20 * RANGE).step_by(10) {
-        let mut app = db.appender();
-        app.append(&l, t, (t % 7) as f64).unwrap();
-        app.commit().unwrap();
-    }
+    append_x(&db, (0..20 * RANGE).step_by(10));
     db.compact().unwrap();
     let before = db.blocks();
     assert!(
@@ -227,12 +227,7 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
 fn a_corrupt_block_is_reported_then_set_aside_and_the_rest_stays_queryable() {
     let tmp = tempfile::tempdir().unwrap();
     let db = Db::open(tmp.path(), opts(0)).unwrap();
-    let l = Labels::from_pairs([("__name__", "x")]);
-    for t in (0..5 * RANGE).step_by(10) {
-        let mut app = db.appender();
-        app.append(&l, t, t as f64).unwrap();
-        app.commit().unwrap();
-    }
+    append_x(&db, (0..5 * RANGE).step_by(10));
     db.compact().unwrap();
     let blocks = db.blocks();
     assert!(blocks.len() >= 2, "{} blocks", blocks.len());
@@ -289,12 +284,7 @@ fn blocks_open_lazily_and_queries_touch_only_blocks_in_range() {
 fn a_snapshot_is_a_data_directory_holding_blocks_and_head() {
     let tmp = tempfile::tempdir().unwrap();
     let db = Db::open(tmp.path(), opts(0)).unwrap();
-    let l = Labels::from_pairs([("__name__", "x")]);
-    for t in (0..5 * RANGE).step_by(10) {
-        let mut app = db.appender();
-        app.append(&l, t, t as f64).unwrap();
-        app.commit().unwrap();
-    }
+    append_x(&db, (0..5 * RANGE).step_by(10));
     db.compact().unwrap();
     assert!(!db.blocks().is_empty() && db.head().time_range().is_some(), "data in blocks and in the head");
     let want = read(&db, i64::MIN, i64::MAX);
