@@ -380,33 +380,47 @@ impl<'a> Querier<'a> {
     /// Label names of series matching `matchers` in range (all names if none), sorted.
     pub fn label_names(&self, matchers: &[Matcher]) -> Result<Vec<String>> {
         let mut names: BTreeSet<String> = self.head.label_names(matchers).into_iter().collect();
-        for b in self.blocks() {
-            if matchers.is_empty() {
-                let data = b.data().inspect_err(|_| b.mark_corrupt())?;
-                names.extend(data.index.label_names().into_iter().map(str::to_owned));
-            } else {
-                for s in self.select_block(&b, matchers).inspect_err(|_| b.mark_corrupt())? {
-                    names.extend(s.labels.iter().map(|l| l.name.to_string()));
-                }
-            }
-        }
+        self.strings_from_blocks(
+            matchers,
+            &mut names,
+            |ix| ix.label_names(),
+            |l, out| out.extend(l.iter().map(|x| x.name.to_string())),
+        )?;
         Ok(names.into_iter().collect())
     }
 
     /// Values of label `name` among series matching `matchers` (all if none), sorted.
     pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Result<Vec<String>> {
         let mut values: BTreeSet<String> = self.head.label_values(name, matchers).into_iter().collect();
+        self.strings_from_blocks(
+            matchers,
+            &mut values,
+            |ix| ix.label_values(name),
+            |l, out| out.extend(l.get(name).map(str::to_owned)),
+        )?;
+        Ok(values.into_iter().collect())
+    }
+
+    /// Adds to `out`, for every block in range, what `from_index` reads off the block's index
+    /// (no matchers: no series is read) or what `from_series` takes from each matching series.
+    fn strings_from_blocks(
+        &self,
+        matchers: &[Matcher],
+        out: &mut BTreeSet<String>,
+        from_index: impl Fn(&crate::block::IndexFile) -> Vec<&str>,
+        from_series: impl Fn(&Labels, &mut BTreeSet<String>),
+    ) -> Result<()> {
         for b in self.blocks() {
             if matchers.is_empty() {
                 let data = b.data().inspect_err(|_| b.mark_corrupt())?;
-                values.extend(data.index.label_values(name).into_iter().map(str::to_owned));
+                out.extend(from_index(&data.index).into_iter().map(str::to_owned));
             } else {
                 for s in self.select_block(&b, matchers).inspect_err(|_| b.mark_corrupt())? {
-                    values.extend(s.labels.get(name).map(str::to_owned));
+                    from_series(&s.labels, out);
                 }
             }
         }
-        Ok(values.into_iter().collect())
+        Ok(())
     }
 }
 

@@ -207,6 +207,13 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
     }
     let db = Db::open(tmp.path(), opts(0)).unwrap();
     assert_eq!(db.blocks().len(), 2);
+    // Label names and values come from the blocks' indexes (no matcher) or their series.
+    let q = db.querier(0, 2000);
+    assert_eq!(q.label_values("__name__", &[]).unwrap(), ["only_a", "x"]);
+    let only_a = [Matcher::new(MatchOp::RegexMatch, "__name__", "o.*").unwrap()];
+    assert_eq!(q.label_values("__name__", &only_a).unwrap(), ["only_a"]);
+    assert_eq!(q.label_names(&only_a).unwrap(), ["__name__"]);
+    assert!(db.querier(5000, 6000).label_values("__name__", &[]).unwrap().is_empty(), "no block in range");
     let read_x = |db: &Db| -> Vec<i64> {
         let got = db.querier(0, 2000).select(&[Matcher::new(MatchOp::Equal, "__name__", "x").unwrap()]).unwrap();
         got[0].samples().iter().map(|s| s.t).collect()
