@@ -271,7 +271,7 @@ fn parse_float(s: &str) -> Option<f64> {
         "nan" => Some(f64::NAN),
         "+inf" | "inf" => Some(f64::INFINITY),
         "-inf" => Some(f64::NEG_INFINITY),
-        _ if s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE_".contains(&b)) && !s.contains('_') => s.parse().ok(),
+        _ if s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) => s.parse().ok(),
         _ => None,
     }
 }
