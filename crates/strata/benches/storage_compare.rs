@@ -20,29 +20,13 @@ use strata_tsdb::{Db, DbOptions};
 
 const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
 
-/// Bytes of every file under the block directories (ULID-named) of `dir`.
+/// Bytes of every file under the block directories (those with a `meta.json`) of `dir`.
 fn blocks_bytes(dir: &Path) -> u64 {
-    fn walk(p: &Path) -> u64 {
-        std::fs::read_dir(p)
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| {
-                        let m = e.metadata().unwrap();
-                        if m.is_dir() {
-                            walk(&e.path())
-                        } else {
-                            m.len()
-                        }
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .filter(|e| e.path().join("meta.json").exists())
-        .map(|e| walk(&e.path()))
+        .map(|e| strata_tsdb::block::dir_bytes(&e.path()))
         .sum()
 }
 

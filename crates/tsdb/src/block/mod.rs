@@ -166,7 +166,7 @@ impl Block {
 }
 
 /// Total size of the files under `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
+pub fn dir_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     for e in entries.flatten() {
