@@ -1,4 +1,14 @@
-//! PromQL for Strata: parse, plan, evaluate step-vectorized over `strata_tsdb::querier`.
+//! PromQL for Strata: parse, then evaluate step-vectorized over `strata_tsdb::querier`.
 //!
-//! Empty until the PromQL engine milestone; the crate exists so that the workspace already has
-//! its final shape and the server can depend on it.
+//! - `lexer`, `parser`, `ast`: the language, type-checked at parse time, with Prometheus' error
+//!   wording; experimental syntax sits behind [`parser::Features`].
+//! - `functions`: the signature table.
+
+pub mod ast;
+pub mod error;
+pub mod functions;
+pub mod lexer;
+pub mod parser;
+
+pub use error::{EvalError, ParseError};
+pub use parser::{parse, parse_with, Features};
