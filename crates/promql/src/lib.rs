@@ -12,3 +12,8 @@ pub mod parser;
 
 pub use error::{EvalError, ParseError};
 pub use parser::{parse, parse_with, Features};
+pub mod eval;
+pub mod value;
+
+pub use eval::{Engine, EngineOptions, QueryOutput, Storage};
+pub use value::{Annotation, Point, Series, Value};

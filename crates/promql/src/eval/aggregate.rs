@@ -1,0 +1,495 @@
+//! Aggregation operators. Each input series is assigned to its group once; the group then
+//! accumulates per step. Sums and means use Kahan–Neumaier compensation as Prometheus does, so
+//! results agree to the last bits.
+
+use std::collections::HashMap;
+
+use strata_model::{Label, Labels, METRIC_NAME};
+
+use super::labels::{go_quote_bytes, keep, without};
+use super::{Ctx, Evaluator, Val};
+use crate::ast::{Aggregate, AggregateOp, ExprKind};
+use crate::error::{exec, EvalError};
+use crate::value::{Point, Series};
+
+/// Neumaier's compensated addition: returns the new sum and compensation.
+pub(crate) fn kahan_inc(inc: f64, sum: f64, c: f64) -> (f64, f64) {
+    let t = sum + inc;
+    let c = if t.is_infinite() {
+        0.0
+    } else if sum.abs() >= inc.abs() {
+        c + ((sum - t) + inc)
+    } else {
+        c + ((inc - t) + sum)
+    };
+    (t, c)
+}
+
+/// Running state of one group at one step.
+#[derive(Debug, Clone, Copy, Default)]
+struct Acc {
+    seen: bool,
+    value: f64,
+    comp: f64,
+    mean: f64,
+    count: f64,
+    incremental: bool,
+}
+
+impl Acc {
+    fn add(&mut self, op: AggregateOp, f: f64) {
+        if !self.seen {
+            self.seen = true;
+            self.count = 1.0;
+            match op {
+                AggregateOp::Stddev | AggregateOp::Stdvar => {
+                    self.mean = f;
+                    self.value = 0.0;
+                }
+                AggregateOp::Group => self.value = 1.0,
+                AggregateOp::Count => self.value = 1.0,
+                _ => self.value = f,
+            }
+            return;
+        }
+        self.count += 1.0;
+        match op {
+            AggregateOp::Sum => (self.value, self.comp) = kahan_inc(f, self.value, self.comp),
+            AggregateOp::Avg => self.add_mean(f),
+            AggregateOp::Count => self.value += 1.0,
+            AggregateOp::Group => {}
+            AggregateOp::Min => {
+                if self.value > f || self.value.is_nan() {
+                    self.value = f;
+                }
+            }
+            AggregateOp::Max => {
+                if self.value < f || self.value.is_nan() {
+                    self.value = f;
+                }
+            }
+            AggregateOp::Stddev | AggregateOp::Stdvar => {
+                let delta = f - self.mean;
+                self.mean += delta / self.count;
+                self.value += delta * (f - self.mean);
+            }
+            _ => unreachable!("not an accumulating aggregation"),
+        }
+    }
+
+    /// Prometheus' mean: a compensated sum while it stays finite, then an incremental mean.
+    fn add_mean(&mut self, f: f64) {
+        let n = self.count;
+        if !self.incremental {
+            let (v, c) = kahan_inc(f, self.value, self.comp);
+            if !v.is_infinite() {
+                self.value = v;
+                self.comp = c;
+                return;
+            }
+            self.incremental = true;
+            self.mean = self.value / (n - 1.0);
+            self.comp /= n - 1.0;
+        }
+        if self.mean.is_infinite() {
+            if f.is_infinite() && (self.mean > 0.0) == (f > 0.0) {
+                return;
+            }
+            if !f.is_infinite() && !f.is_nan() {
+                return;
+            }
+        }
+        let q = (n - 1.0) / n;
+        (self.mean, self.comp) = kahan_inc(f / n, q * self.mean, q * self.comp);
+    }
+
+    fn result(&self, op: AggregateOp) -> f64 {
+        match op {
+            AggregateOp::Sum => self.value + self.comp,
+            AggregateOp::Avg => {
+                if self.incremental {
+                    self.mean + self.comp
+                } else {
+                    self.value / self.count + self.comp / self.count
+                }
+            }
+            AggregateOp::Stdvar => self.value / self.count,
+            AggregateOp::Stddev => (self.value / self.count).sqrt(),
+            _ => self.value,
+        }
+    }
+}
+
+/// The labels of a series' group.
+fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels {
+    let names: Vec<&str> = grouping.iter().map(String::as_str).collect();
+    if without_ {
+        let mut names = names;
+        names.push(METRIC_NAME);
+        without(labels, &names)
+    } else {
+        keep(labels, &names)
+    }
+}
+
+pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Result<Val, EvalError> {
+    let input = ev.eval_vector(&a.expr, ctx)?;
+    let input_held: usize = input.iter().map(|s| s.points.len()).sum();
+    // Assign every series to a group once.
+    let mut group_of: Vec<usize> = Vec::with_capacity(input.len());
+    let mut groups: Vec<Labels> = Vec::new();
+    let mut index: HashMap<Labels, usize> = HashMap::new();
+    for s in &input {
+        let g = group_labels(&s.labels, &a.grouping, a.without);
+        let i = *index.entry(g.clone()).or_insert_with(|| {
+            groups.push(g);
+            groups.len() - 1
+        });
+        group_of.push(i);
+    }
+    let out = match a.op {
+        AggregateOp::Sum
+        | AggregateOp::Avg
+        | AggregateOp::Count
+        | AggregateOp::Min
+        | AggregateOp::Max
+        | AggregateOp::Group
+        | AggregateOp::Stddev
+        | AggregateOp::Stdvar => accumulate(ev, a.op, &input, &group_of, groups, ctx)?,
+        AggregateOp::TopK | AggregateOp::BottomK | AggregateOp::LimitK => {
+            let param = a.param.as_ref().expect("parser requires a parameter");
+            let k = ev.eval_scalar(param, ctx)?;
+            select_k(a.op, input, &group_of, &k, ctx)?
+        }
+        AggregateOp::LimitRatio => {
+            let param = a.param.as_ref().expect("parser requires a parameter");
+            let r = ev.eval_scalar(param, ctx)?;
+            limit_ratio(ev, input, &r, param.start, ctx)?
+        }
+        AggregateOp::Quantile => {
+            let param = a.param.as_ref().expect("parser requires a parameter");
+            let q = ev.eval_scalar(param, ctx)?;
+            quantiles(ev, &input, &group_of, groups, &q, param.start, ctx)
+        }
+        AggregateOp::CountValues => {
+            let param = a.param.as_ref().expect("parser requires a parameter");
+            if let ExprKind::String(Err(bytes)) = &param.unparen().kind {
+                return Err(exec(format!("invalid label name {}", go_quote_bytes(bytes))));
+            }
+            let label = ev.eval_string(param, ctx)?;
+            if label.is_empty() {
+                return Err(exec("invalid label name \"\""));
+            }
+            count_values(&input, &group_of, groups, &label, ctx)
+        }
+    };
+    let _ = pos;
+    ev.release(input_held);
+    ev.take(out.iter().map(|s| s.points.len()).sum(), "aggregation")?;
+    Ok(Val::Vector(out))
+}
+
+fn accumulate(
+    ev: &Evaluator,
+    op: AggregateOp,
+    input: &[Series],
+    group_of: &[usize],
+    groups: Vec<Labels>,
+    ctx: &Ctx,
+) -> Result<Vec<Series>, EvalError> {
+    let mut accs: Vec<Vec<Acc>> = vec![Vec::new(); groups.len()];
+    for (s, &g) in input.iter().zip(group_of) {
+        let acc = &mut accs[g];
+        if acc.is_empty() {
+            ev.take(ctx.n, "aggregation")?;
+            acc.resize(ctx.n, Acc::default());
+        }
+        for p in &s.points {
+            acc[ctx.index(p.t)].add(op, p.f);
+        }
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (labels, acc) in groups.into_iter().zip(accs) {
+        let points: Vec<Point> = acc
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.seen)
+            .map(|(i, a)| Point { t: ctx.ts(i), f: a.result(op) })
+            .collect();
+        ev.release(ctx.n);
+        if !points.is_empty() {
+            out.push(Series::new(labels, points));
+        }
+    }
+    Ok(out)
+}
+
+/// NaN sorts below every number for topk and above for bottomk, as in Prometheus.
+fn better(op: AggregateOp, a: f64, b: f64) -> bool {
+    match op {
+        AggregateOp::TopK => (a > b) || (b.is_nan() && !a.is_nan()),
+        _ => (a < b) || (b.is_nan() && !a.is_nan()),
+    }
+}
+
+/// topk, bottomk, limitk: per step and group, the k series chosen; the series keep their
+/// labels, holding only the points at which they were chosen. An instant result lists each
+/// group's choice in order (best first).
+fn select_k(
+    op: AggregateOp,
+    input: Vec<Series>,
+    group_of: &[usize],
+    k: &[f64],
+    ctx: &Ctx,
+) -> Result<Vec<Series>, EvalError> {
+    let n_groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
+    // Per step: for each group, candidates (series, value).
+    let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.points.len()]).collect();
+    let mut order: Vec<(usize, usize, usize, f64)> = Vec::new(); // (group, rank, series, value) for instant output
+    let mut per_step: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ctx.n]; // (series, point idx)
+    for (si, s) in input.iter().enumerate() {
+        for (pi, p) in s.points.iter().enumerate() {
+            per_step[ctx.index(p.t)].push((si, pi));
+        }
+    }
+    for (step, cands) in per_step.iter().enumerate() {
+        if cands.is_empty() {
+            continue;
+        }
+        let kf = k[step];
+        if kf.is_nan() {
+            return Err(exec("Parameter value is NaN"));
+        }
+        if kf < 1.0 {
+            continue;
+        }
+        let kk = if kf >= usize::MAX as f64 { usize::MAX } else { kf as usize };
+        let mut by_group: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_groups];
+        for &(si, pi) in cands {
+            by_group[group_of[si]].push((si, pi));
+        }
+        for (g, mut members) in by_group.into_iter().enumerate() {
+            if members.is_empty() {
+                continue;
+            }
+            if op != AggregateOp::LimitK {
+                members.sort_by(|&(a, ap), &(b, bp)| {
+                    let (x, y) = (input[a].points[ap].f, input[b].points[bp].f);
+                    if better(op, x, y) {
+                        std::cmp::Ordering::Less
+                    } else if better(op, y, x) {
+                        std::cmp::Ordering::Greater
+                    } else {
+                        std::cmp::Ordering::Equal
+                    }
+                });
+            }
+            for (rank, &(si, pi)) in members.iter().take(kk).enumerate() {
+                keep_at[si][pi] = true;
+                if ctx.n == 1 {
+                    order.push((g, rank, si, input[si].points[pi].f));
+                }
+            }
+        }
+    }
+    let mut out: Vec<Option<Series>> = input
+        .into_iter()
+        .zip(keep_at)
+        .map(|(mut s, keep)| {
+            let mut it = keep.into_iter();
+            s.points.retain(|_| it.next().unwrap_or(false));
+            (!s.points.is_empty()).then_some(s)
+        })
+        .collect();
+    if ctx.n == 1 {
+        // Instant: group by group, best first.
+        order.sort_by_key(|&(g, rank, _, _)| (g, rank));
+        return Ok(order.into_iter().filter_map(|(_, _, si, _)| out[si].take()).collect());
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// xxHash64 of `name 0xff value 0xff …`: Prometheus' `labels.Hash()`, which limit_ratio
+/// uses to pick series consistently across queries and servers.
+fn prometheus_hash(labels: &Labels) -> u64 {
+    let mut b = Vec::new();
+    for Label { name, value } in labels {
+        b.extend_from_slice(name.as_bytes());
+        b.push(0xff);
+        b.extend_from_slice(value.as_bytes());
+        b.push(0xff);
+    }
+    xxhash_rust::xxh64::xxh64(&b, 0)
+}
+
+fn limit_ratio(ev: &Evaluator, input: Vec<Series>, r: &[f64], pos: usize, ctx: &Ctx) -> Result<Vec<Series>, EvalError> {
+    let mut out = Vec::new();
+    for mut s in input {
+        let ratio_of = prometheus_hash(&s.labels) as f64 / u64::MAX as f64;
+        let mut err = None;
+        s.points.retain(|p| {
+            let mut ratio = r[ctx.index(p.t)];
+            if ratio.is_nan() {
+                err = Some(exec("Ratio value is NaN"));
+                return false;
+            }
+            if !(-1.0..=1.0).contains(&ratio) {
+                let capped = ratio.clamp(-1.0, 1.0);
+                ev.warn(
+                    pos,
+                    format!(
+                        "ratio value should be between -1 and 1, got {}, capping to {}",
+                        fmt_float(ratio),
+                        fmt_float(capped)
+                    ),
+                );
+                ratio = capped;
+            }
+            (ratio >= 0.0 && ratio_of < ratio) || (ratio < 0.0 && ratio_of >= 1.0 + ratio)
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if !s.points.is_empty() {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// Prometheus' quantile: linear interpolation between the closest ranks.
+pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
+    if values.is_empty() || q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    values.sort_by(|a, b| {
+        // NaN first, as Prometheus' sort does.
+        match (a.is_nan(), b.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Less,
+            (false, true) => std::cmp::Ordering::Greater,
+            _ => a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal),
+        }
+    });
+    let n = values.len() as f64;
+    let rank = q * (n - 1.0);
+    let lower = rank.floor().max(0.0);
+    let upper = (lower + 1.0).min(n - 1.0);
+    let weight = rank - rank.floor();
+    values[lower as usize] * (1.0 - weight) + values[upper as usize] * weight
+}
+
+fn quantiles(
+    ev: &Evaluator,
+    input: &[Series],
+    group_of: &[usize],
+    groups: Vec<Labels>,
+    q: &[f64],
+    pos: usize,
+    ctx: &Ctx,
+) -> Vec<Series> {
+    let mut values: Vec<Vec<Vec<f64>>> = vec![Vec::new(); groups.len()];
+    for (s, &g) in input.iter().zip(group_of) {
+        if values[g].is_empty() {
+            values[g] = vec![Vec::new(); ctx.n];
+        }
+        for p in &s.points {
+            values[g][ctx.index(p.t)].push(p.f);
+        }
+    }
+    let mut warned = false;
+    let mut out = Vec::new();
+    for (labels, mut per_step) in groups.into_iter().zip(values) {
+        let mut points = Vec::new();
+        for (i, vals) in per_step.iter_mut().enumerate() {
+            if vals.is_empty() {
+                continue;
+            }
+            if !(0.0..=1.0).contains(&q[i]) && !warned {
+                ev.warn(pos, format!("quantile value should be between 0 and 1, got {}", fmt_float(q[i])));
+                warned = true;
+            }
+            points.push(Point { t: ctx.ts(i), f: quantile(q[i], vals) });
+        }
+        if !points.is_empty() {
+            out.push(Series::new(labels, points));
+        }
+    }
+    out
+}
+
+fn count_values(input: &[Series], group_of: &[usize], groups: Vec<Labels>, label: &str, ctx: &Ctx) -> Vec<Series> {
+    let mut index: HashMap<Labels, usize> = HashMap::new();
+    let mut out: Vec<Series> = Vec::new();
+    let mut counts: Vec<Vec<f64>> = Vec::new();
+    for (s, &g) in input.iter().zip(group_of) {
+        for p in &s.points {
+            let mut pairs: Vec<(String, String)> = groups[g]
+                .iter()
+                .filter(|l| &*l.name != label)
+                .map(|l| (l.name.to_string(), l.value.to_string()))
+                .collect();
+            pairs.push((label.to_string(), fmt_float(p.f)));
+            let labels = Labels::from_pairs(pairs);
+            let i = *index.entry(labels.clone()).or_insert_with(|| {
+                out.push(Series::new(labels, Vec::new()));
+                counts.push(vec![0.0; ctx.n]);
+                out.len() - 1
+            });
+            counts[i][ctx.index(p.t)] += 1.0;
+        }
+    }
+    for (s, c) in out.iter_mut().zip(counts) {
+        s.points = c.iter().enumerate().filter(|(_, &v)| v > 0.0).map(|(i, &v)| Point { t: ctx.ts(i), f: v }).collect();
+    }
+    out
+}
+
+/// Go's `strconv.FormatFloat(f, 'f', -1, 64)`, how Prometheus prints values into labels.
+pub(crate) fn fmt_float(f: f64) -> String {
+    if f.is_nan() {
+        "NaN".into()
+    } else if f == f64::INFINITY {
+        "+Inf".into()
+    } else if f == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format!("{f}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_interpolates() {
+        assert_eq!(quantile(0.5, &mut [1.0, 2.0, 3.0, 4.0]), 2.5);
+        assert_eq!(quantile(0.0, &mut [3.0, 1.0]), 1.0);
+        assert!(quantile(0.5, &mut []).is_nan());
+        assert_eq!(quantile(-1.0, &mut [1.0]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn compensated_sum_keeps_small_terms() {
+        let (mut s, mut c) = (0.0, 0.0);
+        for v in [1e100, 1.0, -1e100] {
+            (s, c) = kahan_inc(v, s, c);
+        }
+        assert_eq!(s + c, 1.0);
+    }
+
+    #[test]
+    fn go_float_format() {
+        assert_eq!(fmt_float(1.0), "1");
+        assert_eq!(fmt_float(0.1), "0.1");
+        assert_eq!(fmt_float(f64::INFINITY), "+Inf");
+        assert_eq!(fmt_float(1e21), "1000000000000000000000");
+    }
+}

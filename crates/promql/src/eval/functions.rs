@@ -1,0 +1,590 @@
+//! Functions over instant vectors and scalars; range-vector functions are in
+//! `range_functions`.
+
+use std::collections::HashMap;
+
+use strata_model::civil::{civil_from_days, days_from_civil};
+use strata_model::{Labels, LabelsBuilder, MatchOp, METRIC_NAME};
+
+use super::aggregate::fmt_float;
+use super::labels::without;
+use super::{range_functions, Ctx, Evaluator, Val};
+use crate::ast::{Call, Expr, ExprKind};
+use crate::error::{exec, EvalError};
+use crate::value::{Point, Series};
+
+pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<Val, EvalError> {
+    let name = call.func.name;
+    if range_functions::is_range_function(name) {
+        return range_functions::eval(ev, call, ctx);
+    }
+    let args = &call.args;
+    match name {
+        "time" => Ok(Val::Scalar((0..ctx.n).map(|i| ctx.ts(i) as f64 / 1000.0).collect())),
+        "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ctx.n])),
+        "vector" => {
+            let s = ev.eval_scalar(&args[0], ctx)?;
+            let points = s.iter().enumerate().map(|(i, &f)| Point { t: ctx.ts(i), f }).collect();
+            Ok(Val::Vector(vec![Series::new(Labels::empty(), points)]))
+        }
+        "scalar" => {
+            let v = ev.eval_vector(&args[0], ctx)?;
+            let mut count = vec![0u32; ctx.n];
+            let mut val = vec![f64::NAN; ctx.n];
+            for s in &v {
+                for p in &s.points {
+                    let i = ctx.index(p.t);
+                    count[i] += 1;
+                    val[i] = p.f;
+                }
+            }
+            Ok(Val::Scalar(val.into_iter().zip(count).map(|(v, c)| if c == 1 { v } else { f64::NAN }).collect()))
+        }
+        "absent" => {
+            let v = ev.eval_vector(&args[0], ctx)?;
+            let mut present = vec![false; ctx.n];
+            for s in &v {
+                for p in &s.points {
+                    present[ctx.index(p.t)] = true;
+                }
+            }
+            Ok(Val::Vector(absent_series(&args[0], &present, ctx)))
+        }
+        "absent_over_time" => {
+            let mut present = vec![false; ctx.n];
+            let count = Call { func: crate::functions::lookup("count_over_time").expect("known"), args: args.clone() };
+            if let Val::Vector(v) = range_functions::eval(ev, &count, ctx)? {
+                for s in &v {
+                    for p in &s.points {
+                        present[ctx.index(p.t)] = true;
+                    }
+                }
+            }
+            Ok(Val::Vector(absent_series(&args[0], &present, ctx)))
+        }
+        "timestamp" => {
+            let mut v = match &args[0].unparen().kind {
+                ExprKind::Vector(sel) => ev.eval_selector(sel, ctx, true)?,
+                _ => {
+                    let mut v = ev.eval_vector(&args[0], ctx)?;
+                    for s in &mut v {
+                        s.points.iter_mut().for_each(|p| p.f = p.t as f64 / 1000.0);
+                    }
+                    v
+                }
+            };
+            v.iter_mut().for_each(|s| s.drop_name = true);
+            Ok(Val::Vector(v))
+        }
+        "sort" | "sort_desc" | "sort_by_label" | "sort_by_label_desc" => {
+            if ev.query_step != 0 {
+                ev.warn(e.start, "sort is ineffective for range queries since results are always ordered by labels");
+            }
+            let mut v = ev.eval_vector(&args[0], ctx)?;
+            if ctx.n == 1 {
+                match name {
+                    "sort" => v.sort_by(|a, b| cmp_value(a, b, false)),
+                    "sort_desc" => v.sort_by(|a, b| cmp_value(a, b, true)),
+                    _ => {
+                        let mut labels = Vec::new();
+                        for a in &args[1..] {
+                            labels.push(ev.eval_string(a, ctx)?);
+                        }
+                        let desc = name == "sort_by_label_desc";
+                        v.sort_by(|a, b| {
+                            let o = cmp_by_labels(&a.labels, &b.labels, &labels);
+                            if desc {
+                                o.reverse()
+                            } else {
+                                o
+                            }
+                        });
+                    }
+                }
+            }
+            Ok(Val::Vector(v))
+        }
+        "label_replace" => label_replace(ev, args, ctx),
+        "label_join" => label_join(ev, args, ctx),
+        "round" => {
+            let to = if args.len() > 1 { ev.eval_scalar(&args[1], ctx)? } else { vec![1.0; ctx.n] };
+            map_points(ev, &args[0], ctx, |f, i| {
+                let inv = 1.0 / to[i];
+                Some((f * inv + 0.5).floor() / inv)
+            })
+        }
+        "clamp" => {
+            let (lo, hi) = (ev.eval_scalar(&args[1], ctx)?, ev.eval_scalar(&args[2], ctx)?);
+            map_points(ev, &args[0], ctx, |f, i| (hi[i] >= lo[i]).then(|| go_max(lo[i], go_min(hi[i], f))))
+        }
+        "clamp_min" => {
+            let lo = ev.eval_scalar(&args[1], ctx)?;
+            map_points(ev, &args[0], ctx, |f, i| Some(go_max(lo[i], f)))
+        }
+        "clamp_max" => {
+            let hi = ev.eval_scalar(&args[1], ctx)?;
+            map_points(ev, &args[0], ctx, |f, i| Some(go_min(hi[i], f)))
+        }
+        "minute" | "hour" | "day_of_week" | "day_of_month" | "day_of_year" | "days_in_month" | "month" | "year" => {
+            let part = date_part(name);
+            if args.is_empty() {
+                let points = (0..ctx.n).map(|i| Point { t: ctx.ts(i), f: part(ctx.ts(i).div_euclid(1000)) }).collect();
+                return Ok(Val::Vector(vec![Series::new(Labels::empty(), points)]));
+            }
+            map_points(ev, &args[0], ctx, |f, _| Some(if f.is_finite() { part(f as i64) } else { f64::NAN }))
+        }
+        "histogram_quantile" => histogram_quantile(ev, call, ctx),
+        "histogram_count" | "histogram_sum" | "histogram_avg" | "histogram_stddev" | "histogram_stdvar"
+        | "histogram_fraction" => {
+            // These read native histograms only; float samples give no result.
+            let arg = args.last().expect("checked by the parser");
+            let _ = ev.eval_vector(arg, ctx)?;
+            Ok(Val::Vector(Vec::new()))
+        }
+        _ => match math_function(name) {
+            Some(f) => map_points(ev, &args[0], ctx, |v, _| Some(f(v))),
+            None => Err(exec(format!("function {name:?} is not supported yet"))),
+        },
+    }
+}
+
+/// Go's `math.Max`/`math.Min`: NaN wins.
+fn go_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn go_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+fn math_function(name: &str) -> Option<fn(f64) -> f64> {
+    Some(match name {
+        "abs" => f64::abs,
+        "ceil" => f64::ceil,
+        "floor" => f64::floor,
+        "exp" => f64::exp,
+        "sqrt" => f64::sqrt,
+        "ln" => f64::ln,
+        "log2" => f64::log2,
+        "log10" => f64::log10,
+        "sgn" => |v: f64| {
+            if v > 0.0 {
+                1.0
+            } else if v < 0.0 {
+                -1.0
+            } else {
+                v
+            }
+        },
+        "sin" => f64::sin,
+        "cos" => f64::cos,
+        "tan" => f64::tan,
+        "asin" => f64::asin,
+        "acos" => f64::acos,
+        "atan" => f64::atan,
+        "sinh" => f64::sinh,
+        "cosh" => f64::cosh,
+        "tanh" => f64::tanh,
+        "asinh" => f64::asinh,
+        "acosh" => f64::acosh,
+        "atanh" => f64::atanh,
+        "deg" => |v: f64| v * 180.0 / std::f64::consts::PI,
+        "rad" => |v: f64| v * std::f64::consts::PI / 180.0,
+        _ => return None,
+    })
+}
+
+/// Applies `f(value, step index)` to every point of a vector argument; `None` drops the point.
+/// The metric name is dropped (at the end of evaluation).
+fn map_points(ev: &Evaluator, arg: &Expr, ctx: &Ctx, f: impl Fn(f64, usize) -> Option<f64>) -> Result<Val, EvalError> {
+    let mut v = ev.eval_vector(arg, ctx)?;
+    for s in &mut v {
+        s.points.retain_mut(|p| match f(p.f, ctx.index(p.t)) {
+            Some(x) => {
+                p.f = x;
+                true
+            }
+            None => false,
+        });
+        s.drop_name = true;
+    }
+    v.retain(|s| !s.points.is_empty());
+    Ok(Val::Vector(v))
+}
+
+/// `absent(x)`: `1` at the steps where `present` is false, labelled with the equality matchers
+/// of a selector argument (a label matched twice is left out).
+fn absent_series(arg: &Expr, present: &[bool], ctx: &Ctx) -> Vec<Series> {
+    let matchers = match &arg.unparen().kind {
+        ExprKind::Vector(s) => s.matchers.as_slice(),
+        ExprKind::Matrix(m) => m.vector.matchers.as_slice(),
+        _ => &[],
+    };
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    let mut dup: Vec<&str> = Vec::new();
+    for m in matchers {
+        if m.op != MatchOp::Equal || m.name == METRIC_NAME {
+            continue;
+        }
+        if pairs.iter().any(|(n, _)| *n == m.name) {
+            dup.push(&m.name);
+        }
+        pairs.push((&m.name, &m.value));
+    }
+    pairs.retain(|(n, _)| !dup.contains(n));
+    let labels = Labels::from_pairs(pairs);
+    let points: Vec<Point> =
+        present.iter().enumerate().filter(|(_, &p)| !p).map(|(i, _)| Point { t: ctx.ts(i), f: 1.0 }).collect();
+    if points.is_empty() {
+        return Vec::new();
+    }
+    vec![Series::new(labels, points)]
+}
+
+/// Ascending (or descending) by value; NaN always last.
+fn cmp_value(a: &Series, b: &Series, desc: bool) -> std::cmp::Ordering {
+    let (x, y) = (a.points.first().map_or(f64::NAN, |p| p.f), b.points.first().map_or(f64::NAN, |p| p.f));
+    match (x.is_nan(), y.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Greater,
+        (false, true) => std::cmp::Ordering::Less,
+        _ => {
+            let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
+            if desc {
+                o.reverse()
+            } else {
+                o
+            }
+        }
+    }
+}
+
+/// Natural order of the listed labels' values (digit runs compare as numbers), then the whole
+/// label set.
+fn cmp_by_labels(a: &Labels, b: &Labels, names: &[String]) -> std::cmp::Ordering {
+    for n in names {
+        let (x, y) = (a.get(n).unwrap_or(""), b.get(n).unwrap_or(""));
+        match natural_cmp(x, y) {
+            std::cmp::Ordering::Equal => continue,
+            o => return o,
+        }
+    }
+    a.cmp(b)
+}
+
+fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i].is_ascii_digit() && b[j].is_ascii_digit() {
+            let (si, sj) = (i, j);
+            while i < a.len() && a[i].is_ascii_digit() {
+                i += 1;
+            }
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            let x = std::str::from_utf8(&a[si..i]).unwrap_or("0").trim_start_matches('0');
+            let y = std::str::from_utf8(&b[sj..j]).unwrap_or("0").trim_start_matches('0');
+            let o = x.len().cmp(&y.len()).then_with(|| x.cmp(y));
+            if o != std::cmp::Ordering::Equal {
+                return o;
+            }
+        } else {
+            if a[i] != b[j] {
+                return a[i].cmp(&b[j]);
+            }
+            i += 1;
+            j += 1;
+        }
+    }
+    (a.len() - i).cmp(&(b.len() - j))
+}
+
+fn label_replace(ev: &Evaluator, args: &[Expr], ctx: &Ctx) -> Result<Val, EvalError> {
+    let dst = ev.eval_string(&args[1], ctx)?;
+    let repl = ev.eval_string(&args[2], ctx)?;
+    let src = ev.eval_string(&args[3], ctx)?;
+    let re_src = ev.eval_string(&args[4], ctx)?;
+    let re = regex::Regex::new(&format!("^(?s:{re_src})$"))
+        .map_err(|_| exec(format!("invalid regular expression in label_replace(): {re_src}")))?;
+    if dst.is_empty() {
+        return Err(exec(format!("invalid destination label name in label_replace(): {dst}")));
+    }
+    let mut v = ev.eval_vector(&args[0], ctx)?;
+    for s in &mut v {
+        let value = s.labels.get(&src).unwrap_or("").to_string();
+        if let Some(caps) = re.captures(&value) {
+            let mut res = String::new();
+            caps.expand(&repl, &mut res);
+            let mut b = LabelsBuilder::new(&s.labels);
+            b.set(dst.as_str(), res);
+            s.labels = b.build().map_err(|e| exec(e.to_string()))?;
+            if dst == METRIC_NAME {
+                s.drop_name = false;
+            }
+        }
+    }
+    Ok(Val::Vector(v))
+}
+
+fn label_join(ev: &Evaluator, args: &[Expr], ctx: &Ctx) -> Result<Val, EvalError> {
+    let dst = ev.eval_string(&args[1], ctx)?;
+    let sep = ev.eval_string(&args[2], ctx)?;
+    let mut srcs = Vec::new();
+    for a in &args[3..] {
+        let s = ev.eval_string(a, ctx)?;
+        if s.is_empty() {
+            return Err(exec(format!("invalid source label name in label_join(): {s}")));
+        }
+        srcs.push(s);
+    }
+    if dst.is_empty() {
+        return Err(exec(format!("invalid destination label name in label_join(): {dst}")));
+    }
+    let mut v = ev.eval_vector(&args[0], ctx)?;
+    for s in &mut v {
+        let joined: Vec<&str> = srcs.iter().map(|n| s.labels.get(n).unwrap_or("")).collect();
+        let joined = joined.join(&sep);
+        let mut b = LabelsBuilder::new(&s.labels);
+        b.set(dst.as_str(), joined);
+        s.labels = b.build().map_err(|e| exec(e.to_string()))?;
+        if dst == METRIC_NAME {
+            s.drop_name = false;
+        }
+    }
+    Ok(Val::Vector(v))
+}
+
+/// The calendar part a time function extracts, from Unix seconds (UTC).
+fn date_part(name: &str) -> fn(i64) -> f64 {
+    match name {
+        "minute" => |s| (s.rem_euclid(3600) / 60) as f64,
+        "hour" => |s| (s.rem_euclid(86_400) / 3600) as f64,
+        "day_of_week" => |s| (s.div_euclid(86_400) + 4).rem_euclid(7) as f64,
+        "day_of_month" => |s| civil_from_days(s.div_euclid(86_400)).2 as f64,
+        "day_of_year" => |s| {
+            let days = s.div_euclid(86_400);
+            let (y, _, _) = civil_from_days(days);
+            (days - days_from_civil(y, 1, 1) + 1) as f64
+        },
+        "days_in_month" => |s| {
+            let (y, m, _) = civil_from_days(s.div_euclid(86_400));
+            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+            (days_from_civil(ny, nm, 1) - days_from_civil(y, m, 1)) as f64
+        },
+        "month" => |s| civil_from_days(s.div_euclid(86_400)).1 as f64,
+        _ => |s| civil_from_days(s.div_euclid(86_400)).0 as f64,
+    }
+}
+
+/// A classic-histogram bucket: upper bound and cumulative count.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    upper: f64,
+    count: f64,
+}
+
+fn almost_equal(a: f64, b: f64, eps: f64) -> bool {
+    const MIN_NORMAL: f64 = f64::MIN_POSITIVE;
+    if a == b {
+        return true;
+    }
+    let abs_sum = a.abs() + b.abs();
+    let diff = (a - b).abs();
+    if a == 0.0 || b == 0.0 || abs_sum < MIN_NORMAL {
+        return diff < eps * MIN_NORMAL;
+    }
+    diff / abs_sum.min(f64::MAX) < eps
+}
+
+/// Prometheus' quantile over classic buckets: sorted by bound, equal bounds merged, made
+/// monotonic, then linear interpolation inside the bucket holding the rank. Returns the value
+/// and whether monotonicity had to be forced.
+fn bucket_quantile(q: f64, buckets: &mut [Bucket]) -> (f64, bool) {
+    if q.is_nan() {
+        return (f64::NAN, false);
+    }
+    if q < 0.0 {
+        return (f64::NEG_INFINITY, false);
+    }
+    if q > 1.0 {
+        return (f64::INFINITY, false);
+    }
+    buckets.sort_by(|a, b| a.upper.partial_cmp(&b.upper).unwrap_or(std::cmp::Ordering::Equal));
+    if !buckets.last().is_some_and(|b| b.upper == f64::INFINITY) {
+        return (f64::NAN, false);
+    }
+    // Merge equal bounds.
+    let mut merged: Vec<Bucket> = Vec::with_capacity(buckets.len());
+    for b in buckets.iter() {
+        match merged.last_mut() {
+            Some(l) if l.upper == b.upper => l.count += b.count,
+            _ => merged.push(*b),
+        }
+    }
+    let mut forced = false;
+    let mut prev = merged[0].count;
+    for b in merged.iter_mut().skip(1) {
+        let cur = b.count;
+        if cur == prev {
+            continue;
+        }
+        if almost_equal(prev, cur, 1e-12) {
+            b.count = prev;
+            continue;
+        }
+        if cur < prev {
+            b.count = prev;
+            forced = true;
+            continue;
+        }
+        prev = cur;
+    }
+    if merged.len() < 2 {
+        return (f64::NAN, forced);
+    }
+    let observations = merged[merged.len() - 1].count;
+    if observations == 0.0 {
+        return (f64::NAN, forced);
+    }
+    let mut rank = q * observations;
+    let b = merged[..merged.len() - 1].partition_point(|x| x.count < rank);
+    if b == merged.len() - 1 {
+        return (merged[merged.len() - 2].upper, forced);
+    }
+    if b == 0 && merged[0].upper <= 0.0 {
+        return (merged[0].upper, forced);
+    }
+    let end = merged[b].upper;
+    let mut count = merged[b].count;
+    let mut start = 0.0;
+    if b > 0 {
+        start = merged[b - 1].upper;
+        count -= merged[b - 1].count;
+        rank -= merged[b - 1].count;
+    }
+    (start + (end - start) * (rank / count), forced)
+}
+
+fn histogram_quantile(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+    let q = ev.eval_scalar(&call.args[0], ctx)?;
+    if let Some(bad) = q.iter().find(|q| !(0.0..=1.0).contains(*q)) {
+        ev.warn(call.args[0].start, format!("quantile value should be between 0 and 1, got {}", fmt_float(*bad)));
+    }
+    let input = ev.eval_vector(&call.args[1], ctx)?;
+    // Group by all labels but `le`; the result drops the name too.
+    let mut index: HashMap<Labels, usize> = HashMap::new();
+    let mut groups: Vec<(Labels, Vec<Vec<Bucket>>)> = Vec::new();
+    for s in &input {
+        let le = s.labels.get("le").unwrap_or("");
+        let upper = match parse_go_float(le) {
+            Some(u) => u,
+            None => {
+                ev.warn(
+                    call.args[1].start,
+                    format!(
+                        "bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {:?}",
+                        s.labels.get(METRIC_NAME).unwrap_or("")
+                    ),
+                );
+                continue;
+            }
+        };
+        let key = without(&s.labels, &["le"]);
+        let g = *index.entry(key.clone()).or_insert_with(|| {
+            groups.push((without(&key, &[METRIC_NAME]), vec![Vec::new(); ctx.n]));
+            groups.len() - 1
+        });
+        for p in &s.points {
+            groups[g].1[ctx.index(p.t)].push(Bucket { upper, count: p.f });
+        }
+    }
+    let mut out = Vec::new();
+    for (labels, mut per_step) in groups {
+        let mut points = Vec::new();
+        for (i, buckets) in per_step.iter_mut().enumerate() {
+            if buckets.is_empty() {
+                continue;
+            }
+            let (v, forced) = bucket_quantile(q[i], buckets);
+            if forced {
+                ev.info(
+                    call.args[1].start,
+                    format!(
+                        "input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {:?}",
+                        labels.get(METRIC_NAME).unwrap_or("")
+                    ),
+                );
+            }
+            points.push(Point { t: ctx.ts(i), f: v });
+        }
+        if !points.is_empty() {
+            out.push(Series::new(labels, points));
+        }
+    }
+    Ok(Val::Vector(out))
+}
+
+/// Go's `strconv.ParseFloat` for the forms bucket bounds use.
+fn parse_go_float(s: &str) -> Option<f64> {
+    match s.to_ascii_lowercase().as_str() {
+        "+inf" | "inf" | "+infinity" | "infinity" => return Some(f64::INFINITY),
+        "-inf" | "-infinity" => return Some(f64::NEG_INFINITY),
+        "nan" => return Some(f64::NAN),
+        _ => {}
+    }
+    if s.is_empty() || s.contains(|c: char| c.is_ascii_alphabetic() && !matches!(c, 'e' | 'E')) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(v: &[(f64, f64)]) -> Vec<Bucket> {
+        v.iter().map(|&(upper, count)| Bucket { upper, count }).collect()
+    }
+
+    #[test]
+    fn classic_histogram_quantile() {
+        let mut x = b(&[(0.1, 10.0), (0.5, 50.0), (1.0, 100.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(bucket_quantile(0.5, &mut x).0, 0.5);
+        let mut x = b(&[(0.1, 10.0), (0.5, 50.0), (1.0, 100.0), (f64::INFINITY, 100.0)]);
+        assert!((bucket_quantile(0.75, &mut x).0 - 0.75).abs() < 1e-12);
+        let mut no_inf = b(&[(0.1, 10.0)]);
+        assert!(bucket_quantile(0.5, &mut no_inf).0.is_nan());
+        let mut non_monotonic = b(&[(1.0, 10.0), (2.0, 5.0), (f64::INFINITY, 10.0)]);
+        assert!(bucket_quantile(0.5, &mut non_monotonic).1);
+    }
+
+    #[test]
+    fn natural_order() {
+        assert_eq!(natural_cmp("a2", "a10"), std::cmp::Ordering::Less);
+        assert_eq!(natural_cmp("b", "a10"), std::cmp::Ordering::Greater);
+    }
+
+    #[test]
+    fn calendar_parts() {
+        // 2024-02-29T13:45:00Z
+        let s = days_from_civil(2024, 2, 29) * 86_400 + 13 * 3600 + 45 * 60;
+        assert_eq!(date_part("year")(s), 2024.0);
+        assert_eq!(date_part("month")(s), 2.0);
+        assert_eq!(date_part("day_of_month")(s), 29.0);
+        assert_eq!(date_part("days_in_month")(s), 29.0);
+        assert_eq!(date_part("day_of_year")(s), 60.0);
+        assert_eq!(date_part("hour")(s), 13.0);
+        assert_eq!(date_part("minute")(s), 45.0);
+        assert_eq!(date_part("day_of_week")(s), 4.0);
+    }
+}

@@ -1,0 +1,608 @@
+//! Step-vectorized evaluation.
+//!
+//! Every node is evaluated once for all the steps of a query: a node's result is a list of
+//! series, each with at most one point per step, and a scalar is one float per step. A selector
+//! therefore reads each series once across the whole range and slides a window over its samples
+//! (no re-seek per step); series are processed in parallel across cores; binary operators and
+//! aggregations then combine whole series step by step.
+//!
+//! Semantics are Prometheus 3's: lookback windows and range windows are left-open
+//! (`(t - 5m, t]`), stale markers end a series, `@` pins a selector to one time, and the
+//! metric name is removed at the end of evaluation (delayed name removal), so
+//! `label_replace(rate(x[1m]), "a", "$1", "__name__", "(.*)")` still sees the name.
+
+mod aggregate;
+mod binary;
+mod functions;
+mod labels;
+mod range_functions;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration as StdDuration, Instant};
+
+use strata_model::{is_stale_nan, Labels, Matcher, METRIC_NAME};
+use strata_tsdb::querier::{SampleIterator, Series as StoredSeries};
+
+use crate::ast::*;
+use crate::error::{exec, EvalError};
+use crate::value::{Annotation, Point, Series, Value};
+
+pub use labels::prom_labels_string;
+
+/// Where series come from.
+pub trait Storage: Sync {
+    /// Series matching all matchers with samples in `[mint, maxt]`, sorted by labels.
+    fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError>;
+}
+
+impl Storage for strata_tsdb::head::Head {
+    fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
+        strata_tsdb::querier::Querier::new(self, mint, maxt)
+            .select(matchers)
+            .map_err(|e| EvalError::Storage(e.to_string()))
+    }
+}
+
+impl Storage for strata_tsdb::Db {
+    fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
+        self.querier(mint, maxt).select(matchers).map_err(|e| EvalError::Storage(e.to_string()))
+    }
+}
+
+/// Engine settings; the defaults are Prometheus'.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// How far back an instant selector looks for a sample.
+    pub lookback_ms: i64,
+    /// Resolution of a subquery written without one (`x[1h:]`).
+    pub subquery_step_ms: i64,
+    /// Most points a query may hold at once.
+    pub max_samples: usize,
+    pub timeout: StdDuration,
+    /// Threads used to evaluate selectors over many series.
+    pub parallelism: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            lookback_ms: 5 * 60 * 1000,
+            subquery_step_ms: 60 * 1000,
+            max_samples: 50_000_000,
+            timeout: StdDuration::from_secs(120),
+            parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// A query's result and its annotations.
+#[derive(Debug, Clone)]
+pub struct QueryOutput {
+    pub value: Value,
+    pub annotations: Vec<Annotation>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Engine {
+    pub opts: EngineOptions,
+}
+
+/// Below this many series a selector is evaluated on the calling thread.
+const PARALLEL_SERIES_MIN: usize = 512;
+
+impl Engine {
+    pub fn new(opts: EngineOptions) -> Engine {
+        Engine { opts }
+    }
+
+    /// Evaluates `expr` at one time.
+    pub fn instant(&self, st: &dyn Storage, expr: &Expr, t: i64) -> Result<QueryOutput, EvalError> {
+        self.instant_with_cancel(st, expr, t, None)
+    }
+
+    pub fn instant_with_cancel(
+        &self,
+        st: &dyn Storage,
+        expr: &Expr,
+        t: i64,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<QueryOutput, EvalError> {
+        let ev = Evaluator::new(self, st, t, t, 0, cancel);
+        let ctx = Ctx { start: t, step: 1, n: 1 };
+        let v = ev.eval(expr, &ctx)?;
+        let value = match v {
+            Val::Scalar(s) => Value::Scalar { t, v: s[0] },
+            Val::Str(s) => Value::String { t, s },
+            Val::Vector(series) => {
+                let series = ev.finish_names(series)?;
+                Value::Vector(series)
+            }
+            Val::Matrix(mut series) => {
+                series.sort_by(|a, b| a.labels.cmp(&b.labels));
+                Value::Matrix(series)
+            }
+        };
+        Ok(QueryOutput { value, annotations: ev.annotations.into_inner() })
+    }
+
+    /// Evaluates `expr` at `start, start+step, … ≤ end`; the result is a matrix sorted by labels.
+    pub fn range(
+        &self,
+        st: &dyn Storage,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> Result<QueryOutput, EvalError> {
+        self.range_with_cancel(st, expr, start, end, step, None)
+    }
+
+    pub fn range_with_cancel(
+        &self,
+        st: &dyn Storage,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<QueryOutput, EvalError> {
+        if step <= 0 {
+            return Err(exec("zero or negative query resolution step widths are not accepted"));
+        }
+        if end < start {
+            return Err(exec("end timestamp must not be before start time"));
+        }
+        match expr.value_type() {
+            ValueType::Scalar | ValueType::Vector => {}
+            t => {
+                return Err(exec(format!(
+                    "invalid expression type \"{}\" for range query, must be Scalar or instant Vector",
+                    t.name()
+                )))
+            }
+        }
+        let n = ((end - start) / step) as usize + 1;
+        let ev = Evaluator::new(self, st, start, end, step, cancel);
+        let ctx = Ctx { start, step, n };
+        let series = match ev.eval(expr, &ctx)? {
+            Val::Scalar(s) => {
+                vec![Series::new(
+                    Labels::empty(),
+                    s.iter().enumerate().map(|(i, &f)| Point { t: ctx.ts(i), f }).collect(),
+                )]
+            }
+            Val::Vector(series) => ev.finish_names(series)?,
+            _ => return Err(exec("range query must evaluate to a scalar or an instant vector")),
+        };
+        let mut series: Vec<Series> = series.into_iter().filter(|s| !s.points.is_empty()).collect();
+        series.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(QueryOutput { value: Value::Matrix(series), annotations: ev.annotations.into_inner() })
+    }
+}
+
+/// The steps a node is evaluated at: `start + i*step` for `i < n`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ctx {
+    pub start: i64,
+    pub step: i64,
+    pub n: usize,
+}
+
+impl Ctx {
+    pub fn ts(&self, i: usize) -> i64 {
+        self.start + i as i64 * self.step
+    }
+
+    pub fn end(&self) -> i64 {
+        self.ts(self.n - 1)
+    }
+
+    /// The step index of timestamp `t` (which must be one of the steps).
+    pub fn index(&self, t: i64) -> usize {
+        ((t - self.start) / self.step) as usize
+    }
+}
+
+/// An intermediate value: per-step scalars, or series with at most one point per step.
+#[derive(Debug)]
+pub(crate) enum Val {
+    Scalar(Vec<f64>),
+    Str(String),
+    Vector(Vec<Series>),
+    /// Raw samples of a range selector or subquery (only as an instant query's result).
+    Matrix(Vec<Series>),
+}
+
+/// The time window a range selector or subquery reads at each step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RangeSpec {
+    pub range: i64,
+    pub offset: i64,
+    pub at: Option<i64>,
+    pub mode: RangeMode,
+}
+
+impl RangeSpec {
+    /// The window's end at step time `t`.
+    pub fn end_at(&self, t: i64) -> i64 {
+        self.at.unwrap_or(t) - self.offset
+    }
+}
+
+pub(crate) struct Evaluator<'a> {
+    engine: &'a Engine,
+    st: &'a dyn Storage,
+    /// The query's own start and end (for `@ start()`, `@ end()`, `range()`), and its step.
+    query_start: i64,
+    query_end: i64,
+    query_step: i64,
+    deadline: Instant,
+    cancel: Option<&'a AtomicBool>,
+    held: AtomicUsize,
+    pub annotations: parking_lot::Mutex<Vec<Annotation>>,
+}
+
+impl<'a> Evaluator<'a> {
+    fn new(
+        engine: &'a Engine,
+        st: &'a dyn Storage,
+        start: i64,
+        end: i64,
+        step: i64,
+        cancel: Option<&'a AtomicBool>,
+    ) -> Evaluator<'a> {
+        Evaluator {
+            engine,
+            st,
+            query_start: start,
+            query_end: end,
+            query_step: step,
+            deadline: Instant::now() + engine.opts.timeout,
+            cancel,
+            held: AtomicUsize::new(0),
+            annotations: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn warn(&self, pos: usize, msg: impl Into<String>) {
+        self.annotate(false, pos, msg.into());
+    }
+
+    pub fn info(&self, pos: usize, msg: impl Into<String>) {
+        self.annotate(true, pos, msg.into());
+    }
+
+    fn annotate(&self, info: bool, pos: usize, msg: String) {
+        let mut a = self.annotations.lock();
+        if !a.iter().any(|x| x.msg == msg && x.pos == pos && x.info == info) {
+            a.push(Annotation { info, msg, pos });
+        }
+    }
+
+    /// Fails once the deadline has passed or the query was cancelled.
+    pub fn check(&self, stage: &'static str) -> Result<(), EvalError> {
+        if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(EvalError::Canceled(stage));
+        }
+        if Instant::now() > self.deadline {
+            return Err(EvalError::Timeout(stage));
+        }
+        Ok(())
+    }
+
+    /// Accounts for `n` more points held; fails past the query's samples limit.
+    pub fn take(&self, n: usize, stage: &'static str) -> Result<(), EvalError> {
+        let now = self.held.fetch_add(n, Ordering::Relaxed) + n;
+        if now > self.engine.opts.max_samples {
+            return Err(EvalError::TooManySamples(stage));
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, n: usize) {
+        self.held.fetch_sub(n.min(self.held.load(Ordering::Relaxed)), Ordering::Relaxed);
+    }
+
+    fn duration_ms(&self, d: &Duration) -> i64 {
+        d.ms(self.query_step, self.query_end - self.query_start)
+    }
+
+    fn at_ms(&self, at: Option<At>) -> Option<i64> {
+        at.map(|a| match a {
+            At::Ms(ms) => ms,
+            At::Start => self.query_start,
+            At::End => self.query_end,
+        })
+    }
+
+    pub(crate) fn eval(&self, e: &Expr, ctx: &Ctx) -> Result<Val, EvalError> {
+        self.check("query evaluation")?;
+        match &e.kind {
+            ExprKind::Number(n) => Ok(Val::Scalar(vec![*n; ctx.n])),
+            ExprKind::String(s) => match s {
+                Ok(s) => Ok(Val::Str(s.clone())),
+                Err(b) => Ok(Val::Str(String::from_utf8_lossy(b).into_owned())),
+            },
+            ExprKind::Paren(inner) => self.eval(inner, ctx),
+            ExprKind::Neg(inner) => match self.eval(inner, ctx)? {
+                Val::Scalar(mut s) => {
+                    s.iter_mut().for_each(|v| *v = -*v);
+                    Ok(Val::Scalar(s))
+                }
+                Val::Vector(mut series) => {
+                    for s in &mut series {
+                        s.points.iter_mut().for_each(|p| p.f = -p.f);
+                        s.drop_name = true;
+                    }
+                    Ok(Val::Vector(series))
+                }
+                _ => Err(exec("unary minus on a value that is not a scalar or vector")),
+            },
+            ExprKind::Vector(sel) => Ok(Val::Vector(self.eval_selector(sel, ctx, false)?)),
+            ExprKind::Matrix(_) | ExprKind::Subquery(_) => {
+                // Only an instant query's top level (or a test) asks for raw range samples.
+                let mut out = Vec::new();
+                let spec = self.range_input(e, ctx, &mut |s: Series| {
+                    out.push(s);
+                    Ok(())
+                })?;
+                let t_end = spec.end_at(ctx.start);
+                for s in &mut out {
+                    s.points.retain(|p| p.t > t_end - spec.range && p.t <= t_end);
+                }
+                out.retain(|s| !s.points.is_empty());
+                Ok(Val::Matrix(out))
+            }
+            ExprKind::Binary(b) => binary::eval(self, b, ctx),
+            ExprKind::Aggregate(a) => aggregate::eval(self, a, e.start, ctx),
+            ExprKind::Call(c) => functions::eval(self, c, e, ctx),
+        }
+    }
+
+    /// Evaluates an expression that must produce a vector.
+    pub(crate) fn eval_vector(&self, e: &Expr, ctx: &Ctx) -> Result<Vec<Series>, EvalError> {
+        match self.eval(e, ctx)? {
+            Val::Vector(v) => Ok(v),
+            other => Err(exec(format!("expected instant vector, got {}", val_name(&other)))),
+        }
+    }
+
+    pub(crate) fn eval_scalar(&self, e: &Expr, ctx: &Ctx) -> Result<Vec<f64>, EvalError> {
+        match self.eval(e, ctx)? {
+            Val::Scalar(v) => Ok(v),
+            other => Err(exec(format!("expected scalar, got {}", val_name(&other)))),
+        }
+    }
+
+    pub(crate) fn eval_string(&self, e: &Expr, ctx: &Ctx) -> Result<String, EvalError> {
+        match self.eval(e, ctx)? {
+            Val::Str(s) => Ok(s),
+            other => Err(exec(format!("expected string, got {}", val_name(&other)))),
+        }
+    }
+
+    /// Reads the series a selector matches in `[mint, maxt]` and maps each through `f`, in
+    /// parallel when there are many. Stale markers are kept (instant selectors need them).
+    fn map_selected<F>(&self, matchers: &[Matcher], mint: i64, maxt: i64, f: F) -> Result<Vec<Series>, EvalError>
+    where
+        F: Fn(&Labels, &[Point]) -> Option<Series> + Sync,
+    {
+        let stored = self.st.select(matchers, mint, maxt)?;
+        let run = |part: &[StoredSeries]| -> Result<Vec<Series>, EvalError> {
+            let mut buf: Vec<Point> = Vec::new();
+            let mut out = Vec::new();
+            for (i, s) in part.iter().enumerate() {
+                if i % 256 == 0 {
+                    self.check("series selection")?;
+                }
+                buf.clear();
+                let mut it = s.iter();
+                while let Some(x) = it.next() {
+                    buf.push(Point { t: x.t, f: x.v });
+                }
+                if let Some(e) = it.err() {
+                    return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
+                }
+                if let Some(r) = f(&s.labels, &buf) {
+                    if !r.points.is_empty() {
+                        self.take(r.points.len(), "series selection")?;
+                        out.push(r);
+                    }
+                }
+            }
+            Ok(out)
+        };
+        let threads = self.engine.opts.parallelism.max(1);
+        if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
+            return run(&stored);
+        }
+        let per = stored.len().div_ceil(threads);
+        let parts: Vec<Result<Vec<Series>, EvalError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = stored.chunks(per).map(|part| scope.spawn(|| run(part))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(exec("evaluation thread panicked")))).collect()
+        });
+        let mut out = Vec::with_capacity(stored.len());
+        for p in parts {
+            out.extend(p?);
+        }
+        Ok(out)
+    }
+
+    /// An instant-vector selector at every step: the newest sample in `(t - lookback, t]`,
+    /// unless it is a stale marker. With `keep_sample_time`, the point's value is the
+    /// sample's timestamp in seconds (for `timestamp()`).
+    pub(crate) fn eval_selector(
+        &self,
+        sel: &VectorSelector,
+        ctx: &Ctx,
+        keep_sample_time: bool,
+    ) -> Result<Vec<Series>, EvalError> {
+        let offset = sel.offset.as_ref().map_or(0, |d| self.duration_ms(d));
+        let at = self.at_ms(sel.at);
+        let lookback = self.engine.opts.lookback_ms;
+        let end_at = |t: i64| at.unwrap_or(t) - offset;
+        let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
+        let smoothed = sel.mode == RangeMode::Smoothed;
+        let maxt = if smoothed { last + lookback } else { last };
+        let series = self.map_selected(&sel.matchers, first - lookback + 1, maxt, |labels, samples| {
+            let mut points = Vec::new();
+            let mut j = 0usize;
+            for i in 0..ctx.n {
+                let te = end_at(ctx.ts(i));
+                // samples[..j] are all ≤ te.
+                while j < samples.len() && samples[j].t <= te {
+                    j += 1;
+                }
+                if smoothed {
+                    if let Some(v) = range_functions::smoothed_value(samples, j, te, lookback) {
+                        points.push(Point { t: ctx.ts(i), f: v });
+                    }
+                    continue;
+                }
+                if j == 0 {
+                    continue;
+                }
+                let s = samples[j - 1];
+                if s.t <= te - lookback || is_stale_nan(s.f) {
+                    continue;
+                }
+                let f = if keep_sample_time { s.t as f64 / 1000.0 } else { s.f };
+                points.push(Point { t: ctx.ts(i), f });
+            }
+            Some(Series::new(labels.clone(), points))
+        })?;
+        Ok(series)
+    }
+
+    /// Feeds each series of a range selector or subquery to `sink`, with its samples (stale
+    /// markers removed) covering every window the steps of `ctx` need; returns the window.
+    pub(crate) fn range_input(
+        &self,
+        e: &Expr,
+        ctx: &Ctx,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<RangeSpec, EvalError> {
+        match &e.unparen().kind {
+            ExprKind::Matrix(m) => {
+                let spec = RangeSpec {
+                    range: self.duration_ms(&m.range),
+                    offset: m.vector.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
+                    at: self.at_ms(m.vector.at),
+                    mode: m.vector.mode,
+                };
+                let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
+                // Anchored and smoothed windows also look at samples just outside the range.
+                let lookback = self.engine.opts.lookback_ms;
+                let (mint, maxt) = match spec.mode {
+                    RangeMode::Plain => (first - spec.range + 1, last),
+                    RangeMode::Anchored => (first - spec.range - lookback, last),
+                    RangeMode::Smoothed => (first - spec.range - lookback, last + lookback),
+                };
+                let series = self.map_selected(&m.vector.matchers, mint, maxt, |labels, samples| {
+                    let points: Vec<Point> = samples.iter().copied().filter(|p| !is_stale_nan(p.f)).collect();
+                    Some(Series::new(labels.clone(), points))
+                })?;
+                for s in series {
+                    sink(s)?;
+                }
+                Ok(spec)
+            }
+            ExprKind::Subquery(sq) => {
+                let spec = RangeSpec {
+                    range: self.duration_ms(&sq.range),
+                    offset: sq.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
+                    at: self.at_ms(sq.at),
+                    mode: RangeMode::Plain,
+                };
+                let step = match &sq.step {
+                    Some(d) => self.duration_ms(d),
+                    None => self.engine.opts.subquery_step_ms,
+                };
+                if step <= 0 {
+                    return Err(exec(format!("subquery step must be positive, got {step}ms")));
+                }
+                let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
+                // The first step-aligned time after the first window's start (Go's truncating
+                // division, as Prometheus aligns).
+                let lo = first - spec.range;
+                let mut start = step * (lo / step);
+                if start <= lo {
+                    start += step;
+                }
+                if start > last {
+                    return Ok(spec);
+                }
+                let sub = Ctx { start, step, n: ((last - start) / step) as usize + 1 };
+                let inner = match self.eval(&sq.expr, &sub)? {
+                    Val::Vector(v) => self.finish_names_keep(v),
+                    Val::Scalar(s) => vec![Series::new(
+                        Labels::empty(),
+                        s.iter().enumerate().map(|(i, &f)| Point { t: sub.ts(i), f }).collect(),
+                    )],
+                    _ => return Err(exec("subquery of something that is not an instant vector")),
+                };
+                for mut s in inner {
+                    s.points.retain(|p| !is_stale_nan(p.f));
+                    sink(s)?;
+                }
+                Ok(spec)
+            }
+            _ => Err(exec("expected a range vector")),
+        }
+    }
+
+    /// Removes `__name__` from series marked for it; two series left with the same labels at
+    /// the same step are an error, as in Prometheus.
+    fn finish_names(&self, series: Vec<Series>) -> Result<Vec<Series>, EvalError> {
+        let mut series = self.finish_names_keep(series);
+        if series.iter().any(|s| s.drop_name) || series.len() > 1 {
+            check_unique_labels(&mut series)?;
+        }
+        Ok(series)
+    }
+
+    /// Drops names where marked, without the uniqueness check (subquery inputs).
+    fn finish_names_keep(&self, mut series: Vec<Series>) -> Vec<Series> {
+        for s in &mut series {
+            if s.drop_name {
+                s.labels = labels::without(&s.labels, &[METRIC_NAME]);
+                s.drop_name = false;
+            }
+        }
+        series
+    }
+}
+
+/// Fails when two series share a label set and have a point at the same step.
+fn check_unique_labels(series: &mut [Series]) -> Result<(), EvalError> {
+    let mut idx: Vec<usize> = (0..series.len()).collect();
+    idx.sort_by(|&a, &b| series[a].labels.cmp(&series[b].labels));
+    for w in idx.windows(2) {
+        let (a, b) = (&series[w[0]], &series[w[1]]);
+        if a.labels == b.labels && points_overlap(&a.points, &b.points) {
+            return Err(exec("vector cannot contain metrics with the same labelset"));
+        }
+    }
+    Ok(())
+}
+
+fn points_overlap(a: &[Point], b: &[Point]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].t.cmp(&b[j].t) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
+}
+
+fn val_name(v: &Val) -> &'static str {
+    match v {
+        Val::Scalar(_) => "scalar",
+        Val::Str(_) => "string",
+        Val::Vector(_) => "instant vector",
+        Val::Matrix(_) => "range vector",
+    }
+}

@@ -1,0 +1,481 @@
+//! Functions over range vectors (`rate`, `*_over_time`, …). Each series is read once: its
+//! samples cover every step's window, and two cursors slide forward as the steps advance.
+
+use super::aggregate::{kahan_inc, quantile};
+use super::{Ctx, Evaluator, RangeSpec, Val};
+use crate::ast::{Call, Expr, RangeMode};
+use crate::error::{exec, EvalError};
+use crate::value::{Point, Series};
+use strata_model::METRIC_NAME;
+
+/// Per-step inputs of a range function besides the window.
+struct Window<'a> {
+    /// The window's end (inclusive); its start `end - range` is exclusive.
+    end: i64,
+    range: i64,
+    /// Scalar parameters at this step.
+    params: &'a [f64],
+}
+
+type RangeFn = fn(&[Point], &Window) -> Option<f64>;
+
+fn lookup(name: &str) -> Option<(RangeFn, bool)> {
+    // (function, keeps the metric name)
+    Some(match name {
+        "rate" => (|s, w| extrapolated_rate(s, w, true, true), false),
+        "increase" => (|s, w| extrapolated_rate(s, w, true, false), false),
+        "delta" => (|s, w| extrapolated_rate(s, w, false, false), false),
+        "irate" => (|s, _| instant_value(s, true), false),
+        "idelta" => (|s, _| instant_value(s, false), false),
+        "deriv" => (deriv, false),
+        "predict_linear" => (predict_linear, false),
+        "avg_over_time" => (avg_over_time, false),
+        "sum_over_time" => (sum_over_time, false),
+        "count_over_time" => (|s, _| (!s.is_empty()).then_some(s.len() as f64), false),
+        "min_over_time" => (|s, _| extreme(s, |cur, f| f < cur), false),
+        "max_over_time" => (|s, _| extreme(s, |cur, f| f > cur), false),
+        "last_over_time" => (|s, _| s.last().map(|p| p.f), true),
+        "first_over_time" => (|s, _| s.first().map(|p| p.f), true),
+        "present_over_time" => (|s, _| (!s.is_empty()).then_some(1.0), false),
+        "stddev_over_time" => (|s, _| variance(s).map(f64::sqrt), false),
+        "stdvar_over_time" => (|s, _| variance(s), false),
+        "quantile_over_time" => (quantile_over_time, false),
+        "mad_over_time" => (mad_over_time, false),
+        "changes" => (changes, false),
+        "resets" => (resets, false),
+        "double_exponential_smoothing" => (double_exponential_smoothing, false),
+        "ts_of_first_over_time" => (|s, _| s.first().map(|p| p.t as f64 / 1000.0), false),
+        "ts_of_last_over_time" => (|s, _| s.last().map(|p| p.t as f64 / 1000.0), false),
+        "ts_of_min_over_time" => (|s, _| ts_of_extreme(s, |cur, f| f < cur), false),
+        "ts_of_max_over_time" => (|s, _| ts_of_extreme(s, |cur, f| f > cur), false),
+        _ => return None,
+    })
+}
+
+/// Functions that read the samples just outside the window in `anchored` mode.
+const ANCHORED_FUNCTIONS: &str = "changes, delta, increase, rate, resets";
+const SMOOTHED_FUNCTIONS: &str = "delta, increase, rate";
+
+pub(super) fn is_range_function(name: &str) -> bool {
+    lookup(name).is_some()
+}
+
+/// Which argument is the range vector.
+fn matrix_arg(name: &str) -> usize {
+    if name == "quantile_over_time" {
+        1
+    } else {
+        0
+    }
+}
+
+pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+    let name = call.func.name;
+    let (f, keeps_name) = lookup(name).ok_or_else(|| exec(format!("unknown range function {name}")))?;
+    let mi = matrix_arg(name);
+    let matrix = &call.args[mi];
+    let mut params: Vec<Vec<f64>> = Vec::new();
+    for (i, a) in call.args.iter().enumerate() {
+        if i != mi {
+            params.push(ev.eval_scalar(a, ctx)?);
+        }
+    }
+    check_mode(matrix, name)?;
+    if name == "quantile_over_time" {
+        if let Some(q) = params[0].iter().find(|q| !(0.0..=1.0).contains(*q)) {
+            ev.warn(
+                call.args[0].start,
+                format!("quantile value should be between 0 and 1, got {}", super::aggregate::fmt_float(*q)),
+            );
+        }
+    }
+    if name == "double_exponential_smoothing" {
+        for (p, what) in [(&params[0], "smoothing"), (&params[1], "trend")] {
+            if let Some(v) = p.iter().find(|v| !(**v > 0.0 && **v < 1.0)) {
+                return Err(exec(format!(
+                    "invalid {what} factor. Expected: 0 < {} < 1, got: {v:.6}",
+                    if what == "smoothing" { "sf" } else { "tf" }
+                )));
+            }
+        }
+    }
+    let counter_fn = matches!(name, "rate" | "increase");
+    let mut out = Vec::new();
+    let mut step_params = vec![0.0; params.len()];
+    let spec = ev.range_input(matrix, ctx, &mut |s: Series| {
+        if counter_fn {
+            if let Some(n) = s.labels.get(METRIC_NAME) {
+                if !["_total", "_sum", "_count", "_bucket"].iter().any(|suf| n.ends_with(suf)) {
+                    ev.info(
+                        matrix.start,
+                        format!(
+                            "metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"
+                        ),
+                    );
+                }
+            }
+        }
+        out.push(s);
+        Ok(())
+    })?;
+    let mut result = Vec::with_capacity(out.len());
+    for s in out {
+        let points = slide(&s.points, ctx, &spec, |window, end| {
+            for (k, p) in params.iter().enumerate() {
+                step_params[k] = p[end.1];
+            }
+            f(window, &Window { end: end.0, range: spec.range, params: &step_params })
+        });
+        if !points.is_empty() {
+            ev.take(points.len(), "range function")?;
+            result.push(Series { labels: s.labels, points, drop_name: !keeps_name || s.drop_name });
+        }
+    }
+    Ok(Val::Vector(result))
+}
+
+/// `anchored`/`smoothed` are refused for functions that cannot use them.
+fn check_mode(matrix: &Expr, name: &str) -> Result<(), EvalError> {
+    if let crate::ast::ExprKind::Matrix(m) = &matrix.unparen().kind {
+        match m.vector.mode {
+            RangeMode::Anchored if !ANCHORED_FUNCTIONS.split(", ").any(|f| f == name) => {
+                return Err(exec(format!(
+                    "anchored modifier can only be used with: {ANCHORED_FUNCTIONS} - not with {name}"
+                )))
+            }
+            RangeMode::Smoothed if !SMOOTHED_FUNCTIONS.split(", ").any(|f| f == name) => {
+                return Err(exec(format!(
+                    "smoothed modifier can only be used with: {SMOOTHED_FUNCTIONS} - not with {name}"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Calls `f` with each step's window `(end - range, end]` of `samples`, advancing two cursors;
+/// `f` also gets `(end, step index)`. With `@`, every step has the same window, computed once.
+fn slide(
+    samples: &[Point],
+    ctx: &Ctx,
+    spec: &RangeSpec,
+    mut f: impl FnMut(&[Point], (i64, usize)) -> Option<f64>,
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    let (mut lo, mut hi) = (0usize, 0usize);
+    let mut pinned: Option<Option<f64>> = None;
+    for i in 0..ctx.n {
+        let end = spec.end_at(ctx.ts(i));
+        let v = if let Some(v) = pinned.filter(|_| i > 0) {
+            v
+        } else {
+            let start = end - spec.range;
+            while hi < samples.len() && samples[hi].t <= end {
+                hi += 1;
+            }
+            while lo < hi && samples[lo].t <= start {
+                lo += 1;
+            }
+            let v = f(&samples[lo..hi], (end, i));
+            if spec.at.is_some() {
+                pinned = Some(v);
+            }
+            v
+        };
+        if let Some(v) = v {
+            points.push(Point { t: ctx.ts(i), f: v });
+        }
+    }
+    points
+}
+
+/// `rate`, `increase` and `delta`: the change over the window, extrapolated towards the
+/// window's edges as Prometheus does (up to half an average sample interval when the series
+/// seems to start or end inside the window, and never below zero for counters).
+fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (first, last) = (s[0], s[s.len() - 1]);
+    let mut result = last.f - first.f;
+    if is_counter {
+        let mut prev = first.f;
+        for p in &s[1..] {
+            if p.f < prev {
+                result += prev;
+            }
+            prev = p.f;
+        }
+    }
+    let range_start = w.end - w.range;
+    let mut to_start = (first.t - range_start) as f64 / 1000.0;
+    let mut to_end = (w.end - last.t) as f64 / 1000.0;
+    let sampled = (last.t - first.t) as f64 / 1000.0;
+    let avg_gap = sampled / (s.len() - 1) as f64;
+    let threshold = avg_gap * 1.1;
+    if to_start >= threshold {
+        to_start = avg_gap / 2.0;
+    }
+    if is_counter && result > 0.0 && first.f >= 0.0 {
+        // The counter cannot have been below zero: extrapolate at most to where it was zero.
+        let to_zero = sampled * (first.f / result);
+        if to_zero < to_start {
+            to_start = to_zero;
+        }
+    }
+    if to_end >= threshold {
+        to_end = avg_gap / 2.0;
+    }
+    let mut factor = (sampled + to_start + to_end) / sampled;
+    if is_rate {
+        factor /= w.range as f64 / 1000.0;
+    }
+    Some(result * factor)
+}
+
+/// `irate` and `idelta`: from the last two samples.
+fn instant_value(s: &[Point], is_rate: bool) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (prev, last) = (s[s.len() - 2], s[s.len() - 1]);
+    let mut v = if is_rate && last.f < prev.f { last.f } else { last.f - prev.f };
+    if is_rate {
+        let dt = (last.t - prev.t) as f64 / 1000.0;
+        if dt == 0.0 {
+            return None;
+        }
+        v /= dt;
+    }
+    Some(v)
+}
+
+/// Least-squares slope and intercept at `intercept_t`, with compensated sums.
+fn linear_regression(s: &[Point], intercept_t: i64) -> (f64, f64) {
+    let (mut n, mut sx, mut cx, mut sy, mut cy, mut sxy, mut cxy, mut sx2, mut cx2) =
+        (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    let init = s[0].f;
+    let mut constant = true;
+    for (i, p) in s.iter().enumerate() {
+        if constant && i > 0 && p.f != init {
+            constant = false;
+        }
+        n += 1.0;
+        let x = (p.t - intercept_t) as f64 / 1000.0;
+        (sx, cx) = kahan_inc(x, sx, cx);
+        (sy, cy) = kahan_inc(p.f, sy, cy);
+        (sxy, cxy) = kahan_inc(x * p.f, sxy, cxy);
+        (sx2, cx2) = kahan_inc(x * x, sx2, cx2);
+    }
+    if constant {
+        if init.is_infinite() {
+            return (f64::NAN, f64::NAN);
+        }
+        return (0.0, init);
+    }
+    let (sx, sy, sxy, sx2) = (sx + cx, sy + cy, sxy + cxy, sx2 + cx2);
+    let cov = sxy - sx * sy / n;
+    let var = sx2 - sx * sx / n;
+    let slope = cov / var;
+    (slope, sy / n - slope * sx / n)
+}
+
+fn deriv(s: &[Point], _: &Window) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    Some(linear_regression(s, s[0].t).0)
+}
+
+fn predict_linear(s: &[Point], w: &Window) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (slope, intercept) = linear_regression(s, w.end);
+    Some(intercept + slope * w.params[0])
+}
+
+fn avg_over_time(s: &[Point], _: &Window) -> Option<f64> {
+    let first = s.first()?;
+    let (mut sum, mut count, mut mean, mut c) = (first.f, 1.0, 0.0, 0.0);
+    let mut incremental = false;
+    for (i, p) in s[1..].iter().enumerate() {
+        count = (i + 2) as f64;
+        if !incremental {
+            let (ns, nc) = kahan_inc(p.f, sum, c);
+            if !ns.is_infinite() {
+                sum = ns;
+                c = nc;
+                continue;
+            }
+            incremental = true;
+            mean = sum / (count - 1.0);
+            c /= count - 1.0;
+        }
+        let q = (count - 1.0) / count;
+        (mean, c) = kahan_inc(p.f / count, q * mean, q * c);
+    }
+    Some(if incremental { mean + c } else { sum / count + c / count })
+}
+
+fn sum_over_time(s: &[Point], _: &Window) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let (mut sum, mut c) = (0.0, 0.0);
+    for p in s {
+        (sum, c) = kahan_inc(p.f, sum, c);
+    }
+    Some(if sum.is_infinite() { sum } else { sum + c })
+}
+
+/// The min or max; NaN only when every value is NaN.
+fn extreme(s: &[Point], replaces: fn(f64, f64) -> bool) -> Option<f64> {
+    let mut cur = s.first()?.f;
+    for p in &s[1..] {
+        if replaces(cur, p.f) || cur.is_nan() {
+            cur = p.f;
+        }
+    }
+    Some(cur)
+}
+
+fn ts_of_extreme(s: &[Point], replaces: fn(f64, f64) -> bool) -> Option<f64> {
+    let mut cur = *s.first()?;
+    for p in &s[1..] {
+        if replaces(cur.f, p.f) || cur.f.is_nan() {
+            cur = *p;
+        }
+    }
+    Some(cur.t as f64 / 1000.0)
+}
+
+fn variance(s: &[Point]) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let (mut count, mut mean, mut cmean, mut aux, mut caux) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for p in s {
+        count += 1.0;
+        let delta = p.f - (mean + cmean);
+        (mean, cmean) = kahan_inc(delta / count, mean, cmean);
+        (aux, caux) = kahan_inc(delta * (p.f - (mean + cmean)), aux, caux);
+    }
+    Some((aux + caux) / count)
+}
+
+fn quantile_over_time(s: &[Point], w: &Window) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = s.iter().map(|p| p.f).collect();
+    Some(quantile(w.params[0], &mut v))
+}
+
+fn mad_over_time(s: &[Point], _: &Window) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = s.iter().map(|p| p.f).collect();
+    let median = quantile(0.5, &mut v);
+    let mut dev: Vec<f64> = s.iter().map(|p| (p.f - median).abs()).collect();
+    Some(quantile(0.5, &mut dev))
+}
+
+fn changes(s: &[Point], _: &Window) -> Option<f64> {
+    let first = s.first()?;
+    let mut prev = first.f;
+    let mut n = 0.0;
+    for p in &s[1..] {
+        if p.f != prev && !(p.f.is_nan() && prev.is_nan()) {
+            n += 1.0;
+        }
+        prev = p.f;
+    }
+    Some(n)
+}
+
+fn resets(s: &[Point], _: &Window) -> Option<f64> {
+    let first = s.first()?;
+    let mut prev = first.f;
+    let mut n = 0.0;
+    for p in &s[1..] {
+        if p.f < prev {
+            n += 1.0;
+        }
+        prev = p.f;
+    }
+    Some(n)
+}
+
+fn double_exponential_smoothing(s: &[Point], w: &Window) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (sf, tf) = (w.params[0], w.params[1]);
+    let (mut s0, mut s1) = (0.0, s[0].f);
+    let mut b = s[1].f - s[0].f;
+    for (i, p) in s.iter().enumerate().skip(1) {
+        let x = sf * p.f;
+        if i > 1 {
+            b = tf * (s1 - s0) + (1.0 - tf) * b;
+        }
+        let y = (1.0 - sf) * (s1 + b);
+        s0 = s1;
+        s1 = x + y;
+    }
+    Some(s1)
+}
+
+/// The value of a `smoothed` instant selector at `t`: interpolated between the samples either
+/// side of `t` (each within the lookback), or the one that exists. `j` is the number of
+/// samples at or before `t`.
+pub(super) fn smoothed_value(samples: &[Point], j: usize, t: i64, lookback: i64) -> Option<f64> {
+    let before = (j > 0).then(|| samples[j - 1]).filter(|p| p.t > t - lookback && !strata_model::is_stale_nan(p.f));
+    let after = samples.get(j).copied().filter(|p| p.t < t + lookback && !strata_model::is_stale_nan(p.f));
+    match (before, after) {
+        (Some(b), _) if b.t == t => Some(b.f),
+        (Some(b), Some(a)) => Some(b.f + (a.f - b.f) * (t - b.t) as f64 / (a.t - b.t) as f64),
+        (Some(b), None) => Some(b.f),
+        (None, Some(a)) => Some(a.f),
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pts(v: &[(i64, f64)]) -> Vec<Point> {
+        v.iter().map(|&(t, f)| Point { t, f }).collect()
+    }
+
+    #[test]
+    fn rate_extrapolates_like_prometheus() {
+        // 0, 10, 20 … at 1 m over a 5 m window ending at 5 m: samples at 1..5 m.
+        let s = pts(&[(60_000, 10.0), (120_000, 20.0), (180_000, 30.0), (240_000, 40.0), (300_000, 50.0)]);
+        let w = Window { end: 300_000, range: 300_000, params: &[] };
+        // The counter would reach zero at 0 m, exactly the window start: increase is 50.
+        assert_eq!(extrapolated_rate(&s, &w, true, false), Some(50.0));
+        assert!((extrapolated_rate(&s, &w, true, true).unwrap() - 50.0 / 300.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn counter_resets_are_added_back() {
+        let s = pts(&[(0, 5.0), (1000, 7.0), (2000, 1.0)]);
+        let w = Window { end: 2000, range: 2000, params: &[] };
+        // 7 - 5 + 1 = 3 over the whole (exactly covered) window.
+        assert_eq!(extrapolated_rate(&s, &w, true, false), Some(3.0));
+        assert_eq!(resets(&s, &w), Some(1.0));
+        assert_eq!(changes(&s, &w), Some(2.0));
+    }
+
+    #[test]
+    fn regression_of_a_line() {
+        let s = pts(&[(0, 1.0), (1000, 3.0), (2000, 5.0)]);
+        let w = Window { end: 2000, range: 3000, params: &[1.0] };
+        assert_eq!(deriv(&s, &w), Some(2.0));
+        assert_eq!(predict_linear(&s, &w), Some(7.0));
+    }
+}

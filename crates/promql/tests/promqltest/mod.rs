@@ -1,0 +1,830 @@
+//! A runner for Prometheus' PromQL test-file language (`testdata/promql/README.md` describes
+//! it): `load`, `clear`, `eval instant|range` with expectations, checked against our engine
+//! over a real in-memory head.
+
+use std::fmt::Write as _;
+
+use strata_model::{is_stale_nan, Labels, STALE_NAN_BITS};
+use strata_promql::ast::{ExprKind, ValueType};
+use strata_promql::{Annotation, Engine, EngineOptions, Features, Value};
+use strata_tsdb::head::{Head, HeadOptions};
+
+/// What became of one `eval`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Passed,
+    Failed(String),
+    Skipped(&'static str),
+}
+
+#[derive(Debug)]
+pub struct CaseResult {
+    pub line: usize,
+    pub query: String,
+    pub outcome: Outcome,
+}
+
+/// An expected value: a float or a stale marker, or a native histogram (unsupported).
+#[derive(Debug, Clone, Copy)]
+enum Expected {
+    Float(f64),
+    Missing,
+    Histogram,
+}
+
+#[derive(Debug)]
+struct SeriesLine {
+    labels: Labels,
+    values: Vec<Expected>,
+}
+
+#[derive(Debug, Default)]
+struct Expectations {
+    fail: Option<Matcher>,
+    warn: Vec<Matcher>,
+    no_warn: bool,
+    info: Vec<Matcher>,
+    no_info: bool,
+    ordered: bool,
+    range_vector: Option<(i64, i64, i64)>,
+    string: Option<String>,
+    scalar: Option<f64>,
+    series: Vec<SeriesLine>,
+    legacy_warn: bool,
+    legacy_info: bool,
+}
+
+#[derive(Debug)]
+enum Matcher {
+    Any,
+    Exact(String),
+    Regex(regex::Regex),
+}
+
+impl Matcher {
+    fn matches(&self, s: &str) -> bool {
+        match self {
+            Matcher::Any => true,
+            Matcher::Exact(e) => e == s,
+            Matcher::Regex(r) => r.is_match(s),
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<i64, String> {
+    strata_model::parse_duration_ms(s)
+}
+
+/// Runs one test file's text; returns one result per `eval`.
+pub fn run_file(text: &str) -> Result<Vec<CaseResult>, String> {
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let t = l.trim();
+            if t.starts_with('#') {
+                String::new()
+            } else {
+                t.to_string()
+            }
+        })
+        .collect();
+    let mut head = new_head();
+    let mut results = Vec::new();
+    // Why the storage cannot hold what was loaded since the last `clear`, if so.
+    let mut unsupported_data: Option<&'static str> = None;
+    // Series that hold native histograms (not stored yet): a failing eval that selects one of
+    // them is reported as skipped, not failed.
+    let mut hist_series: Vec<Labels> = Vec::new();
+    let engine = Engine::new(EngineOptions { max_samples: 10_000, ..EngineOptions::default() });
+    let mut i = 0;
+    while i < lines.len() {
+        let line = &lines[i];
+        if line.is_empty() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut end = i + 1;
+        while end < lines.len() && !lines[end].is_empty() {
+            end += 1;
+        }
+        let body = &lines[start + 1..end];
+        let word = line.split_whitespace().next().unwrap_or("");
+        if word == "clear" {
+            head = new_head();
+            unsupported_data = None;
+            hist_series.clear();
+        } else if word.starts_with("load") {
+            let nhcb = word == "load_with_nhcb";
+            let interval =
+                line.split_whitespace().nth(1).ok_or(format!("line {}: load without interval", start + 1))?;
+            let interval = parse_duration(interval).map_err(|e| format!("line {}: {e}", start + 1))?;
+            if let Some(why) =
+                load(&head, interval, body, nhcb, &mut hist_series).map_err(|e| format!("line {}: {e}", start + 1))?
+            {
+                unsupported_data = Some(why);
+            }
+        } else if word.starts_with("eval") {
+            let (query, outcome) = match run_eval(&engine, &head, line, body, unsupported_data, &hist_series) {
+                Ok(x) => x,
+                Err(e) => (line.clone(), Outcome::Failed(format!("bad test: {e}"))),
+            };
+            results.push(CaseResult { line: start + 1, query, outcome });
+        } else {
+            return Err(format!("line {}: unknown command {line:?}", start + 1));
+        }
+        i = end;
+    }
+    Ok(results)
+}
+
+fn new_head() -> Head {
+    Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() })
+}
+
+/// Loads series lines; returns why some data could not be stored (native histograms, start
+/// timestamps), which then skips evaluations.
+fn load(
+    head: &Head,
+    interval: i64,
+    body: &[String],
+    nhcb: bool,
+    hist_series: &mut Vec<Labels>,
+) -> Result<Option<&'static str>, String> {
+    let mut unsupported = None;
+    let mut series: Vec<(Labels, Vec<(i64, f64)>)> = Vec::new();
+    for line in body {
+        let (labels_text, rest) = split_series(line)?;
+        if labels_text.ends_with("@st") {
+            unsupported = Some("start timestamps (@st)");
+            continue;
+        }
+        let labels = parse_labels(labels_text)?;
+        let values = parse_values(rest)?;
+        let mut samples = Vec::new();
+        for (k, v) in values.iter().enumerate() {
+            let t = k as i64 * interval;
+            match v {
+                Expected::Float(f) => samples.push((t, *f)),
+                Expected::Missing => {}
+                Expected::Histogram => {
+                    if !hist_series.contains(&labels) {
+                        hist_series.push(labels.clone());
+                    }
+                }
+            }
+        }
+        if nhcb {
+            // The custom-bucket histogram series load_with_nhcb derives from a classic one.
+            if let Some(name) = labels.metric_name() {
+                if let Some(base) = ["_bucket", "_count", "_sum"].iter().find_map(|s| name.strip_suffix(s)) {
+                    let mut b = strata_model::LabelsBuilder::new(&labels);
+                    b.set("__name__", base).del("le");
+                    if let Ok(l) = b.build() {
+                        if !hist_series.contains(&l) {
+                            hist_series.push(l);
+                        }
+                    }
+                }
+            }
+        }
+        series.retain(|(l, _)| *l != labels);
+        series.push((labels, samples));
+    }
+    let mut app = head.appender();
+    for (labels, samples) in &series {
+        for &(t, v) in samples {
+            match app.append(labels, t, v) {
+                Ok(_) => {}
+                // A later load may repeat samples already there.
+                Err(e) if e.to_string().contains("duplicate") => {}
+                Err(e) => return Err(format!("appending {labels} @{t}: {e}")),
+            }
+        }
+    }
+    app.commit().map_err(|e| e.to_string())?;
+    Ok(unsupported)
+}
+
+/// Splits `name{a="b"} 1 2 3` into the series part and the values part.
+fn split_series(line: &str) -> Result<(&str, &str), String> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() && !b[i].is_ascii_whitespace() && b[i] != b'{' {
+        i += 1;
+    }
+    if i < b.len() && b[i] == b'{' {
+        let mut quote: Option<u8> = None;
+        while i < b.len() {
+            let c = b[i];
+            match quote {
+                Some(q) => {
+                    if c == b'\\' && q != b'`' {
+                        i += 1;
+                    } else if c == q {
+                        quote = None;
+                    }
+                }
+                None => {
+                    if c == b'"' || c == b'\'' || c == b'`' {
+                        quote = Some(c);
+                    } else if c == b'}' {
+                        i += 1;
+                        break;
+                    }
+                }
+            }
+            i += 1;
+        }
+        // `@st` directly after the braces.
+        while i < b.len() && !b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+    }
+    Ok((&line[..i], line[i..].trim()))
+}
+
+fn parse_labels(s: &str) -> Result<Labels, String> {
+    if s == "{}" {
+        return Ok(Labels::empty());
+    }
+    let expr = strata_promql::parse_with(s, Features::all()).map_err(|e| format!("series {s:?}: {}", e.render(s)))?;
+    let ExprKind::Vector(sel) = expr.kind else { return Err(format!("series {s:?} is not a selector")) };
+    let pairs: Vec<(String, String)> = sel.matchers.iter().map(|m| (m.name.clone(), m.value.clone())).collect();
+    Labels::try_from_pairs(pairs).map_err(|e| format!("series {s:?}: {e}"))
+}
+
+/// Value tokens of a load or expectation line.
+fn parse_values(s: &str) -> Result<Vec<Expected>, String> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    while !rest.is_empty() {
+        if rest.starts_with("{{") {
+            // The token runs to the first whitespace outside `{{ … }}`.
+            let b = rest.as_bytes();
+            let (mut k, mut depth) = (0, 0);
+            while k < b.len() && (depth > 0 || !b[k].is_ascii_whitespace()) {
+                if rest[k..].starts_with("{{") {
+                    depth += 1;
+                    k += 2;
+                } else if rest[k..].starts_with("}}") {
+                    depth -= 1;
+                    k += 2;
+                } else {
+                    k += 1;
+                }
+            }
+            let tok = &rest[..k];
+            let repeat = tok.rsplit_once("}}x").and_then(|(_, n)| n.parse::<usize>().ok());
+            out.extend(std::iter::repeat_n(Expected::Histogram, repeat.map_or(1, |n| n + 1)));
+            rest = rest[k..].trim_start();
+            continue;
+        }
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let tok = &rest[..end];
+        rest = rest[end..].trim_start();
+        expand_token(tok, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn parse_number(s: &str) -> Option<f64> {
+    let lower = s.to_ascii_lowercase();
+    match lower.trim_start_matches('+') {
+        "inf" => return Some(if lower.starts_with('-') { f64::NEG_INFINITY } else { f64::INFINITY }),
+        "-inf" => return Some(f64::NEG_INFINITY),
+        "nan" => return Some(f64::NAN),
+        _ => {}
+    }
+    if let Some(h) = lower.strip_prefix("0x") {
+        return u64::from_str_radix(h, 16).ok().map(|v| v as f64);
+    }
+    if s.contains(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E') {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn expand_token(tok: &str, out: &mut Vec<Expected>) -> Result<(), String> {
+    if tok == "_" {
+        out.push(Expected::Missing);
+        return Ok(());
+    }
+    if tok == "stale" {
+        out.push(Expected::Float(f64::from_bits(STALE_NAN_BITS)));
+        return Ok(());
+    }
+    if let Some(n) = tok.strip_prefix("_x") {
+        let n: usize = n.parse().map_err(|_| format!("bad token {tok:?}"))?;
+        out.extend(std::iter::repeat_n(Expected::Missing, n));
+        return Ok(());
+    }
+    if let Some(v) = parse_number(tok) {
+        out.push(Expected::Float(v));
+        return Ok(());
+    }
+    let (lhs, n) = tok.rsplit_once('x').ok_or_else(|| format!("bad token {tok:?}"))?;
+    let n: usize = n.parse().map_err(|_| format!("bad token {tok:?}"))?;
+    // `a+b`, `a-b` or `a` (a itself may start with a sign or hold an exponent sign).
+    let bytes = lhs.as_bytes();
+    let op_at =
+        (1..bytes.len()).find(|&i| (bytes[i] == b'+' || bytes[i] == b'-') && !matches!(bytes[i - 1], b'e' | b'E'));
+    let (a, b) = match op_at {
+        Some(i) => {
+            let a = parse_number(&lhs[..i]).ok_or_else(|| format!("bad token {tok:?}"))?;
+            let b = parse_number(&lhs[i + 1..]).ok_or_else(|| format!("bad token {tok:?}"))?;
+            (a, if bytes[i] == b'-' { -b } else { b })
+        }
+        None => (parse_number(lhs).ok_or_else(|| format!("bad token {tok:?}"))?, 0.0),
+    };
+    for k in 0..=n {
+        out.push(Expected::Float(a + b * k as f64));
+    }
+    Ok(())
+}
+
+fn parse_header(line: &str) -> Result<(Header, String), String> {
+    let mut words = line.splitn(2, char::is_whitespace);
+    let cmd = words.next().unwrap_or("");
+    let rest = words.next().unwrap_or("").trim_start();
+    let legacy = match cmd {
+        "eval" => Legacy::None,
+        "eval_fail" => Legacy::Fail,
+        "eval_warn" => Legacy::Warn,
+        "eval_info" => Legacy::Info,
+        "eval_ordered" => Legacy::Ordered,
+        _ => return Err(format!("unknown command {cmd}")),
+    };
+    if let Some(r) = rest.strip_prefix("instant at ") {
+        let r = r.trim_start();
+        let (t, q) = r.split_once(char::is_whitespace).ok_or("missing query")?;
+        let t = parse_time(t)?;
+        return Ok((Header { kind: Kind::Instant(t), legacy }, q.trim().to_string()));
+    }
+    if let Some(r) = rest.strip_prefix("range from ") {
+        let parts: Vec<&str> = r.splitn(6, char::is_whitespace).collect();
+        if parts.len() < 6 || parts[1] != "to" || parts[3] != "step" {
+            return Err(format!("bad range header {line:?}"));
+        }
+        let (s, e, st) = (parse_time(parts[0])?, parse_time(parts[2])?, parse_duration(parts[4])?);
+        return Ok((Header { kind: Kind::Range(s, e, st), legacy }, parts[5].trim().to_string()));
+    }
+    Err(format!("bad eval header {line:?}"))
+}
+
+fn parse_time(s: &str) -> Result<i64, String> {
+    parse_duration(s)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Instant(i64),
+    Range(i64, i64, i64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Legacy {
+    None,
+    Fail,
+    Warn,
+    Info,
+    Ordered,
+}
+
+#[derive(Debug)]
+struct Header {
+    kind: Kind,
+    legacy: Legacy,
+}
+
+fn parse_expect_matcher(rest: &str) -> Result<Matcher, String> {
+    let rest = rest.trim();
+    if let Some(m) = rest.strip_prefix("msg:") {
+        return Ok(Matcher::Exact(m.trim().to_string()));
+    }
+    if let Some(r) = rest.strip_prefix("regex:") {
+        return regex::Regex::new(r.trim()).map(Matcher::Regex).map_err(|e| e.to_string());
+    }
+    if rest.is_empty() {
+        return Ok(Matcher::Any);
+    }
+    Err(format!("bad expectation qualifier {rest:?}"))
+}
+
+fn parse_body(body: &[String], legacy: Legacy) -> Result<Expectations, String> {
+    let mut x = Expectations::default();
+    match legacy {
+        Legacy::Fail => x.fail = Some(Matcher::Any),
+        Legacy::Warn => x.legacy_warn = true,
+        Legacy::Info => x.legacy_info = true,
+        Legacy::Ordered => x.ordered = true,
+        Legacy::None => {}
+    }
+    for line in body {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first == "expected_fail_message" {
+            x.fail = Some(Matcher::Exact(line[first.len()..].trim().to_string()));
+            continue;
+        }
+        if first == "expected_fail_regexp" {
+            x.fail = Some(Matcher::Regex(regex::Regex::new(line[first.len()..].trim()).map_err(|e| e.to_string())?));
+            continue;
+        }
+        if first == "expect" {
+            let rest = line["expect".len()..].trim_start();
+            let (kind, tail) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            match kind {
+                "fail" => x.fail = Some(parse_expect_matcher(tail)?),
+                "warn" => x.warn.push(parse_expect_matcher(tail)?),
+                "no_warn" => x.no_warn = true,
+                "info" => x.info.push(parse_expect_matcher(tail)?),
+                "no_info" => x.no_info = true,
+                "ordered" => x.ordered = true,
+                "string" => {
+                    let t = tail.trim();
+                    let s = if t.len() >= 2 && (t.starts_with('"') || t.starts_with('`')) {
+                        unquote_go(t)?
+                    } else {
+                        return Err(format!("bad expect string {t:?}"));
+                    };
+                    x.string = Some(s);
+                }
+                "range" => {
+                    // expect range vector from <t1> to <t2> step <s>
+                    let w: Vec<&str> = tail.split_whitespace().collect();
+                    if w.len() != 7 || w[0] != "vector" || w[1] != "from" || w[3] != "to" || w[5] != "step" {
+                        return Err(format!("bad expect range vector {line:?}"));
+                    }
+                    x.range_vector = Some((parse_time(w[2])?, parse_time(w[4])?, parse_duration(w[6])?));
+                }
+                _ => return Err(format!("unknown expectation {line:?}")),
+            }
+            continue;
+        }
+        if let Some(v) = parse_scalar_line(line) {
+            x.scalar = Some(v);
+            break;
+        }
+        let (labels, values) = split_series(line)?;
+        x.series.push(SeriesLine { labels: parse_labels(labels)?, values: parse_values(values)? });
+    }
+    Ok(x)
+}
+
+fn parse_scalar_line(line: &str) -> Option<f64> {
+    if line.contains(char::is_whitespace) {
+        return None;
+    }
+    let l = line.to_ascii_lowercase();
+    if let Some(h) = l.strip_prefix("0x").or_else(|| l.strip_prefix("+0x")) {
+        return u64::from_str_radix(h, 16).ok().map(|v| v as f64);
+    }
+    parse_number(line)
+}
+
+fn unquote_go(t: &str) -> Result<String, String> {
+    let toks = strata_promql::lexer::lex(t).map_err(|e| e.msg)?;
+    match &toks[0].tok {
+        strata_promql::lexer::Tok::Str(b) => String::from_utf8(b.clone()).map_err(|e| e.to_string()),
+        _ => Err(format!("bad string {t:?}")),
+    }
+}
+
+/// Float equality with the test language's tolerance (stale NaN only equals stale NaN).
+fn float_eq(a: f64, e: f64) -> bool {
+    const MIN_NORMAL: f64 = 2.2250738585072014e-308;
+    if is_stale_nan(a) || is_stale_nan(e) {
+        return is_stale_nan(a) && is_stale_nan(e);
+    }
+    if a.is_nan() && e.is_nan() {
+        return true;
+    }
+    if a == e {
+        return true;
+    }
+    let abs_sum = a.abs() + e.abs();
+    if a == 0.0 || e == 0.0 || abs_sum < MIN_NORMAL {
+        return (a - e).abs() < 1e-6 * MIN_NORMAL;
+    }
+    (a - e).abs() / abs_sum.min(f64::MAX) < 1e-6
+}
+
+fn uses_any(query: &str, names: &[&str]) -> bool {
+    names.iter().any(|n| {
+        let mut from = 0;
+        while let Some(p) = query[from..].find(n) {
+            let at = from + p;
+            let before_ok =
+                at == 0 || !query.as_bytes()[at - 1].is_ascii_alphanumeric() && query.as_bytes()[at - 1] != b'_';
+            let after = query[at + n.len()..].trim_start();
+            if before_ok && after.starts_with('(') {
+                return true;
+            }
+            from = at + n.len();
+        }
+        false
+    })
+}
+
+fn run_eval(
+    engine: &Engine,
+    head: &Head,
+    line: &str,
+    body: &[String],
+    unsupported_data: Option<&'static str>,
+    hist_series: &[Labels],
+) -> Result<(String, Outcome), String> {
+    let (header, query) = parse_header(line)?;
+    let x = parse_body(body, header.legacy)?;
+    if x.series.iter().any(|s| s.values.iter().any(|v| matches!(v, Expected::Histogram))) {
+        return Ok((query, Outcome::Skipped("native histograms in the expected result")));
+    }
+    if let Some(why) = unsupported_data {
+        return Ok((query, Outcome::Skipped(why)));
+    }
+    let expr = match strata_promql::parse_with(&query, Features::all()) {
+        Ok(e) => e,
+        Err(e) => {
+            let msg = e.render(&query);
+            return Ok((query, check_error(&x, &msg)));
+        }
+    };
+    let outcome = evaluate(engine, head, &header, &x, &query, &expr);
+    if matches!(outcome, Outcome::Failed(_)) && selects_any(&expr, hist_series) {
+        return Ok((query, Outcome::Skipped("native histograms")));
+    }
+    Ok((query, outcome))
+}
+
+/// Whether a selector of `expr` matches one of `series`.
+fn selects_any(expr: &strata_promql::ast::Expr, series: &[Labels]) -> bool {
+    let mut hit = false;
+    expr.walk(&mut |e| {
+        let sel = match &e.kind {
+            ExprKind::Vector(v) => v,
+            ExprKind::Matrix(m) => &m.vector,
+            _ => return,
+        };
+        hit |= series.iter().any(|l| sel.matchers.iter().all(|m| m.matches(l.get(&m.name).unwrap_or(""))));
+    });
+    hit
+}
+
+fn evaluate(
+    engine: &Engine,
+    head: &Head,
+    header: &Header,
+    x: &Expectations,
+    query: &str,
+    expr: &strata_promql::ast::Expr,
+) -> Outcome {
+    let (result, annotations) = match header.kind {
+        Kind::Instant(t) => {
+            let t = x.range_vector.map_or(t, |(_, t2, _)| t2);
+            match engine.instant(head, expr, t) {
+                Ok(out) => (out.value, out.annotations),
+                Err(e) => return check_error(x, &e.to_string()),
+            }
+        }
+        Kind::Range(s, e, st) => match engine.range(head, expr, s, e, st) {
+            Ok(out) => (out.value, out.annotations),
+            Err(err) => return check_error(x, &err.to_string()),
+        },
+    };
+    if x.fail.is_some() {
+        return Outcome::Failed(format!("expected an error, got {}", describe(&result)));
+    }
+    if let Err(e) = check_annotations(x, &annotations, query) {
+        return Outcome::Failed(e);
+    }
+    let check = match header.kind {
+        Kind::Instant(t) => check_instant(x, &result, t),
+        Kind::Range(s, _, st) => check_matrix(x, &result, s, st),
+    };
+    if let Err(e) = check {
+        return Outcome::Failed(e);
+    }
+    // Range-mode cross-check of instant queries (README 6.4.3).
+    if let Kind::Instant(t) = header.kind {
+        let skip = x.range_vector.is_some()
+            || x.string.is_some()
+            || uses_any(query, &["start", "end", "range", "step"])
+            || expr.value_type() == ValueType::String
+            || expr.value_type() == ValueType::Matrix;
+        if !skip {
+            match engine.range(head, expr, t - 60_000, t + 60_000, 60_000) {
+                Err(e) => return Outcome::Failed(format!("range-mode cross-check failed: {e}")),
+                Ok(out) => {
+                    if let Err(e) = cross_check(x, &out.value, t) {
+                        return Outcome::Failed(format!("range-mode cross-check: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    Outcome::Passed
+}
+
+fn check_error(x: &Expectations, msg: &str) -> Outcome {
+    match &x.fail {
+        Some(m) if m.matches(msg) => Outcome::Passed,
+        Some(_) => Outcome::Failed(format!("error text differs: got {msg:?}")),
+        None => Outcome::Failed(format!("unexpected error: {msg}")),
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Scalar { v, .. } => format!("scalar {v}"),
+        Value::String { s, .. } => format!("string {s:?}"),
+        Value::Vector(s) => format!("vector of {} series", s.len()),
+        Value::Matrix(s) => format!("matrix of {} series", s.len()),
+    }
+}
+
+fn check_annotations(x: &Expectations, annotations: &[Annotation], query: &str) -> Result<(), String> {
+    let warns: Vec<String> = annotations.iter().filter(|a| !a.info).map(|a| a.render(query)).collect();
+    let infos: Vec<String> = annotations.iter().filter(|a| a.info).map(|a| a.render(query)).collect();
+    for (kind, expected, none, legacy, got) in
+        [("warning", &x.warn, x.no_warn, x.legacy_warn, &warns), ("info", &x.info, x.no_info, x.legacy_info, &infos)]
+    {
+        if none && !got.is_empty() {
+            return Err(format!("expected no {kind}, got {got:?}"));
+        }
+        if legacy && got.is_empty() {
+            return Err(format!("expected a {kind}, got none"));
+        }
+        if expected.is_empty() {
+            continue;
+        }
+        if got.is_empty() {
+            return Err(format!("expected a {kind}, got none"));
+        }
+        for m in expected.iter() {
+            if !got.iter().any(|g| m.matches(g)) {
+                return Err(format!("no {kind} matches {m:?}; got {got:?}"));
+            }
+        }
+        for g in got.iter() {
+            if !expected.iter().any(|m| m.matches(g)) {
+                return Err(format!("unexpected {kind} {g:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_instant(x: &Expectations, v: &Value, t: i64) -> Result<(), String> {
+    if let Some(s) = &x.string {
+        return match v {
+            Value::String { s: got, .. } if got == s => Ok(()),
+            other => Err(format!("expected string {s:?}, got {}", describe(other))),
+        };
+    }
+    if let Some((t1, _, step)) = x.range_vector {
+        return check_matrix(x, v, t1, step);
+    }
+    match v {
+        Value::Scalar { v, .. } => match x.scalar {
+            Some(e) if float_eq(*v, e) => Ok(()),
+            Some(e) => Err(format!("expected scalar {e}, got {v}")),
+            None => Err(format!("expected {} series, got scalar {v}", x.series.len())),
+        },
+        Value::Vector(series) => {
+            if x.scalar.is_some() {
+                return Err(format!("expected a scalar, got {}", describe(v)));
+            }
+            let got: Vec<(&Labels, f64)> = series
+                .iter()
+                .map(|s| {
+                    let p = s.points.first().map_or(f64::NAN, |p| p.f);
+                    (&s.labels, p)
+                })
+                .collect();
+            compare_vector(x, &got, t)
+        }
+        other => Err(format!("expected a vector, got {}", describe(other))),
+    }
+}
+
+fn compare_vector(x: &Expectations, got: &[(&Labels, f64)], _t: i64) -> Result<(), String> {
+    let expected: Vec<(&Labels, f64)> = x
+        .series
+        .iter()
+        .map(|s| {
+            let v = match s.values.first() {
+                Some(Expected::Float(f)) => *f,
+                _ => f64::NAN,
+            };
+            (&s.labels, v)
+        })
+        .collect();
+    if x.series.iter().any(|s| s.values.len() != 1) {
+        return Err("bad test: instant expectation with other than one value".into());
+    }
+    let mut msg = String::new();
+    for (l, v) in got {
+        match expected.iter().find(|(el, _)| el == l) {
+            None => {
+                let _ = write!(msg, "unexpected series {l} {v}; ");
+            }
+            Some((_, e)) if !float_eq(*v, *e) => {
+                let _ = write!(msg, "{l}: expected {e}, got {v}; ");
+            }
+            _ => {}
+        }
+    }
+    for (l, _) in &expected {
+        if !got.iter().any(|(g, _)| g == l) {
+            let _ = write!(msg, "missing series {l}; ");
+        }
+    }
+    if msg.is_empty() && x.ordered {
+        for (k, ((gl, _), (el, _))) in got.iter().zip(&expected).enumerate() {
+            if gl != el {
+                let _ = write!(msg, "order differs at {k}: got {gl}, expected {el}; ");
+                break;
+            }
+        }
+    }
+    if msg.is_empty() {
+        Ok(())
+    } else {
+        Err(msg)
+    }
+}
+
+fn check_matrix(x: &Expectations, v: &Value, start: i64, step: i64) -> Result<(), String> {
+    let Value::Matrix(series) = v else {
+        return Err(format!("expected a matrix, got {}", describe(v)));
+    };
+    if x.ordered {
+        return Err("expect ordered on a matrix result".into());
+    }
+    if x.scalar.is_some() {
+        return Err("scalar expectation on a matrix result".into());
+    }
+    for w in series.windows(2) {
+        if w[0].labels >= w[1].labels {
+            return Err(format!("matrix not sorted by labels: {} before {}", w[0].labels, w[1].labels));
+        }
+    }
+    let mut msg = String::new();
+    for s in series {
+        let Some(e) = x.series.iter().find(|e| e.labels == s.labels) else {
+            let _ = write!(
+                msg,
+                "unexpected series {} {:?}; ",
+                s.labels,
+                s.points.iter().map(|p| (p.t, p.f)).collect::<Vec<_>>()
+            );
+            continue;
+        };
+        let expected: Vec<(i64, f64)> = e
+            .values
+            .iter()
+            .enumerate()
+            .filter_map(|(k, v)| match v {
+                Expected::Float(f) => Some((start + k as i64 * step, *f)),
+                _ => None,
+            })
+            .collect();
+        let got: Vec<(i64, f64)> = s.points.iter().map(|p| (p.t, p.f)).collect();
+        let same =
+            expected.len() == got.len() && expected.iter().zip(&got).all(|(a, b)| a.0 == b.0 && float_eq(b.1, a.1));
+        if !same {
+            let _ = write!(msg, "{}: expected {expected:?}, got {got:?}; ", s.labels);
+        }
+    }
+    for e in &x.series {
+        if !series.iter().any(|s| s.labels == e.labels) {
+            let _ = write!(msg, "missing series {}; ", e.labels);
+        }
+    }
+    if msg.is_empty() {
+        Ok(())
+    } else {
+        Err(msg)
+    }
+}
+
+fn cross_check(x: &Expectations, v: &Value, t: i64) -> Result<(), String> {
+    let Value::Matrix(series) = v else { return Err(format!("range query gave {}", describe(v))) };
+    for w in series.windows(2) {
+        if w[0].labels >= w[1].labels {
+            return Err("matrix not sorted by labels".into());
+        }
+    }
+    if x.ordered {
+        return Ok(());
+    }
+    let at_t: Vec<(&Labels, f64)> =
+        series.iter().filter_map(|s| s.points.iter().find(|p| p.t == t).map(|p| (&s.labels, p.f))).collect();
+    if let Some(e) = x.scalar {
+        return match at_t.as_slice() {
+            [(_, v)] if float_eq(*v, e) => Ok(()),
+            other => Err(format!("expected scalar {e}, got {other:?}")),
+        };
+    }
+    compare_vector(x, &at_t, t)
+}
