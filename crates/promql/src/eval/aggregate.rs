@@ -44,7 +44,7 @@ impl Acc {
             match op {
                 AggregateOp::Stddev | AggregateOp::Stdvar => {
                     self.mean = f;
-                    self.value = 0.0;
+                    self.value = if f.is_finite() { 0.0 } else { f64::NAN };
                 }
                 AggregateOp::Group => self.value = 1.0,
                 AggregateOp::Count => self.value = 1.0,
@@ -138,13 +138,18 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
     // Assign every series to a group once.
     let mut group_of: Vec<usize> = Vec::with_capacity(input.len());
     let mut groups: Vec<Labels> = Vec::new();
+    // A group keeps `__name__` only when grouping by it; then the name is dropped at the end if
+    // any member's was to be (delayed name removal).
+    let mut group_drops_name: Vec<bool> = Vec::new();
     let mut index: HashMap<Labels, usize> = HashMap::new();
     for s in &input {
         let g = group_labels(&s.labels, &a.grouping, a.without);
         let i = *index.entry(g.clone()).or_insert_with(|| {
             groups.push(g);
+            group_drops_name.push(false);
             groups.len() - 1
         });
+        group_drops_name[i] |= s.drop_name;
         group_of.push(i);
     }
     let out = match a.op {
@@ -159,11 +164,17 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
         AggregateOp::TopK | AggregateOp::BottomK | AggregateOp::LimitK => {
             let param = a.param.as_ref().expect("parser requires a parameter");
             let k = ev.eval_scalar(param, ctx)?;
+            if k.iter().any(|k| k.is_nan()) {
+                return Err(exec("Parameter value is NaN"));
+            }
             select_k(a.op, input, &group_of, &k, ctx)?
         }
         AggregateOp::LimitRatio => {
             let param = a.param.as_ref().expect("parser requires a parameter");
             let r = ev.eval_scalar(param, ctx)?;
+            if r.iter().any(|r| r.is_nan()) {
+                return Err(exec("Ratio value is NaN"));
+            }
             limit_ratio(ev, input, &r, param.start, ctx)?
         }
         AggregateOp::Quantile => {
@@ -184,6 +195,25 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
         }
     };
     let _ = pos;
+    let mut out = out;
+    if matches!(
+        a.op,
+        AggregateOp::Sum
+            | AggregateOp::Avg
+            | AggregateOp::Count
+            | AggregateOp::Min
+            | AggregateOp::Max
+            | AggregateOp::Group
+            | AggregateOp::Stddev
+            | AggregateOp::Stdvar
+            | AggregateOp::Quantile
+    ) {
+        for s in &mut out {
+            if let Some(&g) = index.get(&s.labels) {
+                s.drop_name = group_drops_name[g] && s.labels.get(METRIC_NAME).is_some();
+            }
+        }
+    }
     ev.release(input_held);
     ev.take(out.iter().map(|s| s.points.len()).sum(), "aggregation")?;
     Ok(Val::Vector(out))

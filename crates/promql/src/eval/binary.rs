@@ -230,15 +230,7 @@ fn vector_vector(
                 }
             };
             let Some(of) = point_at(&one[oi].points, p.t) else { continue };
-            let (fl, fr) = if swapped { (of, p.f) } else { (p.f, of) };
-            let (mut val, mut keep) = elem(b.op, fl, fr);
-            if b.return_bool {
-                val = if keep { 1.0 } else { 0.0 };
-                keep = true;
-            }
-            if !keep {
-                continue;
-            }
+            // Checked before a comparison filters, so the error does not depend on values.
             if shared {
                 let steps = matched.entry(sig.as_str()).or_insert_with(|| vec![false; ctx.n]);
                 if steps[k] {
@@ -247,6 +239,15 @@ fn vector_vector(
                     ));
                 }
                 steps[k] = true;
+            }
+            let (fl, fr) = if swapped { (of, p.f) } else { (p.f, of) };
+            let (mut val, mut keep) = elem(b.op, fl, fr);
+            if b.return_bool {
+                val = if keep { 1.0 } else { 0.0 };
+                keep = true;
+            }
+            if !keep {
+                continue;
             }
             let idx = match last {
                 Some((o, idx)) if o == oi => idx,

@@ -22,6 +22,16 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
     match name {
         "time" => Ok(Val::Scalar((0..ctx.n).map(|i| ctx.ts(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ctx.n])),
+        // Duration functions (experimental), as scalars in seconds.
+        "step" => Ok(Val::Scalar(vec![ev.query_step as f64 / 1000.0; ctx.n])),
+        "range" => Ok(Val::Scalar(vec![(ev.query_end - ev.query_start) as f64 / 1000.0; ctx.n])),
+        "start" => Ok(Val::Scalar(vec![ev.query_start as f64 / 1000.0; ctx.n])),
+        "end" => Ok(Val::Scalar(vec![ev.query_end as f64 / 1000.0; ctx.n])),
+        "min_of" | "max_of" => {
+            let (a, b) = (ev.eval_scalar(&args[0], ctx)?, ev.eval_scalar(&args[1], ctx)?);
+            let pick = if name == "min_of" { go_min } else { go_max };
+            Ok(Val::Scalar(a.iter().zip(&b).map(|(&x, &y)| pick(x, y)).collect()))
+        }
         "vector" => {
             let s = ev.eval_scalar(&args[0], ctx)?;
             let points = s.iter().enumerate().map(|(i, &f)| Point { t: ctx.ts(i), f }).collect();
@@ -228,18 +238,20 @@ fn absent_series(arg: &Expr, present: &[bool], ctx: &Ctx) -> Vec<Series> {
         ExprKind::Matrix(m) => m.vector.matchers.as_slice(),
         _ => &[],
     };
+    // As Prometheus: the first equality matcher of a label sets it; any other matcher of the
+    // same label removes it (`x{job="a",job=~"b"}` gives no `job`).
     let mut pairs: Vec<(&str, &str)> = Vec::new();
-    let mut dup: Vec<&str> = Vec::new();
+    let mut has: Vec<&str> = Vec::new();
     for m in matchers {
-        if m.op != MatchOp::Equal || m.name == METRIC_NAME {
+        if m.name == METRIC_NAME {
             continue;
         }
-        if pairs.iter().any(|(n, _)| *n == m.name) {
-            dup.push(&m.name);
+        pairs.retain(|(n, _)| *n != m.name);
+        if m.op == MatchOp::Equal && !has.contains(&m.name.as_str()) {
+            pairs.push((&m.name, &m.value));
+            has.push(&m.name);
         }
-        pairs.push((&m.name, &m.value));
     }
-    pairs.retain(|(n, _)| !dup.contains(n));
     let labels = Labels::from_pairs(pairs);
     let points: Vec<Point> =
         present.iter().enumerate().filter(|(_, &p)| !p).map(|(i, _)| Point { t: ctx.ts(i), f: 1.0 }).collect();

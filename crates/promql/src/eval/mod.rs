@@ -321,7 +321,7 @@ impl<'a> Evaluator<'a> {
             ExprKind::Number(n) => Ok(Val::Scalar(vec![*n; ctx.n])),
             ExprKind::String(s) => match s {
                 Ok(s) => Ok(Val::Str(s.clone())),
-                Err(b) => Ok(Val::Str(String::from_utf8_lossy(b).into_owned())),
+                Err(b) => Err(exec(format!("invalid UTF-8 in string {}", labels::go_quote_bytes(b)))),
             },
             ExprKind::Paren(inner) => self.eval(inner, ctx),
             ExprKind::Neg(inner) => match self.eval(inner, ctx)? {
@@ -551,14 +551,12 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    /// Removes `__name__` from series marked for it; two series left with the same labels at
-    /// the same step are an error, as in Prometheus.
+    /// Removes `__name__` from series marked for it. Series left with the same labels are
+    /// merged when their points do not share a step (`-{job="a"}` over two metrics that take
+    /// turns); sharing one is an error, as in Prometheus.
     fn finish_names(&self, series: Vec<Series>) -> Result<Vec<Series>, EvalError> {
-        let mut series = self.finish_names_keep(series);
-        if series.iter().any(|s| s.drop_name) || series.len() > 1 {
-            check_unique_labels(&mut series)?;
-        }
-        Ok(series)
+        let series = self.finish_names_keep(series);
+        merge_same_labels(series)
     }
 
     /// Drops names where marked, without the uniqueness check (subquery inputs).
@@ -573,17 +571,32 @@ impl<'a> Evaluator<'a> {
     }
 }
 
-/// Fails when two series share a label set and have a point at the same step.
-fn check_unique_labels(series: &mut [Series]) -> Result<(), EvalError> {
+/// Merges series with equal labels (keeping the order of first appearance); fails when two of
+/// them have a point at the same step.
+fn merge_same_labels(series: Vec<Series>) -> Result<Vec<Series>, EvalError> {
     let mut idx: Vec<usize> = (0..series.len()).collect();
-    idx.sort_by(|&a, &b| series[a].labels.cmp(&series[b].labels));
-    for w in idx.windows(2) {
-        let (a, b) = (&series[w[0]], &series[w[1]]);
-        if a.labels == b.labels && points_overlap(&a.points, &b.points) {
-            return Err(exec("vector cannot contain metrics with the same labelset"));
-        }
+    idx.sort_by(|&a, &b| series[a].labels.cmp(&series[b].labels).then(a.cmp(&b)));
+    if idx.windows(2).all(|w| series[w[0]].labels != series[w[1]].labels) {
+        return Ok(series);
     }
-    Ok(())
+    let mut slots: Vec<Option<Series>> = series.into_iter().map(Some).collect();
+    let mut k = 0;
+    while k < idx.len() {
+        let first = idx[k];
+        let mut j = k + 1;
+        while j < idx.len() && slots[idx[j]].as_ref().map(|s| &s.labels) == slots[first].as_ref().map(|s| &s.labels) {
+            let other = slots[idx[j]].take().expect("each index once");
+            let into = slots[first].as_mut().expect("kept");
+            if points_overlap(&into.points, &other.points) {
+                return Err(exec("vector cannot contain metrics with the same labelset"));
+            }
+            into.points.extend(other.points);
+            into.points.sort_by_key(|p| p.t);
+            j += 1;
+        }
+        k = j;
+    }
+    Ok(slots.into_iter().flatten().collect())
 }
 
 fn points_overlap(a: &[Point], b: &[Point]) -> bool {

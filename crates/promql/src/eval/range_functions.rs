@@ -10,6 +10,8 @@ use strata_model::METRIC_NAME;
 
 /// Per-step inputs of a range function besides the window.
 struct Window<'a> {
+    /// The evaluation step's time (not moved by offset or `@`).
+    t: i64,
     /// The window's end (inclusive); its start `end - range` is exclusive.
     end: i64,
     range: i64,
@@ -120,11 +122,14 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalEr
     })?;
     let mut result = Vec::with_capacity(out.len());
     for s in out {
-        let points = slide(&s.points, ctx, &spec, |window, end| {
+        // With `@` every window is the same; it is computed once unless a parameter or the
+        // step time itself (predict_linear) still varies.
+        let pinned_ok = params.is_empty();
+        let points = slide(&s.points, ctx, &spec, pinned_ok, |window, end| {
             for (k, p) in params.iter().enumerate() {
                 step_params[k] = p[end.1];
             }
-            f(window, &Window { end: end.0, range: spec.range, params: &step_params })
+            f(window, &Window { t: ctx.ts(end.1), end: end.0, range: spec.range, params: &step_params })
         });
         if !points.is_empty() {
             ev.take(points.len(), "range function")?;
@@ -160,6 +165,7 @@ fn slide(
     samples: &[Point],
     ctx: &Ctx,
     spec: &RangeSpec,
+    pin: bool,
     mut f: impl FnMut(&[Point], (i64, usize)) -> Option<f64>,
 ) -> Vec<Point> {
     let mut points = Vec::new();
@@ -178,7 +184,7 @@ fn slide(
                 lo += 1;
             }
             let v = f(&samples[lo..hi], (end, i));
-            if spec.at.is_some() {
+            if spec.at.is_some() && pin {
                 pinned = Some(v);
             }
             v
@@ -292,7 +298,7 @@ fn predict_linear(s: &[Point], w: &Window) -> Option<f64> {
     if s.len() < 2 {
         return None;
     }
-    let (slope, intercept) = linear_regression(s, w.end);
+    let (slope, intercept) = linear_regression(s, w.t);
     Some(intercept + slope * w.params[0])
 }
 
@@ -377,6 +383,9 @@ fn mad_over_time(s: &[Point], _: &Window) -> Option<f64> {
     if s.is_empty() {
         return None;
     }
+    if s.iter().any(|p| p.f.is_nan()) {
+        return Some(f64::NAN);
+    }
     let mut v: Vec<f64> = s.iter().map(|p| p.f).collect();
     let median = quantile(0.5, &mut v);
     let mut dev: Vec<f64> = s.iter().map(|p| (p.f - median).abs()).collect();
@@ -455,7 +464,7 @@ mod tests {
     fn rate_extrapolates_like_prometheus() {
         // 0, 10, 20 … at 1 m over a 5 m window ending at 5 m: samples at 1..5 m.
         let s = pts(&[(60_000, 10.0), (120_000, 20.0), (180_000, 30.0), (240_000, 40.0), (300_000, 50.0)]);
-        let w = Window { end: 300_000, range: 300_000, params: &[] };
+        let w = Window { t: 300_000, end: 300_000, range: 300_000, params: &[] };
         // The counter would reach zero at 0 m, exactly the window start: increase is 50.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(50.0));
         assert!((extrapolated_rate(&s, &w, true, true).unwrap() - 50.0 / 300.0).abs() < 1e-12);
@@ -464,7 +473,7 @@ mod tests {
     #[test]
     fn counter_resets_are_added_back() {
         let s = pts(&[(0, 5.0), (1000, 7.0), (2000, 1.0)]);
-        let w = Window { end: 2000, range: 2000, params: &[] };
+        let w = Window { t: 2000, end: 2000, range: 2000, params: &[] };
         // 7 - 5 + 1 = 3 over the whole (exactly covered) window.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(3.0));
         assert_eq!(resets(&s, &w), Some(1.0));
@@ -474,7 +483,7 @@ mod tests {
     #[test]
     fn regression_of_a_line() {
         let s = pts(&[(0, 1.0), (1000, 3.0), (2000, 5.0)]);
-        let w = Window { end: 2000, range: 3000, params: &[1.0] };
+        let w = Window { t: 2000, end: 2000, range: 3000, params: &[1.0] };
         assert_eq!(deriv(&s, &w), Some(2.0));
         assert_eq!(predict_linear(&s, &w), Some(7.0));
     }

@@ -105,7 +105,8 @@ pub fn run_file(text: &str) -> Result<Vec<CaseResult>, String> {
         }
         let start = i;
         let mut end = i + 1;
-        while end < lines.len() && !lines[end].is_empty() {
+        // `clear` has no body: the next line may start another command.
+        while end < lines.len() && !lines[end].is_empty() && !line.starts_with("clear") {
             end += 1;
         }
         let body = &lines[start + 1..end];
@@ -295,9 +296,6 @@ fn parse_number(s: &str) -> Option<f64> {
         "-inf" => return Some(f64::NEG_INFINITY),
         "nan" => return Some(f64::NAN),
         _ => {}
-    }
-    if let Some(h) = lower.strip_prefix("0x") {
-        return u64::from_str_radix(h, 16).ok().map(|v| v as f64);
     }
     if s.contains(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E') {
         return None;
