@@ -5,6 +5,9 @@
 //! (`file:line`). The test fails when a case outside that list fails, and also when a listed
 //! case passes, so the list only ever shrinks. `PROMQL_UPDATE_KNOWN=1 cargo test -p
 //! strata-promql --test conformance` rewrites the list from the current results.
+//!
+//! `PROMQL_TEST_FILE=path cargo test -p strata-promql --test conformance -- --nocapture` runs
+//! one file of one's own and prints every case's outcome (for debugging).
 
 mod promqltest;
 
@@ -19,6 +22,15 @@ fn testdata() -> PathBuf {
 
 fn known_failures_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance_known_failures.txt")
+}
+
+#[test]
+fn single_file_for_debugging() {
+    let Some(path) = std::env::var_os("PROMQL_TEST_FILE") else { return };
+    let text = std::fs::read_to_string(&path).expect("PROMQL_TEST_FILE");
+    for r in promqltest::run_file(&text).expect("valid test file") {
+        println!("{} {} {:?}", r.line, r.query, r.outcome);
+    }
 }
 
 #[test]
