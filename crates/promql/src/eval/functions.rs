@@ -144,8 +144,9 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
             map_points(ev, &args[0], ctx, |f, _| Some(if f.is_finite() { part(f as i64) } else { f64::NAN }))
         }
         "histogram_quantile" => histogram_quantile(ev, call, ctx),
-        "histogram_count" | "histogram_sum" | "histogram_avg" | "histogram_stddev" | "histogram_stdvar"
-        | "histogram_fraction" => {
+        "histogram_quantiles" => histogram_quantiles(ev, call, ctx),
+        "histogram_fraction" => histogram_fraction(ev, call, ctx),
+        "histogram_count" | "histogram_sum" | "histogram_avg" | "histogram_stddev" | "histogram_stdvar" => {
             // These read native histograms only; float samples give no result.
             let arg = args.last().expect("checked by the parser");
             let _ = ev.eval_vector(arg, ctx)?;
@@ -487,29 +488,25 @@ fn bucket_quantile(q: f64, buckets: &mut [Bucket]) -> (f64, bool) {
     (start + (end - start) * (rank / count), forced)
 }
 
-fn histogram_quantile(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
-    let q = ev.eval_scalar(&call.args[0], ctx)?;
-    if let Some(bad) = q.iter().find(|q| !(0.0..=1.0).contains(*q)) {
-        ev.warn(call.args[0].start, format!("quantile value should be between 0 and 1, got {}", fmt_float(*bad)));
-    }
-    let input = ev.eval_vector(&call.args[1], ctx)?;
-    // Group by all labels but `le`; the result drops the name too.
+/// Classic-histogram series grouped by their labels without `le`: per group the output labels
+/// (also without the name) and the buckets at each step.
+type BucketGroups = Vec<(Labels, Vec<Vec<Bucket>>)>;
+
+fn bucket_groups(ev: &Evaluator, arg: &Expr, ctx: &Ctx) -> Result<BucketGroups, EvalError> {
+    let input = ev.eval_vector(arg, ctx)?;
     let mut index: HashMap<Labels, usize> = HashMap::new();
-    let mut groups: Vec<(Labels, Vec<Vec<Bucket>>)> = Vec::new();
+    let mut groups: BucketGroups = Vec::new();
     for s in &input {
         let le = s.labels.get("le").unwrap_or("");
-        let upper = match parse_go_float(le) {
-            Some(u) => u,
-            None => {
-                ev.warn(
-                    call.args[1].start,
-                    format!(
-                        "bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {:?}",
-                        s.labels.get(METRIC_NAME).unwrap_or("")
-                    ),
-                );
-                continue;
-            }
+        let Some(upper) = parse_go_float(le) else {
+            ev.warn(
+                arg.start,
+                format!(
+                    "bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {:?}",
+                    s.labels.get(METRIC_NAME).unwrap_or("")
+                ),
+            );
+            continue;
         };
         let key = without(&s.labels, &["le"]);
         let g = *index.entry(key.clone()).or_insert_with(|| {
@@ -520,25 +517,152 @@ fn histogram_quantile(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, Eva
             groups[g].1[ctx.index(p.t)].push(Bucket { upper, count: p.f });
         }
     }
+    Ok(groups)
+}
+
+fn warn_quantile(ev: &Evaluator, pos: usize, q: &[f64]) {
+    if let Some(bad) = q.iter().find(|q| !(0.0..=1.0).contains(*q)) {
+        ev.warn(pos, format!("quantile value should be between 0 and 1, got {}", fmt_float(*bad)));
+    }
+}
+
+/// One quantile of each group's buckets at each step.
+fn quantile_series(
+    ev: &Evaluator,
+    pos: usize,
+    labels: &Labels,
+    per_step: &mut [Vec<Bucket>],
+    q: &[f64],
+    ctx: &Ctx,
+) -> Vec<Point> {
+    let mut points = Vec::new();
+    for (i, buckets) in per_step.iter_mut().enumerate() {
+        if buckets.is_empty() {
+            continue;
+        }
+        let (v, forced) = bucket_quantile(q[i], buckets);
+        if forced {
+            ev.info(
+                pos,
+                format!(
+                    "input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {:?}",
+                    labels.get(METRIC_NAME).unwrap_or("")
+                ),
+            );
+        }
+        points.push(Point { t: ctx.ts(i), f: v });
+    }
+    points
+}
+
+fn histogram_quantile(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+    let q = ev.eval_scalar(&call.args[0], ctx)?;
+    warn_quantile(ev, call.args[0].start, &q);
     let mut out = Vec::new();
-    for (labels, mut per_step) in groups {
-        let mut points = Vec::new();
-        for (i, buckets) in per_step.iter_mut().enumerate() {
-            if buckets.is_empty() {
+    for (labels, mut per_step) in bucket_groups(ev, &call.args[1], ctx)? {
+        let points = quantile_series(ev, call.args[1].start, &labels, &mut per_step, &q, ctx);
+        if !points.is_empty() {
+            out.push(Series::new(labels, points));
+        }
+    }
+    Ok(Val::Vector(out))
+}
+
+/// `histogram_quantiles(v, "label", q1, q2, …)`: one series per quantile, labelled with it.
+fn histogram_quantiles(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+    let label = ev.eval_string(&call.args[1], ctx)?;
+    let mut qs = Vec::new();
+    for a in &call.args[2..] {
+        let q = ev.eval_scalar(a, ctx)?;
+        warn_quantile(ev, a.start, &q);
+        qs.push(q);
+    }
+    let mut out = Vec::new();
+    for (labels, mut per_step) in bucket_groups(ev, &call.args[0], ctx)? {
+        for q in &qs {
+            let points = quantile_series(ev, call.args[0].start, &labels, &mut per_step, q, ctx);
+            if points.is_empty() {
                 continue;
             }
-            let (v, forced) = bucket_quantile(q[i], buckets);
-            if forced {
-                ev.info(
-                    call.args[1].start,
-                    format!(
-                        "input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {:?}",
-                        labels.get(METRIC_NAME).unwrap_or("")
-                    ),
-                );
-            }
-            points.push(Point { t: ctx.ts(i), f: v });
+            let mut b = LabelsBuilder::new(&labels);
+            b.set(label.as_str(), openmetrics_float(q[0]));
+            out.push(Series::new(b.build().map_err(|e| exec(e.to_string()))?, points));
         }
+    }
+    Ok(Val::Vector(out))
+}
+
+/// A float as OpenMetrics writes label values: integers keep a `.0` (`1.0`, `0.0`).
+fn openmetrics_float(f: f64) -> String {
+    let s = fmt_float(f);
+    if f.is_finite() && !s.contains(['.', 'e']) {
+        format!("{s}.0")
+    } else {
+        s
+    }
+}
+
+/// The fraction of observations between `lower` and `upper`, interpolating linearly inside
+/// buckets; the infinite first (below zero) and last buckets are not interpolated.
+fn bucket_fraction(lower: f64, upper: f64, buckets: &mut [Bucket]) -> f64 {
+    buckets.sort_by(|a, b| a.upper.partial_cmp(&b.upper).unwrap_or(std::cmp::Ordering::Equal));
+    if !buckets.last().is_some_and(|b| b.upper == f64::INFINITY) {
+        return f64::NAN;
+    }
+    let mut merged: Vec<Bucket> = Vec::with_capacity(buckets.len());
+    for b in buckets.iter() {
+        match merged.last_mut() {
+            Some(l) if l.upper == b.upper => l.count += b.count,
+            _ => merged.push(*b),
+        }
+    }
+    let count = merged[merged.len() - 1].count;
+    if count == 0.0 || lower.is_nan() || upper.is_nan() {
+        return f64::NAN;
+    }
+    if lower >= upper {
+        return 0.0;
+    }
+    let rank_at = |v: f64| -> f64 {
+        let mut prev = 0.0;
+        for (i, b) in merged.iter().enumerate() {
+            let lb = if i > 0 {
+                merged[i - 1].upper
+            } else if b.upper > 0.0 {
+                0.0
+            } else {
+                f64::NEG_INFINITY
+            };
+            if v <= lb {
+                return prev;
+            }
+            if v <= b.upper {
+                if v == b.upper || lb == f64::NEG_INFINITY {
+                    return b.count;
+                }
+                if b.upper == f64::INFINITY {
+                    return prev;
+                }
+                return prev + (b.count - prev) * (v - lb) / (b.upper - lb);
+            }
+            prev = b.count;
+        }
+        count
+    };
+    (rank_at(upper).min(count) - rank_at(lower).min(count)) / count
+}
+
+fn histogram_fraction(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+    let lower = ev.eval_scalar(&call.args[0], ctx)?;
+    let upper = ev.eval_scalar(&call.args[1], ctx)?;
+    let mut out = Vec::new();
+    for (labels, mut per_step) in bucket_groups(ev, &call.args[2], ctx)? {
+        let points: Vec<Point> = per_step
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, b)| !b.is_empty())
+            .map(|(i, b)| Point { t: ctx.ts(i), f: bucket_fraction(lower[i], upper[i], b) })
+            .collect();
         if !points.is_empty() {
             out.push(Series::new(labels, points));
         }

@@ -563,7 +563,8 @@ impl<'a> Evaluator<'a> {
     fn finish_names_keep(&self, mut series: Vec<Series>) -> Vec<Series> {
         for s in &mut series {
             if s.drop_name {
-                s.labels = labels::without(&s.labels, &[METRIC_NAME]);
+                // With the type-and-unit labels of metadata, they go with the name.
+                s.labels = labels::without(&s.labels, &[METRIC_NAME, "__type__", "__unit__"]);
                 s.drop_name = false;
             }
         }
