@@ -20,7 +20,9 @@ use axum::Router;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_model::{parse_selector, Labels, MatchOp, Matcher, Sample};
-use strata_tsdb::querier::{SampleIterator, Series};
+use strata_promql::ast::ValueType;
+use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput, Value as PromValue};
+use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
@@ -53,6 +55,8 @@ pub struct Limits {
     /// Samples older than this are refused (the retention: they would be deleted at once);
     /// 0 accepts any age the head takes.
     pub max_age_ms: i64,
+    /// Experimental PromQL features enabled (`--enable-feature`), off by default.
+    pub query_features: strata_promql::Features,
 }
 
 impl Default for Limits {
@@ -69,6 +73,7 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             max_future_ms: 24 * 3600 * 1000,
             max_age_ms: 0,
+            query_features: strata_promql::Features::default(),
         }
     }
 }
@@ -125,6 +130,14 @@ impl ApiError {
     }
     fn unavailable(m: impl Into<String>) -> Self {
         ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "unavailable", message: m.into() }
+    }
+    fn canceled(m: impl Into<String>) -> Self {
+        // 499 as nginx and Prometheus use for a request the client gave up on.
+        ApiError {
+            status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            kind: "canceled",
+            message: m.into(),
+        }
     }
     fn internal(m: impl Into<String>) -> Self {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "internal", message: m.into() }
@@ -616,29 +629,6 @@ fn point(t: i64, v: f64) -> Value {
     json!([format_seconds(t), format_value(v)])
 }
 
-/// A query expression the server can answer before the PromQL engine lands: a selector with an
-/// optional range (`up{job="x"}[5m]`).
-fn parse_query(q: &str) -> Result<(Vec<Matcher>, Option<i64>), ApiError> {
-    let q = q.trim();
-    let (sel, range) = match q.strip_suffix(']').and_then(|s| s.rsplit_once('[')) {
-        Some((sel, r)) => {
-            let ms = strata_model::parse_duration_ms(r)
-                .map_err(|e| ApiError::bad_data(format!("invalid range in {q:?}: {e}")))?;
-            if ms <= 0 {
-                return Err(ApiError::bad_data(format!("range in {q:?} must be positive")));
-            }
-            (sel, Some(ms))
-        }
-        None => (q, None),
-    };
-    let m = parse_selector(sel).map_err(|e| {
-        ApiError::bad_data(format!(
-            "{e} (until the PromQL engine lands, queries are limited to series selectors with an optional [range])"
-        ))
-    })?;
-    Ok((m, range))
-}
-
 /// Gives a query its slot (waiting up to the query timeout), counting and timing it.
 async fn run_query<T: Send + 'static>(
     st: &Arc<AppState>,
@@ -704,6 +694,81 @@ fn select_checked(
     db.querier(mint, maxt).limit_series(max_series).select(matchers).map_err(|e| ApiError::execution(e.to_string()))
 }
 
+/// The database as the PromQL engine sees it, with the per-query series limit.
+struct QueryStorage {
+    db: Arc<Db>,
+    max_series: usize,
+}
+
+impl strata_promql::Storage for QueryStorage {
+    fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
+        self.db
+            .querier(mint, maxt)
+            .limit_series(self.max_series)
+            .select(matchers)
+            .map_err(|e| EvalError::Storage(e.to_string()))
+    }
+}
+
+fn parse_promql(st: &AppState, q: &str) -> Result<strata_promql::ast::Expr, ApiError> {
+    strata_promql::parse_with(q, st.limits.query_features)
+        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {}", e.render(q))))
+}
+
+fn engine(st: &AppState, deadline: Instant) -> Engine {
+    Engine::new(EngineOptions {
+        lookback_ms: LOOKBACK_MS,
+        max_samples: st.limits.max_query_samples,
+        timeout: deadline.saturating_duration_since(Instant::now()),
+        ..EngineOptions::default()
+    })
+}
+
+fn eval_error(e: EvalError) -> ApiError {
+    match e {
+        EvalError::Timeout(_) => ApiError::timeout(e.to_string()),
+        EvalError::Canceled(_) => ApiError::canceled(e.to_string()),
+        _ => ApiError::execution(e.to_string()),
+    }
+}
+
+/// A PromQL result in Prometheus' JSON, with its warnings and infos rendered as Prometheus
+/// renders them.
+fn query_response(out: QueryOutput, query: &str) -> Response {
+    let data = match out.value {
+        PromValue::Scalar { t, v } => json!({"resultType": "scalar", "result": point(t, v)}),
+        PromValue::String { t, s } => json!({"resultType": "string", "result": [format_seconds(t), s]}),
+        PromValue::Vector(series) => {
+            let result: Vec<Value> = series
+                .iter()
+                .filter_map(|s| {
+                    s.points.first().map(|p| json!({"metric": labels_json(&s.labels), "value": point(p.t, p.f)}))
+                })
+                .collect();
+            json!({"resultType": "vector", "result": result})
+        }
+        PromValue::Matrix(series) => {
+            let result: Vec<Value> = series
+                .iter()
+                .map(|s| {
+                    let values: Vec<Value> = s.points.iter().map(|p| point(p.t, p.f)).collect();
+                    json!({"metric": labels_json(&s.labels), "values": values})
+                })
+                .collect();
+            json!({"resultType": "matrix", "result": result})
+        }
+    };
+    let mut body = json!({"status": "success", "data": data});
+    let (warnings, infos): (Vec<_>, Vec<_>) = out.annotations.iter().partition(|a| !a.info);
+    if !warnings.is_empty() {
+        body["warnings"] = warnings.iter().map(|a| Value::String(a.render(query))).collect();
+    }
+    if !infos.is_empty() {
+        body["infos"] = infos.iter().map(|a| Value::String(a.render(query))).collect();
+    }
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
 async fn query(
     State(st): State<Arc<AppState>>,
     method: Method,
@@ -712,53 +777,18 @@ async fn query(
     body: Body,
 ) -> ApiResult {
     let p = params(&st, &method, raw, &headers, body).await?;
-    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
-    let (matchers, range) = parse_query(q)?;
+    let q =
+        p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
+    let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
     let db = db(&st)?;
     let st2 = st.clone();
-    let data = run_query(&st, move |deadline| {
-        let mut budget = Budget::new(&st2, deadline);
-        let max_series = st2.limits.max_query_series;
-        match range {
-            Some(r) => {
-                let mut result = Vec::new();
-                for s in select_checked(&db, max_series, &matchers, t - r + 1, t)? {
-                    let pts: Vec<Value> = s
-                        .samples()
-                        .iter()
-                        .filter(|x| !strata_model::is_stale_nan(x.v))
-                        .map(|x| point(x.t, x.v))
-                        .collect();
-                    budget.take(pts.len())?;
-                    if !pts.is_empty() {
-                        result.push(json!({"metric": labels_json(&s.labels), "values": pts}));
-                    }
-                }
-                Ok(json!({"resultType": "matrix", "result": result}))
-            }
-            None => {
-                let mut result = Vec::new();
-                for s in select_checked(&db, max_series, &matchers, t - LOOKBACK_MS + 1, t)? {
-                    budget.take(1)?;
-                    let mut it = s.iter();
-                    let mut last = None;
-                    while let Some(x) = it.next() {
-                        last = Some(x);
-                    }
-                    if let Some(e) = it.err() {
-                        return Err(ApiError::execution(format!("{}: {e}", s.labels)));
-                    }
-                    if let Some(x) = last.filter(|x| !strata_model::is_stale_nan(x.v)) {
-                        result.push(json!({"metric": labels_json(&s.labels), "value": point(t, x.v)}));
-                    }
-                }
-                Ok(json!({"resultType": "vector", "result": result}))
-            }
-        }
+    let out = run_query(&st, move |deadline| {
+        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
+        engine(&st2, deadline).instant(&storage, &expr, t).map_err(eval_error)
     })
     .await?;
-    Ok(success(data))
+    Ok(query_response(out, &q))
 }
 
 async fn query_range(
@@ -769,7 +799,8 @@ async fn query_range(
     body: Body,
 ) -> ApiResult {
     let p = params(&st, &method, raw, &headers, body).await?;
-    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    let q =
+        p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
     let start = p.time("start", i64::MIN)?;
     let end = p.time("end", i64::MIN)?;
     if start == i64::MIN || end == i64::MIN {
@@ -790,46 +821,21 @@ async fn query_range(
             "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
         ));
     }
-    let (matchers, range) = parse_query(q)?;
-    if range.is_some() {
+    let expr = parse_promql(&st, &q)?;
+    if !matches!(expr.value_type(), ValueType::Scalar | ValueType::Vector) {
         return Err(ApiError::bad_data(format!(
-            "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector: {q}"
+            "invalid parameter \"query\": invalid expression type \"{}\" for range query, must be Scalar or instant Vector",
+            expr.value_type().name()
         )));
     }
     let db = db(&st)?;
     let st2 = st.clone();
-    let data = run_query(&st, move |deadline| {
-        let mut budget = Budget::new(&st2, deadline);
-        let mut result = Vec::new();
-        for s in select_checked(&db, st2.limits.max_query_series, &matchers, start - LOOKBACK_MS + 1, end)? {
-            // One pass over the series: a cursor moves forward with the steps.
-            let mut it = s.iter();
-            let mut cur: Option<Sample> = None;
-            let mut next = it.next();
-            let mut pts = Vec::new();
-            let mut ts = start;
-            while ts <= end {
-                while let Some(x) = next.filter(|x| x.t <= ts) {
-                    cur = Some(x);
-                    next = it.next();
-                }
-                if let Some(x) = cur.filter(|x| x.t > ts - LOOKBACK_MS && !strata_model::is_stale_nan(x.v)) {
-                    pts.push(point(ts, x.v));
-                }
-                ts += step;
-            }
-            if let Some(e) = it.err() {
-                return Err(ApiError::execution(format!("{}: {e}", s.labels)));
-            }
-            budget.take(pts.len())?;
-            if !pts.is_empty() {
-                result.push(json!({"metric": labels_json(&s.labels), "values": pts}));
-            }
-        }
-        Ok(json!({"resultType": "matrix", "result": result}))
+    let out = run_query(&st, move |deadline| {
+        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
+        engine(&st2, deadline).range(&storage, &expr, start, end, step).map_err(eval_error)
     })
     .await?;
-    Ok(success(data))
+    Ok(query_response(out, &q))
 }
 
 /// Series matching any of the selector `sets` (`match[]`) in `[mint, maxt]`, each once, in

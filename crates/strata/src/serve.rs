@@ -60,6 +60,26 @@ pub struct ServeArgs {
     /// Longest a client may take to send a request body; slow clients get 408 [default: 30s].
     #[arg(long = "web.read-timeout")]
     body_read_timeout: Option<String>,
+    /// Experimental PromQL features, comma-separated, named as Prometheus names them:
+    /// promql-experimental-functions, promql-duration-expr, promql-extended-range-selectors,
+    /// promql-binop-fill-modifiers.
+    #[arg(long = "enable-feature", value_delimiter = ',')]
+    enable_feature: Vec<String>,
+}
+
+/// The PromQL language features named by `--enable-feature`.
+fn promql_features(names: &[String]) -> Result<strata_promql::Features, String> {
+    let mut f = strata_promql::Features::default();
+    for n in names {
+        match n.as_str() {
+            "promql-experimental-functions" => f.experimental_functions = true,
+            "promql-duration-expr" => f.duration_expressions = true,
+            "promql-extended-range-selectors" => f.extended_range_selectors = true,
+            "promql-binop-fill-modifiers" => f.fill_modifiers = true,
+            other => return Err(format!("enable-feature: unknown feature {other:?}")),
+        }
+    }
+    Ok(f)
 }
 
 /// The effective settings, and each one's source for `/api/v1/status/flags`.
@@ -171,8 +191,12 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         )?,
         body_read_timeout: pick(f, "web.read-timeout", args.body_read_timeout.clone(), li.web_read_timeout, "30s", ms)?,
         max_age_ms: retention,
+        query_features: promql_features(&args.enable_feature)?,
         ..Limits::default()
     };
+    if !args.enable_feature.is_empty() {
+        flags.insert("enable-feature".to_owned(), args.enable_feature.join(","));
+    }
     let storage = StorageConfig {
         data_dir: args.data_dir.clone(),
         wal_fsync,

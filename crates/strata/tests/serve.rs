@@ -292,3 +292,97 @@ fn remote_write_2_0_is_negotiated_by_content_type() {
     assert_eq!(status, 400);
     assert!(resp.contains("remote write 2.0 request"), "{resp}");
 }
+
+/// PromQL through the HTTP API: functions, aggregation, binary operators, scalars and strings,
+/// annotations, errors in Prometheus' shape, and experimental syntax only when enabled.
+#[test]
+fn promql_queries_over_http() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &["--enable-feature", "promql-experimental-functions"]);
+    let t0 = now_ms() / 1000 * 1000 - 60 * 15_000;
+    let series: Vec<support::TestSeries> = (0..4)
+        .map(|i| {
+            let labels = vec![
+                ("__name__", "req_total".to_owned()),
+                ("instance", format!("host-{i}")),
+                ("job", if i < 2 { "api" } else { "web" }.to_owned()),
+            ];
+            // Counter growing by i+1 per 15 s scrape.
+            let samples = (0..=60).map(|k| (t0 + k * 15_000, (k * (i + 1)) as f64)).collect();
+            (labels, samples)
+        })
+        .collect();
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
+    assert_eq!(status, 204, "{body}");
+    let t_end = (t0 + 60 * 15_000) / 1000;
+    let get = |q: &str, extra: &str| -> serde_json::Value {
+        let path = format!("/api/v1/query?query={}&time={t_end}{extra}", urlencode(q));
+        let (status, body) = http(srv.port, "GET", &path, &[], b"");
+        assert_eq!(status, 200, "{q}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+
+    // rate per series and summed by job: job api has counters growing 1 and 2 per 15 s.
+    let v = get("sum by (job) (rate(req_total[5m]))", "");
+    assert_eq!(v["data"]["resultType"], "vector");
+    let result = v["data"]["result"].as_array().unwrap();
+    let api = result.iter().find(|r| r["metric"]["job"] == "api").unwrap();
+    let rate: f64 = api["value"][1].as_str().unwrap().parse().unwrap();
+    assert!((rate - 3.0 / 15.0).abs() < 1e-9, "{v}");
+    assert_eq!(api["metric"].as_object().unwrap().len(), 1, "only the grouping label: {v}");
+
+    // Ratio of two aggregations, topk ordering, scalar and string results.
+    let v = get("sum(rate(req_total{job=\"web\"}[5m])) / sum(rate(req_total[5m]))", "");
+    let ratio: f64 = v["data"]["result"][0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!((ratio - 7.0 / 10.0).abs() < 1e-9, "{v}");
+    let v = get("topk(2, req_total)", "");
+    let names: Vec<&str> =
+        v["data"]["result"].as_array().unwrap().iter().map(|r| r["metric"]["instance"].as_str().unwrap()).collect();
+    assert_eq!(names, ["host-3", "host-2"]);
+    let v = get("scalar(count(req_total)) * 2", "");
+    assert_eq!(v["data"]["resultType"], "scalar");
+    assert_eq!(v["data"]["result"][1], "8");
+    let v = get("\"hello\"", "");
+    assert_eq!(v["data"]["result"][1], "hello");
+
+    // A range query of an expression: one matrix series per job, 11 points.
+    let q = format!(
+        "/api/v1/query_range?query={}&start={}&end={t_end}&step=30",
+        urlencode("sum by (job) (increase(req_total[1m]))"),
+        t_end - 300
+    );
+    let (status, body) = http(srv.port, "GET", &q, &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let result = v["data"]["result"].as_array().unwrap();
+    assert_eq!(result.len(), 2, "{body}");
+    assert_eq!(result[0]["values"].as_array().unwrap().len(), 11, "{body}");
+
+    // Annotations come back as Prometheus renders them.
+    let (_, body) =
+        http(srv.port, "GET", &format!("/api/v1/query?query={}", urlencode("rate(up_gauge[5m])")), &[], b"");
+    assert!(!body.contains("infos"), "no series, no annotation: {body}");
+    let v = get("quantile(2, req_total)", "");
+    assert_eq!(v["warnings"][0], "PromQL warning: quantile value should be between 0 and 1, got 2 (1:10)", "{v}");
+    // Experimental functions are enabled on this server.
+    let v = get("sort_by_label(req_total, \"instance\")", "");
+    assert_eq!(v["data"]["result"].as_array().unwrap().len(), 4);
+
+    // Errors: syntax → bad_data with position; evaluation → execution.
+    for (q, status, kind, want) in [
+        ("rate(req_total)", 400, "bad_data", "expected type range vector in call to function \\\"rate\\\""),
+        ("sum(", 400, "bad_data", "1:5: parse error"),
+        ("req_total + on(job) req_total", 422, "execution", "many-to-many matching not allowed"),
+        ("{__name__=~\"req.*\"} offset 1m anchored", 400, "bad_data", "not enabled"),
+    ] {
+        let path = format!("/api/v1/query?query={}&time={t_end}", urlencode(q));
+        let (got, body) = http(srv.port, "GET", &path, &[], b"");
+        assert_eq!(got, status, "{q}: {body}");
+        assert!(body.contains(&format!("\"errorType\":\"{kind}\"")) && body.contains(want), "{q}: {body}");
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
