@@ -132,37 +132,90 @@ fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels 
     }
 }
 
-pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Result<Val, EvalError> {
+/// Assigns series to groups by their grouping labels, as they arrive.
+#[derive(Default)]
+struct Grouper {
+    groups: Vec<Labels>,
+    index: HashMap<Labels, usize>,
+    /// A group keeps `__name__` only when grouping by it; then the name is dropped at the end
+    /// if any member's was to be (delayed name removal).
+    drops_name: Vec<bool>,
+}
+
+impl Grouper {
+    fn assign(&mut self, s: &Series, grouping: &[String], without_: bool) -> usize {
+        let g = group_labels(&s.labels, grouping, without_);
+        let i = match self.index.get(&g) {
+            Some(&i) => i,
+            None => {
+                self.groups.push(g.clone());
+                self.drops_name.push(false);
+                self.index.insert(g, self.groups.len() - 1);
+                self.groups.len() - 1
+            }
+        };
+        self.drops_name[i] |= s.drop_name;
+        i
+    }
+}
+
+fn is_accumulating(op: AggregateOp) -> bool {
+    matches!(
+        op,
+        AggregateOp::Sum
+            | AggregateOp::Avg
+            | AggregateOp::Count
+            | AggregateOp::Min
+            | AggregateOp::Max
+            | AggregateOp::Group
+            | AggregateOp::Stddev
+            | AggregateOp::Stdvar
+    )
+}
+
+pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, EvalError> {
+    let mut grouper = Grouper::default();
+    if is_accumulating(a.op) {
+        // Streams: each input series is folded into its group's per-step accumulators and
+        // dropped, so memory is groups × steps, not input series × steps.
+        let mut accs: Vec<Vec<Acc>> = Vec::new();
+        ev.stream(&a.expr, ctx, &mut |s: Series| {
+            let g = grouper.assign(&s, &a.grouping, a.without);
+            if g == accs.len() {
+                ev.take(ctx.n, "aggregation")?;
+                accs.push(vec![Acc::default(); ctx.n]);
+            }
+            let acc = &mut accs[g];
+            for p in &s.points {
+                acc[ctx.index(p.t)].add(a.op, p.f);
+            }
+            Ok(())
+        })?;
+        let mut out = Vec::with_capacity(accs.len());
+        for ((labels, acc), drops) in grouper.groups.into_iter().zip(accs).zip(grouper.drops_name) {
+            let points: Vec<Point> = acc
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.seen)
+                .map(|(i, x)| Point { t: ctx.ts(i), f: x.result(a.op) })
+                .collect();
+            ev.release(ctx.n);
+            if !points.is_empty() {
+                ev.take(points.len(), "aggregation")?;
+                let drop_name = drops && labels.get(METRIC_NAME).is_some();
+                out.push(Series { labels, points, drop_name });
+            }
+        }
+        return Ok(Val::Vector(out));
+    }
+
     let input = ev.eval_vector(&a.expr, ctx)?;
     let input_held: usize = input.iter().map(|s| s.points.len()).sum();
-    // Assign every series to a group once.
-    let mut group_of: Vec<usize> = Vec::with_capacity(input.len());
-    let mut groups: Vec<Labels> = Vec::new();
-    // A group keeps `__name__` only when grouping by it; then the name is dropped at the end if
-    // any member's was to be (delayed name removal).
-    let mut group_drops_name: Vec<bool> = Vec::new();
-    let mut index: HashMap<Labels, usize> = HashMap::new();
-    for s in &input {
-        let g = group_labels(&s.labels, &a.grouping, a.without);
-        let i = *index.entry(g.clone()).or_insert_with(|| {
-            groups.push(g);
-            group_drops_name.push(false);
-            groups.len() - 1
-        });
-        group_drops_name[i] |= s.drop_name;
-        group_of.push(i);
-    }
-    let out = match a.op {
-        AggregateOp::Sum
-        | AggregateOp::Avg
-        | AggregateOp::Count
-        | AggregateOp::Min
-        | AggregateOp::Max
-        | AggregateOp::Group
-        | AggregateOp::Stddev
-        | AggregateOp::Stdvar => accumulate(ev, a.op, &input, &group_of, groups, ctx)?,
+    let group_of: Vec<usize> = input.iter().map(|s| grouper.assign(s, &a.grouping, a.without)).collect();
+    let groups = grouper.groups;
+    let param = a.param.as_ref().expect("the parser requires a parameter");
+    let mut out = match a.op {
         AggregateOp::TopK | AggregateOp::BottomK | AggregateOp::LimitK => {
-            let param = a.param.as_ref().expect("parser requires a parameter");
             let k = ev.eval_scalar(param, ctx)?;
             if k.iter().any(|k| k.is_nan()) {
                 return Err(exec("Parameter value is NaN"));
@@ -170,7 +223,6 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
             select_k(a.op, input, &group_of, &k, ctx)?
         }
         AggregateOp::LimitRatio => {
-            let param = a.param.as_ref().expect("parser requires a parameter");
             let r = ev.eval_scalar(param, ctx)?;
             if r.iter().any(|r| r.is_nan()) {
                 return Err(exec("Ratio value is NaN"));
@@ -178,12 +230,10 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
             limit_ratio(ev, input, &r, param.start, ctx)?
         }
         AggregateOp::Quantile => {
-            let param = a.param.as_ref().expect("parser requires a parameter");
             let q = ev.eval_scalar(param, ctx)?;
             quantiles(ev, &input, &group_of, groups, &q, param.start, ctx)
         }
         AggregateOp::CountValues => {
-            let param = a.param.as_ref().expect("parser requires a parameter");
             if let ExprKind::String(Err(bytes)) = &param.unparen().kind {
                 return Err(exec(format!("invalid label name {}", go_quote_bytes(bytes))));
             }
@@ -193,65 +243,18 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, pos: usize, ctx: &Ctx) -> Resu
             }
             count_values(&input, &group_of, groups, &label, ctx)
         }
+        _ => unreachable!("accumulating aggregations stream above"),
     };
-    let _ = pos;
-    let mut out = out;
-    if matches!(
-        a.op,
-        AggregateOp::Sum
-            | AggregateOp::Avg
-            | AggregateOp::Count
-            | AggregateOp::Min
-            | AggregateOp::Max
-            | AggregateOp::Group
-            | AggregateOp::Stddev
-            | AggregateOp::Stdvar
-            | AggregateOp::Quantile
-    ) {
+    if a.op == AggregateOp::Quantile {
         for s in &mut out {
-            if let Some(&g) = index.get(&s.labels) {
-                s.drop_name = group_drops_name[g] && s.labels.get(METRIC_NAME).is_some();
+            if let Some(&g) = grouper.index.get(&s.labels) {
+                s.drop_name = grouper.drops_name[g] && s.labels.get(METRIC_NAME).is_some();
             }
         }
     }
     ev.release(input_held);
     ev.take(out.iter().map(|s| s.points.len()).sum(), "aggregation")?;
     Ok(Val::Vector(out))
-}
-
-fn accumulate(
-    ev: &Evaluator,
-    op: AggregateOp,
-    input: &[Series],
-    group_of: &[usize],
-    groups: Vec<Labels>,
-    ctx: &Ctx,
-) -> Result<Vec<Series>, EvalError> {
-    let mut accs: Vec<Vec<Acc>> = vec![Vec::new(); groups.len()];
-    for (s, &g) in input.iter().zip(group_of) {
-        let acc = &mut accs[g];
-        if acc.is_empty() {
-            ev.take(ctx.n, "aggregation")?;
-            acc.resize(ctx.n, Acc::default());
-        }
-        for p in &s.points {
-            acc[ctx.index(p.t)].add(op, p.f);
-        }
-    }
-    let mut out = Vec::with_capacity(groups.len());
-    for (labels, acc) in groups.into_iter().zip(accs) {
-        let points: Vec<Point> = acc
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.seen)
-            .map(|(i, a)| Point { t: ctx.ts(i), f: a.result(op) })
-            .collect();
-        ev.release(ctx.n);
-        if !points.is_empty() {
-            out.push(Series::new(labels, points));
-        }
-    }
-    Ok(out)
 }
 
 /// NaN sorts below every number for topk and above for bottomk, as in Prometheus.

@@ -20,8 +20,7 @@ pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalErr
         (Val::Scalar(l), Val::Scalar(r)) => {
             Val::Scalar(l.iter().zip(&r).map(|(&a, &c)| b.op.apply_scalar(a, c)).collect())
         }
-        (Val::Vector(v), Val::Scalar(s)) => Val::Vector(vector_scalar(b, v, &s, false, ctx)),
-        (Val::Scalar(s), Val::Vector(v)) => Val::Vector(vector_scalar(b, v, &s, true, ctx)),
+
         (Val::Vector(l), Val::Vector(r)) => {
             let default = VectorMatching::default();
             let m = b.matching.as_ref().unwrap_or(&default);
@@ -37,6 +36,31 @@ pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalErr
     ev.release(held_l + held_r);
     ev.take(held(&out), "binary operation")?;
     Ok(out)
+}
+
+/// Whether the operation is a vector with a scalar (either side), which streams.
+pub(super) fn streams(b: &Binary) -> bool {
+    use crate::ast::ValueType::{Scalar, Vector};
+    matches!((b.lhs.value_type(), b.rhs.value_type()), (Vector, Scalar) | (Scalar, Vector))
+}
+
+/// A vector with a scalar: the scalar is evaluated for all steps, then the vector's series
+/// are combined with it one at a time as they stream.
+pub(super) fn stream_vector_scalar(
+    ev: &Evaluator,
+    b: &Binary,
+    ctx: &Ctx,
+    sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+) -> Result<(), EvalError> {
+    let swap = b.lhs.value_type() == crate::ast::ValueType::Scalar;
+    let (vector, scalar) = if swap { (&b.rhs, &b.lhs) } else { (&b.lhs, &b.rhs) };
+    let s = ev.eval_scalar(scalar, ctx)?;
+    ev.stream(vector, ctx, &mut |series: Series| {
+        for out in vector_scalar(b, vec![series], &s, swap, ctx) {
+            sink(out)?;
+        }
+        Ok(())
+    })
 }
 
 /// Points held by a value, for the samples budget.

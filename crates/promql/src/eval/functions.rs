@@ -15,9 +15,6 @@ use crate::value::{Point, Series};
 
 pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<Val, EvalError> {
     let name = call.func.name;
-    if range_functions::is_range_function(name) {
-        return range_functions::eval(ev, call, ctx);
-    }
     let args = &call.args;
     match name {
         "time" => Ok(Val::Scalar((0..ctx.n).map(|i| ctx.ts(i) as f64 / 1000.0).collect())),
@@ -63,18 +60,17 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         "absent_over_time" => {
             let mut present = vec![false; ctx.n];
             let count = Call { func: crate::functions::lookup("count_over_time").expect("known"), args: args.clone() };
-            if let Val::Vector(v) = range_functions::eval(ev, &count, ctx)? {
-                for s in &v {
-                    for p in &s.points {
-                        present[ctx.index(p.t)] = true;
-                    }
+            range_functions::stream(ev, &count, ctx, &mut |s| {
+                for p in &s.points {
+                    present[ctx.index(p.t)] = true;
                 }
-            }
+                Ok(())
+            })?;
             Ok(Val::Vector(absent_series(&args[0], &present, ctx)))
         }
         "timestamp" => {
             let mut v = match &args[0].unparen().kind {
-                ExprKind::Vector(sel) => ev.eval_selector(sel, ctx, true)?,
+                ExprKind::Vector(sel) => ev.collect("timestamp", |sink| ev.stream_selector(sel, ctx, true, sink))?,
                 _ => {
                     let mut v = ev.eval_vector(&args[0], ctx)?;
                     for s in &mut v {
@@ -116,25 +112,6 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         }
         "label_replace" => label_replace(ev, args, ctx),
         "label_join" => label_join(ev, args, ctx),
-        "round" => {
-            let to = if args.len() > 1 { ev.eval_scalar(&args[1], ctx)? } else { vec![1.0; ctx.n] };
-            map_points(ev, &args[0], ctx, |f, i| {
-                let inv = 1.0 / to[i];
-                Some((f * inv + 0.5).floor() / inv)
-            })
-        }
-        "clamp" => {
-            let (lo, hi) = (ev.eval_scalar(&args[1], ctx)?, ev.eval_scalar(&args[2], ctx)?);
-            map_points(ev, &args[0], ctx, |f, i| (hi[i] >= lo[i]).then(|| go_max(lo[i], go_min(hi[i], f))))
-        }
-        "clamp_min" => {
-            let lo = ev.eval_scalar(&args[1], ctx)?;
-            map_points(ev, &args[0], ctx, |f, i| Some(go_max(lo[i], f)))
-        }
-        "clamp_max" => {
-            let hi = ev.eval_scalar(&args[1], ctx)?;
-            map_points(ev, &args[0], ctx, |f, i| Some(go_min(hi[i], f)))
-        }
         "minute" | "hour" | "day_of_week" | "day_of_month" | "day_of_year" | "days_in_month" | "month" | "year" => {
             let part = date_part(name);
             if args.is_empty() {
@@ -152,11 +129,56 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
             let _ = ev.eval_vector(arg, ctx)?;
             Ok(Val::Vector(Vec::new()))
         }
-        _ => match math_function(name) {
-            Some(f) => map_points(ev, &args[0], ctx, |v, _| Some(f(v))),
-            None => Err(exec(format!("function {name:?} is not supported yet"))),
-        },
+        _ => Err(exec(format!("function {name:?} is not supported yet"))),
     }
+}
+
+/// Functions that map each point of one vector argument on its own (with per-step scalar
+/// parameters), so they can stream.
+pub(super) fn is_elementwise(name: &str) -> bool {
+    math_function(name).is_some() || matches!(name, "round" | "clamp" | "clamp_min" | "clamp_max")
+}
+
+/// Streams an element-wise function: its scalar parameters are evaluated first, then each
+/// series of the vector argument is mapped as it arrives.
+pub(super) fn stream_elementwise(
+    ev: &Evaluator,
+    call: &Call,
+    ctx: &Ctx,
+    sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+) -> Result<(), EvalError> {
+    let name = call.func.name;
+    let args = &call.args;
+    let p1 = if args.len() > 1 { ev.eval_scalar(&args[1], ctx)? } else { vec![1.0; ctx.n] };
+    let p2 = if args.len() > 2 { ev.eval_scalar(&args[2], ctx)? } else { Vec::new() };
+    let math = math_function(name);
+    let apply = |f: f64, i: usize| -> Option<f64> {
+        match name {
+            "round" => {
+                let inv = 1.0 / p1[i];
+                Some((f * inv + 0.5).floor() / inv)
+            }
+            "clamp" => (p2[i] >= p1[i]).then(|| go_max(p1[i], go_min(p2[i], f))),
+            "clamp_min" => Some(go_max(p1[i], f)),
+            "clamp_max" => Some(go_min(p1[i], f)),
+            _ => math.map(|m| m(f)),
+        }
+    };
+    ev.stream(&args[0], ctx, &mut |mut s: Series| {
+        s.points.retain_mut(|p| match apply(p.f, ctx.index(p.t)) {
+            Some(x) => {
+                p.f = x;
+                true
+            }
+            None => false,
+        });
+        s.drop_name = true;
+        if s.points.is_empty() {
+            Ok(())
+        } else {
+            sink(s)
+        }
+    })
 }
 
 /// Go's `math.Max`/`math.Min`: NaN wins.

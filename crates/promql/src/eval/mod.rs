@@ -89,6 +89,8 @@ pub struct Engine {
 
 /// Below this many series a selector is evaluated on the calling thread.
 const PARALLEL_SERIES_MIN: usize = 512;
+/// Series read and mapped in parallel before their results go to the consumer.
+const BATCH_SERIES: usize = 4096;
 
 impl Engine {
     pub fn new(opts: EngineOptions) -> Engine {
@@ -338,24 +340,39 @@ impl<'a> Evaluator<'a> {
                 }
                 _ => Err(exec("unary minus on a value that is not a scalar or vector")),
             },
-            ExprKind::Vector(sel) => Ok(Val::Vector(self.eval_selector(sel, ctx, false)?)),
-            ExprKind::Matrix(_) | ExprKind::Subquery(_) => {
-                // Only an instant query's top level (or a test) asks for raw range samples.
-                let mut out = Vec::new();
-                let spec = self.range_input(e, ctx, &mut |s: Series| {
-                    out.push(s);
-                    Ok(())
-                })?;
-                let t_end = spec.end_at(ctx.start);
-                for s in &mut out {
-                    s.points.retain(|p| p.t > t_end - spec.range && p.t <= t_end);
-                }
-                out.retain(|s| !s.points.is_empty());
-                Ok(Val::Matrix(out))
+            ExprKind::Vector(_) | ExprKind::Call(_) | ExprKind::Binary(_)
+                if e.value_type() == ValueType::Vector && self.streams(e) =>
+            {
+                Ok(Val::Vector(self.collect("query evaluation", |sink| self.stream(e, ctx, sink))?))
             }
+            ExprKind::Matrix(_) | ExprKind::Subquery(_) => {
+                // Only an instant query's top level asks for raw range samples.
+                let spec = self.range_spec(e)?;
+                let t_end = spec.end_at(ctx.start);
+                let window = |labels: &Labels, samples: &[Point], _drop: bool| {
+                    let points: Vec<Point> =
+                        samples.iter().copied().filter(|p| p.t > t_end - spec.range && p.t <= t_end).collect();
+                    Some(Series::new(labels.clone(), points))
+                };
+                Ok(Val::Matrix(self.collect("query evaluation", |sink| self.stream_range(e, ctx, window, sink))?))
+            }
+            ExprKind::Vector(_) => unreachable!("selectors stream"),
             ExprKind::Binary(b) => binary::eval(self, b, ctx),
-            ExprKind::Aggregate(a) => aggregate::eval(self, a, e.start, ctx),
+            ExprKind::Aggregate(a) => aggregate::eval(self, a, ctx),
             ExprKind::Call(c) => functions::eval(self, c, e, ctx),
+        }
+    }
+
+    /// Whether `stream` handles `e` itself (rather than evaluating it whole).
+    fn streams(&self, e: &Expr) -> bool {
+        match &e.kind {
+            ExprKind::Vector(_) => true,
+            ExprKind::Call(c) => {
+                range_functions::is_range_function(c.func.name) || functions::is_elementwise(c.func.name)
+            }
+            ExprKind::Neg(inner) => inner.value_type() == ValueType::Vector,
+            ExprKind::Binary(b) => binary::streams(b),
+            _ => false,
         }
     }
 
@@ -381,16 +398,25 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    /// Reads the series a selector matches in `[mint, maxt]` and maps each through `f`, in
-    /// parallel when there are many. Stale markers are kept (instant selectors need them).
-    fn map_selected<F>(&self, matchers: &[Matcher], mint: i64, maxt: i64, f: F) -> Result<Vec<Series>, EvalError>
+    /// Reads the series a selector matches in `[mint, maxt]`, maps each through `f` and hands
+    /// the results to `sink` in label order. `f` runs in parallel over batches of series, so
+    /// memory holds one batch of results, not the whole selection. Stale markers are kept
+    /// (instant selectors need them).
+    fn for_each_selected<F>(
+        &self,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        f: F,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError>
     where
         F: Fn(&Labels, &[Point]) -> Option<Series> + Sync,
     {
         let stored = self.st.select(matchers, mint, maxt)?;
         let run = |part: &[StoredSeries]| -> Result<Vec<Series>, EvalError> {
             let mut buf: Vec<Point> = Vec::new();
-            let mut out = Vec::new();
+            let mut out = Vec::with_capacity(part.len());
             for (i, s) in part.iter().enumerate() {
                 if i % 256 == 0 {
                     self.check("series selection")?;
@@ -405,7 +431,6 @@ impl<'a> Evaluator<'a> {
                 }
                 if let Some(r) = f(&s.labels, &buf) {
                     if !r.points.is_empty() {
-                        self.take(r.points.len(), "series selection")?;
                         out.push(r);
                     }
                 }
@@ -414,29 +439,91 @@ impl<'a> Evaluator<'a> {
         };
         let threads = self.engine.opts.parallelism.max(1);
         if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
-            return run(&stored);
+            for s in run(&stored)? {
+                sink(s)?;
+            }
+            return Ok(());
         }
-        let per = stored.len().div_ceil(threads);
-        let parts: Vec<Result<Vec<Series>, EvalError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = stored.chunks(per).map(|part| scope.spawn(|| run(part))).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(exec("evaluation thread panicked")))).collect()
-        });
-        let mut out = Vec::with_capacity(stored.len());
-        for p in parts {
-            out.extend(p?);
+        for batch in stored.chunks(BATCH_SERIES) {
+            let per = batch.len().div_ceil(threads);
+            let parts: Vec<Result<Vec<Series>, EvalError>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = batch.chunks(per).map(|part| scope.spawn(|| run(part))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(exec("evaluation thread panicked"))))
+                    .collect()
+            });
+            for p in parts {
+                for s in p? {
+                    sink(s)?;
+                }
+            }
         }
+        Ok(())
+    }
+
+    /// Collects a stream into a vector value, counting its points against the samples limit.
+    pub(crate) fn collect(
+        &self,
+        stage: &'static str,
+        produce: impl FnOnce(&mut dyn FnMut(Series) -> Result<(), EvalError>) -> Result<(), EvalError>,
+    ) -> Result<Vec<Series>, EvalError> {
+        let mut out = Vec::new();
+        produce(&mut |s: Series| {
+            self.take(s.points.len(), stage)?;
+            out.push(s);
+            Ok(())
+        })?;
         Ok(out)
+    }
+
+    /// Evaluates an instant-vector expression series by series, without holding all of them
+    /// when the expression allows: selectors, range functions, element-wise functions and
+    /// operations with a scalar stream; anything else is evaluated whole and then fed out.
+    pub(crate) fn stream(
+        &self,
+        e: &Expr,
+        ctx: &Ctx,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
+        self.check("query evaluation")?;
+        match &e.kind {
+            ExprKind::Paren(inner) => self.stream(inner, ctx, sink),
+            ExprKind::Vector(sel) => self.stream_selector(sel, ctx, false, sink),
+            ExprKind::Call(c) if range_functions::is_range_function(c.func.name) => {
+                range_functions::stream(self, c, ctx, sink)
+            }
+            ExprKind::Call(c) if functions::is_elementwise(c.func.name) => {
+                functions::stream_elementwise(self, c, ctx, sink)
+            }
+            ExprKind::Neg(inner) if inner.value_type() == ValueType::Vector => self.stream(inner, ctx, &mut |mut s| {
+                s.points.iter_mut().for_each(|p| p.f = -p.f);
+                s.drop_name = true;
+                sink(s)
+            }),
+            ExprKind::Binary(b) if binary::streams(b) => binary::stream_vector_scalar(self, b, ctx, sink),
+            _ => {
+                let v = self.eval_vector(e, ctx)?;
+                let held: usize = v.iter().map(|s| s.points.len()).sum();
+                for s in v {
+                    sink(s)?;
+                }
+                self.release(held);
+                Ok(())
+            }
+        }
     }
 
     /// An instant-vector selector at every step: the newest sample in `(t - lookback, t]`,
     /// unless it is a stale marker. With `keep_sample_time`, the point's value is the
     /// sample's timestamp in seconds (for `timestamp()`).
-    pub(crate) fn eval_selector(
+    pub(crate) fn stream_selector(
         &self,
         sel: &VectorSelector,
         ctx: &Ctx,
         keep_sample_time: bool,
-    ) -> Result<Vec<Series>, EvalError> {
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
         let offset = sel.offset.as_ref().map_or(0, |d| self.duration_ms(d));
         let at = self.at_ms(sel.at);
         let lookback = self.engine.opts.lookback_ms;
@@ -444,7 +531,7 @@ impl<'a> Evaluator<'a> {
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
         let smoothed = sel.mode == RangeMode::Smoothed;
         let maxt = if smoothed { last + lookback } else { last };
-        let series = self.map_selected(&sel.matchers, first - lookback + 1, maxt, |labels, samples| {
+        let per_series = |labels: &Labels, samples: &[Point]| {
             let mut points = Vec::new();
             let mut j = 0usize;
             for i in 0..ctx.n {
@@ -470,27 +557,46 @@ impl<'a> Evaluator<'a> {
                 points.push(Point { t: ctx.ts(i), f });
             }
             Some(Series::new(labels.clone(), points))
-        })?;
-        Ok(series)
+        };
+        self.for_each_selected(&sel.matchers, first - lookback + 1, maxt, per_series, sink)
     }
 
-    /// Feeds each series of a range selector or subquery to `sink`, with its samples (stale
-    /// markers removed) covering every window the steps of `ctx` need; returns the window.
-    pub(crate) fn range_input(
+    /// The window a range selector or subquery reads at each step.
+    pub(crate) fn range_spec(&self, e: &Expr) -> Result<RangeSpec, EvalError> {
+        match &e.unparen().kind {
+            ExprKind::Matrix(m) => Ok(RangeSpec {
+                range: self.duration_ms(&m.range),
+                offset: m.vector.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
+                at: self.at_ms(m.vector.at),
+                mode: m.vector.mode,
+            }),
+            ExprKind::Subquery(sq) => Ok(RangeSpec {
+                range: self.duration_ms(&sq.range),
+                offset: sq.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
+                at: self.at_ms(sq.at),
+                mode: RangeMode::Plain,
+            }),
+            _ => Err(exec("expected a range vector")),
+        }
+    }
+
+    /// Maps each series of a range selector or subquery through `f`, with its samples (stale
+    /// markers removed) covering every window the steps of `ctx` need, and feeds the results
+    /// to `sink`. Selector series are read and mapped in parallel batches.
+    pub(crate) fn stream_range<F>(
         &self,
         e: &Expr,
         ctx: &Ctx,
+        f: F,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
-    ) -> Result<RangeSpec, EvalError> {
+    ) -> Result<(), EvalError>
+    where
+        F: Fn(&Labels, &[Point], bool) -> Option<Series> + Sync,
+    {
+        let spec = self.range_spec(e)?;
+        let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
         match &e.unparen().kind {
             ExprKind::Matrix(m) => {
-                let spec = RangeSpec {
-                    range: self.duration_ms(&m.range),
-                    offset: m.vector.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
-                    at: self.at_ms(m.vector.at),
-                    mode: m.vector.mode,
-                };
-                let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
                 // Anchored and smoothed windows also look at samples just outside the range.
                 let lookback = self.engine.opts.lookback_ms;
                 let (mint, maxt) = match spec.mode {
@@ -498,22 +604,17 @@ impl<'a> Evaluator<'a> {
                     RangeMode::Anchored => (first - spec.range - lookback, last),
                     RangeMode::Smoothed => (first - spec.range - lookback, last + lookback),
                 };
-                let series = self.map_selected(&m.vector.matchers, mint, maxt, |labels, samples| {
-                    let points: Vec<Point> = samples.iter().copied().filter(|p| !is_stale_nan(p.f)).collect();
-                    Some(Series::new(labels.clone(), points))
-                })?;
-                for s in series {
-                    sink(s)?;
-                }
-                Ok(spec)
+                let per_series = |labels: &Labels, samples: &[Point]| {
+                    if samples.iter().any(|p| is_stale_nan(p.f)) {
+                        let kept: Vec<Point> = samples.iter().copied().filter(|p| !is_stale_nan(p.f)).collect();
+                        f(labels, &kept, false)
+                    } else {
+                        f(labels, samples, false)
+                    }
+                };
+                self.for_each_selected(&m.vector.matchers, mint, maxt, per_series, sink)
             }
             ExprKind::Subquery(sq) => {
-                let spec = RangeSpec {
-                    range: self.duration_ms(&sq.range),
-                    offset: sq.offset.as_ref().map_or(0, |d| self.duration_ms(d)),
-                    at: self.at_ms(sq.at),
-                    mode: RangeMode::Plain,
-                };
                 let step = match &sq.step {
                     Some(d) => self.duration_ms(d),
                     None => self.engine.opts.subquery_step_ms,
@@ -521,7 +622,6 @@ impl<'a> Evaluator<'a> {
                 if step <= 0 {
                     return Err(exec(format!("subquery step must be positive, got {step}ms")));
                 }
-                let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
                 // The first step-aligned time after the first window's start (Go's truncating
                 // division, as Prometheus aligns).
                 let lo = first - spec.range;
@@ -530,7 +630,7 @@ impl<'a> Evaluator<'a> {
                     start += step;
                 }
                 if start > last {
-                    return Ok(spec);
+                    return Ok(());
                 }
                 let sub = Ctx { start, step, n: ((last - start) / step) as usize + 1 };
                 let inner = match self.eval(&sq.expr, &sub)? {
@@ -541,11 +641,17 @@ impl<'a> Evaluator<'a> {
                     )],
                     _ => return Err(exec("subquery of something that is not an instant vector")),
                 };
+                let held: usize = inner.iter().map(|s| s.points.len()).sum();
                 for mut s in inner {
                     s.points.retain(|p| !is_stale_nan(p.f));
-                    sink(s)?;
+                    if let Some(r) = f(&s.labels, &s.points, s.drop_name) {
+                        if !r.points.is_empty() {
+                            sink(r)?;
+                        }
+                    }
                 }
-                Ok(spec)
+                self.release(held);
+                Ok(())
             }
             _ => Err(exec("expected a range vector")),
         }
@@ -620,3 +726,6 @@ fn val_name(v: &Val) -> &'static str {
         Val::Matrix(_) => "range vector",
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,11 +2,11 @@
 //! samples cover every step's window, and two cursors slide forward as the steps advance.
 
 use super::aggregate::{kahan_inc, quantile};
-use super::{Ctx, Evaluator, RangeSpec, Val};
+use super::{Ctx, Evaluator, RangeSpec};
 use crate::ast::{Call, Expr, RangeMode};
 use crate::error::{exec, EvalError};
 use crate::value::{Point, Series};
-use strata_model::METRIC_NAME;
+use strata_model::{Labels, METRIC_NAME};
 
 /// Per-step inputs of a range function besides the window.
 struct Window<'a> {
@@ -71,7 +71,14 @@ fn matrix_arg(name: &str) -> usize {
     }
 }
 
-pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
+/// Evaluates a range function series by series: each series' samples are read once and a
+/// window slides across the steps.
+pub(super) fn stream(
+    ev: &Evaluator,
+    call: &Call,
+    ctx: &Ctx,
+    sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+) -> Result<(), EvalError> {
     let name = call.func.name;
     let (f, keeps_name) = lookup(name).ok_or_else(|| exec(format!("unknown range function {name}")))?;
     let mi = matrix_arg(name);
@@ -101,12 +108,13 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalEr
             }
         }
     }
+    let spec = ev.range_spec(matrix)?;
     let counter_fn = matches!(name, "rate" | "increase");
-    let mut out = Vec::new();
-    let mut step_params = vec![0.0; params.len()];
-    let spec = ev.range_input(matrix, ctx, &mut |s: Series| {
+    // With `@` every window is the same; it is computed once unless a parameter still varies.
+    let pin = params.is_empty();
+    let per_series = |labels: &Labels, samples: &[Point], dropped: bool| {
         if counter_fn {
-            if let Some(n) = s.labels.get(METRIC_NAME) {
+            if let Some(n) = labels.get(METRIC_NAME) {
                 if !["_total", "_sum", "_count", "_bucket"].iter().any(|suf| n.ends_with(suf)) {
                     ev.info(
                         matrix.start,
@@ -117,26 +125,17 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalEr
                 }
             }
         }
-        out.push(s);
-        Ok(())
-    })?;
-    let mut result = Vec::with_capacity(out.len());
-    for s in out {
-        // With `@` every window is the same; it is computed once unless a parameter or the
-        // step time itself (predict_linear) still varies.
-        let pinned_ok = params.is_empty();
-        let points = slide(&s.points, ctx, &spec, pinned_ok, |window, end| {
+        let mut step_params = [0.0f64; 2];
+        let points = slide(samples, ctx, &spec, pin, |window, (end, i)| {
             for (k, p) in params.iter().enumerate() {
-                step_params[k] = p[end.1];
+                step_params[k] = p[i];
             }
-            f(window, &Window { t: ctx.ts(end.1), end: end.0, range: spec.range, params: &step_params })
+            let w = Window { t: ctx.ts(i), end, range: spec.range, params: &step_params[..params.len()] };
+            f(window, &w)
         });
-        if !points.is_empty() {
-            ev.take(points.len(), "range function")?;
-            result.push(Series { labels: s.labels, points, drop_name: !keeps_name || s.drop_name });
-        }
-    }
-    Ok(Val::Vector(result))
+        Some(Series { labels: labels.clone(), points, drop_name: !keeps_name || dropped })
+    };
+    ev.stream_range(matrix, ctx, per_series, sink)
 }
 
 /// `anchored`/`smoothed` are refused for functions that cannot use them.

@@ -1,0 +1,81 @@
+//! Engine behaviour that Prometheus' test files do not reach: parallel evaluation over many
+//! series, the samples limit, deadlines and cancellation.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use strata_model::Labels;
+use strata_tsdb::head::{Head, HeadOptions};
+
+use super::*;
+use crate::parser::{parse_with, Features};
+
+/// 3000 series in 30 jobs, one sample per 15 s over an hour, values varied per series.
+fn head() -> Head {
+    let head = Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() });
+    let mut app = head.appender();
+    for i in 0..3000 {
+        let l = Labels::from_pairs([
+            ("__name__", "m_total".to_string()),
+            ("job", format!("j{}", i % 30)),
+            ("instance", format!("i{i}")),
+        ]);
+        for k in 0..240 {
+            let v = (k * (i % 7 + 1)) as f64 + if k > 120 && i % 11 == 0 { -50.0 } else { 0.0 };
+            app.append(&l, k * 15_000, v.max(0.0)).unwrap();
+        }
+    }
+    app.commit().unwrap();
+    head
+}
+
+fn run(head: &Head, q: &str, parallelism: usize) -> Value {
+    let e = parse_with(q, Features::all()).unwrap();
+    let engine = Engine::new(EngineOptions { parallelism, ..EngineOptions::default() });
+    engine.range(head, &e, 600_000, 3_600_000, 30_000).unwrap().value
+}
+
+#[test]
+fn parallel_evaluation_matches_sequential() {
+    let head = head();
+    for q in [
+        "m_total",
+        "rate(m_total[5m])",
+        "sum by (job) (rate(m_total[5m]))",
+        "topk(3, m_total) * 2",
+        "max_over_time(m_total[10m]) - min_over_time(m_total[10m] offset 5m)",
+        "m_total / on(instance) group_left m_total",
+        "count(abs(m_total) > 100)",
+    ] {
+        let one = run(&head, q, 1);
+        let four = run(&head, q, 4);
+        assert_eq!(one, four, "{q}");
+        let Value::Matrix(m) = &one else { panic!("{q}") };
+        assert!(!m.is_empty(), "{q} selects something");
+    }
+}
+
+#[test]
+fn samples_limit_fails_the_query() {
+    let head = head();
+    let e = parse_with("m_total", Features::default()).unwrap();
+    let engine = Engine::new(EngineOptions { max_samples: 10_000, ..EngineOptions::default() });
+    let err = engine.range(&head, &e, 0, 3_600_000, 15_000).unwrap_err();
+    assert!(matches!(err, EvalError::TooManySamples(_)), "{err}");
+    // Aggregating keeps only groups × steps: the same data fits when summed.
+    let e = parse_with("sum by (job) (m_total)", Features::default()).unwrap();
+    let engine = Engine::new(EngineOptions { max_samples: 10_000, ..EngineOptions::default() });
+    assert!(engine.range(&head, &e, 0, 3_600_000, 60_000).is_ok());
+}
+
+#[test]
+fn deadline_and_cancellation() {
+    let head = head();
+    let e = parse_with("sum(rate(m_total[5m]))", Features::default()).unwrap();
+    let engine = Engine::new(EngineOptions { timeout: Duration::ZERO, ..EngineOptions::default() });
+    assert!(matches!(engine.range(&head, &e, 0, 3_600_000, 15_000), Err(EvalError::Timeout(_))));
+    let cancel = AtomicBool::new(true);
+    let engine = Engine::default();
+    let r = engine.range_with_cancel(&head, &e, 0, 3_600_000, 15_000, Some(&cancel));
+    assert!(matches!(r, Err(EvalError::Canceled(_))));
+}
