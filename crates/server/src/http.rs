@@ -21,14 +21,14 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_model::{parse_selector, Labels, MatchOp, Matcher, Sample};
 use strata_promql::ast::ValueType;
-use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput, Value as PromValue};
+use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput};
 use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
 use crate::remote::{self, DecodeError};
 use crate::textparse::{Entry, Format, Parser};
-use crate::timeparse::{format_seconds, parse_duration_param_ms, parse_time_ms};
+use crate::timeparse::{parse_duration_param_ms, parse_time_ms};
 
 /// Prometheus' default lookback for instant selectors.
 pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
@@ -625,10 +625,6 @@ fn labels_json(l: &Labels) -> Value {
     Value::Object(l.iter().map(|x| (x.name.to_string(), Value::String(x.value.to_string()))).collect())
 }
 
-fn point(t: i64, v: f64) -> Value {
-    json!([format_seconds(t), format_value(v)])
-}
-
 /// Gives a query its slot (waiting up to the query timeout), counting and timing it.
 async fn run_query<T: Send + 'static>(
     st: &Arc<AppState>,
@@ -735,38 +731,8 @@ fn eval_error(e: EvalError) -> ApiError {
 /// A PromQL result in Prometheus' JSON, with its warnings and infos rendered as Prometheus
 /// renders them.
 fn query_response(out: QueryOutput, query: &str) -> Response {
-    let data = match out.value {
-        PromValue::Scalar { t, v } => json!({"resultType": "scalar", "result": point(t, v)}),
-        PromValue::String { t, s } => json!({"resultType": "string", "result": [format_seconds(t), s]}),
-        PromValue::Vector(series) => {
-            let result: Vec<Value> = series
-                .iter()
-                .filter_map(|s| {
-                    s.points.first().map(|p| json!({"metric": labels_json(&s.labels), "value": point(p.t, p.f)}))
-                })
-                .collect();
-            json!({"resultType": "vector", "result": result})
-        }
-        PromValue::Matrix(series) => {
-            let result: Vec<Value> = series
-                .iter()
-                .map(|s| {
-                    let values: Vec<Value> = s.points.iter().map(|p| point(p.t, p.f)).collect();
-                    json!({"metric": labels_json(&s.labels), "values": values})
-                })
-                .collect();
-            json!({"resultType": "matrix", "result": result})
-        }
-    };
-    let mut body = json!({"status": "success", "data": data});
-    let (warnings, infos): (Vec<_>, Vec<_>) = out.annotations.iter().partition(|a| !a.info);
-    if !warnings.is_empty() {
-        body["warnings"] = warnings.iter().map(|a| Value::String(a.render(query))).collect();
-    }
-    if !infos.is_empty() {
-        body["infos"] = infos.iter().map(|a| Value::String(a.render(query))).collect();
-    }
-    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    let body = crate::query_json::response(&out.value, &out.annotations, query);
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn query(

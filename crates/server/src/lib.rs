@@ -7,6 +7,7 @@ pub mod config_file;
 pub mod http;
 pub mod import;
 pub mod metrics;
+pub mod query_json;
 pub mod remote;
 pub mod status;
 pub mod textparse;

@@ -74,11 +74,6 @@ fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     Some(((days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60) * 1000) + ms)
 }
 
-/// Formats milliseconds as Prometheus' JSON does: float seconds (`1435781451.781`).
-pub fn format_seconds(ms: i64) -> serde_json::Number {
-    serde_json::Number::from_f64(ms as f64 / 1000.0).unwrap_or_else(|| serde_json::Number::from(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

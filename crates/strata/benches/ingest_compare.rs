@@ -9,22 +9,21 @@
 //! reports samples/s, server CPU seconds per million samples (from /proc) and peak RSS.
 //! With `INGEST_TARGET_PORT=N` it only sends to a server already listening there (profiling).
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{proc_usage, read_response, start};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
 use strata_server::textparse::{Entry, Format, Parser};
 
 const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
 const SAMPLES_PER_REQUEST: usize = 2_000;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// One scraped sample: label pairs and value.
 type Scraped = (Vec<(String, String)>, f64);
@@ -85,27 +84,6 @@ fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize)
     (requests, total)
 }
 
-/// Reads one HTTP/1.1 response (status, body) from a keep-alive connection.
-fn read_response(r: &mut std::io::BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        r.read_line(&mut line)?;
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body)?;
-    Ok((status, body))
-}
-
 fn send_all(port: u16, path: &str, requests: &Arc<Vec<Vec<Vec<u8>>>>) -> Duration {
     let t0 = Instant::now();
     let workers: Vec<_> = (0..requests.len())
@@ -137,92 +115,6 @@ fn send_all(port: u16, path: &str, requests: &Arc<Vec<Vec<Vec<u8>>>>) -> Duratio
     t0.elapsed()
 }
 
-/// (CPU seconds, peak RSS bytes) of a process, from /proc.
-fn proc_usage(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-    let ticks = 100.0; // USER_HZ on Linux
-    let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    (cpu / ticks, hwm * 1024)
-}
-
-fn wait_ready(port: u16, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out);
-            if out.starts_with("HTTP/1.1 200") {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("server on {port} not ready");
-}
-
-struct Peer {
-    name: &'static str,
-    child: Child,
-    port: u16,
-    write_path: &'static str,
-}
-
-fn start(name: &'static str, dir: &Path) -> Option<Peer> {
-    let port = free_port();
-    std::fs::create_dir_all(dir).unwrap();
-    let (cmd, args, ready, write_path): (String, Vec<String>, &str, &str) = match name {
-        "strata" => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string(),
-            vec![
-                "serve".into(),
-                "--listen".into(),
-                format!("127.0.0.1:{port}"),
-                "--data-dir".into(),
-                dir.join("data").display().to_string(),
-            ],
-            "/-/ready",
-            "/api/v1/write",
-        ),
-        "prometheus" => {
-            let cfg = dir.join("prometheus.yml");
-            std::fs::write(&cfg, "global:\n  scrape_interval: 1m\n").unwrap();
-            (
-                "prometheus".into(),
-                vec![
-                    format!("--config.file={}", cfg.display()),
-                    format!("--storage.tsdb.path={}", dir.join("data").display()),
-                    format!("--web.listen-address=127.0.0.1:{port}"),
-                    "--web.enable-remote-write-receiver".into(),
-                ],
-                "/-/ready",
-                "/api/v1/write",
-            )
-        }
-        "victoria-metrics" => (
-            "victoria-metrics".into(),
-            vec![
-                format!("-storageDataPath={}", dir.join("data").display()),
-                format!("-httpListenAddr=127.0.0.1:{port}"),
-            ],
-            "/health",
-            "/api/v1/write",
-        ),
-        _ => unreachable!(),
-    };
-    let child = Command::new(&cmd).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
-    wait_ready(port, ready);
-    Some(Peer { name, child, port, write_path })
-}
-
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let instances = args.first().copied().unwrap_or(100);
@@ -252,7 +144,7 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     println!("{:<18} {:>12} {:>14} {:>16} {:>12}", "server", "seconds", "samples/s", "CPU s/M samples", "peak RSS MiB");
     for name in ["strata", "prometheus", "victoria-metrics"] {
-        let Some(mut peer) = start(name, &tmp.path().join(name)) else {
+        let Some(mut peer) = start(name, &tmp.path().join(name), &[]) else {
             println!("{name:<18} not found on the PATH; skipped");
             continue;
         };

@@ -1,0 +1,124 @@
+//! Helpers shared by the benchmarks that run Strata beside Prometheus and VictoriaMetrics:
+//! starting each server on a fresh directory, waiting for it, reading its CPU and memory,
+//! and a minimal HTTP/1.1 client.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Reads one HTTP/1.1 response (status, body) from a keep-alive connection.
+pub fn read_response(r: &mut std::io::BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok((status, body))
+}
+
+/// (CPU seconds, peak RSS bytes) of a process, from /proc.
+pub fn proc_usage(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    (cpu / ticks, hwm * 1024)
+}
+
+pub fn wait_ready(port: u16, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("server on {port} not ready");
+}
+
+pub struct Peer {
+    pub name: &'static str,
+    pub child: Child,
+    pub port: u16,
+    pub write_path: &'static str,
+}
+
+/// Starts a server by name on a fresh directory under `dir`, with `extra` arguments, and waits
+/// until it is ready; `None` when its binary is not installed.
+pub fn start(name: &'static str, dir: &Path, extra: &[String]) -> Option<Peer> {
+    let port = free_port();
+    std::fs::create_dir_all(dir).unwrap();
+    let (cmd, args, ready, write_path): (String, Vec<String>, &str, &str) = match name {
+        "strata" => (
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string(),
+            vec![
+                "serve".into(),
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--data-dir".into(),
+                dir.join("data").display().to_string(),
+            ],
+            "/-/ready",
+            "/api/v1/write",
+        ),
+        "prometheus" => {
+            let cfg = dir.join("prometheus.yml");
+            std::fs::write(&cfg, "global:\n  scrape_interval: 1m\n").unwrap();
+            (
+                "prometheus".into(),
+                vec![
+                    format!("--config.file={}", cfg.display()),
+                    format!("--storage.tsdb.path={}", dir.join("data").display()),
+                    format!("--web.listen-address=127.0.0.1:{port}"),
+                    "--web.enable-remote-write-receiver".into(),
+                ],
+                "/-/ready",
+                "/api/v1/write",
+            )
+        }
+        "victoria-metrics" => (
+            "victoria-metrics".into(),
+            vec![
+                format!("-storageDataPath={}", dir.join("data").display()),
+                format!("-httpListenAddr=127.0.0.1:{port}"),
+            ],
+            "/health",
+            "/api/v1/write",
+        ),
+        _ => unreachable!(),
+    };
+    let child = Command::new(&cmd).args(&args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
+    wait_ready(port, ready);
+    Some(Peer { name, child, port, write_path })
+}

@@ -1,0 +1,342 @@
+//! PromQL query latency, Strata against Prometheus and VictoriaMetrics on the same data, in one
+//! run: a dashboard mix over the node-exporter recording replicated to INSTANCES instances.
+//!
+//! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS]]` (defaults 1000, 5).
+//!
+//! Data: the recording's 600 scrapes, re-stamped 144 s apart so they span the 24 h before
+//! now (every series gets 600 samples over the day), for INSTANCES `instance` values, plus a
+//! synthetic classic histogram per instance (two handlers × 12 buckets, with `_sum` and
+//! `_count`; the recording has none) so that `histogram_quantile` has input. Each server
+//! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
+//! `victoria-metrics` with its result cache off) is started on a fresh directory and loaded by
+//! remote write in time order over 4 connections, then every query runs once to warm up and
+//! RUNS times measured; the table shows median wall time per request (HTTP, evaluation and
+//! JSON), the series each server returned, and Strata's speed-up. One server runs at a time.
+//! `QUERY_SERVERS=strata` (comma-separated) limits the servers, e.g. to profile one: each
+//! prints its PID once loaded.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::{Duration, Instant};
+
+use common::{read_response, start, Peer};
+use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
+use strata_server::textparse::{Entry, Format, Parser};
+
+const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
+const SPACING_MS: i64 = 144_000;
+const SAMPLES_PER_REQUEST: usize = 5_000;
+const CONNECTIONS: usize = 4;
+const STEP_S: i64 = 60;
+
+/// (name, query, range?, series the query reads per instance, roughly)
+const QUERIES: &[(&str, &str, bool)] = &[
+    ("rate by label", r#"rate(node_network_receive_bytes_total{device!="lo"}[10m])"#, true),
+    ("sum by instance", r#"sum by (instance) (rate(node_cpu_seconds_total{mode!="idle"}[10m]))"#, true),
+    ("ratio of two metrics", "1 - node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes", true),
+    ("topk", "topk(5, rate(node_disk_io_time_seconds_total[10m]))", true),
+    (
+        "histogram_quantile",
+        "histogram_quantile(0.99, sum by (le, handler) (rate(demo_request_duration_seconds_bucket[10m])))",
+        true,
+    ),
+    (
+        "regex selector",
+        r#"sum by (device) (rate(node_network_transmit_bytes_total{device=~"eth.*|ifb.*"}[10m]))"#,
+        true,
+    ),
+    (
+        "131k series: sum of rates",
+        r#"sum by (instance) (rate({__name__=~"node_interrupts_total|node_cpu_seconds_total|node_scrape_collector_duration_seconds"}[10m]))"#,
+        true,
+    ),
+    (
+        "180k series: count by",
+        r#"count by (instance) ({__name__=~"node_(interrupts_total|scrape_collector_.+|cpu_seconds_total)"})"#,
+        true,
+    ),
+    ("instant: sum by instance", "sum by (instance) (rate(node_cpu_seconds_total[10m]))", false),
+];
+
+/// One sample of a scrape: label pairs and value.
+type Scraped = (Vec<(String, String)>, f64);
+/// The recording as scrapes: (timestamp, samples).
+type Scrape = (i64, Vec<Scraped>);
+
+fn read_recording() -> Vec<Scrape> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDING);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
+    let mut by_time: std::collections::BTreeMap<i64, Vec<Scraped>> = Default::default();
+    for e in Parser::new(&text, Format::OpenMetrics) {
+        if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
+            let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
+            by_time.entry(t).or_default().push((pairs, value));
+        }
+    }
+    by_time.into_iter().collect()
+}
+
+/// Cumulative bucket counts of the synthetic histogram at scrape `k`.
+fn histogram_samples(k: usize, instance: usize) -> Vec<Scraped> {
+    const BOUNDS: [&str; 12] = ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"];
+    let mut out = Vec::new();
+    for (h, handler) in ["/api", "/metrics"].iter().enumerate() {
+        let mut cum = 0.0;
+        let scale = 1.0 + ((instance * 7 + h * 3) % 11) as f64 / 10.0;
+        for (b, le) in BOUNDS.iter().enumerate() {
+            // Requests per scrape in bucket b: more in the middle buckets.
+            let per_scrape = scale * (6 - (b as i64 - 5).abs()).max(1) as f64;
+            cum += per_scrape * k as f64;
+            out.push((
+                vec![
+                    ("__name__".into(), "demo_request_duration_seconds_bucket".into()),
+                    ("handler".into(), handler.to_string()),
+                    ("le".into(), le.to_string()),
+                ],
+                cum,
+            ));
+        }
+        let base = vec![("handler".to_string(), handler.to_string())];
+        let mut count = base.clone();
+        count.push(("__name__".into(), "demo_request_duration_seconds_count".into()));
+        let mut sum = base;
+        sum.push(("__name__".into(), "demo_request_duration_seconds_sum".into()));
+        out.push((count, cum));
+        out.push((sum, cum * 0.3));
+    }
+    out
+}
+
+/// Sends every sample by remote write in time order; series are sharded over connections so
+/// each series' samples stay in order. Returns the sample count.
+fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
+    let mut senders: Vec<SyncSender<Vec<u8>>> = Vec::new();
+    let mut workers = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (tx, rx) = sync_channel::<Vec<u8>>(8);
+        senders.push(tx);
+        workers.push(std::thread::spawn(move || {
+            let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream.set_nodelay(true).unwrap();
+            let mut w = stream.try_clone().unwrap();
+            let mut r = std::io::BufReader::new(stream);
+            for body in rx {
+                let head = format!(
+                    "POST /api/v1/write HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: snappy\r\n\
+                     Content-Type: application/x-protobuf\r\nX-Prometheus-Remote-Write-Version: 0.1.0\r\n\
+                     Content-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                w.write_all(head.as_bytes()).unwrap();
+                w.write_all(&body).unwrap();
+                let (status, resp) = read_response(&mut r).unwrap();
+                assert!(status / 100 == 2, "HTTP {status}: {}", String::from_utf8_lossy(&resp));
+            }
+        }));
+    }
+    let n = scrapes.len() as i64;
+    let mut batches: Vec<Vec<TimeSeries>> = vec![Vec::new(); CONNECTIONS];
+    let mut total = 0u64;
+    for (k, (_, samples)) in scrapes.iter().enumerate() {
+        let t = end_ms - (n - 1 - k as i64) * SPACING_MS;
+        for i in 0..instances {
+            let instance = format!("host-{i:05}:9100");
+            let shard = i % CONNECTIONS;
+            let extra = histogram_samples(k, i);
+            for (pairs, v) in samples.iter().chain(extra.iter()) {
+                let mut labels: Vec<Label> = pairs.iter().map(|(n, v)| Label::new(n.clone(), v.clone())).collect();
+                labels.push(Label::new("instance", instance.clone()));
+                labels.push(Label::new("job", "node"));
+                labels.sort_by(|a, b| a.name.cmp(&b.name));
+                batches[shard].push(TimeSeries {
+                    labels,
+                    samples: vec![Sample { value: *v, timestamp: t }],
+                    histograms: vec![],
+                });
+                total += 1;
+                if batches[shard].len() == SAMPLES_PER_REQUEST {
+                    let req = WriteRequest { timeseries: std::mem::take(&mut batches[shard]), metadata: vec![] };
+                    senders[shard].send(encode(&req)).unwrap();
+                }
+            }
+        }
+    }
+    for (shard, batch) in batches.into_iter().enumerate() {
+        if !batch.is_empty() {
+            senders[shard].send(encode(&WriteRequest { timeseries: batch, metadata: vec![] })).unwrap();
+        }
+    }
+    drop(senders);
+    for w in workers {
+        w.join().unwrap();
+    }
+    total
+}
+
+fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// One GET; returns (status, body, wall time).
+fn get(port: u16, path: &str) -> (u16, String, Duration) {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let (status, body) = read_chunked_or_plain(&mut r);
+    (status, body, t0.elapsed())
+}
+
+/// Reads a response that may be chunked (Prometheus, VictoriaMetrics) or sized.
+fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, String) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut chunked = false;
+    let mut len: Option<usize> = None;
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        let l = line.to_ascii_lowercase();
+        if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+            chunked = true;
+        }
+        if let Some(v) = l.strip_prefix("content-length:") {
+            len = v.trim().parse().ok();
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(n) = len {
+        body.resize(n, 0);
+        r.read_exact(&mut body).unwrap();
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let instances = args.first().copied().unwrap_or(1000);
+    let runs = args.get(1).copied().unwrap_or(5).max(1);
+    let built = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "strata", "--bin", "strata"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let scrapes = read_recording();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    // Data ends two minutes before now, on a whole minute; queries cover the 24 h before that.
+    let end_ms = (now - 120_000) / 60_000 * 60_000;
+    let end_s = end_ms / 1000;
+    let start_s = end_s - 24 * 3600;
+    let tmp = tempfile::tempdir().unwrap();
+    // results[query][server] = (median, series)
+    let servers = ["strata", "prometheus", "victoria-metrics"];
+    let mut results: Vec<Vec<Option<(Duration, usize)>>> = vec![vec![None; servers.len()]; QUERIES.len()];
+    let only: Option<Vec<String>> =
+        std::env::var("QUERY_SERVERS").ok().map(|s| s.split(',').map(String::from).collect());
+    for (si, name) in servers.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
+            continue;
+        }
+        let extra: Vec<String> = match *name {
+            "strata" => vec!["--query.max-samples".into(), "1000000000".into(), "--retention".into(), "30d".into()],
+            "prometheus" => vec!["--query.max-samples=1000000000".into(), "--storage.tsdb.retention.time=30d".into()],
+            _ => vec![
+                "-search.disableCache".into(),
+                "-search.maxUniqueTimeseries=10000000".into(),
+                "-retentionPeriod=30d".into(),
+            ],
+        };
+        let Some(mut peer): Option<Peer> = start(name, &tmp.path().join(name), &extra) else {
+            println!("{name}: not found on the PATH; skipped");
+            continue;
+        };
+        let t0 = Instant::now();
+        let samples = load(peer.port, &scrapes, instances, end_ms);
+        let load_time = t0.elapsed();
+        if *name == "victoria-metrics" {
+            let _ = get(peer.port, "/internal/force_flush");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let (cpu, rss) = common::proc_usage(peer.child.id());
+        println!(
+            "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB",
+            peer.child.id(),
+            samples as f64 / load_time.as_secs_f64(),
+            rss >> 20
+        );
+        for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
+            let path = if *range {
+                format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(q))
+            } else {
+                format!("/api/v1/query?query={}&time={end_s}", urlencode(q))
+            };
+            let (status, body, _) = get(peer.port, &path);
+            if status != 200 {
+                println!("  {label}: HTTP {status}: {}", body.chars().take(300).collect::<String>());
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let series = v["data"]["result"].as_array().map_or(0, |a| a.len());
+            let times: Vec<Duration> = (0..runs).map(|_| get(peer.port, &path).2).collect();
+            results[qi][si] = Some((median(times), series));
+        }
+        let _ = peer.child.kill();
+        let _ = peer.child.wait();
+    }
+    println!(
+        "\n{instances} instances, 24 h range at {STEP_S} s step (instant: at the end), median of {runs} runs, ms (series returned)"
+    );
+    println!(
+        "{:<28} {:>18} {:>18} {:>18} {:>10} {:>10}",
+        "query", "strata", "prometheus", "victoria-metrics", "vs prom", "vs vm"
+    );
+    let cell = |r: &Option<(Duration, usize)>| match r {
+        Some((d, n)) => format!("{:.1} ({n})", d.as_secs_f64() * 1000.0),
+        None => "-".into(),
+    };
+    for (qi, (label, _, _)) in QUERIES.iter().enumerate() {
+        let r = &results[qi];
+        let ratio = |other: &Option<(Duration, usize)>| match (&r[0], other) {
+            (Some((s, _)), Some((o, _))) => format!("{:.2}x", o.as_secs_f64() / s.as_secs_f64()),
+            _ => "-".into(),
+        };
+        println!(
+            "{label:<28} {:>18} {:>18} {:>18} {:>10} {:>10}",
+            cell(&r[0]),
+            cell(&r[1]),
+            cell(&r[2]),
+            ratio(&r[1]),
+            ratio(&r[2])
+        );
+    }
+}
