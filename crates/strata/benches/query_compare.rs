@@ -9,7 +9,8 @@
 //! `_count`; the recording has none) so that `histogram_quantile` has input. Each server
 //! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
 //! `victoria-metrics` with its result cache off) is started on a fresh directory and loaded by
-//! remote write in time order over 4 connections, then every query runs once to warm up and
+//! remote write in time order over 4 connections, left until its background work (head
+//! compaction, merges) has settled, then every query runs once to warm up and
 //! RUNS times measured; the table shows median wall time per request (HTTP, evaluation and
 //! JSON), the series each server returned, and Strata's speed-up. One server runs at a time.
 //! `QUERY_SERVERS=strata` (comma-separated) limits the servers, e.g. to profile one: each
@@ -288,6 +289,9 @@ fn main() {
             std::thread::sleep(Duration::from_secs(2));
         }
         let (cpu, rss) = common::proc_usage(peer.child.id());
+        let t_idle = Instant::now();
+        common::wait_idle(peer.child.id(), Duration::from_secs(900));
+        println!("{name}: background work after the load settled in {:.0?}", t_idle.elapsed());
         println!(
             "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB",
             peer.child.id(),

@@ -88,8 +88,9 @@ fn elem(op: BinaryOp, l: f64, r: f64) -> (f64, bool) {
 fn vector_scalar(b: &Binary, mut v: Vec<Series>, s: &[f64], swap: bool, ctx: &Ctx) -> Vec<Series> {
     let drop = is_arithmetic(b.op) || b.return_bool;
     for series in &mut v {
+        let mut steps = ctx.walker();
         series.points.retain_mut(|p| {
-            let sv = s[ctx.index(p.t)];
+            let sv = s[steps.index(p.t)];
             let (l, r) = if swap { (sv, p.f) } else { (p.f, sv) };
             let (mut val, mut keep) = elem(b.op, l, r);
             if b.op.is_comparison() && swap {

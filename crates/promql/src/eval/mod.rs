@@ -89,8 +89,8 @@ pub struct Engine {
 
 /// Below this many series a selector is evaluated on the calling thread.
 const PARALLEL_SERIES_MIN: usize = 512;
-/// Series read and mapped in parallel before their results go to the consumer.
-const BATCH_SERIES: usize = 4096;
+/// Results a selection worker may hold ahead of the consumer.
+const PIPELINE_DEPTH: usize = 16;
 
 impl Engine {
     pub fn new(opts: EngineOptions) -> Engine {
@@ -202,6 +202,29 @@ impl Ctx {
     /// The step index of timestamp `t` (which must be one of the steps).
     pub fn index(&self, t: i64) -> usize {
         ((t - self.start) / self.step) as usize
+    }
+
+    /// Finds step indexes of increasing timestamps without a division each.
+    pub fn walker(&self) -> StepWalker<'_> {
+        StepWalker { ctx: self, i: 0 }
+    }
+}
+
+/// Step indexes of a series' points, which come in step order.
+#[derive(Debug)]
+pub(crate) struct StepWalker<'a> {
+    ctx: &'a Ctx,
+    i: usize,
+}
+
+impl StepWalker<'_> {
+    #[inline]
+    pub fn index(&mut self, t: i64) -> usize {
+        while self.ctx.ts(self.i) < t {
+            self.i += 1;
+        }
+        debug_assert_eq!(self.ctx.ts(self.i), t, "points are at step times, in order");
+        self.i
     }
 }
 
@@ -414,52 +437,62 @@ impl<'a> Evaluator<'a> {
         F: Fn(&Labels, &[Point]) -> Option<Series> + Sync,
     {
         let stored = self.st.select(matchers, mint, maxt)?;
-        let run = |part: &[StoredSeries]| -> Result<Vec<Series>, EvalError> {
-            let mut buf: Vec<Point> = Vec::new();
-            let mut out = Vec::with_capacity(part.len());
-            for (i, s) in part.iter().enumerate() {
-                if i % 256 == 0 {
-                    self.check("series selection")?;
-                }
-                buf.clear();
-                let mut it = s.iter();
-                while let Some(x) = it.next() {
-                    buf.push(Point { t: x.t, f: x.v });
-                }
-                if let Some(e) = it.err() {
-                    return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
-                }
-                if let Some(r) = f(&s.labels, &buf) {
-                    if !r.points.is_empty() {
-                        out.push(r);
-                    }
-                }
+        // Reads one series and maps it; `buf` is reused across series.
+        let one = |s: &StoredSeries, buf: &mut Vec<Point>| -> Result<Option<Series>, EvalError> {
+            buf.clear();
+            let mut it = s.iter();
+            while let Some(x) = it.next() {
+                buf.push(Point { t: x.t, f: x.v });
             }
-            Ok(out)
+            if let Some(e) = it.err() {
+                return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
+            }
+            Ok(f(&s.labels, buf).filter(|r| !r.points.is_empty()))
         };
         let threads = self.engine.opts.parallelism.max(1);
         if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
-            for s in run(&stored)? {
-                sink(s)?;
+            let mut buf = Vec::new();
+            for (i, s) in stored.iter().enumerate() {
+                if i % 256 == 0 {
+                    self.check("series selection")?;
+                }
+                if let Some(r) = one(s, &mut buf)? {
+                    sink(r)?;
+                }
             }
             return Ok(());
         }
-        for batch in stored.chunks(BATCH_SERIES) {
-            let per = batch.len().div_ceil(threads);
-            let parts: Vec<Result<Vec<Series>, EvalError>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = batch.chunks(per).map(|part| scope.spawn(|| run(part))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(exec("evaluation thread panicked"))))
-                    .collect()
-            });
-            for p in parts {
-                for s in p? {
-                    sink(s)?;
+        // Worker w maps series w, w+T, w+2T, … into a small bounded channel; this thread takes
+        // from the workers in turn, so results arrive in selection order (deterministic sums)
+        // while the consumer overlaps with reading and only a few series are held at once.
+        std::thread::scope(|scope| {
+            let mut rxs = Vec::with_capacity(threads);
+            for w in 0..threads {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Option<Series>, EvalError>>(PIPELINE_DEPTH);
+                rxs.push(rx);
+                let (stored, one) = (&stored, &one);
+                scope.spawn(move || {
+                    let mut buf = Vec::new();
+                    for (k, s) in stored.iter().skip(w).step_by(threads).enumerate() {
+                        let r = if k % 128 == 0 { self.check("series selection") } else { Ok(()) };
+                        let r = r.and_then(|()| one(s, &mut buf));
+                        let failed = r.is_err();
+                        if tx.send(r).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+            }
+            for i in 0..stored.len() {
+                match rxs[i % threads].recv() {
+                    Ok(Ok(Some(r))) => sink(r)?,
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(exec("evaluation worker stopped")),
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Collects a stream into a vector value, counting its points against the samples limit.

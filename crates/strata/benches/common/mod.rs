@@ -122,3 +122,20 @@ pub fn start(name: &'static str, dir: &Path, extra: &[String]) -> Option<Peer> {
     wait_ready(port, ready);
     Some(Peer { name, child, port, write_path })
 }
+
+/// Waits until a server's background work after a load (head compaction, merges) has settled:
+/// at least 75 s (Strata and Prometheus look for head compaction once a minute), then until it
+/// uses less than 2% of a core over 5 s, or at most `max`.
+pub fn wait_idle(pid: u32, max: Duration) {
+    let deadline = Instant::now() + max;
+    std::thread::sleep(Duration::from_secs(75));
+    let mut last = proc_usage(pid).0;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_secs(5));
+        let now = proc_usage(pid).0;
+        if now - last < 0.1 {
+            return;
+        }
+        last = now;
+    }
+}
