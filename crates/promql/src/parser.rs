@@ -210,7 +210,8 @@ impl Parser {
         } else if self.ident_is("group_left") || self.ident_is("group_right") {
             return Err(self.unexpected("\"on\" or \"ignoring\" before grouping"));
         }
-        loop {
+        // `fill(`… is a modifier; a bare `fill` is a metric name (`x + fill`).
+        while self.peek_at(1) == &Tok::LParen {
             let which = if self.ident_is("fill") {
                 0
             } else if self.ident_is("fill_left") {

@@ -238,25 +238,52 @@ fn vector_vector(
     let mut out: Vec<Series> = Vec::new();
     let mut out_index: HashMap<Labels, usize> = HashMap::new();
     let drop_arith = is_arithmetic(b.op) || b.return_bool;
+    let no_ones: Vec<usize> = Vec::new();
+    let empty = Labels::empty();
+    // `fill_right(v)` stands in for a missing "one"-side sample, `fill_left(v)` for a missing
+    // "many"-side one (the sides after group_right's swap, as in Prometheus).
+    let (fill_many, fill_one) = (b.fill_left, b.fill_right);
+    let mut emit = |out: &mut Vec<Series>, labels: Labels, t: i64, fl: f64, fr: f64, dropped: bool| {
+        let (mut val, mut keep) = elem(b.op, fl, fr);
+        if b.return_bool {
+            val = if keep { 1.0 } else { 0.0 };
+            keep = true;
+        }
+        if !keep {
+            return None;
+        }
+        let idx = *out_index.entry(labels.clone()).or_insert_with(|| {
+            out.push(Series::new(labels, Vec::new()));
+            out.len() - 1
+        });
+        out[idx].points.push(Point { t, f: val });
+        out[idx].drop_name |= drop_arith || dropped;
+        Some(idx)
+    };
     for (ms, sig) in many.iter().zip(&many_sigs) {
-        let Some(ones) = one_by_sig.get(sig) else { continue };
+        let ones = one_by_sig.get(sig).unwrap_or(&no_ones);
+        if ones.is_empty() && fill_one.is_none() {
+            continue;
+        }
         ev.check("binary operation")?;
         let shared = many_count[sig] > 1 && m.card == Cardinality::OneToOne;
-        // Output series of the last "one" series this series matched.
-        let mut last: Option<(usize, usize)> = None;
+        // Result labels of the last "one" series this series matched (None: filled).
+        let mut last: Option<(Option<usize>, Labels)> = None;
         for p in &ms.points {
             let k = ctx.index(p.t);
-            let oi = if ones.len() == 1 {
-                ones[0]
-            } else {
-                match owner[sig.as_str()][k] {
-                    Some(i) => i,
-                    None => continue,
-                }
+            let oi = match ones.len() {
+                0 => None,
+                1 => Some(ones[0]),
+                _ => owner[sig.as_str()][k],
             };
-            let Some(of) = point_at(&one[oi].points, p.t) else { continue };
+            let found = oi.and_then(|oi| point_at(&one[oi].points, p.t).map(|of| (oi, of)));
+            let (oi, of) = match (found, fill_one) {
+                (Some((oi, of)), _) => (Some(oi), of),
+                (None, Some(v)) => (None, v),
+                (None, None) => continue,
+            };
             // Checked before a comparison filters, so the error does not depend on values.
-            if shared {
+            if shared && oi.is_some() {
                 let steps = matched.entry(sig.as_str()).or_insert_with(|| vec![false; ctx.n]);
                 if steps[k] {
                     return Err(exec(
@@ -265,29 +292,32 @@ fn vector_vector(
                 }
                 steps[k] = true;
             }
-            let (fl, fr) = if swapped { (of, p.f) } else { (p.f, of) };
-            let (mut val, mut keep) = elem(b.op, fl, fr);
-            if b.return_bool {
-                val = if keep { 1.0 } else { 0.0 };
-                keep = true;
-            }
-            if !keep {
-                continue;
-            }
-            let idx = match last {
-                Some((o, idx)) if o == oi => idx,
+            let labels = match &last {
+                Some((o, l)) if *o == oi => l.clone(),
                 _ => {
-                    let labels = result_labels(&ms.labels, &one[oi].labels, m);
-                    let idx = *out_index.entry(labels.clone()).or_insert_with(|| {
-                        out.push(Series::new(labels, Vec::new()));
-                        out.len() - 1
-                    });
-                    last = Some((oi, idx));
-                    idx
+                    let l = result_labels(&ms.labels, oi.map_or(&empty, |i| &one[i].labels), m);
+                    last = Some((oi, l.clone()));
+                    l
                 }
             };
-            out[idx].points.push(Point { t: p.t, f: val });
-            out[idx].drop_name |= drop_arith || ms.drop_name;
+            let (fl, fr) = if swapped { (of, p.f) } else { (p.f, of) };
+            emit(&mut out, labels, p.t, fl, fr, ms.drop_name);
+        }
+    }
+    if let Some(fill) = fill_many {
+        // "One"-side samples no "many"-side sample matched: a result labelled with the match
+        // group's labels.
+        let present = presence(&many, m, ctx);
+        for o in &one {
+            let steps = present.get(&sig_key(&o.labels, m));
+            let labels = Labels::from_sorted_unchecked(signature(&o.labels, m.on, &m.labels));
+            for p in &o.points {
+                if steps.is_some_and(|st| st[ctx.index(p.t)]) {
+                    continue;
+                }
+                let (fl, fr) = if swapped { (p.f, fill) } else { (fill, p.f) };
+                emit(&mut out, labels.clone(), p.t, fl, fr, true);
+            }
         }
     }
     for s in &mut out {
