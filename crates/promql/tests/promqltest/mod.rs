@@ -619,8 +619,89 @@ fn evaluate(
                 }
             }
         }
+        // @-modifier variants (README 6.4.2): every selector and subquery pinned to the eval
+        // time must give the same result from other evaluation times. Values only: the
+        // annotations' positions refer to the rewritten text upstream.
+        let t = x.range_vector.map_or(t, |(_, t2, _)| t2);
+        if let Some(pinned) = pinned_to(expr, t) {
+            let times = if t == 0 { vec![-1000, 0, 1000] } else { vec![-10 * t, 0, t / 5, t, 10 * t] };
+            for at in times {
+                let result = match engine.instant(head, &pinned, at) {
+                    Ok(out) => out.value,
+                    Err(e) => return Outcome::Failed(format!("@ variant evaluated at {at}ms failed: {e}")),
+                };
+                if let Err(e) = check_instant(x, &result, t) {
+                    return Outcome::Failed(format!("@ variant evaluated at {at}ms: {e}"));
+                }
+            }
+        }
     }
     Outcome::Passed
+}
+
+/// Functions whose result depends on the evaluation time even when their inputs are pinned.
+const AT_UNSAFE_FUNCTIONS: &[&str] = &[
+    "time",
+    "timestamp",
+    "minute",
+    "hour",
+    "day_of_week",
+    "day_of_month",
+    "day_of_year",
+    "days_in_month",
+    "month",
+    "year",
+    "predict_linear",
+    "start",
+    "end",
+    "range",
+    "step",
+];
+
+/// `expr` with `@ t` on every selector and subquery that has none (not inside a subquery
+/// that has one), as the upstream harness rewrites it; None when the expression uses a
+/// function that depends on the evaluation time.
+fn pinned_to(expr: &strata_promql::ast::Expr, t: i64) -> Option<strata_promql::ast::Expr> {
+    use strata_promql::ast::{At, ExprKind as K};
+    let mut unsafe_fn = false;
+    expr.walk(&mut |e| {
+        if let K::Call(c) = &e.kind {
+            unsafe_fn |= AT_UNSAFE_FUNCTIONS.contains(&c.func.name);
+        }
+    });
+    if unsafe_fn {
+        return None;
+    }
+    fn pin(e: &mut strata_promql::ast::Expr, t: i64) {
+        match &mut e.kind {
+            K::Vector(v) => {
+                v.at.get_or_insert(At::Ms(t));
+            }
+            K::Matrix(m) => {
+                m.vector.at.get_or_insert(At::Ms(t));
+            }
+            // A subquery gets the time; what is inside it keeps its own.
+            K::Subquery(s) => {
+                s.at.get_or_insert(At::Ms(t));
+            }
+            K::Paren(x) | K::Neg(x) => pin(x, t),
+            K::Binary(b) => {
+                pin(&mut b.lhs, t);
+                pin(&mut b.rhs, t);
+            }
+            K::Aggregate(a) => {
+                if let Some(p) = &mut a.param {
+                    pin(p, t);
+                }
+                pin(&mut a.expr, t);
+            }
+            K::Call(c) => c.args.iter_mut().for_each(|a| pin(a, t)),
+            K::Number(_) | K::String(_) => {}
+        }
+    }
+    let mut e = expr.clone();
+    pin(&mut e, t);
+    Some(e)
 }
 
 fn check_error(x: &Expectations, msg: &str) -> Outcome {
