@@ -328,6 +328,10 @@ impl<'a> Evaluator<'a> {
         self.held.fetch_sub(n.min(self.held.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
+    pub(crate) fn lookback(&self) -> i64 {
+        self.engine.opts.lookback_ms
+    }
+
     fn duration_ms(&self, d: &Duration) -> i64 {
         d.ms(self.query_step, self.query_end - self.query_start)
     }

@@ -17,6 +17,11 @@ struct Window<'a> {
     range: i64,
     /// Scalar parameters at this step.
     params: &'a [f64],
+    /// The last sample at or before the window's start, within the lookback (anchored and
+    /// smoothed windows read it).
+    before: Option<Point>,
+    /// The first sample after the window's end, within the lookback (smoothed windows).
+    after: Option<Point>,
 }
 
 type RangeFn = fn(&[Point], &Window) -> Option<f64>;
@@ -109,6 +114,7 @@ pub(super) fn stream(
         }
     }
     let spec = ev.range_spec(matrix)?;
+    let lookback = ev.lookback();
     let counter_fn = matches!(name, "rate" | "increase");
     // With `@` every window is the same; it is computed once unless a parameter still varies.
     let pin = params.is_empty();
@@ -126,12 +132,22 @@ pub(super) fn stream(
             }
         }
         let mut step_params = [0.0f64; 2];
-        let points = slide(samples, ctx, &spec, pin, |window, (end, i)| {
+        let points = slide(samples, ctx, &spec, pin, lookback, |window, e| {
             for (k, p) in params.iter().enumerate() {
-                step_params[k] = p[i];
+                step_params[k] = p[e.step];
             }
-            let w = Window { t: ctx.ts(i), end, range: spec.range, params: &step_params[..params.len()] };
-            f(window, &w)
+            let w = Window {
+                t: ctx.ts(e.step),
+                end: e.end,
+                range: spec.range,
+                params: &step_params[..params.len()],
+                before: e.before,
+                after: e.after,
+            };
+            match spec.mode {
+                RangeMode::Plain => f(window, &w),
+                mode => extended(name, mode, window, &w),
+            }
         });
         Some(Series { labels: labels.clone(), points, drop_name: !keeps_name || dropped })
     };
@@ -158,14 +174,24 @@ fn check_mode(matrix: &Expr, name: &str) -> Result<(), EvalError> {
     Ok(())
 }
 
-/// Calls `f` with each step's window `(end - range, end]` of `samples`, advancing two cursors;
-/// `f` also gets `(end, step index)`. With `@`, every step has the same window, computed once.
+/// Where a window ends, at which step, and its neighbouring samples.
+#[derive(Debug, Clone, Copy)]
+struct Edges {
+    end: i64,
+    step: usize,
+    before: Option<Point>,
+    after: Option<Point>,
+}
+
+/// Calls `f` with each step's window `(end - range, end]` of `samples`, advancing two cursors.
+/// With `@`, every step has the same window, computed once.
 fn slide(
     samples: &[Point],
     ctx: &Ctx,
     spec: &RangeSpec,
     pin: bool,
-    mut f: impl FnMut(&[Point], (i64, usize)) -> Option<f64>,
+    lookback: i64,
+    mut f: impl FnMut(&[Point], Edges) -> Option<f64>,
 ) -> Vec<Point> {
     let mut points = Vec::new();
     let (mut lo, mut hi) = (0usize, 0usize);
@@ -182,7 +208,9 @@ fn slide(
             while lo < hi && samples[lo].t <= start {
                 lo += 1;
             }
-            let v = f(&samples[lo..hi], (end, i));
+            let before = lo.checked_sub(1).map(|k| samples[k]).filter(|p| p.t > start - lookback);
+            let after = samples.get(hi).copied().filter(|p| p.t < end + lookback);
+            let v = f(&samples[lo..hi], Edges { end, step: i, before, after });
             if spec.at.is_some() && pin {
                 pinned = Some(v);
             }
@@ -237,6 +265,74 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
         factor /= w.range as f64 / 1000.0;
     }
     Some(result * factor)
+}
+
+/// `anchored` and `smoothed` windows (experimental extended range selectors), without
+/// extrapolation:
+/// - anchored: the window's samples preceded by the last sample at or before its start (the
+///   anchor), so `increase` is the change since the value the window started from;
+/// - smoothed: the values at the window's start and end are interpolated between the samples
+///   either side of them (for counters, across a reset from zero), and stand for the edges.
+///
+/// `rate` is `increase` over the range; counters are corrected for resets.
+fn extended(name: &str, mode: RangeMode, s: &[Point], w: &Window) -> Option<f64> {
+    let counter = matches!(name, "rate" | "increase");
+    let mut seq: Vec<f64> = Vec::with_capacity(s.len() + 2);
+    match mode {
+        RangeMode::Anchored => {
+            if s.is_empty() {
+                return None;
+            }
+            seq.extend(w.before.map(|p| p.f));
+            seq.extend(s.iter().map(|p| p.f));
+        }
+        _ => {
+            let start = w.end - w.range;
+            let first_after_start = s.first().copied().or(w.after)?;
+            let start_v = match w.before {
+                Some(b) => interpolate(b, first_after_start, start, counter),
+                None => first_after_start.f,
+            };
+            let last_before_end = s.last().copied().or(w.before)?;
+            let end_v = match w.after {
+                Some(a) if last_before_end.t < w.end => interpolate(last_before_end, a, w.end, counter),
+                _ => last_before_end.f,
+            };
+            seq.push(start_v);
+            seq.extend(s.iter().map(|p| p.f));
+            seq.push(end_v);
+        }
+    }
+    let (first, last) = (*seq.first()?, *seq.last()?);
+    Some(match name {
+        "delta" => last - first,
+        "increase" | "rate" => {
+            let mut v = last - first;
+            for pair in seq.windows(2) {
+                if pair[1] < pair[0] {
+                    v += pair[0];
+                }
+            }
+            if name == "rate" {
+                v / (w.range as f64 / 1000.0)
+            } else {
+                v
+            }
+        }
+        "changes" => seq.windows(2).filter(|p| p[1] != p[0] && !(p[0].is_nan() && p[1].is_nan())).count() as f64,
+        _ => seq.windows(2).filter(|p| p[1] < p[0]).count() as f64,
+    })
+}
+
+/// The value at `t` between samples `a` and `b`; a counter that reset in between rose from
+/// zero to `b`.
+fn interpolate(a: Point, b: Point, t: i64, counter: bool) -> f64 {
+    if b.t == a.t {
+        return b.f;
+    }
+    let frac = (t - a.t) as f64 / (b.t - a.t) as f64;
+    let from = if counter && b.f < a.f { 0.0 } else { a.f };
+    from + (b.f - from) * frac
 }
 
 /// `irate` and `idelta`: from the last two samples.
@@ -463,7 +559,7 @@ mod tests {
     fn rate_extrapolates_like_prometheus() {
         // 0, 10, 20 … at 1 m over a 5 m window ending at 5 m: samples at 1..5 m.
         let s = pts(&[(60_000, 10.0), (120_000, 20.0), (180_000, 30.0), (240_000, 40.0), (300_000, 50.0)]);
-        let w = Window { t: 300_000, end: 300_000, range: 300_000, params: &[] };
+        let w = Window { t: 300_000, end: 300_000, range: 300_000, params: &[], before: None, after: None };
         // The counter would reach zero at 0 m, exactly the window start: increase is 50.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(50.0));
         assert!((extrapolated_rate(&s, &w, true, true).unwrap() - 50.0 / 300.0).abs() < 1e-12);
@@ -472,7 +568,7 @@ mod tests {
     #[test]
     fn counter_resets_are_added_back() {
         let s = pts(&[(0, 5.0), (1000, 7.0), (2000, 1.0)]);
-        let w = Window { t: 2000, end: 2000, range: 2000, params: &[] };
+        let w = Window { t: 2000, end: 2000, range: 2000, params: &[], before: None, after: None };
         // 7 - 5 + 1 = 3 over the whole (exactly covered) window.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(3.0));
         assert_eq!(resets(&s, &w), Some(1.0));
@@ -482,7 +578,7 @@ mod tests {
     #[test]
     fn regression_of_a_line() {
         let s = pts(&[(0, 1.0), (1000, 3.0), (2000, 5.0)]);
-        let w = Window { t: 2000, end: 2000, range: 3000, params: &[1.0] };
+        let w = Window { t: 2000, end: 2000, range: 3000, params: &[1.0], before: None, after: None };
         assert_eq!(deriv(&s, &w), Some(2.0));
         assert_eq!(predict_linear(&s, &w), Some(7.0));
     }
