@@ -161,6 +161,9 @@ pub enum BinaryOp {
     And,
     Or,
     Unless,
+    /// `</` and `>/`: native-histogram bucket trimming.
+    TrimUpper,
+    TrimLower,
 }
 
 impl BinaryOp {
@@ -179,7 +182,12 @@ impl BinaryOp {
             BinaryOp::And | BinaryOp::Unless => 2,
             BinaryOp::Eql | BinaryOp::Neq | BinaryOp::Gtr | BinaryOp::Lss | BinaryOp::Gte | BinaryOp::Lte => 3,
             BinaryOp::Add | BinaryOp::Sub => 4,
-            BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod | BinaryOp::Atan2 => 5,
+            BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Mod
+            | BinaryOp::Atan2
+            | BinaryOp::TrimUpper
+            | BinaryOp::TrimLower => 5,
             BinaryOp::Pow => 6,
         }
     }
@@ -202,6 +210,8 @@ impl BinaryOp {
             BinaryOp::And => "and",
             BinaryOp::Or => "or",
             BinaryOp::Unless => "unless",
+            BinaryOp::TrimUpper => "</",
+            BinaryOp::TrimLower => ">/",
         }
     }
 

@@ -39,6 +39,10 @@ pub enum Tok {
     Assign,
     EqRegex,
     NeqRegex,
+    /// `</`: keep a native histogram's buckets below a bound.
+    TrimUpper,
+    /// `>/`: keep a native histogram's buckets above a bound.
+    TrimLower,
     Eof,
 }
 
@@ -95,10 +99,12 @@ pub fn lex(input: &str) -> Result<Vec<Token>, ParseError> {
             },
             b'>' => match b.get(i + 1) {
                 Some(b'=') => simple(Tok::Gte, 2),
+                Some(b'/') => simple(Tok::TrimLower, 2),
                 _ => simple(Tok::Gtr, 1),
             },
             b'<' => match b.get(i + 1) {
                 Some(b'=') => simple(Tok::Lte, 2),
+                Some(b'/') => simple(Tok::TrimUpper, 2),
                 _ => simple(Tok::Lss, 1),
             },
             b'"' | b'\'' | b'`' => {

@@ -43,7 +43,7 @@ pub fn parse(input: &str) -> Result<Expr, ParseError> {
 
 pub fn parse_with(input: &str, features: Features) -> Result<Expr, ParseError> {
     let toks = lex(input)?;
-    let mut p = Parser { toks, i: 0, features };
+    let mut p = Parser { toks, i: 0, features, info_selector: false };
     if p.peek() == &Tok::Eof {
         return Err(ParseError::at(0, "no expression found in input"));
     }
@@ -58,6 +58,8 @@ struct Parser {
     toks: Vec<Token>,
     i: usize,
     features: Features,
+    /// Parsing the data-label selector of `info()`, which may match the empty string only.
+    info_selector: bool,
 }
 
 fn is_aggregator(name: &str) -> bool {
@@ -132,6 +134,8 @@ impl Parser {
             Tok::Lss => BinaryOp::Lss,
             Tok::Gte => BinaryOp::Gte,
             Tok::Lte => BinaryOp::Lte,
+            Tok::TrimUpper => BinaryOp::TrimUpper,
+            Tok::TrimLower => BinaryOp::TrimLower,
             Tok::Ident(s) => match s.to_ascii_lowercase().as_str() {
                 "and" => BinaryOp::And,
                 "or" => BinaryOp::Or,
@@ -680,7 +684,7 @@ impl Parser {
                 }
             }
         }
-        if matchers.iter().all(|m| m.matches_empty()) {
+        if matchers.iter().all(|m| m.matches_empty()) && !self.info_selector {
             return Err(ParseError::at(start, "vector selector must contain at least one non-empty matcher"));
         }
         Ok(VectorSelector { name, matchers, offset: None, at: None, mode: RangeMode::Plain })
@@ -793,7 +797,10 @@ impl Parser {
                 self.next();
                 break;
             }
-            args.push(self.expr(0)?);
+            self.info_selector = func.name == "info" && args.len() == 1;
+            let arg = self.expr(0);
+            self.info_selector = false;
+            args.push(arg?);
             match self.peek() {
                 Tok::Comma => {
                     self.next();

@@ -13,6 +13,12 @@ use crate::error::{exec, EvalError};
 use crate::value::{Point, Series};
 
 pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalError> {
+    if matches!(b.op, BinaryOp::TrimUpper | BinaryOp::TrimLower) {
+        return Err(exec(format!(
+            "operator {} applies to native histograms, which are not supported yet",
+            b.op.as_str()
+        )));
+    }
     let lhs = ev.eval(&b.lhs, ctx)?;
     let rhs = ev.eval(&b.rhs, ctx)?;
     let (held_l, held_r) = (held(&lhs), held(&rhs));
@@ -41,7 +47,8 @@ pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalErr
 /// Whether the operation is a vector with a scalar (either side), which streams.
 pub(super) fn streams(b: &Binary) -> bool {
     use crate::ast::ValueType::{Scalar, Vector};
-    matches!((b.lhs.value_type(), b.rhs.value_type()), (Vector, Scalar) | (Scalar, Vector))
+    !matches!(b.op, BinaryOp::TrimUpper | BinaryOp::TrimLower)
+        && matches!((b.lhs.value_type(), b.rhs.value_type()), (Vector, Scalar) | (Scalar, Vector))
 }
 
 /// A vector with a scalar: the scalar is evaluated for all steps, then the vector's series

@@ -120,6 +120,7 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
             }
             map_points(ev, &args[0], ctx, |f, _| Some(if f.is_finite() { part(f as i64) } else { f64::NAN }))
         }
+        "info" => super::info::eval(ev, call, ctx),
         "histogram_quantile" => histogram_quantile(ev, call, ctx),
         "histogram_quantiles" => histogram_quantiles(ev, call, ctx),
         "histogram_fraction" => histogram_fraction(ev, call, ctx),

@@ -14,6 +14,7 @@
 mod aggregate;
 mod binary;
 mod functions;
+mod info;
 mod labels;
 mod range_functions;
 
@@ -497,6 +498,31 @@ impl<'a> Evaluator<'a> {
             }
             Ok(())
         })
+    }
+
+    /// Every series matching `matchers` with its raw samples in `[mint, maxt]` (stale markers
+    /// kept), one at a time on this thread.
+    pub(crate) fn stream_raw(
+        &self,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        f: &mut dyn FnMut(&Labels, &[Point]),
+    ) -> Result<(), EvalError> {
+        let mut buf = Vec::new();
+        for s in self.st.select(matchers, mint, maxt)? {
+            self.check("series selection")?;
+            buf.clear();
+            let mut it = s.iter();
+            while let Some(x) = it.next() {
+                buf.push(Point { t: x.t, f: x.v });
+            }
+            if let Some(e) = it.err() {
+                return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
+            }
+            f(&s.labels, &buf);
+        }
+        Ok(())
     }
 
     /// Collects a stream into a vector value, counting its points against the samples limit.
