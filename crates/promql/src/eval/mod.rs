@@ -444,14 +444,7 @@ impl<'a> Evaluator<'a> {
         let stored = self.st.select(matchers, mint, maxt)?;
         // Reads one series and maps it; `buf` is reused across series.
         let one = |s: &StoredSeries, buf: &mut Vec<Point>| -> Result<Option<Series>, EvalError> {
-            buf.clear();
-            let mut it = s.iter();
-            while let Some(x) = it.next() {
-                buf.push(Point { t: x.t, f: x.v });
-            }
-            if let Some(e) = it.err() {
-                return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
-            }
+            read_series(s, buf)?;
             Ok(f(&s.labels, buf).filter(|r| !r.points.is_empty()))
         };
         let threads = self.engine.opts.parallelism.max(1);
@@ -512,14 +505,7 @@ impl<'a> Evaluator<'a> {
         let mut buf = Vec::new();
         for s in self.st.select(matchers, mint, maxt)? {
             self.check("series selection")?;
-            buf.clear();
-            let mut it = s.iter();
-            while let Some(x) = it.next() {
-                buf.push(Point { t: x.t, f: x.v });
-            }
-            if let Some(e) = it.err() {
-                return Err(EvalError::Storage(format!("reading series {}: {e}", s.labels)));
-            }
+            read_series(&s, &mut buf)?;
             f(&s.labels, &buf);
         }
         Ok(())
@@ -738,6 +724,19 @@ impl<'a> Evaluator<'a> {
             }
         }
         series
+    }
+}
+
+/// A stored series' samples in its selected range, into `buf` (cleared first).
+fn read_series(s: &StoredSeries, buf: &mut Vec<Point>) -> Result<(), EvalError> {
+    buf.clear();
+    let mut it = s.iter();
+    while let Some(x) = it.next() {
+        buf.push(Point { t: x.t, f: x.v });
+    }
+    match it.err() {
+        Some(e) => Err(EvalError::Storage(format!("reading series {}: {e}", s.labels))),
+        None => Ok(()),
     }
 }
 

@@ -540,7 +540,7 @@ pub(super) fn smoothed_value(samples: &[Point], j: usize, t: i64, lookback: i64)
     let after = samples.get(j).copied().filter(|p| p.t < t + lookback && !strata_model::is_stale_nan(p.f));
     match (before, after) {
         (Some(b), _) if b.t == t => Some(b.f),
-        (Some(b), Some(a)) => Some(b.f + (a.f - b.f) * (t - b.t) as f64 / (a.t - b.t) as f64),
+        (Some(b), Some(a)) => Some(interpolate(b, a, t, false)),
         (Some(b), None) => Some(b.f),
         (None, Some(a)) => Some(a.f),
         (None, None) => None,
