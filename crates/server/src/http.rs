@@ -706,6 +706,18 @@ impl strata_promql::Storage for QueryStorage {
     }
 }
 
+/// Cancels a running query when the request handler is dropped before it finishes, which is
+/// what happens when the client goes away: the evaluation stops at its next check instead of
+/// running to the deadline for nobody.
+#[derive(Debug, Default)]
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn parse_promql(st: &AppState, q: &str) -> Result<strata_promql::ast::Expr, ApiError> {
     strata_promql::parse_with(q, st.limits.query_features)
         .map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {}", e.render(q))))
@@ -749,11 +761,14 @@ async fn query(
     let t = p.time("time", now_ms())?;
     let db = db(&st)?;
     let st2 = st.clone();
+    let cancel = CancelOnDrop::default();
+    let flag = cancel.0.clone();
     let out = run_query(&st, move |deadline| {
         let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
-        engine(&st2, deadline).instant(&storage, &expr, t).map_err(eval_error)
+        engine(&st2, deadline).instant_with_cancel(&storage, &expr, t, Some(&flag)).map_err(eval_error)
     })
     .await?;
+    drop(cancel);
     Ok(query_response(out, &q))
 }
 
@@ -796,11 +811,14 @@ async fn query_range(
     }
     let db = db(&st)?;
     let st2 = st.clone();
+    let cancel = CancelOnDrop::default();
+    let flag = cancel.0.clone();
     let out = run_query(&st, move |deadline| {
         let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
-        engine(&st2, deadline).range(&storage, &expr, start, end, step).map_err(eval_error)
+        engine(&st2, deadline).range_with_cancel(&storage, &expr, start, end, step, Some(&flag)).map_err(eval_error)
     })
     .await?;
+    drop(cancel);
     Ok(query_response(out, &q))
 }
 

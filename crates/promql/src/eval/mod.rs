@@ -354,23 +354,13 @@ impl<'a> Evaluator<'a> {
                 Err(b) => Err(exec(format!("invalid UTF-8 in string {}", labels::go_quote_bytes(b)))),
             },
             ExprKind::Paren(inner) => self.eval(inner, ctx),
-            ExprKind::Neg(inner) => match self.eval(inner, ctx)? {
-                Val::Scalar(mut s) => {
-                    s.iter_mut().for_each(|v| *v = -*v);
-                    Ok(Val::Scalar(s))
-                }
-                Val::Vector(mut series) => {
-                    for s in &mut series {
-                        s.points.iter_mut().for_each(|p| p.f = -p.f);
-                        s.drop_name = true;
-                    }
-                    Ok(Val::Vector(series))
-                }
-                _ => Err(exec("unary minus on a value that is not a scalar or vector")),
-            },
-            ExprKind::Vector(_) | ExprKind::Call(_) | ExprKind::Binary(_)
-                if e.value_type() == ValueType::Vector && self.streams(e) =>
-            {
+            ExprKind::Neg(inner) if inner.value_type() == ValueType::Scalar => {
+                let mut v = self.eval_scalar(inner, ctx)?;
+                v.iter_mut().for_each(|x| *x = -*x);
+                Ok(Val::Scalar(v))
+            }
+            // Selectors, negation, range and element-wise functions, vector/scalar operations.
+            _ if e.value_type() == ValueType::Vector && self.streams(e) => {
                 Ok(Val::Vector(self.collect("query evaluation", |sink| self.stream(e, ctx, sink))?))
             }
             ExprKind::Matrix(_) | ExprKind::Subquery(_) => {
@@ -384,7 +374,7 @@ impl<'a> Evaluator<'a> {
                 };
                 Ok(Val::Matrix(self.collect("query evaluation", |sink| self.stream_range(e, ctx, window, sink))?))
             }
-            ExprKind::Vector(_) => unreachable!("selectors stream"),
+            ExprKind::Vector(_) | ExprKind::Neg(_) => Err(exec("selector or negation of a non-vector")),
             ExprKind::Binary(b) => binary::eval(self, b, ctx),
             ExprKind::Aggregate(a) => aggregate::eval(self, a, ctx),
             ExprKind::Call(c) => functions::eval(self, c, e, ctx),
