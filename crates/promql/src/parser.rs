@@ -359,10 +359,10 @@ impl Parser {
             match self.peek() {
                 Tok::LBracket => {
                     self.next();
-                    let range = self.duration_expr("range")?;
+                    let range = self.duration_expr()?;
                     if self.peek() == &Tok::Colon {
                         self.next();
-                        let step = if self.peek() == &Tok::RBracket { None } else { Some(self.duration_expr("step")?) };
+                        let step = if self.peek() == &Tok::RBracket { None } else { Some(self.duration_expr()?) };
                         self.expect(Tok::RBracket, "\"]\"")?;
                         if e.value_type() != ValueType::Vector {
                             return Err(ParseError::at(
@@ -506,7 +506,7 @@ impl Parser {
         self.finish_duration(e, at)
     }
 
-    fn duration_expr(&mut self, _what: &str) -> Result<Duration, ParseError> {
+    fn duration_expr(&mut self) -> Result<Duration, ParseError> {
         let at = self.pos();
         let e = self.duration_binary(0)?;
         self.finish_duration(e, at)

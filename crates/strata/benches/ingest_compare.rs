@@ -18,31 +18,17 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{proc_usage, read_response, start};
+use common::{proc_usage, read_recording, read_response, start};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
-use strata_server::textparse::{Entry, Format, Parser};
 
-const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
 const SAMPLES_PER_REQUEST: usize = 2_000;
-
-/// One scraped sample: label pairs and value.
-type Scraped = (Vec<(String, String)>, f64);
 
 /// Requests per connection (series are sharded over connections, as Prometheus' remote-write
 /// shards do, so each series' samples arrive in order), and the sample count.
 fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDING);
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
     // Samples grouped by timestamp (a scrape), as a scraper would send them.
-    let mut by_time: std::collections::BTreeMap<i64, Vec<Scraped>> = Default::default();
-    for e in Parser::new(&text, Format::OpenMetrics) {
-        if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
-            let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
-            by_time.entry(t).or_default().push((pairs, value));
-        }
-    }
-    let last = *by_time.keys().last().unwrap();
+    let by_time = read_recording();
+    let last = by_time.last().unwrap().0;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let shift = now - 60_000 - last;
     let mut requests: Vec<Vec<Vec<u8>>> = vec![Vec::new(); shards];

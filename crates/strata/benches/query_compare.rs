@@ -24,11 +24,9 @@ use std::path::Path;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::time::{Duration, Instant};
 
-use common::{read_response, start, Peer};
+use common::{read_recording, read_response, start, Peer, Scrape, Scraped};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
-use strata_server::textparse::{Entry, Format, Parser};
 
-const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
 const SPACING_MS: i64 = 144_000;
 const SAMPLES_PER_REQUEST: usize = 5_000;
 const CONNECTIONS: usize = 4;
@@ -62,25 +60,6 @@ const QUERIES: &[(&str, &str, bool)] = &[
     ),
     ("instant: sum by instance", "sum by (instance) (rate(node_cpu_seconds_total[10m]))", false),
 ];
-
-/// One sample of a scrape: label pairs and value.
-type Scraped = (Vec<(String, String)>, f64);
-/// The recording as scrapes: (timestamp, samples).
-type Scrape = (i64, Vec<Scraped>);
-
-fn read_recording() -> Vec<Scrape> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDING);
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
-    let mut by_time: std::collections::BTreeMap<i64, Vec<Scraped>> = Default::default();
-    for e in Parser::new(&text, Format::OpenMetrics) {
-        if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
-            let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
-            by_time.entry(t).or_default().push((pairs, value));
-        }
-    }
-    by_time.into_iter().collect()
-}
 
 /// Cumulative bucket counts of the synthetic histogram at scrape `k`.
 fn histogram_samples(k: usize, instance: usize) -> Vec<Scraped> {

@@ -10,6 +10,30 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use strata_server::textparse::{Entry, Format, Parser};
+
+const RECORDING: &str = "../../testdata/node-exporter-600x10s.om.gz";
+
+/// One sample of a scrape: label pairs and value.
+pub type Scraped = (Vec<(String, String)>, f64);
+/// A scrape of the recording: timestamp and samples.
+pub type Scrape = (i64, Vec<Scraped>);
+
+/// The node-exporter recording as scrapes in time order.
+pub fn read_recording() -> Vec<Scrape> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDING);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
+    let mut by_time: std::collections::BTreeMap<i64, Vec<Scraped>> = Default::default();
+    for e in Parser::new(&text, Format::OpenMetrics) {
+        if let Entry::Sample { labels, value, timestamp_ms: Some(t) } = e.unwrap() {
+            let pairs = labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
+            by_time.entry(t).or_default().push((pairs, value));
+        }
+    }
+    by_time.into_iter().collect()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
