@@ -9,9 +9,8 @@
 //! reports samples/s, server CPU seconds per million samples (from /proc) and peak RSS.
 //! With `INGEST_TARGET_PORT=N` it only sends to a server already listening there (profiling).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
