@@ -1,10 +1,11 @@
 //! PromQL query latency, Strata against Prometheus and VictoriaMetrics on the same data, in one
 //! run: a dashboard mix over the node-exporter recording replicated to INSTANCES instances.
 //!
-//! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS]]` (defaults 1000, 5).
+//! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS [STRIDE]]]` (defaults
+//! 1000, 5, 1).
 //!
-//! Data: the recording's 600 scrapes, re-stamped 144 s apart so they span the 24 h before
-//! now (every series gets 600 samples over the day), for INSTANCES `instance` values, plus a
+//! Data: the recording's 600 scrapes (every STRIDE-th of them), re-stamped evenly over the
+//! 24 h before now (600 scrapes: 144 s apart), for INSTANCES `instance` values, plus a
 //! synthetic classic histogram per instance (two handlers × 12 buckets, with `_sum` and
 //! `_count`; the recording has none) so that `histogram_quantile` has input. Each server
 //! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
@@ -26,12 +27,14 @@ use std::time::{Duration, Instant};
 use common::{read_recording, read_response, start, Peer, Scrape, Scraped};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
 
-const SPACING_MS: i64 = 144_000;
+/// The recording's 600 scrapes, every `SCRAPE_STRIDE`-th kept, spread evenly over 24 h.
+const DAY_MS: i64 = 24 * 3600 * 1000;
 const SAMPLES_PER_REQUEST: usize = 5_000;
 const CONNECTIONS: usize = 4;
 const STEP_S: i64 = 60;
 
-/// (name, query, range?, series the query reads per instance, roughly)
+/// (name, query, range query?); `[10m]` stands for the rate window, about four scrape
+/// intervals.
 const QUERIES: &[(&str, &str, bool)] = &[
     ("rate by label", r#"rate(node_network_receive_bytes_total{device!="lo"}[10m])"#, true),
     ("sum by instance", r#"sum by (instance) (rate(node_cpu_seconds_total{mode!="idle"}[10m]))"#, true),
@@ -100,10 +103,12 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
         let (tx, rx) = sync_channel::<Vec<u8>>(8);
         senders.push(tx);
         workers.push(std::thread::spawn(move || {
-            let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            stream.set_nodelay(true).unwrap();
-            let mut w = stream.try_clone().unwrap();
-            let mut r = std::io::BufReader::new(stream);
+            let connect = || {
+                let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                stream.set_nodelay(true).unwrap();
+                (stream.try_clone().unwrap(), std::io::BufReader::new(stream))
+            };
+            let (mut w, mut r) = connect();
             for body in rx {
                 let head = format!(
                     "POST /api/v1/write HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: snappy\r\n\
@@ -111,10 +116,24 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
                      Content-Length: {}\r\n\r\n",
                     body.len()
                 );
-                w.write_all(head.as_bytes()).unwrap();
-                w.write_all(&body).unwrap();
-                let (status, resp) = read_response(&mut r).unwrap();
-                assert!(status / 100 == 2, "HTTP {status}: {}", String::from_utf8_lossy(&resp));
+                // VictoriaMetrics closes keep-alive connections every 2 minutes
+                // (-http.connTimeout): reconnect and send the request again.
+                let mut attempt = 0;
+                loop {
+                    let sent = w.write_all(head.as_bytes()).and_then(|()| w.write_all(&body));
+                    match sent.and_then(|()| read_response(&mut r)) {
+                        Ok((status, resp)) => {
+                            assert!(status / 100 == 2, "HTTP {status}: {}", String::from_utf8_lossy(&resp));
+                            break;
+                        }
+                        Err(e) if attempt < 3 => {
+                            attempt += 1;
+                            eprintln!("reconnecting after: {e}");
+                            (w, r) = connect();
+                        }
+                        Err(e) => panic!("remote write failed: {e}"),
+                    }
+                }
             }
         }));
     }
@@ -122,7 +141,7 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
     let mut batches: Vec<Vec<TimeSeries>> = vec![Vec::new(); CONNECTIONS];
     let mut total = 0u64;
     for (k, (_, samples)) in scrapes.iter().enumerate() {
-        let t = end_ms - (n - 1 - k as i64) * SPACING_MS;
+        let t = end_ms - (n - 1 - k as i64) * (DAY_MS / n);
         for i in 0..instances {
             let instance = format!("host-{i:05}:9100");
             let shard = i % CONNECTIONS;
@@ -230,7 +249,10 @@ fn main() {
         .status()
         .unwrap();
     assert!(built.success());
-    let scrapes = read_recording();
+    // Every stride-th scrape (default all 600); rate windows hold about four samples.
+    let stride = args.get(2).copied().unwrap_or(1).max(1);
+    let scrapes: Vec<Scrape> = read_recording().into_iter().step_by(stride).collect();
+    let window = format!("{}m", (4 * DAY_MS / scrapes.len() as i64 / 60_000).max(5));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     // Data ends two minutes before now, on a whole minute; queries cover the 24 h before that.
     let end_ms = (now - 120_000) / 60_000 * 60_000;
@@ -277,10 +299,11 @@ fn main() {
             rss >> 20
         );
         for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
+            let q = q.replace("[10m]", &format!("[{window}]"));
             let path = if *range {
-                format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(q))
+                format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(&q))
             } else {
-                format!("/api/v1/query?query={}&time={end_s}", urlencode(q))
+                format!("/api/v1/query?query={}&time={end_s}", urlencode(&q))
             };
             let (status, body, _) = get(peer.port, &path);
             if status != 200 {
@@ -290,13 +313,16 @@ fn main() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             let series = v["data"]["result"].as_array().map_or(0, |a| a.len());
             let times: Vec<Duration> = (0..runs).map(|_| get(peer.port, &path).2).collect();
-            results[qi][si] = Some((median(times), series));
+            let m = median(times);
+            println!("  {name} {label}: {:.1} ms ({series} series)", m.as_secs_f64() * 1000.0);
+            results[qi][si] = Some((m, series));
         }
         let _ = peer.child.kill();
         let _ = peer.child.wait();
     }
     println!(
-        "\n{instances} instances, 24 h range at {STEP_S} s step (instant: at the end), median of {runs} runs, ms (series returned)"
+        "\n{instances} instances, {} scrapes per series over 24 h, rate windows {window}; 24 h range at {STEP_S} s step (instant: at the end), median of {runs} runs, ms (series returned)",
+        scrapes.len()
     );
     println!(
         "{:<28} {:>18} {:>18} {:>18} {:>10} {:>10}",
