@@ -6,8 +6,8 @@
 //! case passes, so the list only ever shrinks. `PROMQL_UPDATE_KNOWN=1 cargo test -p
 //! strata-promql --test conformance` rewrites the list from the current results.
 //!
-//! `PROMQL_TEST_FILE=path cargo test -p strata-promql --test conformance -- --nocapture` runs
-//! one file of one's own and prints every case's outcome (for debugging).
+//! `PROMQL_TEST_FILE=path cargo test -p strata-promql --test conformance -- --ignored
+//! --nocapture single_file` runs one file of one's own and prints every case's outcome.
 
 mod promqltest;
 
@@ -24,9 +24,12 @@ fn known_failures_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance_known_failures.txt")
 }
 
+/// A debugging aid, not a check: `PROMQL_TEST_FILE=path cargo test -p strata-promql --test
+/// conformance -- --ignored --nocapture single_file`.
 #[test]
+#[ignore = "debugging aid: needs PROMQL_TEST_FILE"]
 fn single_file_for_debugging() {
-    let Some(path) = std::env::var_os("PROMQL_TEST_FILE") else { return };
+    let path = std::env::var_os("PROMQL_TEST_FILE").expect("set PROMQL_TEST_FILE to a test file");
     let text = std::fs::read_to_string(&path).expect("PROMQL_TEST_FILE");
     for r in promqltest::run_file(&text).expect("valid test file") {
         println!("{} {} {:?}", r.line, r.query, r.outcome);

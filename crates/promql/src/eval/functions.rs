@@ -112,13 +112,11 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         }
         "label_replace" => label_replace(ev, args, ctx),
         "label_join" => label_join(ev, args, ctx),
-        "minute" | "hour" | "day_of_week" | "day_of_month" | "day_of_year" | "days_in_month" | "month" | "year" => {
+        // With an argument these are element-wise and stream; without, they read the step time.
+        _ if args.is_empty() && is_date_function(name) => {
             let part = date_part(name);
-            if args.is_empty() {
-                let points = (0..ctx.n).map(|i| Point { t: ctx.ts(i), f: part(ctx.ts(i).div_euclid(1000)) }).collect();
-                return Ok(Val::Vector(vec![Series::new(Labels::empty(), points)]));
-            }
-            map_points(ev, &args[0], ctx, |f, _| Some(if f.is_finite() { part(f as i64) } else { f64::NAN }))
+            let points = (0..ctx.n).map(|i| Point { t: ctx.ts(i), f: part(ctx.ts(i).div_euclid(1000)) }).collect();
+            Ok(Val::Vector(vec![Series::new(Labels::empty(), points)]))
         }
         "info" => super::info::eval(ev, call, ctx),
         "histogram_quantile" => histogram_quantile(ev, call, ctx),
@@ -134,10 +132,20 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
     }
 }
 
-/// Functions that map each point of one vector argument on its own (with per-step scalar
+fn is_date_function(name: &str) -> bool {
+    matches!(
+        name,
+        "minute" | "hour" | "day_of_week" | "day_of_month" | "day_of_year" | "days_in_month" | "month" | "year"
+    )
+}
+
+/// Calls that map each point of their vector argument on its own (with per-step scalar
 /// parameters), so they can stream.
-pub(super) fn is_elementwise(name: &str) -> bool {
-    math_function(name).is_some() || matches!(name, "round" | "clamp" | "clamp_min" | "clamp_max")
+pub(super) fn is_elementwise(call: &Call) -> bool {
+    let name = call.func.name;
+    math_function(name).is_some()
+        || matches!(name, "round" | "clamp" | "clamp_min" | "clamp_max")
+        || (is_date_function(name) && !call.args.is_empty())
 }
 
 /// Streams an element-wise function: its scalar parameters are evaluated first, then each
@@ -153,7 +161,11 @@ pub(super) fn stream_elementwise(
     let p1 = if args.len() > 1 { ev.eval_scalar(&args[1], ctx)? } else { vec![1.0; ctx.n] };
     let p2 = if args.len() > 2 { ev.eval_scalar(&args[2], ctx)? } else { Vec::new() };
     let math = math_function(name);
+    let date = is_date_function(name).then(|| date_part(name));
     let apply = |f: f64, i: usize| -> Option<f64> {
+        if let Some(part) = date {
+            return Some(if f.is_finite() { part(f as i64) } else { f64::NAN });
+        }
         match name {
             "round" => {
                 let inv = 1.0 / p1[i];
@@ -166,7 +178,8 @@ pub(super) fn stream_elementwise(
         }
     };
     ev.stream(&args[0], ctx, &mut |mut s: Series| {
-        s.points.retain_mut(|p| match apply(p.f, ctx.index(p.t)) {
+        let mut steps = ctx.walker();
+        s.points.retain_mut(|p| match apply(p.f, steps.index(p.t)) {
             Some(x) => {
                 p.f = x;
                 true
@@ -234,24 +247,6 @@ fn math_function(name: &str) -> Option<fn(f64) -> f64> {
         "rad" => |v: f64| v * std::f64::consts::PI / 180.0,
         _ => return None,
     })
-}
-
-/// Applies `f(value, step index)` to every point of a vector argument; `None` drops the point.
-/// The metric name is dropped (at the end of evaluation).
-fn map_points(ev: &Evaluator, arg: &Expr, ctx: &Ctx, f: impl Fn(f64, usize) -> Option<f64>) -> Result<Val, EvalError> {
-    let mut v = ev.eval_vector(arg, ctx)?;
-    for s in &mut v {
-        s.points.retain_mut(|p| match f(p.f, ctx.index(p.t)) {
-            Some(x) => {
-                p.f = x;
-                true
-            }
-            None => false,
-        });
-        s.drop_name = true;
-    }
-    v.retain(|s| !s.points.is_empty());
-    Ok(Val::Vector(v))
 }
 
 /// `absent(x)`: `1` at the steps where `present` is false, labelled with the equality matchers

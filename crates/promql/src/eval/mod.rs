@@ -385,9 +385,7 @@ impl<'a> Evaluator<'a> {
     fn streams(&self, e: &Expr) -> bool {
         match &e.kind {
             ExprKind::Vector(_) => true,
-            ExprKind::Call(c) => {
-                range_functions::is_range_function(c.func.name) || functions::is_elementwise(c.func.name)
-            }
+            ExprKind::Call(c) => range_functions::is_range_function(c.func.name) || functions::is_elementwise(c),
             ExprKind::Neg(inner) => inner.value_type() == ValueType::Vector,
             ExprKind::Binary(b) => binary::streams(b),
             _ => false,
@@ -532,9 +530,7 @@ impl<'a> Evaluator<'a> {
             ExprKind::Call(c) if range_functions::is_range_function(c.func.name) => {
                 range_functions::stream(self, c, ctx, sink)
             }
-            ExprKind::Call(c) if functions::is_elementwise(c.func.name) => {
-                functions::stream_elementwise(self, c, ctx, sink)
-            }
+            ExprKind::Call(c) if functions::is_elementwise(c) => functions::stream_elementwise(self, c, ctx, sink),
             ExprKind::Neg(inner) if inner.value_type() == ValueType::Vector => self.stream(inner, ctx, &mut |mut s| {
                 s.points.iter_mut().for_each(|p| p.f = -p.f);
                 s.drop_name = true;
