@@ -7,7 +7,7 @@
 //! series per query, query time, and concurrent queries (queued, then 503).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -710,7 +710,7 @@ impl strata_promql::Storage for QueryStorage {
 /// what happens when the client goes away: the evaluation stops at its next check instead of
 /// running to the deadline for nobody.
 #[derive(Debug, Default)]
-struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -747,6 +747,26 @@ fn query_response(out: QueryOutput, query: &str) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// Runs one PromQL evaluation in a query slot, with the limits, deadline and a cancel flag
+/// raised if the client goes away, and renders the result.
+async fn evaluate(
+    st: &Arc<AppState>,
+    query: String,
+    run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
+) -> ApiResult {
+    let db = db(st)?;
+    let st2 = st.clone();
+    let cancel = CancelOnDrop::default();
+    let flag = cancel.0.clone();
+    let out = run_query(st, move |deadline| {
+        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
+        run(&engine(&st2, deadline), &storage, &flag).map_err(eval_error)
+    })
+    .await?;
+    drop(cancel);
+    Ok(query_response(out, &query))
+}
+
 async fn query(
     State(st): State<Arc<AppState>>,
     method: Method,
@@ -759,17 +779,7 @@ async fn query(
         p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
-    let db = db(&st)?;
-    let st2 = st.clone();
-    let cancel = CancelOnDrop::default();
-    let flag = cancel.0.clone();
-    let out = run_query(&st, move |deadline| {
-        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
-        engine(&st2, deadline).instant_with_cancel(&storage, &expr, t, Some(&flag)).map_err(eval_error)
-    })
-    .await?;
-    drop(cancel);
-    Ok(query_response(out, &q))
+    evaluate(&st, q, move |engine, storage, cancel| engine.instant_with_cancel(storage, &expr, t, Some(cancel))).await
 }
 
 async fn query_range(
@@ -809,17 +819,10 @@ async fn query_range(
             expr.value_type().name()
         )));
     }
-    let db = db(&st)?;
-    let st2 = st.clone();
-    let cancel = CancelOnDrop::default();
-    let flag = cancel.0.clone();
-    let out = run_query(&st, move |deadline| {
-        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
-        engine(&st2, deadline).range_with_cancel(&storage, &expr, start, end, step, Some(&flag)).map_err(eval_error)
+    evaluate(&st, q, move |engine, storage, cancel| {
+        engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
     })
-    .await?;
-    drop(cancel);
-    Ok(query_response(out, &q))
+    .await
 }
 
 /// Series matching any of the selector `sets` (`match[]`) in `[mint, maxt]`, each once, in
