@@ -612,13 +612,9 @@ fn now_ms() -> i64 {
 
 /// Prometheus' float formatting: shortest round-trip decimal, `NaN`, `+Inf`, `-Inf`.
 pub fn format_value(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else {
-        format!("{v}")
-    }
+    let mut s = String::new();
+    crate::query_json::sample_value(&mut s, v);
+    s
 }
 
 fn labels_json(l: &Labels) -> Value {

@@ -55,6 +55,12 @@ pub fn seconds(out: &mut String, ms: i64) {
 /// decimal that reads back to the same float.
 pub fn float(out: &mut String, v: f64) {
     out.push('"');
+    sample_value(out, v);
+    out.push('"');
+}
+
+/// A sample value as Prometheus prints it, unquoted (also the text exposition's form).
+pub fn sample_value(out: &mut String, v: f64) {
     if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
@@ -62,7 +68,6 @@ pub fn float(out: &mut String, v: f64) {
     } else {
         let _ = write!(out, "{v}");
     }
-    out.push('"');
 }
 
 fn point(out: &mut String, t: i64, v: f64) {
