@@ -1,5 +1,6 @@
-//! Strata's server: how the binary's settings become an open database, and how its state is
-//! reported. The HTTP API (Prometheus' query API, remote write and read) lands here next.
+//! Strata's server: how the binary's settings become an open database, the HTTP API
+//! (Prometheus' query API, remote write and read, imports), scraping, and how its state is
+//! reported.
 
 pub mod analyze;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod import;
 pub mod metrics;
 pub mod query_json;
 pub mod remote;
+pub mod scrape;
 pub mod status;
 pub mod textparse;
 pub mod timeparse;

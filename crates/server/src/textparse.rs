@@ -28,6 +28,20 @@ pub enum MetricType {
 }
 
 impl MetricType {
+    /// The name `# TYPE` and `/api/v1/metadata` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricType::Counter => "counter",
+            MetricType::Gauge => "gauge",
+            MetricType::Histogram => "histogram",
+            MetricType::GaugeHistogram => "gaugehistogram",
+            MetricType::Summary => "summary",
+            MetricType::Info => "info",
+            MetricType::StateSet => "stateset",
+            MetricType::Unknown => "unknown",
+        }
+    }
+
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "counter" => MetricType::Counter,
@@ -81,10 +95,10 @@ impl<'a> Parser<'a> {
         ParseError { line: self.line, message: message.into() }
     }
 
-    fn comment(&self, rest: &str) -> Result<Option<Entry>, ParseError> {
+    fn comment(&self, rest: &str) -> Result<Option<RawEntry<'static>>, ParseError> {
         let rest = rest.trim_start();
         if self.format == Format::OpenMetrics && rest == "EOF" {
-            return Ok(Some(Entry::Eof));
+            return Ok(Some(RawEntry::Eof));
         }
         let mut parts = rest.splitn(3, ' ');
         let (kw, family, arg) = (parts.next().unwrap_or(""), parts.next(), parts.next());
@@ -94,16 +108,58 @@ impl<'a> Parser<'a> {
             "TYPE" => {
                 let t = arg.unwrap_or("").trim();
                 let kind = MetricType::parse(t).ok_or_else(|| self.err(format!("unknown metric type {t:?}")))?;
-                Ok(Some(Entry::Type { family, kind }))
+                Ok(Some(RawEntry::Type { family, kind }))
             }
-            "HELP" => Ok(Some(Entry::Help { family, text: unescape_help(arg.unwrap_or("")) })),
-            "UNIT" => Ok(Some(Entry::Unit { family, unit: arg.unwrap_or("").trim().to_owned() })),
+            "HELP" => Ok(Some(RawEntry::Help { family, text: unescape_help(arg.unwrap_or("")) })),
+            "UNIT" => Ok(Some(RawEntry::Unit { family, unit: arg.unwrap_or("").trim().to_owned() })),
             _ => Ok(None),
         }
     }
 
-    fn sample(&self, line: &str) -> Result<Entry, ParseError> {
-        let mut c = Cursor { s: line, pos: 0 };
+    /// Splits a sample line into its series text (name and labels, as written) and the parsed
+    /// value and timestamp, without building labels: a scraper keys its cache by the series
+    /// text and parses labels only for series it has not seen (`series_labels`).
+    fn split_sample<'l>(&self, line: &'l str) -> Result<(&'l str, f64, Option<i64>), ParseError> {
+        let end = series_end(line).map_err(|m| self.err(m))?;
+        let (series, tail) = line.split_at(end);
+        let mut c = Cursor { s: tail, pos: 0 };
+        if !c.skip_spaces() {
+            return Err(self.err(format!("expected a space before the value at column {}", end + 1)));
+        }
+        let value_str = c.token();
+        let value = parse_float(value_str).ok_or_else(|| self.err(format!("invalid value {value_str:?}")))?;
+        c.skip_spaces();
+        let mut timestamp_ms = None;
+        let rest = c.rest();
+        if !rest.is_empty() && !rest.starts_with('#') {
+            let ts = c.token();
+            timestamp_ms = Some(match self.format {
+                Format::Prometheus => ts.parse::<i64>().map_err(|_| self.err(format!("invalid timestamp {ts:?}")))?,
+                Format::OpenMetrics => {
+                    let secs = parse_float(ts)
+                        .filter(|s| s.is_finite())
+                        .ok_or_else(|| self.err(format!("invalid timestamp {ts:?}")))?;
+                    let ms = (secs * 1000.0).round();
+                    if ms.abs() > 9.0e15 {
+                        return Err(self.err(format!("timestamp {ts:?} is out of range")));
+                    }
+                    ms as i64
+                }
+            });
+            c.skip_spaces();
+            let rest = c.rest();
+            let exemplar = self.format == Format::OpenMetrics && rest.starts_with('#');
+            if !rest.is_empty() && !exemplar {
+                return Err(self.err(format!("unexpected text after the timestamp: {rest:?}")));
+            }
+        }
+        Ok((series, value, timestamp_ms))
+    }
+
+    /// The label set of a series text that `parse_line_raw` returned (on the same line, so that
+    /// an error carries its number).
+    pub fn series_labels(&self, series: &str) -> Result<Labels, ParseError> {
+        let mut c = Cursor { s: series, pos: 0 };
         let mut labels: Vec<Label> = Vec::new();
         let mut name: Option<String> = None;
         if c.peek() != Some('{') {
@@ -146,51 +202,84 @@ impl<'a> Parser<'a> {
                 return Err(self.err(format!("expected ',' or '}}' at column {}", c.pos + 1)));
             }
         }
+        if !c.rest().is_empty() {
+            return Err(self.err(format!("expected a space before the value at column {}", c.pos + 1)));
+        }
         let name = name.ok_or_else(|| self.err("missing metric name"))?;
         if labels.iter().any(|l| &*l.name == METRIC_NAME) {
             return Err(self.err("label __name__ given besides the metric name"));
         }
         labels.push(Label::new(METRIC_NAME, name));
-        if !c.skip_spaces() {
-            return Err(self.err(format!("expected a space before the value at column {}", c.pos + 1)));
-        }
-        let value_str = c.token();
-        let value = parse_float(value_str).ok_or_else(|| self.err(format!("invalid value {value_str:?}")))?;
-        c.skip_spaces();
-        let mut timestamp_ms = None;
-        let rest = c.rest();
-        if !rest.is_empty() && !rest.starts_with('#') {
-            let ts = c.token();
-            timestamp_ms = Some(match self.format {
-                Format::Prometheus => ts.parse::<i64>().map_err(|_| self.err(format!("invalid timestamp {ts:?}")))?,
-                Format::OpenMetrics => {
-                    let secs = parse_float(ts)
-                        .filter(|s| s.is_finite())
-                        .ok_or_else(|| self.err(format!("invalid timestamp {ts:?}")))?;
-                    let ms = (secs * 1000.0).round();
-                    if ms.abs() > 9.0e15 {
-                        return Err(self.err(format!("timestamp {ts:?} is out of range")));
+        Labels::try_from_pairs(labels.into_iter().map(|l| (l.name, l.value)))
+            .map_err(|e: LabelsError| self.err(e.to_string()))
+    }
+}
+
+/// Where the series text of a sample line ends: after the name, or after the `{…}` that
+/// follows it (quoted strings skipped, so a `}` or space inside a label value does not end it).
+fn series_end(line: &str) -> Result<usize, String> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() && !matches!(b[i], b' ' | b'\t' | b'{') {
+        i += 1;
+    }
+    if i < b.len() && b[i] == b'{' {
+        i += 1;
+        loop {
+            match b.get(i) {
+                None => return Err("expected ',' or '}' before the end of the line".into()),
+                Some(b'}') => return Ok(i + 1),
+                Some(b'"') => {
+                    let start = i;
+                    i += 1;
+                    loop {
+                        match b.get(i) {
+                            None => return Err(format!("unterminated quoted string starting at column {}", start + 1)),
+                            Some(b'\\') => i += 2,
+                            Some(b'"') => break,
+                            Some(_) => i += 1,
+                        }
                     }
-                    ms as i64
+                    i += 1;
                 }
-            });
-            c.skip_spaces();
-            let rest = c.rest();
-            let exemplar = self.format == Format::OpenMetrics && rest.starts_with('#');
-            if !rest.is_empty() && !exemplar {
-                return Err(self.err(format!("unexpected text after the timestamp: {rest:?}")));
+                Some(_) => i += 1,
             }
         }
-        let labels = Labels::try_from_pairs(labels.into_iter().map(|l| (l.name, l.value)))
-            .map_err(|e: LabelsError| self.err(e.to_string()))?;
-        Ok(Entry::Sample { labels, value, timestamp_ms })
     }
+    Ok(i)
+}
+
+/// One line as `Parser::parse_line_raw` returns it: samples keep their series text unparsed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawEntry<'l> {
+    Sample { series: &'l str, value: f64, timestamp_ms: Option<i64> },
+    Type { family: String, kind: MetricType },
+    Help { family: String, text: String },
+    Unit { family: String, unit: String },
+    Eof,
 }
 
 impl Parser<'_> {
     /// Parses one line (the caller numbers lines by calling in order): `None` for blank lines
     /// and plain comments.
     pub fn parse_line(&mut self, line: &str) -> Option<Result<Entry, ParseError>> {
+        let raw = match self.parse_line_raw(line)? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(match raw {
+            RawEntry::Sample { series, value, timestamp_ms } => {
+                self.series_labels(series).map(|labels| Entry::Sample { labels, value, timestamp_ms })
+            }
+            RawEntry::Type { family, kind } => Ok(Entry::Type { family, kind }),
+            RawEntry::Help { family, text } => Ok(Entry::Help { family, text }),
+            RawEntry::Unit { family, unit } => Ok(Entry::Unit { family, unit }),
+            RawEntry::Eof => Ok(Entry::Eof),
+        })
+    }
+
+    /// `parse_line`, with a sample's labels left as written (see `split_sample`).
+    pub fn parse_line_raw<'l>(&mut self, line: &'l str) -> Option<Result<RawEntry<'l>, ParseError>> {
         self.line += 1;
         if self.done {
             return Some(Err(self.err("text after # EOF")));
@@ -202,13 +291,17 @@ impl Parser<'_> {
         match line.strip_prefix('#') {
             Some(rest) => match self.comment(rest) {
                 Ok(None) => None,
-                Ok(Some(Entry::Eof)) => {
+                Ok(Some(RawEntry::Eof)) => {
                     self.done = true;
-                    Some(Ok(Entry::Eof))
+                    Some(Ok(RawEntry::Eof))
                 }
                 other => other.transpose(),
             },
-            None => Some(self.sample(line.trim_start())),
+            None => Some(self.split_sample(line.trim_start()).map(|(series, value, timestamp_ms)| RawEntry::Sample {
+                series,
+                value,
+                timestamp_ms,
+            })),
         }
     }
 

@@ -1,0 +1,16 @@
+//! Scraping: Strata collects from targets the way Prometheus does, configured by a
+//! `scrape_configs` section that Prometheus would accept.
+//!
+//! The layout follows the path of a sample: `config` (the YAML), `discovery` (where targets
+//! come from), `relabel` (rules on label sets), `target` (discovered labels to a target),
+//! `scrape_loop` (fetch, parse, cache, append, staleness) and `manager` (pools of loops kept in
+//! step with discovery and reloads).
+
+pub mod config;
+pub mod discovery;
+pub mod manager;
+pub mod relabel;
+pub mod scrape_loop;
+pub mod target;
+
+pub use manager::ScrapeManager;
