@@ -1,7 +1,8 @@
-//! `strata serve --config FILE`: the YAML configuration. Today it holds the storage settings
-//! and limits that flags also set (a flag given on the command line wins over the file); later
-//! issues add Prometheus' `global`, `scrape_configs` and other sections. Unknown or invalid
-//! settings are refused with the line and the field.
+//! `strata serve --config FILE`: the YAML configuration. It holds the storage settings and
+//! limits that flags also set (a flag given on the command line wins over the file), and
+//! Prometheus' `global` and `scrape_configs` sections (see `scrape::config`), so that a
+//! Prometheus scrape section can be pasted in unchanged. Unknown or invalid settings are refused
+//! with the line and the field.
 //!
 //! ```yaml
 //! storage:
@@ -12,9 +13,21 @@
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
 //!   query_max_concurrency: 8
+//! global:
+//!   scrape_interval: 15s
+//! scrape_configs:
+//!   - job_name: node
+//!     static_configs:
+//!       - targets: ['localhost:9100']
 //! ```
+//!
+//! Without `--config`, Strata runs `default_config_text`: it scrapes itself.
+
+use std::path::Path;
 
 use serde::Deserialize;
+
+use crate::scrape::config::{resolve, GlobalConfig, Job, ScrapeConfig};
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +36,19 @@ pub struct ConfigFile {
     pub storage: StorageSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub global: GlobalConfig,
+    #[serde(default)]
+    pub scrape_configs: Vec<ScrapeConfig>,
+}
+
+/// The configuration `strata serve` runs without `--config`: Strata scrapes its own `/metrics`
+/// every 15 s, like Prometheus' example configuration, so that a newcomer sees data at once.
+pub fn default_config_text(listen: std::net::SocketAddr) -> String {
+    let host = if listen.ip().is_unspecified() { format!("localhost:{}", listen.port()) } else { listen.to_string() };
+    format!(
+        "# Built-in configuration (strata serve without --config).\nglobal:\n  scrape_interval: 15s\nscrape_configs:\n  - job_name: strata\n    static_configs:\n      - targets: ['{host}']\n"
+    )
 }
 
 /// Durations and sizes are strings in Prometheus' notation (`15d`, `512MB`).
@@ -57,6 +83,12 @@ impl ConfigFile {
         yaml_serde::from_str(text).map_err(|e| e.to_string())
     }
 
+    /// The scrape jobs, defaults filled in; `base` is the directory relative file paths in the
+    /// configuration are resolved against (the configuration file's).
+    pub fn scrape_jobs(&self, base: &Path) -> Result<Vec<Job>, String> {
+        resolve(&self.global, &self.scrape_configs, base)
+    }
+
     /// Reads and parses `path`; errors name the file.
     pub fn load(path: &std::path::Path) -> Result<(ConfigFile, String), String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
@@ -82,7 +114,18 @@ mod tests {
         assert!(err.contains("unknown field `retension_size`") && err.contains("line 3"), "{err}");
         let err = ConfigFile::parse("limits:\n  query_max_series: lots\n").unwrap_err();
         assert!(err.contains("query_max_series") && err.contains("line 2"), "{err}");
-        let err = ConfigFile::parse("scrape_configs: []\n").unwrap_err();
-        assert!(err.contains("unknown field `scrape_configs`"), "{err}");
+        let err = ConfigFile::parse("rule_files: []\n").unwrap_err();
+        assert!(err.contains("unknown field `rule_files`"), "{err}");
+    }
+
+    #[test]
+    fn the_built_in_configuration_scrapes_strata_itself() {
+        let text = default_config_text("0.0.0.0:9090".parse().unwrap());
+        let cfg = ConfigFile::parse(&text).unwrap();
+        let jobs = cfg.scrape_jobs(Path::new(".")).unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].name, "strata");
+        assert_eq!(jobs[0].static_configs[0].targets, ["localhost:9090"]);
+        assert_eq!(jobs[0].interval.0, 15_000);
     }
 }

@@ -26,6 +26,8 @@ use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
+
+mod scrape_api;
 use crate::remote::{self, DecodeError};
 use crate::textparse::{Entry, Format, Parser};
 use crate::timeparse::{parse_duration_param_ms, parse_time_ms};
@@ -89,8 +91,12 @@ pub struct AppState {
     started: std::time::SystemTime,
     /// Command-line flags as given, for `/api/v1/status/flags`.
     pub flags: BTreeMap<String, String>,
-    /// The configuration file's text, for `/api/v1/status/config`.
-    pub config_yaml: String,
+    /// The configuration's text, for `/api/v1/status/config` (replaced by a reload).
+    pub config_yaml: Mutex<String>,
+    /// Set once the database is open and scraping runs.
+    pub scrape: OnceLock<Arc<crate::scrape::ScrapeManager>>,
+    /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary.
+    pub reloader: OnceLock<Reloader>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
 }
@@ -104,9 +110,20 @@ impl AppState {
             metrics: ServerMetrics::default(),
             started: std::time::SystemTime::now(),
             flags,
-            config_yaml,
+            config_yaml: Mutex::new(config_yaml),
+            scrape: OnceLock::new(),
+            reloader: OnceLock::new(),
             metadata: Mutex::new(HashMap::new()),
         })
+    }
+}
+
+/// What `/-/reload` runs: reads the configuration again and applies it, or says why not.
+pub struct Reloader(pub Box<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reloader")
     }
 }
 
@@ -178,6 +195,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/labels", get(labels).post(labels))
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/metadata", get(metadata))
+        .route("/api/v1/targets", get(scrape_api::targets))
+        .route("/api/v1/targets/metadata", get(scrape_api::targets_metadata))
+        .route("/-/reload", post(scrape_api::reload).put(scrape_api::reload))
         .route("/api/v1/status/buildinfo", get(buildinfo))
         .route("/api/v1/status/runtimeinfo", get(runtimeinfo))
         .route("/api/v1/status/flags", get(flags))
@@ -213,6 +233,8 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
         "/-/ready" | "/-/healthy" => "health",
+        "/-/reload" => "reload",
+        "/api/v1/targets" | "/api/v1/targets/metadata" => "targets",
         "/api/v1/import/prometheus" => "import",
         "/api/v1/export" | "/federate" => "export",
         p if p.starts_with("/api/v1/label/") => "label_values",
@@ -235,7 +257,7 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.metrics.render(st.db.get().map(|d| &**d));
+    let text = st.metrics.render(st.db.get().map(|d| &**d), st.scrape.get().map(|s| &**s));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -904,13 +926,33 @@ async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>,
 async fn metadata(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
     let p = Params::from_query(raw);
     let only = p.get("metric").map(str::to_owned);
-    let m = st.metadata.lock();
+    let limit = scrape_api::parse_limit(p.get("limit"), "limit")?;
+    // Distinct entries per family: from remote write, then from every scraped target.
+    let mut all: BTreeMap<String, Vec<(String, String, String)>> = BTreeMap::new();
+    for (name, md) in st.metadata.lock().iter() {
+        all.entry(name.clone()).or_default().push(md.clone());
+    }
+    if let Some(scrape) = st.scrape.get() {
+        for (name, set) in scrape.metadata() {
+            let list = all.entry(name).or_default();
+            for md in set {
+                let md = (md.kind.to_owned(), md.help, md.unit);
+                if !list.contains(&md) {
+                    list.push(md);
+                }
+            }
+        }
+    }
     let mut out = serde_json::Map::new();
-    for (name, (kind, help, unit)) in m.iter() {
-        if only.as_ref().is_some_and(|o| o != name) {
+    for (name, list) in all {
+        if only.as_ref().is_some_and(|o| *o != name) {
             continue;
         }
-        out.insert(name.clone(), json!([{"type": kind, "help": help, "unit": unit}]));
+        if limit.is_some_and(|l| out.len() >= l) {
+            break;
+        }
+        let entries: Vec<Value> = list.into_iter().map(|(k, h, u)| json!({"type": k, "help": h, "unit": u})).collect();
+        out.insert(name, Value::Array(entries));
     }
     Ok(success(Value::Object(out)))
 }
@@ -948,7 +990,7 @@ async fn flags(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn config(State(st): State<Arc<AppState>>) -> Response {
-    success(json!({"yaml": st.config_yaml}))
+    success(json!({"yaml": *st.config_yaml.lock()}))
 }
 
 async fn tsdb_status(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {

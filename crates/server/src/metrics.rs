@@ -10,6 +10,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use strata_tsdb::Db;
 
+use crate::scrape::ScrapeManager;
+
 /// Latency buckets in seconds, as Prometheus' HTTP and query histograms use.
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
 
@@ -69,7 +71,7 @@ impl ServerMetrics {
     }
 
     /// Everything, in the text exposition format.
-    pub fn render(&self, db: Option<&Db>) -> String {
+    pub fn render(&self, db: Option<&Db>, scrape: Option<&ScrapeManager>) -> String {
         let mut o = String::with_capacity(8192);
         family(&mut o, "strata_build_info", "Build information.", "gauge");
         let _ = writeln!(o, "strata_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
@@ -117,7 +119,55 @@ impl ServerMetrics {
         if let Some(db) = db {
             render_db(&mut o, db);
         }
+        if let Some(s) = scrape {
+            render_scrape(&mut o, s);
+        }
         o
+    }
+}
+
+fn render_scrape(o: &mut String, m: &ScrapeManager) {
+    let st = &m.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    family(o, "strata_scrape_targets", "Targets scraped, by job.", "gauge");
+    for (job, n) in m.target_counts() {
+        let _ = writeln!(o, "strata_scrape_targets{{job={job:?}}} {n}");
+    }
+    singles(
+        o,
+        &[
+            ("strata_scrapes_total", "Scrapes attempted.", "counter", load(&st.scrapes)),
+            (
+                "strata_scrapes_failed_total",
+                "Scrapes that failed (target down, bad body, limits).",
+                "counter",
+                load(&st.failed),
+            ),
+            (
+                "strata_scrape_samples_appended_total",
+                "Samples appended by scrapes, report series and stale markers included.",
+                "counter",
+                load(&st.samples_appended),
+            ),
+            (
+                "strata_scrape_sample_limit_exceeded_total",
+                "Scrapes refused for exceeding sample_limit.",
+                "counter",
+                load(&st.sample_limit_exceeded),
+            ),
+            (
+                "strata_sd_file_read_errors_total",
+                "file_sd files that could not be read or parsed.",
+                "counter",
+                m.sd_file_errors() as f64,
+            ),
+        ],
+    );
+    family(o, "strata_scrape_samples_rejected_total", "Scraped samples the head refused, by reason.", "counter");
+    for (reason, v) in
+        [("out_of_order", &st.out_of_order), ("duplicate", &st.duplicate), ("out_of_bounds", &st.out_of_bounds)]
+    {
+        let _ = writeln!(o, "strata_scrape_samples_rejected_total{{reason=\"{reason}\"}} {}", load(v));
     }
 }
 
@@ -272,7 +322,7 @@ mod tests {
         let m = ServerMetrics::default();
         m.observe_request("query", 200, Duration::from_millis(3));
         m.query_duration.observe(Duration::from_millis(30));
-        let text = m.render(Some(&db));
+        let text = m.render(Some(&db), None);
         let mut samples = 0;
         for e in Parser::new(&text, Format::Prometheus) {
             if let Entry::Sample { .. } = e.unwrap_or_else(|e| panic!("{e}\n{text}")) {

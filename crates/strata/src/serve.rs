@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
-use strata_server::config_file::ConfigFile;
-use strata_server::http::{router, AppState, Limits};
+use strata_server::config_file::{default_config_text, ConfigFile};
+use strata_server::http::{router, AppState, Limits, Reloader};
+use strata_server::scrape::config::Job;
+use strata_server::scrape::ScrapeManager;
 use strata_tsdb::Db;
 
 /// Every setting has a default; the config file (`--config`) overrides the defaults, and a flag
@@ -87,6 +89,27 @@ struct Settings {
     storage: StorageConfig,
     limits: Limits,
     flags: BTreeMap<String, String>,
+    jobs: Vec<Job>,
+}
+
+/// The configuration file, or the built-in one without `--config`: parsed, and its text.
+fn load_config(path: Option<&std::path::Path>, listen: SocketAddr) -> Result<(ConfigFile, String, Vec<Job>), String> {
+    let (file, text, base) = match path {
+        Some(p) => {
+            let (file, text) = ConfigFile::load(p)?;
+            let base = p.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+            (file, text, base)
+        }
+        None => {
+            let text = default_config_text(listen);
+            (ConfigFile::parse(&text)?, text, PathBuf::from("."))
+        }
+    };
+    let jobs = file.scrape_jobs(&base).map_err(|e| match path {
+        Some(p) => format!("{}: {e}", p.display()),
+        None => e,
+    })?;
+    Ok((file, text, jobs))
 }
 
 fn size_or_zero(s: &str) -> Result<u64, String> {
@@ -114,10 +137,7 @@ fn pick<T>(
 }
 
 fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
-    let (file, yaml) = match &args.config {
-        Some(p) => ConfigFile::load(p)?,
-        None => (ConfigFile::default(), String::new()),
-    };
+    let (file, yaml, jobs) = load_config(args.config.as_deref(), args.listen)?;
     let (st, li) = (file.storage, file.limits);
     let mut flags = BTreeMap::new();
     flags.insert("listen".to_owned(), args.listen.to_string());
@@ -204,7 +224,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         retention_bytes: retention_size,
         ..Default::default()
     };
-    Ok((Settings { storage, limits, flags }, yaml))
+    Ok((Settings { storage, limits, flags, jobs }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -212,7 +232,8 @@ fn parse_count(s: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, flags }, yaml) = settings(&args)?;
+    let (Settings { storage: cfg, limits, flags, jobs }, yaml) = settings(&args)?;
+    let max_future_ms = limits.max_future_ms;
     let state = AppState::new(limits, flags, yaml);
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata-http").build()?;
@@ -226,10 +247,30 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let opener = {
             let state = state.clone();
             let cfg = cfg.clone();
+            let (config_path, listen) = (args.config.clone(), args.listen);
             tokio::task::spawn_blocking(move || -> Result<(), String> {
-                let db = Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| e.to_string())?;
-                state.db.set(Arc::new(db)).map_err(|_| "database opened twice".to_owned())?;
-                tracing::info!("ready");
+                let db = Arc::new(Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| e.to_string())?);
+                state.db.set(db.clone()).map_err(|_| "database opened twice".to_owned())?;
+                let seed = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (listen, &cfg.data_dir).hash(&mut h);
+                    h.finish()
+                };
+                let scrape = ScrapeManager::new(db, tokio::runtime::Handle::current(), seed, max_future_ms);
+                let n = jobs.len();
+                scrape.apply(jobs)?;
+                let _ = state.scrape.set(scrape.clone());
+                let st = state.clone();
+                let _ = state.reloader.set(Reloader(Box::new(move || {
+                    let (_, text, jobs) = load_config(config_path.as_deref(), listen)?;
+                    let n = jobs.len();
+                    scrape.apply(jobs)?;
+                    *st.config_yaml.lock() = text;
+                    tracing::info!(jobs = n, "configuration reloaded (scrape jobs; storage settings and limits apply at start only)");
+                    Ok(())
+                })));
+                tracing::info!(scrape_jobs = n, "ready");
                 Ok(())
             })
         };
@@ -242,12 +283,17 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         });
         let server = tokio::spawn(async move { server.await });
+        let reloads = tokio::spawn(reload_on_sighup(state.clone()));
         let opened = opener.await.map_err(|e| e.to_string()).and_then(|r| r);
         if let Err(e) = &opened {
             let _ = stop_tx.send(format!("cannot open the data directory: {e}"));
         }
         server.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-        tracing::info!("HTTP server stopped; closing storage");
+        reloads.abort();
+        if let Some(scrape) = state.scrape.get() {
+            scrape.stop().await;
+        }
+        tracing::info!("HTTP server and scraping stopped; closing storage");
         if let Some(db) = state.db.get() {
             db.shutdown().map_err(|e| e.to_string())?;
         }
@@ -256,6 +302,29 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         Ok::<(), String>(())
     })?;
     Ok(())
+}
+
+/// SIGHUP re-reads the configuration, as for Prometheus.
+async fn reload_on_sighup(state: Arc<AppState>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload with POST /-/reload");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let st = state.clone();
+        let res = tokio::task::spawn_blocking(move || match st.reloader.get() {
+            Some(r) => (r.0)(),
+            None => Err("the server is still starting".into()),
+        })
+        .await;
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "SIGHUP: reloading the configuration failed; the running one stays")
+            }
+            Err(e) => tracing::error!(error = %e, "SIGHUP: reload task failed"),
+        }
+    }
 }
 
 /// SIGTERM or SIGINT.

@@ -304,7 +304,8 @@ fn read_secret(path: &Path, base: &Path, job: &str, field: &str) -> Result<Strin
 /// directory, against which relative file paths resolve (as in Prometheus).
 pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Result<Vec<Job>, String> {
     let g_interval = global.scrape_interval.unwrap_or(SCRAPE_INTERVAL_DEFAULT);
-    let g_timeout = global.scrape_timeout.unwrap_or(SCRAPE_TIMEOUT_DEFAULT);
+    // An unset timeout is the default, or the interval when that is shorter (Prometheus).
+    let g_timeout = global.scrape_timeout.unwrap_or(SCRAPE_TIMEOUT_DEFAULT.min(g_interval));
     if g_interval.0 <= 0 {
         return Err("global scrape_interval must be above zero".into());
     }
@@ -461,55 +462,6 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
     Ok(out)
 }
 
-/// The job Strata runs when started without a configuration file: itself, every 15 s, so that
-/// a newcomer sees data right after `strata serve` (Prometheus' example configuration does the
-/// same).
-pub fn self_scrape_job(listen: std::net::SocketAddr) -> Job {
-    let host = if listen.ip().is_unspecified() { format!("localhost:{}", listen.port()) } else { listen.to_string() };
-    let c = ScrapeConfig {
-        job_name: "strata".into(),
-        scrape_interval: Some(PromDuration(15_000)),
-        static_configs: vec![StaticConfig { targets: vec![host], labels: BTreeMap::new() }],
-        ..ScrapeConfig::empty("strata")
-    };
-    resolve(&GlobalConfig::default(), &[c], Path::new(".")).expect("the built-in job is valid").remove(0)
-}
-
-impl ScrapeConfig {
-    /// A job with nothing set: every field takes its default.
-    pub fn empty(job_name: &str) -> Self {
-        ScrapeConfig {
-            job_name: job_name.into(),
-            honor_labels: false,
-            honor_timestamps: None,
-            track_timestamps_staleness: false,
-            scrape_interval: None,
-            scrape_timeout: None,
-            scrape_protocols: None,
-            fallback_scrape_protocol: None,
-            metrics_path: None,
-            scheme: None,
-            params: BTreeMap::new(),
-            basic_auth: None,
-            authorization: None,
-            tls_config: TlsConfig::default(),
-            follow_redirects: None,
-            enable_http2: None,
-            proxy_url: None,
-            static_configs: Vec::new(),
-            file_sd_configs: Vec::new(),
-            relabel_configs: Vec::new(),
-            metric_relabel_configs: Vec::new(),
-            body_size_limit: None,
-            sample_limit: None,
-            label_limit: None,
-            label_name_length_limit: None,
-            label_value_length_limit: None,
-            target_limit: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +497,9 @@ mod tests {
         // A job interval below the global timeout lowers the timeout to the interval.
         let jobs = load("scrape_configs:\n  - job_name: fast\n    scrape_interval: 2s\n").unwrap();
         assert_eq!(jobs[0].timeout, PromDuration(2_000));
+        // So does a global interval below the default timeout, when no timeout is set.
+        let jobs = load("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: fast\n").unwrap();
+        assert_eq!(jobs[0].timeout, PromDuration(1_000));
     }
 
     #[test]

@@ -57,6 +57,9 @@ struct Pool {
     state: Mutex<PoolState>,
 }
 
+/// Metadata of a target's metric families, by family name.
+pub type FamilyMetadata = Vec<(String, Metadata)>;
+
 /// A target as `/api/v1/targets` shows it.
 #[derive(Clone, Debug)]
 pub struct ActiveTarget {
@@ -281,6 +284,21 @@ impl ScrapeManager {
                 }
             }
         }
+        out
+    }
+
+    /// Each active target with the metadata it exposes, sorted by family.
+    pub fn targets_metadata(&self) -> Vec<(Arc<Target>, FamilyMetadata)> {
+        let mut out = Vec::new();
+        for pool in self.pools.lock().values() {
+            for h in pool.state.lock().loops.values() {
+                let mut md: Vec<(String, Metadata)> =
+                    h.metadata.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                md.sort();
+                out.push((h.target.clone(), md));
+            }
+        }
+        out.sort_by(|a, b| a.0.url.cmp(&b.0.url));
         out
     }
 

@@ -27,12 +27,34 @@ pub struct Server {
 impl Server {
     /// Starts `strata serve` on `data_dir` and waits until `/-/ready` answers 200.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
-        let port = free_port();
+        Server::start_on(free_port(), data_dir, extra)
+    }
+
+    /// `start` on a port chosen by the caller (a configuration that names the server's own
+    /// address needs it before the start).
+    pub fn start_on(port: u16, data_dir: &Path, extra: &[&str]) -> Server {
+        Server::spawn(port, data_dir, extra, false)
+    }
+
+    /// `start` with strata's built-in configuration (it scrapes itself).
+    pub fn start_builtin_config(data_dir: &Path) -> Server {
+        Server::spawn(free_port(), data_dir, &[], true)
+    }
+
+    fn spawn(port: u16, data_dir: &Path, extra: &[&str], builtin_config: bool) -> Server {
         let log = data_dir.with_extension(format!("{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
+        // Without a configuration, strata scrapes itself every 15 s; tests that count series
+        // must not see those, so they get an empty configuration unless they pass their own.
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if !extra.contains(&"--config") && !builtin_config {
+            let empty = data_dir.with_extension("empty.yml");
+            std::fs::write(&empty, "").unwrap();
+            args.extend(["--config".to_owned(), empty.to_str().unwrap().to_owned()]);
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_strata"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir", data_dir.to_str().unwrap()])
-            .args(extra)
+            .args(&args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(out)
@@ -51,6 +73,11 @@ impl Server {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The server's process id (for signals).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
     }
 
     /// SIGKILL, as a crash.

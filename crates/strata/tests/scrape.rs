@@ -1,0 +1,329 @@
+//! Scraping end to end: `strata serve` scrapes real targets over HTTP. node_exporter from
+//! Debian's `prometheus-node-exporter` package (which `.ci/run` installs), Strata's own
+//! `/metrics`, and a test target whose series change under the test's control, for staleness,
+//! discovery and reloads.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{free_port, http, Server};
+
+fn which(bin: &str) -> String {
+    let out = Command::new("sh").args(["-c", &format!("command -v {bin}")]).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!path.is_empty(), "{bin} not found: install Debian's prometheus-node-exporter package (.ci/run does)");
+    path
+}
+
+/// An instant query's result: each series' labels and value.
+fn query(port: u16, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let enc: String = form_urlencoded::byte_serialize(q.as_bytes()).collect();
+    let (status, body) = http(port, "GET", &format!("/api/v1/query?query={enc}"), &[], b"");
+    assert_eq!(status, 200, "{q}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let labels = r["metric"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            (labels, r["value"][1].as_str().unwrap().parse().unwrap())
+        })
+        .collect()
+}
+
+fn value(port: u16, q: &str) -> Option<f64> {
+    query(port, q).first().map(|r| r.1)
+}
+
+/// Waits up to `secs` for `cond`, then fails with `what` and the server's log.
+fn wait_for(srv: &Server, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn targets(port: u16) -> serde_json::Value {
+    let (status, body) = http(port, "GET", "/api/v1/targets", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["data"].clone()
+}
+
+/// A scrape target whose exposition the test sets; it records each request's head.
+#[derive(Clone)]
+struct TestTarget {
+    port: u16,
+    body: Arc<Mutex<String>>,
+    content_type: Arc<Mutex<String>>,
+    last_request: Arc<Mutex<String>>,
+}
+
+impl TestTarget {
+    fn start(body: &str) -> TestTarget {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let t = TestTarget {
+            port: listener.local_addr().unwrap().port(),
+            body: Arc::new(Mutex::new(body.to_owned())),
+            content_type: Arc::new(Mutex::new("text/plain; version=0.0.4; charset=utf-8".into())),
+            last_request: Arc::default(),
+        };
+        let t2 = t.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).map(|n| n == 1).unwrap_or(false) {
+                    head.push(byte[0]);
+                }
+                *t2.last_request.lock().unwrap() = String::from_utf8_lossy(&head).into_owned();
+                let body = t2.body.lock().unwrap().clone();
+                let ct = t2.content_type.lock().unwrap().clone();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes());
+            }
+        });
+        t
+    }
+
+    fn set(&self, body: &str) {
+        *self.body.lock().unwrap() = body.to_owned();
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn scrapes_node_exporter_and_itself_then_marks_a_dead_target_stale() {
+    let exporter = which("prometheus-node-exporter");
+    let tmp = tempfile::tempdir().unwrap();
+    let ne_port = free_port();
+    let mut ne = Kill(
+        Command::new(exporter)
+            .arg(format!("--web.listen-address=127.0.0.1:{ne_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let config = tmp.path().join("strata.yml");
+    let strata_port = free_port();
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: ['127.0.0.1:{ne_port}']\n        labels: {{env: test}}\n  - job_name: strata\n    static_configs:\n      - targets: ['127.0.0.1:{strata_port}']\n"
+        ),
+    )
+    .unwrap();
+    let srv = Server::start_on(strata_port, &tmp.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let p = srv.port;
+    wait_for(&srv, 30, "node_exporter and strata up", || {
+        value(p, "sum(up{job=\"node\"}) + sum(up{job=\"strata\"})") == Some(2.0)
+    });
+    wait_for(&srv, 10, "two node scrapes", || value(p, "count_over_time(up{job=\"node\"}[1m])").unwrap_or(0.0) >= 2.0);
+
+    // Everything node_exporter exposed is stored with the target's labels.
+    let scraped = value(p, "scrape_samples_scraped{job=\"node\"}").unwrap();
+    assert!(scraped > 200.0, "node_exporter exposes hundreds of samples, got {scraped}");
+    assert_eq!(value(p, "scrape_samples_post_metric_relabeling{job=\"node\"}"), Some(scraped));
+    let series = value(
+        p,
+        &format!("count({{job=\"node\",env=\"test\",instance=\"127.0.0.1:{ne_port}\",__name__!~\"up|scrape_.*\"}})"),
+    )
+    .unwrap();
+    assert!((series - scraped).abs() <= scraped * 0.05, "stored {series} series for {scraped} scraped samples");
+    let idle = query(p, "node_cpu_seconds_total{mode=\"idle\",cpu=\"0\"}");
+    assert_eq!(idle.len(), 1);
+    assert_eq!(idle[0].0["job"], "node");
+    assert!(value(p, "rate(node_cpu_seconds_total{mode=\"idle\",cpu=\"0\"}[10s])").is_some());
+
+    // Metadata from the expositions, and the targets API.
+    let (_, md) = http(p, "GET", "/api/v1/metadata?metric=node_cpu_seconds_total", &[], b"");
+    let md: serde_json::Value = serde_json::from_str(&md).unwrap();
+    assert_eq!(md["data"]["node_cpu_seconds_total"][0]["type"], "counter", "{md}");
+    assert!(!md["data"]["node_cpu_seconds_total"][0]["help"].as_str().unwrap().is_empty());
+    let t = targets(p);
+    let active = t["activeTargets"].as_array().unwrap();
+    assert_eq!(active.len(), 2, "{t}");
+    let node = active.iter().find(|x| x["scrapePool"] == "node").unwrap();
+    assert_eq!(node["health"], "up");
+    assert_eq!(node["labels"]["env"], "test");
+    assert_eq!(node["scrapeUrl"], format!("http://127.0.0.1:{ne_port}/metrics"));
+    assert_eq!(node["scrapeInterval"], "1s");
+    assert!(node["lastScrapeDuration"].as_f64().unwrap() > 0.0);
+    // Strata's own series come from its own /metrics.
+    assert!(value(p, "strata_tsdb_head_series{job=\"strata\"}").unwrap() > 0.0);
+
+    // node_exporter dies: `up` goes to 0 and its series are marked stale at once (without the
+    // markers they would linger for the 5-minute lookback).
+    let _ = ne.0.kill();
+    let _ = ne.0.wait();
+    wait_for(&srv, 10, "up == 0", || value(p, "up{job=\"node\"}") == Some(0.0));
+    assert!(query(p, "node_cpu_seconds_total").is_empty(), "series of a down target are stale");
+    let down =
+        targets(p)["activeTargets"].as_array().unwrap().iter().find(|x| x["scrapePool"] == "node").cloned().unwrap();
+    assert_eq!(down["health"], "down");
+    assert!(!down["lastError"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn vanished_series_are_stale_and_reloads_keep_unchanged_targets_running() {
+    let target = TestTarget::start("a 1\nb 2\n");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("strata.yml");
+    let job_t = format!(
+        "  - job_name: t\n    scrape_interval: 1s\n    static_configs:\n      - targets: ['{}']\n",
+        target.addr()
+    );
+    std::fs::write(&config, format!("scrape_configs:\n{job_t}")).unwrap();
+    let srv = Server::start(&tmp.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let p = srv.port;
+    wait_for(&srv, 20, "b scraped", || value(p, "b{job=\"t\"}") == Some(2.0));
+
+    // b disappears from the exposition: a stale marker ends it at the next scrape.
+    target.set("a 1\n");
+    wait_for(&srv, 10, "b stale", || query(p, "b").is_empty());
+    assert_eq!(value(p, "a{job=\"t\"}"), Some(1.0));
+    assert_eq!(value(p, "last_over_time(b[1m])"), Some(2.0), "the samples before the marker stay");
+
+    // Reload with a second job: job t is unchanged, so its loop keeps running (a restarted
+    // loop would count its series as added again).
+    let job_u = format!(
+        "  - job_name: u\n    scrape_interval: 1s\n    static_configs:\n      - targets: ['{}']\n        labels: {{copy: 'yes'}}\n",
+        target.addr()
+    );
+    std::fs::write(&config, format!("scrape_configs:\n{job_t}{job_u}")).unwrap();
+    let (status, body) = http(p, "POST", "/-/reload", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    wait_for(&srv, 10, "job u up", || value(p, "up{job=\"u\",copy=\"yes\"}") == Some(1.0));
+    assert_eq!(value(p, "sum_over_time(scrape_series_added{job=\"t\"}[5m])"), Some(2.0), "job t restarted");
+    let (_, cfg) = http(p, "GET", "/api/v1/status/config", &[], b"");
+    assert!(cfg.contains("job_name: u"), "{cfg}");
+
+    // A broken configuration is refused and the running one stays.
+    std::fs::write(&config, format!("scrape_configs:\n{job_t}  - job_name: t\n")).unwrap();
+    let (status, body) = http(p, "POST", "/-/reload", &[], b"");
+    assert_eq!(status, 500);
+    assert!(body.contains("multiple scrape configs with job name \"t\""), "{body}");
+    assert_eq!(targets(p)["activeTargets"].as_array().unwrap().len(), 2);
+
+    // SIGHUP reloads too: job u goes, and its series are marked stale.
+    std::fs::write(&config, format!("scrape_configs:\n{job_t}")).unwrap();
+    // SAFETY: sends a signal to our own child process.
+    unsafe { libc::kill(srv.pid(), libc::SIGHUP) };
+    wait_for(&srv, 10, "job u gone", || targets(p)["activeTargets"].as_array().unwrap().len() == 1);
+    wait_for(&srv, 10, "job u stale", || query(p, "up{job=\"u\"}").is_empty());
+    assert!(query(p, "a{job=\"u\"}").is_empty());
+    assert_eq!(value(p, "a{job=\"t\"}"), Some(1.0));
+}
+
+#[test]
+fn file_discovery_relabeling_auth_and_openmetrics() {
+    // An explicit timestamp a minute ago, in OpenMetrics' seconds.
+    let ts = support::now_ms() / 1000 - 60;
+    let one = TestTarget::start(&format!("# TYPE x counter\nx_total 1 {ts}.5\n# EOF\n"));
+    *one.content_type.lock().unwrap() = "application/openmetrics-text; version=1.0.0; charset=utf-8".into();
+    let two = TestTarget::start("x_total 2\n");
+    let tmp = tempfile::tempdir().unwrap();
+    let sd = tmp.path().join("sd");
+    std::fs::create_dir(&sd).unwrap();
+    std::fs::write(tmp.path().join("password"), "s3cret\n").unwrap();
+    std::fs::write(sd.join("a.json"), format!(r#"[{{"targets": ["{}"], "labels": {{"team": "a"}}}}]"#, one.addr()))
+        .unwrap();
+    let config = tmp.path().join("strata.yml");
+    std::fs::write(
+        &config,
+        concat!(
+            "scrape_configs:\n  - job_name: files\n    scrape_interval: 1s\n",
+            "    basic_auth: {username: scraper, password_file: password}\n",
+            "    file_sd_configs:\n      - files: ['sd/*.json']\n",
+            "    relabel_configs:\n",
+            "      - source_labels: [team]\n        regex: skip\n        action: drop\n",
+            "      - source_labels: [__meta_filepath]\n        regex: '.*/(.*)\\.json'\n        target_label: file\n",
+        ),
+    )
+    .unwrap();
+    let srv = Server::start(&tmp.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let p = srv.port;
+    wait_for(&srv, 20, "first target up", || value(p, "up{job=\"files\",team=\"a\"}") == Some(1.0));
+    // OpenMetrics: the timestamp is in seconds; the file name came through relabeling.
+    let x = query(p, "timestamp(x_total{team=\"a\"})");
+    assert_eq!(x.len(), 1);
+    assert_eq!(x[0].0["file"], "a");
+    assert_eq!(x[0].1, ts as f64 + 0.5);
+    // basic_auth from a file, relative to the configuration.
+    let head = one.last_request.lock().unwrap().clone();
+    assert!(
+        head.contains("authorization: Basic c2NyYXBlcjpzM2NyZXQ=")
+            || head.contains("Authorization: Basic c2NyYXBlcjpzM2NyZXQ="),
+        "{head}"
+    );
+    assert!(head.to_ascii_lowercase().contains("accept: application/openmetrics-text;version=1.0.0"), "{head}");
+
+    // The file changes: a second target, and a third the relabeling drops.
+    std::fs::write(
+        sd.join("a.json"),
+        format!(
+            r#"[{{"targets": ["{}", "{}"], "labels": {{"team": "a"}}}}, {{"targets": ["127.0.0.1:1"], "labels": {{"team": "skip"}}}}]"#,
+            one.addr(),
+            two.addr()
+        ),
+    )
+    .unwrap();
+    wait_for(&srv, 10, "second target up", || value(p, &format!("up{{instance=\"{}\"}}", two.addr())) == Some(1.0));
+    let t = targets(p);
+    assert_eq!(t["activeTargets"].as_array().unwrap().len(), 2, "{t}");
+    let dropped = t["droppedTargets"].as_array().unwrap();
+    assert_eq!(dropped.len(), 1, "{t}");
+    assert_eq!(dropped[0]["discoveredLabels"]["team"], "skip");
+    assert!(dropped[0]["discoveredLabels"]["__meta_filepath"].as_str().unwrap().ends_with("a.json"));
+
+    // The first target leaves the file: its series are marked stale.
+    std::fs::write(sd.join("a.json"), format!(r#"[{{"targets": ["{}"], "labels": {{"team": "a"}}}}]"#, two.addr()))
+        .unwrap();
+    wait_for(&srv, 10, "first target stale", || query(p, &format!("up{{instance=\"{}\"}}", one.addr())).is_empty());
+    assert_eq!(value(p, &format!("x_total{{instance=\"{}\"}}", two.addr())), Some(2.0));
+}
+
+#[test]
+fn out_of_the_box_strata_scrapes_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start_builtin_config(&tmp.path().join("data"));
+    let p = srv.port;
+    let t = targets(p);
+    let active = t["activeTargets"].as_array().unwrap();
+    assert_eq!(active.len(), 1, "{t}");
+    assert_eq!(active[0]["scrapePool"], "strata");
+    assert_eq!(active[0]["scrapeInterval"], "15s");
+    // The first scrape comes within one interval (its offset in the interval is the target's).
+    wait_for(&srv, 20, "the first self-scrape", || value(p, "up{job=\"strata\"}") == Some(1.0));
+    assert!(value(p, "strata_build_info{job=\"strata\"}").is_some());
+    let (_, cfg) = http(p, "GET", "/api/v1/status/config", &[], b"");
+    assert!(cfg.contains("job_name: strata"), "{cfg}");
+}
