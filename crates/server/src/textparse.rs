@@ -95,7 +95,7 @@ impl<'a> Parser<'a> {
         ParseError { line: self.line, message: message.into() }
     }
 
-    fn comment(&self, rest: &str) -> Result<Option<RawEntry<'static>>, ParseError> {
+    fn comment<'l>(&self, rest: &'l str) -> Result<Option<RawEntry<'l>>, ParseError> {
         let rest = rest.trim_start();
         if self.format == Format::OpenMetrics && rest == "EOF" {
             return Ok(Some(RawEntry::Eof));
@@ -103,7 +103,6 @@ impl<'a> Parser<'a> {
         let mut parts = rest.splitn(3, ' ');
         let (kw, family, arg) = (parts.next().unwrap_or(""), parts.next(), parts.next());
         let Some(family) = family else { return Ok(None) };
-        let family = family.to_owned();
         match kw {
             "TYPE" => {
                 let t = arg.unwrap_or("").trim();
@@ -111,7 +110,7 @@ impl<'a> Parser<'a> {
                 Ok(Some(RawEntry::Type { family, kind }))
             }
             "HELP" => Ok(Some(RawEntry::Help { family, text: unescape_help(arg.unwrap_or("")) })),
-            "UNIT" => Ok(Some(RawEntry::Unit { family, unit: arg.unwrap_or("").trim().to_owned() })),
+            "UNIT" => Ok(Some(RawEntry::Unit { family, unit: arg.unwrap_or("").trim() })),
             _ => Ok(None),
         }
     }
@@ -249,13 +248,14 @@ fn series_end(line: &str) -> Result<usize, String> {
     Ok(i)
 }
 
-/// One line as `Parser::parse_line_raw` returns it: samples keep their series text unparsed.
+/// One line as `Parser::parse_line_raw` returns it: borrowed from the line (nothing is
+/// allocated for a scraper's steady state), samples with their series text unparsed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawEntry<'l> {
     Sample { series: &'l str, value: f64, timestamp_ms: Option<i64> },
-    Type { family: String, kind: MetricType },
-    Help { family: String, text: String },
-    Unit { family: String, unit: String },
+    Type { family: &'l str, kind: MetricType },
+    Help { family: &'l str, text: std::borrow::Cow<'l, str> },
+    Unit { family: &'l str, unit: &'l str },
     Eof,
 }
 
@@ -271,9 +271,9 @@ impl Parser<'_> {
             RawEntry::Sample { series, value, timestamp_ms } => {
                 self.series_labels(series).map(|labels| Entry::Sample { labels, value, timestamp_ms })
             }
-            RawEntry::Type { family, kind } => Ok(Entry::Type { family, kind }),
-            RawEntry::Help { family, text } => Ok(Entry::Help { family, text }),
-            RawEntry::Unit { family, unit } => Ok(Entry::Unit { family, unit }),
+            RawEntry::Type { family, kind } => Ok(Entry::Type { family: family.to_owned(), kind }),
+            RawEntry::Help { family, text } => Ok(Entry::Help { family: family.to_owned(), text: text.into_owned() }),
+            RawEntry::Unit { family, unit } => Ok(Entry::Unit { family: family.to_owned(), unit: unit.to_owned() }),
             RawEntry::Eof => Ok(Entry::Eof),
         })
     }
@@ -337,7 +337,11 @@ impl Iterator for Parser<'_> {
     }
 }
 
-fn unescape_help(s: &str) -> String {
+/// HELP text with `\\` and `\n` unescaped; borrowed when there is nothing to unescape.
+fn unescape_help(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains('\\') {
+        return std::borrow::Cow::Borrowed(s);
+    }
     let mut out = String::with_capacity(s.len());
     let mut it = s.chars();
     while let Some(ch) = it.next() {
@@ -351,7 +355,7 @@ fn unescape_help(s: &str) -> String {
             out.push(ch);
         }
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 /// Go's `strconv.ParseFloat` forms that exposition formats use: decimals, exponents, `NaN`,

@@ -98,7 +98,9 @@ pub struct ScrapeCounts {
 pub struct LoopState {
     pub job: Arc<Job>,
     pub target: Arc<Target>,
-    cache: HashMap<Box<str>, CacheEntry>,
+    /// Keyed by the series text as exposed; foldhash, since SipHash over ~80-byte keys is a
+    /// visible share of a scrape.
+    cache: HashMap<Box<str>, CacheEntry, foldhash::fast::RandomState>,
     /// Scrape attempts so far.
     iter: u64,
     /// Whether the previous attempt succeeded (its series are live, not yet marked stale).
@@ -116,7 +118,7 @@ impl LoopState {
         LoopState {
             job,
             target,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
             iter: 0,
             last_ok: false,
             report_labels,
@@ -196,22 +198,30 @@ impl LoopState {
         let job = self.job.clone();
         let iter = self.iter;
         let mut limit_exceeded = false;
-        let mut metadata_updates: Vec<(String, MetricType, Option<String>, Option<String>)> = Vec::new();
+        // Held for the body: only the metadata API reads it meanwhile.
+        let metadata = self.metadata.clone();
+        let mut metadata = metadata.lock();
         for line in text.lines() {
             let Some(entry) = parser.parse_line_raw(line) else { continue };
             let entry = entry.map_err(|e| ScrapeFailure(format!("parse error: {e}")))?;
             let (series_text, value, ts) = match entry {
                 RawEntry::Sample { series, value, timestamp_ms } => (series, value, timestamp_ms),
                 RawEntry::Type { family, kind } => {
-                    metadata_updates.push((family, kind, None, None));
+                    family_metadata(&mut metadata, family).kind = kind.as_str();
                     continue;
                 }
                 RawEntry::Help { family, text } => {
-                    metadata_updates.push((family, MetricType::Unknown, Some(text), None));
+                    let e = family_metadata(&mut metadata, family);
+                    if e.help != text {
+                        e.help = text.into_owned();
+                    }
                     continue;
                 }
                 RawEntry::Unit { family, unit } => {
-                    metadata_updates.push((family, MetricType::Unknown, None, Some(unit)));
+                    let e = family_metadata(&mut metadata, family);
+                    if e.unit != unit {
+                        e.unit = unit.to_owned();
+                    }
                     continue;
                 }
                 RawEntry::Eof => break,
@@ -306,9 +316,6 @@ impl LoopState {
                 counts.post_relabel, job.sample_limit
             )));
         }
-        if !metadata_updates.is_empty() {
-            self.apply_metadata(metadata_updates);
-        }
         Ok(())
     }
 
@@ -380,20 +387,14 @@ impl LoopState {
         }
         self.last_ok = false;
     }
+}
 
-    fn apply_metadata(&self, updates: Vec<(String, MetricType, Option<String>, Option<String>)>) {
-        let mut m = self.metadata.lock();
-        for (family, kind, help, unit) in updates {
-            let e = m.entry(family).or_insert_with(|| Metadata { kind: "unknown", ..Default::default() });
-            if let Some(h) = help {
-                e.help = h;
-            } else if let Some(u) = unit {
-                e.unit = u;
-            } else {
-                e.kind = kind.as_str();
-            }
-        }
+/// The metadata entry of `family`, created as `unknown` the first time (allocates only then).
+fn family_metadata<'m>(m: &'m mut HashMap<String, Metadata>, family: &str) -> &'m mut Metadata {
+    if !m.contains_key(family) {
+        m.insert(family.to_owned(), Metadata { kind: MetricType::Unknown.as_str(), ..Default::default() });
     }
+    m.get_mut(family).expect("inserted above")
 }
 
 /// Puts the target's labels on an exposed series. With `honor_labels` the exposed value wins;

@@ -99,10 +99,19 @@ pub struct Peer {
 }
 
 /// Starts a server by name on a fresh directory under `dir`, with `extra` arguments, and waits
-/// until it is ready; `None` when its binary is not installed.
+/// until it is ready; `None` when its binary is not installed. Strata and Prometheus get a
+/// configuration that scrapes nothing.
 pub fn start(name: &'static str, dir: &Path, extra: &[String]) -> Option<Peer> {
+    start_with_config(name, dir, "global:\n  scrape_interval: 1m\n", extra)
+}
+
+/// `start`, with `config` as Strata's `--config` or Prometheus' `--config.file` (the two read
+/// the same `global` and `scrape_configs` sections).
+pub fn start_with_config(name: &'static str, dir: &Path, config: &str, extra: &[String]) -> Option<Peer> {
     let port = free_port();
     std::fs::create_dir_all(dir).unwrap();
+    let cfg = dir.join("config.yml");
+    std::fs::write(&cfg, config).unwrap();
     let (cmd, args, ready, write_path): (String, Vec<String>, &str, &str) = match name {
         "strata" => (
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string(),
@@ -112,34 +121,33 @@ pub fn start(name: &'static str, dir: &Path, extra: &[String]) -> Option<Peer> {
                 format!("127.0.0.1:{port}"),
                 "--data-dir".into(),
                 dir.join("data").display().to_string(),
+                "--config".into(),
+                cfg.display().to_string(),
             ],
             "/-/ready",
             "/api/v1/write",
         ),
-        "prometheus" => {
-            let cfg = dir.join("prometheus.yml");
-            std::fs::write(&cfg, "global:\n  scrape_interval: 1m\n").unwrap();
-            (
-                "prometheus".into(),
-                vec![
-                    format!("--config.file={}", cfg.display()),
-                    format!("--storage.tsdb.path={}", dir.join("data").display()),
-                    format!("--web.listen-address=127.0.0.1:{port}"),
-                    "--web.enable-remote-write-receiver".into(),
-                ],
-                "/-/ready",
-                "/api/v1/write",
-            )
-        }
-        "victoria-metrics" => (
-            "victoria-metrics".into(),
+        "prometheus" => (
+            "prometheus".into(),
             vec![
-                format!("-storageDataPath={}", dir.join("data").display()),
-                format!("-httpListenAddr=127.0.0.1:{port}"),
+                format!("--config.file={}", cfg.display()),
+                format!("--storage.tsdb.path={}", dir.join("data").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+                "--web.enable-remote-write-receiver".into(),
             ],
-            "/health",
+            "/-/ready",
             "/api/v1/write",
         ),
+        "victoria-metrics" => {
+            let mut args = vec![
+                format!("-storageDataPath={}", dir.join("data").display()),
+                format!("-httpListenAddr=127.0.0.1:{port}"),
+            ];
+            if config.contains("scrape_configs") {
+                args.push(format!("-promscrape.config={}", cfg.display()));
+            }
+            ("victoria-metrics".into(), args, "/health", "/api/v1/write")
+        }
         _ => unreachable!(),
     };
     let child = Command::new(&cmd).args(&args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
