@@ -278,6 +278,26 @@ impl Parser<'_> {
         })
     }
 
+    /// Counts a line the caller handles itself (a scraper skips unchanged comment lines), so
+    /// that later errors still carry the right line number.
+    pub fn skip_line(&mut self) {
+        self.line += 1;
+    }
+
+    /// The number of the line parsed (or skipped) last.
+    pub fn line_number(&self) -> usize {
+        self.line
+    }
+
+    /// Parses a comment line (`# HELP`, `# TYPE`, `# UNIT`) given with its line number; `None`
+    /// for a plain comment. The line is not counted.
+    pub fn parse_comment<'l>(&self, line_number: usize, line: &'l str) -> Result<Option<RawEntry<'l>>, ParseError> {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        let rest =
+            line.strip_prefix('#').ok_or_else(|| ParseError { line: line_number, message: "not a comment".into() })?;
+        self.comment(rest).map_err(|e| ParseError { line: line_number, message: e.message })
+    }
+
     /// `parse_line`, with a sample's labels left as written (see `split_sample`).
     pub fn parse_line_raw<'l>(&mut self, line: &'l str) -> Option<Result<RawEntry<'l>, ParseError>> {
         self.line += 1;
@@ -364,12 +384,18 @@ fn parse_float(s: &str) -> Option<f64> {
     if s.is_empty() {
         return None;
     }
-    match s.to_ascii_lowercase().as_str() {
-        "nan" => Some(f64::NAN),
-        "+inf" | "inf" => Some(f64::INFINITY),
-        "-inf" => Some(f64::NEG_INFINITY),
-        _ if s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) => s.parse().ok(),
-        _ => None,
+    // Numbers first (nearly every value), without allocating.
+    if s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) {
+        return s.parse().ok();
+    }
+    if s.eq_ignore_ascii_case("nan") {
+        Some(f64::NAN)
+    } else if s.eq_ignore_ascii_case("+inf") || s.eq_ignore_ascii_case("inf") {
+        Some(f64::INFINITY)
+    } else if s.eq_ignore_ascii_case("-inf") {
+        Some(f64::NEG_INFINITY)
+    } else {
+        None
     }
 }
 

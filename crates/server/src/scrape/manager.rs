@@ -18,14 +18,14 @@ use tokio::sync::watch;
 use super::config::Job;
 use super::discovery::{static_groups, FileDiscovery, TargetGroup, WATCH_PERIOD};
 use super::relabel::LabelMap;
-use super::scrape_loop::{self, build_client, LoopState, Metadata, ScrapeStats, StopMode, TargetHealth};
+use super::scrape_loop::{self, build_client, LoopState, Metadata, MetadataMap, ScrapeStats, StopMode, TargetHealth};
 use super::target::{targets_of, Target};
 
 #[derive(Debug)]
 struct LoopHandle {
     target: Arc<Target>,
     health: Arc<Mutex<TargetHealth>>,
-    metadata: Arc<Mutex<HashMap<String, Metadata>>>,
+    metadata: Arc<Mutex<MetadataMap>>,
     stop: watch::Sender<Option<StopMode>>,
     task: tokio::task::JoinHandle<()>,
 }

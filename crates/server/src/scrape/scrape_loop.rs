@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use strata_model::{Labels, SeriesRef, STALE_NAN_BITS};
-use strata_tsdb::head::AppendError;
+use strata_model::{Labels, STALE_NAN_BITS};
+use strata_tsdb::head::{AppendError, MemSeries};
 use strata_tsdb::Db;
 
 use super::config::{Auth, Job, ScrapeProtocol, BODY_SIZE_CAP};
@@ -45,6 +45,10 @@ pub struct Metadata {
     pub unit: String,
 }
 
+/// A target's metadata by family. hashbrown's `entry_ref` finds a family by `&str` and
+/// allocates its name only when it is new.
+pub type MetadataMap = hashbrown::HashMap<String, Metadata>;
+
 /// Counts shared by every loop, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
@@ -57,10 +61,12 @@ pub struct ScrapeStats {
     pub sample_limit_exceeded: std::sync::atomic::AtomicU64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum CacheEntry {
     Series {
-        series: SeriesRef,
+        /// The head series itself, not its reference: appending by handle skips the head's
+        /// lookup by reference (a cache miss per sample among millions of series).
+        series: Arc<MemSeries>,
         /// Iterations (scrapes) that last saw it, newest first.
         seen: u64,
         seen_before: u64,
@@ -106,10 +112,12 @@ pub struct LoopState {
     /// Whether the previous attempt succeeded (its series are live, not yet marked stale).
     last_ok: bool,
     report_labels: [Labels; 5],
-    report_refs: [Option<SeriesRef>; 5],
-    pub metadata: Arc<Mutex<HashMap<String, Metadata>>>,
+    report_series: [Option<Arc<MemSeries>>; 5],
+    pub metadata: Arc<Mutex<MetadataMap>>,
     /// Samples are refused beyond this many milliseconds ahead of the scrape.
     max_future_ms: i64,
+    /// Hash of the last successful scrape's comment lines (0: none read yet).
+    meta_hash: u64,
 }
 
 impl LoopState {
@@ -122,9 +130,10 @@ impl LoopState {
             iter: 0,
             last_ok: false,
             report_labels,
-            report_refs: [None; 5],
+            report_series: Default::default(),
             metadata: Arc::default(),
             max_future_ms,
+            meta_hash: 0,
         }
     }
 
@@ -175,8 +184,8 @@ impl LoopState {
         };
         if failure.is_none() {
             let iter = self.iter;
-            self.cache.retain(|_, e| match *e {
-                CacheEntry::Series { seen, .. } | CacheEntry::Dropped { seen } => seen == iter,
+            self.cache.retain(|_, e| match e {
+                CacheEntry::Series { seen, .. } | CacheEntry::Dropped { seen } => *seen == iter,
             });
         }
         self.last_ok = failure.is_none();
@@ -198,33 +207,27 @@ impl LoopState {
         let job = self.job.clone();
         let iter = self.iter;
         let mut limit_exceeded = false;
-        // Held for the body: only the metadata API reads it meanwhile.
-        let metadata = self.metadata.clone();
-        let mut metadata = metadata.lock();
+        // Comment lines are not parsed while reading: they are hashed, and only when the hash
+        // differs from the last scrape's (metadata changed, rarely) are they parsed into the
+        // target's metadata, in a second pass. Parsing ~300 HELP/TYPE pairs per scrape would
+        // cost as much as the samples' cache lookups.
+        let mut meta_hash = 0u64;
         for line in text.lines() {
+            if let Some(rest) = line.strip_prefix('#') {
+                let eof = format == Format::OpenMetrics && rest.trim() == "EOF";
+                if !eof {
+                    parser.skip_line();
+                    meta_hash = xxhash_rust::xxh3::xxh3_64_with_seed(line.as_bytes(), meta_hash);
+                    continue;
+                }
+            }
             let Some(entry) = parser.parse_line_raw(line) else { continue };
             let entry = entry.map_err(|e| ScrapeFailure(format!("parse error: {e}")))?;
             let (series_text, value, ts) = match entry {
                 RawEntry::Sample { series, value, timestamp_ms } => (series, value, timestamp_ms),
-                RawEntry::Type { family, kind } => {
-                    family_metadata(&mut metadata, family).kind = kind.as_str();
-                    continue;
-                }
-                RawEntry::Help { family, text } => {
-                    let e = family_metadata(&mut metadata, family);
-                    if e.help != text {
-                        e.help = text.into_owned();
-                    }
-                    continue;
-                }
-                RawEntry::Unit { family, unit } => {
-                    let e = family_metadata(&mut metadata, family);
-                    if e.unit != unit {
-                        e.unit = unit.to_owned();
-                    }
-                    continue;
-                }
                 RawEntry::Eof => break,
+                // Comments were taken above.
+                RawEntry::Type { .. } | RawEntry::Help { .. } | RawEntry::Unit { .. } => continue,
             };
             counts.scraped += 1;
             let explicit = ts.filter(|_| job.honor_timestamps);
@@ -243,7 +246,7 @@ impl LoopState {
                         *seen = iter;
                     }
                     *tr = track;
-                    Some(*series)
+                    Some(series.clone())
                 }
                 None => None,
             };
@@ -259,14 +262,14 @@ impl LoopState {
                 continue;
             }
             let appended = match series {
-                Some(r) => match app.append_ref(r, st, value) {
+                Some(series) => match app.append_to(&series, st, value) {
                     Err(AppendError::UnknownSeries(_)) => {
                         // The head dropped the series meanwhile: build it again from the text.
                         let labels = self.series_labels(&parser, series_text)?;
                         let labels = labels.ok_or_else(|| {
                             ScrapeFailure(format!("series {series_text} is now dropped by relabeling"))
                         })?;
-                        app.append(&labels, st, value).map(|r| {
+                        app.append_handle(&labels, st, value).map(|r| {
                             self.cache.insert(
                                 series_text.into(),
                                 CacheEntry::Series { series: r, seen: iter, seen_before: 0, track },
@@ -281,7 +284,7 @@ impl LoopState {
                         self.cache.insert(series_text.into(), CacheEntry::Dropped { seen: iter });
                         continue;
                     }
-                    Some(labels) => match app.append(&labels, st, value) {
+                    Some(labels) => match app.append_handle(&labels, st, value) {
                         Ok(r) => {
                             counts.series_added += 1;
                             self.cache.insert(
@@ -316,6 +319,40 @@ impl LoopState {
                 counts.post_relabel, job.sample_limit
             )));
         }
+        if meta_hash != self.meta_hash {
+            self.read_metadata(&parser, text, format)?;
+            self.meta_hash = meta_hash;
+        }
+        Ok(())
+    }
+
+    /// Reads the body's `# TYPE`, `# HELP` and `# UNIT` lines into the target's metadata; a
+    /// malformed one fails the scrape, as it would in Prometheus.
+    fn read_metadata(&self, parser: &Parser<'_>, text: &str, format: Format) -> Result<(), ScrapeFailure> {
+        let mut metadata = self.metadata.lock();
+        for (i, line) in text.lines().enumerate() {
+            let Some(rest) = line.strip_prefix('#') else { continue };
+            if format == Format::OpenMetrics && rest.trim() == "EOF" {
+                break;
+            }
+            let entry = parser.parse_comment(i + 1, line).map_err(|e| ScrapeFailure(format!("parse error: {e}")))?;
+            match entry {
+                Some(RawEntry::Type { family, kind }) => family_metadata(&mut metadata, family).kind = kind.as_str(),
+                Some(RawEntry::Help { family, text }) => {
+                    let e = family_metadata(&mut metadata, family);
+                    if e.help != text {
+                        e.help = text.into_owned();
+                    }
+                }
+                Some(RawEntry::Unit { family, unit }) => {
+                    let e = family_metadata(&mut metadata, family);
+                    if e.unit != unit {
+                        e.unit = unit.to_owned();
+                    }
+                }
+                _ => {}
+            }
+        }
         Ok(())
     }
 
@@ -346,22 +383,23 @@ impl LoopState {
         let (iter, prev) = (self.iter, self.iter - 1);
         let stale = f64::from_bits(STALE_NAN_BITS);
         for e in self.cache.values() {
-            if let CacheEntry::Series { series, seen, seen_before, track: true } = *e {
+            if let CacheEntry::Series { series, seen, seen_before, track: true } = e {
+                let (seen, seen_before) = (*seen, *seen_before);
                 let was_live = seen == prev || (seen == iter && seen_before == prev);
                 let still_live = seen == iter && !failed;
                 if was_live && !still_live {
                     // Refused only if the series is gone or has newer samples: nothing to mark.
-                    let _ = app.append_ref(series, t, stale);
+                    let _ = app.append_to(series, t, stale);
                 }
             }
         }
     }
 
     fn append_report(&mut self, app: &mut strata_tsdb::head::Appender<'_>, t: i64, values: [f64; 5]) {
-        for ((r, labels), v) in self.report_refs.iter_mut().zip(&self.report_labels).zip(values) {
-            let done = r.is_some_and(|r| app.append_ref(r, t, v).is_ok());
+        for ((r, labels), v) in self.report_series.iter_mut().zip(&self.report_labels).zip(values) {
+            let done = r.as_ref().is_some_and(|s| app.append_to(s, t, v).is_ok());
             if !done {
-                *r = app.append(labels, t, v).ok();
+                *r = app.append_handle(labels, t, v).ok();
             }
         }
     }
@@ -375,9 +413,9 @@ impl LoopState {
         let mut app = db.appender();
         let stale = f64::from_bits(STALE_NAN_BITS);
         for e in self.cache.values() {
-            if let CacheEntry::Series { series, seen, track: true, .. } = *e {
-                if seen == self.iter {
-                    let _ = app.append_ref(series, t, stale);
+            if let CacheEntry::Series { series, seen, track: true, .. } = e {
+                if *seen == self.iter {
+                    let _ = app.append_to(series, t, stale);
                 }
             }
         }
@@ -390,11 +428,8 @@ impl LoopState {
 }
 
 /// The metadata entry of `family`, created as `unknown` the first time (allocates only then).
-fn family_metadata<'m>(m: &'m mut HashMap<String, Metadata>, family: &str) -> &'m mut Metadata {
-    if !m.contains_key(family) {
-        m.insert(family.to_owned(), Metadata { kind: MetricType::Unknown.as_str(), ..Default::default() });
-    }
-    m.get_mut(family).expect("inserted above")
+fn family_metadata<'m>(m: &'m mut MetadataMap, family: &str) -> &'m mut Metadata {
+    m.entry_ref(family).or_insert_with(|| Metadata { kind: MetricType::Unknown.as_str(), ..Default::default() })
 }
 
 /// Puts the target's labels on an exposed series. With `honor_labels` the exposed value wins;

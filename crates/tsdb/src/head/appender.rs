@@ -94,6 +94,25 @@ impl<'h> Appender<'h> {
         self.append(&labels, t, v)
     }
 
+    /// `append`, returning the series itself: a caller that appends to the same series again
+    /// and again (a scrape cache) keeps it and uses `append_to`, which skips the lookup by
+    /// reference.
+    pub fn append_handle(&mut self, labels: &Labels, t: i64, v: f64) -> Result<Arc<MemSeries>, AppendError> {
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        self.check_too_old(t)?;
+        let (series, _) = self.head.get_or_create(labels)?;
+        self.push(series.clone(), t, v)?;
+        Ok(series)
+    }
+
+    /// Appends a sample to a series `append_handle` returned. `UnknownSeries` when the head has
+    /// removed the series since (truncation of a series without samples): the caller must
+    /// append by labels again.
+    pub fn append_to(&mut self, series: &Arc<MemSeries>, t: i64, v: f64) -> Result<(), AppendError> {
+        self.check_too_old(t)?;
+        self.push(series.clone(), t, v)
+    }
+
     /// Appends a sample to a series by the reference an earlier `append` returned.
     pub fn append_ref(&mut self, r: SeriesRef, t: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;
@@ -121,7 +140,15 @@ impl<'h> Appender<'h> {
                 Err(if t == latest { SampleError::Duplicate { t } } else { SampleError::OutOfOrder { t, latest } })
             }
             Some(_) => Ok(Appended::Sample { chunk_created: false }),
-            None => series.state.lock().appendable(t, v),
+            None => {
+                let st = series.state.lock();
+                // Truncation cannot run while this appender holds the gate, so a series not
+                // removed now stays until the commit.
+                if st.removed {
+                    return Err(AppendError::UnknownSeries(r));
+                }
+                st.appendable(t, v)
+            }
         };
         match verdict {
             Ok(Appended::Same) => Ok(()),

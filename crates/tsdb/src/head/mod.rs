@@ -444,8 +444,12 @@ impl Head {
         let mut dead = std::collections::HashSet::new();
         for s in empty {
             // Re-check under the gate: an appender may have added samples since the scan.
-            if s.state.lock().min_time().is_some() {
-                continue;
+            {
+                let mut st = s.state.lock();
+                if st.min_time().is_some() {
+                    continue;
+                }
+                st.removed = true;
             }
             let labels = self.symbols.resolve(&s.labels);
             let hash = labels.stable_hash();

@@ -33,6 +33,9 @@ pub struct SeriesState {
     /// range at first, then (once the chunk is a quarter full) an estimate that spreads the
     /// range's remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
     next_at: i64,
+    /// Set when head truncation removed the series from the head's indexes: a handle kept
+    /// elsewhere (a scrape cache) must not append to it any more.
+    pub(crate) removed: bool,
 }
 
 /// Why the head refused a sample. Each maps to a clear message for the client.

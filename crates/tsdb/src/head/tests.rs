@@ -332,3 +332,27 @@ fn consecutive_appends_by_ref_reuse_the_series_and_unknown_refs_still_fail() {
     assert_eq!(app.commit().unwrap().appended, 4);
     assert_eq!(dump(&head)[&l(&[("__name__", "up")])].len(), 4);
 }
+
+#[test]
+fn a_kept_series_handle_is_refused_once_truncation_removed_the_series() {
+    let head = Head::in_memory(HeadOptions::default());
+    let up = l(&[("__name__", "up")]);
+    let mut app = head.appender();
+    let s = app.append_handle(&up, 1_000, 1.0).unwrap();
+    app.append_to(&s, 2_000, 2.0).unwrap();
+    assert_eq!(app.commit().unwrap().appended, 2);
+    let mut app = head.appender();
+    app.append_to(&s, 3_000, 3.0).unwrap();
+    app.commit().unwrap();
+    assert_eq!(dump(&head)[&up].len(), 3);
+
+    // Everything before 10 s is truncated: the series is empty and removed.
+    assert_eq!(head.truncate(10_000).1, 1);
+    let mut app = head.appender();
+    assert_eq!(app.append_to(&s, 11_000, 4.0), Err(AppendError::UnknownSeries(s.series_ref)));
+    // By labels, it is created again and takes the sample.
+    let s2 = app.append_handle(&up, 11_000, 4.0).unwrap();
+    assert_ne!(s2.series_ref, s.series_ref);
+    app.commit().unwrap();
+    assert_eq!(dump(&head)[&up].len(), 1);
+}

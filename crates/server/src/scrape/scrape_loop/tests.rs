@@ -74,11 +74,20 @@ fn samples_get_target_labels_and_report_series() {
     let md = f.state.metadata.lock().get("a").cloned().unwrap();
     assert_eq!(md, Metadata { kind: "counter", help: "Things.".into(), unit: String::new() });
 
+    // Changed metadata is picked up; a malformed comment fails the scrape with its line.
+    f.scrape(T0 + 5_000, "# TYPE a gauge\n# HELP a Other\\nthings.\na{x=\"1\"} 1\na{x=\"2\"} 2\nb 3\n");
+    let md = f.state.metadata.lock().get("a").cloned().unwrap();
+    assert_eq!(md, Metadata { kind: "gauge", help: "Other\nthings.".into(), unit: String::new() });
+    let (err, _) = f.scrape(T0 + 6_000, "a{x=\"1\"} 1\n# TYPE a wat\n");
+    assert_eq!(err.as_deref(), Some("parse error: line 2: unknown metric type \"wat\""));
+
     // The second scrape finds every series in the cache: nothing new.
     let (_, counts) = f.scrape(T0 + 15_000, "a{x=\"1\"} 10\na{x=\"2\"} 20\nb 30\n");
     assert_eq!(counts.series_added, 0);
     assert_eq!(f.state.cached(), 3);
-    assert_eq!(f.series("b{instance=\"h:1\", job=\"node\"}"), [(T0, "3".to_owned()), (T0 + 15_000, "30".to_owned())]);
+    let b: Vec<(i64, &str)> = vec![(T0, "3"), (T0 + 5_000, "3"), (T0 + 6_000, "stale"), (T0 + 15_000, "30")];
+    let got = f.series("b{instance=\"h:1\", job=\"node\"}");
+    assert_eq!(got.iter().map(|(t, v)| (*t, v.as_str())).collect::<Vec<_>>(), b);
 }
 
 #[test]
