@@ -3,9 +3,10 @@
 //!
 //! The layout follows the path of a sample: `config` (the YAML), `discovery` (where targets
 //! come from), `relabel` (rules on label sets), `target` (discovered labels to a target),
-//! `scrape_loop` (fetch, parse, cache, append, staleness) and `manager` (pools of loops kept in
+//! `scrape_loop` (fetch, parse, append, staleness) with its `cache` and `manager` (pools of loops kept in
 //! step with discovery and reloads).
 
+pub mod cache;
 pub mod config;
 pub mod discovery;
 pub mod manager;

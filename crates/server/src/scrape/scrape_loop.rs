@@ -12,7 +12,6 @@
 //! loop stops. Samples with an explicit timestamp are left out (unless the job sets
 //! `track_timestamps_staleness`), since their own timestamps say when they were true.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,6 +20,7 @@ use strata_model::{Labels, STALE_NAN_BITS};
 use strata_tsdb::head::{AppendError, MemSeries};
 use strata_tsdb::Db;
 
+use super::cache::ScrapeCache;
 use super::config::{Auth, Job, ScrapeProtocol, BODY_SIZE_CAP};
 use super::relabel::{self, LabelMap};
 use super::target::Target;
@@ -104,9 +104,8 @@ pub struct ScrapeCounts {
 pub struct LoopState {
     pub job: Arc<Job>,
     pub target: Arc<Target>,
-    /// Keyed by the series text as exposed; foldhash, since SipHash over ~80-byte keys is a
-    /// visible share of a scrape.
-    cache: HashMap<Box<str>, CacheEntry, foldhash::fast::RandomState>,
+    /// Keyed by the series text as exposed (see `cache`).
+    cache: ScrapeCache<CacheEntry>,
     /// Scrape attempts so far.
     iter: u64,
     /// Whether the previous attempt succeeded (its series are live, not yet marked stale).
@@ -126,7 +125,7 @@ impl LoopState {
         LoopState {
             job,
             target,
-            cache: HashMap::default(),
+            cache: ScrapeCache::default(),
             iter: 0,
             last_ok: false,
             report_labels,
@@ -156,6 +155,8 @@ impl LoopState {
         self.iter += 1;
         let mut counts = ScrapeCounts::default();
         let mut app = db.appender();
+        // Room for a scrape like the last one, so the batch does not grow step by step.
+        app.reserve(self.cache.len() + REPORT_NAMES.len());
         let failure = match body {
             Ok((bytes, format)) => match self.append_body(&mut app, stats, t, bytes, format, &mut counts) {
                 Ok(()) => None,
@@ -184,7 +185,7 @@ impl LoopState {
         };
         if failure.is_none() {
             let iter = self.iter;
-            self.cache.retain(|_, e| match e {
+            self.cache.retain(|e| match e {
                 CacheEntry::Series { seen, .. } | CacheEntry::Dropped { seen } => *seen == iter,
             });
         }
@@ -204,6 +205,7 @@ impl LoopState {
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ScrapeFailure(format!("the response is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
         let mut parser = Parser::new(text, format);
+        self.cache.start();
         let job = self.job.clone();
         let iter = self.iter;
         let mut limit_exceeded = false;
@@ -233,8 +235,8 @@ impl LoopState {
             let explicit = ts.filter(|_| job.honor_timestamps);
             let st = explicit.unwrap_or(t);
             let track = explicit.is_none() || job.track_timestamps_staleness;
-            // A cached series: one lookup, one append by reference.
-            let cached = self.cache.get_mut(series_text);
+            // A cached series: one lookup (usually by position), one append by handle.
+            let cached = self.cache.find(series_text);
             let series = match cached {
                 Some(CacheEntry::Dropped { seen }) => {
                     *seen = iter;
@@ -270,10 +272,12 @@ impl LoopState {
                             ScrapeFailure(format!("series {series_text} is now dropped by relabeling"))
                         })?;
                         app.append_handle(&labels, st, value).map(|r| {
-                            self.cache.insert(
-                                series_text.into(),
-                                CacheEntry::Series { series: r, seen: iter, seen_before: 0, track },
-                            );
+                            self.cache.replace_last_found(CacheEntry::Series {
+                                series: r,
+                                seen: iter,
+                                seen_before: 0,
+                                track,
+                            });
                         })
                     }
                     other => other,
@@ -281,14 +285,14 @@ impl LoopState {
                 None => match self.series_labels(&parser, series_text)? {
                     None => {
                         counts.post_relabel -= 1;
-                        self.cache.insert(series_text.into(), CacheEntry::Dropped { seen: iter });
+                        self.cache.insert(series_text, CacheEntry::Dropped { seen: iter });
                         continue;
                     }
                     Some(labels) => match app.append_handle(&labels, st, value) {
                         Ok(r) => {
                             counts.series_added += 1;
                             self.cache.insert(
-                                series_text.into(),
+                                series_text,
                                 CacheEntry::Series { series: r, seen: iter, seen_before: 0, track },
                             );
                             Ok(())
@@ -569,12 +573,13 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Fetches the target once into `buf`: the body's format, or what went wrong.
-pub async fn fetch(client: &reqwest::Client, job: &Job, target: &Target, buf: &mut Vec<u8>) -> Result<Format, String> {
-    buf.clear();
+/// The request a target's scrapes send, built once per loop (URL parsed, headers and
+/// credentials encoded) and cloned for each scrape.
+pub fn prepare_request(client: &reqwest::Client, job: &Job, target: &Target) -> Result<reqwest::Request, String> {
     let timeout = target.timeout.as_duration();
+    let url = reqwest::Url::parse(&target.url).map_err(|e| format!("invalid target URL {:?}: {e}", target.url))?;
     let mut req = client
-        .get(&target.url)
+        .get(url)
         .header(reqwest::header::ACCEPT, &job.accept)
         .header("X-Prometheus-Scrape-Timeout-Seconds", format!("{}", timeout.as_secs_f64()))
         .timeout(timeout);
@@ -585,9 +590,23 @@ pub async fn fetch(client: &reqwest::Client, job: &Job, target: &Target, buf: &m
             req = req.header(reqwest::header::AUTHORIZATION, format!("{kind} {credentials}"))
         }
     }
-    let deadline = tokio::time::Instant::now() + timeout;
+    req.build().map_err(|e| format!("building the scrape request: {}", error_chain(&e)))
+}
+
+/// Fetches the target once into `buf`: the body's format, or what went wrong.
+pub async fn fetch(
+    client: &reqwest::Client,
+    request: &Result<reqwest::Request, String>,
+    job: &Job,
+    target: &Target,
+    buf: &mut Vec<u8>,
+) -> Result<Format, String> {
+    buf.clear();
+    let req = request.as_ref().map_err(Clone::clone)?;
+    let req = req.try_clone().ok_or("the scrape request cannot be repeated")?;
+    let deadline = tokio::time::Instant::now() + target.timeout.as_duration();
     let work = async {
-        let mut resp = req.send().await.map_err(|e| error_chain(&e))?;
+        let mut resp = client.execute(req).await.map_err(|e| error_chain(&e))?;
         if resp.status() != reqwest::StatusCode::OK {
             return Err(format!("server returned HTTP status {}", resp.status()));
         }
@@ -649,6 +668,7 @@ pub async fn run(
     let interval = state.target.interval.0;
     let offset = offset_ms(&state.target, interval, seed);
     let mut buf = Vec::new();
+    let request = prepare_request(&client, &state.job, &state.target);
     let mut tick = next_tick(now_ms(), interval, offset);
     loop {
         let wait = Duration::from_millis((tick - now_ms()).max(0) as u64);
@@ -661,7 +681,7 @@ pub async fn run(
         let t = tick;
         let started = Instant::now();
         let fetched = tokio::select! {
-            r = fetch(&client, &state.job, &state.target, &mut buf) => r,
+            r = fetch(&client, &request, &state.job, &state.target, &mut buf) => r,
             _ = stop.changed() => break,
         };
         let (db2, stats2) = (db.clone(), stats.clone());

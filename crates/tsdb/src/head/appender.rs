@@ -173,6 +173,12 @@ impl<'h> Appender<'h> {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Makes room for `n` more samples (a caller that knows its batch size, like a scrape).
+    pub fn reserve(&mut self, n: usize) {
+        self.pending.reserve(n);
+        self.batch_max.reserve(n);
+    }
+
     pub fn len(&self) -> usize {
         self.pending.len()
     }
