@@ -218,30 +218,26 @@ impl<'a> Parser<'a> {
 /// follows it (quoted strings skipped, so a `}` or space inside a label value does not end it).
 fn series_end(line: &str) -> Result<usize, String> {
     let b = line.as_bytes();
-    let mut i = 0;
-    while i < b.len() && !matches!(b[i], b' ' | b'\t' | b'{') {
-        i += 1;
-    }
+    let mut i = memchr::memchr3(b' ', b'\t', b'{', b).unwrap_or(b.len());
     if i < b.len() && b[i] == b'{' {
         i += 1;
         loop {
-            match b.get(i) {
-                None => return Err("expected ',' or '}' before the end of the line".into()),
-                Some(b'}') => return Ok(i + 1),
-                Some(b'"') => {
-                    let start = i;
+            let j = memchr::memchr2(b'"', b'}', &b[i..]).ok_or("expected ',' or '}' before the end of the line")?;
+            i += j;
+            if b[i] == b'}' {
+                return Ok(i + 1);
+            }
+            let start = i;
+            i += 1;
+            loop {
+                let unterminated = || format!("unterminated quoted string starting at column {}", start + 1);
+                let j = memchr::memchr2(b'\\', b'"', b.get(i..).ok_or_else(unterminated)?).ok_or_else(unterminated)?;
+                i += j;
+                if b[i] == b'"' {
                     i += 1;
-                    loop {
-                        match b.get(i) {
-                            None => return Err(format!("unterminated quoted string starting at column {}", start + 1)),
-                            Some(b'\\') => i += 2,
-                            Some(b'"') => break,
-                            Some(_) => i += 1,
-                        }
-                    }
-                    i += 1;
+                    break;
                 }
-                Some(_) => i += 1,
+                i += 2; // an escape and the byte it escapes
             }
         }
     }
@@ -418,10 +414,12 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// Skips spaces and tabs; whether any were skipped.
+    /// Skips spaces and tabs; whether any were skipped. (Bytewise: continuation bytes of UTF-8
+    /// are never ASCII, so the position stays on a character boundary.)
     fn skip_spaces(&mut self) -> bool {
+        let b = self.s.as_bytes();
         let start = self.pos;
-        while matches!(self.peek(), Some(' ' | '\t')) {
+        while self.pos < b.len() && matches!(b[self.pos], b' ' | b'\t') {
             self.pos += 1;
         }
         self.pos > start
@@ -469,13 +467,12 @@ impl<'a> Cursor<'a> {
         Err(format!("unterminated quoted string starting at column {}", start + 1))
     }
 
+    /// Up to the next space or tab (bytewise, as `skip_spaces`).
     fn token(&mut self) -> &'a str {
+        let b = self.s.as_bytes();
         let start = self.pos;
-        while let Some(ch) = self.peek() {
-            if ch == ' ' || ch == '\t' {
-                break;
-            }
-            self.pos += ch.len_utf8();
+        while self.pos < b.len() && !matches!(b[self.pos], b' ' | b'\t') {
+            self.pos += 1;
         }
         &self.s[start..self.pos]
     }
