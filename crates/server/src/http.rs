@@ -97,6 +97,9 @@ pub struct AppState {
     pub scrape: OnceLock<Arc<crate::scrape::ScrapeManager>>,
     /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary.
     pub reloader: OnceLock<Reloader>,
+    /// `global.external_labels`: added to `/federate` output, as Prometheus does (replaced by a
+    /// reload).
+    pub external_labels: Mutex<Vec<(String, String)>>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
 }
@@ -113,6 +116,7 @@ impl AppState {
             config_yaml: Mutex::new(config_yaml),
             scrape: OnceLock::new(),
             reloader: OnceLock::new(),
+            external_labels: Mutex::new(Vec::new()),
             metadata: Mutex::new(HashMap::new()),
         })
     }
@@ -1152,6 +1156,7 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     let t = now_ms();
     let db = db(&st)?;
     let st2 = st.clone();
+    let external = st.external_labels.lock().clone();
     let text = run_query(&st, move |deadline| {
         let mut budget = Budget::new(&st2, deadline);
         let mut out = String::new();
@@ -1159,7 +1164,8 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
             let samples = s.samples();
             budget.take(samples.len())?;
             if let Some(x) = samples.last().filter(|x| !strata_model::is_stale_nan(x.v)) {
-                out.push_str(&exposition_line(&s.labels, x.v, x.t));
+                let labels = with_external_labels(&s.labels, &external);
+                out.push_str(&exposition_line(&labels, x.v, x.t));
             }
         }
         Ok(out)
@@ -1169,6 +1175,20 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     Ok(resp)
+}
+
+/// `labels` with each external label it does not have (a series' own label wins).
+fn with_external_labels(labels: &Labels, external: &[(String, String)]) -> Labels {
+    if external.is_empty() {
+        return labels.clone();
+    }
+    let mut b = strata_model::LabelsBuilder::new(labels);
+    for (n, v) in external {
+        if labels.get(n).is_none() {
+            b.set(n.as_str(), v.as_str());
+        }
+    }
+    b.build().unwrap_or_else(|_| labels.clone())
 }
 
 /// One sample as a text-format line: `name{a="b"} value timestamp_ms`.

@@ -90,6 +90,7 @@ struct Settings {
     limits: Limits,
     flags: BTreeMap<String, String>,
     jobs: Vec<Job>,
+    external_labels: Vec<(String, String)>,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -224,7 +225,8 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         retention_bytes: retention_size,
         ..Default::default()
     };
-    Ok((Settings { storage, limits, flags, jobs }, yaml))
+    let external_labels = file.global.external_labels.clone().into_iter().collect();
+    Ok((Settings { storage, limits, flags, jobs, external_labels }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -232,9 +234,10 @@ fn parse_count(s: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, flags, jobs }, yaml) = settings(&args)?;
+    let (Settings { storage: cfg, limits, flags, jobs, external_labels }, yaml) = settings(&args)?;
     let max_future_ms = limits.max_future_ms;
     let state = AppState::new(limits, flags, yaml);
+    *state.external_labels.lock() = external_labels;
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata-http").build()?;
     rt.block_on(async move {
@@ -263,10 +266,11 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 let _ = state.scrape.set(scrape.clone());
                 let st = state.clone();
                 let _ = state.reloader.set(Reloader(Box::new(move || {
-                    let (_, text, jobs) = load_config(config_path.as_deref(), listen)?;
+                    let (file, text, jobs) = load_config(config_path.as_deref(), listen)?;
                     let n = jobs.len();
                     scrape.apply(jobs)?;
                     *st.config_yaml.lock() = text;
+                    *st.external_labels.lock() = file.global.external_labels.into_iter().collect();
                     tracing::info!(jobs = n, "configuration reloaded (scrape jobs; storage settings and limits apply at start only)");
                     Ok(())
                 })));

@@ -260,6 +260,7 @@ fn file_discovery_relabeling_auth_and_openmetrics() {
     std::fs::write(
         &config,
         concat!(
+            "global:\n  external_labels: {cluster: c1}\n",
             "scrape_configs:\n  - job_name: files\n    scrape_interval: 1s\n",
             "    basic_auth: {username: scraper, password_file: password}\n",
             "    file_sd_configs:\n      - files: ['sd/*.json']\n",
@@ -277,6 +278,10 @@ fn file_discovery_relabeling_auth_and_openmetrics() {
     assert_eq!(x.len(), 1);
     assert_eq!(x[0].0["file"], "a");
     assert_eq!(x[0].1, ts as f64 + 0.5);
+    // External labels are not stored, but federation adds them, as Prometheus does.
+    assert!(!x[0].0.contains_key("cluster"));
+    let (_, fed) = http(p, "GET", "/federate?match[]=x_total", &[], b"");
+    assert!(fed.contains("cluster=\"c1\"") && fed.contains("x_total{"), "{fed}");
     // basic_auth from a file, relative to the configuration.
     let head = one.last_request.lock().unwrap().clone();
     assert!(

@@ -18,7 +18,9 @@ use tokio::sync::watch;
 use super::config::Job;
 use super::discovery::{static_groups, FileDiscovery, TargetGroup, WATCH_PERIOD};
 use super::relabel::LabelMap;
-use super::scrape_loop::{self, build_client, LoopState, Metadata, MetadataMap, ScrapeStats, StopMode, TargetHealth};
+use super::scrape_loop::{
+    self, build_client, BufferPool, LoopShared, LoopState, Metadata, MetadataMap, ScrapeStats, StopMode, TargetHealth,
+};
 use super::target::{targets_of, Target};
 
 #[derive(Debug)]
@@ -78,8 +80,8 @@ pub struct ScrapeManager {
     seed: u64,
     max_future_ms: i64,
     pools: Mutex<BTreeMap<String, Arc<Pool>>>,
-    /// file_sd read failures of discovery threads that have ended, plus the live ones' in
-    /// `sd_errors_live`.
+    buffers: Arc<BufferPool>,
+    /// file_sd read and parse failures, counted by every discovery thread.
     sd_errors: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -92,6 +94,7 @@ impl ScrapeManager {
             seed,
             max_future_ms,
             pools: Mutex::new(BTreeMap::new()),
+            buffers: Arc::default(),
             sd_errors: Arc::default(),
         })
     }
@@ -217,15 +220,13 @@ impl ScrapeManager {
         let metadata = state.metadata.clone();
         let health = Arc::new(Mutex::new(TargetHealth::default()));
         let (tx, rx) = watch::channel(None);
-        let task = self.rt.spawn(scrape_loop::run(
-            state,
-            st.client.clone(),
-            self.db.clone(),
-            self.stats.clone(),
-            health.clone(),
-            self.seed,
-            rx,
-        ));
+        let shared = LoopShared {
+            db: self.db.clone(),
+            stats: self.stats.clone(),
+            buffers: self.buffers.clone(),
+            seed: self.seed,
+        };
+        let task = self.rt.spawn(scrape_loop::run(state, st.client.clone(), shared, health.clone(), rx));
         LoopHandle { target, health, metadata, stop: tx, task }
     }
 
