@@ -280,10 +280,16 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         };
         let app = router(state.clone());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
+        let stopping = state.clone();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             tokio::select! {
                 _ = shutdown_signal() => {}
                 reason = stop_rx => tracing::error!(reason = reason.unwrap_or_default(), "stopping"),
+            }
+            // Scraping stops before the HTTP server: a self-scrape racing the server's own
+            // shutdown would record Strata as down and mark its series stale.
+            if let Some(scrape) = stopping.scrape.get() {
+                scrape.stop().await;
             }
         });
         let server = tokio::spawn(async move { server.await });
@@ -295,6 +301,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         server.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         reloads.abort();
         if let Some(scrape) = state.scrape.get() {
+            // Already stopped with the server, unless the server ended on an error.
             scrape.stop().await;
         }
         tracing::info!("HTTP server and scraping stopped; closing storage");

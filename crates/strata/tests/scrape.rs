@@ -332,3 +332,216 @@ fn out_of_the_box_strata_scrapes_itself() {
     let (_, cfg) = http(p, "GET", "/api/v1/status/config", &[], b"");
     assert!(cfg.contains("job_name: strata"), "{cfg}");
 }
+
+#[test]
+fn target_limit_stops_every_target_of_the_job_with_the_reason() {
+    let one = TestTarget::start("a 1\n");
+    let two = TestTarget::start("a 2\n");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("strata.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "scrape_configs:\n  - job_name: t\n    scrape_interval: 1s\n    target_limit: 1\n    static_configs:\n      - targets: ['{}', '{}']\n",
+            one.addr(),
+            two.addr()
+        ),
+    )
+    .unwrap();
+    let srv = Server::start(&tmp.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let t = targets(srv.port);
+    let active = t["activeTargets"].as_array().unwrap();
+    assert_eq!(active.len(), 2, "{t}");
+    for x in active {
+        assert_eq!(x["health"], "down");
+        assert_eq!(x["lastError"], "target_limit exceeded (number of targets: 2, limit: 1)");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(query(srv.port, "a").is_empty(), "no target of the job is scraped");
+}
+
+/// The labels of every series a server holds for `job`, as sorted `name=value` lists.
+fn series_of(port: u16, job: &str) -> Vec<Vec<String>> {
+    let sel: String = form_urlencoded::byte_serialize(format!("{{job=\"{job}\"}}").as_bytes()).collect();
+    let (status, body) = http(port, "GET", &format!("/api/v1/series?match[]={sel}"), &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut out: Vec<Vec<String>> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let mut l: Vec<String> =
+                s.as_object().unwrap().iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap())).collect();
+            l.sort();
+            l
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The same scrape configuration, with every relabel action, in Strata and in Debian's
+/// Prometheus 2.42 against one target: both must store exactly the same series.
+#[test]
+fn relabeling_and_target_labels_match_prometheus() {
+    let prometheus = which("prometheus");
+    let target = TestTarget::start(concat!(
+        "# TYPE drop_me_total counter\ndrop_me_total 1\n",
+        "m{a=\"1\",b=\"2\"} 1\nm{a=\"3\",x_y=\"9\"} 2\n",
+        "k{u=\"q\",v=\"q\"} 1\nk{u=\"q\",v=\"r\"} 2\nk 3\n",
+        "c{job=\"inner\",instance=\"i\",exported_job=\"e\"} 3\n",
+        "z{z=\"abc\"} 1\nlong{id=\"0123456789\"} 1\n",
+    ));
+    let config = format!(
+        concat!(
+            "global:\n  scrape_interval: 1s\n",
+            "scrape_configs:\n  - job_name: rl\n    static_configs:\n      - targets: ['{addr}']\n        labels: {{env: Prod, team: a, __meta_x: y}}\n",
+            "    relabel_configs:\n",
+            "      - source_labels: [env]\n        target_label: env_lower\n        action: lowercase\n",
+            "      - source_labels: [__address__]\n        target_label: shard\n        modulus: 8\n        action: hashmod\n",
+            "      - regex: team\n        action: labeldrop\n",
+            "      - source_labels: [__address__]\n        regex: '(.*):(\\d+)'\n        target_label: port\n        replacement: 'p$2'\n",
+            "      - source_labels: [__meta_x]\n        target_label: from_meta\n",
+            "    metric_relabel_configs:\n",
+            "      - source_labels: [__name__]\n        regex: 'drop_me.*'\n        action: drop\n",
+            "      - source_labels: [a, b]\n        separator: '-'\n        target_label: ab\n",
+            "      - regex: 'x_(.*)'\n        action: labelmap\n        replacement: 'mapped_$1'\n",
+            "      - source_labels: [u]\n        target_label: v\n        action: keepequal\n",
+            "      - source_labels: [z]\n        target_label: z\n        action: uppercase\n",
+            "      - source_labels: [id]\n        regex: '(\\d{{3}}).*'\n        target_label: id\n",
+            "      - regex: 'x_.*'\n        action: labeldrop\n",
+        ),
+        addr = target.addr()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("both.yml");
+    std::fs::write(&cfg, &config).unwrap();
+    let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
+    let prom_port = free_port();
+    let _prom = Kill(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let scraped = |port: u16| {
+        support::try_http(port, "GET", "/api/v1/query?query=up", &[], b"")
+            .map(|(s, b)| s == 200 && b.contains("\"rl\""))
+            .unwrap_or(false)
+    };
+    wait_for(&srv, 30, "both servers scraped the target", || scraped(srv.port) && scraped(prom_port));
+    let ours = series_of(srv.port, "rl");
+    let theirs = series_of(prom_port, "rl");
+    assert_eq!(ours, theirs, "Strata's series (left) differ from Prometheus' (right)");
+    // And the cases this covers are there: a hashmod shard, an exported_ label, a dropped
+    // series, a keepequal drop.
+    let flat = format!("{ours:?}");
+    // The exposed `job` clashes with the target's, and `exported_job` is taken: it becomes
+    // `exported_exported_job`.
+    assert!(
+        flat.contains("shard=") && flat.contains("exported_job=e") && flat.contains("exported_exported_job=inner"),
+        "{flat}"
+    );
+    assert!(!flat.contains("drop_me") && !flat.contains("v=r") && flat.contains("z=ABC"));
+    assert!(flat.contains("mapped_y=9") && flat.contains("id=012") && flat.contains("ab=1-2"), "{flat}");
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new(which("openssl")).args(args).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// HTTPS scraping with `tls_config`: node_exporter serves TLS with a certificate from a test
+/// CA; the job that trusts the CA (`ca_file`) and the one that skips verification scrape it,
+/// the one that trusts only the system's roots is refused with the reason.
+#[test]
+fn tls_targets_are_verified_against_the_configured_ca() {
+    let exporter = which("prometheus-node-exporter");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=strata-test-ca",
+        ],
+    );
+    openssl(
+        d,
+        &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "req.csr", "-subj", "/CN=localhost"],
+    );
+    std::fs::write(d.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "req.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    std::fs::write(d.join("web.yml"), "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n").unwrap();
+    let ne_port = free_port();
+    let _ne = Kill(
+        Command::new(exporter)
+            .arg(format!("--web.listen-address=127.0.0.1:{ne_port}"))
+            .arg(format!("--web.config.file={}", d.join("web.yml").display()))
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let job = |name: &str, tls: &str| {
+        format!("  - job_name: {name}\n    scheme: https\n    scrape_interval: 1s\n    tls_config: {tls}\n    static_configs:\n      - targets: ['127.0.0.1:{ne_port}']\n")
+    };
+    std::fs::write(
+        d.join("strata.yml"),
+        format!(
+            "scrape_configs:\n{}{}{}",
+            job("ca", "{ca_file: ca.pem}"),
+            job("insecure", "{insecure_skip_verify: true}"),
+            job("system-roots", "{}")
+        ),
+    )
+    .unwrap();
+    let srv = Server::start(&d.join("data"), &["--config", d.join("strata.yml").to_str().unwrap()]);
+    let p = srv.port;
+    wait_for(&srv, 30, "all three jobs scraped", || query(p, "up").len() == 3);
+    wait_for(&srv, 10, "the CA job up", || value(p, "up{job=\"ca\"}") == Some(1.0));
+    assert_eq!(value(p, "up{job=\"insecure\"}"), Some(1.0));
+    assert_eq!(value(p, "up{job=\"system-roots\"}"), Some(0.0));
+    assert!(value(p, "count(node_cpu_seconds_total{job=\"ca\"})").unwrap() > 0.0);
+    let t = targets(p);
+    let bad =
+        t["activeTargets"].as_array().unwrap().iter().find(|x| x["scrapePool"] == "system-roots").unwrap().clone();
+    let err = bad["lastError"].as_str().unwrap();
+    assert!(err.to_ascii_lowercase().contains("certificate"), "{err}");
+}

@@ -2,9 +2,10 @@
 //! commit, write staleness markers and the target's own series (`up`…).
 //!
 //! The cost that matters is per scraped sample, so a sample of a series seen before costs one
-//! hash lookup of its text as written and one append by series reference: the *scrape cache*
-//! maps the series text to the head series it became (or to "dropped by metric relabeling"),
-//! and labels are parsed and relabeled only for a series text not seen in the previous scrape.
+//! lookup of its text as written (by position, else by hash: see `cache`) and one append to
+//! the head series it became: the *scrape cache* maps the series text to that series (or to
+//! "dropped by metric relabeling"), and labels are parsed and relabeled only for a series text
+//! not seen in the previous scrape. Comment lines are only hashed unless they changed.
 //!
 //! Staleness (Prometheus' rules): a series present in the previous successful scrape and absent
 //! from this one gets a stale marker at this scrape's timestamp; a failed scrape marks every
@@ -98,8 +99,8 @@ pub struct ScrapeCounts {
     pub series_added: usize,
 }
 
-/// Everything a loop keeps between scrapes; owned by the loop and moved to a blocking thread
-/// for each ingest.
+/// Everything a loop keeps between scrapes; owned by the loop (and moved to a blocking thread
+/// for each ingest when commits wait for fsync).
 #[derive(Debug)]
 pub struct LoopState {
     pub job: Arc<Job>,
