@@ -26,8 +26,6 @@ use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
-
-mod scrape_api;
 use crate::remote::{self, DecodeError};
 use crate::textparse::{Entry, Format, Parser};
 use crate::timeparse::{parse_duration_param_ms, parse_time_ms};
@@ -1206,6 +1204,8 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
     }
     format!("{s} {} {t}\n", format_value(v))
 }
+
+mod scrape_api;
 
 #[cfg(test)]
 mod tests;

@@ -252,7 +252,9 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = cfg.clone();
             let (config_path, listen) = (args.config.clone(), args.listen);
             tokio::task::spawn_blocking(move || -> Result<(), String> {
-                let db = Arc::new(Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| e.to_string())?);
+                let db = Arc::new(
+                    Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| format!("cannot open the data directory: {e}"))?,
+                );
                 state.db.set(db.clone()).map_err(|_| "database opened twice".to_owned())?;
                 let seed = {
                     use std::hash::{Hash, Hasher};
@@ -262,7 +264,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 };
                 let scrape = ScrapeManager::new(db, tokio::runtime::Handle::current(), seed, max_future_ms);
                 let n = jobs.len();
-                scrape.apply(jobs)?;
+                scrape.apply(jobs).map_err(|e| format!("cannot start scraping: {e}"))?;
                 let _ = state.scrape.set(scrape.clone());
                 let st = state.clone();
                 let _ = state.reloader.set(Reloader(Box::new(move || {
@@ -296,7 +298,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let reloads = tokio::spawn(reload_on_sighup(state.clone()));
         let opened = opener.await.map_err(|e| e.to_string()).and_then(|r| r);
         if let Err(e) = &opened {
-            let _ = stop_tx.send(format!("cannot open the data directory: {e}"));
+            let _ = stop_tx.send(e.clone());
         }
         server.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         reloads.abort();
@@ -308,7 +310,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(db) = state.db.get() {
             db.shutdown().map_err(|e| e.to_string())?;
         }
-        opened.map_err(|e| format!("cannot open the data directory: {e}"))?;
+        opened?;
         tracing::info!("stopped cleanly");
         Ok::<(), String>(())
     })?;

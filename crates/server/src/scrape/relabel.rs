@@ -119,17 +119,10 @@ impl Default for RelabelConfig {
     }
 }
 
-/// `[a-zA-Z_][a-zA-Z0-9_]*`, the names relabeling may create. (UTF-8 names are accepted in
-/// exposition and selectors; Prometheus' relabeling still checks target names this way unless
-/// the UTF-8 validation scheme is chosen, in which case any non-empty UTF-8 name is valid.)
+/// Prometheus 3 validates label names as UTF-8 (as Strata stores them): any non-empty string
+/// without NUL is a name relabeling may create.
 fn is_valid_label_name(s: &str) -> bool {
-    !s.is_empty() && !s.chars().any(|c| c == '\u{0}')
-}
-
-fn is_legacy_label_name(s: &str) -> bool {
-    let mut b = s.bytes();
-    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+    !s.is_empty() && !s.contains('\u{0}')
 }
 
 impl RelabelConfig {
@@ -152,15 +145,8 @@ impl RelabelConfig {
         if needs_target && self.target_label.is_empty() {
             return Err(format!("relabel configuration for {name} action requires 'target_label' value"));
         }
-        if matches!(a, Action::Replace | Action::Lowercase | Action::Uppercase) {
-            // A template (`$1`) may expand into a valid name; a literal must be one.
-            if !self.target_label.contains('$') && !is_legacy_label_name(&self.target_label) {
-                return Err(format!("{:?} is invalid 'target_label' for {name} action", self.target_label));
-            }
-        }
-        if matches!(a, Action::HashMod | Action::KeepEqual | Action::DropEqual)
-            && !is_legacy_label_name(&self.target_label)
-        {
+        // A template (`$1`) may expand into a valid name; a literal must be one.
+        if needs_target && !self.target_label.contains('$') && !is_valid_label_name(&self.target_label) {
             return Err(format!("{:?} is invalid 'target_label' for {name} action", self.target_label));
         }
         if matches!(a, Action::KeepEqual | Action::DropEqual) {
@@ -184,7 +170,7 @@ impl RelabelConfig {
         {
             return Err(format!("{name} action requires only 'regex', and no other fields"));
         }
-        if a == Action::LabelMap && !self.replacement.contains('$') && !is_legacy_label_name(&self.replacement) {
+        if a == Action::LabelMap && !self.replacement.contains('$') && !is_valid_label_name(&self.replacement) {
             return Err(format!("{:?} is invalid 'replacement' for labelmap action", self.replacement));
         }
         for s in &self.source_labels {
@@ -400,7 +386,7 @@ mod tests {
         let cases = [
             ("- source_labels: [a]\n  action: replace\n", "requires 'target_label'"),
             ("- source_labels: [a]\n  target_label: x\n  action: hashmod\n", "non-zero modulus"),
-            ("- source_labels: [a]\n  target_label: 1bad\n", "invalid 'target_label'"),
+            ("- source_labels: [a]\n  target_label: \"a\\0b\"\n", "invalid 'target_label'"),
             ("- source_labels: [a]\n  target_label: b\n  regex: x\n  action: keepequal\n", "only 'source_labels'"),
             ("- source_labels: [a]\n  regex: x\n  action: labeldrop\n", "only 'regex'"),
         ];
