@@ -392,6 +392,7 @@ fn relabeling_and_target_labels_match_prometheus() {
         "k{u=\"q\",v=\"q\"} 1\nk{u=\"q\",v=\"r\"} 2\nk 3\n",
         "c{job=\"inner\",instance=\"i\",exported_job=\"e\"} 3\n",
         "z{z=\"abc\"} 1\nlong{id=\"0123456789\"} 1\n",
+        "e{a=\"e\"} 1\ne{a=\"f\"} 2\nr{extra=\"x\",keep=\"y\"} 1\n",
     ));
     let config = format!(
         concat!(
@@ -411,6 +412,9 @@ fn relabeling_and_target_labels_match_prometheus() {
             "      - source_labels: [z]\n        target_label: z\n        action: uppercase\n",
             "      - source_labels: [id]\n        regex: '(\\d{{3}}).*'\n        target_label: id\n",
             "      - regex: 'x_.*'\n        action: labeldrop\n",
+            "      - source_labels: [__name__]\n        regex: '.+'\n        action: keep\n",
+            "      - source_labels: [a]\n        target_label: __name__\n        action: dropequal\n",
+            "      - regex: '__name__|job|instance|env|env_lower|shard|port|from_meta|a|b|ab|mapped_y|u|v|z|id|keep|exported_.*'\n        action: labelkeep\n",
         ),
         addr = target.addr()
     );
@@ -449,6 +453,12 @@ fn relabeling_and_target_labels_match_prometheus() {
     );
     assert!(!flat.contains("drop_me") && !flat.contains("v=r") && flat.contains("z=ABC"));
     assert!(flat.contains("mapped_y=9") && flat.contains("id=012") && flat.contains("ab=1-2"), "{flat}");
+    // dropequal dropped e{a="e"} (its `a` equals its name); labelkeep removed `extra`.
+    assert!(
+        flat.contains("a=f") && !flat.contains("a=e") && !flat.contains("extra") && flat.contains("keep=y"),
+        "{flat}"
+    );
+    assert_eq!(ours.iter().filter(|s| s.contains(&"__name__=e".to_owned())).count(), 1, "{flat}");
 }
 
 fn openssl(dir: &std::path::Path, args: &[&str]) {
