@@ -706,8 +706,9 @@ pub async fn run(
     // With a WAL that fsyncs in the background, a commit never waits for the disk, and an
     // ingest (well under a millisecond for a typical target) runs right here; the hand-off
     // to a blocking thread and back cost more than that. Under `--wal-fsync always` a commit
-    // waits for an fsync, which must not hold up a runtime thread.
-    let inline = !matches!(db.options().head.wal.fsync, strata_tsdb::wal::FsyncPolicy::Always);
+    // waits for an fsync, and while the head is being truncated an appender waits for it:
+    // neither may hold up a runtime thread, so those ingests go to a blocking thread.
+    let fsync_per_commit = matches!(db.options().head.wal.fsync, strata_tsdb::wal::FsyncPolicy::Always);
     let mut tick = next_tick(now_ms(), interval, offset);
     loop {
         let wait = Duration::from_millis((tick - now_ms()).max(0) as u64);
@@ -727,6 +728,7 @@ pub async fn run(
                 break;
             }
         };
+        let inline = !fsync_per_commit && !db.head().appender_would_wait();
         let (err, counts, took) = if inline {
             let took = started.elapsed();
             let body = fetched.as_ref().map(|f| (buf.as_slice(), *f)).map_err(Clone::clone);

@@ -409,6 +409,14 @@ impl Head {
         self.gc_gate.read()
     }
 
+    /// Whether opening an appender now would wait: truncation holds or waits for the gate
+    /// (the lock is task-fair, so a waiting truncation holds off new appenders). A caller
+    /// that must not block, such as an async task, can hand its work to a blocking thread
+    /// instead. A hint only: truncation may begin right after.
+    pub fn appender_would_wait(&self) -> bool {
+        self.gc_gate.try_read().is_none()
+    }
+
     /// Oldest timestamp the head may hold: everything older is in blocks.
     pub fn min_valid_time(&self) -> i64 {
         self.min_valid_time.load(Ordering::Relaxed)

@@ -356,3 +356,21 @@ fn a_kept_series_handle_is_refused_once_truncation_removed_the_series() {
     app.commit().unwrap();
     assert_eq!(dump(&head)[&up].len(), 1);
 }
+
+#[test]
+fn a_waiting_truncation_is_visible_to_appenders_that_must_not_block() {
+    let head = Arc::new(Head::in_memory(HeadOptions::default()));
+    assert!(!head.appender_would_wait());
+    let app = head.appender();
+    // A truncation now waits for this appender's gate; new appenders would queue behind it.
+    let h2 = head.clone();
+    let truncation = std::thread::spawn(move || h2.truncate(1_000));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !head.appender_would_wait() {
+        assert!(std::time::Instant::now() < deadline, "the truncation never waited");
+        std::thread::yield_now();
+    }
+    drop(app);
+    truncation.join().unwrap();
+    assert!(!head.appender_would_wait());
+}
