@@ -255,14 +255,13 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 let db = Arc::new(
                     Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| format!("cannot open the data directory: {e}"))?,
                 );
-                state.db.set(db.clone()).map_err(|_| "database opened twice".to_owned())?;
                 let seed = {
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();
                     (listen, &cfg.data_dir).hash(&mut h);
                     h.finish()
                 };
-                let scrape = ScrapeManager::new(db, tokio::runtime::Handle::current(), seed, max_future_ms);
+                let scrape = ScrapeManager::new(db.clone(), tokio::runtime::Handle::current(), seed, max_future_ms);
                 let n = jobs.len();
                 scrape.apply(jobs).map_err(|e| format!("cannot start scraping: {e}"))?;
                 let _ = state.scrape.set(scrape.clone());
@@ -276,6 +275,9 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                     tracing::info!(jobs = n, "configuration reloaded (scrape jobs; storage settings and limits apply at start only)");
                     Ok(())
                 })));
+                // Ready (`/-/ready`, the storage endpoints) only now, so that a client that
+                // waited for readiness also finds the targets in place.
+                state.db.set(db).map_err(|_| "database opened twice".to_owned())?;
                 tracing::info!(scrape_jobs = n, "ready");
                 Ok(())
             })
