@@ -209,3 +209,20 @@ fn schedule_is_a_fixed_grid_spread_by_target() {
     assert_eq!(format_for(None, Some(ScrapeProtocol::OpenMetricsText1)), Format::OpenMetrics);
     assert_eq!(format_for(Some("application/json"), None), Format::Prometheus);
 }
+
+#[test]
+fn series_churn_does_not_grow_the_cache() {
+    // Every scrape exposes a new `pod` (a short-lived Kubernetes target's series): the cache
+    // holds the current scrape's series only, and each old one is marked stale once.
+    let mut f = fixture(JOB);
+    for i in 0..50 {
+        let body = format!("stable 1\nrequests{{pod=\"p{i}\"}} {i}\n");
+        let (err, counts) = f.scrape(T0 + i * 10_000, &body);
+        assert_eq!(err, None);
+        assert_eq!(counts.series_added, if i == 0 { 2 } else { 1 });
+        assert_eq!(f.state.cached(), 2);
+    }
+    let p7 = f.series("requests{instance=\"h:1\", job=\"node\", pod=\"p7\"}");
+    assert_eq!(p7, [(T0 + 70_000, "7".to_owned()), (T0 + 80_000, "stale".to_owned())]);
+    assert_eq!(f.series("stable{instance=\"h:1\", job=\"node\"}").len(), 50);
+}
