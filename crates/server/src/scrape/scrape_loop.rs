@@ -236,9 +236,10 @@ impl LoopState {
             let explicit = ts.filter(|_| job.honor_timestamps);
             let st = explicit.unwrap_or(t);
             let track = explicit.is_none() || job.track_timestamps_staleness;
-            // A cached series: one lookup (usually by position), one append by handle.
-            let cached = self.cache.find(series_text);
-            let series = match cached {
+            // A cached series: one lookup (usually by position), one append by handle. A new
+            // one is parsed and relabeled first, so that the sample limit counts only what
+            // relabeling keeps.
+            let series = match self.cache.find(series_text) {
                 Some(CacheEntry::Dropped { seen }) => {
                     *seen = iter;
                     continue;
@@ -249,9 +250,15 @@ impl LoopState {
                         *seen = iter;
                     }
                     *tr = track;
-                    Some(series.clone())
+                    Ok(series.clone())
                 }
-                None => None,
+                None => match self.series_labels(&parser, series_text)? {
+                    None => {
+                        self.cache.insert(series_text, CacheEntry::Dropped { seen: iter });
+                        continue;
+                    }
+                    Some(labels) => Err(labels),
+                },
             };
             counts.post_relabel += 1;
             if job.sample_limit > 0 && counts.post_relabel > job.sample_limit {
@@ -265,11 +272,11 @@ impl LoopState {
                 continue;
             }
             let appended = match series {
-                Some(series) => match app.append_to(&series, st, value) {
+                Ok(series) => match app.append_to(&series, st, value) {
                     Err(AppendError::UnknownSeries(_)) => {
-                        // The head dropped the series meanwhile: build it again from the text.
-                        let labels = self.series_labels(&parser, series_text)?;
-                        let labels = labels.ok_or_else(|| {
+                        // The head dropped the series meanwhile: build it again from the text
+                        // (relabeling kept it before, and its rules have not changed since).
+                        let labels = self.series_labels(&parser, series_text)?.ok_or_else(|| {
                             ScrapeFailure(format!("series {series_text} is now dropped by relabeling"))
                         })?;
                         app.append_handle(&labels, st, value).map(|r| {
@@ -283,24 +290,10 @@ impl LoopState {
                     }
                     other => other,
                 },
-                None => match self.series_labels(&parser, series_text)? {
-                    None => {
-                        counts.post_relabel -= 1;
-                        self.cache.insert(series_text, CacheEntry::Dropped { seen: iter });
-                        continue;
-                    }
-                    Some(labels) => match app.append_handle(&labels, st, value) {
-                        Ok(r) => {
-                            counts.series_added += 1;
-                            self.cache.insert(
-                                series_text,
-                                CacheEntry::Series { series: r, seen: iter, seen_before: 0, track },
-                            );
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    },
-                },
+                Err(labels) => app.append_handle(&labels, st, value).map(|r| {
+                    counts.series_added += 1;
+                    self.cache.insert(series_text, CacheEntry::Series { series: r, seen: iter, seen_before: 0, track });
+                }),
             };
             match appended {
                 Ok(()) => {}

@@ -167,6 +167,11 @@ fn metric_relabeling_drops_and_rewrites_and_limits_fail_the_scrape() {
     assert!(!f.dump().iter().any(|(l, _)| l.starts_with("swap")));
     assert_eq!(f.series("mem{instance=\"h:1\", job=\"node\"}")[1], (T0 + 10_000, "stale".to_owned()));
 
+    // A new series that relabeling drops does not count against the limit, wherever it is.
+    let (err, counts) = f.scrape(T0 + 20_000, "cpu{mode=\"idle\"} 2\nmem 4\ngo_new 1\n");
+    assert_eq!(err, None);
+    assert_eq!(counts.post_relabel, 2);
+
     let mut f = fixture("job_name: node\nlabel_limit: 3\nstatic_configs:\n  - targets: ['h:1']\n");
     let (err, _) = f.scrape(T0, "ok 1\nbig{a=\"1\",b=\"2\"} 1\n");
     assert_eq!(err.as_deref(), Some("label_limit exceeded (metric: big, number of labels: 5, limit: 3)"));
