@@ -403,21 +403,15 @@ impl LoopState {
     }
 
     /// When the loop stops because its target went away: every live series, and the report
-    /// series, get a stale marker at `t`.
+    /// series, get a stale marker at `t`, as for a failed scrape that follows the last one.
     pub fn end_of_run_staleness(&mut self, db: &Db, t: i64) {
         if !self.last_ok {
             return;
         }
+        self.iter += 1;
         let mut app = db.appender();
-        let stale = f64::from_bits(STALE_NAN_BITS);
-        for e in self.cache.values() {
-            if let CacheEntry::Series { series, seen, track: true, .. } = e {
-                if *seen == self.iter {
-                    let _ = app.append_to(series, t, stale);
-                }
-            }
-        }
-        self.append_report(&mut app, t, [stale; 5]);
+        self.mark_stale(&mut app, t, true);
+        self.append_report(&mut app, t, [f64::from_bits(STALE_NAN_BITS); 5]);
         if let Err(e) = app.commit() {
             tracing::warn!(target = %self.target.url, error = %e, "writing end-of-run stale markers failed");
         }
