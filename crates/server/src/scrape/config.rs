@@ -94,9 +94,11 @@ impl ScrapeProtocol {
         ScrapeProtocol::PrometheusText0,
     ];
 
+    /// The media type asked for; the 1.0.0 formats also say that UTF-8 names may come
+    /// unescaped (Strata stores them as they are), as Prometheus 3 does by default.
     pub fn media_type(self) -> &'static str {
         match self {
-            ScrapeProtocol::OpenMetricsText1 => "application/openmetrics-text;version=1.0.0",
+            ScrapeProtocol::OpenMetricsText1 => "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
             ScrapeProtocol::OpenMetricsText0 => "application/openmetrics-text;version=0.0.1",
             ScrapeProtocol::PrometheusText1 => "text/plain;version=1.0.0;escaping=allow-utf-8",
             ScrapeProtocol::PrometheusText0 => "text/plain;version=0.0.4",
@@ -511,7 +513,7 @@ mod tests {
     fn accept_header_is_prometheus_3s() {
         assert_eq!(
             accept_header(&ScrapeProtocol::DEFAULT),
-            "application/openmetrics-text;version=1.0.0;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+            "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
         );
     }
 
