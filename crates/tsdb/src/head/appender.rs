@@ -61,13 +61,7 @@ impl<'h> Appender<'h> {
 
     /// Appends a sample to the series with `labels`, creating it if needed.
     pub fn append(&mut self, labels: &Labels, t: i64, v: f64) -> Result<SeriesRef, AppendError> {
-        labels.validate().map_err(AppendError::InvalidLabels)?;
-        // Before creating the series, so that a stream of too-old samples creates nothing.
-        self.check_too_old(t)?;
-        let (series, _) = self.head.get_or_create(labels)?;
-        let r = series.series_ref;
-        self.push(series, t, v)?;
-        Ok(r)
+        self.append_handle(labels, t, v).map(|s| s.series_ref)
     }
 
     /// Appends a sample to the series with the label set `pairs`, as a client sent them. When
@@ -99,6 +93,7 @@ impl<'h> Appender<'h> {
     /// reference.
     pub fn append_handle(&mut self, labels: &Labels, t: i64, v: f64) -> Result<Arc<MemSeries>, AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
+        // Before creating the series, so that a stream of too-old samples creates nothing.
         self.check_too_old(t)?;
         let (series, _) = self.head.get_or_create(labels)?;
         self.push(series.clone(), t, v)?;
