@@ -54,10 +54,8 @@ struct PoolState {
     discovery_stop: Option<Arc<AtomicBool>>,
 }
 
-#[derive(Debug)]
-struct Pool {
-    state: Mutex<PoolState>,
-}
+/// A job's pool: its configuration, discovered groups and loops, behind one lock.
+type Pool = Mutex<PoolState>;
 
 /// Metadata of a target's metric families, by family name.
 pub type FamilyMetadata = Vec<(String, Metadata)>;
@@ -105,7 +103,7 @@ impl ScrapeManager {
         let mut pools = self.pools.lock();
         let mut clients = HashMap::new();
         for job in &jobs {
-            let unchanged = pools.get(&job.name).is_some_and(|p| *p.state.lock().job == *job);
+            let unchanged = pools.get(&job.name).is_some_and(|p| *p.lock().job == *job);
             if !unchanged {
                 let c = build_client(job).map_err(|e| format!("scrape config with job name {:?}: {e}", job.name))?;
                 clients.insert(job.name.clone(), c);
@@ -116,7 +114,7 @@ impl ScrapeManager {
             if names.contains(name) {
                 return true;
             }
-            let mut st = pool.state.lock();
+            let mut st = pool.lock();
             if let Some(s) = st.discovery_stop.take() {
                 s.store(true, Ordering::Relaxed);
             }
@@ -131,18 +129,16 @@ impl ScrapeManager {
             let pool = pools
                 .entry(job.name.clone())
                 .or_insert_with(|| {
-                    Arc::new(Pool {
-                        state: Mutex::new(PoolState {
-                            job: job.clone(),
-                            client: client.clone(),
-                            static_groups: Vec::new(),
-                            file_groups: Vec::new(),
-                            loops: HashMap::new(),
-                            dropped: Vec::new(),
-                            limit_error: None,
-                            discovery_stop: None,
-                        }),
-                    })
+                    Arc::new(Mutex::new(PoolState {
+                        job: job.clone(),
+                        client: client.clone(),
+                        static_groups: Vec::new(),
+                        file_groups: Vec::new(),
+                        loops: HashMap::new(),
+                        dropped: Vec::new(),
+                        limit_error: None,
+                        discovery_stop: None,
+                    }))
                 })
                 .clone();
             self.configure(&pool, job, client);
@@ -155,7 +151,7 @@ impl ScrapeManager {
         let mut files: Vec<FileDiscovery> = job.file_sd_configs.iter().map(FileDiscovery::new).collect();
         // The first read happens here, so the job starts with its targets.
         let file_groups: Vec<Vec<TargetGroup>> = files.iter_mut().map(|f| f.poll().unwrap_or_default()).collect();
-        let mut st = pool.state.lock();
+        let mut st = pool.lock();
         if let Some(s) = st.discovery_stop.take() {
             s.store(true, Ordering::Relaxed);
         }
@@ -234,7 +230,7 @@ impl ScrapeManager {
     pub async fn stop(&self) {
         let mut tasks = Vec::new();
         for pool in std::mem::take(&mut *self.pools.lock()).into_values() {
-            let mut st = pool.state.lock();
+            let mut st = pool.lock();
             if let Some(s) = st.discovery_stop.take() {
                 s.store(true, Ordering::Relaxed);
             }
@@ -248,7 +244,7 @@ impl ScrapeManager {
     pub fn active_targets(&self) -> Vec<ActiveTarget> {
         let mut out = Vec::new();
         for (name, pool) in self.pools.lock().iter() {
-            let st = pool.state.lock();
+            let st = pool.lock();
             if let Some((msg, targets)) = &st.limit_error {
                 for t in targets {
                     let health = TargetHealth { up: Some(false), last_error: msg.clone(), ..Default::default() };
@@ -270,7 +266,7 @@ impl ScrapeManager {
     pub fn dropped_targets(&self) -> Vec<(String, LabelMap)> {
         let mut out = Vec::new();
         for (name, pool) in self.pools.lock().iter() {
-            out.extend(pool.state.lock().dropped.iter().map(|d| (name.clone(), d.clone())));
+            out.extend(pool.lock().dropped.iter().map(|d| (name.clone(), d.clone())));
         }
         out
     }
@@ -279,7 +275,7 @@ impl ScrapeManager {
     pub fn metadata(&self) -> BTreeMap<String, BTreeSet<Metadata>> {
         let mut out: BTreeMap<String, BTreeSet<Metadata>> = BTreeMap::new();
         for pool in self.pools.lock().values() {
-            for h in pool.state.lock().loops.values() {
+            for h in pool.lock().loops.values() {
                 for (family, md) in h.metadata.lock().iter() {
                     out.entry(family.clone()).or_default().insert(md.clone());
                 }
@@ -292,7 +288,7 @@ impl ScrapeManager {
     pub fn targets_metadata(&self) -> Vec<(Arc<Target>, FamilyMetadata)> {
         let mut out = Vec::new();
         for pool in self.pools.lock().values() {
-            for h in pool.state.lock().loops.values() {
+            for h in pool.lock().loops.values() {
                 let mut md: Vec<(String, Metadata)> =
                     h.metadata.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                 md.sort();
@@ -305,7 +301,7 @@ impl ScrapeManager {
 
     /// Targets per job, for `/metrics`.
     pub fn target_counts(&self) -> Vec<(String, usize)> {
-        self.pools.lock().iter().map(|(n, p)| (n.clone(), p.state.lock().loops.len())).collect()
+        self.pools.lock().iter().map(|(n, p)| (n.clone(), p.lock().loops.len())).collect()
     }
 
     pub fn sd_file_errors(&self) -> u64 {
@@ -338,7 +334,7 @@ fn watch_files(
             continue;
         }
         let (Some(pool), Some(mgr)) = (pool.upgrade(), mgr.upgrade()) else { return };
-        let mut st = pool.state.lock();
+        let mut st = pool.lock();
         // Checked under the lock: a reload that replaced this thread has set the flag first.
         if stop.load(Ordering::Relaxed) {
             return;
