@@ -19,12 +19,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::time::{Duration, Instant};
 
-use common::{read_recording, read_response, start, Peer, Scrape, Scraped};
+use common::{get, read_recording, read_response, start, urlencode, Peer, Scrape, Scraped};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
 
 /// The recording's 600 scrapes, every `SCRAPE_STRIDE`-th kept, spread evenly over 24 h.
@@ -174,64 +174,6 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
         w.join().unwrap();
     }
     total
-}
-
-fn urlencode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
-/// One GET; returns (status, body, wall time).
-fn get(port: u16, path: &str) -> (u16, String, Duration) {
-    let t0 = Instant::now();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let mut r = std::io::BufReader::new(s);
-    let (status, body) = read_chunked_or_plain(&mut r);
-    (status, body, t0.elapsed())
-}
-
-/// Reads a response that may be chunked (Prometheus, VictoriaMetrics) or sized.
-fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, String) {
-    use std::io::BufRead;
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let mut chunked = false;
-    let mut len: Option<usize> = None;
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-        let l = line.to_ascii_lowercase();
-        if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-            chunked = true;
-        }
-        if let Some(v) = l.strip_prefix("content-length:") {
-            len = v.trim().parse().ok();
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
-            if size == 0 {
-                break;
-            }
-            let mut chunk = vec![0; size + 2];
-            r.read_exact(&mut chunk).unwrap();
-            body.extend_from_slice(&chunk[..size]);
-        }
-    } else if let Some(n) = len {
-        body.resize(n, 0);
-        r.read_exact(&mut body).unwrap();
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

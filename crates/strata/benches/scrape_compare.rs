@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{free_port, proc_usage, start_with_config};
+use common::{free_port, get, proc_status_bytes, proc_usage, start_with_config, urlencode};
 
 const INTERVAL_S: u64 = 10;
 
@@ -110,29 +110,11 @@ async fn serve_target(
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body.clone()).into_response()
 }
 
+/// The first value of an instant query's result.
 fn instant(port: u16, q: &str) -> Option<f64> {
-    let enc: String = form_urlencoded::byte_serialize(q.as_bytes()).collect();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    std::io::Write::write_all(
-        &mut s,
-        format!("GET /api/v1/query?query={enc} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .ok()?;
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut s, &mut out).ok()?;
-    let body = out.split_once("\r\n\r\n")?.1;
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let (status, body, _) = get(port, &format!("/api/v1/query?query={}", urlencode(q)));
+    let v: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-}
-
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
 }
 
 struct Row {
@@ -207,7 +189,7 @@ fn main() {
             cpu_s: cpu1 - cpu0,
             samples: smp1 - smp0,
             scrapes: req1 - req0,
-            rss: rss(pid),
+            rss: proc_status_bytes(pid, "VmRSS"),
             peak,
             up: instant(peer.port, "sum(up)"),
             duration: instant(peer.port, "avg(scrape_duration_seconds)"),

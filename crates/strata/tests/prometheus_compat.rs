@@ -7,14 +7,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{free_port, http, try_http, Server};
-
-fn which(bin: &str) -> String {
-    let out = Command::new("sh").args(["-c", &format!("command -v {bin}")]).output().unwrap();
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(!path.is_empty(), "{bin} not found: install Debian's prometheus package (.ci/run does)");
-    path
-}
+use support::{free_port, http, try_http, which, Server};
 
 /// Value of an instant query against any Prometheus-compatible API, summed over the result.
 fn instant_sum(port: u16, q: &str) -> Option<f64> {

@@ -11,14 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{free_port, http, Server};
-
-fn which(bin: &str) -> String {
-    let out = Command::new("sh").args(["-c", &format!("command -v {bin}")]).output().unwrap();
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(!path.is_empty(), "{bin} not found: install Debian's prometheus-node-exporter package (.ci/run does)");
-    path
-}
+use support::{free_port, http, which, Server};
 
 /// An instant query's result: each series' labels and value.
 fn query(port: u16, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {

@@ -59,6 +59,64 @@ pub fn read_response(r: &mut std::io::BufReader<TcpStream>) -> std::io::Result<(
     Ok((status, body))
 }
 
+pub fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// One GET; returns (status, body, wall time).
+pub fn get(port: u16, path: &str) -> (u16, String, Duration) {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let (status, body) = read_chunked_or_plain(&mut r);
+    (status, body, t0.elapsed())
+}
+
+/// Reads a response that may be chunked (Prometheus, VictoriaMetrics) or sized.
+pub fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, String) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut chunked = false;
+    let mut len: Option<usize> = None;
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        let l = line.to_ascii_lowercase();
+        if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+            chunked = true;
+        }
+        if let Some(v) = l.strip_prefix("content-length:") {
+            len = v.trim().parse().ok();
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(n) = len {
+        body.resize(n, 0);
+        r.read_exact(&mut body).unwrap();
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// (CPU seconds, peak RSS bytes) of a process, from /proc.
 pub fn proc_usage(pid: u32) -> (f64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -66,13 +124,18 @@ pub fn proc_usage(pid: u32) -> (f64, u64) {
     let ticks = 100.0; // USER_HZ on Linux
     let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (cpu / ticks, proc_status_bytes(pid, "VmHWM"))
+}
+
+/// A size field of /proc/PID/status (`VmRSS`, `VmHWM`), in bytes.
+pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
+    status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    (cpu / ticks, hwm * 1024)
+        .unwrap_or(0)
+        * 1024
 }
 
 pub fn wait_ready(port: u16, path: &str) {

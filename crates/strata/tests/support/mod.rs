@@ -13,6 +13,15 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
+/// The path of a peer program (Debian's `prometheus`, `promtool`, `prometheus-node-exporter`,
+/// `openssl`: `.ci/run` installs them); fails the test, naming it, when it is missing.
+pub fn which(bin: &str) -> String {
+    let out = Command::new("sh").args(["-c", &format!("command -v {bin}")]).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!path.is_empty(), "{bin} not found: install it from Debian's packages (.ci/run does)");
+    path
+}
+
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
