@@ -15,8 +15,9 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings};
-use crate::chunkenc::{ChunkIterator, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
+use crate::chunkenc::{ChunkIterator, Encoding, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
+use crate::head::series::SeriesState;
 use crate::head::symbols::PackedLabels;
 use crate::head::Head;
 use crate::index::postings::{self, Postings};
@@ -154,6 +155,9 @@ fn write_series(
     if !overlapping && !clipped && !hit && !small {
         return if chunks.is_empty() { Ok(()) } else { w.add_series(labels, chunks) };
     }
+    if chunks.iter().any(|c| c.data.first() == Some(&(Encoding::Histogram as u8))) {
+        return rewrite_typed(w, labels, chunks, deleted, mint, maxt);
+    }
     let samples = &mut scratch.samples;
     samples.clear();
     for c in chunks {
@@ -183,6 +187,45 @@ fn write_series(
     scratch.encoded.push((first_t, app.last_t(), app.into_bytes()));
     let inputs: Vec<ChunkInput<'_>> =
         scratch.encoded.iter().map(|(a, b, d)| ChunkInput { mint: *a, maxt: *b, data: d }).collect();
+    w.add_series(labels, &inputs)
+}
+
+/// `write_series`' rewrite for a series with histogram chunks: samples of both kinds are
+/// merged, filtered and appended again under the head's chunking rules (which cut histogram
+/// chunks where layouts change or counters reset).
+fn rewrite_typed(
+    w: &mut BlockWriter,
+    labels: &Labels,
+    chunks: &[ChunkInput<'_>],
+    deleted: &[(i64, i64)],
+    mint: i64,
+    maxt: i64,
+) -> Result<()> {
+    let mut samples = Vec::new();
+    for c in chunks {
+        let mut it = ChunkIterator::new(c.data).map_err(|e| chunk_err(labels, e))?;
+        it.decode_typed_into(&mut samples);
+        if let Some(e) = it.err() {
+            return Err(chunk_err(labels, e.clone()));
+        }
+    }
+    samples.sort_by_key(|s| s.t);
+    samples.dedup_by_key(|s| s.t);
+    samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
+    let mut state = SeriesState::default();
+    // One range for the whole block: only size, kind and layout cut chunks here.
+    let range = maxt.saturating_sub(mint).max(1);
+    for s in &samples {
+        state
+            .append_typed(s, range)
+            .map_err(|e| chunk_err(labels, crate::chunkenc::ChunkError::Corrupt(e.to_string())))?;
+    }
+    let encoded = state.chunks(i64::MIN, i64::MAX);
+    if encoded.is_empty() {
+        return Ok(());
+    }
+    let inputs: Vec<ChunkInput<'_>> =
+        encoded.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }).collect();
     w.add_series(labels, &inputs)
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Matcher, Sample};
 
 use crate::block::{Block, ChunkReader, ChunkRef};
-use crate::chunkenc::{ChunkError, ChunkIterator};
+use crate::chunkenc::{ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::{ChunkMeta, Head};
 use crate::index::postings;
@@ -70,11 +70,105 @@ impl Series {
         SeriesIterator { series: self, next_chunk: 0, cur: None, last: None, err: None }
     }
 
-    /// All samples in the range (tests, export).
+    /// The float samples in the range, for tests and tools: iteration stops at a decoding
+    /// error or at the first histogram sample. Complete reads use `visit` or `typed_samples`.
     pub fn samples(&self) -> Vec<Sample> {
         let mut it = self.iter();
         std::iter::from_fn(|| it.next()).collect()
     }
+
+    /// Every sample in the range, of either kind, in time order.
+    pub fn typed_samples(&self) -> Result<Vec<TypedSample>, ChunkError> {
+        let mut out = Vec::new();
+        self.visit(|s| out.push(s))?;
+        Ok(out)
+    }
+
+    /// Whether a deletion covers `t`.
+    fn deleted(&self, t: i64) -> bool {
+        self.deleted.iter().any(|&(a, b)| a <= t && t <= b)
+    }
+
+    /// Reads the whole series once, in time order, handing each sample to `f`, clipped to the
+    /// range, without deleted samples. This is the fast way to read a series (floats of a
+    /// single chunk are decoded in one loop, with no seeking); it stops at the first decoding
+    /// error and returns it.
+    pub fn visit(&self, mut f: impl FnMut(TypedSample)) -> Result<(), ChunkError> {
+        let (mint, maxt) = (self.mint, self.maxt);
+        let no_deletes = self.deleted.is_empty();
+        let keep = |t: i64| t >= mint && (no_deletes || !self.deleted(t));
+        let chunks = &self.chunks;
+        let mut i = 0;
+        while i < chunks.len() {
+            let mut end = i + 1;
+            let mut group_maxt = chunks[i].maxt;
+            while end < chunks.len() && chunks[end].mint <= group_maxt {
+                group_maxt = group_maxt.max(chunks[end].maxt);
+                end += 1;
+            }
+            if group_maxt < mint {
+                i = end;
+                continue;
+            }
+            if end == i + 1 {
+                match ChunkIterator::new(chunks[i].data.bytes()?)? {
+                    ChunkIterator::Xor(mut it) => {
+                        while let Some(s) = it.next() {
+                            if s.t > maxt {
+                                return it.err().cloned().map_or(Ok(()), Err);
+                            }
+                            if keep(s.t) {
+                                f(TypedSample::float(s.t, s.v));
+                            }
+                        }
+                        if let Some(e) = it.err() {
+                            return Err(e.clone());
+                        }
+                    }
+                    ChunkIterator::Histogram(mut it) => {
+                        while let Some((t, h)) = it.next() {
+                            if t > maxt {
+                                return Ok(());
+                            }
+                            if keep(t) {
+                                f(TypedSample::histogram(t, h));
+                            }
+                        }
+                        if let Some(e) = it.err() {
+                            return Err(e.clone());
+                        }
+                    }
+                }
+            } else {
+                for s in merge_typed(&chunks[i..end])? {
+                    if s.t > maxt {
+                        return Ok(());
+                    }
+                    if keep(s.t) {
+                        f(s);
+                    }
+                }
+            }
+            i = end;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes overlapping chunks of either kind into one run: sorted by time, the first sample of
+/// each timestamp kept (chunks come oldest block first, the head last).
+fn merge_typed(chunks: &[QueryChunk]) -> Result<Vec<TypedSample>, ChunkError> {
+    let mut samples = Vec::new();
+    for c in chunks {
+        let mut it = ChunkIterator::new(c.data.bytes()?)?;
+        it.decode_typed_into(&mut samples);
+        if let Some(e) = it.err() {
+            return Err(e.clone());
+        }
+    }
+    samples.sort_by_key(|s| s.t);
+    samples.dedup_by_key(|s| s.t);
+    Ok(samples)
 }
 
 /// The chunk (or merged group of overlapping chunks) being read.
@@ -120,7 +214,7 @@ pub struct SeriesIterator<'a> {
 
 impl SeriesIterator<'_> {
     fn deleted(&self, t: i64) -> bool {
-        self.series.deleted.iter().any(|&(a, b)| a <= t && t <= b)
+        self.series.deleted(t)
     }
 
     /// Opens the next chunk whose range reaches `t`, merging it with any chunks it overlaps.

@@ -5,7 +5,8 @@
 //! samples then refer to them by reference only, which keeps the per-sample cost at a few
 //! bytes. Records are self-contained so that a checkpoint can filter and rewrite them.
 
-use strata_model::{Label, Labels, SeriesRef};
+use strata_model::histogram::Span;
+use strata_model::{CounterResetHint, FloatHistogram, Label, Labels, SeriesRef};
 
 use crate::encoding::{put_bytes, put_uvarint, put_varint, DecodeError, Decoder};
 
@@ -16,6 +17,7 @@ pub enum RecordType {
     Series = 1,
     Samples = 2,
     Tombstones = 3,
+    Histograms = 4,
 }
 
 /// A series and the reference the head gave it.
@@ -40,6 +42,21 @@ impl PartialEq for RefSample {
     }
 }
 
+/// A native histogram sample of the series `series`.
+#[derive(Clone, Debug)]
+pub struct RefHistogram {
+    pub series: SeriesRef,
+    pub t: i64,
+    pub h: FloatHistogram,
+}
+
+impl PartialEq for RefHistogram {
+    /// Bit equality of counts, and the same hint.
+    fn eq(&self, o: &Self) -> bool {
+        self.series == o.series && self.t == o.t && self.h.hint == o.h.hint && self.h.bit_eq(&o.h)
+    }
+}
+
 /// Deletion of `series`' samples in `[mint, maxt]` (inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tombstone {
@@ -54,6 +71,7 @@ pub enum Record {
     Series(Vec<RefSeries>),
     Samples(Vec<RefSample>),
     Tombstones(Vec<Tombstone>),
+    Histograms(Vec<RefHistogram>),
 }
 
 /// A record body that does not decode.
@@ -86,15 +104,145 @@ pub fn encode_series<'a>(series: impl IntoIterator<Item = (SeriesRef, &'a Labels
 /// Appends a samples record to `buf`: the first sample's reference and time in full, the rest as
 /// zig-zag varint deltas from them, values as raw 8-byte bit patterns.
 pub fn encode_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
-    buf.push(RecordType::Samples as u8);
-    let Some(first) = samples.first() else { return };
-    buf.extend_from_slice(&first.series.0.to_le_bytes());
-    buf.extend_from_slice(&first.t.to_le_bytes());
-    for s in samples {
-        put_varint(buf, s.series.0.wrapping_sub(first.series.0) as i64);
-        put_varint(buf, s.t.wrapping_sub(first.t));
-        buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
+    encode_timed(
+        RecordType::Samples,
+        samples,
+        |s| (s.series, s.t),
+        |s, buf| buf.extend_from_slice(&s.v.to_bits().to_le_bytes()),
+        buf,
+    );
+}
+
+/// A record of timestamped items (samples, histograms): the type byte, then, if there are
+/// items, the first one's reference and time in full, and per item its reference and time as
+/// zig-zag varint deltas from those, followed by its value as `put_value` writes it.
+fn encode_timed<T>(
+    kind: RecordType,
+    items: &[T],
+    key: impl Fn(&T) -> (SeriesRef, i64),
+    put_value: impl Fn(&T, &mut Vec<u8>),
+    buf: &mut Vec<u8>,
+) {
+    buf.push(kind as u8);
+    let Some(first) = items.first() else { return };
+    let (base_ref, base_t) = key(first);
+    buf.extend_from_slice(&base_ref.0.to_le_bytes());
+    buf.extend_from_slice(&base_t.to_le_bytes());
+    for item in items {
+        let (r, t) = key(item);
+        put_varint(buf, r.0.wrapping_sub(base_ref.0) as i64);
+        put_varint(buf, t.wrapping_sub(base_t));
+        put_value(item, buf);
     }
+}
+
+/// Decodes what `encode_timed` wrote (after the type byte), appending to `out`.
+fn decode_timed<T, V>(
+    kind: &'static str,
+    body: &[u8],
+    mut get_value: impl FnMut(&mut Decoder<'_>) -> Result<V, DecodeError>,
+    make: impl Fn(SeriesRef, i64, V) -> T,
+    out: &mut Vec<T>,
+) -> Result<(), RecordError> {
+    let m = malformed(kind);
+    let mut d = Decoder::new(body);
+    if d.is_empty() {
+        return Ok(());
+    }
+    let base_ref = d.u64_le("base series ref").map_err(&m)?;
+    let base_t = d.u64_le("base timestamp").map_err(&m)? as i64;
+    while !d.is_empty() {
+        let dr = d.varint("series ref delta").map_err(&m)?;
+        let dt = d.varint("timestamp delta").map_err(&m)?;
+        let v = get_value(&mut d).map_err(&m)?;
+        out.push(make(SeriesRef(base_ref.wrapping_add(dr as u64)), base_t.wrapping_add(dt), v));
+    }
+    Ok(())
+}
+
+/// Appends a histograms record to `buf`: per sample the series reference and time as in a
+/// samples record, then the histogram (`docs/format/wal.md`).
+pub fn encode_histograms(samples: &[RefHistogram], buf: &mut Vec<u8>) {
+    encode_timed(RecordType::Histograms, samples, |s| (s.series, s.t), |s, buf| put_histogram(buf, &s.h), buf);
+}
+
+fn put_histogram(buf: &mut Vec<u8>, h: &FloatHistogram) {
+    buf.push(h.hint.to_u8());
+    put_varint(buf, h.schema as i64);
+    for v in [h.zero_threshold, h.zero_count, h.count, h.sum] {
+        buf.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+    for (spans, buckets) in [(&h.positive_spans, &h.positive_buckets), (&h.negative_spans, &h.negative_buckets)] {
+        put_uvarint(buf, spans.len() as u64);
+        for s in spans.iter() {
+            put_varint(buf, s.offset as i64);
+            put_uvarint(buf, s.length as u64);
+        }
+        put_uvarint(buf, buckets.len() as u64);
+        for b in buckets.iter() {
+            buf.extend_from_slice(&b.to_bits().to_le_bytes());
+        }
+    }
+    put_uvarint(buf, h.custom_values.len() as u64);
+    for v in &h.custom_values {
+        buf.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+}
+
+fn get_histogram(d: &mut Decoder<'_>) -> Result<FloatHistogram, DecodeError> {
+    let bad = |what, offset| DecodeError { what, offset, problem: "out of range" };
+    let hint_at = d.offset();
+    let hint = CounterResetHint::from_u8(d.u8("counter reset hint")?).ok_or(bad("counter reset hint", hint_at))?;
+    let schema_at = d.offset();
+    let schema = i32::try_from(d.varint("schema")?).map_err(|_| bad("schema", schema_at))?;
+    let mut f = |what| d.u64_le(what).map(f64::from_bits);
+    let (zero_threshold, zero_count, count, sum) = (f("zero threshold")?, f("zero count")?, f("count")?, f("sum")?);
+    let mut sides: [(Vec<Span>, Vec<f64>); 2] = Default::default();
+    for (spans, buckets) in &mut sides {
+        let n = bounded_count(d, "span count", 2)?;
+        for _ in 0..n {
+            let at = d.offset();
+            let offset = i32::try_from(d.varint("span offset")?).map_err(|_| bad("span offset", at))?;
+            let at = d.offset();
+            let length = u32::try_from(d.uvarint("span length")?).map_err(|_| bad("span length", at))?;
+            spans.push(Span { offset, length });
+        }
+        let n = bounded_count(d, "bucket count", 8)?;
+        for _ in 0..n {
+            buckets.push(f64::from_bits(d.u64_le("bucket")?));
+        }
+    }
+    let n = bounded_count(d, "custom value count", 8)?;
+    let custom_values = (0..n).map(|_| d.u64_le("custom value").map(f64::from_bits)).collect::<Result<Vec<_>, _>>()?;
+    let [(positive_spans, positive_buckets), (negative_spans, negative_buckets)] = sides;
+    Ok(FloatHistogram {
+        hint,
+        schema,
+        zero_threshold,
+        zero_count,
+        count,
+        sum,
+        positive_spans,
+        negative_spans,
+        positive_buckets,
+        negative_buckets,
+        custom_values,
+    })
+}
+
+/// A count of items of at least `min_bytes` each, refused when the rest of the body cannot
+/// hold them (before anything is allocated for them).
+fn bounded_count(d: &mut Decoder<'_>, what: &'static str, min_bytes: usize) -> Result<usize, DecodeError> {
+    let n = d.uvarint(what)?;
+    if n > (d.remaining() / min_bytes) as u64 {
+        return Err(DecodeError { what, offset: d.offset(), problem: "larger than the record" });
+    }
+    Ok(n as usize)
+}
+
+/// Decodes the body of a histograms record (after the type byte), appending to `out`.
+pub fn decode_histograms_into(body: &[u8], out: &mut Vec<RefHistogram>) -> Result<(), RecordError> {
+    decode_timed("histograms", body, get_histogram, |series, t, h| RefHistogram { series, t, h }, out)
 }
 
 /// Appends a tombstones record to `buf`.
@@ -114,6 +262,7 @@ pub fn record_type(rec: &[u8]) -> Result<RecordType, RecordError> {
         Some(1) => Ok(RecordType::Series),
         Some(2) => Ok(RecordType::Samples),
         Some(3) => Ok(RecordType::Tombstones),
+        Some(4) => Ok(RecordType::Histograms),
         Some(&t) => Err(RecordError::UnknownType(t)),
     }
 }
@@ -128,6 +277,11 @@ pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
             Ok(Record::Samples(out))
         }
         RecordType::Tombstones => decode_tombstones(body).map(Record::Tombstones),
+        RecordType::Histograms => {
+            let mut out = Vec::new();
+            decode_histograms_into(body, &mut out)?;
+            Ok(Record::Histograms(out))
+        }
     }
 }
 
@@ -166,24 +320,13 @@ fn decode_series(body: &[u8]) -> Result<Vec<RefSeries>, RecordError> {
 /// Decodes the body of a samples record (after the type byte), appending to `out` so that replay
 /// can reuse one buffer.
 pub fn decode_samples_into(body: &[u8], out: &mut Vec<RefSample>) -> Result<(), RecordError> {
-    let m = malformed("samples");
-    let mut d = Decoder::new(body);
-    if d.is_empty() {
-        return Ok(());
-    }
-    let base_ref = d.u64_le("base series ref").map_err(&m)?;
-    let base_t = d.u64_le("base timestamp").map_err(&m)? as i64;
-    while !d.is_empty() {
-        let dr = d.varint("series ref delta").map_err(&m)?;
-        let dt = d.varint("timestamp delta").map_err(&m)?;
-        let v = d.u64_le("value").map_err(&m)?;
-        out.push(RefSample {
-            series: SeriesRef(base_ref.wrapping_add(dr as u64)),
-            t: base_t.wrapping_add(dt),
-            v: f64::from_bits(v),
-        });
-    }
-    Ok(())
+    decode_timed(
+        "samples",
+        body,
+        |d| d.u64_le("value").map(f64::from_bits),
+        |series, t, v| RefSample { series, t, v },
+        out,
+    )
 }
 
 fn decode_tombstones(body: &[u8]) -> Result<Vec<Tombstone>, RecordError> {
@@ -224,6 +367,36 @@ mod tests {
         #[test]
         fn garbage_is_an_error_not_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn histograms_round_trip_and_truncations_are_errors() {
+        use strata_model::histogram::notation::parse;
+        let hs = [
+            "{{schema:3 count:9 sum:-2.5 z_bucket:1 z_bucket_w:0.001 offset:-3 buckets:[1 2 NaN] n_buckets:[4] counter_reset_hint:gauge}}",
+            "{{schema:-53 custom_values:[0.1 1 10] count:3 buckets:[1 1 0 1]}}",
+            "{{}}",
+        ];
+        let samples: Vec<RefHistogram> = hs
+            .iter()
+            .enumerate()
+            .map(|(i, h)| RefHistogram {
+                series: SeriesRef(10 - i as u64),
+                t: 1000 * i as i64 - 5,
+                h: parse(h).unwrap(),
+            })
+            .collect();
+        let mut buf = Vec::new();
+        encode_histograms(&samples, &mut buf);
+        assert_eq!(decode(&buf).unwrap(), Record::Histograms(samples));
+        // A cut record either fails to decode or (cut between samples) yields fewer samples.
+        for cut in 1..buf.len() {
+            match decode(&buf[..cut]) {
+                Ok(Record::Histograms(v)) => assert!(v.len() < 3, "cut {cut}"),
+                Ok(other) => panic!("cut {cut}: {other:?}"),
+                Err(e) => assert!(matches!(e, RecordError::Malformed { kind: "histograms", .. }), "cut {cut}: {e}"),
+            }
         }
     }
 

@@ -5,10 +5,46 @@
 //! [sample count u16 BE][encoding-specific body]`; see `docs/format/chunks.md`.
 
 pub mod bstream;
+pub mod histogram;
 pub mod xor;
 
-use strata_model::Sample;
+pub use histogram::{HistogramAppender, HistogramIterator, Layout};
+use strata_model::{FloatHistogram, Sample};
 pub use xor::{XorAppender, XorIterator};
+
+/// A sample of either kind, as readers that handle both see it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TypedValue {
+    Float(f64),
+    Histogram(Box<FloatHistogram>),
+}
+
+/// A timestamped [`TypedValue`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypedSample {
+    pub t: i64,
+    pub value: TypedValue,
+}
+
+impl TypedSample {
+    pub fn float(t: i64, v: f64) -> Self {
+        TypedSample { t, value: TypedValue::Float(v) }
+    }
+
+    pub fn histogram(t: i64, h: FloatHistogram) -> Self {
+        TypedSample { t, value: TypedValue::Histogram(Box::new(h)) }
+    }
+
+    /// Same timestamp and bit-identical value.
+    pub fn bit_eq(&self, other: &TypedSample) -> bool {
+        self.t == other.t
+            && match (&self.value, &other.value) {
+                (TypedValue::Float(a), TypedValue::Float(b)) => a.to_bits() == b.to_bits(),
+                (TypedValue::Histogram(a), TypedValue::Histogram(b)) => a.bit_eq(b),
+                _ => false,
+            }
+    }
+}
 
 /// Bytes before the encoding-specific body: encoding (1) + sample count (2).
 pub const HEADER_BYTES: usize = 3;
@@ -35,12 +71,15 @@ const _: () = assert!(SAMPLES_PER_CHUNK <= SAMPLES_MAX);
 pub enum Encoding {
     /// Delta-of-delta timestamps, Gorilla XOR floats.
     Xor = 1,
+    /// Native histograms (float counts): the layout once, then every field XOR-coded.
+    Histogram = 2,
 }
 
 impl Encoding {
     pub fn from_byte(b: u8) -> Result<Self, ChunkError> {
         match b {
             1 => Ok(Encoding::Xor),
+            2 => Ok(Encoding::Histogram),
             other => Err(ChunkError::UnknownEncoding(other)),
         }
     }
@@ -59,12 +98,16 @@ pub enum ChunkError {
     /// A stored chunk failed its checksum or points outside its file (names file and offset).
     #[error("corrupt chunk: {0}")]
     Corrupt(String),
+    /// A float-only reader met a histogram chunk (it must read typed samples instead).
+    #[error("chunk holds native histograms; this reader handles float samples only")]
+    HistogramChunk,
 }
 
 /// Iterates over the samples of one chunk, whatever its encoding.
 #[derive(Clone, Debug)]
 pub enum ChunkIterator<B> {
     Xor(XorIterator<B>),
+    Histogram(HistogramIterator<B>),
 }
 
 impl<B: AsRef<[u8]>> ChunkIterator<B> {
@@ -76,39 +119,67 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         }
         match Encoding::from_byte(d[0])? {
             Encoding::Xor => Ok(ChunkIterator::Xor(XorIterator::new(data))),
+            Encoding::Histogram => Ok(ChunkIterator::Histogram(HistogramIterator::new(data))),
+        }
+    }
+
+    /// The next sample of either kind.
+    pub fn next_typed(&mut self) -> Option<TypedSample> {
+        match self {
+            ChunkIterator::Xor(x) => x.next().map(|s| TypedSample::float(s.t, s.v)),
+            ChunkIterator::Histogram(h) => h.next().map(|(t, h)| TypedSample::histogram(t, h)),
+        }
+    }
+
+    /// Decodes every remaining sample, of either kind, into `out`.
+    pub fn decode_typed_into(&mut self, out: &mut Vec<TypedSample>) {
+        while let Some(s) = self.next_typed() {
+            out.push(s);
         }
     }
 
     #[inline]
     #[allow(clippy::should_implement_trait, reason = "a sample cursor with seek, not a std Iterator")]
+    /// The next float sample. A histogram chunk yields nothing and reports
+    /// `ChunkError::HistogramChunk` from `err`: a float-only reader fails loudly on histogram
+    /// data instead of skipping it.
     pub fn next(&mut self) -> Option<Sample> {
         match self {
             ChunkIterator::Xor(x) => x.next(),
+            ChunkIterator::Histogram(h) => h.refuse_float_read(),
         }
     }
 
-    /// Decodes every remaining sample into `out` (the fast way to read a whole chunk).
+    /// Decodes every remaining float sample into `out` (the fast way to read a whole chunk);
+    /// see `next` for histogram chunks.
     pub fn decode_into(&mut self, out: &mut Vec<Sample>) {
         match self {
             ChunkIterator::Xor(x) => x.decode_into(out),
+            ChunkIterator::Histogram(h) => {
+                h.refuse_float_read::<()>();
+            }
         }
     }
 
     pub fn seek(&mut self, t: i64) -> Option<Sample> {
         match self {
             ChunkIterator::Xor(x) => x.seek(t),
+            ChunkIterator::Histogram(h) => h.refuse_float_read(),
         }
     }
 
     pub fn num_samples(&self) -> usize {
         match self {
             ChunkIterator::Xor(x) => x.num_samples(),
+            ChunkIterator::Histogram(h) => h.num_samples(),
         }
     }
 
+    /// The decoding error that ended iteration early, if any.
     pub fn err(&self) -> Option<&ChunkError> {
         match self {
             ChunkIterator::Xor(x) => x.err(),
+            ChunkIterator::Histogram(h) => h.err(),
         }
     }
 }

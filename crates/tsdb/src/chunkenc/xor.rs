@@ -12,7 +12,7 @@ use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use strata_model::Sample;
 
 /// Marks "no previous leading/trailing window yet".
-const NO_WINDOW: u8 = 0xff;
+pub(super) const NO_WINDOW: u8 = 0xff;
 /// Leading-zero counts are stored in 5 bits.
 const LEADING_ZEROS_MAX: u32 = 31;
 
@@ -99,14 +99,14 @@ impl XorAppender {
             1 => {
                 let delta = (t as u64).wrapping_sub(self.t as u64);
                 self.w.write_uvarint(delta);
-                self.write_value(v_bits);
+                write_xor(&mut self.w, self.v_bits, v_bits, &mut self.leading, &mut self.trailing);
                 self.delta = delta;
             }
             _ => {
                 let delta = (t as u64).wrapping_sub(self.t as u64);
                 let dod = delta.wrapping_sub(self.delta) as i64;
-                self.write_dod(dod);
-                self.write_value(v_bits);
+                write_dod(&mut self.w, dod);
+                write_xor(&mut self.w, self.v_bits, v_bits, &mut self.leading, &mut self.trailing);
                 self.delta = delta;
             }
         }
@@ -116,49 +116,111 @@ impl XorAppender {
         let header = &mut self.w.bytes_mut()[1..HEADER_BYTES];
         header.copy_from_slice(&self.count.to_be_bytes());
     }
+}
 
-    fn write_dod(&mut self, dod: i64) {
-        if dod == 0 {
-            self.w.write_bit(false);
+/// Writes a delta-of-delta: `0` for none, else a prefix and the smallest field it fits.
+pub(super) fn write_dod(w: &mut BitWriter, dod: i64) {
+    if dod == 0 {
+        w.write_bit(false);
+        return;
+    }
+    for (prefix, prefix_len, bits) in DOD_BUCKETS {
+        let half = 1i64 << (bits - 1);
+        if (-half..half).contains(&dod) {
+            w.write_bits(prefix, prefix_len);
+            w.write_bits(dod as u64, bits);
             return;
         }
-        for (prefix, prefix_len, bits) in DOD_BUCKETS {
-            let half = 1i64 << (bits - 1);
-            if (-half..half).contains(&dod) {
-                self.w.write_bits(prefix, prefix_len);
-                self.w.write_bits(dod as u64, bits);
-                return;
-            }
-        }
-        self.w.write_bits(0b1111, 4);
-        self.w.write_bits(dod as u64, 64);
     }
+    w.write_bits(0b1111, 4);
+    w.write_bits(dod as u64, 64);
+}
 
-    fn write_value(&mut self, v_bits: u64) {
-        let xor = v_bits ^ self.v_bits;
-        if xor == 0 {
-            self.w.write_bit(false);
-            return;
-        }
-        self.w.write_bit(true);
-        let leading = xor.leading_zeros().min(LEADING_ZEROS_MAX);
-        let trailing = xor.trailing_zeros();
-        if self.leading != NO_WINDOW && leading >= self.leading as u32 && trailing >= self.trailing as u32 {
-            // Fits the previous window: reuse it.
-            self.w.write_bit(false);
-            let sig = 64 - self.leading as u32 - self.trailing as u32;
-            self.w.write_bits(xor >> self.trailing, sig);
-            return;
-        }
-        self.leading = leading as u8;
-        self.trailing = trailing as u8;
-        let sig = 64 - leading - trailing;
-        self.w.write_bit(true);
-        self.w.write_bits(leading as u64, 5);
-        // 64 significant bits do not fit in 6 bits; 0 stands for 64 (0 itself cannot occur).
-        self.w.write_bits((sig & 63) as u64, 6);
-        self.w.write_bits(xor >> trailing, sig);
+/// Writes `v_bits` XORed with the previous value `prev_bits`: `0` when equal, else `1`, then
+/// either `0` and the bits inside the previous leading/trailing-zero window, or `1`, a new
+/// window (5 bits leading zeros, 6 bits significant length) and the significant bits.
+/// `leading == NO_WINDOW` means no window yet.
+pub(super) fn write_xor(w: &mut BitWriter, prev_bits: u64, v_bits: u64, leading: &mut u8, trailing: &mut u8) {
+    let xor = v_bits ^ prev_bits;
+    if xor == 0 {
+        w.write_bit(false);
+        return;
     }
+    w.write_bit(true);
+    let lz = xor.leading_zeros().min(LEADING_ZEROS_MAX);
+    let tz = xor.trailing_zeros();
+    if *leading != NO_WINDOW && lz >= *leading as u32 && tz >= *trailing as u32 {
+        // Fits the previous window: reuse it.
+        w.write_bit(false);
+        let sig = 64 - *leading as u32 - *trailing as u32;
+        w.write_bits(xor >> *trailing, sig);
+        return;
+    }
+    *leading = lz as u8;
+    *trailing = tz as u8;
+    let sig = 64 - lz - tz;
+    w.write_bit(true);
+    w.write_bits(lz as u64, 5);
+    // 64 significant bits do not fit in 6 bits; 0 stands for 64 (0 itself cannot occur).
+    w.write_bits((sig & 63) as u64, 6);
+    w.write_bits(xor >> tz, sig);
+}
+
+/// Reads a value written by [`write_xor`] into `bits`; false when the window header is
+/// impossible (more than 64 bits), which only a corrupt chunk has.
+#[inline(always)]
+pub(super) fn read_xor(r: &mut BitReader, data: &[u8], bits: &mut u64, leading: &mut u8, trailing: &mut u8) -> bool {
+    let word = r.peek(data);
+    if word >> 63 == 0 {
+        r.consume(1);
+        return true;
+    }
+    if (word >> 62) & 1 == 1 {
+        let lz = ((word << 2) >> 59) as u8;
+        let mut sig = ((word << 7) >> 58) as u8;
+        if sig == 0 {
+            sig = 64;
+        }
+        if lz as u32 + sig as u32 > 64 {
+            return false;
+        }
+        *leading = lz;
+        *trailing = 64 - lz - sig;
+        r.consume(13);
+    } else {
+        r.consume(2);
+    }
+    let sig = 64 - *leading as u32 - *trailing as u32;
+    let v = r.read_bits_unchecked(data, sig);
+    *bits ^= v << *trailing;
+    true
+}
+
+/// Reads a delta-of-delta written by [`write_dod`].
+#[inline(always)]
+pub(super) fn read_dod(r: &mut BitReader, data: &[u8]) -> i64 {
+    let word = r.peek(data);
+    if word >> 63 == 0 {
+        r.consume(1);
+        return 0;
+    }
+    read_dod_prefixed(r, data, word)
+}
+
+/// Decodes a delta-of-delta whose prefix starts with `1`; `word` is the peeked register.
+#[inline(always)]
+fn read_dod_prefixed(r: &mut BitReader, data: &[u8], word: u64) -> i64 {
+    let ones = (!word).leading_zeros().min(4) as usize;
+    if ones == 4 {
+        r.consume(4);
+        return r.read_bits_unchecked(data, 64) as i64;
+    }
+    let bits = DOD_BUCKETS[ones - 1].2;
+    let prefix_len = ones as u32 + 1;
+    let raw = (word << prefix_len) >> (64 - bits);
+    r.consume(prefix_len + bits);
+    let shift = 64 - bits;
+    ((raw << shift) as i64) >> shift
 }
 
 /// Decodes an XOR chunk. `B` owns or borrows the chunk bytes.
@@ -310,11 +372,12 @@ impl DecodeState {
                     self.r.consume(1);
                     0
                 } else {
-                    self.read_dod(data, word)
+                    read_dod_prefixed(&mut self.r, data, word)
                 };
                 self.delta = self.delta.wrapping_add(dod as u64);
                 self.t = (self.t as u64).wrapping_add(self.delta) as i64;
-                self.read_value(data);
+                self.bad_window |=
+                    !read_xor(&mut self.r, data, &mut self.v_bits, &mut self.leading, &mut self.trailing);
             }
         } else if self.read == 0 {
             self.t = self.r.read_varint(data)?;
@@ -322,55 +385,11 @@ impl DecodeState {
         } else {
             self.delta = self.r.read_uvarint(data)?;
             self.t = (self.t as u64).wrapping_add(self.delta) as i64;
-            self.read_value(data);
+            self.bad_window |= !read_xor(&mut self.r, data, &mut self.v_bits, &mut self.leading, &mut self.trailing);
         }
         if self.r.overran(data) || self.bad_window {
             return None;
         }
         Some(Sample { t: self.t, v: f64::from_bits(self.v_bits) })
-    }
-
-    /// Decodes a delta-of-delta whose prefix starts with `1`; `word` is the peeked register.
-    #[inline(always)]
-    fn read_dod(&mut self, data: &[u8], word: u64) -> i64 {
-        let ones = (!word).leading_zeros().min(4) as usize;
-        if ones == 4 {
-            self.r.consume(4);
-            return self.r.read_bits_unchecked(data, 64) as i64;
-        }
-        let bits = DOD_BUCKETS[ones - 1].2;
-        let prefix_len = ones as u32 + 1;
-        let raw = (word << prefix_len) >> (64 - bits);
-        self.r.consume(prefix_len + bits);
-        let shift = 64 - bits;
-        ((raw << shift) as i64) >> shift
-    }
-
-    #[inline(always)]
-    fn read_value(&mut self, data: &[u8]) {
-        let word = self.r.peek(data);
-        if word >> 63 == 0 {
-            self.r.consume(1);
-            return;
-        }
-        if (word >> 62) & 1 == 1 {
-            let leading = ((word << 2) >> 59) as u8;
-            let mut sig = ((word << 7) >> 58) as u8;
-            if sig == 0 {
-                sig = 64;
-            }
-            if leading as u32 + sig as u32 > 64 {
-                self.bad_window = true;
-                return;
-            }
-            self.leading = leading;
-            self.trailing = 64 - leading - sig;
-            self.r.consume(13);
-        } else {
-            self.r.consume(2);
-        }
-        let sig = 64 - self.leading as u32 - self.trailing as u32;
-        let bits = self.r.read_bits_unchecked(data, sig);
-        self.v_bits ^= bits << self.trailing;
     }
 }

@@ -315,3 +315,120 @@ fn a_snapshot_is_a_data_directory_holding_blocks_and_head() {
     assert!(!torn.exists() && snap.exists() && without_head.exists());
     db.close().unwrap();
 }
+
+/// Native histograms next to floats: a counter whose buckets grow (chunk re-encoded), resets,
+/// a gauge, a series switching kinds, staleness; read back exactly after WAL replay, head
+/// truncation into blocks, and compaction (which re-encodes them).
+#[test]
+fn histograms_survive_replay_blocks_and_compaction() {
+    use crate::chunkenc::{TypedSample, TypedValue};
+    use strata_model::histogram::notation::parse;
+    use strata_model::{CounterResetHint, FloatHistogram, STALE_NAN_BITS};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mut db = Db::open(tmp.path(), opts(0)).unwrap();
+    let counter = Labels::from_pairs([("__name__", "h"), ("kind", "counter")]);
+    let gauge = Labels::from_pairs([("__name__", "h"), ("kind", "gauge")]);
+    let mixed = Labels::from_pairs([("__name__", "h"), ("kind", "mixed")]);
+    let mut want: BTreeMap<String, Vec<TypedSample>> = BTreeMap::new();
+    let mut add = |l: &Labels, s: TypedSample| want.entry(l.to_string()).or_default().push(s);
+    for i in 0..60i64 {
+        let t = i * 100;
+        let mut app = db.appender();
+        // The counter gains a bucket at i = 20 and resets at i = 40.
+        let n = (if i < 40 { i } else { i - 40 }) as f64;
+        let text = if !(20..40).contains(&i) {
+            format!("{{{{count:{} sum:{} buckets:[{} {}]}}}}", 2.0 * n, n, n, n)
+        } else {
+            format!("{{{{count:{} sum:{} offset:-1 buckets:[1 {} {}]}}}}", 2.0 * n + 1.0, n, n, n)
+        };
+        let h = parse(&text).unwrap();
+        app.append_histogram(&counter, t, h.clone()).unwrap();
+        add(&counter, TypedSample::histogram(t, h));
+        let g = parse(&format!("{{{{count:{} sum:-1 buckets:[{}] counter_reset_hint:gauge}}}}", i % 7, i % 7)).unwrap();
+        app.append_histogram(&gauge, t, g.clone()).unwrap();
+        add(&gauge, TypedSample::histogram(t, g));
+        match i % 20 {
+            0..=9 => {
+                app.append(&mixed, t, i as f64).unwrap();
+                add(&mixed, TypedSample::float(t, i as f64));
+            }
+            10 => {
+                // Staleness after floats stays a float stale marker.
+                app.append(&mixed, t, f64::from_bits(STALE_NAN_BITS)).unwrap();
+                add(&mixed, TypedSample::float(t, f64::from_bits(STALE_NAN_BITS)));
+            }
+            11..=18 => {
+                let h = parse(&format!("{{{{schema:-53 custom_values:[1 10] count:{i} buckets:[{i}]}}}}")).unwrap();
+                app.append_histogram(&mixed, t, h.clone()).unwrap();
+                add(&mixed, TypedSample::histogram(t, h));
+            }
+            _ => {
+                // A stale NaN on a histogram series is stored as a histogram stale marker.
+                app.append(&mixed, t, f64::from_bits(STALE_NAN_BITS)).unwrap();
+                add(&mixed, TypedSample::histogram(t, FloatHistogram::stale_marker()));
+            }
+        }
+        app.commit().unwrap();
+    }
+    // An invalid histogram is refused with the reason.
+    let mut app = db.appender();
+    let err = app.append_histogram(&counter, 10_000, parse("{{buckets:[1 -1]}}").unwrap()).unwrap_err();
+    assert!(err.to_string().contains("observation count of -1"), "{err}");
+    drop(app);
+
+    let check = |db: &Db, stage: &str| {
+        let got = db.querier(i64::MIN, i64::MAX).select(&all()).unwrap();
+        assert_eq!(got.len(), 3, "{stage}");
+        for s in got {
+            let samples = s.typed_samples().unwrap();
+            let w = &want[&s.labels.to_string()];
+            assert_eq!(samples.len(), w.len(), "{stage}: {}", s.labels);
+            let mut prev: Option<&FloatHistogram> = None;
+            // Storage may widen a histogram's layout with empty buckets (a re-encoded chunk).
+            let compacted = |x: &TypedSample| match &x.value {
+                TypedValue::Histogram(h) => {
+                    let mut h = h.clone();
+                    h.compact();
+                    TypedSample { t: x.t, value: TypedValue::Histogram(h) }
+                }
+                f => TypedSample { t: x.t, value: f.clone() },
+            };
+            for (g, e) in samples.iter().zip(w) {
+                assert!(
+                    compacted(g).bit_eq(&compacted(e)),
+                    "{stage}: {} at {}: {:?} vs {:?}",
+                    s.labels,
+                    e.t,
+                    g.value,
+                    e.value
+                );
+                if let TypedValue::Histogram(h) = &g.value {
+                    // Readers learn of resets from the hint or by comparing with the sample before.
+                    let reset = prev.is_some_and(|p| !h.is_stale() && !p.is_stale() && h.detect_reset(p));
+                    let expect_reset = s.labels == counter && g.t == 4000;
+                    if s.labels == gauge {
+                        assert_eq!(h.hint, CounterResetHint::Gauge, "{stage}");
+                    } else {
+                        assert_eq!(reset, expect_reset, "{stage}: {} at {}", s.labels, g.t);
+                    }
+                    prev = Some(h);
+                } else {
+                    prev = None;
+                }
+            }
+        }
+    };
+    check(&db, "head");
+    db.close().unwrap();
+    db = Db::open(tmp.path(), opts(0)).unwrap();
+    check(&db, "after replay");
+    db.compact().unwrap();
+    assert!(!db.blocks().is_empty(), "the head was cut into blocks");
+    check(&db, "blocks and head");
+    db.close().unwrap();
+    db = Db::open(tmp.path(), opts(0)).unwrap();
+    db.compact().unwrap();
+    check(&db, "after compaction and reopen");
+    db.close().unwrap();
+}

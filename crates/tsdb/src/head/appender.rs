@@ -3,16 +3,18 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use strata_model::{Labels, LabelsError, SeriesRef};
+use strata_model::{FloatHistogram, HistogramError, Labels, LabelsError, SeriesRef};
 
 use super::series::{Appended, MemSeries, SampleError};
 use super::Head;
 use crate::error::Result;
 use crate::hash::U64Map;
-use crate::record::{self, RefSample};
+use crate::record::{self, RefHistogram, RefSample};
 
 /// Samples per WAL samples record: bounds record size (~20 B/sample → ~200 KiB).
 const SAMPLES_PER_RECORD: usize = 10_000;
+/// Histograms per WAL histograms record (each takes ~50 B plus 8 B per bucket).
+const HISTOGRAMS_PER_RECORD: usize = 1_000;
 
 /// Why one append was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -26,6 +28,8 @@ pub enum AppendError {
     Sample(SampleError),
     #[error("write-ahead log: {0}")]
     Wal(String),
+    #[error("invalid histogram: {0}")]
+    InvalidHistogram(HistogramError),
 }
 
 /// What a commit stored.
@@ -39,6 +43,13 @@ pub struct CommitOutcome {
     pub first_rejection: Option<(SeriesRef, SampleError)>,
 }
 
+/// A value waiting for the commit. Floats stay unboxed: they are nearly every sample.
+#[derive(Debug)]
+enum PendingValue {
+    Float(f64),
+    Histogram(Box<FloatHistogram>),
+}
+
 /// A batch of appends. Dropping it without `commit` discards the samples (series created by it
 /// stay, empty, until the head garbage-collects them).
 #[derive(Debug)]
@@ -47,7 +58,7 @@ pub struct Appender<'h> {
     /// Keeps head truncation from removing series or raising the time limit under this batch.
     /// A thread must not hold two appenders at once (a waiting truncation would deadlock it).
     _gate: parking_lot::RwLockReadGuard<'h, ()>,
-    pending: Vec<(Arc<MemSeries>, i64, f64)>,
+    pending: Vec<(Arc<MemSeries>, i64, PendingValue)>,
     /// Newest pending timestamp per series, to refuse out-of-order samples within the batch.
     batch_max: U64Map<SeriesRef, i64>,
     min_t: i64,
@@ -79,7 +90,7 @@ impl<'h> Appender<'h> {
             let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
             if let Some(series) = self.head.find_pairs(pairs, hash) {
                 let r = series.series_ref;
-                self.push(series, t, v)?;
+                self.push(series, t, PendingValue::Float(v))?;
                 return Ok(r);
             }
         }
@@ -96,8 +107,22 @@ impl<'h> Appender<'h> {
         // Before creating the series, so that a stream of too-old samples creates nothing.
         self.check_too_old(t)?;
         let (series, _) = self.head.get_or_create(labels)?;
-        self.push(series.clone(), t, v)?;
+        self.push(series.clone(), t, PendingValue::Float(v))?;
         Ok(series)
+    }
+
+    /// Appends a native histogram to the series with `labels`, creating it if needed. The
+    /// histogram is validated first (an invalid one is refused with the reason).
+    pub fn append_histogram(&mut self, labels: &Labels, t: i64, h: FloatHistogram) -> Result<SeriesRef, AppendError> {
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        if !h.is_stale() {
+            h.validate().map_err(AppendError::InvalidHistogram)?;
+        }
+        self.check_too_old(t)?;
+        let (series, _) = self.head.get_or_create(labels)?;
+        let r = series.series_ref;
+        self.push(series, t, PendingValue::Histogram(Box::new(h)))?;
+        Ok(r)
     }
 
     /// Appends a sample to a series `append_handle` returned. `UnknownSeries` when the head has
@@ -105,7 +130,7 @@ impl<'h> Appender<'h> {
     /// append by labels again.
     pub fn append_to(&mut self, series: &Arc<MemSeries>, t: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;
-        self.push(series.clone(), t, v)
+        self.push(series.clone(), t, PendingValue::Float(v))
     }
 
     /// Appends a sample to a series by the reference an earlier `append` returned.
@@ -117,7 +142,7 @@ impl<'h> Appender<'h> {
             Some((s, _, _)) if s.series_ref == r => s.clone(),
             _ => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
         };
-        self.push(series, t, v)
+        self.push(series, t, PendingValue::Float(v))
     }
 
     fn check_too_old(&self, t: i64) -> Result<(), AppendError> {
@@ -128,7 +153,7 @@ impl<'h> Appender<'h> {
         Ok(())
     }
 
-    fn push(&mut self, series: Arc<MemSeries>, t: i64, v: f64) -> Result<(), AppendError> {
+    fn push(&mut self, series: Arc<MemSeries>, t: i64, v: PendingValue) -> Result<(), AppendError> {
         let r = series.series_ref;
         let verdict = match self.batch_max.get(&r) {
             Some(&latest) if t <= latest => {
@@ -142,7 +167,10 @@ impl<'h> Appender<'h> {
                 if st.removed {
                     return Err(AppendError::UnknownSeries(r));
                 }
-                st.appendable(t, v)
+                match &v {
+                    PendingValue::Float(f) => st.appendable(t, *f),
+                    PendingValue::Histogram(h) => st.appendable_histogram(t, h),
+                }
             }
         };
         match verdict {
@@ -184,22 +212,32 @@ impl<'h> Appender<'h> {
 
     /// Applies the batch to memory, logs what was applied, and (under `Always`) waits for the
     /// fsync. Only the samples counted in `appended` are acknowledged.
-    pub fn commit(self) -> Result<CommitOutcome> {
+    pub fn commit(mut self) -> Result<CommitOutcome> {
         let head = self.head;
         let range = head.opts.chunk_range_ms;
         let mut out = CommitOutcome::default();
         let mut logged: Vec<RefSample> = Vec::with_capacity(self.pending.len());
+        let mut logged_histograms: Vec<RefHistogram> = Vec::new();
         let (mut min_t, mut max_t) = (i64::MAX, i64::MIN);
-        for (series, t, v) in &self.pending {
-            let res = series.state.lock().append(*t, *v, range);
+        let pending = std::mem::take(&mut self.pending);
+        for (series, t, v) in pending {
+            let res = match &v {
+                PendingValue::Float(f) => series.state.lock().append(t, *f, range),
+                PendingValue::Histogram(h) => series.state.lock().append_histogram(t, h, range),
+            };
             match res {
                 Ok(Appended::Sample { chunk_created }) => {
                     if chunk_created {
                         head.stats.chunks_created.fetch_add(1, Ordering::Relaxed);
                     }
-                    min_t = min_t.min(*t);
-                    max_t = max_t.max(*t);
-                    logged.push(RefSample { series: series.series_ref, t: *t, v: *v });
+                    min_t = min_t.min(t);
+                    max_t = max_t.max(t);
+                    match v {
+                        PendingValue::Float(v) => logged.push(RefSample { series: series.series_ref, t, v }),
+                        PendingValue::Histogram(h) => {
+                            logged_histograms.push(RefHistogram { series: series.series_ref, t, h: *h })
+                        }
+                    }
                 }
                 Ok(Appended::Same) => {}
                 Err(e) => {
@@ -210,22 +248,27 @@ impl<'h> Appender<'h> {
             }
         }
         if let Some(wal) = &head.wal {
-            if !logged.is_empty() {
-                let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD));
+            if !logged.is_empty() || !logged_histograms.is_empty() {
+                let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD) + 1);
                 for part in logged.chunks(SAMPLES_PER_RECORD) {
                     let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
                     record::encode_samples(part, &mut rec);
+                    records.push(rec);
+                }
+                for part in logged_histograms.chunks(HISTOGRAMS_PER_RECORD) {
+                    let mut rec = Vec::new();
+                    record::encode_histograms(part, &mut rec);
                     records.push(rec);
                 }
                 let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
                 wal.commit(&refs)?;
             }
         }
-        if !logged.is_empty() {
+        if min_t <= max_t {
             head.note_time(min_t);
             head.note_time(max_t);
         }
-        out.appended = logged.len();
+        out.appended = logged.len() + logged_histograms.len();
         head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);
         Ok(out)
     }

@@ -23,18 +23,19 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use strata_model::{Labels, Matcher, Sample, SeriesRef};
+use strata_model::{Labels, Matcher, SeriesRef};
 
 pub use appender::{AppendError, Appender, CommitOutcome};
 use mem_postings::MemPostings;
 pub use series::{Appended, ChunkMeta, MemSeries, SampleError};
 use symbols::{SymbolId, Symbols};
 
+use crate::chunkenc::TypedSample;
 use crate::error::Result;
 use crate::hash::U64Map;
 use crate::index::matchers::{postings_for_matchers, IndexReader};
 use crate::index::postings::{self, BoxPostings, ListPostings};
-use crate::record::{self, Record, RecordError, RecordType, RefSample, Tombstone};
+use crate::record::{self, Record, RecordError, RecordType, RefHistogram, RefSample, Tombstone};
 use crate::wal::{ReplayOutcome, Wal, WalOptions};
 
 /// Default block range: the span of one persisted block and the alignment of head chunks.
@@ -562,10 +563,16 @@ const REPLAY_BATCH_SAMPLES: usize = 8192;
 /// Batches queued per replay worker before the reader waits.
 const REPLAY_QUEUE_BATCHES: usize = 16;
 
+/// What the replay reader hands a worker: float samples in bulk, or a histograms record's share.
+enum ReplayBatch {
+    Floats(Vec<RefSample>),
+    Histograms(Vec<RefHistogram>),
+}
+
 /// What a replay worker found.
 #[derive(Default)]
 struct ReplayShard {
-    late: HashMap<SeriesRef, Vec<Sample>>,
+    late: HashMap<SeriesRef, Vec<TypedSample>>,
     unknown_refs: u64,
     min_t: i64,
     max_t: i64,
@@ -579,11 +586,11 @@ struct Replay<'a> {
     aliases: HashMap<SeriesRef, SeriesRef>,
     decoded: Vec<RefSample>,
     queues: Vec<Vec<RefSample>>,
-    senders: Vec<std::sync::mpsc::SyncSender<Vec<RefSample>>>,
+    senders: Vec<std::sync::mpsc::SyncSender<ReplayBatch>>,
 }
 
 impl<'a> Replay<'a> {
-    fn new(head: &'a Head, senders: Vec<std::sync::mpsc::SyncSender<Vec<RefSample>>>) -> Self {
+    fn new(head: &'a Head, senders: Vec<std::sync::mpsc::SyncSender<ReplayBatch>>) -> Self {
         let queues = senders.iter().map(|_| Vec::with_capacity(REPLAY_BATCH_SAMPLES)).collect();
         Replay { head, aliases: HashMap::new(), decoded: Vec::new(), queues, senders }
     }
@@ -628,15 +635,34 @@ impl<'a> Replay<'a> {
                     self.head.add_tombstones(&v);
                     Ok(())
                 }
+                Record::Histograms(v) => {
+                    let n = self.senders.len();
+                    let mut per_worker: Vec<Vec<RefHistogram>> = (0..n).map(|_| Vec::new()).collect();
+                    for mut s in v {
+                        s.series = self.resolve(s.series);
+                        per_worker[(s.series.0 % n as u64) as usize].push(s);
+                    }
+                    for (w, batch) in per_worker.into_iter().enumerate() {
+                        if !batch.is_empty() {
+                            // The worker's queued floats first: each series stays in log order.
+                            self.flush(w);
+                            let _ = self.senders[w].send(ReplayBatch::Histograms(batch));
+                        }
+                    }
+                    Ok(())
+                }
                 Record::Samples(_) => unreachable!("handled above"),
             },
         }
     }
 
     fn flush(&mut self, w: usize) {
+        if self.queues[w].is_empty() {
+            return;
+        }
         let batch = std::mem::replace(&mut self.queues[w], Vec::with_capacity(REPLAY_BATCH_SAMPLES));
         // A worker only stops early by panicking, which the scope re-raises.
-        let _ = self.senders[w].send(batch);
+        let _ = self.senders[w].send(ReplayBatch::Floats(batch));
     }
 
     /// Sends what is queued and closes the queues, so the workers finish.
@@ -648,28 +674,59 @@ impl<'a> Replay<'a> {
 }
 
 /// Appends routed samples; samples that arrive out of order are kept for `merge_late`.
-fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<Vec<RefSample>>) -> ReplayShard {
+fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> ReplayShard {
     let mut shard = ReplayShard { min_t: i64::MAX, max_t: i64::MIN, ..Default::default() };
     let range = head.opts.chunk_range_ms;
     for batch in rx {
-        for s in batch {
-            let stripe = head.by_ref[Head::stripe(s.series.0)].read();
-            let Some(series) = stripe.get(&s.series) else {
-                shard.unknown_refs += 1;
-                continue;
-            };
-            let res = series.state.lock().append(s.t, s.v, range);
-            drop(stripe);
-            match res {
-                Ok(_) => {
-                    shard.min_t = shard.min_t.min(s.t);
-                    shard.max_t = shard.max_t.max(s.t);
+        match batch {
+            ReplayBatch::Floats(batch) => {
+                for s in batch {
+                    shard.apply(head, s.series, s.t, |st| st.append(s.t, s.v, range), || TypedSample::float(s.t, s.v));
                 }
-                Err(_) => shard.late.entry(s.series).or_default().push(Sample::new(s.t, s.v)),
+            }
+            ReplayBatch::Histograms(batch) => {
+                for s in batch {
+                    let RefHistogram { series, t, h } = s;
+                    shard.apply(
+                        head,
+                        series,
+                        t,
+                        |st| st.append_histogram(t, &h, range),
+                        || TypedSample::histogram(t, h.clone()),
+                    );
+                }
             }
         }
     }
     shard
+}
+
+impl ReplayShard {
+    /// Appends one logged sample to its series; a sample that does not append in log order is
+    /// kept (`late`) for `merge_late`.
+    fn apply(
+        &mut self,
+        head: &Head,
+        r: SeriesRef,
+        t: i64,
+        append: impl FnOnce(&mut series::SeriesState) -> Result<series::Appended, SampleError>,
+        late: impl FnOnce() -> TypedSample,
+    ) {
+        let stripe = head.by_ref[Head::stripe(r.0)].read();
+        let Some(series) = stripe.get(&r) else {
+            self.unknown_refs += 1;
+            return;
+        };
+        let res = append(&mut series.state.lock());
+        drop(stripe);
+        match res {
+            Ok(_) => {
+                self.min_t = self.min_t.min(t);
+                self.max_t = self.max_t.max(t);
+            }
+            Err(_) => self.late.entry(r).or_default().push(late()),
+        }
+    }
 }
 
 /// Merges what the replay workers found into the head.

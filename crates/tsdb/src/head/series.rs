@@ -7,10 +7,66 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use strata_model::{Sample, SeriesRef};
+use strata_model::{CounterResetHint, FloatHistogram, SeriesRef};
 
 use super::symbols::PackedLabels;
-use crate::chunkenc::{ChunkIterator, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
+use crate::chunkenc::{
+    ChunkIterator, HistogramAppender, Layout, TypedSample, TypedValue, XorAppender, CHUNK_BYTES_TARGET,
+    SAMPLES_PER_CHUNK,
+};
+
+/// A histogram chunk is cut at `CHUNK_BYTES_TARGET` only once it holds this many samples:
+/// histograms are large, and a chunk of one or two would repeat the layout for nothing.
+const HISTOGRAM_CHUNK_MIN_SAMPLES: usize = 10;
+
+/// The chunk being appended to: floats or histograms (a series may switch; each switch cuts).
+/// The histogram appender is boxed: it is several times larger than the XOR one, and every
+/// series of the head holds one of these inline.
+#[derive(Debug, Clone)]
+pub(crate) enum OpenChunk {
+    Xor(XorAppender),
+    Histogram(Box<HistogramAppender>),
+}
+
+impl OpenChunk {
+    fn num_samples(&self) -> usize {
+        match self {
+            OpenChunk::Xor(a) => a.num_samples(),
+            OpenChunk::Histogram(a) => a.num_samples(),
+        }
+    }
+
+    fn last_t(&self) -> i64 {
+        match self {
+            OpenChunk::Xor(a) => a.last_t(),
+            OpenChunk::Histogram(a) => a.last_t(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            OpenChunk::Xor(a) => a.bytes(),
+            OpenChunk::Histogram(a) => a.bytes(),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        match self {
+            OpenChunk::Xor(a) => a.is_full(),
+            OpenChunk::Histogram(a) => a.is_full(),
+        }
+    }
+}
+
+/// How a histogram sample joins the open chunk.
+enum HistogramFit {
+    /// As it is (expanded to the layout if it has fewer buckets).
+    Append,
+    /// After re-encoding the chunk with a wider layout.
+    Recode(Layout),
+    /// In a new chunk whose first sample has this counter-reset knowledge.
+    Cut(CounterResetHint),
+}
 
 /// Initial buffer of a new open chunk: enough for a few dozen regular samples; it doubles from
 /// there. Closed chunks are then copied to their exact size.
@@ -27,7 +83,7 @@ pub struct ChunkMeta {
 #[derive(Debug, Default)]
 pub struct SeriesState {
     closed: Vec<ChunkMeta>,
-    open: Option<XorAppender>,
+    open: Option<OpenChunk>,
     open_mint: i64,
     /// The open chunk is cut at the first sample at or after this time: the end of its block
     /// range at first, then (once the chunk is a quarter full) an estimate that spreads the
@@ -89,15 +145,9 @@ impl SeriesState {
             .or_else(|| self.open.as_ref().filter(|a| a.num_samples() > 0).map(|_| self.open_mint))
     }
 
-    fn last_value_bits(&self) -> Option<u64> {
-        match &self.open {
-            Some(a) if a.num_samples() > 0 => Some(a.last_v().to_bits()),
-            _ => None,
-        }
-    }
-
-    /// Whether `(t, v)` may be appended now.
-    pub fn appendable(&self, t: i64, v: f64) -> Result<Appended, SampleError> {
+    /// The newest sample is at `latest` (if any): whether a sample at `t` is new, a retry of
+    /// the newest one (`same` tells), or refused.
+    fn check_time(&self, t: i64, same: impl FnOnce(&OpenChunk) -> bool) -> Result<Appended, SampleError> {
         let Some(latest) = self.max_time() else { return Ok(Appended::Sample { chunk_created: true }) };
         if t > latest {
             return Ok(Appended::Sample { chunk_created: false });
@@ -106,10 +156,55 @@ impl SeriesState {
             return Err(SampleError::OutOfOrder { t, latest });
         }
         // Same timestamp: fine if it is the very same value (a retried write), else an error.
-        match self.last_value_bits() {
-            Some(bits) if bits == v.to_bits() => Ok(Appended::Same),
+        match &self.open {
+            Some(a) if a.num_samples() > 0 && same(a) => Ok(Appended::Same),
             _ => Err(SampleError::Duplicate { t }),
         }
+    }
+
+    /// Whether `(t, v)` may be appended now.
+    pub fn appendable(&self, t: i64, v: f64) -> Result<Appended, SampleError> {
+        self.check_time(t, |a| match a {
+            OpenChunk::Xor(a) => a.last_v().to_bits() == v.to_bits(),
+            // A stale NaN on a histogram series is stored as a histogram stale marker.
+            OpenChunk::Histogram(a) => strata_model::is_stale_nan(v) && a.last().is_stale(),
+        })
+    }
+
+    /// Whether the histogram `h` may be appended at `t` now.
+    pub fn appendable_histogram(&self, t: i64, h: &FloatHistogram) -> Result<Appended, SampleError> {
+        self.check_time(t, |a| matches!(a, OpenChunk::Histogram(a) if a.last().bit_eq(h)))
+    }
+
+    /// Whether the open chunk must be cut before a sample at `t`, by size or time; also keeps
+    /// the chunk-end estimate.
+    fn cut_by_size_or_time(&mut self, t: i64) -> bool {
+        let Some(a) = &self.open else { return true };
+        let n = a.num_samples();
+        if a.is_full() {
+            return true;
+        }
+        match a {
+            OpenChunk::Xor(_) => {
+                if n == SAMPLES_PER_CHUNK / 4 {
+                    self.next_at = chunk_end_estimate(self.open_mint, a.last_t(), self.next_at);
+                }
+                // Twice the target: the rate rose since the estimate; cut, the next chunk
+                // estimates again.
+                n >= 2 * SAMPLES_PER_CHUNK || a.bytes().len() >= CHUNK_BYTES_TARGET || t >= self.next_at
+            }
+            OpenChunk::Histogram(_) => {
+                (n >= HISTOGRAM_CHUNK_MIN_SAMPLES && a.bytes().len() >= CHUNK_BYTES_TARGET) || t >= self.next_at
+            }
+        }
+    }
+
+    /// Closes the open chunk and opens `chunk` for samples from `t`.
+    fn start_chunk(&mut self, t: i64, chunk: OpenChunk, chunk_range: i64) {
+        self.close_open_chunk();
+        self.open = Some(chunk);
+        self.open_mint = t;
+        self.next_at = chunk_range_end(t, chunk_range);
     }
 
     /// Validates and appends. `chunk_range` aligns chunk boundaries with block boundaries so
@@ -118,28 +213,92 @@ impl SeriesState {
         if self.appendable(t, v)? == Appended::Same {
             return Ok(Appended::Same);
         }
-        let cut = match &self.open {
-            None => true,
-            Some(a) => {
-                let n = a.num_samples();
-                if n == SAMPLES_PER_CHUNK / 4 {
-                    self.next_at = chunk_end_estimate(self.open_mint, a.last_t(), self.next_at);
-                }
-                // Twice the target: the rate rose since the estimate; cut, the next chunk
-                // estimates again.
-                n >= 2 * SAMPLES_PER_CHUNK || a.bytes().len() >= CHUNK_BYTES_TARGET || t >= self.next_at
-            }
-        };
+        if strata_model::is_stale_nan(v) && matches!(self.open, Some(OpenChunk::Histogram(_))) {
+            // Staleness of a histogram series (a scrape target vanished): keep the chunk's kind.
+            return self.append_histogram(t, &FloatHistogram::stale_marker(), chunk_range);
+        }
+        let cut = self.cut_by_size_or_time(t) || !matches!(self.open, Some(OpenChunk::Xor(_)));
         if cut {
-            self.close_open_chunk();
             // Size the new chunk like the last one: regular series produce similar chunks.
             let bytes = self.closed.last().map_or(OPEN_CHUNK_INITIAL_BYTES, |c| c.data.len() + 8);
-            self.open = Some(XorAppender::with_capacity(bytes));
-            self.open_mint = t;
-            self.next_at = chunk_range_end(t, chunk_range);
+            self.start_chunk(t, OpenChunk::Xor(XorAppender::with_capacity(bytes)), chunk_range);
         }
-        self.open.as_mut().expect("an open chunk was just ensured").append(t, v);
+        match self.open.as_mut() {
+            Some(OpenChunk::Xor(a)) => a.append(t, v),
+            _ => unreachable!("an XOR chunk was just ensured"),
+        }
         Ok(Appended::Sample { chunk_created: cut })
+    }
+
+    /// Validates and appends a native histogram (see `append`). A new chunk starts when the
+    /// schema, zero threshold or custom bounds change, on a counter reset, and when a gauge
+    /// follows a counter or the reverse; new buckets re-encode the open chunk.
+    pub fn append_histogram(&mut self, t: i64, h: &FloatHistogram, chunk_range: i64) -> Result<Appended, SampleError> {
+        if self.appendable_histogram(t, h)? == Appended::Same {
+            return Ok(Appended::Same);
+        }
+        let fit = if self.cut_by_size_or_time(t) { None } else { self.histogram_fit(h) };
+        let fit = fit.unwrap_or(HistogramFit::Cut(match h.hint {
+            CounterResetHint::Gauge => CounterResetHint::Gauge,
+            CounterResetHint::Reset => CounterResetHint::Reset,
+            _ => CounterResetHint::Unknown,
+        }));
+        let cut = matches!(fit, HistogramFit::Cut(_));
+        match fit {
+            HistogramFit::Append => {}
+            HistogramFit::Recode(layout) => {
+                if let Some(OpenChunk::Histogram(a)) = &mut self.open {
+                    **a = a.recode(layout);
+                }
+            }
+            HistogramFit::Cut(header) => {
+                let layout = if h.is_stale() { Layout::default() } else { Layout::of(h) };
+                self.start_chunk(
+                    t,
+                    OpenChunk::Histogram(Box::new(HistogramAppender::new(layout, header))),
+                    chunk_range,
+                );
+            }
+        }
+        match self.open.as_mut() {
+            Some(OpenChunk::Histogram(a)) => a.append(t, h),
+            _ => unreachable!("a histogram chunk was just ensured"),
+        }
+        Ok(Appended::Sample { chunk_created: cut })
+    }
+
+    /// How `h` joins the open histogram chunk; `None` when there is none.
+    fn histogram_fit(&self, h: &FloatHistogram) -> Option<HistogramFit> {
+        let Some(OpenChunk::Histogram(a)) = &self.open else { return None };
+        if h.is_stale() {
+            return Some(HistogramFit::Append);
+        }
+        let gauge_chunk = a.header() == CounterResetHint::Gauge;
+        let gauge = h.hint == CounterResetHint::Gauge;
+        if gauge != gauge_chunk {
+            return Some(HistogramFit::Cut(h.hint));
+        }
+        let last = a.last();
+        // After a stale marker the layout is open again: the chunk may restart any way.
+        if last.is_stale() || !a.layout().compatible(h) {
+            let reset =
+                !gauge && (h.hint == CounterResetHint::Reset || (!last.is_stale() && h.counts_decreased(&last)));
+            return Some(HistogramFit::Cut(if gauge {
+                CounterResetHint::Gauge
+            } else if reset {
+                CounterResetHint::Reset
+            } else {
+                CounterResetHint::Unknown
+            }));
+        }
+        if !gauge && (h.hint == CounterResetHint::Reset || h.counts_decreased(&last)) {
+            return Some(HistogramFit::Cut(CounterResetHint::Reset));
+        }
+        if a.layout().covers(h) {
+            Some(HistogramFit::Append)
+        } else {
+            Some(HistogramFit::Recode(a.layout().widened(h)))
+        }
     }
 
     fn close_open_chunk(&mut self) {
@@ -148,6 +307,14 @@ impl SeriesState {
                 let maxt = a.last_t();
                 self.closed.push(ChunkMeta { mint: self.open_mint, maxt, data: Arc::from(a.bytes()) });
             }
+        }
+    }
+
+    /// Appends a sample of either kind.
+    pub fn append_typed(&mut self, s: &TypedSample, chunk_range: i64) -> Result<Appended, SampleError> {
+        match &s.value {
+            TypedValue::Float(v) => self.append(s.t, *v, chunk_range),
+            TypedValue::Histogram(h) => self.append_histogram(s.t, h, chunk_range),
         }
     }
 
@@ -186,20 +353,17 @@ impl SeriesState {
     /// Merges samples that arrived out of order during WAL replay. They were all accepted live
     /// (concurrent commits to one series may reach the log in another order than they reached
     /// memory), so the series is rebuilt from the union, sorted, with exact duplicates dropped.
-    pub fn merge_late(&mut self, late: &mut Vec<Sample>, chunk_range: i64) {
-        let mut all: Vec<Sample> = Vec::new();
+    pub fn merge_late(&mut self, late: &mut Vec<TypedSample>, chunk_range: i64) {
+        let mut all: Vec<TypedSample> = Vec::new();
         for c in self.chunks(i64::MIN, i64::MAX) {
-            let mut it = ChunkIterator::new(&c.data[..]).expect("head chunks are valid");
-            while let Some(s) = it.next() {
-                all.push(s);
-            }
+            ChunkIterator::new(&c.data[..]).expect("head chunks are valid").decode_typed_into(&mut all);
         }
         all.append(late);
         all.sort_by_key(|s| s.t);
         all.dedup_by(|b, a| a.t == b.t);
         *self = SeriesState::default();
-        for s in all {
-            self.append(s.t, s.v, chunk_range).expect("sorted, deduplicated samples always append");
+        for s in &all {
+            self.append_typed(s, chunk_range).expect("sorted, deduplicated samples always append");
         }
     }
 }
@@ -258,13 +422,56 @@ mod tests {
         );
     }
 
+    /// Float-only series must not pay for histograms: the open chunk is no larger than an XOR
+    /// appender plus the enum's tag.
+    #[test]
+    fn the_open_chunk_costs_float_series_nothing_extra() {
+        assert!(
+            std::mem::size_of::<Option<OpenChunk>>() <= std::mem::size_of::<XorAppender>() + 8,
+            "{} vs {}",
+            std::mem::size_of::<Option<OpenChunk>>(),
+            std::mem::size_of::<XorAppender>()
+        );
+    }
+
+    #[test]
+    fn histogram_chunks_are_cut_at_resets_kind_and_schema_changes_only() {
+        use strata_model::histogram::notation::parse;
+        let h = |s: &str| parse(s).unwrap();
+        let mut s = SeriesState::default();
+        s.append_histogram(1, &h("{{count:2 buckets:[1 1]}}"), RANGE).unwrap();
+        // New buckets on both sides: the chunk is re-encoded, not cut.
+        s.append_histogram(2, &h("{{count:4 offset:-1 buckets:[0 1 2] n_buckets:[1]}}"), RANGE).unwrap();
+        // Fewer buckets (the missing ones were empty): expanded, same chunk.
+        s.append_histogram(3, &h("{{count:5 buckets:[1 3] n_buckets:[1]}}"), RANGE).unwrap();
+        assert_eq!(s.num_chunks(), 1);
+        // A populated bucket vanished: a counter reset, so a new chunk.
+        assert_eq!(
+            s.append_histogram(4, &h("{{count:6 buckets:[6]}}"), RANGE),
+            Ok(Appended::Sample { chunk_created: true })
+        );
+        // A gauge after a counter, a schema change, then floats: each starts a chunk.
+        s.append_histogram(5, &h("{{count:1 buckets:[1] counter_reset_hint:gauge}}"), RANGE).unwrap();
+        s.append_histogram(6, &h("{{count:0 counter_reset_hint:gauge}}"), RANGE).unwrap();
+        s.append_histogram(7, &h("{{schema:1 count:1 buckets:[1] counter_reset_hint:gauge}}"), RANGE).unwrap();
+        s.append(8, 1.0, RANGE).unwrap();
+        assert_eq!(s.num_chunks(), 5);
+        // Retries of the newest sample are no-ops; a different histogram at that time is refused.
+        let last = h("{{schema:1 count:1 buckets:[1] counter_reset_hint:gauge}}");
+        assert_eq!(s.append_histogram(8, &last, RANGE), Err(SampleError::Duplicate { t: 8 }));
+        s.append_histogram(9, &last, RANGE).unwrap();
+        assert_eq!(s.append_histogram(9, &last, RANGE), Ok(Appended::Same));
+        assert_eq!(s.append_histogram(7, &last, RANGE), Err(SampleError::OutOfOrder { t: 7, latest: 9 }));
+    }
+
     #[test]
     fn late_samples_are_merged_in_order() {
         let mut s = SeriesState::default();
         for t in [10, 30, 40] {
             s.append(t, t as f64, RANGE).unwrap();
         }
-        s.merge_late(&mut vec![Sample::new(20, 20.0), Sample::new(5, 5.0), Sample::new(30, 30.0)], RANGE);
+        let late = [(20, 20.0), (5, 5.0), (30, 30.0)];
+        s.merge_late(&mut late.iter().map(|&(t, v)| TypedSample::float(t, v)).collect(), RANGE);
         let c = s.chunks(i64::MIN, i64::MAX);
         let mut it = ChunkIterator::new(&c[0].data[..]).unwrap();
         let got: Vec<i64> = std::iter::from_fn(|| it.next().map(|s| s.t)).collect();

@@ -158,6 +158,25 @@ pub(super) fn write_checkpoint(
                         }
                     }
                 }
+                Record::Histograms(v) => {
+                    // Written through, after the series they refer to. Their order against the
+                    // float samples still buffered does not matter: replay merges late samples.
+                    if !series.is_empty() {
+                        body.clear();
+                        record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
+                        frame_record(&body, &mut buf);
+                        series.clear();
+                    }
+                    let total = v.len() as u64;
+                    let kept: Vec<_> = v.into_iter().filter(|s| keep(s.series) && s.t >= mint).collect();
+                    stats.samples_kept += kept.len() as u64;
+                    stats.samples_dropped += total - kept.len() as u64;
+                    if !kept.is_empty() {
+                        body.clear();
+                        record::encode_histograms(&kept, &mut body);
+                        frame_record(&body, &mut buf);
+                    }
+                }
                 Record::Tombstones(v) => {
                     // Tombstones must follow the series they refer to.
                     if !series.is_empty() {
