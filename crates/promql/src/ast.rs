@@ -74,6 +74,11 @@ pub struct VectorSelector {
     pub offset: Option<Duration>,
     pub at: Option<At>,
     pub mode: RangeMode,
+    /// Set by the engine, not the parser: the histograms this selector reads are used only for
+    /// their count and sum (under `histogram_count`, `histogram_sum`, `histogram_avg`), so
+    /// their counter reset hints are resolved as they are read, as Prometheus' statistics-only
+    /// reading does.
+    pub stats_only: bool,
 }
 
 #[derive(Debug, Clone)]

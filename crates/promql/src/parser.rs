@@ -687,7 +687,7 @@ impl Parser {
         if matchers.iter().all(|m| m.matches_empty()) && !self.info_selector {
             return Err(ParseError::at(start, "vector selector must contain at least one non-empty matcher"));
         }
-        Ok(VectorSelector { name, matchers, offset: None, at: None, mode: RangeMode::Plain })
+        Ok(VectorSelector { name, matchers, offset: None, at: None, mode: RangeMode::Plain, stats_only: false })
     }
 
     /// `(a, b, "c.d")`, trailing comma allowed.

@@ -1,6 +1,8 @@
 //! Values produced by evaluation.
 
-use strata_model::Labels;
+use std::sync::Arc;
+
+use strata_model::{FloatHistogram, Labels};
 
 /// One float at a timestamp (ms).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -9,12 +11,24 @@ pub struct Point {
     pub f: f64,
 }
 
+/// One native histogram at a timestamp (ms); shared, since windows and aggregations copy
+/// points around far more often than they change them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HPoint {
+    pub t: i64,
+    pub h: Arc<FloatHistogram>,
+}
+
 /// A series of points: across the steps of a range evaluation (at most one point per step,
-/// in step order), or the raw samples of a range-vector result.
+/// in step order), or the raw samples of a range-vector result. Float points and histogram
+/// points are kept apart (a step has one or the other), so float-only work never looks at
+/// histograms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
     pub labels: Labels,
     pub points: Vec<Point>,
+    /// Histogram points, in step order; at steps where `points` has none.
+    pub hists: Vec<HPoint>,
     /// The metric name is to be removed at the end of evaluation (delayed name removal): set by
     /// functions and arithmetic, so that a later `label_replace` can still read `__name__`.
     pub drop_name: bool,
@@ -22,7 +36,20 @@ pub struct Series {
 
 impl Series {
     pub fn new(labels: Labels, points: Vec<Point>) -> Series {
-        Series { labels, points, drop_name: false }
+        Series { labels, points, hists: Vec::new(), drop_name: false }
+    }
+
+    pub fn with_hists(labels: Labels, points: Vec<Point>, hists: Vec<HPoint>) -> Series {
+        Series { labels, points, hists, drop_name: false }
+    }
+
+    /// Points of both kinds.
+    pub fn len(&self) -> usize {
+        self.points.len() + self.hists.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty() && self.hists.is_empty()
     }
 }
 

@@ -4,26 +4,18 @@
 
 use std::collections::HashMap;
 
-use strata_model::{Label, Labels, METRIC_NAME};
+use std::sync::Arc;
+
+use strata_model::histogram::{HistogramMean, KahanSum};
+use strata_model::{CounterResetHint, FloatHistogram, HistogramError, Label, Labels, METRIC_NAME};
 
 use super::labels::{go_quote_bytes, keep, without};
 use super::{Ctx, Evaluator, Val};
 use crate::ast::{Aggregate, AggregateOp, ExprKind};
 use crate::error::{exec, EvalError};
-use crate::value::{Point, Series};
+use crate::value::{HPoint, Point, Series};
 
-/// Neumaier's compensated addition: returns the new sum and compensation.
-pub(crate) fn kahan_inc(inc: f64, sum: f64, c: f64) -> (f64, f64) {
-    let t = sum + inc;
-    let c = if t.is_infinite() {
-        0.0
-    } else if sum.abs() >= inc.abs() {
-        c + ((sum - t) + inc)
-    } else {
-        c + ((inc - t) + sum)
-    };
-    (t, c)
-}
+pub(crate) use strata_model::kahan_inc;
 
 /// Running state of one group at one step.
 #[derive(Debug, Clone, Copy, Default)]
@@ -121,6 +113,71 @@ impl Acc {
     }
 }
 
+/// A group's histogram sum or mean at one step (sum and avg of native histograms).
+#[derive(Debug, Clone, Default)]
+struct HistAcc {
+    sum: Option<KahanSum>,
+    mean: Option<HistogramMean>,
+    count: f64,
+    /// Histograms that cannot be added (exponential with custom buckets): no result.
+    failed: bool,
+    /// Hints seen: a reset and a non-reset summed together conflict.
+    saw_reset: bool,
+    saw_not_reset: bool,
+}
+
+/// What adding histograms noticed, reported once per aggregation.
+#[derive(Debug, Default)]
+struct HistNotes {
+    collision: bool,
+    reconciled: bool,
+    incompatible: bool,
+}
+
+impl HistAcc {
+    fn add(&mut self, op: AggregateOp, h: &FloatHistogram, notes: &mut HistNotes) {
+        self.count += 1.0;
+        self.saw_reset |= h.hint == CounterResetHint::Reset;
+        self.saw_not_reset |= h.hint == CounterResetHint::NotReset;
+        notes.collision |= self.saw_reset && self.saw_not_reset;
+        if self.failed {
+            return;
+        }
+        let r = match (op, &mut self.sum, &mut self.mean) {
+            (AggregateOp::Avg, _, None) => {
+                self.mean = Some(HistogramMean::new(h));
+                return;
+            }
+            (AggregateOp::Avg, _, Some(m)) => m.add(h),
+            (_, None, _) => {
+                self.sum = Some(KahanSum::new(h));
+                return;
+            }
+            (_, Some(s), _) => s.add(h),
+        };
+        match r {
+            Ok(c) => notes.reconciled |= c.custom_bounds_reconciled,
+            Err(HistogramError::IncompatibleSchema) | Err(_) => {
+                notes.incompatible = true;
+                self.failed = true;
+            }
+        }
+    }
+
+    fn result(&self) -> Option<FloatHistogram> {
+        if self.failed {
+            return None;
+        }
+        let mut h = match (&self.sum, &self.mean) {
+            (Some(s), _) => s.result(),
+            (None, Some(m)) => m.result(),
+            (None, None) => return None,
+        };
+        h.compact();
+        Some(h)
+    }
+}
+
 /// The labels of a series' group.
 fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels {
     let names: Vec<&str> = grouping.iter().map(String::as_str).collect();
@@ -205,35 +262,88 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         // Streams: each input series is folded into its group's per-step accumulators and
         // dropped, so memory is groups × steps, not input series × steps.
         let mut accs: Vec<Vec<Acc>> = Vec::new();
+        // Histogram sums of each group, made only for groups that meet a histogram.
+        let mut haccs: Vec<Option<Vec<HistAcc>>> = Vec::new();
+        let mut notes = HistNotes::default();
+        let sums_histograms = matches!(a.op, AggregateOp::Sum | AggregateOp::Avg);
         ev.stream(&a.expr, ctx, &mut |s: Series| {
             let g = grouper.assign(&s, &a.grouping, a.without);
             if g == accs.len() {
                 ev.take(ctx.n, "aggregation")?;
                 accs.push(vec![Acc::default(); ctx.n]);
+                haccs.push(None);
             }
             fold(a.op, &mut accs[g], &s.points, ctx);
+            if !s.hists.is_empty() {
+                match a.op {
+                    AggregateOp::Sum | AggregateOp::Avg => {
+                        let h = haccs[g].get_or_insert_with(|| vec![HistAcc::default(); ctx.n]);
+                        let mut steps = ctx.walker();
+                        for p in &s.hists {
+                            h[steps.index(p.t)].add(a.op, &p.h, &mut notes);
+                        }
+                    }
+                    // A histogram is a sample like any other to count.
+                    AggregateOp::Count | AggregateOp::Group => {
+                        let pts: Vec<Point> = s.hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
+                        fold(a.op, &mut accs[g], &pts, ctx);
+                    }
+                    op => ev.info(a.expr.start, format!("ignored histogram in {} aggregation", op.name())),
+                }
+            }
             Ok(())
         })?;
+        if notes.collision {
+            ev.warn(a.expr.start, "conflicting counter resets during histogram aggregation");
+        }
+        if notes.reconciled {
+            ev.info(a.expr.start, "mismatched custom buckets were reconciled during aggregation");
+        }
+        if notes.incompatible {
+            ev.warn(
+                a.expr.start,
+                "vector contains a mix of histograms with exponential and custom buckets schemas for metric name \"\"",
+            );
+        }
         let mut out = Vec::with_capacity(accs.len());
-        for ((labels, acc), drops) in grouper.groups.into_iter().zip(accs).zip(grouper.drops_name) {
-            let points: Vec<Point> = acc
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| x.seen)
-                .map(|(i, x)| Point { t: ctx.ts(i), f: x.result(a.op) })
-                .collect();
-            ev.release(ctx.n);
-            if !points.is_empty() {
-                ev.take(points.len(), "aggregation")?;
-                let drop_name = drops && labels.get(METRIC_NAME).is_some();
-                out.push(Series { labels, points, drop_name });
+        let mut mixed = false;
+        for (((labels, acc), hacc), drops) in grouper.groups.into_iter().zip(accs).zip(haccs).zip(grouper.drops_name) {
+            let mut points: Vec<Point> = Vec::new();
+            let mut hists: Vec<HPoint> = Vec::new();
+            for (i, x) in acc.iter().enumerate() {
+                let h = hacc.as_ref().filter(|_| sums_histograms).map(|h| &h[i]).filter(|h| h.count > 0.0);
+                match (x.seen, h) {
+                    (true, None) => points.push(Point { t: ctx.ts(i), f: x.result(a.op) }),
+                    (false, Some(h)) => {
+                        if let Some(r) = h.result() {
+                            hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
+                        }
+                    }
+                    (true, Some(_)) => mixed = true,
+                    (false, None) => {}
+                }
             }
+            ev.release(ctx.n);
+            if !points.is_empty() || !hists.is_empty() {
+                ev.take(points.len() + hists.len(), "aggregation")?;
+                let drop_name = drops && labels.get(METRIC_NAME).is_some();
+                out.push(Series { labels, points, hists, drop_name });
+            }
+        }
+        if mixed {
+            ev.warn(a.expr.start, "encountered a mix of histograms and floats for aggregation");
         }
         return Ok(Val::Vector(out));
     }
 
-    let input = ev.eval_vector(&a.expr, ctx)?;
-    let input_held: usize = input.iter().map(|s| s.points.len()).sum();
+    let mut input = ev.eval_vector(&a.expr, ctx)?;
+    let input_held: usize = input.iter().map(Series::len).sum();
+    let selects_histograms = matches!(a.op, AggregateOp::LimitK | AggregateOp::LimitRatio | AggregateOp::CountValues);
+    if !selects_histograms && input.iter().any(|s| !s.hists.is_empty()) {
+        // Only the limits select histograms; the others order or count float values.
+        ev.info(a.expr.start, format!("ignored histogram in {} aggregation", a.op.name()));
+        input.iter_mut().for_each(|s| s.hists.clear());
+    }
     let group_of: Vec<usize> = input.iter().map(|s| grouper.assign(s, &a.grouping, a.without)).collect();
     let groups = grouper.groups;
     let param = a.param.as_ref().expect("the parser requires a parameter");
@@ -276,7 +386,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         }
     }
     ev.release(input_held);
-    ev.take(out.iter().map(|s| s.points.len()).sum(), "aggregation")?;
+    ev.take(out.iter().map(Series::len).sum(), "aggregation")?;
     Ok(Val::Vector(out))
 }
 
@@ -300,13 +410,21 @@ fn select_k(
 ) -> Result<Vec<Series>, EvalError> {
     let n_groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
     // Per step: for each group, candidates (series, value).
-    let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.points.len()]).collect();
-    let mut order: Vec<(usize, usize, usize, f64)> = Vec::new(); // (group, rank, series, value) for instant output
+    // Points are numbered floats first, then histograms (only limitk sees histograms).
+    let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.len()]).collect();
+    let mut order: Vec<(usize, usize, usize)> = Vec::new(); // (group, rank, series) for instant output
     let mut per_step: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ctx.n]; // (series, point idx)
     for (si, s) in input.iter().enumerate() {
         for (pi, p) in s.points.iter().enumerate() {
             per_step[ctx.index(p.t)].push((si, pi));
         }
+        for (hi, p) in s.hists.iter().enumerate() {
+            per_step[ctx.index(p.t)].push((si, s.points.len() + hi));
+        }
+    }
+    if op == AggregateOp::LimitK {
+        // Series order, whatever the kind of point.
+        per_step.iter_mut().for_each(|c| c.sort_unstable());
     }
     for (step, cands) in per_step.iter().enumerate() {
         if cands.is_empty() {
@@ -343,7 +461,7 @@ fn select_k(
             for (rank, &(si, pi)) in members.iter().take(kk).enumerate() {
                 keep_at[si][pi] = true;
                 if ctx.n == 1 {
-                    order.push((g, rank, si, input[si].points[pi].f));
+                    order.push((g, rank, si));
                 }
             }
         }
@@ -354,13 +472,14 @@ fn select_k(
         .map(|(mut s, keep)| {
             let mut it = keep.into_iter();
             s.points.retain(|_| it.next().unwrap_or(false));
-            (!s.points.is_empty()).then_some(s)
+            s.hists.retain(|_| it.next().unwrap_or(false));
+            (!s.is_empty()).then_some(s)
         })
         .collect();
     if ctx.n == 1 {
         // Instant: group by group, best first.
-        order.sort_by_key(|&(g, rank, _, _)| (g, rank));
-        return Ok(order.into_iter().filter_map(|(_, _, si, _)| out[si].take()).collect());
+        order.sort_by_key(|&(g, rank, _)| (g, rank));
+        return Ok(order.into_iter().filter_map(|(_, _, si)| out[si].take()).collect());
     }
     Ok(out.into_iter().flatten().collect())
 }
@@ -383,8 +502,8 @@ fn limit_ratio(ev: &Evaluator, input: Vec<Series>, r: &[f64], pos: usize, ctx: &
     for mut s in input {
         let ratio_of = prometheus_hash(&s.labels) as f64 / u64::MAX as f64;
         let mut err = None;
-        s.points.retain(|p| {
-            let mut ratio = r[ctx.index(p.t)];
+        let mut chosen = |t: i64| {
+            let mut ratio = r[ctx.index(t)];
             if ratio.is_nan() {
                 err = Some(exec("Ratio value is NaN"));
                 return false;
@@ -402,11 +521,13 @@ fn limit_ratio(ev: &Evaluator, input: Vec<Series>, r: &[f64], pos: usize, ctx: &
                 ratio = capped;
             }
             (ratio >= 0.0 && ratio_of < ratio) || (ratio < 0.0 && ratio_of >= 1.0 + ratio)
-        });
+        };
+        s.points.retain(|p| chosen(p.t));
+        s.hists.retain(|p| chosen(p.t));
         if let Some(e) = err {
             return Err(e);
         }
-        if !s.points.is_empty() {
+        if !s.is_empty() {
             out.push(s);
         }
     }
@@ -485,20 +606,23 @@ fn count_values(input: &[Series], group_of: &[usize], groups: Vec<Labels>, label
     let mut out: Vec<Series> = Vec::new();
     let mut counts: Vec<Vec<f64>> = Vec::new();
     for (s, &g) in input.iter().zip(group_of) {
-        for p in &s.points {
+        // Histograms count by their text form, as Prometheus prints them.
+        let values =
+            s.points.iter().map(|p| (p.t, fmt_float(p.f))).chain(s.hists.iter().map(|p| (p.t, p.h.to_string())));
+        for (t, value) in values {
             let mut pairs: Vec<(String, String)> = groups[g]
                 .iter()
                 .filter(|l| &*l.name != label)
                 .map(|l| (l.name.to_string(), l.value.to_string()))
                 .collect();
-            pairs.push((label.to_string(), fmt_float(p.f)));
+            pairs.push((label.to_string(), value));
             let labels = Labels::from_pairs(pairs);
             let i = *index.entry(labels.clone()).or_insert_with(|| {
                 out.push(Series::new(labels, Vec::new()));
                 counts.push(vec![0.0; ctx.n]);
                 out.len() - 1
             });
-            counts[i][ctx.index(p.t)] += 1.0;
+            counts[i][ctx.index(t)] += 1.0;
         }
     }
     for (s, c) in out.iter_mut().zip(counts) {

@@ -3,22 +3,17 @@
 //! errors for ambiguous matches. Matching is done once per series signature, then step by step.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use strata_model::{Labels, LabelsBuilder};
+use strata_model::{CounterResetHint, FloatHistogram, HistogramError, Labels, LabelsBuilder};
 
 use super::labels::{prom_labels_string, signature};
 use super::{Ctx, Evaluator, Val};
 use crate::ast::{Binary, BinaryOp, Cardinality, VectorMatching};
 use crate::error::{exec, EvalError};
-use crate::value::{Point, Series};
+use crate::value::{HPoint, Point, Series};
 
 pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalError> {
-    if matches!(b.op, BinaryOp::TrimUpper | BinaryOp::TrimLower) {
-        return Err(exec(format!(
-            "operator {} applies to native histograms, which are not supported yet",
-            b.op.as_str()
-        )));
-    }
     let lhs = ev.eval(&b.lhs, ctx)?;
     let rhs = ev.eval(&b.rhs, ctx)?;
     let (held_l, held_r) = (held(&lhs), held(&rhs));
@@ -47,8 +42,7 @@ pub(super) fn eval(ev: &Evaluator, b: &Binary, ctx: &Ctx) -> Result<Val, EvalErr
 /// Whether the operation is a vector with a scalar (either side), which streams.
 pub(super) fn streams(b: &Binary) -> bool {
     use crate::ast::ValueType::{Scalar, Vector};
-    !matches!(b.op, BinaryOp::TrimUpper | BinaryOp::TrimLower)
-        && matches!((b.lhs.value_type(), b.rhs.value_type()), (Vector, Scalar) | (Scalar, Vector))
+    matches!((b.lhs.value_type(), b.rhs.value_type()), (Vector, Scalar) | (Scalar, Vector))
 }
 
 /// A vector with a scalar: the scalar is evaluated for all steps, then the vector's series
@@ -63,7 +57,7 @@ pub(super) fn stream_vector_scalar(
     let (vector, scalar) = if swap { (&b.rhs, &b.lhs) } else { (&b.lhs, &b.rhs) };
     let s = ev.eval_scalar(scalar, ctx)?;
     ev.stream(vector, ctx, &mut |series: Series| {
-        for out in vector_scalar(b, vec![series], &s, swap, ctx) {
+        for out in vector_scalar(ev, b, vec![series], &s, swap, ctx) {
             sink(out)?;
         }
         Ok(())
@@ -73,13 +67,18 @@ pub(super) fn stream_vector_scalar(
 /// Points held by a value, for the samples budget.
 pub(super) fn held(v: &Val) -> usize {
     match v {
-        Val::Vector(s) | Val::Matrix(s) => s.iter().map(|s| s.points.len()).sum(),
+        Val::Vector(s) | Val::Matrix(s) => s.iter().map(Series::len).sum(),
         _ => 0,
     }
 }
 
+/// Arithmetic drops the metric name; comparisons, set operators and histogram trims keep it.
 fn is_arithmetic(op: BinaryOp) -> bool {
-    !op.is_comparison() && !op.is_set()
+    !op.is_comparison() && !op.is_set() && !is_trim(op)
+}
+
+fn is_trim(op: BinaryOp) -> bool {
+    matches!(op, BinaryOp::TrimUpper | BinaryOp::TrimLower)
 }
 
 /// `(value, keep)` of one pair of floats: arithmetic always keeps; a comparison keeps the
@@ -92,9 +91,121 @@ fn elem(op: BinaryOp, l: f64, r: f64) -> (f64, bool) {
     }
 }
 
-fn vector_scalar(b: &Binary, mut v: Vec<Series>, s: &[f64], swap: bool, ctx: &Ctx) -> Vec<Series> {
+/// A sample of either kind, as an operand.
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    F(f64),
+    H(&'a Arc<FloatHistogram>),
+}
+
+impl Operand<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Operand::F(_) => "float",
+            Operand::H(_) => "histogram",
+        }
+    }
+}
+
+/// A result sample of either kind.
+enum Outcome {
+    F(f64),
+    H(Arc<FloatHistogram>),
+}
+
+/// `l op r` where at least one side is a histogram (Prometheus' `vectorElemBinop`): the value
+/// and whether it is kept, or None when the operation is undefined for these kinds (an info
+/// says so) or the histograms cannot be combined (a warning says so).
+fn elem_histogram(ev: &Evaluator, b: &Binary, l: Operand, r: Operand) -> Option<(Outcome, bool)> {
+    let pos = b.lhs.start;
+    let incompatible = || {
+        ev.info(
+            pos,
+            format!(
+                "incompatible sample types encountered for binary operator {:?}: {} {} {}",
+                b.op.as_str(),
+                l.kind(),
+                b.op.as_str(),
+                r.kind()
+            ),
+        );
+        None
+    };
+    let compacted = |mut h: FloatHistogram| {
+        h.compact();
+        Outcome::H(Arc::new(h))
+    };
+    match (l, r, b.op) {
+        (Operand::F(f), Operand::H(h), BinaryOp::Mul) | (Operand::H(h), Operand::F(f), BinaryOp::Mul) => {
+            let mut h = (**h).clone();
+            h.mul(f);
+            Some((compacted(h), true))
+        }
+        (Operand::H(h), Operand::F(cut), BinaryOp::TrimUpper | BinaryOp::TrimLower) => {
+            Some((Outcome::H(Arc::new(super::native_histograms::trim(h, cut, b.op == BinaryOp::TrimUpper))), true))
+        }
+        (Operand::H(h), Operand::F(f), BinaryOp::Div) => {
+            let mut h = (**h).clone();
+            h.div(f);
+            Some((compacted(h), true))
+        }
+        (Operand::H(x), Operand::H(y), BinaryOp::Add | BinaryOp::Sub) => {
+            let mut h = (**x).clone();
+            let r = if b.op == BinaryOp::Add { h.add(y) } else { h.sub(y) };
+            match r {
+                Ok(c) => {
+                    if c.custom_bounds_reconciled {
+                        let what = if b.op == BinaryOp::Add { "addition" } else { "subtraction" };
+                        ev.info(pos, format!("mismatched custom buckets were reconciled during {what}"));
+                    }
+                    if c.counter_reset_collision {
+                        let what = if b.op == BinaryOp::Add { "addition" } else { "subtraction" };
+                        ev.warn(pos, format!("conflicting counter resets during histogram {what}"));
+                    }
+                }
+                Err(HistogramError::IncompatibleSchema) | Err(_) => {
+                    ev.warn(
+                        pos,
+                        format!("incompatible bucket layout encountered for binary operator {}", b.op.as_str()),
+                    );
+                    return None;
+                }
+            }
+            if b.op == BinaryOp::Sub {
+                h.hint = CounterResetHint::Gauge;
+            }
+            Some((compacted(h), true))
+        }
+        (Operand::H(x), Operand::H(y), BinaryOp::Eql | BinaryOp::Neq) => {
+            let (mut p, mut q) = ((**x).clone(), (**y).clone());
+            p.compact();
+            q.compact();
+            let equal = p.bit_eq(&q);
+            Some((Outcome::H(x.clone()), equal == (b.op == BinaryOp::Eql)))
+        }
+        _ => incompatible(),
+    }
+}
+
+fn vector_scalar(ev: &Evaluator, b: &Binary, mut v: Vec<Series>, s: &[f64], swap: bool, ctx: &Ctx) -> Vec<Series> {
     let drop = is_arithmetic(b.op) || b.return_bool;
     for series in &mut v {
+        if !series.hists.is_empty() {
+            let mut steps = ctx.walker();
+            for p in std::mem::take(&mut series.hists) {
+                let sv = s[steps.index(p.t)];
+                let (l, r) = if swap { (Operand::F(sv), Operand::H(&p.h)) } else { (Operand::H(&p.h), Operand::F(sv)) };
+                match elem_histogram(ev, b, l, r) {
+                    Some((Outcome::H(h), true)) if !b.return_bool => series.hists.push(HPoint { t: p.t, h }),
+                    Some((Outcome::F(f), true)) if !b.return_bool => series.points.push(Point { t: p.t, f }),
+                    Some((_, keep)) if b.return_bool => {
+                        series.points.push(Point { t: p.t, f: f64::from(u8::from(keep)) })
+                    }
+                    _ => {}
+                }
+            }
+            series.points.sort_by_key(|p| p.t);
+        }
         let mut steps = ctx.walker();
         series.points.retain_mut(|p| {
             let sv = s[steps.index(p.t)];
@@ -113,7 +224,7 @@ fn vector_scalar(b: &Binary, mut v: Vec<Series>, s: &[f64], swap: bool, ctx: &Ct
         });
         series.drop_name |= drop;
     }
-    v.retain(|s| !s.points.is_empty());
+    v.retain(|s| !s.is_empty());
     v
 }
 
@@ -134,8 +245,8 @@ fn presence(series: &[Series], m: &VectorMatching, ctx: &Ctx) -> HashMap<String,
     let mut out: HashMap<String, Vec<bool>> = HashMap::new();
     for s in series {
         let steps = out.entry(sig_key(&s.labels, m)).or_insert_with(|| vec![false; ctx.n]);
-        for p in &s.points {
-            steps[ctx.index(p.t)] = true;
+        for t in s.points.iter().map(|p| p.t).chain(s.hists.iter().map(|p| p.t)) {
+            steps[ctx.index(t)] = true;
         }
     }
     out
@@ -145,9 +256,11 @@ fn and_unless(mut l: Vec<Series>, r: &[Series], m: &VectorMatching, ctx: &Ctx, a
     let present = presence(r, m, ctx);
     for s in &mut l {
         let steps = present.get(&sig_key(&s.labels, m));
-        s.points.retain(|p| steps.is_some_and(|st| st[ctx.index(p.t)]) == and);
+        let kept = |t: i64| steps.is_some_and(|st| st[ctx.index(t)]) == and;
+        s.points.retain(|p| kept(p.t));
+        s.hists.retain(|p| kept(p.t));
     }
-    l.retain(|s| !s.points.is_empty());
+    l.retain(|s| !s.is_empty());
     l
 }
 
@@ -155,8 +268,10 @@ fn or(mut l: Vec<Series>, r: Vec<Series>, m: &VectorMatching, ctx: &Ctx) -> Vec<
     let present = presence(&l, m, ctx);
     for mut s in r {
         let steps = present.get(&sig_key(&s.labels, m));
-        s.points.retain(|p| !steps.is_some_and(|st| st[ctx.index(p.t)]));
-        if !s.points.is_empty() {
+        let free = |t: i64| !steps.is_some_and(|st| st[ctx.index(t)]);
+        s.points.retain(|p| free(p.t));
+        s.hists.retain(|p| free(p.t));
+        if !s.is_empty() {
             l.push(s);
         }
     }
@@ -187,8 +302,18 @@ fn result_labels(many: &Labels, one: &Labels, m: &VectorMatching) -> Labels {
     b.build().unwrap_or_else(|_| many.clone())
 }
 
-fn point_at(points: &[Point], t: i64) -> Option<f64> {
-    points.binary_search_by_key(&t, |p| p.t).ok().map(|i| points[i].f)
+/// The sample of either kind `s` has at step time `t`.
+fn value_at(s: &Series, t: i64) -> Option<Operand<'_>> {
+    if let Ok(i) = s.points.binary_search_by_key(&t, |p| p.t) {
+        return Some(Operand::F(s.points[i].f));
+    }
+    s.hists.binary_search_by_key(&t, |p| p.t).ok().map(|i| Operand::H(&s.hists[i].h))
+}
+
+/// Every sample of `s`: its floats, then its histograms (each in time order; results are put
+/// in time order at the end).
+fn operands(s: &Series) -> impl Iterator<Item = (i64, Operand<'_>)> {
+    s.points.iter().map(|p| (p.t, Operand::F(p.f))).chain(s.hists.iter().map(|p| (p.t, Operand::H(&p.h))))
 }
 
 fn vector_vector(
@@ -216,8 +341,8 @@ fn vector_vector(
         }
         let mut at: Vec<Option<usize>> = vec![None; ctx.n];
         for &i in idx {
-            for p in &one[i].points {
-                let k = ctx.index(p.t);
+            for t in one[i].points.iter().map(|p| p.t).chain(one[i].hists.iter().map(|p| p.t)) {
+                let k = ctx.index(t);
                 if let Some(prev) = at[k] {
                     let (a, c) = sorted_pair(&one[prev].labels, &one[i].labels);
                     let matched = Labels::from_sorted_unchecked(signature(&one[i].labels, m.on, &m.labels));
@@ -250,12 +375,15 @@ fn vector_vector(
     // `fill_right(v)` stands in for a missing "one"-side sample, `fill_left(v)` for a missing
     // "many"-side one (the sides after group_right's swap, as in Prometheus).
     let (fill_many, fill_one) = (b.fill_left, b.fill_right);
-    let mut emit = |out: &mut Vec<Series>, labels: Labels, t: i64, fl: f64, fr: f64, dropped: bool| {
-        let (mut val, mut keep) = elem(b.op, fl, fr);
-        if b.return_bool {
-            val = if keep { 1.0 } else { 0.0 };
-            keep = true;
-        }
+    let mut emit = |out: &mut Vec<Series>, labels: Labels, t: i64, l: Operand, r: Operand, dropped: bool| {
+        let (val, keep) = match (l, r) {
+            (Operand::F(fl), Operand::F(fr)) => {
+                let (v, k) = elem(b.op, fl, fr);
+                (Outcome::F(v), k)
+            }
+            _ => elem_histogram(ev, b, l, r)?,
+        };
+        let (val, keep) = if b.return_bool { (Outcome::F(if keep { 1.0 } else { 0.0 }), true) } else { (val, keep) };
         if !keep {
             return None;
         }
@@ -263,7 +391,10 @@ fn vector_vector(
             out.push(Series::new(labels, Vec::new()));
             out.len() - 1
         });
-        out[idx].points.push(Point { t, f: val });
+        match val {
+            Outcome::F(f) => out[idx].points.push(Point { t, f }),
+            Outcome::H(h) => out[idx].hists.push(HPoint { t, h }),
+        }
         out[idx].drop_name |= drop_arith || dropped;
         Some(idx)
     };
@@ -276,17 +407,17 @@ fn vector_vector(
         let shared = many_count[sig] > 1 && m.card == Cardinality::OneToOne;
         // Result labels of the last "one" series this series matched (None: filled).
         let mut last: Option<(Option<usize>, Labels)> = None;
-        for p in &ms.points {
-            let k = ctx.index(p.t);
+        for (t, mv) in operands(ms) {
+            let k = ctx.index(t);
             let oi = match ones.len() {
                 0 => None,
                 1 => Some(ones[0]),
                 _ => owner[sig.as_str()][k],
             };
-            let found = oi.and_then(|oi| point_at(&one[oi].points, p.t).map(|of| (oi, of)));
+            let found = oi.and_then(|oi| value_at(&one[oi], t).map(|of| (oi, of)));
             let (oi, of) = match (found, fill_one) {
                 (Some((oi, of)), _) => (Some(oi), of),
-                (None, Some(v)) => (None, v),
+                (None, Some(v)) => (None, Operand::F(v)),
                 (None, None) => continue,
             };
             // Checked before a comparison filters, so the error does not depend on values.
@@ -307,8 +438,8 @@ fn vector_vector(
                     l
                 }
             };
-            let (fl, fr) = if swapped { (of, p.f) } else { (p.f, of) };
-            emit(&mut out, labels, p.t, fl, fr, ms.drop_name);
+            let (fl, fr) = if swapped { (of, mv) } else { (mv, of) };
+            emit(&mut out, labels, t, fl, fr, ms.drop_name);
         }
     }
     if let Some(fill) = fill_many {
@@ -318,19 +449,22 @@ fn vector_vector(
         for o in &one {
             let steps = present.get(&sig_key(&o.labels, m));
             let labels = Labels::from_sorted_unchecked(signature(&o.labels, m.on, &m.labels));
-            for p in &o.points {
-                if steps.is_some_and(|st| st[ctx.index(p.t)]) {
+            for (t, ov) in operands(o) {
+                if steps.is_some_and(|st| st[ctx.index(t)]) {
                     continue;
                 }
-                let (fl, fr) = if swapped { (p.f, fill) } else { (fill, p.f) };
-                emit(&mut out, labels.clone(), p.t, fl, fr, true);
+                let (fl, fr) = if swapped { (ov, Operand::F(fill)) } else { (Operand::F(fill), ov) };
+                emit(&mut out, labels.clone(), t, fl, fr, true);
             }
         }
     }
     for s in &mut out {
-        if s.points.windows(2).any(|w| w[0].t >= w[1].t) {
+        s.hists.sort_by_key(|p| p.t);
+        let clash = !s.hists.is_empty() && s.hists.iter().any(|h| s.points.binary_search_by_key(&h.t, |p| p.t).is_ok());
+        if clash || s.hists.windows(2).any(|w| w[0].t == w[1].t) || s.points.windows(2).any(|w| w[0].t >= w[1].t) {
             s.points.sort_by_key(|p| p.t);
-            if s.points.windows(2).any(|w| w[0].t == w[1].t) {
+            let clash = clash || s.hists.iter().any(|h| s.points.binary_search_by_key(&h.t, |p| p.t).is_ok());
+            if clash || s.points.windows(2).any(|w| w[0].t == w[1].t) || s.hists.windows(2).any(|w| w[0].t == w[1].t) {
                 return Err(exec(if m.card == Cardinality::OneToOne {
                     "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
                 } else {

@@ -8,6 +8,7 @@ use strata_model::{Labels, LabelsBuilder, MatchOp, METRIC_NAME};
 
 use super::aggregate::fmt_float;
 use super::labels::without;
+use super::native_histograms::{self, NanNote};
 use super::{range_functions, Ctx, Evaluator, Val};
 use crate::ast::{Call, Expr, ExprKind};
 use crate::error::{exec, EvalError};
@@ -51,8 +52,8 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
             let v = ev.eval_vector(&args[0], ctx)?;
             let mut present = vec![false; ctx.n];
             for s in &v {
-                for p in &s.points {
-                    present[ctx.index(p.t)] = true;
+                for t in s.points.iter().map(|p| p.t).chain(s.hists.iter().map(|p| p.t)) {
+                    present[ctx.index(t)] = true;
                 }
             }
             Ok(Val::Vector(absent_series(&args[0], &present, ctx)))
@@ -61,8 +62,8 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
             let mut present = vec![false; ctx.n];
             let count = Call { func: crate::functions::lookup("count_over_time").expect("known"), args: args.clone() };
             range_functions::stream(ev, &count, ctx, &mut |s| {
-                for p in &s.points {
-                    present[ctx.index(p.t)] = true;
+                for t in s.points.iter().map(|p| p.t).chain(s.hists.iter().map(|p| p.t)) {
+                    present[ctx.index(t)] = true;
                 }
                 Ok(())
             })?;
@@ -70,7 +71,9 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         }
         "timestamp" => {
             let mut v = match &args[0].unparen().kind {
-                ExprKind::Vector(sel) => ev.collect("timestamp", |sink| ev.stream_selector(sel, ctx, true, sink))?,
+                ExprKind::Vector(sel) => {
+                    ev.collect("timestamp", |sink| ev.stream_selector(sel, args[0].start, ctx, true, sink))?
+                }
                 _ => {
                     let mut v = ev.eval_vector(&args[0], ctx)?;
                     for s in &mut v {
@@ -87,6 +90,11 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
                 ev.warn(e.start, "sort is ineffective for range queries since results are always ordered by labels");
             }
             let mut v = ev.eval_vector(&args[0], ctx)?;
+            if matches!(name, "sort" | "sort_desc") {
+                // Sorting by value: histograms have none to sort by and are left out.
+                v.iter_mut().for_each(|s| s.hists.clear());
+                v.retain(|s| !s.is_empty());
+            }
             if ctx.n == 1 {
                 match name {
                     "sort" => v.sort_by(|a, b| cmp_value(a, b, false)),
@@ -125,8 +133,22 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         "histogram_count" | "histogram_sum" | "histogram_avg" | "histogram_stddev" | "histogram_stdvar" => {
             // These read native histograms only; float samples give no result.
             let arg = args.last().expect("checked by the parser");
-            let _ = ev.eval_vector(arg, ctx)?;
-            Ok(Val::Vector(Vec::new()))
+            let f: fn(&strata_model::FloatHistogram) -> f64 = match name {
+                "histogram_count" => |h| h.count,
+                "histogram_sum" => |h| h.sum,
+                "histogram_avg" => |h| h.sum / h.count,
+                "histogram_stddev" => |h| native_histograms::variance(h).sqrt(),
+                _ => native_histograms::variance,
+            };
+            let mut out = Vec::new();
+            for s in ev.eval_vector(arg, ctx)? {
+                if s.hists.is_empty() {
+                    continue;
+                }
+                let points = s.hists.iter().map(|p| Point { t: p.t, f: f(&p.h) }).collect();
+                out.push(Series { labels: s.labels, points, hists: Vec::new(), drop_name: true });
+            }
+            Ok(Val::Vector(out))
         }
         _ => Err(exec(format!("function {name:?} is not supported yet"))),
     }
@@ -171,13 +193,16 @@ pub(super) fn stream_elementwise(
                 let inv = 1.0 / p1[i];
                 Some((f * inv + 0.5).floor() / inv)
             }
-            "clamp" => (p2[i] >= p1[i]).then(|| go_max(p1[i], go_min(p2[i], f))),
+            // An empty range (max below min) gives nothing; NaN bounds give NaN.
+            "clamp" => (p2[i] >= p1[i] || p1[i].is_nan() || p2[i].is_nan()).then(|| go_max(p1[i], go_min(p2[i], f))),
             "clamp_min" => Some(go_max(p1[i], f)),
             "clamp_max" => Some(go_min(p1[i], f)),
             _ => math.map(|m| m(f)),
         }
     };
     ev.stream(&args[0], ctx, &mut |mut s: Series| {
+        // Float functions; histogram samples have no result (as in Prometheus).
+        s.hists.clear();
         let mut steps = ctx.walker();
         s.points.retain_mut(|p| match apply(p.f, steps.index(p.t)) {
             Some(x) => {
@@ -510,11 +535,86 @@ fn bucket_quantile(q: f64, buckets: &mut [Bucket]) -> (f64, bool) {
 /// (also without the name) and the buckets at each step.
 type BucketGroups = Vec<(Labels, Vec<Vec<Bucket>>)>;
 
-fn bucket_groups(ev: &Evaluator, arg: &Expr, ctx: &Ctx) -> Result<BucketGroups, EvalError> {
+/// The histograms an argument of `histogram_quantile` and its kin holds: classic ones (float
+/// series with `le`, grouped) and native ones. Where a native histogram and classic buckets of
+/// the same name and labels meet at a step, neither is used and a warning says so.
+struct HistogramInput {
+    classic: BucketGroups,
+    native: Vec<Series>,
+}
+
+fn histogram_input(ev: &Evaluator, arg: &Expr, ctx: &Ctx) -> Result<HistogramInput, EvalError> {
     let input = ev.eval_vector(arg, ctx)?;
+    let (mut classic, index) = bucket_groups(ev, arg, &input, ctx);
+    let mut native = Vec::new();
+    for s in input {
+        if s.hists.is_empty() {
+            continue;
+        }
+        let mut hists = Vec::with_capacity(s.hists.len());
+        for p in s.hists {
+            let i = ctx.index(p.t);
+            if let Some(&g) = index.get(&s.labels) {
+                if !classic[g].1[i].is_empty() {
+                    ev.warn(
+                        arg.start,
+                        format!(
+                            "vector contains a mix of classic and native histograms for metric name {:?}",
+                            s.labels.get(METRIC_NAME).unwrap_or("")
+                        ),
+                    );
+                    classic[g].1[i].clear();
+                    continue;
+                }
+            }
+            hists.push(p);
+        }
+        native.push(Series { labels: s.labels, points: Vec::new(), hists, drop_name: true });
+    }
+    Ok(HistogramInput { classic, native })
+}
+
+impl HistogramInput {
+    /// One float per native histogram point, from `f(step, histogram)`.
+    fn map_native(
+        &self,
+        ctx: &Ctx,
+        mut f: impl FnMut(usize, &Labels, &strata_model::FloatHistogram) -> f64,
+    ) -> Vec<Series> {
+        let mut out = Vec::new();
+        for s in &self.native {
+            let points: Vec<Point> =
+                s.hists.iter().map(|p| Point { t: p.t, f: f(ctx.index(p.t), &s.labels, &p.h) }).collect();
+            if !points.is_empty() {
+                out.push(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: true });
+            }
+        }
+        out
+    }
+}
+
+/// Reports what a native quantile noticed about NaN observations.
+fn note_nan(ev: &Evaluator, pos: usize, labels: &Labels, note: NanNote) {
+    let what = match note {
+        NanNote::None => return,
+        NanNote::ResultNaN => "result is NaN",
+        NanNote::SkewedHigher => "result is skewed higher",
+    };
+    ev.info(
+        pos,
+        format!(
+            "input to histogram_quantile has NaN observations, {what} for metric name {:?}",
+            labels.get(METRIC_NAME).unwrap_or("")
+        ),
+    );
+}
+
+/// Groups the classic-histogram series of `input`; also returns each group's index by its
+/// labels without `le` (the name kept).
+fn bucket_groups(ev: &Evaluator, arg: &Expr, input: &[Series], ctx: &Ctx) -> (BucketGroups, HashMap<Labels, usize>) {
     let mut index: HashMap<Labels, usize> = HashMap::new();
     let mut groups: BucketGroups = Vec::new();
-    for s in &input {
+    for s in input.iter().filter(|s| !s.points.is_empty()) {
         let le = s.labels.get("le").unwrap_or("");
         let Some(upper) = parse_go_float(le) else {
             ev.warn(
@@ -535,7 +635,7 @@ fn bucket_groups(ev: &Evaluator, arg: &Expr, ctx: &Ctx) -> Result<BucketGroups, 
             groups[g].1[ctx.index(p.t)].push(Bucket { upper, count: p.f });
         }
     }
-    Ok(groups)
+    (groups, index)
 }
 
 fn warn_quantile(ev: &Evaluator, pos: usize, q: &[f64]) {
@@ -576,9 +676,15 @@ fn quantile_series(
 fn histogram_quantile(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
     let q = ev.eval_scalar(&call.args[0], ctx)?;
     warn_quantile(ev, call.args[0].start, &q);
-    let mut out = Vec::new();
-    for (labels, mut per_step) in bucket_groups(ev, &call.args[1], ctx)? {
-        let points = quantile_series(ev, call.args[1].start, &labels, &mut per_step, &q, ctx);
+    let pos = call.args[1].start;
+    let input = histogram_input(ev, &call.args[1], ctx)?;
+    let mut out = input.map_native(ctx, |i, labels, h| {
+        let (v, note) = native_histograms::quantile(q[i], h);
+        note_nan(ev, pos, labels, note);
+        v
+    });
+    for (labels, mut per_step) in input.classic {
+        let points = quantile_series(ev, pos, &labels, &mut per_step, &q, ctx);
         if !points.is_empty() {
             out.push(Series::new(labels, points));
         }
@@ -595,8 +701,22 @@ fn histogram_quantiles(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, Ev
         warn_quantile(ev, a.start, &q);
         qs.push(q);
     }
+    let pos = call.args[0].start;
+    let input = histogram_input(ev, &call.args[0], ctx)?;
     let mut out = Vec::new();
-    for (labels, mut per_step) in bucket_groups(ev, &call.args[0], ctx)? {
+    for q in &qs {
+        for mut s in input.map_native(ctx, |i, labels, h| {
+            let (v, note) = native_histograms::quantile(q[i], h);
+            note_nan(ev, pos, labels, note);
+            v
+        }) {
+            let mut b = LabelsBuilder::new(&s.labels);
+            b.set(label.as_str(), openmetrics_float(q[0]));
+            s.labels = b.build().map_err(|e| exec(e.to_string()))?;
+            out.push(s);
+        }
+    }
+    for (labels, mut per_step) in input.classic {
         for q in &qs {
             let points = quantile_series(ev, call.args[0].start, &labels, &mut per_step, q, ctx);
             if points.is_empty() {
@@ -673,8 +793,21 @@ fn bucket_fraction(lower: f64, upper: f64, buckets: &mut [Bucket]) -> f64 {
 fn histogram_fraction(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalError> {
     let lower = ev.eval_scalar(&call.args[0], ctx)?;
     let upper = ev.eval_scalar(&call.args[1], ctx)?;
-    let mut out = Vec::new();
-    for (labels, mut per_step) in bucket_groups(ev, &call.args[2], ctx)? {
+    let pos = call.args[2].start;
+    let input = histogram_input(ev, &call.args[2], ctx)?;
+    let mut out = input.map_native(ctx, |i, labels, h| {
+        if h.sum.is_nan() {
+            ev.info(
+                pos,
+                format!(
+                    "input to histogram_fraction has NaN observations, which are excluded from all fractions for metric name {:?}",
+                    labels.get(METRIC_NAME).unwrap_or("")
+                ),
+            );
+        }
+        native_histograms::fraction(lower[i], upper[i], h)
+    });
+    for (labels, mut per_step) in input.classic {
         let points: Vec<Point> = per_step
             .iter_mut()
             .enumerate()

@@ -97,8 +97,13 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalEr
     let mut infos: Vec<InfoSeries> = Vec::new();
     let mut info_select = name_matchers.clone();
     info_select.extend(data_matchers.iter().filter(|m| !m.matches_empty()).map(|m| (*m).clone()));
-    ev.stream_raw(&info_select, first - lookback + 1, last, &mut |labels: &Labels, samples: &[Point]| {
+    let mut histogram_info: Option<Labels> = None;
+    ev.stream_raw(&info_select, first - lookback + 1, last, &mut |labels: &Labels, samples: &[Point], hists| {
         if !data_matchers.iter().all(|m| m.matches(labels.get(&m.name).unwrap_or(""))) {
+            return;
+        }
+        if !hists.is_empty() {
+            histogram_info.get_or_insert_with(|| labels.clone());
             return;
         }
         let seen = (0..ctx.n)
@@ -110,6 +115,10 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, ctx: &Ctx) -> Result<Val, EvalEr
             .collect();
         infos.push(InfoSeries { labels: labels.clone(), seen });
     })?;
+    if let Some(l) = histogram_info {
+        // Info metrics are floats whose labels annotate other series; a histogram is not one.
+        return Err(exec(format!("info series {l} has native histogram samples; info metrics must be floats")));
+    }
     // Info series by their identifying labels.
     let mut by_id: HashMap<Vec<Label>, Vec<usize>> = HashMap::new();
     for (i, s) in infos.iter().enumerate() {
@@ -196,7 +205,7 @@ fn push(
     points: &[Point],
 ) {
     let i = *index.entry((labels.clone(), drop_name)).or_insert_with(|| {
-        out.push(Series { labels, points: Vec::new(), drop_name });
+        out.push(Series { labels, points: Vec::new(), hists: Vec::new(), drop_name });
         out.len() - 1
     });
     out[i].points.extend_from_slice(points);

@@ -16,17 +16,22 @@ mod binary;
 mod functions;
 mod info;
 mod labels;
+mod native_histograms;
 mod range_functions;
+pub(crate) mod range_histograms;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration as StdDuration, Instant};
 
-use strata_model::{is_stale_nan, Labels, Matcher, METRIC_NAME};
-use strata_tsdb::querier::{SampleIterator, Series as StoredSeries};
+use std::sync::Arc;
+
+use strata_model::{is_stale_nan, CounterResetHint, Labels, Matcher, METRIC_NAME};
+use strata_tsdb::chunkenc::TypedValue;
+use strata_tsdb::querier::Series as StoredSeries;
 
 use crate::ast::*;
 use crate::error::{exec, EvalError};
-use crate::value::{Annotation, Point, Series, Value};
+use crate::value::{Annotation, HPoint, Point, Series, Value};
 
 pub use labels::prom_labels_string;
 
@@ -112,6 +117,7 @@ impl Engine {
     ) -> Result<QueryOutput, EvalError> {
         let ev = Evaluator::new(self, st, t, t, 0, cancel);
         let ctx = Ctx { start: t, step: 1, n: 1 };
+        let expr = &with_stats_selectors(expr);
         let v = ev.eval(expr, &ctx)?;
         let value = match v {
             Val::Scalar(s) => Value::Scalar { t, v: s[0] },
@@ -167,6 +173,7 @@ impl Engine {
         let n = ((end - start) / step) as usize + 1;
         let ev = Evaluator::new(self, st, start, end, step, cancel);
         let ctx = Ctx { start, step, n };
+        let expr = &with_stats_selectors(expr);
         let series = match ev.eval(expr, &ctx)? {
             Val::Scalar(s) => {
                 vec![Series::new(
@@ -177,10 +184,53 @@ impl Engine {
             Val::Vector(series) => ev.finish_names(series)?,
             _ => return Err(exec("range query must evaluate to a scalar or an instant vector")),
         };
-        let mut series: Vec<Series> = series.into_iter().filter(|s| !s.points.is_empty()).collect();
+        let mut series: Vec<Series> = series.into_iter().filter(|s| !s.is_empty()).collect();
         series.sort_by(|a, b| a.labels.cmp(&b.labels));
         Ok(QueryOutput { value: Value::Matrix(series), annotations: ev.annotations.into_inner() })
     }
+}
+
+/// `expr` with `stats_only` set on the selectors whose histograms only feed
+/// `histogram_count`, `histogram_sum` or `histogram_avg`: the nearest enclosing function of
+/// those or of the bucket readers (`histogram_quantile`, `histogram_fraction`, …) decides;
+/// other functions and aggregations pass the decision through; a binary operator's sides and
+/// a subquery start afresh (Prometheus reads a subquery's samples by seeking, without the
+/// statistics-only reader).
+fn with_stats_selectors(expr: &Expr) -> Expr {
+    fn mark(e: &mut Expr, stats: bool) {
+        match &mut e.kind {
+            ExprKind::Vector(sel) => sel.stats_only = stats,
+            ExprKind::Matrix(m) => m.vector.stats_only = stats,
+            ExprKind::Subquery(s) => mark(&mut s.expr, false),
+            ExprKind::Paren(x) | ExprKind::Neg(x) => mark(x, stats),
+            ExprKind::Binary(b) => {
+                mark(&mut b.lhs, false);
+                mark(&mut b.rhs, false);
+            }
+            ExprKind::Aggregate(a) => {
+                if let Some(p) = &mut a.param {
+                    mark(p, false);
+                }
+                mark(&mut a.expr, stats);
+            }
+            ExprKind::Call(c) => {
+                let stats = match c.func.name {
+                    "histogram_count" | "histogram_sum" | "histogram_avg" => true,
+                    "histogram_quantile"
+                    | "histogram_quantiles"
+                    | "histogram_fraction"
+                    | "histogram_stddev"
+                    | "histogram_stdvar" => false,
+                    _ => stats,
+                };
+                c.args.iter_mut().for_each(|a| mark(a, stats));
+            }
+            ExprKind::Number(_) | ExprKind::String(_) => {}
+        }
+    }
+    let mut e = expr.clone();
+    mark(&mut e, false);
+    e
 }
 
 /// The steps a node is evaluated at: `start + i*step` for `i < n`.
@@ -203,6 +253,20 @@ impl Ctx {
     /// The step index of timestamp `t` (which must be one of the steps).
     pub fn index(&self, t: i64) -> usize {
         ((t - self.start) / self.step) as usize
+    }
+
+    /// Room for the points a series with these samples can have: one per step its samples
+    /// (each valid for `window` after it) can reach, all steps when pinned by `@`. Sized once
+    /// rather than grown step by step, and not the whole range for a short-lived series.
+    pub fn points_capacity(&self, samples: &[Point], window: i64, pinned: bool) -> usize {
+        match (samples.first(), samples.last()) {
+            (Some(a), Some(b)) if !pinned => {
+                let span = b.t.saturating_sub(a.t).saturating_add(window);
+                usize::try_from(span / self.step.max(1) + 1).unwrap_or(usize::MAX).min(self.n)
+            }
+            (Some(_), _) => self.n,
+            _ => 0,
+        }
     }
 
     /// Finds step indexes of increasing timestamps without a division each.
@@ -367,10 +431,11 @@ impl<'a> Evaluator<'a> {
                 // Only an instant query's top level asks for raw range samples.
                 let spec = self.range_spec(e)?;
                 let t_end = spec.end_at(ctx.start);
-                let window = |labels: &Labels, samples: &[Point], _drop: bool| {
-                    let points: Vec<Point> =
-                        samples.iter().copied().filter(|p| p.t > t_end - spec.range && p.t <= t_end).collect();
-                    Some(Series::new(labels.clone(), points))
+                let window = |labels: &Labels, samples: &[Point], hists: &[HPoint], _drop: bool| {
+                    let inside = |t: i64| t > t_end - spec.range && t <= t_end;
+                    let points: Vec<Point> = samples.iter().copied().filter(|p| inside(p.t)).collect();
+                    let hists: Vec<HPoint> = hists.iter().filter(|p| inside(p.t)).cloned().collect();
+                    Some(Series::with_hists(labels.clone(), points, hists))
                 };
                 Ok(Val::Matrix(self.collect("query evaluation", |sink| self.stream_range(e, ctx, window, sink))?))
             }
@@ -421,23 +486,27 @@ impl<'a> Evaluator<'a> {
     fn for_each_selected<F>(
         &self,
         matchers: &[Matcher],
+        stats_only: bool,
         mint: i64,
         maxt: i64,
         f: F,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError>
     where
-        F: Fn(&Labels, &[Point]) -> Option<Series> + Sync,
+        F: Fn(&Labels, &[Point], &[HPoint]) -> Option<Series> + Sync,
     {
         let stored = self.st.select(matchers, mint, maxt)?;
         // Reads one series and maps it; `buf` is reused across series.
-        let one = |s: &StoredSeries, buf: &mut Vec<Point>| -> Result<Option<Series>, EvalError> {
+        let one = |s: &StoredSeries, buf: &mut SeriesBuf| -> Result<Option<Series>, EvalError> {
             read_series(s, buf)?;
-            Ok(f(&s.labels, buf).filter(|r| !r.points.is_empty()))
+            if stats_only {
+                resolve_reset_hints(&mut buf.hists);
+            }
+            Ok(f(&s.labels, &buf.floats, &buf.hists).filter(|r| !r.is_empty()))
         };
         let threads = self.engine.opts.parallelism.max(1);
         if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
-            let mut buf = Vec::new();
+            let mut buf = SeriesBuf::default();
             for (i, s) in stored.iter().enumerate() {
                 if i % 256 == 0 {
                     self.check("series selection")?;
@@ -458,7 +527,7 @@ impl<'a> Evaluator<'a> {
                 rxs.push(rx);
                 let (stored, one) = (&stored, &one);
                 scope.spawn(move || {
-                    let mut buf = Vec::new();
+                    let mut buf = SeriesBuf::default();
                     for (k, s) in stored.iter().skip(w).step_by(threads).enumerate() {
                         let r = if k % 128 == 0 { self.check("series selection") } else { Ok(()) };
                         let r = r.and_then(|()| one(s, &mut buf));
@@ -488,13 +557,13 @@ impl<'a> Evaluator<'a> {
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
-        f: &mut dyn FnMut(&Labels, &[Point]),
+        f: &mut RawSeriesFn<'_>,
     ) -> Result<(), EvalError> {
-        let mut buf = Vec::new();
+        let mut buf = SeriesBuf::default();
         for s in self.st.select(matchers, mint, maxt)? {
             self.check("series selection")?;
             read_series(&s, &mut buf)?;
-            f(&s.labels, &buf);
+            f(&s.labels, &buf.floats, &buf.hists);
         }
         Ok(())
     }
@@ -507,7 +576,7 @@ impl<'a> Evaluator<'a> {
     ) -> Result<Vec<Series>, EvalError> {
         let mut out = Vec::new();
         produce(&mut |s: Series| {
-            self.take(s.points.len(), stage)?;
+            self.take(s.len(), stage)?;
             out.push(s);
             Ok(())
         })?;
@@ -526,20 +595,23 @@ impl<'a> Evaluator<'a> {
         self.check("query evaluation")?;
         match &e.kind {
             ExprKind::Paren(inner) => self.stream(inner, ctx, sink),
-            ExprKind::Vector(sel) => self.stream_selector(sel, ctx, false, sink),
+            ExprKind::Vector(sel) => self.stream_selector(sel, e.start, ctx, false, sink),
             ExprKind::Call(c) if range_functions::is_range_function(c.func.name) => {
                 range_functions::stream(self, c, ctx, sink)
             }
             ExprKind::Call(c) if functions::is_elementwise(c) => functions::stream_elementwise(self, c, ctx, sink),
             ExprKind::Neg(inner) if inner.value_type() == ValueType::Vector => self.stream(inner, ctx, &mut |mut s| {
                 s.points.iter_mut().for_each(|p| p.f = -p.f);
+                for p in &mut s.hists {
+                    Arc::make_mut(&mut p.h).mul(-1.0);
+                }
                 s.drop_name = true;
                 sink(s)
             }),
             ExprKind::Binary(b) if binary::streams(b) => binary::stream_vector_scalar(self, b, ctx, sink),
             _ => {
                 let v = self.eval_vector(e, ctx)?;
-                let held: usize = v.iter().map(|s| s.points.len()).sum();
+                let held: usize = v.iter().map(Series::len).sum();
                 for s in v {
                     sink(s)?;
                 }
@@ -555,6 +627,7 @@ impl<'a> Evaluator<'a> {
     pub(crate) fn stream_selector(
         &self,
         sel: &VectorSelector,
+        pos: usize,
         ctx: &Ctx,
         keep_sample_time: bool,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
@@ -566,34 +639,62 @@ impl<'a> Evaluator<'a> {
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
         let smoothed = sel.mode == RangeMode::Smoothed;
         let maxt = if smoothed { last + lookback } else { last };
-        let per_series = |labels: &Labels, samples: &[Point]| {
-            let mut points = Vec::new();
-            let mut j = 0usize;
+        let per_series = |labels: &Labels, samples: &[Point], hsamples: &[HPoint]| {
+            let mut points = Vec::with_capacity(ctx.points_capacity(samples, lookback, at.is_some()));
+            let mut hists = Vec::new();
+            let (mut j, mut k) = (0usize, 0usize);
             for i in 0..ctx.n {
                 let te = end_at(ctx.ts(i));
-                // samples[..j] are all ≤ te.
+                // samples[..j] and hsamples[..k] are all ≤ te.
                 while j < samples.len() && samples[j].t <= te {
                     j += 1;
                 }
+                while k < hsamples.len() && hsamples[k].t <= te {
+                    k += 1;
+                }
                 if smoothed {
-                    if let Some(v) = range_functions::smoothed_value(samples, j, te, lookback) {
-                        points.push(Point { t: ctx.ts(i), f: v });
+                    if hsamples.is_empty() {
+                        if let Some(v) = range_functions::smoothed_value(samples, j, te, lookback) {
+                            points.push(Point { t: ctx.ts(i), f: v });
+                        }
+                    } else {
+                        let notes =
+                            range_histograms::Notes { ev: self, pos, metric: labels.get(METRIC_NAME).unwrap_or("") };
+                        match range_histograms::smoothed_sample(samples, j, hsamples, k, te, lookback, &notes) {
+                            Some(range_histograms::Out::Float(f)) => points.push(Point { t: ctx.ts(i), f }),
+                            Some(range_histograms::Out::Hist(h)) => hists.push(HPoint { t: ctx.ts(i), h }),
+                            None => {}
+                        }
                     }
                     continue;
                 }
-                if j == 0 {
-                    continue;
+                // The newest sample of either kind.
+                let float = j.checked_sub(1).map(|j| samples[j]);
+                let hist = k.checked_sub(1).map(|k| &hsamples[k]);
+                match (float, hist) {
+                    (Some(s), h) if h.is_none_or(|h| h.t < s.t) => {
+                        if s.t <= te - lookback || is_stale_nan(s.f) {
+                            continue;
+                        }
+                        let f = if keep_sample_time { s.t as f64 / 1000.0 } else { s.f };
+                        points.push(Point { t: ctx.ts(i), f });
+                    }
+                    (_, Some(h)) => {
+                        if h.t <= te - lookback || h.h.is_stale() {
+                            continue;
+                        }
+                        if keep_sample_time {
+                            points.push(Point { t: ctx.ts(i), f: h.t as f64 / 1000.0 });
+                        } else {
+                            hists.push(HPoint { t: ctx.ts(i), h: h.h.clone() });
+                        }
+                    }
+                    _ => {}
                 }
-                let s = samples[j - 1];
-                if s.t <= te - lookback || is_stale_nan(s.f) {
-                    continue;
-                }
-                let f = if keep_sample_time { s.t as f64 / 1000.0 } else { s.f };
-                points.push(Point { t: ctx.ts(i), f });
             }
-            Some(Series::new(labels.clone(), points))
+            Some(Series::with_hists(labels.clone(), points, hists))
         };
-        self.for_each_selected(&sel.matchers, first - lookback + 1, maxt, per_series, sink)
+        self.for_each_selected(&sel.matchers, sel.stats_only, first - lookback + 1, maxt, per_series, sink)
     }
 
     /// The window a range selector or subquery reads at each step.
@@ -626,7 +727,7 @@ impl<'a> Evaluator<'a> {
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError>
     where
-        F: Fn(&Labels, &[Point], bool) -> Option<Series> + Sync,
+        F: Fn(&Labels, &[Point], &[HPoint], bool) -> Option<Series> + Sync,
     {
         let spec = self.range_spec(e)?;
         let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
@@ -639,15 +740,23 @@ impl<'a> Evaluator<'a> {
                     RangeMode::Anchored => (first - spec.range - lookback, last),
                     RangeMode::Smoothed => (first - spec.range - lookback, last + lookback),
                 };
-                let per_series = |labels: &Labels, samples: &[Point]| {
+                let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint]| {
+                    let stale_h = hists.iter().any(|p| p.h.is_stale());
+                    let kept_h: Vec<HPoint>;
+                    let hists = if stale_h {
+                        kept_h = hists.iter().filter(|p| !p.h.is_stale()).cloned().collect();
+                        &kept_h[..]
+                    } else {
+                        hists
+                    };
                     if samples.iter().any(|p| is_stale_nan(p.f)) {
                         let kept: Vec<Point> = samples.iter().copied().filter(|p| !is_stale_nan(p.f)).collect();
-                        f(labels, &kept, false)
+                        f(labels, &kept, hists, false)
                     } else {
-                        f(labels, samples, false)
+                        f(labels, samples, hists, false)
                     }
                 };
-                self.for_each_selected(&m.vector.matchers, mint, maxt, per_series, sink)
+                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, mint, maxt, per_series, sink)
             }
             ExprKind::Subquery(sq) => {
                 let step = match &sq.step {
@@ -676,11 +785,19 @@ impl<'a> Evaluator<'a> {
                     )],
                     _ => return Err(exec("subquery of something that is not an instant vector")),
                 };
-                let held: usize = inner.iter().map(|s| s.points.len()).sum();
+                let held: usize = inner.iter().map(Series::len).sum();
                 for mut s in inner {
                     s.points.retain(|p| !is_stale_nan(p.f));
-                    if let Some(r) = f(&s.labels, &s.points, s.drop_name) {
-                        if !r.points.is_empty() {
+                    // The steps of a subquery are not a series' successive samples: a counter
+                    // reset hint read from storage says nothing about the step before, so
+                    // resets are found by comparing (gauges stay gauges).
+                    for p in &mut s.hists {
+                        if matches!(p.h.hint, CounterResetHint::Reset | CounterResetHint::NotReset) {
+                            Arc::make_mut(&mut p.h).hint = CounterResetHint::Unknown;
+                        }
+                    }
+                    if let Some(r) = f(&s.labels, &s.points, &s.hists, s.drop_name) {
+                        if !r.is_empty() {
                             sink(r)?;
                         }
                     }
@@ -713,16 +830,43 @@ impl<'a> Evaluator<'a> {
     }
 }
 
+/// What `stream_raw` hands each series to: labels, float samples, histogram samples.
+pub(crate) type RawSeriesFn<'a> = dyn FnMut(&Labels, &[Point], &[HPoint]) + 'a;
+
+/// A series' samples, floats and histograms apart, reused across series.
+#[derive(Default)]
+struct SeriesBuf {
+    floats: Vec<Point>,
+    hists: Vec<HPoint>,
+}
+
 /// A stored series' samples in its selected range, into `buf` (cleared first).
-fn read_series(s: &StoredSeries, buf: &mut Vec<Point>) -> Result<(), EvalError> {
-    buf.clear();
-    let mut it = s.iter();
-    while let Some(x) = it.next() {
-        buf.push(Point { t: x.t, f: x.v });
-    }
-    match it.err() {
-        Some(e) => Err(EvalError::Storage(format!("reading series {}: {e}", s.labels))),
-        None => Ok(()),
+fn read_series(s: &StoredSeries, buf: &mut SeriesBuf) -> Result<(), EvalError> {
+    buf.floats.clear();
+    buf.hists.clear();
+    s.visit(|x| match x.value {
+        TypedValue::Float(f) => buf.floats.push(Point { t: x.t, f }),
+        TypedValue::Histogram(h) => buf.hists.push(HPoint { t: x.t, h: Arc::new(*h) }),
+    })
+    .map_err(|e| EvalError::Storage(format!("reading series {}: {e}", s.labels)))
+}
+
+/// What statistics-only reading does to counter reset hints: an unknown hint is resolved
+/// against the histogram read before it (reset or not), so a chunk's first sample says
+/// whether it follows a reset.
+fn resolve_reset_hints(hists: &mut [HPoint]) {
+    let mut prev: Option<Arc<strata_model::FloatHistogram>> = None;
+    for p in hists.iter_mut() {
+        if p.h.is_stale() {
+            continue;
+        }
+        if p.h.hint == CounterResetHint::Unknown {
+            if let Some(q) = &prev {
+                let reset = p.h.detect_reset(q);
+                Arc::make_mut(&mut p.h).hint = if reset { CounterResetHint::Reset } else { CounterResetHint::NotReset };
+            }
+        }
+        prev = Some(p.h.clone());
     }
 }
 
@@ -742,11 +886,18 @@ fn merge_same_labels(series: Vec<Series>) -> Result<Vec<Series>, EvalError> {
         while j < idx.len() && slots[idx[j]].as_ref().map(|s| &s.labels) == slots[first].as_ref().map(|s| &s.labels) {
             let other = slots[idx[j]].take().expect("each index once");
             let into = slots[first].as_mut().expect("kept");
-            if points_overlap(&into.points, &other.points) {
+            let times = |s: &Series| {
+                let mut t: Vec<i64> = s.points.iter().map(|p| p.t).chain(s.hists.iter().map(|p| p.t)).collect();
+                t.sort_unstable();
+                t
+            };
+            if times_overlap(&times(into), &times(&other)) {
                 return Err(exec("vector cannot contain metrics with the same labelset"));
             }
             into.points.extend(other.points);
             into.points.sort_by_key(|p| p.t);
+            into.hists.extend(other.hists);
+            into.hists.sort_by_key(|p| p.t);
             j += 1;
         }
         k = j;
@@ -754,10 +905,10 @@ fn merge_same_labels(series: Vec<Series>) -> Result<Vec<Series>, EvalError> {
     Ok(slots.into_iter().flatten().collect())
 }
 
-fn points_overlap(a: &[Point], b: &[Point]) -> bool {
+fn times_overlap(a: &[i64], b: &[i64]) -> bool {
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
-        match a[i].t.cmp(&b[j].t) {
+        match a[i].cmp(&b[j]) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Greater => j += 1,
             std::cmp::Ordering::Equal => return true,

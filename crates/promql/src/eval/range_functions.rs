@@ -1,27 +1,30 @@
 //! Functions over range vectors (`rate`, `*_over_time`, …). Each series is read once: its
 //! samples cover every step's window, and two cursors slide forward as the steps advance.
 
+use std::sync::Arc;
+
 use super::aggregate::{kahan_inc, quantile};
+use super::range_histograms::{self, Notes, Out};
 use super::{Ctx, Evaluator, RangeSpec};
 use crate::ast::{Call, Expr, RangeMode};
 use crate::error::{exec, EvalError};
-use crate::value::{Point, Series};
+use crate::value::{HPoint, Point, Series};
 use strata_model::{Labels, METRIC_NAME};
 
 /// Per-step inputs of a range function besides the window.
-struct Window<'a> {
+pub(super) struct Window<'a> {
     /// The evaluation step's time (not moved by offset or `@`).
-    t: i64,
+    pub t: i64,
     /// The window's end (inclusive); its start `end - range` is exclusive.
-    end: i64,
-    range: i64,
+    pub end: i64,
+    pub range: i64,
     /// Scalar parameters at this step.
-    params: &'a [f64],
+    pub params: &'a [f64],
     /// The last sample at or before the window's start, within the lookback (anchored and
     /// smoothed windows read it).
-    before: Option<Point>,
+    pub before: Option<Point>,
     /// The first sample after the window's end, within the lookback (smoothed windows).
-    after: Option<Point>,
+    pub after: Option<Point>,
 }
 
 type RangeFn = fn(&[Point], &Window) -> Option<f64>;
@@ -118,8 +121,8 @@ pub(super) fn stream(
     let counter_fn = matches!(name, "rate" | "increase");
     // With `@` every window is the same; it is computed once unless a parameter still varies.
     let pin = params.is_empty();
-    let per_series = |labels: &Labels, samples: &[Point], dropped: bool| {
-        if counter_fn {
+    let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint], dropped: bool| {
+        if counter_fn && !samples.is_empty() {
             if let Some(n) = labels.get(METRIC_NAME) {
                 if !["_total", "_sum", "_count", "_bucket"].iter().any(|suf| n.ends_with(suf)) {
                     ev.info(
@@ -131,8 +134,27 @@ pub(super) fn stream(
                 }
             }
         }
+        if hists.is_empty() && spec.mode == RangeMode::Plain && params.is_empty() {
+            // The common case, floats in plain windows: a loop of its own per function, so the
+            // window's arithmetic is inlined into it.
+            let points = match name {
+                "rate" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, true, true)),
+                "increase" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, true, false)),
+                "delta" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, false, false)),
+                "sum_over_time" => slide_plain(samples, ctx, &spec, sum_over_time),
+                "avg_over_time" => slide_plain(samples, ctx, &spec, avg_over_time),
+                _ => slide_plain(samples, ctx, &spec, f),
+            };
+            return Some(Series {
+                labels: labels.clone(),
+                points,
+                hists: Vec::new(),
+                drop_name: !keeps_name || dropped,
+            });
+        }
+        let notes = Notes { ev, pos: matrix.start, metric: labels.get(METRIC_NAME).unwrap_or("") };
         let mut step_params = [0.0f64; 2];
-        let points = slide(samples, ctx, &spec, pin, lookback, |window, e| {
+        let (points, hists) = slide(samples, hists, ctx, &spec, pin, lookback, |window, hwindow, e| {
             for (k, p) in params.iter().enumerate() {
                 step_params[k] = p[e.step];
             }
@@ -144,12 +166,21 @@ pub(super) fn stream(
                 before: e.before,
                 after: e.after,
             };
+            if spec.mode != RangeMode::Plain && (!hwindow.is_empty() || e.hbefore.is_some() || e.hafter.is_some()) {
+                let edges =
+                    range_histograms::Edges { before: e.before, after: e.after, hbefore: e.hbefore, hafter: e.hafter };
+                return range_histograms::extended(name, spec.mode, window, hwindow, &edges, &w, &notes);
+            }
+            if !hwindow.is_empty() {
+                return range_histograms::eval(name, f, window, hwindow, &w, &notes);
+            }
             match spec.mode {
                 RangeMode::Plain => f(window, &w),
                 mode => extended(name, mode, window, &w),
             }
+            .map(Out::Float)
         });
-        Some(Series { labels: labels.clone(), points, drop_name: !keeps_name || dropped })
+        Some(Series { labels: labels.clone(), points, hists, drop_name: !keeps_name || dropped })
     };
     ev.stream_range(matrix, ctx, per_series, sink)
 }
@@ -174,31 +205,78 @@ fn check_mode(matrix: &Expr, name: &str) -> Result<(), EvalError> {
     Ok(())
 }
 
-/// Where a window ends, at which step, and its neighbouring samples.
-#[derive(Debug, Clone, Copy)]
-struct Edges {
+/// Where a window ends, at which step, and its neighbouring samples of both kinds.
+#[derive(Debug, Clone)]
+struct Edges<'a> {
     end: i64,
     step: usize,
     before: Option<Point>,
     after: Option<Point>,
+    hbefore: Option<&'a HPoint>,
+    hafter: Option<&'a HPoint>,
 }
 
-/// Calls `f` with each step's window `(end - range, end]` of `samples`, advancing two cursors.
-/// With `@`, every step has the same window, computed once.
-fn slide(
+/// `slide` for float samples in plain windows without parameters: each step's window
+/// `(end - range, end]` through `f`, two cursors advancing; with `@` computed once.
+#[inline(always)]
+fn slide_plain(
     samples: &[Point],
     ctx: &Ctx,
     spec: &RangeSpec,
-    pin: bool,
-    lookback: i64,
-    mut f: impl FnMut(&[Point], Edges) -> Option<f64>,
+    f: impl Fn(&[Point], &Window) -> Option<f64>,
 ) -> Vec<Point> {
-    let mut points = Vec::new();
+    let mut points = Vec::with_capacity(ctx.points_capacity(samples, spec.range, spec.at.is_some()));
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut pinned: Option<Option<f64>> = None;
     for i in 0..ctx.n {
         let end = spec.end_at(ctx.ts(i));
-        let v = if let Some(v) = pinned.filter(|_| i > 0) {
+        let v = match pinned {
+            Some(v) => v,
+            None => {
+                let start = end - spec.range;
+                while hi < samples.len() && samples[hi].t <= end {
+                    hi += 1;
+                }
+                while lo < hi && samples[lo].t <= start {
+                    lo += 1;
+                }
+                let w = Window { t: ctx.ts(i), end, range: spec.range, params: &[], before: None, after: None };
+                let v = f(&samples[lo..hi], &w);
+                if spec.at.is_some() {
+                    pinned = Some(v);
+                }
+                v
+            }
+        };
+        if let Some(v) = v {
+            points.push(Point { t: ctx.ts(i), f: v });
+        }
+    }
+    points
+}
+
+/// Calls `f` with each step's window `(end - range, end]` of the float `samples` and of the
+/// histograms `hists`, advancing two cursors over each. With `@`, every step has the same
+/// window, computed once.
+#[allow(clippy::too_many_arguments, reason = "the window's inputs, each needed")]
+fn slide(
+    samples: &[Point],
+    hists: &[HPoint],
+    ctx: &Ctx,
+    spec: &RangeSpec,
+    pin: bool,
+    lookback: i64,
+    mut f: impl FnMut(&[Point], &[HPoint], Edges<'_>) -> Option<Out>,
+) -> (Vec<Point>, Vec<HPoint>) {
+    let mut points = Vec::new();
+    let mut hpoints = Vec::new();
+    let (mut lo, mut hi) = (0usize, 0usize);
+    let (mut hlo, mut hhi) = (0usize, 0usize);
+    // With `@`: the pinned float, or the pinned histogram (shared by every step).
+    let mut pinned: Option<Option<Result<f64, Arc<strata_model::FloatHistogram>>>> = None;
+    for i in 0..ctx.n {
+        let end = spec.end_at(ctx.ts(i));
+        let v = if let Some(v) = pinned.clone().filter(|_| i > 0) {
             v
         } else {
             let start = end - spec.range;
@@ -208,24 +286,39 @@ fn slide(
             while lo < hi && samples[lo].t <= start {
                 lo += 1;
             }
+            while hhi < hists.len() && hists[hhi].t <= end {
+                hhi += 1;
+            }
+            while hlo < hhi && hists[hlo].t <= start {
+                hlo += 1;
+            }
             let before = lo.checked_sub(1).map(|k| samples[k]).filter(|p| p.t > start - lookback);
             let after = samples.get(hi).copied().filter(|p| p.t < end + lookback);
-            let v = f(&samples[lo..hi], Edges { end, step: i, before, after });
+            let hbefore = hlo.checked_sub(1).map(|k| &hists[k]).filter(|p| p.t > start - lookback);
+            let hafter = hists.get(hhi).filter(|p| p.t < end + lookback);
+            let edges = Edges { end, step: i, before, after, hbefore, hafter };
+            let v = f(&samples[lo..hi], &hists[hlo..hhi], edges).map(|o| match o {
+                Out::Float(f) => Ok(f),
+                Out::Hist(h) => Err(h),
+            });
             if spec.at.is_some() && pin {
-                pinned = Some(v);
+                pinned = Some(v.clone());
             }
             v
         };
-        if let Some(v) = v {
-            points.push(Point { t: ctx.ts(i), f: v });
+        match v {
+            Some(Ok(f)) => points.push(Point { t: ctx.ts(i), f }),
+            Some(Err(h)) => hpoints.push(HPoint { t: ctx.ts(i), h }),
+            None => {}
         }
     }
-    points
+    (points, hpoints)
 }
 
 /// `rate`, `increase` and `delta`: the change over the window, extrapolated towards the
 /// window's edges as Prometheus does (up to half an average sample interval when the series
 /// seems to start or end inside the window, and never below zero for counters).
+#[inline(always)]
 fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -> Option<f64> {
     if s.len() < 2 {
         return None;
@@ -241,18 +334,37 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
             prev = p.f;
         }
     }
+    // A counter cannot have been below zero: extrapolate at most to where it was zero.
+    let zero_at = (is_counter && result > 0.0 && first.f >= 0.0).then(|| first.f / result);
+    Some(result * factor_with_zero_clamp(first.t, last.t, s.len(), w, is_rate, zero_at))
+}
+
+/// How much the change between the first sample (at `first_t`) and the last (at `last_t`) of
+/// `n` samples is scaled to cover the window: towards each edge by up to half an average
+/// sample interval when the series seems to start or end inside the window (else to the
+/// edge), and per second when `per_second`. With `zero_at`, extrapolation towards the start
+/// stops where a counter would reach zero, `zero_at` (a fraction of the sampled interval)
+/// before the first sample.
+#[inline]
+pub(super) fn factor_with_zero_clamp(
+    first_t: i64,
+    last_t: i64,
+    n: usize,
+    w: &Window,
+    per_second: bool,
+    zero_at: Option<f64>,
+) -> f64 {
     let range_start = w.end - w.range;
-    let mut to_start = (first.t - range_start) as f64 / 1000.0;
-    let mut to_end = (w.end - last.t) as f64 / 1000.0;
-    let sampled = (last.t - first.t) as f64 / 1000.0;
-    let avg_gap = sampled / (s.len() - 1) as f64;
+    let mut to_start = (first_t - range_start) as f64 / 1000.0;
+    let mut to_end = (w.end - last_t) as f64 / 1000.0;
+    let sampled = (last_t - first_t) as f64 / 1000.0;
+    let avg_gap = sampled / (n - 1) as f64;
     let threshold = avg_gap * 1.1;
     if to_start >= threshold {
         to_start = avg_gap / 2.0;
     }
-    if is_counter && result > 0.0 && first.f >= 0.0 {
-        // The counter cannot have been below zero: extrapolate at most to where it was zero.
-        let to_zero = sampled * (first.f / result);
+    if let Some(z) = zero_at {
+        let to_zero = sampled * z;
         if to_zero < to_start {
             to_start = to_zero;
         }
@@ -261,10 +373,10 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
         to_end = avg_gap / 2.0;
     }
     let mut factor = (sampled + to_start + to_end) / sampled;
-    if is_rate {
+    if per_second {
         factor /= w.range as f64 / 1000.0;
     }
-    Some(result * factor)
+    factor
 }
 
 /// `anchored` and `smoothed` windows (experimental extended range selectors), without
@@ -303,6 +415,12 @@ fn extended(name: &str, mode: RangeMode, s: &[Point], w: &Window) -> Option<f64>
             seq.push(end_v);
         }
     }
+    extended_sequence(name, &seq, w)
+}
+
+/// `delta`, `increase`, `rate`, `changes` or `resets` over the values of an anchored or
+/// smoothed window, edges included (see `extended`).
+pub(super) fn extended_sequence(name: &str, seq: &[f64], w: &Window) -> Option<f64> {
     let (first, last) = (*seq.first()?, *seq.last()?);
     Some(match name {
         "delta" => last - first,

@@ -4,7 +4,10 @@
 
 use std::fmt::Write as _;
 
-use strata_model::{is_stale_nan, Labels, STALE_NAN_BITS};
+use std::collections::BTreeMap;
+
+use strata_model::histogram::{notation, CUSTOM_BUCKETS_SCHEMA};
+use strata_model::{is_stale_nan, FloatHistogram, Labels, STALE_NAN_BITS};
 use strata_promql::ast::{ExprKind, ValueType};
 use strata_promql::{Annotation, Engine, EngineOptions, Features, Value};
 use strata_tsdb::head::{Head, HeadOptions};
@@ -24,12 +27,13 @@ pub struct CaseResult {
     pub outcome: Outcome,
 }
 
-/// An expected value: a float or a stale marker, or a native histogram (unsupported).
-#[derive(Debug, Clone, Copy)]
+/// An expected (or loaded) value: a float or a stale marker, a native histogram (with
+/// whether its counter reset hint was spelled out, and so is to be compared), or nothing.
+#[derive(Debug, Clone)]
 enum Expected {
     Float(f64),
     Missing,
-    Histogram,
+    Histogram(Box<FloatHistogram>, bool),
 }
 
 #[derive(Debug)]
@@ -92,9 +96,6 @@ pub fn run_file(text: &str) -> Result<Vec<CaseResult>, String> {
     let mut results = Vec::new();
     // Why the storage cannot hold what was loaded since the last `clear`, if so.
     let mut unsupported_data: Option<&'static str> = None;
-    // Series that hold native histograms (not stored yet): a failing eval that selects one of
-    // them is reported as skipped, not failed.
-    let mut hist_series: Vec<Labels> = Vec::new();
     let engine = Engine::new(EngineOptions { max_samples: 10_000, ..EngineOptions::default() });
     let mut i = 0;
     while i < lines.len() {
@@ -114,19 +115,16 @@ pub fn run_file(text: &str) -> Result<Vec<CaseResult>, String> {
         if word == "clear" {
             head = new_head();
             unsupported_data = None;
-            hist_series.clear();
         } else if word.starts_with("load") {
             let nhcb = word == "load_with_nhcb";
             let interval =
                 line.split_whitespace().nth(1).ok_or(format!("line {}: load without interval", start + 1))?;
             let interval = parse_duration(interval).map_err(|e| format!("line {}: {e}", start + 1))?;
-            if let Some(why) =
-                load(&head, interval, body, nhcb, &mut hist_series).map_err(|e| format!("line {}: {e}", start + 1))?
-            {
+            if let Some(why) = load(&head, interval, body, nhcb).map_err(|e| format!("line {}: {e}", start + 1))? {
                 unsupported_data = Some(why);
             }
         } else if word.starts_with("eval") {
-            let (query, outcome) = match run_eval(&engine, &head, line, body, unsupported_data, &hist_series) {
+            let (query, outcome) = match run_eval(&engine, &head, line, body, unsupported_data) {
                 Ok(x) => x,
                 Err(e) => (line.clone(), Outcome::Failed(format!("bad test: {e}"))),
             };
@@ -143,17 +141,14 @@ fn new_head() -> Head {
     Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() })
 }
 
-/// Loads series lines; returns why some data could not be stored (native histograms, start
-/// timestamps), which then skips evaluations.
-fn load(
-    head: &Head,
-    interval: i64,
-    body: &[String],
-    nhcb: bool,
-    hist_series: &mut Vec<Labels>,
-) -> Result<Option<&'static str>, String> {
+/// A loaded series: labels and timestamped values.
+type LoadedSeries = (Labels, Vec<(i64, Expected)>);
+
+/// Loads series lines; returns why some data could not be stored (start timestamps), which
+/// then skips evaluations.
+fn load(head: &Head, interval: i64, body: &[String], nhcb: bool) -> Result<Option<&'static str>, String> {
     let mut unsupported = None;
-    let mut series: Vec<(Labels, Vec<(i64, f64)>)> = Vec::new();
+    let mut series: Vec<LoadedSeries> = Vec::new();
     for line in body {
         let (labels_text, rest) = split_series(line)?;
         if labels_text.ends_with("@st") {
@@ -162,40 +157,28 @@ fn load(
         }
         let labels = parse_labels(labels_text)?;
         let values = parse_values(rest)?;
-        let mut samples = Vec::new();
-        for (k, v) in values.iter().enumerate() {
-            let t = k as i64 * interval;
-            match v {
-                Expected::Float(f) => samples.push((t, *f)),
-                Expected::Missing => {}
-                Expected::Histogram => {
-                    if !hist_series.contains(&labels) {
-                        hist_series.push(labels.clone());
-                    }
-                }
-            }
-        }
-        if nhcb {
-            // The custom-bucket histogram series load_with_nhcb derives from a classic one.
-            if let Some(name) = labels.metric_name() {
-                if let Some(base) = ["_bucket", "_count", "_sum"].iter().find_map(|s| name.strip_suffix(s)) {
-                    let mut b = strata_model::LabelsBuilder::new(&labels);
-                    b.set("__name__", base).del("le");
-                    if let Ok(l) = b.build() {
-                        if !hist_series.contains(&l) {
-                            hist_series.push(l);
-                        }
-                    }
-                }
-            }
-        }
+        let samples: Vec<(i64, Expected)> = values
+            .into_iter()
+            .enumerate()
+            .filter(|(_, v)| !matches!(v, Expected::Missing))
+            .map(|(k, v)| (k as i64 * interval, v))
+            .collect();
         series.retain(|(l, _)| *l != labels);
         series.push((labels, samples));
     }
+    if nhcb {
+        let converted = to_nhcb(&series)?;
+        series.extend(converted);
+    }
     let mut app = head.appender();
     for (labels, samples) in &series {
-        for &(t, v) in samples {
-            match app.append(labels, t, v) {
+        for (t, v) in samples {
+            let res = match v {
+                Expected::Float(f) => app.append(labels, *t, *f),
+                Expected::Histogram(h, _) => app.append_histogram(labels, *t, (**h).clone()),
+                Expected::Missing => continue,
+            };
+            match res {
                 Ok(_) => {}
                 // A later load may repeat samples already there.
                 Err(e) if e.to_string().contains("duplicate") => {}
@@ -205,6 +188,102 @@ fn load(
     }
     app.commit().map_err(|e| e.to_string())?;
     Ok(unsupported)
+}
+
+/// The native histograms with custom buckets (NHCB) that `load_with_nhcb` derives from the
+/// classic histogram series loaded (README, section 3): one series per base name and labels
+/// (without `le`), one histogram per timestamp where any of its parts has a sample.
+fn to_nhcb(series: &[LoadedSeries]) -> Result<Vec<LoadedSeries>, String> {
+    #[derive(Default)]
+    struct Parts {
+        /// `le` bound → samples (cumulative counts).
+        buckets: BTreeMap<u64, (f64, BTreeMap<i64, f64>)>,
+        count: BTreeMap<i64, f64>,
+        sum: BTreeMap<i64, f64>,
+    }
+    let mut groups: BTreeMap<Labels, Parts> = BTreeMap::new();
+    for (labels, samples) in series {
+        let Some(name) = labels.metric_name() else { continue };
+        let Some((base, part)) =
+            ["_bucket", "_count", "_sum"].iter().find_map(|suf| name.strip_suffix(suf).map(|b| (b, *suf)))
+        else {
+            continue;
+        };
+        let mut b = strata_model::LabelsBuilder::new(labels);
+        b.set("__name__", base).del("le");
+        let key = b.build().map_err(|e| e.to_string())?;
+        let floats: BTreeMap<i64, f64> = samples
+            .iter()
+            .filter_map(|(t, v)| match v {
+                Expected::Float(f) => Some((*t, *f)),
+                _ => None,
+            })
+            .collect();
+        let parts = groups.entry(key).or_default();
+        match part {
+            "_bucket" => {
+                let Some(le) = labels.get("le").and_then(|v| v.parse::<f64>().ok()).filter(|v| !v.is_nan()) else {
+                    continue;
+                };
+                // Order bounds numerically (total order of the bits of non-NaN floats, mapped).
+                let key = if le.is_sign_negative() { !le.to_bits() } else { le.to_bits() | (1 << 63) };
+                parts.buckets.insert(key, (le, floats));
+            }
+            "_count" => parts.count = floats,
+            _ => parts.sum = floats,
+        }
+    }
+    let mut out = Vec::new();
+    for (labels, parts) in groups {
+        if parts.buckets.is_empty() {
+            continue;
+        }
+        let mut times: Vec<i64> = parts.buckets.values().flat_map(|(_, s)| s.keys().copied()).collect();
+        times.extend(parts.count.keys());
+        times.extend(parts.sum.keys());
+        times.sort_unstable();
+        times.dedup();
+        let mut samples = Vec::new();
+        for t in times {
+            let mut bounds = Vec::new();
+            let mut counts = Vec::new();
+            let mut prev = 0.0;
+            let mut has_inf = false;
+            for (le, s) in parts.buckets.values() {
+                let Some(&c) = s.get(&t) else { continue };
+                if c < prev {
+                    return Err(format!("{labels}: bucket counts are not cumulative at {t}"));
+                }
+                if le.is_infinite() && *le > 0.0 {
+                    has_inf = true;
+                } else {
+                    bounds.push(*le);
+                }
+                counts.push(c - prev);
+                prev = c;
+            }
+            let total = prev;
+            let count = parts.count.get(&t).copied().unwrap_or(total);
+            if !has_inf {
+                counts.push(count - total);
+            } else if parts.count.contains_key(&t) && count != total {
+                return Err(format!("{labels}: _count {count} differs from the +Inf bucket {total} at {t}"));
+            }
+            let (positive_spans, positive_buckets) = notation::dense(0, &counts);
+            let h = FloatHistogram {
+                schema: CUSTOM_BUCKETS_SCHEMA,
+                count,
+                sum: parts.sum.get(&t).copied().unwrap_or(0.0),
+                positive_spans,
+                positive_buckets,
+                custom_values: bounds,
+                ..FloatHistogram::default()
+            };
+            samples.push((t, Expected::Histogram(Box::new(h), false)));
+        }
+        out.push((labels, samples));
+    }
+    Ok(out)
 }
 
 /// Splits `name{a="b"} 1 2 3` into the series part and the values part.
@@ -276,8 +355,7 @@ fn parse_values(s: &str) -> Result<Vec<Expected>, String> {
                 }
             }
             let tok = &rest[..k];
-            let repeat = tok.rsplit_once("}}x").and_then(|(_, n)| n.parse::<usize>().ok());
-            out.extend(std::iter::repeat_n(Expected::Histogram, repeat.map_or(1, |n| n + 1)));
+            expand_histogram_token(tok, &mut out)?;
             rest = rest[k..].trim_start();
             continue;
         }
@@ -287,6 +365,37 @@ fn parse_values(s: &str) -> Result<Vec<Expected>, String> {
         expand_token(tok, &mut out)?;
     }
     Ok(out)
+}
+
+/// `{{A}}`, `{{A}}xN` (N+1 copies), `{{A}}+{{B}}xN` / `{{A}}-{{B}}xN` (A, A±B, A±2B, …).
+fn expand_histogram_token(tok: &str, out: &mut Vec<Expected>) -> Result<(), String> {
+    let first_end = tok.find("}}").ok_or_else(|| format!("bad histogram {tok:?}"))? + 2;
+    let parse = |s: &str| notation::parse(s).map(|h| (h.clone(), s.contains("counter_reset_hint")));
+    let (a, a_hint) = parse(&tok[..first_end])?;
+    let rest = &tok[first_end..];
+    if rest.is_empty() {
+        out.push(Expected::Histogram(Box::new(a), a_hint));
+        return Ok(());
+    }
+    let times = |n: &str| n.parse::<usize>().map_err(|_| format!("bad histogram repetition {tok:?}"));
+    if let Some(n) = rest.strip_prefix('x') {
+        for _ in 0..=times(n)? {
+            out.push(Expected::Histogram(Box::new(a.clone()), a_hint));
+        }
+        return Ok(());
+    }
+    let (op, rest) = rest.split_at(1);
+    let (b_text, n) = rest.rsplit_once('x').ok_or_else(|| format!("bad histogram series {tok:?}"))?;
+    let (b, _) = parse(b_text)?;
+    let mut cur = a;
+    for k in 0..=times(n)? {
+        if k > 0 {
+            let r = if op == "+" { cur.add(&b) } else { cur.sub(&b) };
+            r.map_err(|e| format!("{tok:?}: {e}"))?;
+        }
+        out.push(Expected::Histogram(Box::new(cur.clone()), a_hint));
+    }
+    Ok(())
 }
 
 fn parse_number(s: &str) -> Option<f64> {
@@ -530,13 +639,9 @@ fn run_eval(
     line: &str,
     body: &[String],
     unsupported_data: Option<&'static str>,
-    hist_series: &[Labels],
 ) -> Result<(String, Outcome), String> {
     let (header, query) = parse_header(line)?;
     let x = parse_body(body, header.legacy)?;
-    if x.series.iter().any(|s| s.values.iter().any(|v| matches!(v, Expected::Histogram))) {
-        return Ok((query, Outcome::Skipped("native histograms in the expected result")));
-    }
     if let Some(why) = unsupported_data {
         return Ok((query, Outcome::Skipped(why)));
     }
@@ -548,24 +653,7 @@ fn run_eval(
         }
     };
     let outcome = evaluate(engine, head, &header, &x, &query, &expr);
-    if matches!(outcome, Outcome::Failed(_)) && selects_any(&expr, hist_series) {
-        return Ok((query, Outcome::Skipped("native histograms")));
-    }
     Ok((query, outcome))
-}
-
-/// Whether a selector of `expr` matches one of `series`.
-fn selects_any(expr: &strata_promql::ast::Expr, series: &[Labels]) -> bool {
-    let mut hit = false;
-    expr.walk(&mut |e| {
-        let sel = match &e.kind {
-            ExprKind::Vector(v) => v,
-            ExprKind::Matrix(m) => &m.vector,
-            _ => return,
-        };
-        hit |= series.iter().any(|l| sel.matchers.iter().all(|m| m.matches(l.get(&m.name).unwrap_or(""))));
-    });
-    hit
 }
 
 fn evaluate(
@@ -773,11 +861,15 @@ fn check_instant(x: &Expectations, v: &Value, t: i64) -> Result<(), String> {
             if x.scalar.is_some() {
                 return Err(format!("expected a scalar, got {}", describe(v)));
             }
-            let got: Vec<(&Labels, f64)> = series
+            let got: Vec<(&Labels, Got)> = series
                 .iter()
                 .map(|s| {
-                    let p = s.points.first().map_or(f64::NAN, |p| p.f);
-                    (&s.labels, p)
+                    let v = match (s.points.first(), s.hists.first()) {
+                        (Some(p), _) => Got::F(p.f),
+                        (None, Some(h)) => Got::H(&h.h),
+                        (None, None) => Got::F(f64::NAN),
+                    };
+                    (&s.labels, v)
                 })
                 .collect();
             compare_vector(x, &got, t)
@@ -786,18 +878,63 @@ fn check_instant(x: &Expectations, v: &Value, t: i64) -> Result<(), String> {
     }
 }
 
-fn compare_vector(x: &Expectations, got: &[(&Labels, f64)], _t: i64) -> Result<(), String> {
-    let expected: Vec<(&Labels, f64)> = x
-        .series
-        .iter()
-        .map(|s| {
-            let v = match s.values.first() {
-                Some(Expected::Float(f)) => *f,
-                _ => f64::NAN,
-            };
-            (&s.labels, v)
-        })
-        .collect();
+/// A result value: a float or a histogram.
+#[derive(Debug, Clone, Copy)]
+enum Got<'a> {
+    F(f64),
+    H(&'a FloatHistogram),
+}
+
+impl std::fmt::Display for Got<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Got::F(v) => write!(f, "{v}"),
+            Got::H(h) => write!(f, "{}", notation::format(h)),
+        }
+    }
+}
+
+/// Whether a result value matches an expected one (README, sections 5 and 7).
+fn value_eq(got: Got, e: &Expected) -> bool {
+    match (got, e) {
+        (Got::F(a), Expected::Float(b)) => float_eq(a, *b),
+        (Got::H(a), Expected::Histogram(b, hint)) => histogram_eq(a, b, *hint),
+        _ => false,
+    }
+}
+
+fn histogram_eq(a: &FloatHistogram, e: &FloatHistogram, compare_hint: bool) -> bool {
+    if compare_hint && a.hint != e.hint {
+        return false;
+    }
+    let (mut a, mut e) = (a.clone(), e.clone());
+    a.compact();
+    e.compact();
+    let floats = |x: &[f64], y: &[f64]| x.len() == y.len() && x.iter().zip(y).all(|(p, q)| float_eq(*p, *q));
+    a.schema == e.schema
+        && a.zero_threshold == e.zero_threshold
+        && float_eq(a.count, e.count)
+        && float_eq(a.sum, e.sum)
+        && float_eq(a.zero_count, e.zero_count)
+        && a.positive_spans == e.positive_spans
+        && a.negative_spans == e.negative_spans
+        && floats(&a.positive_buckets, &e.positive_buckets)
+        && floats(&a.negative_buckets, &e.negative_buckets)
+        && (!a.uses_custom_buckets() || a.custom_values == e.custom_values)
+}
+
+fn show_expected(e: &Expected) -> String {
+    match e {
+        Expected::Float(f) => f.to_string(),
+        Expected::Missing => "_".into(),
+        Expected::Histogram(h, _) => notation::format(h),
+    }
+}
+
+fn compare_vector(x: &Expectations, got: &[(&Labels, Got)], _t: i64) -> Result<(), String> {
+    let missing = Expected::Missing;
+    let expected: Vec<(&Labels, &Expected)> =
+        x.series.iter().map(|s| (&s.labels, s.values.first().unwrap_or(&missing))).collect();
     if x.series.iter().any(|s| s.values.len() != 1) {
         return Err("bad test: instant expectation with other than one value".into());
     }
@@ -807,8 +944,8 @@ fn compare_vector(x: &Expectations, got: &[(&Labels, f64)], _t: i64) -> Result<(
             None => {
                 let _ = write!(msg, "unexpected series {l} {v}; ");
             }
-            Some((_, e)) if !float_eq(*v, *e) => {
-                let _ = write!(msg, "{l}: expected {e}, got {v}; ");
+            Some((_, e)) if !value_eq(*v, e) => {
+                let _ = write!(msg, "{l}: expected {}, got {v}; ", show_expected(e));
             }
             _ => {}
         }
@@ -850,29 +987,23 @@ fn check_matrix(x: &Expectations, v: &Value, start: i64, step: i64) -> Result<()
     }
     let mut msg = String::new();
     for s in series {
+        let got = merged_points(s);
         let Some(e) = x.series.iter().find(|e| e.labels == s.labels) else {
-            let _ = write!(
-                msg,
-                "unexpected series {} {:?}; ",
-                s.labels,
-                s.points.iter().map(|p| (p.t, p.f)).collect::<Vec<_>>()
-            );
+            let _ = write!(msg, "unexpected series {} {}; ", s.labels, show_got(&got));
             continue;
         };
-        let expected: Vec<(i64, f64)> = e
+        let expected: Vec<(i64, &Expected)> = e
             .values
             .iter()
             .enumerate()
-            .filter_map(|(k, v)| match v {
-                Expected::Float(f) => Some((start + k as i64 * step, *f)),
-                _ => None,
-            })
+            .filter(|(_, v)| !matches!(v, Expected::Missing))
+            .map(|(k, v)| (start + k as i64 * step, v))
             .collect();
-        let got: Vec<(i64, f64)> = s.points.iter().map(|p| (p.t, p.f)).collect();
         let same =
-            expected.len() == got.len() && expected.iter().zip(&got).all(|(a, b)| a.0 == b.0 && float_eq(b.1, a.1));
+            expected.len() == got.len() && expected.iter().zip(&got).all(|(a, b)| a.0 == b.0 && value_eq(b.1, a.1));
         if !same {
-            let _ = write!(msg, "{}: expected {expected:?}, got {got:?}; ", s.labels);
+            let exp: Vec<String> = expected.iter().map(|(t, v)| format!("{t}:{}", show_expected(v))).collect();
+            let _ = write!(msg, "{}: expected [{}], got {}; ", s.labels, exp.join(" "), show_got(&got));
         }
     }
     for e in &x.series {
@@ -897,13 +1028,27 @@ fn cross_check(x: &Expectations, v: &Value, t: i64) -> Result<(), String> {
     if x.ordered {
         return Ok(());
     }
-    let at_t: Vec<(&Labels, f64)> =
-        series.iter().filter_map(|s| s.points.iter().find(|p| p.t == t).map(|p| (&s.labels, p.f))).collect();
+    let at_t: Vec<(&Labels, Got)> = series
+        .iter()
+        .filter_map(|s| merged_points(s).into_iter().find(|p| p.0 == t).map(|p| (&s.labels, p.1)))
+        .collect();
     if let Some(e) = x.scalar {
         return match at_t.as_slice() {
-            [(_, v)] if float_eq(*v, e) => Ok(()),
+            [(_, Got::F(v))] if float_eq(*v, e) => Ok(()),
             other => Err(format!("expected scalar {e}, got {other:?}")),
         };
     }
     compare_vector(x, &at_t, t)
+}
+
+/// A result series' points of both kinds, in time order.
+fn merged_points(s: &strata_promql::Series) -> Vec<(i64, Got<'_>)> {
+    let mut v: Vec<(i64, Got)> = s.points.iter().map(|p| (p.t, Got::F(p.f))).collect();
+    v.extend(s.hists.iter().map(|p| (p.t, Got::H(&p.h))));
+    v.sort_by_key(|p| p.0);
+    v
+}
+
+fn show_got(v: &[(i64, Got)]) -> String {
+    format!("[{}]", v.iter().map(|(t, g)| format!("{t}:{g}")).collect::<Vec<_>>().join(" "))
 }
