@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use strata_model::Matcher;
-use strata_tsdb::querier::SampleIterator;
+use strata_tsdb::chunkenc::TypedValue;
 use strata_tsdb::Db;
 
 use crate::status::format_ms;
@@ -99,19 +99,48 @@ fn table(out: &mut String, title: &str, rows: &mut [(String, usize)], limit: usi
 }
 
 /// Writes every sample of the series matching `matchers` in `[mint, maxt]` as
-/// `labels value timestamp_ms` lines.
+/// `labels value timestamp_ms` lines; a native histogram's value is its text form
+/// (`{count:…, sum:…, buckets…}`), as promtool prints it.
 pub fn dump(db: &Db, matchers: &[Matcher], mint: i64, maxt: i64, w: &mut dyn std::io::Write) -> Result<u64, String> {
     let mut n = 0;
     for s in db.querier(mint, maxt).select(matchers).map_err(|e| e.to_string())? {
         let labels = s.labels.to_string();
-        let mut it = s.iter();
-        while let Some(x) = it.next() {
-            writeln!(w, "{labels} {} {}", x.v, x.t).map_err(|e| e.to_string())?;
-            n += 1;
-        }
-        if let Some(e) = it.err() {
-            return Err(format!("{labels}: {e}"));
-        }
+        let mut written = Ok(());
+        s.visit(|x| {
+            if written.is_ok() {
+                written = match x.value {
+                    TypedValue::Float(v) => writeln!(w, "{labels} {v} {}", x.t),
+                    TypedValue::Histogram(h) => writeln!(w, "{labels} {h} {}", x.t),
+                };
+                n += 1;
+            }
+        })
+        .map_err(|e| format!("{labels}: {e}"))?;
+        written.map_err(|e| e.to_string())?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_model::histogram::notation::parse;
+    use strata_model::{Labels, MatchOp};
+    use strata_tsdb::DbOptions;
+
+    use super::*;
+
+    #[test]
+    fn dump_writes_floats_and_histograms() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = Db::open(tmp.path(), DbOptions { compact_interval: None, ..Default::default() }).unwrap();
+        let mut app = db.appender();
+        app.append(&Labels::from_pairs([("__name__", "f")]), 1000, 1.5).unwrap();
+        let h = parse("{{count:3 sum:2.5 buckets:[1 2]}}").unwrap();
+        app.append_histogram(&Labels::from_pairs([("__name__", "h")]), 2000, h).unwrap();
+        app.commit().unwrap();
+        let mut out = Vec::new();
+        let all = [Matcher::new(MatchOp::RegexMatch, "__name__", ".+").unwrap()];
+        assert_eq!(dump(&db, &all, i64::MIN, i64::MAX, &mut out).unwrap(), 2);
+        assert_eq!(String::from_utf8(out).unwrap(), "f{} 1.5 1000\nh{} {count:3, sum:2.5, (0.5,1]:1, (1,2]:2} 2000\n");
+    }
 }

@@ -19,9 +19,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use strata_model::{parse_selector, Labels, MatchOp, Matcher, Sample};
+use strata_model::{parse_selector, FloatHistogram, Labels, MatchOp, Matcher, Sample};
 use strata_promql::ast::ValueType;
 use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput};
+use strata_tsdb::chunkenc::TypedValue;
 use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
@@ -336,9 +337,9 @@ impl WriteOutcome {
     }
 }
 
-/// One series of a write request: its label pairs as sent (or why they are invalid) and its
-/// samples.
-type WriteSeries<'a, S> = (Result<&'a [(S, S)], String>, &'a [Sample]);
+/// One series of a write request: its label pairs as sent (or why they are invalid), its
+/// samples and its native histograms.
+type WriteSeries<'a, S> = (Result<&'a [(S, S)], String>, &'a [Sample], &'a [(i64, FloatHistogram)]);
 
 /// Appends every series in one commit: good samples are stored even when others are refused;
 /// the first refusal is named. Label pairs in canonical order (as Prometheus sends them) find
@@ -357,12 +358,12 @@ fn append_all<'a, S: AsRef<str> + 'a>(
         format!("{{{}}}", inner.join(", "))
     };
     let mut app = db.appender();
-    for (pairs, samples) in series {
-        out.samples += samples.len();
+    for (pairs, samples, histograms) in series {
+        out.samples += samples.len() + histograms.len();
         let pairs = match pairs {
             Ok(p) => p,
             Err(why) => {
-                out.reject(samples.len(), || why);
+                out.reject(samples.len() + histograms.len(), || why);
                 continue;
             }
         };
@@ -388,6 +389,28 @@ fn append_all<'a, S: AsRef<str> + 'a>(
                     e => e.to_string(),
                 };
                 out.reject(1, || format!("series {}: {what}", show(pairs)));
+            }
+        }
+        // Histograms after the floats, as Prometheus appends a series' samples.
+        if !histograms.is_empty() {
+            match Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref()))) {
+                Err(e) => out.reject(histograms.len(), || format!("series {}: invalid labels: {e}", show(pairs))),
+                Ok(labels) => {
+                    for (t, h) in histograms {
+                        if *t > newest || *t < oldest {
+                            out.reject(1, || {
+                                format!(
+                                    "series {}: sample timestamp {t} is outside the accepted window [{oldest}, {newest}]",
+                                    show(pairs)
+                                )
+                            });
+                            continue;
+                        }
+                        if let Err(e) = app.append_histogram(&labels, *t, h.clone()) {
+                            out.reject(1, || format!("series {}: {e}", show(pairs)));
+                        }
+                    }
+                }
             }
         }
     }
@@ -450,10 +473,10 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
                 limits.max_series_per_write
             )));
         }
-        if batch.samples.len() > limits.max_samples_per_write {
+        if batch.samples.len() + batch.histograms.len() > limits.max_samples_per_write {
             return Err(ApiError::bad_data(format!(
                 "{} samples in one request exceed the limit of {}",
-                batch.samples.len(),
+                batch.samples.len() + batch.histograms.len(),
                 limits.max_samples_per_write
             )));
         }
@@ -490,9 +513,6 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
                     }
                 }
             }
-            if span.histograms && bad[i].is_none() {
-                bad[i] = Some(format!("series {}: native histograms are not supported yet", shown(span)));
-            }
         }
         let invalid = bad.iter().filter(|b| b.is_some()).count();
         st2.metrics.remote_write_series_invalid.fetch_add(invalid as u64, Ordering::Relaxed);
@@ -501,7 +521,7 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
                 Some(why) => Err(why),
                 None => Ok(&strs[span.labels.clone()]),
             };
-            (pairs, &batch.samples[span.samples.clone()])
+            (pairs, &batch.samples[span.samples.clone()], &batch.histograms[span.histograms.clone()])
         });
         append_all(&db, &limits, series).map_err(ApiError::internal)
     })
@@ -549,16 +569,20 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
             let selected = select_checked(&db, max_series, &matchers, q.start_timestamp_ms, q.end_timestamp_ms)?;
             let mut timeseries = Vec::new();
             for s in selected {
-                let samples: Vec<remote::Sample> =
-                    s.samples().iter().map(|x| remote::Sample { value: x.v, timestamp: x.t }).collect();
-                if samples.is_empty() {
+                let (mut samples, mut histograms) = (Vec::new(), Vec::new());
+                let read = s.visit(|x| match x.value {
+                    TypedValue::Float(v) => samples.push(remote::Sample { value: v, timestamp: x.t }),
+                    TypedValue::Histogram(h) => histograms.push(remote::Histogram::from_float(x.t, &h)),
+                });
+                read.map_err(|e| ApiError::internal(format!("reading series {}: {e}", s.labels)))?;
+                if samples.is_empty() && histograms.is_empty() {
                     continue;
                 }
-                budget = budget.checked_sub(samples.len()).ok_or_else(|| {
+                budget = budget.checked_sub(samples.len() + histograms.len()).ok_or_else(|| {
                     ApiError::execution(format!("remote read would return more than {max_samples} samples"))
                 })?;
                 let labels = s.labels.iter().map(|l| remote::Label::new(&*l.name, &*l.value)).collect();
-                timeseries.push(remote::TimeSeries { labels, samples, histograms: vec![] });
+                timeseries.push(remote::TimeSeries { labels, samples, histograms });
             }
             results.push(remote::QueryResult { timeseries });
         }
@@ -1102,7 +1126,7 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         by_series[i].1.push(Sample::new(timestamp_ms.unwrap_or(now), value));
     }
     let limits = st.limits.clone();
-    let out = blocking(move || append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), &s[..]))))
+    let out = blocking(move || append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), &s[..], &[][..]))))
         .await?
         .map_err(ApiError::internal)?;
     Ok(out.into_response(&st))
@@ -1126,7 +1150,8 @@ async fn export(
         let mut budget = Budget::new(&st2, deadline);
         let mut out = String::new();
         for s in select_union(&db, st2.limits.max_query_series, &sets, start, end)? {
-            let samples = s.samples();
+            // This JSON-lines format has no form for native histograms: only floats are exported.
+            let samples = float_samples(&s)?;
             budget.take(samples.len())?;
             if samples.is_empty() {
                 continue;
@@ -1159,7 +1184,9 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
         let mut budget = Budget::new(&st2, deadline);
         let mut out = String::new();
         for s in select_union(&db, st2.limits.max_query_series, &sets, t - LOOKBACK_MS + 1, t)? {
-            let samples = s.samples();
+            // The text format has no native histograms (Prometheus federates them only in its
+            // protobuf format): float series only.
+            let samples = float_samples(&s)?;
             budget.take(samples.len())?;
             if let Some(x) = samples.last().filter(|x| !strata_model::is_stale_nan(x.v)) {
                 let labels = with_external_labels(&s.labels, &external);
@@ -1173,6 +1200,18 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     Ok(resp)
+}
+
+/// A series' float samples (its histogram samples left out), or the storage error.
+fn float_samples(s: &Series) -> Result<Vec<Sample>, ApiError> {
+    let mut out = Vec::new();
+    s.visit(|x| {
+        if let TypedValue::Float(v) = x.value {
+            out.push(Sample::new(x.t, v));
+        }
+    })
+    .map_err(|e| ApiError::internal(format!("reading series {}: {e}", s.labels)))?;
+    Ok(out)
 }
 
 /// `labels` with each external label it does not have (a series' own label wins).

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use strata_model::Labels;
+use strata_model::{FloatHistogram, Labels};
 use strata_promql::{Annotation, Value};
 
 /// A JSON string literal.
@@ -78,6 +78,46 @@ fn point(out: &mut String, t: i64, v: f64) {
     out.push(']');
 }
 
+/// A native histogram as Prometheus' API writes it: count, sum, and the populated buckets as
+/// `[boundary rule, lower, upper, count]`, the rule 0 for `(a,b]`, 1 for `[a,b)`, 2 for `(a,b)`
+/// and 3 for `[a,b]`.
+fn histogram(out: &mut String, h: &FloatHistogram) {
+    out.push_str(r#"{"count":"#);
+    float(out, h.count);
+    out.push_str(r#","sum":"#);
+    float(out, h.sum);
+    let mut first = true;
+    for b in h.all_buckets().iter().filter(|b| b.count != 0.0) {
+        out.push_str(if first { r#","buckets":["# } else { "," });
+        first = false;
+        let rule = match (b.lower_inclusive, b.upper_inclusive) {
+            (false, true) => 0,
+            (true, false) => 1,
+            (false, false) => 2,
+            (true, true) => 3,
+        };
+        let _ = write!(out, "[{rule},");
+        float(out, b.lower);
+        out.push(',');
+        float(out, b.upper);
+        out.push(',');
+        float(out, b.count);
+        out.push(']');
+    }
+    if !first {
+        out.push(']');
+    }
+    out.push('}');
+}
+
+fn histogram_point(out: &mut String, t: i64, h: &FloatHistogram) {
+    out.push('[');
+    seconds(out, t);
+    out.push(',');
+    histogram(out, h);
+    out.push(']');
+}
+
 fn labels(out: &mut String, l: &Labels) {
     out.push('{');
     for (i, x) in l.iter().enumerate() {
@@ -94,7 +134,7 @@ fn labels(out: &mut String, l: &Labels) {
 /// The whole success response of `/api/v1/query` or `/api/v1/query_range`.
 pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> String {
     let points: usize = match value {
-        Value::Vector(s) | Value::Matrix(s) => s.iter().map(|s| s.points.len()).sum(),
+        Value::Vector(s) | Value::Matrix(s) => s.iter().map(|s| s.points.len() + 8 * s.hists.len()).sum(),
         _ => 1,
     };
     let mut out = String::with_capacity(64 + points * 32);
@@ -115,15 +155,26 @@ pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> Strin
             out.push_str(r#""vector","result":["#);
             let mut first = true;
             for s in series {
-                let Some(p) = s.points.first() else { continue };
+                if s.is_empty() {
+                    continue;
+                }
                 if !first {
                     out.push(',');
                 }
                 first = false;
                 out.push_str(r#"{"metric":"#);
                 labels(&mut out, &s.labels);
-                out.push_str(r#","value":"#);
-                point(&mut out, p.t, p.f);
+                match (s.points.first(), s.hists.first()) {
+                    (Some(p), _) => {
+                        out.push_str(r#","value":"#);
+                        point(&mut out, p.t, p.f);
+                    }
+                    (None, Some(h)) => {
+                        out.push_str(r#","histogram":"#);
+                        histogram_point(&mut out, h.t, &h.h);
+                    }
+                    (None, None) => unreachable!("empty series are skipped"),
+                }
                 out.push('}');
             }
             out.push(']');
@@ -136,14 +187,27 @@ pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> Strin
                 }
                 out.push_str(r#"{"metric":"#);
                 labels(&mut out, &s.labels);
-                out.push_str(r#","values":["#);
-                for (j, p) in s.points.iter().enumerate() {
-                    if j > 0 {
-                        out.push(',');
+                if !s.points.is_empty() || s.hists.is_empty() {
+                    out.push_str(r#","values":["#);
+                    for (j, p) in s.points.iter().enumerate() {
+                        if j > 0 {
+                            out.push(',');
+                        }
+                        point(&mut out, p.t, p.f);
                     }
-                    point(&mut out, p.t, p.f);
+                    out.push(']');
                 }
-                out.push_str("]}");
+                if !s.hists.is_empty() {
+                    out.push_str(r#","histograms":["#);
+                    for (j, p) in s.hists.iter().enumerate() {
+                        if j > 0 {
+                            out.push(',');
+                        }
+                        histogram_point(&mut out, p.t, &p.h);
+                    }
+                    out.push(']');
+                }
+                out.push('}');
             }
             out.push(']');
         }
@@ -199,5 +263,29 @@ mod tests {
         assert_eq!(j["infos"][0], "PromQL info: x (1:1)");
         let s = response(&Value::Scalar { t: 1000, v: 2.0 }, &[], "2");
         assert_eq!(s, r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#);
+    }
+
+    #[test]
+    fn histograms_as_prometheus_writes_them() {
+        use std::sync::Arc;
+        use strata_model::histogram::notation::parse;
+        use strata_promql::value::HPoint;
+        let h =
+            Arc::new(parse("{{count:5 sum:7.5 z_bucket:1 z_bucket_w:0.001 buckets:[1 0 2] n_buckets:[1]}}").unwrap());
+        let l = Labels::from_pairs([("__name__", "h")]);
+        let v = Value::Vector(vec![Series::with_hists(l.clone(), vec![], vec![HPoint { t: 1500, h: h.clone() }])]);
+        assert_eq!(
+            response(&v, &[], "h"),
+            concat!(
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"h"},"#,
+                r#""histogram":[1.5,{"count":"5","sum":"7.5","buckets":[[1,"-1","-0.5","1"],[3,"-0.001","0.001","1"],"#,
+                r#"[0,"0.5","1","1"],[0,"2","4","2"]]}]}]}}"#
+            )
+        );
+        // A range result with both kinds has both keys.
+        let m = Value::Matrix(vec![Series::with_hists(l, vec![Point { t: 0, f: 1.0 }], vec![HPoint { t: 1000, h }])]);
+        let j: serde_json::Value = serde_json::from_str(&response(&m, &[], "h")).unwrap();
+        assert_eq!(j["data"]["result"][0]["values"][0][1], "1");
+        assert_eq!(j["data"]["result"][0]["histograms"][0][1]["count"], "5");
     }
 }

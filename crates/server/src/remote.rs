@@ -22,8 +22,7 @@ pub struct TimeSeries {
     pub labels: Vec<Label>,
     #[prost(message, repeated, tag = "2")]
     pub samples: Vec<Sample>,
-    /// Exemplars (3) and native histograms (4) are not stored yet; a series carrying histograms
-    /// is counted as rejected rather than silently dropped.
+    /// Exemplars (3) are not stored yet.
     #[prost(message, repeated, tag = "4")]
     pub histograms: Vec<Histogram>,
 }
@@ -50,11 +49,76 @@ pub struct Sample {
     pub timestamp: i64,
 }
 
-/// Only its presence matters for now (see `TimeSeries::histograms`).
+/// A native histogram (`prompb.Histogram`, the same message in remote write 2.0). Integer
+/// histograms carry counts as deltas between adjacent buckets (`*_deltas`, `*_int`), float
+/// ones as absolute counts (`*_counts`, `*_float`).
 #[derive(Clone, PartialEq, Message)]
 pub struct Histogram {
+    #[prost(uint64, optional, tag = "1")]
+    pub count_int: Option<u64>,
+    #[prost(double, optional, tag = "2")]
+    pub count_float: Option<f64>,
+    #[prost(double, tag = "3")]
+    pub sum: f64,
+    #[prost(sint32, tag = "4")]
+    pub schema: i32,
+    #[prost(double, tag = "5")]
+    pub zero_threshold: f64,
+    #[prost(uint64, optional, tag = "6")]
+    pub zero_count_int: Option<u64>,
+    #[prost(double, optional, tag = "7")]
+    pub zero_count_float: Option<f64>,
+    #[prost(message, repeated, tag = "8")]
+    pub negative_spans: Vec<BucketSpan>,
+    #[prost(sint64, repeated, tag = "9")]
+    pub negative_deltas: Vec<i64>,
+    #[prost(double, repeated, tag = "10")]
+    pub negative_counts: Vec<f64>,
+    #[prost(message, repeated, tag = "11")]
+    pub positive_spans: Vec<BucketSpan>,
+    #[prost(sint64, repeated, tag = "12")]
+    pub positive_deltas: Vec<i64>,
+    #[prost(double, repeated, tag = "13")]
+    pub positive_counts: Vec<f64>,
+    /// 0 unknown, 1 reset, 2 not reset, 3 gauge.
+    #[prost(int32, tag = "14")]
+    pub reset_hint: i32,
     #[prost(int64, tag = "15")]
     pub timestamp: i64,
+    #[prost(double, repeated, tag = "16")]
+    pub custom_values: Vec<f64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Message)]
+pub struct BucketSpan {
+    #[prost(sint32, tag = "1")]
+    pub offset: i32,
+    #[prost(uint32, tag = "2")]
+    pub length: u32,
+}
+
+impl Histogram {
+    /// The message for a stored histogram (float counts), as remote read returns it.
+    pub fn from_float(t: i64, h: &strata_model::FloatHistogram) -> Histogram {
+        let spans = |s: &[strata_model::histogram::Span]| {
+            s.iter().map(|s| BucketSpan { offset: s.offset, length: s.length }).collect()
+        };
+        Histogram {
+            count_float: Some(h.count),
+            sum: h.sum,
+            schema: h.schema,
+            zero_threshold: h.zero_threshold,
+            zero_count_float: Some(h.zero_count),
+            negative_spans: spans(&h.negative_spans),
+            negative_counts: h.negative_buckets.clone(),
+            positive_spans: spans(&h.positive_spans),
+            positive_counts: h.positive_buckets.clone(),
+            reset_hint: h.hint.to_u8() as i32,
+            timestamp: t,
+            custom_values: h.custom_values.clone(),
+            ..Histogram::default()
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -206,6 +270,8 @@ pub struct WriteBatch<'a> {
     pub labels: Vec<(&'a [u8], &'a [u8])>,
     /// Every series' samples, back to back.
     pub samples: Vec<strata_model::Sample>,
+    /// Every series' native histograms, back to back, with their timestamps.
+    pub histograms: Vec<(i64, strata_model::FloatHistogram)>,
     pub series: Vec<SeriesSpan>,
     /// Metadata entries, decoded with prost (rare, small).
     pub metadata: Vec<MetricMetadata>,
@@ -216,8 +282,7 @@ pub struct WriteBatch<'a> {
 pub struct SeriesSpan {
     pub labels: std::ops::Range<usize>,
     pub samples: std::ops::Range<usize>,
-    /// The series carries native histograms, which are not stored yet.
-    pub histograms: bool,
+    pub histograms: std::ops::Range<usize>,
 }
 
 /// Protobuf wire reader over a byte slice; every read is bounds-checked.
@@ -251,6 +316,30 @@ impl<'a> Wire<'a> {
         let b = &self.buf[self.pos..end];
         self.pos = end;
         Ok(b)
+    }
+
+    /// Repeated scalars: packed (one length-delimited field) or one value per field.
+    fn repeated<T>(
+        &mut self,
+        wire: u8,
+        one: impl Fn(&mut Wire<'a>) -> Result<T, DecodeError>,
+        out: &mut Vec<T>,
+    ) -> Result<(), DecodeError> {
+        if wire == 2 {
+            let mut p = Wire { buf: self.bytes()?, pos: 0 };
+            while p.pos < p.buf.len() {
+                out.push(one(&mut p)?);
+            }
+            Ok(())
+        } else {
+            out.push(one(self)?);
+            Ok(())
+        }
+    }
+
+    fn sint(&mut self) -> Result<i64, DecodeError> {
+        let v = self.varint()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
     }
 
     fn fixed64(&mut self) -> Result<u64, DecodeError> {
@@ -323,6 +412,63 @@ pub fn read_write_request(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
     Ok(out)
 }
 
+/// A `Histogram` message (the same in 1.0 and 2.0) as a float histogram: integer counts are
+/// turned from deltas into absolute counts. The result is not validated here (the appender
+/// does, and names what is wrong).
+fn read_histogram(buf: &[u8]) -> Result<(i64, strata_model::FloatHistogram), DecodeError> {
+    use strata_model::histogram::Span;
+    let mut w = Wire { buf, pos: 0 };
+    let mut h = strata_model::FloatHistogram::default();
+    let mut t = 0i64;
+    let (mut pos_deltas, mut neg_deltas): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    let span = |w: &mut Wire<'_>| -> Result<Span, DecodeError> {
+        let mut s = Wire { buf: w.bytes()?, pos: 0 };
+        let mut out = Span::default();
+        while let Some((f, wt)) = s.key()? {
+            match (f, wt) {
+                (1, 0) => out.offset = i32::try_from(s.sint()?).map_err(|_| s.err("span offset out of range"))?,
+                (2, 0) => out.length = u32::try_from(s.varint()?).map_err(|_| s.err("span length out of range"))?,
+                (_, wt) => s.skip(wt)?,
+            }
+        }
+        Ok(out)
+    };
+    let double = |w: &mut Wire<'_>| w.fixed64().map(f64::from_bits);
+    while let Some((field, wire)) = w.key()? {
+        match (field, wire) {
+            (1, 0) => h.count = w.varint()? as f64,
+            (2, 1) => h.count = double(&mut w)?,
+            (3, 1) => h.sum = double(&mut w)?,
+            (4, 0) => h.schema = i32::try_from(w.sint()?).map_err(|_| w.err("schema out of range"))?,
+            (5, 1) => h.zero_threshold = double(&mut w)?,
+            (6, 0) => h.zero_count = w.varint()? as f64,
+            (7, 1) => h.zero_count = double(&mut w)?,
+            (8, 2) => h.negative_spans.push(span(&mut w)?),
+            (9, 0 | 2) => w.repeated(wire, Wire::sint, &mut neg_deltas)?,
+            (10, 1 | 2) => w.repeated(wire, |w| w.fixed64().map(f64::from_bits), &mut h.negative_buckets)?,
+            (11, 2) => h.positive_spans.push(span(&mut w)?),
+            (12, 0 | 2) => w.repeated(wire, Wire::sint, &mut pos_deltas)?,
+            (13, 1 | 2) => w.repeated(wire, |w| w.fixed64().map(f64::from_bits), &mut h.positive_buckets)?,
+            (14, 0) => {
+                h.hint = strata_model::CounterResetHint::from_u8(w.varint()? as u8)
+                    .ok_or_else(|| w.err("unknown histogram reset hint"))?
+            }
+            (15, 0) => t = w.varint()? as i64,
+            (16, 1 | 2) => w.repeated(wire, |w| w.fixed64().map(f64::from_bits), &mut h.custom_values)?,
+            (_, wire) => w.skip(wire)?,
+        }
+    }
+    // Integer buckets: each delta is against the previous bucket's count.
+    for (deltas, buckets) in [(&pos_deltas, &mut h.positive_buckets), (&neg_deltas, &mut h.negative_buckets)] {
+        let mut c = 0i64;
+        for d in deltas {
+            c = c.wrapping_add(*d);
+            buckets.push(c as f64);
+        }
+    }
+    Ok((t, h))
+}
+
 /// A `Sample` message (the same in 1.0 and 2.0): value (1, double), timestamp (2, int64).
 fn read_sample(buf: &[u8]) -> Result<strata_model::Sample, DecodeError> {
     let mut s = Wire { buf, pos: 0 };
@@ -338,8 +484,7 @@ fn read_sample(buf: &[u8]) -> Result<strata_model::Sample, DecodeError> {
 }
 
 fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), DecodeError> {
-    let (l0, s0) = (out.labels.len(), out.samples.len());
-    let mut histograms = false;
+    let (l0, s0, h0) = (out.labels.len(), out.samples.len(), out.histograms.len());
     let mut w = Wire { buf, pos: 0 };
     while let Some((field, wire)) = w.key()? {
         match (field, wire) {
@@ -358,14 +503,15 @@ fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), Decode
             (2, 2) => {
                 out.samples.push(read_sample(w.bytes()?)?);
             }
-            (4, 2) => {
-                w.bytes()?;
-                histograms = true;
-            }
+            (4, 2) => out.histograms.push(read_histogram(w.bytes()?)?),
             (_, wire) => w.skip(wire)?,
         }
     }
-    out.series.push(SeriesSpan { labels: l0..out.labels.len(), samples: s0..out.samples.len(), histograms });
+    out.series.push(SeriesSpan {
+        labels: l0..out.labels.len(),
+        samples: s0..out.samples.len(),
+        histograms: h0..out.histograms.len(),
+    });
     Ok(())
 }
 
@@ -390,8 +536,7 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
         symbols.get(r as usize).copied().ok_or_else(|| w.err(&format!("symbol reference {r} out of range")))
     };
     for buf in series {
-        let (l0, s0) = (out.labels.len(), out.samples.len());
-        let mut histograms = false;
+        let (l0, s0, h0) = (out.labels.len(), out.samples.len(), out.histograms.len());
         let mut refs: Vec<u64> = Vec::new();
         let mut w = Wire { buf, pos: 0 };
         let mut metadata: Option<(i32, u64, u64)> = None;
@@ -416,10 +561,7 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
                     }
                     out.samples.push(strata_model::Sample::new(t, v));
                 }
-                (3, 2) => {
-                    w.bytes()?;
-                    histograms = true;
-                }
+                (3, 2) => out.histograms.push(read_histogram(w.bytes()?)?),
                 (5, 2) => {
                     let mut m = Wire { buf: w.bytes()?, pos: 0 };
                     let (mut kind, mut help, mut unit) = (0i32, 0u64, 0u64);
@@ -459,7 +601,11 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
                 });
             }
         }
-        out.series.push(SeriesSpan { labels: l0..out.labels.len(), samples: s0..out.samples.len(), histograms });
+        out.series.push(SeriesSpan {
+            labels: l0..out.labels.len(),
+            samples: s0..out.samples.len(),
+            histograms: h0..out.histograms.len(),
+        });
     }
     Ok(out)
 }
@@ -482,6 +628,8 @@ pub mod v2 {
         pub labels_refs: Vec<u32>,
         #[prost(message, repeated, tag = "2")]
         pub samples: Vec<super::Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub histograms: Vec<super::Histogram>,
         #[prost(message, optional, tag = "5")]
         pub metadata: Option<Metadata>,
     }
@@ -514,6 +662,7 @@ pub mod v2 {
             .map(|(labels, samples)| TimeSeries {
                 labels_refs: labels.iter().flat_map(|(n, v)| [intern(n), intern(v)]).collect(),
                 samples: samples.iter().map(|&(t, v)| super::Sample { value: v, timestamp: t }).collect(),
+                histograms: Vec::new(),
                 metadata: None,
             })
             .collect();
@@ -526,13 +675,91 @@ mod batch_tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Integer or float histograms with arbitrary spans and counts (not necessarily valid ones:
+    /// the reader must carry them over exactly; validation comes later).
+    fn arb_histogram() -> impl Strategy<Value = Histogram> {
+        let spans =
+            prop::collection::vec((-5i32..5, 0u32..4).prop_map(|(offset, length)| BucketSpan { offset, length }), 0..3);
+        (
+            any::<i64>(),
+            any::<bool>(),
+            spans.clone(),
+            spans,
+            prop::collection::vec(-3i64..5, 0..6),
+            -4i32..9,
+            0i32..4,
+            any::<f64>(),
+        )
+            .prop_map(|(t, int, pos, neg, counts, schema, hint, sum)| {
+                let mut h = Histogram {
+                    timestamp: t,
+                    schema,
+                    sum,
+                    reset_hint: hint,
+                    zero_threshold: 0.001,
+                    positive_spans: pos,
+                    negative_spans: neg,
+                    ..Histogram::default()
+                };
+                if int {
+                    h.count_int = Some(counts.iter().map(|c| c.unsigned_abs()).sum());
+                    h.zero_count_int = Some(1);
+                    h.positive_deltas = counts.clone();
+                    h.negative_deltas = counts;
+                } else {
+                    h.count_float = Some(counts.iter().sum::<i64>() as f64);
+                    h.zero_count_float = Some(0.5);
+                    h.positive_counts = counts.iter().map(|c| *c as f64).collect();
+                    h.custom_values = vec![1.0, 2.5];
+                }
+                h
+            })
+    }
+
+    /// What `read_histogram` must make of a message.
+    fn expected(h: &Histogram) -> strata_model::FloatHistogram {
+        let cumulative = |d: &[i64]| {
+            let mut c = 0i64;
+            d.iter()
+                .map(|x| {
+                    c += x;
+                    c as f64
+                })
+                .collect::<Vec<f64>>()
+        };
+        let spans = |s: &[BucketSpan]| {
+            s.iter().map(|s| strata_model::histogram::Span { offset: s.offset, length: s.length }).collect()
+        };
+        strata_model::FloatHistogram {
+            hint: strata_model::CounterResetHint::from_u8(h.reset_hint as u8).unwrap(),
+            schema: h.schema,
+            zero_threshold: h.zero_threshold,
+            zero_count: h.zero_count_int.map(|c| c as f64).or(h.zero_count_float).unwrap_or(0.0),
+            count: h.count_int.map(|c| c as f64).or(h.count_float).unwrap_or(0.0),
+            sum: h.sum,
+            positive_spans: spans(&h.positive_spans),
+            negative_spans: spans(&h.negative_spans),
+            positive_buckets: if h.positive_deltas.is_empty() {
+                h.positive_counts.clone()
+            } else {
+                cumulative(&h.positive_deltas)
+            },
+            negative_buckets: if h.negative_deltas.is_empty() {
+                h.negative_counts.clone()
+            } else {
+                cumulative(&h.negative_deltas)
+            },
+            custom_values: h.custom_values.clone(),
+        }
+    }
+
     fn arb_request() -> impl Strategy<Value = WriteRequest> {
         let label = ("[a-z_]{0,6}", "\\PC{0,6}").prop_map(|(n, v)| Label::new(n, v));
         let sample = (any::<i64>(), any::<f64>()).prop_map(|(t, v)| Sample { value: v, timestamp: t });
         let series = (
             prop::collection::vec(label, 0..5),
             prop::collection::vec(sample, 0..5),
-            prop::collection::vec(any::<i64>().prop_map(|t| Histogram { timestamp: t }), 0..2),
+            prop::collection::vec(arb_histogram(), 0..2),
         )
             .prop_map(|(labels, samples, histograms)| TimeSeries { labels, samples, histograms });
         let md = ("[a-z]{0,5}", 0..8i32).prop_map(|(n, t)| MetricMetadata {
@@ -561,7 +788,13 @@ mod batch_tests {
                 let samples: Vec<(i64, u64)> = ts.samples.iter().map(|s| (s.timestamp, s.value.to_bits())).collect();
                 let got: Vec<(i64, u64)> = b.samples[span.samples.clone()].iter().map(|s| (s.t, s.v.to_bits())).collect();
                 prop_assert_eq!(got, samples);
-                prop_assert_eq!(span.histograms, !ts.histograms.is_empty());
+                let got = &b.histograms[span.histograms.clone()];
+                prop_assert_eq!(got.len(), ts.histograms.len());
+                for ((t, g), h) in got.iter().zip(&ts.histograms) {
+                    prop_assert_eq!(*t, h.timestamp);
+                    let e = expected(h);
+                    prop_assert!(g.bit_eq(&e) && g.hint == e.hint, "{:?} vs {:?}", g, e);
+                }
             }
         }
 
