@@ -15,7 +15,9 @@
 //! RUNS times measured; the table shows median wall time per request (HTTP, evaluation and
 //! JSON), the series each server returned, and Strata's speed-up. One server runs at a time.
 //! `QUERY_SERVERS=strata` (comma-separated) limits the servers, e.g. to profile one: each
-//! prints its PID once loaded.
+//! prints its PID once loaded. `QUERY_NAMES=topk` (comma-separated parts of the names in the
+//! table) limits the queries. `STRATA_BASELINE_BIN=path/to/strata` adds that build as
+//! `strata-baseline`, for comparing a change against the build before it in one run.
 
 mod common;
 
@@ -202,16 +204,20 @@ fn main() {
     let start_s = end_s - 24 * 3600;
     let tmp = tempfile::tempdir().unwrap();
     // results[query][server] = (median, series)
-    let servers = ["strata", "prometheus", "victoria-metrics"];
+    let servers = ["strata", "prometheus", "victoria-metrics", "strata-baseline"];
     let mut results: Vec<Vec<Option<(Duration, usize)>>> = vec![vec![None; servers.len()]; QUERIES.len()];
     let only: Option<Vec<String>> =
         std::env::var("QUERY_SERVERS").ok().map(|s| s.split(',').map(String::from).collect());
+    let only_queries: Option<Vec<String>> =
+        std::env::var("QUERY_NAMES").ok().map(|s| s.split(',').map(String::from).collect());
     for (si, name) in servers.iter().enumerate() {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
             continue;
         }
         let extra: Vec<String> = match *name {
-            "strata" => vec!["--query.max-samples".into(), "1000000000".into(), "--retention".into(), "30d".into()],
+            "strata" | "strata-baseline" => {
+                vec!["--query.max-samples".into(), "1000000000".into(), "--retention".into(), "30d".into()]
+            }
             "prometheus" => vec!["--query.max-samples=1000000000".into(), "--storage.tsdb.retention.time=30d".into()],
             _ => vec![
                 "-search.disableCache".into(),
@@ -241,6 +247,9 @@ fn main() {
             rss >> 20
         );
         for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
+            if only_queries.as_ref().is_some_and(|o| !o.iter().any(|x| label.contains(x.as_str()))) {
+                continue;
+            }
             let q = q.replace("[10m]", &format!("[{window}]"));
             let path = if *range {
                 format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(&q))
@@ -267,8 +276,8 @@ fn main() {
         scrapes.len()
     );
     println!(
-        "{:<28} {:>18} {:>18} {:>18} {:>10} {:>10}",
-        "query", "strata", "prometheus", "victoria-metrics", "vs prom", "vs vm"
+        "{:<28} {:>18} {:>18} {:>18} {:>18} {:>10} {:>10} {:>10}",
+        "query", "strata", "prometheus", "victoria-metrics", "strata-baseline", "vs prom", "vs vm", "vs base"
     );
     let cell = |r: &Option<(Duration, usize)>| match r {
         Some((d, n)) => format!("{:.1} ({n})", d.as_secs_f64() * 1000.0),
@@ -281,12 +290,14 @@ fn main() {
             _ => "-".into(),
         };
         println!(
-            "{label:<28} {:>18} {:>18} {:>18} {:>10} {:>10}",
+            "{label:<28} {:>18} {:>18} {:>18} {:>18} {:>10} {:>10} {:>10}",
             cell(&r[0]),
             cell(&r[1]),
             cell(&r[2]),
+            cell(&r[3]),
             ratio(&r[1]),
-            ratio(&r[2])
+            ratio(&r[2]),
+            ratio(&r[3])
         );
     }
 }

@@ -176,8 +176,13 @@ pub fn start_with_config(name: &'static str, dir: &Path, config: &str, extra: &[
     let cfg = dir.join("config.yml");
     std::fs::write(&cfg, config).unwrap();
     let (cmd, args, ready, write_path): (String, Vec<String>, &str, &str) = match name {
-        "strata" => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string(),
+        // `strata-baseline`: another build of Strata (`STRATA_BASELINE_BIN`), for A/B runs.
+        "strata" | "strata-baseline" => (
+            if name == "strata" {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/strata").display().to_string()
+            } else {
+                std::env::var("STRATA_BASELINE_BIN").ok()?
+            },
             vec![
                 "serve".into(),
                 "--listen".into(),
