@@ -179,8 +179,11 @@ impl Ord for Labels {
     /// Prometheus' order: compare label by label, name first, then value; a set that is a prefix
     /// of another sorts first.
     fn cmp(&self, other: &Self) -> Ordering {
+        // Strings shared between label sets (a reader's interned symbols) are equal without
+        // reading their bytes.
+        let cmp_str = |a: &Arc<str>, b: &Arc<str>| if Arc::ptr_eq(a, b) { Ordering::Equal } else { a.cmp(b) };
         for (a, b) in self.0.iter().zip(other.0.iter()) {
-            match a.name.cmp(&b.name).then_with(|| a.value.cmp(&b.value)) {
+            match cmp_str(&a.name, &b.name).then_with(|| cmp_str(&a.value, &b.value)) {
                 Ordering::Equal => continue,
                 o => return o,
             }

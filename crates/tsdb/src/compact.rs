@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Sample};
 
-use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings};
+use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, SymbolInterner};
 use crate::chunkenc::{ChunkIterator, Encoding, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
 use crate::head::series::SeriesState;
@@ -240,12 +240,20 @@ struct Cursor<'a> {
     labels: Labels,
     metas: Vec<ChunkMetaRef>,
     id: u64,
+    interner: SymbolInterner,
 }
 
 impl<'a> Cursor<'a> {
     fn open(block: &'a Block) -> Result<Option<Cursor<'a>>> {
         let postings = block.data()?.index.all_postings().map_err(|e| block.corrupt(e))?;
-        let mut c = Cursor { block, postings, labels: Labels::empty(), metas: Vec::new(), id: 0 };
+        let mut c = Cursor {
+            block,
+            postings,
+            labels: Labels::empty(),
+            metas: Vec::new(),
+            id: 0,
+            interner: SymbolInterner::default(),
+        };
         Ok(c.advance()?.then_some(c))
     }
 
@@ -253,7 +261,7 @@ impl<'a> Cursor<'a> {
     fn advance(&mut self) -> Result<bool> {
         let Some(id) = self.postings.next() else { return Ok(false) };
         let data = self.block.data()?;
-        self.labels = data.index.series(id, &mut self.metas).map_err(|e| self.block.corrupt(e))?;
+        self.labels = data.index.series(id, &mut self.metas, &mut self.interner).map_err(|e| self.block.corrupt(e))?;
         self.id = id.0;
         Ok(true)
     }

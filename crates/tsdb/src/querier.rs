@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample};
 
-use crate::block::{Block, ChunkReader, ChunkRef};
+use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::{ChunkMeta, Head};
@@ -392,8 +392,17 @@ impl<'a> Querier<'a> {
         if blocks.is_empty() {
             return Ok(out);
         }
+        // One string per label text across the head and every block, so copies of a series
+        // from several of them share their strings and compare by pointer below.
+        let mut interner = SymbolInterner::default();
+        for s in &out {
+            for l in s.labels.iter() {
+                interner.adopt(&l.name);
+                interner.adopt(&l.value);
+            }
+        }
         for b in &blocks {
-            let from_block = self.select_block(b, matchers).inspect_err(|_| b.mark_corrupt())?;
+            let from_block = self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
             out.extend(from_block);
         }
         // Stable: for equal label sets, block chunks (oldest block first) precede head chunks.
@@ -445,13 +454,13 @@ impl<'a> Querier<'a> {
         Ok(out)
     }
 
-    fn select_block(&self, block: &Block, matchers: &[Matcher]) -> Result<Vec<Series>> {
+    fn select_block(&self, block: &Block, matchers: &[Matcher], interner: &mut SymbolInterner) -> Result<Vec<Series>> {
         let data = block.data()?;
         let stones = block.tombstones();
         let mut metas = Vec::new();
         let mut out = Vec::new();
         for id in block.select_ids(matchers)? {
-            let labels = data.index.series(id, &mut metas).map_err(|e| block.corrupt(e))?;
+            let labels = data.index.series(id, &mut metas, interner).map_err(|e| block.corrupt(e))?;
             let chunks: Vec<QueryChunk> = metas
                 .iter()
                 .filter(|c| c.maxt >= self.mint && c.mint <= self.maxt)
@@ -504,12 +513,13 @@ impl<'a> Querier<'a> {
         from_index: impl Fn(&crate::block::IndexFile) -> Vec<&str>,
         from_series: impl Fn(&Labels, &mut BTreeSet<String>),
     ) -> Result<()> {
+        let mut interner = SymbolInterner::default();
         for b in self.blocks() {
             if matchers.is_empty() {
                 let data = b.data().inspect_err(|_| b.mark_corrupt())?;
                 out.extend(from_index(&data.index).into_iter().map(str::to_owned));
             } else {
-                for s in self.select_block(&b, matchers).inspect_err(|_| b.mark_corrupt())? {
+                for s in self.select_block(&b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())? {
                     from_series(&s.labels, out);
                 }
             }

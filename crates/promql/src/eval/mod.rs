@@ -95,8 +95,10 @@ pub struct Engine {
 
 /// Below this many series a selector is evaluated on the calling thread.
 const PARALLEL_SERIES_MIN: usize = 512;
-/// Results a selection worker may hold ahead of the consumer.
-const PIPELINE_DEPTH: usize = 16;
+/// Series a selection worker maps before handing them to the consumer at once.
+const PIPELINE_BATCH: usize = 32;
+/// Batches a selection worker may hold ahead of the consumer.
+const PIPELINE_DEPTH: usize = 2;
 
 impl Engine {
     pub fn new(opts: EngineOptions) -> Engine {
@@ -517,20 +519,29 @@ impl<'a> Evaluator<'a> {
             }
             return Ok(());
         }
-        // Worker w maps series w, w+T, w+2T, … into a small bounded channel; this thread takes
-        // from the workers in turn, so results arrive in selection order (deterministic sums)
-        // while the consumer overlaps with reading and only a few series are held at once.
+        // Worker w maps batches w, w+T, w+2T, … of consecutive series into a small bounded
+        // channel; this thread takes from the workers in turn, so results arrive in selection
+        // order (deterministic sums) while the consumer overlaps with reading and only a few
+        // batches are held at once. Batches, not single series, so that handing results over
+        // costs a wake-up per batch.
+        let batches = stored.chunks(PIPELINE_BATCH);
+        let n_batches = batches.len();
         std::thread::scope(|scope| {
             let mut rxs = Vec::with_capacity(threads);
             for w in 0..threads {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Option<Series>, EvalError>>(PIPELINE_DEPTH);
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Series>, EvalError>>(PIPELINE_DEPTH);
                 rxs.push(rx);
-                let (stored, one) = (&stored, &one);
+                let (batches, one) = (batches.clone(), &one);
                 scope.spawn(move || {
                     let mut buf = SeriesBuf::default();
-                    for (k, s) in stored.iter().skip(w).step_by(threads).enumerate() {
-                        let r = if k % 128 == 0 { self.check("series selection") } else { Ok(()) };
-                        let r = r.and_then(|()| one(s, &mut buf));
+                    for batch in batches.skip(w).step_by(threads) {
+                        let r = self.check("series selection").and_then(|()| {
+                            let mut out = Vec::with_capacity(batch.len());
+                            for s in batch {
+                                out.extend(one(s, &mut buf)?);
+                            }
+                            Ok(out)
+                        });
                         let failed = r.is_err();
                         if tx.send(r).is_err() || failed {
                             return;
@@ -538,10 +549,9 @@ impl<'a> Evaluator<'a> {
                     }
                 });
             }
-            for i in 0..stored.len() {
+            for i in 0..n_batches {
                 match rxs[i % threads].recv() {
-                    Ok(Ok(Some(r))) => sink(r)?,
-                    Ok(Ok(None)) => {}
+                    Ok(Ok(batch)) => batch.into_iter().try_for_each(&mut *sink)?,
                     Ok(Err(e)) => return Err(e),
                     Err(_) => return Err(exec("evaluation worker stopped")),
                 }

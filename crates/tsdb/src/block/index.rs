@@ -6,7 +6,7 @@
 //! ascend in label order too: postings lists are sorted by construction, and merging blocks or
 //! answering a query in label order needs no sort.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -36,6 +36,36 @@ pub struct ChunkMetaRef {
     pub mint: i64,
     pub maxt: i64,
     pub chunk: ChunkRef,
+}
+
+/// Shares one `Arc<str>` per distinct label string among the label sets a reader decodes.
+///
+/// A query reads the same series from every block it overlaps; without sharing, each copy
+/// costs two allocations per label, and putting the copies in label order compares their
+/// bytes. With it, a label string is allocated once per reader, and equal labels are the same
+/// pointer, which `Labels`' comparison checks first.
+#[derive(Debug, Default)]
+pub struct SymbolInterner {
+    strings: HashSet<Arc<str>, foldhash::fast::RandomState>,
+}
+
+impl SymbolInterner {
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.strings.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.strings.insert(a.clone());
+        a
+    }
+
+    /// Makes `a` the shared string for its text, unless one is shared already (so label sets
+    /// decoded later reuse strings the caller holds, e.g. the head's).
+    pub fn adopt(&mut self, a: &Arc<str>) {
+        if !self.strings.contains(&**a) {
+            self.strings.insert(a.clone());
+        }
+    }
 }
 
 fn header() -> [u8; HEADER_BYTES] {
@@ -317,8 +347,14 @@ impl IndexFile {
         None
     }
 
-    /// Reads series `id`: its labels, and its chunk metas into `chunks` (cleared first).
-    pub fn series(&self, id: SeriesRef, chunks: &mut Vec<ChunkMetaRef>) -> Result<Labels, String> {
+    /// Reads series `id`: its labels (strings shared through `interner`), and its chunk metas
+    /// into `chunks` (cleared first).
+    pub fn series(
+        &self,
+        id: SeriesRef,
+        chunks: &mut Vec<ChunkMetaRef>,
+        interner: &mut SymbolInterner,
+    ) -> Result<Labels, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
         let at = (id.0 * SERIES_ALIGN) as usize;
         if at >= self.map.len() {
@@ -333,13 +369,14 @@ impl IndexFile {
         if crc32c::crc32c(body).to_be_bytes() != crc {
             return Err(fail("checksum mismatch".into()));
         }
-        self.decode_series(body, chunks).map_err(|e| fail(e.to_string()))
+        self.decode_series(body, chunks, interner).map_err(|e| fail(e.to_string()))
     }
 
     fn decode_series(
         &self,
         body: &[u8],
         chunks: &mut Vec<ChunkMetaRef>,
+        interner: &mut SymbolInterner,
     ) -> Result<Labels, crate::encoding::DecodeError> {
         let mut d = Decoder::new(body);
         let n = d.uvarint("label count")? as usize;
@@ -354,7 +391,10 @@ impl IndexFile {
                     problem: "symbol does not exist",
                 });
             }
-            labels.push(Label::new(self.symbol(name as u32), self.symbol(value as u32)));
+            labels.push(Label {
+                name: interner.intern(self.symbol(name as u32)),
+                value: interner.intern(self.symbol(value as u32)),
+            });
         }
         chunks.clear();
         let n = d.uvarint("chunk count")?;

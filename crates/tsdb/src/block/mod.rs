@@ -26,7 +26,7 @@ use parking_lot::RwLock;
 use strata_model::{Matcher, SeriesRef};
 
 pub use chunks::{ChunkReader, ChunkRef};
-pub use index::{ChunkMetaRef, IndexFile, MmapPostings};
+pub use index::{ChunkMetaRef, IndexFile, MmapPostings, SymbolInterner};
 pub use meta::{BlockMeta, BlockStats, Compaction};
 pub use tombstones::Tombstones;
 pub use writer::{BlockWriter, ChunkInput};

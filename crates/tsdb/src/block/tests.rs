@@ -35,7 +35,7 @@ fn write(dir: &Path, head: &Head) -> Block {
 fn read_series(b: &Block, id: SeriesRef) -> (Labels, Vec<Sample>) {
     let data = b.data().unwrap();
     let mut metas = Vec::new();
-    let labels = data.index.series(id, &mut metas).unwrap();
+    let labels = data.index.series(id, &mut metas, &mut Default::default()).unwrap();
     let mut samples = Vec::new();
     for c in &metas {
         let mut it = crate::chunkenc::ChunkIterator::new(data.chunks.chunk(c.chunk).unwrap()).unwrap();
@@ -110,7 +110,7 @@ fn a_corrupt_index_is_detected_and_named() {
     flip(&dir.join("index"), (first.0 * index::SERIES_ALIGN) as i64 + 2);
     let b = Block::open(&dir).unwrap();
     let mut metas = Vec::new();
-    let err = b.data().unwrap().index.series(first, &mut metas).unwrap_err();
+    let err = b.data().unwrap().index.series(first, &mut metas, &mut Default::default()).unwrap_err();
     assert!(err.contains(&format!("series {}: checksum mismatch", first.0)), "{err}");
 }
 
@@ -178,7 +178,7 @@ mod index_round_trip {
             prop_assert_eq!(ids.len(), sets.len());
             let mut got = Vec::new();
             for (&id, (l, metas)) in ids.iter().zip(&sets) {
-                prop_assert_eq!(&ix.series(id, &mut got).unwrap(), l);
+                prop_assert_eq!(&ix.series(id, &mut got, &mut Default::default()).unwrap(), l);
                 prop_assert_eq!(&got, metas);
             }
             // Every label pair's list holds exactly the series with that pair.
