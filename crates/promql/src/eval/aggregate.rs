@@ -408,25 +408,70 @@ fn select_k(
     k: &[f64],
     ctx: &Ctx,
 ) -> Result<Vec<Series>, EvalError> {
+    assert!(input.len() <= u32::MAX as usize && ctx.n <= u32::MAX as usize);
     let n_groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
-    // Per step: for each group, candidates (series, value).
-    // Points are numbered floats first, then histograms (only limitk sees histograms).
+    // Every step's candidates (series, point) in one array, step after step (a counting
+    // sort), each step's in series order. Points are numbered floats first, then histograms
+    // (only limitk sees histograms); a series has at most one point per step.
+    let mut starts = vec![0usize; ctx.n + 1];
+    for s in &input {
+        let mut steps = ctx.walker();
+        s.points.iter().for_each(|p| starts[steps.index(p.t) + 1] += 1);
+        let mut steps = ctx.walker();
+        s.hists.iter().for_each(|p| starts[steps.index(p.t) + 1] += 1);
+    }
+    for i in 0..ctx.n {
+        starts[i + 1] += starts[i];
+    }
+    let mut candidates = vec![(0u32, 0u32); starts[ctx.n]];
+    let mut next = starts.clone();
+    for (si, s) in input.iter().enumerate() {
+        let mut steps = ctx.walker();
+        for (pi, p) in s.points.iter().enumerate() {
+            let at = &mut next[steps.index(p.t)];
+            candidates[*at] = (si as u32, pi as u32);
+            *at += 1;
+        }
+        let mut steps = ctx.walker();
+        for (hi, p) in s.hists.iter().enumerate() {
+            let at = &mut next[steps.index(p.t)];
+            candidates[*at] = (si as u32, (s.points.len() + hi) as u32);
+            *at += 1;
+        }
+    }
+    // topk and bottomk rank by value, ties in series order (a total order, so choosing the
+    // best k without sorting everyone gives what a stable sort would); limitk keeps series
+    // order.
+    let rank = |&(a, ap): &(u32, u32), &(b, bp): &(u32, u32)| {
+        let (x, y) = (input[a as usize].points[ap as usize].f, input[b as usize].points[bp as usize].f);
+        if better(op, x, y) {
+            std::cmp::Ordering::Less
+        } else if better(op, y, x) {
+            std::cmp::Ordering::Greater
+        } else {
+            a.cmp(&b)
+        }
+    };
+    let choose = |members: &mut Vec<(u32, u32)>, kk: usize| {
+        if members.len() > kk {
+            if op != AggregateOp::LimitK {
+                members.select_nth_unstable_by(kk - 1, rank);
+                members.truncate(kk);
+                members.sort_unstable_by(rank);
+            } else {
+                members.truncate(kk);
+            }
+        } else if op != AggregateOp::LimitK {
+            members.sort_unstable_by(rank);
+        }
+    };
     let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.len()]).collect();
     let mut order: Vec<(usize, usize, usize)> = Vec::new(); // (group, rank, series) for instant output
-    let mut per_step: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ctx.n]; // (series, point idx)
-    for (si, s) in input.iter().enumerate() {
-        for (pi, p) in s.points.iter().enumerate() {
-            per_step[ctx.index(p.t)].push((si, pi));
-        }
-        for (hi, p) in s.hists.iter().enumerate() {
-            per_step[ctx.index(p.t)].push((si, s.points.len() + hi));
-        }
-    }
-    if op == AggregateOp::LimitK {
-        // Series order, whatever the kind of point.
-        per_step.iter_mut().for_each(|c| c.sort_unstable());
-    }
-    for (step, cands) in per_step.iter().enumerate() {
+                                                            // Reused across steps: each group's members at the step, and the groups that have any.
+    let mut by_group: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_groups];
+    let mut present: Vec<usize> = Vec::new();
+    for step in 0..ctx.n {
+        let cands = &candidates[starts[step]..starts[step + 1]];
         if cands.is_empty() {
             continue;
         }
@@ -438,33 +483,25 @@ fn select_k(
             continue;
         }
         let kk = if kf >= usize::MAX as f64 { usize::MAX } else { kf as usize };
-        let mut by_group: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_groups];
         for &(si, pi) in cands {
-            by_group[group_of[si]].push((si, pi));
+            let g = group_of[si as usize];
+            if by_group[g].is_empty() {
+                present.push(g);
+            }
+            by_group[g].push((si, pi));
         }
-        for (g, mut members) in by_group.into_iter().enumerate() {
-            if members.is_empty() {
-                continue;
-            }
-            if op != AggregateOp::LimitK {
-                members.sort_by(|&(a, ap), &(b, bp)| {
-                    let (x, y) = (input[a].points[ap].f, input[b].points[bp].f);
-                    if better(op, x, y) {
-                        std::cmp::Ordering::Less
-                    } else if better(op, y, x) {
-                        std::cmp::Ordering::Greater
-                    } else {
-                        std::cmp::Ordering::Equal
-                    }
-                });
-            }
-            for (rank, &(si, pi)) in members.iter().take(kk).enumerate() {
-                keep_at[si][pi] = true;
+        for &g in &present {
+            let members = &mut by_group[g];
+            choose(members, kk);
+            for (rank, &(si, pi)) in members.iter().enumerate() {
+                keep_at[si as usize][pi as usize] = true;
                 if ctx.n == 1 {
-                    order.push((g, rank, si));
+                    order.push((g, rank, si as usize));
                 }
             }
+            members.clear();
         }
+        present.clear();
     }
     let mut out: Vec<Option<Series>> = input
         .into_iter()
@@ -663,6 +700,79 @@ mod tests {
             (s, c) = kahan_inc(v, s, c);
         }
         assert_eq!(s + c, 1.0);
+    }
+
+    /// The plain way: per step and group, a stable sort of the candidates in series order.
+    fn select_k_by_sorting(op: AggregateOp, input: &[Series], group_of: &[usize], k: usize, ctx: &Ctx) -> Vec<Series> {
+        let mut keep: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.points.len()]).collect();
+        for step in 0..ctx.n {
+            let t = ctx.ts(step);
+            for g in 0..=group_of.iter().copied().max().unwrap_or(0) {
+                let mut members: Vec<(usize, usize)> = (0..input.len())
+                    .filter(|&si| group_of[si] == g)
+                    .filter_map(|si| input[si].points.iter().position(|p| p.t == t).map(|pi| (si, pi)))
+                    .collect();
+                if op != AggregateOp::LimitK {
+                    members.sort_by(|&(a, ap), &(b, bp)| {
+                        let (x, y) = (input[a].points[ap].f, input[b].points[bp].f);
+                        if better(op, x, y) {
+                            std::cmp::Ordering::Less
+                        } else if better(op, y, x) {
+                            std::cmp::Ordering::Greater
+                        } else {
+                            std::cmp::Ordering::Equal
+                        }
+                    });
+                }
+                members.iter().take(k).for_each(|&(si, pi)| keep[si][pi] = true);
+            }
+        }
+        input
+            .iter()
+            .zip(keep)
+            .filter_map(|(s, keep)| {
+                let points: Vec<Point> = s.points.iter().zip(keep).filter(|(_, k)| *k).map(|(p, _)| *p).collect();
+                (!points.is_empty()).then(|| Series {
+                    labels: s.labels.clone(),
+                    points,
+                    hists: Vec::new(),
+                    drop_name: false,
+                })
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// Choosing the best k by partial selection picks what a stable sort would, ties
+        /// (equal values, NaNs) broken by series order.
+        #[test]
+        fn select_k_matches_stable_sort(
+            values in proptest::collection::vec(proptest::collection::vec(proptest::option::of(0u8..5), 6), 1..12),
+            groups in proptest::collection::vec(0usize..3, 12),
+            k in 1usize..5,
+            op in proptest::sample::select(vec![AggregateOp::TopK, AggregateOp::BottomK, AggregateOp::LimitK]),
+        ) {
+            let ctx = Ctx { start: 0, step: 10, n: 6 };
+            let input: Vec<Series> = values
+                .iter()
+                .enumerate()
+                .map(|(i, vs)| Series {
+                    labels: Labels::from_pairs([("i", format!("{i:02}").as_str())]),
+                    points: vs
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(step, v)| v.map(|v| Point { t: ctx.ts(step), f: if v == 4 { f64::NAN } else { v as f64 } }))
+                        .collect(),
+                    hists: Vec::new(),
+                    drop_name: false,
+                })
+                .collect();
+            let group_of: Vec<usize> = (0..input.len()).map(|i| groups[i]).collect();
+            let want = select_k_by_sorting(op, &input, &group_of, k, &ctx);
+            let got = select_k(op, input, &group_of, &[k as f64; 6], &ctx).unwrap();
+            let show = |v: &[Series]| v.iter().map(|s| (s.labels.to_string(), s.points.iter().map(|p| p.t).collect::<Vec<_>>())).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(show(&got), show(&want));
+        }
     }
 
     #[test]
