@@ -405,20 +405,9 @@ impl<'a> Querier<'a> {
             let from_block = self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
             out.extend(from_block);
         }
-        // Stable: for equal label sets, block chunks (oldest block first) precede head chunks.
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
-        out.dedup_by(|later, first| {
-            if later.labels != first.labels {
-                return false;
-            }
-            first.chunks.append(&mut later.chunks);
-            first.deleted.append(&mut later.deleted);
-            true
-        });
+        let out = merge_copies(out);
         self.check_limit(out.len())?;
-        for s in &mut out {
-            s.chunks.sort_by_key(|c| c.mint);
-        }
         Ok(out)
     }
 
@@ -526,6 +515,39 @@ impl<'a> Querier<'a> {
         }
         Ok(())
     }
+}
+
+/// Makes one series of each run of equal label sets in `sorted` (a series read from the head
+/// and from several blocks), its chunks in time order. Each merged series' chunk list is
+/// allocated once at its full size.
+fn merge_copies(sorted: Vec<Series>) -> Vec<Series> {
+    // Each run: its length and its chunk count.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, s) in sorted.iter().enumerate() {
+        match runs.last_mut() {
+            Some((len, chunks)) if s.labels == sorted[i - 1].labels => {
+                *len += 1;
+                *chunks += s.chunks.len();
+            }
+            _ => runs.push((1, s.chunks.len())),
+        }
+    }
+    let mut merged = Vec::with_capacity(runs.len());
+    let mut series = sorted.into_iter();
+    for (len, chunks) in runs {
+        let mut first = series.next().expect("runs cover every series");
+        if len > 1 {
+            first.chunks.reserve_exact(chunks - first.chunks.len());
+            for copy in series.by_ref().take(len - 1) {
+                let Series { mut chunks, mut deleted, .. } = copy;
+                first.chunks.append(&mut chunks);
+                first.deleted.append(&mut deleted);
+            }
+            first.chunks.sort_by_key(|c| c.mint);
+        }
+        merged.push(first);
+    }
+    merged
 }
 
 #[cfg(test)]

@@ -205,7 +205,17 @@ fn fold(op: AggregateOp, acc: &mut [Acc], points: &[Point], ctx: &Ctx) {
     match op {
         AggregateOp::Sum => each!(AggregateOp::Sum),
         AggregateOp::Avg => each!(AggregateOp::Avg),
-        AggregateOp::Count => each!(AggregateOp::Count),
+        // What `add` does for a count, without its first-sample branch (a fresh accumulator
+        // is all zeros).
+        AggregateOp::Count => {
+            let mut steps = ctx.walker();
+            for p in points {
+                let a = &mut acc[steps.index(p.t)];
+                a.seen = true;
+                a.count += 1.0;
+                a.value += 1.0;
+            }
+        }
         AggregateOp::Min => each!(AggregateOp::Min),
         AggregateOp::Max => each!(AggregateOp::Max),
         AggregateOp::Group => each!(AggregateOp::Group),
