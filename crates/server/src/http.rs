@@ -738,6 +738,8 @@ fn select_checked(
 struct QueryStorage {
     db: Arc<Db>,
     max_series: usize,
+    /// Threads a selection reads blocks on: the engine's.
+    parallelism: usize,
 }
 
 impl strata_promql::Storage for QueryStorage {
@@ -745,6 +747,7 @@ impl strata_promql::Storage for QueryStorage {
         self.db
             .querier(mint, maxt)
             .limit_series(self.max_series)
+            .parallelism(self.parallelism)
             .select(matchers)
             .map_err(|e| EvalError::Storage(e.to_string()))
     }
@@ -803,8 +806,10 @@ async fn evaluate(
     let cancel = CancelOnDrop::default();
     let flag = cancel.0.clone();
     let out = run_query(st, move |deadline| {
-        let storage = QueryStorage { db, max_series: st2.limits.max_query_series };
-        run(&engine(&st2, deadline), &storage, &flag).map_err(eval_error)
+        let engine = engine(&st2, deadline);
+        let storage =
+            QueryStorage { db, max_series: st2.limits.max_query_series, parallelism: engine.opts.parallelism };
+        run(&engine, &storage, &flag).map_err(eval_error)
     })
     .await?;
     drop(cancel);

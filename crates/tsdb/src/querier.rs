@@ -346,17 +346,25 @@ pub struct Querier<'a> {
     maxt: i64,
     /// `select` fails once it has found more series than this, before loading more.
     max_series: usize,
+    /// Threads `select` reads blocks on.
+    threads: usize,
 }
 
 impl<'a> Querier<'a> {
     /// A querier over the head alone.
     pub fn new(head: &'a Head, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: None, mint, maxt, max_series: usize::MAX }
+        Querier { head, blocks: None, mint, maxt, max_series: usize::MAX, threads: 1 }
     }
 
     /// A querier over the head and the blocks in `blocks`.
     pub fn with_blocks(head: &'a Head, blocks: &'a BlockList, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: Some(blocks), mint, maxt, max_series: usize::MAX }
+        Querier { head, blocks: Some(blocks), mint, maxt, max_series: usize::MAX, threads: 1 }
+    }
+
+    /// Lets `select` read blocks on up to `n` threads (1, the default: on the calling one).
+    pub fn parallelism(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
     }
 
     /// Makes `select` fail with `TooManySeries` rather than load more than `n` series (per
@@ -392,8 +400,9 @@ impl<'a> Querier<'a> {
         if blocks.is_empty() {
             return Ok(out);
         }
-        // One string per label text across the head and every block, so copies of a series
-        // from several of them share their strings and compare by pointer below.
+        // One string per label text across the head and the blocks, so copies of a series
+        // from several of them share their strings and compare by pointer below. (Block reader
+        // threads each share strings among their blocks, and all share the head's.)
         let mut interner = SymbolInterner::default();
         for s in &out {
             for l in s.labels.iter() {
@@ -401,9 +410,40 @@ impl<'a> Querier<'a> {
                 interner.adopt(&l.value);
             }
         }
-        for b in &blocks {
-            let from_block = self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
-            out.extend(from_block);
+        let threads = self.threads.min(blocks.len());
+        if threads <= 1 {
+            for b in &blocks {
+                let from_block = self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
+                out.extend(from_block);
+            }
+        } else {
+            // Thread w reads blocks w, w+T, …; their selections are then taken in block order.
+            let mut per_block: Vec<Option<Vec<Series>>> = (0..blocks.len()).map(|_| None).collect();
+            std::thread::scope(|scope| -> Result<()> {
+                let workers: Vec<_> = (0..threads)
+                    .map(|w| {
+                        let (blocks, mut interner) = (&blocks, interner.clone());
+                        scope.spawn(move || -> Result<Vec<(usize, Vec<Series>)>> {
+                            let mut read = Vec::new();
+                            for (i, b) in blocks.iter().enumerate().skip(w).step_by(threads) {
+                                let from_block =
+                                    self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
+                                read.push((i, from_block));
+                            }
+                            Ok(read)
+                        })
+                    })
+                    .collect();
+                for worker in workers {
+                    for (i, from_block) in worker.join().expect("a block reader panicked")? {
+                        per_block[i] = Some(from_block);
+                    }
+                }
+                Ok(())
+            })?;
+            for from_block in per_block.into_iter().flatten() {
+                out.extend(from_block);
+            }
         }
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
         let out = merge_copies(out);

@@ -44,7 +44,7 @@ pub struct ChunkMetaRef {
 /// costs two allocations per label, and putting the copies in label order compares their
 /// bytes. With it, a label string is allocated once per reader, and equal labels are the same
 /// pointer, which `Labels`' comparison checks first.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SymbolInterner {
     strings: HashSet<Arc<str>, foldhash::fast::RandomState>,
 }

@@ -28,10 +28,17 @@ fn all() -> Vec<Matcher> {
     vec![Matcher::new(MatchOp::RegexMatch, "__name__", ".+").unwrap()]
 }
 
-/// What the database returns over `[mint, maxt]`, as a model.
+/// What the database returns over `[mint, maxt]`, as a model; the same whether blocks are read
+/// on one thread or several.
 fn read(db: &Db, mint: i64, maxt: i64) -> Model {
+    let serial = read_on(db, mint, maxt, 1);
+    assert_eq!(read_on(db, mint, maxt, 3), serial, "blocks read on 3 threads, range [{mint}, {maxt}]");
+    serial
+}
+
+fn read_on(db: &Db, mint: i64, maxt: i64, threads: usize) -> Model {
     let mut out = Model::new();
-    for s in db.querier(mint, maxt).select(&all()).unwrap() {
+    for s in db.querier(mint, maxt).parallelism(threads).select(&all()).unwrap() {
         let samples: BTreeMap<i64, u64> = s.samples().iter().map(|x| (x.t, x.v.to_bits())).collect();
         assert_eq!(samples.len(), s.samples().len(), "{}: duplicate timestamps", s.labels);
         // A series is selected when a chunk overlaps the range, though no sample may fall in it.
