@@ -15,7 +15,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, SymbolInterner};
-use crate::chunkenc::{ChunkIterator, Encoding, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
+use crate::chunkenc::{decode_merged, Encoding, TypedSample, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
 use crate::head::series::SeriesState;
 use crate::head::symbols::PackedLabels;
@@ -160,15 +160,7 @@ fn write_series(
     }
     let samples = &mut scratch.samples;
     samples.clear();
-    for c in chunks {
-        let mut it = ChunkIterator::new(c.data).map_err(|e| chunk_err(labels, e))?;
-        it.decode_into(samples);
-        if let Some(e) = it.err() {
-            return Err(chunk_err(labels, e.clone()));
-        }
-    }
-    samples.sort_by_key(|s| s.t);
-    samples.dedup_by_key(|s| s.t);
+    decode_merged(chunks.iter().map(|c| Ok(c.data)), samples).map_err(|e| chunk_err(labels, e))?;
     samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
     if samples.is_empty() {
         return Ok(());
@@ -201,16 +193,8 @@ fn rewrite_typed(
     mint: i64,
     maxt: i64,
 ) -> Result<()> {
-    let mut samples = Vec::new();
-    for c in chunks {
-        let mut it = ChunkIterator::new(c.data).map_err(|e| chunk_err(labels, e))?;
-        it.decode_typed_into(&mut samples);
-        if let Some(e) = it.err() {
-            return Err(chunk_err(labels, e.clone()));
-        }
-    }
-    samples.sort_by_key(|s| s.t);
-    samples.dedup_by_key(|s| s.t);
+    let mut samples: Vec<TypedSample> = Vec::new();
+    decode_merged(chunks.iter().map(|c| Ok(c.data)), &mut samples).map_err(|e| chunk_err(labels, e))?;
     samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
     let mut state = SeriesState::default();
     // One range for the whole block: only size, kind and layout cut chunks here.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Matcher, Sample};
 
 use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
-use crate::chunkenc::{ChunkError, ChunkIterator, TypedSample};
+use crate::chunkenc::{decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::{ChunkMeta, Head};
 use crate::index::postings;
@@ -155,19 +155,10 @@ impl Series {
     }
 }
 
-/// Decodes overlapping chunks of either kind into one run: sorted by time, the first sample of
-/// each timestamp kept (chunks come oldest block first, the head last).
+/// Decodes overlapping chunks of either kind into one run (chunks come in time order).
 fn merge_typed(chunks: &[QueryChunk]) -> Result<Vec<TypedSample>, ChunkError> {
     let mut samples = Vec::new();
-    for c in chunks {
-        let mut it = ChunkIterator::new(c.data.bytes()?)?;
-        it.decode_typed_into(&mut samples);
-        if let Some(e) = it.err() {
-            return Err(e.clone());
-        }
-    }
-    samples.sort_by_key(|s| s.t);
-    samples.dedup_by_key(|s| s.t);
+    decode_merged(chunks.iter().map(|c| c.data.bytes()), &mut samples)?;
     Ok(samples)
 }
 
@@ -317,19 +308,10 @@ impl SampleIterator for SeriesIterator<'_> {
     }
 }
 
-/// Decodes overlapping chunks into one run: sorted by time, the first sample of each timestamp
-/// kept (chunks come oldest block first, the head last).
+/// Decodes overlapping chunks into one run (chunks come in time order).
 fn merge_chunks<'a>(chunks: &'a [QueryChunk]) -> Result<Cursor<'a>, ChunkError> {
     let mut samples = Vec::new();
-    for c in chunks {
-        let mut it = ChunkIterator::new(c.data.bytes()?)?;
-        it.decode_into(&mut samples);
-        if let Some(e) = it.err() {
-            return Err(e.clone());
-        }
-    }
-    samples.sort_by_key(|s| s.t);
-    samples.dedup_by_key(|s| s.t);
+    decode_merged(chunks.iter().map(|c| c.data.bytes()), &mut samples)?;
     Ok(Cursor::Merged { samples, pos: 0 })
 }
 

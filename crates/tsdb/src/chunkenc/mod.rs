@@ -103,6 +103,49 @@ pub enum ChunkError {
     HistogramChunk,
 }
 
+/// A sample kind a whole chunk can be decoded into: float samples (histogram chunks refused)
+/// or typed samples (either kind).
+pub trait DecodedSample: Sized {
+    fn decode_all<B: AsRef<[u8]>>(it: &mut ChunkIterator<B>, out: &mut Vec<Self>);
+    fn t(&self) -> i64;
+}
+
+impl DecodedSample for Sample {
+    fn decode_all<B: AsRef<[u8]>>(it: &mut ChunkIterator<B>, out: &mut Vec<Self>) {
+        it.decode_into(out);
+    }
+    fn t(&self) -> i64 {
+        self.t
+    }
+}
+
+impl DecodedSample for TypedSample {
+    fn decode_all<B: AsRef<[u8]>>(it: &mut ChunkIterator<B>, out: &mut Vec<Self>) {
+        it.decode_typed_into(out);
+    }
+    fn t(&self) -> i64 {
+        self.t
+    }
+}
+
+/// Decodes overlapping chunks into `out` as one run: sorted by time, and of the samples sharing
+/// a timestamp the one from the earliest chunk in `chunks` kept (the sort is stable).
+pub fn decode_merged<'a, S: DecodedSample>(
+    chunks: impl IntoIterator<Item = Result<&'a [u8], ChunkError>>,
+    out: &mut Vec<S>,
+) -> Result<(), ChunkError> {
+    for data in chunks {
+        let mut it = ChunkIterator::new(data?)?;
+        S::decode_all(&mut it, out);
+        if let Some(e) = it.err() {
+            return Err(e.clone());
+        }
+    }
+    out.sort_by_key(S::t);
+    out.dedup_by_key(|s| s.t());
+    Ok(())
+}
+
 /// Iterates over the samples of one chunk, whatever its encoding.
 #[derive(Clone, Debug)]
 pub enum ChunkIterator<B> {
