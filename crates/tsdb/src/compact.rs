@@ -155,7 +155,8 @@ fn write_series(
     if !overlapping && !clipped && !hit && !small {
         return if chunks.is_empty() { Ok(()) } else { w.add_series(labels, chunks) };
     }
-    if chunks.iter().any(|c| c.data.first() == Some(&(Encoding::Histogram as u8))) {
+    // Plain float chunks take the fast path; histograms and start times keep their kind.
+    if chunks.iter().any(|c| c.data.first() != Some(&(Encoding::Xor as u8))) {
         return rewrite_typed(w, labels, chunks, deleted, mint, maxt);
     }
     let samples = &mut scratch.samples;
@@ -182,9 +183,9 @@ fn write_series(
     w.add_series(labels, &inputs)
 }
 
-/// `write_series`' rewrite for a series with histogram chunks: samples of both kinds are
-/// merged, filtered and appended again under the head's chunking rules (which cut histogram
-/// chunks where layouts change or counters reset).
+/// `write_series`' rewrite for a series with histogram chunks or start times: samples of both
+/// kinds (with their start times) are merged, filtered and appended again under the head's
+/// chunking rules (which cut histogram chunks where layouts change or counters reset).
 fn rewrite_typed(
     w: &mut BlockWriter,
     labels: &Labels,

@@ -89,8 +89,8 @@ impl Series {
         self.deleted.iter().any(|&(a, b)| a <= t && t <= b)
     }
 
-    /// Reads the whole series once, in time order, handing each sample to `f`, clipped to the
-    /// range, without deleted samples. This is the fast way to read a series (floats of a
+    /// Reads the whole series once, in time order, handing each sample (with its start time)
+    /// to `f`, clipped to the range, without deleted samples. This is the fast way to read a series (floats of a
     /// single chunk are decoded in one loop, with no seeking); it stops at the first decoding
     /// error and returns it.
     pub fn visit(&self, mut f: impl FnMut(TypedSample)) -> Result<(), ChunkError> {
@@ -118,7 +118,7 @@ impl Series {
                                 return it.err().cloned().map_or(Ok(()), Err);
                             }
                             if keep(s.t) {
-                                f(TypedSample::float(s.t, s.v));
+                                f(TypedSample::float(s.t, s.v).with_start(it.start()));
                             }
                         }
                         if let Some(e) = it.err() {
@@ -131,7 +131,7 @@ impl Series {
                                 return Ok(());
                             }
                             if keep(t) {
-                                f(TypedSample::histogram(t, h));
+                                f(TypedSample::histogram(t, h).with_start(it.start()));
                             }
                         }
                         if let Some(e) = it.err() {

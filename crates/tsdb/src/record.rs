@@ -18,6 +18,10 @@ pub enum RecordType {
     Samples = 2,
     Tombstones = 3,
     Histograms = 4,
+    /// Samples with start times: as `Samples`, and per sample its start time.
+    SamplesWithStart = 5,
+    /// Histograms with start times: as `Histograms`, and per sample its start time.
+    HistogramsWithStart = 6,
 }
 
 /// A series and the reference the head gave it.
@@ -27,33 +31,35 @@ pub struct RefSeries {
     pub labels: Labels,
 }
 
-/// A sample of the series `series`.
+/// A sample of the series `series`, with its start time `st` (0: none).
 #[derive(Clone, Copy, Debug)]
 pub struct RefSample {
     pub series: SeriesRef,
     pub t: i64,
+    pub st: i64,
     pub v: f64,
 }
 
 impl PartialEq for RefSample {
     /// Bit equality of values, so NaNs compare equal to themselves.
     fn eq(&self, o: &Self) -> bool {
-        self.series == o.series && self.t == o.t && self.v.to_bits() == o.v.to_bits()
+        self.series == o.series && self.t == o.t && self.st == o.st && self.v.to_bits() == o.v.to_bits()
     }
 }
 
-/// A native histogram sample of the series `series`.
+/// A native histogram sample of the series `series`, with its start time `st` (0: none).
 #[derive(Clone, Debug)]
 pub struct RefHistogram {
     pub series: SeriesRef,
     pub t: i64,
+    pub st: i64,
     pub h: FloatHistogram,
 }
 
 impl PartialEq for RefHistogram {
     /// Bit equality of counts, and the same hint.
     fn eq(&self, o: &Self) -> bool {
-        self.series == o.series && self.t == o.t && self.h.hint == o.h.hint && self.h.bit_eq(&o.h)
+        self.series == o.series && self.t == o.t && self.st == o.st && self.h.hint == o.h.hint && self.h.bit_eq(&o.h)
     }
 }
 
@@ -102,15 +108,20 @@ pub fn encode_series<'a>(series: impl IntoIterator<Item = (SeriesRef, &'a Labels
 }
 
 /// Appends a samples record to `buf`: the first sample's reference and time in full, the rest as
-/// zig-zag varint deltas from them, values as raw 8-byte bit patterns.
+/// zig-zag varint deltas from them, values as raw 8-byte bit patterns. When any sample has a
+/// start time the record is a `SamplesWithStart` one: each sample's value is preceded by
+/// `t - st` as a zig-zag varint (`t` itself for "none").
 pub fn encode_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
-    encode_timed(
-        RecordType::Samples,
-        samples,
-        |s| (s.series, s.t),
-        |s, buf| buf.extend_from_slice(&s.v.to_bits().to_le_bytes()),
-        buf,
-    );
+    let put_v = |s: &RefSample, buf: &mut Vec<u8>| buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
+    if samples.iter().all(|s| s.st == 0) {
+        encode_timed(RecordType::Samples, samples, |s| (s.series, s.t), put_v, buf);
+    } else {
+        let put = |s: &RefSample, buf: &mut Vec<u8>| {
+            put_varint(buf, s.t.wrapping_sub(s.st));
+            put_v(s, buf);
+        };
+        encode_timed(RecordType::SamplesWithStart, samples, |s| (s.series, s.t), put, buf);
+    }
 }
 
 /// A record of timestamped items (samples, histograms): the type byte, then, if there are
@@ -136,12 +147,14 @@ fn encode_timed<T>(
     }
 }
 
-/// Decodes what `encode_timed` wrote (after the type byte), appending to `out`.
+/// Decodes what `encode_timed` wrote (after the type byte), appending to `out`; with
+/// `with_start`, each value is preceded by its start time (see `encode_samples`).
 fn decode_timed<T, V>(
     kind: &'static str,
     body: &[u8],
+    with_start: bool,
     mut get_value: impl FnMut(&mut Decoder<'_>) -> Result<V, DecodeError>,
-    make: impl Fn(SeriesRef, i64, V) -> T,
+    make: impl Fn(SeriesRef, i64, i64, V) -> T,
     out: &mut Vec<T>,
 ) -> Result<(), RecordError> {
     let m = malformed(kind);
@@ -154,16 +167,27 @@ fn decode_timed<T, V>(
     while !d.is_empty() {
         let dr = d.varint("series ref delta").map_err(&m)?;
         let dt = d.varint("timestamp delta").map_err(&m)?;
+        let t = base_t.wrapping_add(dt);
+        let st = if with_start { t.wrapping_sub(d.varint("start time").map_err(&m)?) } else { 0 };
         let v = get_value(&mut d).map_err(&m)?;
-        out.push(make(SeriesRef(base_ref.wrapping_add(dr as u64)), base_t.wrapping_add(dt), v));
+        out.push(make(SeriesRef(base_ref.wrapping_add(dr as u64)), t, st, v));
     }
     Ok(())
 }
 
 /// Appends a histograms record to `buf`: per sample the series reference and time as in a
-/// samples record, then the histogram (`docs/format/wal.md`).
+/// samples record, then the histogram (`docs/format/wal.md`); with start times as
+/// `encode_samples` does.
 pub fn encode_histograms(samples: &[RefHistogram], buf: &mut Vec<u8>) {
-    encode_timed(RecordType::Histograms, samples, |s| (s.series, s.t), |s, buf| put_histogram(buf, &s.h), buf);
+    if samples.iter().all(|s| s.st == 0) {
+        encode_timed(RecordType::Histograms, samples, |s| (s.series, s.t), |s, buf| put_histogram(buf, &s.h), buf);
+    } else {
+        let put = |s: &RefHistogram, buf: &mut Vec<u8>| {
+            put_varint(buf, s.t.wrapping_sub(s.st));
+            put_histogram(buf, &s.h);
+        };
+        encode_timed(RecordType::HistogramsWithStart, samples, |s| (s.series, s.t), put, buf);
+    }
 }
 
 fn put_histogram(buf: &mut Vec<u8>, h: &FloatHistogram) {
@@ -240,9 +264,17 @@ fn bounded_count(d: &mut Decoder<'_>, what: &'static str, min_bytes: usize) -> R
     Ok(n as usize)
 }
 
-/// Decodes the body of a histograms record (after the type byte), appending to `out`.
-pub fn decode_histograms_into(body: &[u8], out: &mut Vec<RefHistogram>) -> Result<(), RecordError> {
-    decode_timed("histograms", body, get_histogram, |series, t, h| RefHistogram { series, t, h }, out)
+/// Decodes the body of a histograms record (after the type byte), appending to `out`;
+/// `with_start` for a `HistogramsWithStart` record.
+pub fn decode_histograms_into(body: &[u8], with_start: bool, out: &mut Vec<RefHistogram>) -> Result<(), RecordError> {
+    decode_timed(
+        "histograms",
+        body,
+        with_start,
+        get_histogram,
+        |series, t, st, h| RefHistogram { series, t, st, h },
+        out,
+    )
 }
 
 /// Appends a tombstones record to `buf`.
@@ -263,23 +295,26 @@ pub fn record_type(rec: &[u8]) -> Result<RecordType, RecordError> {
         Some(2) => Ok(RecordType::Samples),
         Some(3) => Ok(RecordType::Tombstones),
         Some(4) => Ok(RecordType::Histograms),
+        Some(5) => Ok(RecordType::SamplesWithStart),
+        Some(6) => Ok(RecordType::HistogramsWithStart),
         Some(&t) => Err(RecordError::UnknownType(t)),
     }
 }
 
 pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
     let body = &rec[1.min(rec.len())..];
-    match record_type(rec)? {
+    let kind = record_type(rec)?;
+    match kind {
         RecordType::Series => decode_series(body).map(Record::Series),
-        RecordType::Samples => {
+        RecordType::Samples | RecordType::SamplesWithStart => {
             let mut out = Vec::new();
-            decode_samples_into(body, &mut out)?;
+            decode_samples_into(body, kind == RecordType::SamplesWithStart, &mut out)?;
             Ok(Record::Samples(out))
         }
         RecordType::Tombstones => decode_tombstones(body).map(Record::Tombstones),
-        RecordType::Histograms => {
+        RecordType::Histograms | RecordType::HistogramsWithStart => {
             let mut out = Vec::new();
-            decode_histograms_into(body, &mut out)?;
+            decode_histograms_into(body, kind == RecordType::HistogramsWithStart, &mut out)?;
             Ok(Record::Histograms(out))
         }
     }
@@ -318,13 +353,14 @@ fn decode_series(body: &[u8]) -> Result<Vec<RefSeries>, RecordError> {
 }
 
 /// Decodes the body of a samples record (after the type byte), appending to `out` so that replay
-/// can reuse one buffer.
-pub fn decode_samples_into(body: &[u8], out: &mut Vec<RefSample>) -> Result<(), RecordError> {
+/// can reuse one buffer; `with_start` for a `SamplesWithStart` record.
+pub fn decode_samples_into(body: &[u8], with_start: bool, out: &mut Vec<RefSample>) -> Result<(), RecordError> {
     decode_timed(
         "samples",
         body,
+        with_start,
         |d| d.u64_le("value").map(f64::from_bits),
-        |series, t, v| RefSample { series, t, v },
+        |series, t, st, v| RefSample { series, t, st, v },
         out,
     )
 }
@@ -349,8 +385,20 @@ mod tests {
 
     proptest! {
         #[test]
-        fn samples_round_trip(raw in prop::collection::vec((any::<u64>(), any::<i64>(), any::<u64>()), 0..100)) {
-            let samples: Vec<RefSample> = raw.iter().map(|&(r, t, v)| RefSample { series: SeriesRef(r), t, v: f64::from_bits(v) }).collect();
+        fn samples_round_trip(
+            raw in prop::collection::vec((any::<u64>(), any::<i64>(), any::<u64>()), 0..100),
+            starts in prop::collection::vec(prop_oneof![Just(0i64), any::<i64>()], 100),
+        ) {
+            // Records without any start time, and with some.
+            let samples: Vec<RefSample> = raw.iter().zip(&starts).map(|(&(r, t, v), &st)| {
+                RefSample { series: SeriesRef(r), t, st, v: f64::from_bits(v) }
+            }).collect();
+            let mut buf = Vec::new();
+            encode_samples(&samples, &mut buf);
+            let with_start = samples.iter().any(|s| s.st != 0);
+            prop_assert_eq!(record_type(&buf).unwrap() == RecordType::SamplesWithStart, with_start);
+            prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.clone()));
+            let samples: Vec<RefSample> = samples.into_iter().map(|s| RefSample { st: 0, ..s }).collect();
             let mut buf = Vec::new();
             encode_samples(&samples, &mut buf);
             prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples));
@@ -384,6 +432,7 @@ mod tests {
             .map(|(i, h)| RefHistogram {
                 series: SeriesRef(10 - i as u64),
                 t: 1000 * i as i64 - 5,
+                st: if i == 1 { -7 } else { 0 },
                 h: parse(h).unwrap(),
             })
             .collect();
@@ -423,7 +472,10 @@ mod tests {
         assert_eq!(hex(&buf), "01010000000000000001085f5f6e616d655f5f027570");
         buf.clear();
         encode_samples(
-            &[RefSample { series: SeriesRef(1), t: 1000, v: 1.0 }, RefSample { series: SeriesRef(2), t: 1500, v: 0.0 }],
+            &[
+                RefSample { series: SeriesRef(1), t: 1000, st: 0, v: 1.0 },
+                RefSample { series: SeriesRef(2), t: 1500, st: 0, v: 0.0 },
+            ],
             &mut buf,
         );
         assert_eq!(hex(&buf), "020100000000000000e8030000000000000000000000000000f03f02e8070000000000000000");

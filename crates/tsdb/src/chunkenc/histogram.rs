@@ -14,6 +14,7 @@ use strata_model::histogram::{layout_union, Span};
 use strata_model::{CounterResetHint, FloatHistogram};
 
 use super::bstream::{BitReader, BitWriter};
+use super::start_time::StartTimeReader;
 use super::xor::{read_dod, read_xor, write_dod, write_xor, NO_WINDOW};
 use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 
@@ -289,9 +290,22 @@ pub struct HistogramIterator<B> {
     vals: Vec<u64>,
     windows: Vec<(u8, u8)>,
     err: Option<ChunkError>,
+    /// The start-time column, in a chunk that has one.
+    start_times: Option<Box<StartTimeReader>>,
 }
 
 impl<B: AsRef<[u8]>> HistogramIterator<B> {
+    /// Reads the chunk's start-time column along with its samples (see `start`).
+    pub(super) fn with_start_times(mut self, column: StartTimeReader) -> Self {
+        self.start_times = Some(Box::new(column));
+        self
+    }
+
+    /// The start time of the sample `next` last returned; 0 when it has none.
+    pub fn start(&self) -> i64 {
+        self.start_times.as_ref().map_or(0, |c| c.last())
+    }
+
     /// The caller has checked the encoding byte and the header.
     pub(super) fn new(data: B) -> Self {
         let d = data.as_ref();
@@ -308,6 +322,7 @@ impl<B: AsRef<[u8]>> HistogramIterator<B> {
             vals: Vec::new(),
             windows: Vec::new(),
             err: None,
+            start_times: None,
         };
         if it.read_layout().is_none() {
             it.err = Some(ChunkError::Truncated { sample: 0, samples: total as usize });
@@ -406,6 +421,15 @@ impl<B: AsRef<[u8]>> HistogramIterator<B> {
         if self.decode_next().is_none() {
             self.err = Some(ChunkError::Truncated { sample: self.read as usize, samples: self.total as usize });
             return None;
+        }
+        if let Some(col) = &mut self.start_times {
+            match col.next(self.data.as_ref(), self.t) {
+                Some(_) => {}
+                None => {
+                    self.err = Some(ChunkError::Corrupt(format!("start-time column ends at sample {}", self.read)));
+                    return None;
+                }
+            }
         }
         let hint = read_hint(self.header, self.read);
         self.read += 1;

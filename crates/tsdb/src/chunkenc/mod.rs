@@ -6,9 +6,11 @@
 
 pub mod bstream;
 pub mod histogram;
+pub mod start_time;
 pub mod xor;
 
 pub use histogram::{HistogramAppender, HistogramIterator, Layout};
+pub use start_time::StartTimeWriter;
 use strata_model::{FloatHistogram, Sample};
 pub use xor::{XorAppender, XorIterator};
 
@@ -19,25 +21,33 @@ pub enum TypedValue {
     Histogram(Box<FloatHistogram>),
 }
 
-/// A timestamped [`TypedValue`].
+/// A timestamped [`TypedValue`], with its start time (`st`, 0 when it has none; see
+/// [`start_time`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypedSample {
     pub t: i64,
+    pub st: i64,
     pub value: TypedValue,
 }
 
 impl TypedSample {
     pub fn float(t: i64, v: f64) -> Self {
-        TypedSample { t, value: TypedValue::Float(v) }
+        TypedSample { t, st: 0, value: TypedValue::Float(v) }
     }
 
     pub fn histogram(t: i64, h: FloatHistogram) -> Self {
-        TypedSample { t, value: TypedValue::Histogram(Box::new(h)) }
+        TypedSample { t, st: 0, value: TypedValue::Histogram(Box::new(h)) }
     }
 
-    /// Same timestamp and bit-identical value.
+    /// The same sample with the start time `st`.
+    pub fn with_start(self, st: i64) -> Self {
+        TypedSample { st, ..self }
+    }
+
+    /// Same timestamp and start time, and bit-identical value.
     pub fn bit_eq(&self, other: &TypedSample) -> bool {
         self.t == other.t
+            && self.st == other.st
             && match (&self.value, &other.value) {
                 (TypedValue::Float(a), TypedValue::Float(b)) => a.to_bits() == b.to_bits(),
                 (TypedValue::Histogram(a), TypedValue::Histogram(b)) => a.bit_eq(b),
@@ -73,6 +83,10 @@ pub enum Encoding {
     Xor = 1,
     /// Native histograms (float counts): the layout once, then every field XOR-coded.
     Histogram = 2,
+    /// An XOR chunk followed by its samples' start times (`start_time`).
+    XorWithStartTimes = 3,
+    /// A histogram chunk followed by its samples' start times (`start_time`).
+    HistogramWithStartTimes = 4,
 }
 
 impl Encoding {
@@ -80,6 +94,8 @@ impl Encoding {
         match b {
             1 => Ok(Encoding::Xor),
             2 => Ok(Encoding::Histogram),
+            3 => Ok(Encoding::XorWithStartTimes),
+            4 => Ok(Encoding::HistogramWithStartTimes),
             other => Err(ChunkError::UnknownEncoding(other)),
         }
     }
@@ -163,14 +179,22 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match Encoding::from_byte(d[0])? {
             Encoding::Xor => Ok(ChunkIterator::Xor(XorIterator::new(data))),
             Encoding::Histogram => Ok(ChunkIterator::Histogram(HistogramIterator::new(data))),
+            Encoding::XorWithStartTimes => {
+                let column = start_time::StartTimeReader::new(d)?;
+                Ok(ChunkIterator::Xor(XorIterator::new(data).with_start_times(column)))
+            }
+            Encoding::HistogramWithStartTimes => {
+                let column = start_time::StartTimeReader::new(d)?;
+                Ok(ChunkIterator::Histogram(HistogramIterator::new(data).with_start_times(column)))
+            }
         }
     }
 
-    /// The next sample of either kind.
+    /// The next sample of either kind, with its start time.
     pub fn next_typed(&mut self) -> Option<TypedSample> {
         match self {
-            ChunkIterator::Xor(x) => x.next().map(|s| TypedSample::float(s.t, s.v)),
-            ChunkIterator::Histogram(h) => h.next().map(|(t, h)| TypedSample::histogram(t, h)),
+            ChunkIterator::Xor(x) => x.next().map(|s| TypedSample::float(s.t, s.v).with_start(x.start())),
+            ChunkIterator::Histogram(h) => h.next().map(|(t, v)| TypedSample::histogram(t, v).with_start(h.start())),
         }
     }
 

@@ -8,6 +8,7 @@
 //! values are handled as raw bits, so every f64 bit pattern round-trips.
 
 use super::bstream::{BitReader, BitWriter, PEEK_BITS};
+use super::start_time::StartTimeReader;
 use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use strata_model::Sample;
 
@@ -229,6 +230,8 @@ pub struct XorIterator<B> {
     data: B,
     st: DecodeState,
     err: Option<ChunkError>,
+    /// The start-time column, in a chunk that has one.
+    start_times: Option<Box<StartTimeReader>>,
 }
 
 /// Decoder state, apart from the bytes so that it can borrow them mutably alongside.
@@ -265,7 +268,32 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
             bad_window: false,
             run: 0,
         };
-        XorIterator { data, st, err: None }
+        XorIterator { data, st, err: None, start_times: None }
+    }
+
+    /// Reads the chunk's start-time column along with its samples (see `start`).
+    pub(super) fn with_start_times(mut self, column: StartTimeReader) -> Self {
+        self.start_times = Some(Box::new(column));
+        self
+    }
+
+    /// The start time of the sample `next` last returned; 0 when it has none.
+    pub fn start(&self) -> i64 {
+        self.start_times.as_ref().map_or(0, |c| c.last())
+    }
+
+    /// Reads the start time of the sample at `t` that `next` is about to return; `false` (and
+    /// the error set) when the column is cut short.
+    #[inline]
+    fn read_start(&mut self, t: i64) -> bool {
+        let Some(col) = &mut self.start_times else { return true };
+        match col.next(self.data.as_ref(), t) {
+            Some(_) => true,
+            None => {
+                self.err = Some(ChunkError::Corrupt(format!("start-time column ends at sample {}", self.st.read)));
+                false
+            }
+        }
     }
 
     pub fn num_samples(&self) -> usize {
@@ -286,7 +314,8 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
             st.run -= 1;
             st.read += 1;
             st.t = (st.t as u64).wrapping_add(st.delta) as i64;
-            return Some(Sample { t: st.t, v: f64::from_bits(st.v_bits) });
+            let s = Sample { t: st.t, v: f64::from_bits(st.v_bits) };
+            return self.read_start(s.t).then_some(s);
         }
         if self.st.read >= self.st.total || self.err.is_some() {
             return None;
@@ -294,7 +323,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
         match self.st.decode_next(self.data.as_ref()) {
             Some(s) => {
                 self.st.read += 1;
-                Some(s)
+                self.read_start(s.t).then_some(s)
             }
             None => {
                 self.err =
@@ -305,7 +334,8 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
     }
 
     /// Decodes every remaining sample into `out`. Faster than calling `next` in a loop: the
-    /// decoder state lives in registers for the whole chunk.
+    /// decoder state lives in registers for the whole chunk. Start times are not read (a
+    /// reader that wants them calls `next` and `start`).
     pub fn decode_into(&mut self, out: &mut Vec<Sample>) {
         if self.err.is_some() {
             return;

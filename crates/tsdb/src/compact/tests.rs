@@ -397,9 +397,9 @@ fn histograms_survive_replay_blocks_and_compaction() {
                 TypedValue::Histogram(h) => {
                     let mut h = h.clone();
                     h.compact();
-                    TypedSample { t: x.t, value: TypedValue::Histogram(h) }
+                    TypedSample { t: x.t, st: x.st, value: TypedValue::Histogram(h) }
                 }
-                f => TypedSample { t: x.t, value: f.clone() },
+                f => TypedSample { t: x.t, st: x.st, value: f.clone() },
             };
             for (g, e) in samples.iter().zip(w) {
                 assert!(
@@ -425,6 +425,55 @@ fn histograms_survive_replay_blocks_and_compaction() {
                 }
             }
         }
+    };
+    check(&db, "head");
+    db.close().unwrap();
+    db = Db::open(tmp.path(), opts(0)).unwrap();
+    check(&db, "after replay");
+    db.compact().unwrap();
+    assert!(!db.blocks().is_empty(), "the head was cut into blocks");
+    check(&db, "blocks and head");
+    db.close().unwrap();
+    db = Db::open(tmp.path(), opts(0)).unwrap();
+    db.compact().unwrap();
+    check(&db, "after compaction and reopen");
+    db.close().unwrap();
+}
+
+#[test]
+fn start_times_survive_replay_blocks_and_compaction() {
+    use strata_model::histogram::notation::parse;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mut db = Db::open(tmp.path(), opts(0)).unwrap();
+    let name = |kind: &str| Labels::from_pairs([("__name__", "c"), ("kind", kind)]);
+    // (labels, t, st) of every sample, in order per series.
+    let mut want: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for i in 1..60i64 {
+        let t = i * 100;
+        let mut app = db.appender();
+        // A cumulative counter restarting every 25 samples; a delta series; a series that
+        // gains start times halfway through a chunk and loses them again; a histogram.
+        let cumulative_st = (i / 25) * 2500 + 1;
+        let some_st = if (10..30).contains(&i) { t - 7 } else { 0 };
+        for (kind, st) in [("cumulative", cumulative_st), ("delta", t - 100), ("some", some_st), ("none", 0)] {
+            app.append_with_start(&name(kind), t, st, i as f64).unwrap();
+            want.entry(name(kind).to_string()).or_default().push((t, st));
+        }
+        let h = parse(&format!("{{{{count:{i} sum:{i} buckets:[{i}]}}}}")).unwrap();
+        app.append_histogram_with_start(&name("histogram"), t, 50, h).unwrap();
+        want.entry(name("histogram").to_string()).or_default().push((t, 50));
+        app.commit().unwrap();
+    }
+    let check = |db: &Db, stage: &str| {
+        let got: BTreeMap<String, Vec<(i64, i64)>> = db
+            .querier(i64::MIN, i64::MAX)
+            .select(&all())
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.labels.to_string(), s.typed_samples().unwrap().iter().map(|x| (x.t, x.st)).collect()))
+            .collect();
+        assert_eq!(got, want, "{stage}");
     };
     check(&db, "head");
     db.close().unwrap();

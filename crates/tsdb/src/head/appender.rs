@@ -58,7 +58,8 @@ pub struct Appender<'h> {
     /// Keeps head truncation from removing series or raising the time limit under this batch.
     /// A thread must not hold two appenders at once (a waiting truncation would deadlock it).
     _gate: parking_lot::RwLockReadGuard<'h, ()>,
-    pending: Vec<(Arc<MemSeries>, i64, PendingValue)>,
+    /// Series, timestamp, start time (0: none), value.
+    pending: Vec<(Arc<MemSeries>, i64, i64, PendingValue)>,
     /// Newest pending timestamp per series, to refuse out-of-order samples within the batch.
     batch_max: U64Map<SeriesRef, i64>,
     min_t: i64,
@@ -90,7 +91,7 @@ impl<'h> Appender<'h> {
             let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
             if let Some(series) = self.head.find_pairs(pairs, hash) {
                 let r = series.series_ref;
-                self.push(series, t, PendingValue::Float(v))?;
+                self.push(series, t, 0, PendingValue::Float(v))?;
                 return Ok(r);
             }
         }
@@ -107,13 +108,35 @@ impl<'h> Appender<'h> {
         // Before creating the series, so that a stream of too-old samples creates nothing.
         self.check_too_old(t)?;
         let (series, _) = self.head.get_or_create(labels)?;
-        self.push(series.clone(), t, PendingValue::Float(v))?;
+        self.push(series.clone(), t, 0, PendingValue::Float(v))?;
         Ok(series)
+    }
+
+    /// `append` of a sample with a start time `st` (when its counter started counting, as
+    /// OpenMetrics `_created` or OTLP give it; 0: none).
+    pub fn append_with_start(&mut self, labels: &Labels, t: i64, st: i64, v: f64) -> Result<SeriesRef, AppendError> {
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        self.check_too_old(t)?;
+        let (series, _) = self.head.get_or_create(labels)?;
+        let r = series.series_ref;
+        self.push(series, t, st, PendingValue::Float(v))?;
+        Ok(r)
     }
 
     /// Appends a native histogram to the series with `labels`, creating it if needed. The
     /// histogram is validated first (an invalid one is refused with the reason).
     pub fn append_histogram(&mut self, labels: &Labels, t: i64, h: FloatHistogram) -> Result<SeriesRef, AppendError> {
+        self.append_histogram_with_start(labels, t, 0, h)
+    }
+
+    /// `append_histogram` of a sample with a start time `st` (see `append_with_start`).
+    pub fn append_histogram_with_start(
+        &mut self,
+        labels: &Labels,
+        t: i64,
+        st: i64,
+        h: FloatHistogram,
+    ) -> Result<SeriesRef, AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
         if !h.is_stale() {
             h.validate().map_err(AppendError::InvalidHistogram)?;
@@ -121,7 +144,7 @@ impl<'h> Appender<'h> {
         self.check_too_old(t)?;
         let (series, _) = self.head.get_or_create(labels)?;
         let r = series.series_ref;
-        self.push(series, t, PendingValue::Histogram(Box::new(h)))?;
+        self.push(series, t, st, PendingValue::Histogram(Box::new(h)))?;
         Ok(r)
     }
 
@@ -130,7 +153,7 @@ impl<'h> Appender<'h> {
     /// append by labels again.
     pub fn append_to(&mut self, series: &Arc<MemSeries>, t: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;
-        self.push(series.clone(), t, PendingValue::Float(v))
+        self.push(series.clone(), t, 0, PendingValue::Float(v))
     }
 
     /// Appends a sample to a series by the reference an earlier `append` returned.
@@ -139,10 +162,10 @@ impl<'h> Appender<'h> {
         // Consecutive samples of one series (a remote-write series, an import) reuse the series
         // the previous sample found, instead of a stripe lock and map lookup per sample.
         let series = match self.pending.last() {
-            Some((s, _, _)) if s.series_ref == r => s.clone(),
+            Some((s, ..)) if s.series_ref == r => s.clone(),
             _ => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
         };
-        self.push(series, t, PendingValue::Float(v))
+        self.push(series, t, 0, PendingValue::Float(v))
     }
 
     fn check_too_old(&self, t: i64) -> Result<(), AppendError> {
@@ -153,7 +176,7 @@ impl<'h> Appender<'h> {
         Ok(())
     }
 
-    fn push(&mut self, series: Arc<MemSeries>, t: i64, v: PendingValue) -> Result<(), AppendError> {
+    fn push(&mut self, series: Arc<MemSeries>, t: i64, st: i64, v: PendingValue) -> Result<(), AppendError> {
         let r = series.series_ref;
         let verdict = match self.batch_max.get(&r) {
             Some(&latest) if t <= latest => {
@@ -177,7 +200,7 @@ impl<'h> Appender<'h> {
             Ok(Appended::Same) => Ok(()),
             Ok(Appended::Sample { .. }) => {
                 self.batch_max.insert(r, t);
-                self.pending.push((series, t, v));
+                self.pending.push((series, t, st, v));
                 Ok(())
             }
             Err(e) => {
@@ -220,10 +243,10 @@ impl<'h> Appender<'h> {
         let mut logged_histograms: Vec<RefHistogram> = Vec::new();
         let (mut min_t, mut max_t) = (i64::MAX, i64::MIN);
         let pending = std::mem::take(&mut self.pending);
-        for (series, t, v) in pending {
+        for (series, t, st, v) in pending {
             let res = match &v {
-                PendingValue::Float(f) => series.state.lock().append(t, *f, range),
-                PendingValue::Histogram(h) => series.state.lock().append_histogram(t, h, range),
+                PendingValue::Float(f) => series.state.lock().append_with_start(t, st, *f, range),
+                PendingValue::Histogram(h) => series.state.lock().append_histogram_with_start(t, st, h, range),
             };
             match res {
                 Ok(Appended::Sample { chunk_created }) => {
@@ -233,9 +256,9 @@ impl<'h> Appender<'h> {
                     min_t = min_t.min(t);
                     max_t = max_t.max(t);
                     match v {
-                        PendingValue::Float(v) => logged.push(RefSample { series: series.series_ref, t, v }),
+                        PendingValue::Float(v) => logged.push(RefSample { series: series.series_ref, t, st, v }),
                         PendingValue::Histogram(h) => {
-                            logged_histograms.push(RefHistogram { series: series.series_ref, t, h: *h })
+                            logged_histograms.push(RefHistogram { series: series.series_ref, t, st, h: *h })
                         }
                     }
                 }

@@ -605,9 +605,9 @@ impl<'a> Replay<'a> {
 
     fn apply(&mut self, rec: &[u8]) -> Result<(), RecordError> {
         match record::record_type(rec)? {
-            RecordType::Samples => {
+            kind @ (RecordType::Samples | RecordType::SamplesWithStart) => {
                 self.decoded.clear();
-                record::decode_samples_into(&rec[1..], &mut self.decoded)?;
+                record::decode_samples_into(&rec[1..], kind == RecordType::SamplesWithStart, &mut self.decoded)?;
                 let n = self.senders.len();
                 for i in 0..self.decoded.len() {
                     let mut s = self.decoded[i];
@@ -681,18 +681,24 @@ fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> Rep
         match batch {
             ReplayBatch::Floats(batch) => {
                 for s in batch {
-                    shard.apply(head, s.series, s.t, |st| st.append(s.t, s.v, range), || TypedSample::float(s.t, s.v));
+                    shard.apply(
+                        head,
+                        s.series,
+                        s.t,
+                        |state| state.append_with_start(s.t, s.st, s.v, range),
+                        || TypedSample::float(s.t, s.v).with_start(s.st),
+                    );
                 }
             }
             ReplayBatch::Histograms(batch) => {
                 for s in batch {
-                    let RefHistogram { series, t, h } = s;
+                    let RefHistogram { series, t, st, h } = s;
                     shard.apply(
                         head,
                         series,
                         t,
-                        |st| st.append_histogram(t, &h, range),
-                        || TypedSample::histogram(t, h.clone()),
+                        |state| state.append_histogram_with_start(t, st, &h, range),
+                        || TypedSample::histogram(t, h.clone()).with_start(st),
                     );
                 }
             }

@@ -11,8 +11,8 @@ use strata_model::{CounterResetHint, FloatHistogram, SeriesRef};
 
 use super::symbols::PackedLabels;
 use crate::chunkenc::{
-    ChunkIterator, HistogramAppender, Layout, TypedSample, TypedValue, XorAppender, CHUNK_BYTES_TARGET,
-    SAMPLES_PER_CHUNK,
+    start_time, ChunkIterator, HistogramAppender, Layout, StartTimeWriter, TypedSample, TypedValue, XorAppender,
+    CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK,
 };
 
 /// A histogram chunk is cut at `CHUNK_BYTES_TARGET` only once it holds this many samples:
@@ -84,6 +84,9 @@ pub struct ChunkMeta {
 pub struct SeriesState {
     closed: Vec<ChunkMeta>,
     open: Option<OpenChunk>,
+    /// The open chunk's start-time column: present once a sample with a start time opened the
+    /// chunk (a series without start times pays one pointer).
+    open_starts: Option<Box<StartTimeWriter>>,
     open_mint: i64,
     /// The open chunk is cut at the first sample at or after this time: the end of its block
     /// range at first, then (once the chunk is a quarter full) an estimate that spreads the
@@ -199,34 +202,64 @@ impl SeriesState {
         }
     }
 
-    /// Closes the open chunk and opens `chunk` for samples from `t`.
-    fn start_chunk(&mut self, t: i64, chunk: OpenChunk, chunk_range: i64) {
+    /// Closes the open chunk and opens `chunk` for samples from `t`; it gets a start-time
+    /// column when its first sample has a start time (`st` ≠ 0).
+    fn start_chunk(&mut self, t: i64, st: i64, chunk: OpenChunk, chunk_range: i64) {
         self.close_open_chunk();
         self.open = Some(chunk);
+        self.open_starts = (st != 0).then(Box::default);
         self.open_mint = t;
         self.next_at = chunk_range_end(t, chunk_range);
+    }
+
+    /// Whether a sample with start time `st` needs a new chunk for it: the open chunk has no
+    /// start-time column.
+    fn cut_for_start_time(&self, st: i64) -> bool {
+        st != 0 && self.open_starts.is_none()
+    }
+
+    /// Records the start time of the sample just appended to the open chunk.
+    fn push_start(&mut self, t: i64, st: i64) {
+        if let Some(col) = &mut self.open_starts {
+            col.push(t, st);
+        }
+    }
+
+    /// The open chunk's bytes, with its start-time column if it has one.
+    fn open_bytes(&self, a: &OpenChunk) -> Arc<[u8]> {
+        match &self.open_starts {
+            Some(col) => Arc::from(start_time::join(a.bytes(), col)),
+            None => Arc::from(a.bytes()),
+        }
     }
 
     /// Validates and appends. `chunk_range` aligns chunk boundaries with block boundaries so
     /// that no chunk ever spans two blocks.
     pub fn append(&mut self, t: i64, v: f64, chunk_range: i64) -> Result<Appended, SampleError> {
+        self.append_with_start(t, 0, v, chunk_range)
+    }
+
+    /// `append` of a sample with the start time `st` (0: none).
+    pub fn append_with_start(&mut self, t: i64, st: i64, v: f64, chunk_range: i64) -> Result<Appended, SampleError> {
         if self.appendable(t, v)? == Appended::Same {
             return Ok(Appended::Same);
         }
         if strata_model::is_stale_nan(v) && matches!(self.open, Some(OpenChunk::Histogram(_))) {
             // Staleness of a histogram series (a scrape target vanished): keep the chunk's kind.
-            return self.append_histogram(t, &FloatHistogram::stale_marker(), chunk_range);
+            return self.append_histogram_with_start(t, st, &FloatHistogram::stale_marker(), chunk_range);
         }
-        let cut = self.cut_by_size_or_time(t) || !matches!(self.open, Some(OpenChunk::Xor(_)));
+        let cut =
+            self.cut_by_size_or_time(t) || !matches!(self.open, Some(OpenChunk::Xor(_))) || self.cut_for_start_time(st);
         if cut {
             // Size the new chunk like the last one: regular series produce similar chunks.
             let bytes = self.closed.last().map_or(OPEN_CHUNK_INITIAL_BYTES, |c| c.data.len() + 8);
-            self.start_chunk(t, OpenChunk::Xor(XorAppender::with_capacity(bytes)), chunk_range);
+            self.start_chunk(t, st, OpenChunk::Xor(XorAppender::with_capacity(bytes)), chunk_range);
         }
         match self.open.as_mut() {
             Some(OpenChunk::Xor(a)) => a.append(t, v),
             _ => unreachable!("an XOR chunk was just ensured"),
         }
+        self.push_start(t, st);
         Ok(Appended::Sample { chunk_created: cut })
     }
 
@@ -234,10 +267,21 @@ impl SeriesState {
     /// schema, zero threshold or custom bounds change, on a counter reset, and when a gauge
     /// follows a counter or the reverse; new buckets re-encode the open chunk.
     pub fn append_histogram(&mut self, t: i64, h: &FloatHistogram, chunk_range: i64) -> Result<Appended, SampleError> {
+        self.append_histogram_with_start(t, 0, h, chunk_range)
+    }
+
+    /// `append_histogram` of a sample with the start time `st` (0: none).
+    pub fn append_histogram_with_start(
+        &mut self,
+        t: i64,
+        st: i64,
+        h: &FloatHistogram,
+        chunk_range: i64,
+    ) -> Result<Appended, SampleError> {
         if self.appendable_histogram(t, h)? == Appended::Same {
             return Ok(Appended::Same);
         }
-        let fit = if self.cut_by_size_or_time(t) { None } else { self.histogram_fit(h) };
+        let fit = if self.cut_by_size_or_time(t) || self.cut_for_start_time(st) { None } else { self.histogram_fit(h) };
         let fit = fit.unwrap_or(HistogramFit::Cut(match h.hint {
             CounterResetHint::Gauge => CounterResetHint::Gauge,
             CounterResetHint::Reset => CounterResetHint::Reset,
@@ -255,6 +299,7 @@ impl SeriesState {
                 let layout = if h.is_stale() { Layout::default() } else { Layout::of(h) };
                 self.start_chunk(
                     t,
+                    st,
                     OpenChunk::Histogram(Box::new(HistogramAppender::new(layout, header))),
                     chunk_range,
                 );
@@ -264,6 +309,7 @@ impl SeriesState {
             Some(OpenChunk::Histogram(a)) => a.append(t, h),
             _ => unreachable!("a histogram chunk was just ensured"),
         }
+        self.push_start(t, st);
         Ok(Appended::Sample { chunk_created: cut })
     }
 
@@ -305,16 +351,18 @@ impl SeriesState {
         if let Some(a) = self.open.take() {
             if a.num_samples() > 0 {
                 let maxt = a.last_t();
-                self.closed.push(ChunkMeta { mint: self.open_mint, maxt, data: Arc::from(a.bytes()) });
+                let data = self.open_bytes(&a);
+                self.closed.push(ChunkMeta { mint: self.open_mint, maxt, data });
             }
         }
+        self.open_starts = None;
     }
 
     /// Appends a sample of either kind.
     pub fn append_typed(&mut self, s: &TypedSample, chunk_range: i64) -> Result<Appended, SampleError> {
         match &s.value {
-            TypedValue::Float(v) => self.append(s.t, *v, chunk_range),
-            TypedValue::Histogram(h) => self.append_histogram(s.t, h, chunk_range),
+            TypedValue::Float(v) => self.append_with_start(s.t, s.st, *v, chunk_range),
+            TypedValue::Histogram(h) => self.append_histogram_with_start(s.t, s.st, h, chunk_range),
         }
     }
 
@@ -330,7 +378,7 @@ impl SeriesState {
             self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).cloned().collect();
         if let Some(a) = &self.open {
             if a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt {
-                out.push(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: Arc::from(a.bytes()) });
+                out.push(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
             }
         }
         out
@@ -342,6 +390,7 @@ impl SeriesState {
         self.closed.retain(|c| c.maxt >= mint);
         if self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
             self.open = None;
+            self.open_starts = None;
         }
         before - self.num_chunks()
     }

@@ -212,7 +212,7 @@ fn series_rec(r: u64, name: &str) -> Vec<u8> {
 
 fn samples_rec(s: &[(u64, i64)]) -> Vec<u8> {
     let mut b = Vec::new();
-    let v: Vec<RefSample> = s.iter().map(|&(r, t)| RefSample { series: SeriesRef(r), t, v: t as f64 }).collect();
+    let v: Vec<RefSample> = s.iter().map(|&(r, t)| RefSample { series: SeriesRef(r), t, st: 0, v: t as f64 }).collect();
     encode_samples(&v, &mut b);
     b
 }
