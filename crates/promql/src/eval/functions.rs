@@ -72,7 +72,9 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         "timestamp" => {
             let mut v = match &args[0].unparen().kind {
                 ExprKind::Vector(sel) => {
-                    ev.collect("timestamp", |sink| ev.stream_selector(sel, args[0].start, ctx, true, sink))?
+                    ev.collect("timestamp", |sink| {
+                        ev.stream_selector(sel, args[0].start, ctx, super::SelectorValue::SampleTime, sink)
+                    })?
                 }
                 _ => {
                     let mut v = ev.eval_vector(&args[0], ctx)?;
@@ -80,6 +82,22 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
                         s.points.iter_mut().for_each(|p| p.f = p.t as f64 / 1000.0);
                     }
                     v
+                }
+            };
+            v.iter_mut().for_each(|s| s.drop_name = true);
+            Ok(Val::Vector(v))
+        }
+        "start_timestamp" => {
+            // Start times are a stored sample's: only a selector has them (Prometheus returns
+            // nothing for any other argument).
+            let mut v = match &args[0].unparen().kind {
+                ExprKind::Vector(sel) => ev.collect("start_timestamp", |sink| {
+                    ev.stream_selector(sel, args[0].start, ctx, super::SelectorValue::StartTime, sink)
+                })?,
+                _ => {
+                    let v = ev.eval_vector(&args[0], ctx)?;
+                    ev.release(v.iter().map(Series::len).sum());
+                    Vec::new()
                 }
             };
             v.iter_mut().for_each(|s| s.drop_name = true);

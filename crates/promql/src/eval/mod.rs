@@ -67,6 +67,10 @@ pub struct EngineOptions {
     pub timeout: StdDuration,
     /// Threads used to evaluate selectors over many series.
     pub parallelism: usize,
+    /// Read samples' start times (`use-start-timestamps`, experimental in Prometheus too):
+    /// `rate`, `increase`, `irate` and `resets` find the resets they reveal and rate delta
+    /// series by them, and `start_timestamp()` returns them.
+    pub use_start_timestamps: bool,
 }
 
 impl Default for EngineOptions {
@@ -77,6 +81,7 @@ impl Default for EngineOptions {
             max_samples: 50_000_000,
             timeout: StdDuration::from_secs(120),
             parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            use_start_timestamps: false,
         }
     }
 }
@@ -433,7 +438,7 @@ impl<'a> Evaluator<'a> {
                 // Only an instant query's top level asks for raw range samples.
                 let spec = self.range_spec(e)?;
                 let t_end = spec.end_at(ctx.start);
-                let window = |labels: &Labels, samples: &[Point], hists: &[HPoint], _drop: bool| {
+                let window = |labels: &Labels, samples: &[Point], hists: &[HPoint], _: Starts<'_>, _drop: bool| {
                     let inside = |t: i64| t > t_end - spec.range && t <= t_end;
                     let points: Vec<Point> = samples.iter().copied().filter(|p| inside(p.t)).collect();
                     let hists: Vec<HPoint> = hists.iter().filter(|p| inside(p.t)).cloned().collect();
@@ -495,20 +500,22 @@ impl<'a> Evaluator<'a> {
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError>
     where
-        F: Fn(&Labels, &[Point], &[HPoint]) -> Option<Series> + Sync,
+        F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>) -> Option<Series> + Sync,
     {
         let stored = self.st.select(matchers, mint, maxt)?;
+        let starts = self.engine.opts.use_start_timestamps;
         // Reads one series and maps it; `buf` is reused across series.
         let one = |s: &StoredSeries, buf: &mut SeriesBuf| -> Result<Option<Series>, EvalError> {
             read_series(s, buf)?;
             if stats_only {
                 resolve_reset_hints(&mut buf.hists);
             }
-            Ok(f(&s.labels, &buf.floats, &buf.hists).filter(|r| !r.is_empty()))
+            Ok(f(&s.labels, &buf.floats, &buf.hists, buf.starts()).filter(|r| !r.is_empty()))
         };
+        let new_buf = || SeriesBuf { read_starts: starts, ..SeriesBuf::default() };
         let threads = self.engine.opts.parallelism.max(1);
         if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
-            let mut buf = SeriesBuf::default();
+            let mut buf = new_buf();
             for (i, s) in stored.iter().enumerate() {
                 if i % 256 == 0 {
                     self.check("series selection")?;
@@ -531,9 +538,9 @@ impl<'a> Evaluator<'a> {
             for w in 0..threads {
                 let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Series>, EvalError>>(PIPELINE_DEPTH);
                 rxs.push(rx);
-                let (batches, one) = (batches.clone(), &one);
+                let (batches, one, new_buf) = (batches.clone(), &one, &new_buf);
                 scope.spawn(move || {
-                    let mut buf = SeriesBuf::default();
+                    let mut buf = new_buf();
                     for batch in batches.skip(w).step_by(threads) {
                         let r = self.check("series selection").and_then(|()| {
                             let mut out = Vec::with_capacity(batch.len());
@@ -605,7 +612,7 @@ impl<'a> Evaluator<'a> {
         self.check("query evaluation")?;
         match &e.kind {
             ExprKind::Paren(inner) => self.stream(inner, ctx, sink),
-            ExprKind::Vector(sel) => self.stream_selector(sel, e.start, ctx, false, sink),
+            ExprKind::Vector(sel) => self.stream_selector(sel, e.start, ctx, SelectorValue::Value, sink),
             ExprKind::Call(c) if range_functions::is_range_function(c.func.name) => {
                 range_functions::stream(self, c, ctx, sink)
             }
@@ -632,16 +639,20 @@ impl<'a> Evaluator<'a> {
     }
 
     /// An instant-vector selector at every step: the newest sample in `(t - lookback, t]`,
-    /// unless it is a stale marker. With `keep_sample_time`, the point's value is the
-    /// sample's timestamp in seconds (for `timestamp()`).
+    /// unless it is a stale marker; `value` says what of the sample each point holds.
     pub(crate) fn stream_selector(
         &self,
         sel: &VectorSelector,
         pos: usize,
         ctx: &Ctx,
-        keep_sample_time: bool,
+        value: SelectorValue,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
+        if value == SelectorValue::StartTime && !self.engine.opts.use_start_timestamps {
+            // Without start times read there is nothing to return (as in Prometheus).
+            return Ok(());
+        }
+        let keep_sample_time = value == SelectorValue::SampleTime;
         let offset = sel.offset.as_ref().map_or(0, |d| self.duration_ms(d));
         let at = self.at_ms(sel.at);
         let lookback = self.engine.opts.lookback_ms;
@@ -649,7 +660,7 @@ impl<'a> Evaluator<'a> {
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
         let smoothed = sel.mode == RangeMode::Smoothed;
         let maxt = if smoothed { last + lookback } else { last };
-        let per_series = |labels: &Labels, samples: &[Point], hsamples: &[HPoint]| {
+        let per_series = |labels: &Labels, samples: &[Point], hsamples: &[HPoint], starts: Starts<'_>| {
             let mut points = Vec::with_capacity(ctx.points_capacity(samples, lookback, at.is_some()));
             let mut hists = Vec::new();
             let (mut j, mut k) = (0usize, 0usize);
@@ -686,14 +697,20 @@ impl<'a> Evaluator<'a> {
                         if s.t <= te - lookback || is_stale_nan(s.f) {
                             continue;
                         }
-                        let f = if keep_sample_time { s.t as f64 / 1000.0 } else { s.f };
+                        let f = match value {
+                            SelectorValue::Value => s.f,
+                            SelectorValue::SampleTime => s.t as f64 / 1000.0,
+                            SelectorValue::StartTime => starts.float(j - 1) as f64 / 1000.0,
+                        };
                         points.push(Point { t: ctx.ts(i), f });
                     }
                     (_, Some(h)) => {
                         if h.t <= te - lookback || h.h.is_stale() {
                             continue;
                         }
-                        if keep_sample_time {
+                        if value == SelectorValue::StartTime {
+                            points.push(Point { t: ctx.ts(i), f: starts.hist(k - 1) as f64 / 1000.0 });
+                        } else if keep_sample_time {
                             points.push(Point { t: ctx.ts(i), f: h.t as f64 / 1000.0 });
                         } else {
                             hists.push(HPoint { t: ctx.ts(i), h: h.h.clone() });
@@ -737,7 +754,7 @@ impl<'a> Evaluator<'a> {
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError>
     where
-        F: Fn(&Labels, &[Point], &[HPoint], bool) -> Option<Series> + Sync,
+        F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>, bool) -> Option<Series> + Sync,
     {
         let spec = self.range_spec(e)?;
         let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
@@ -750,20 +767,24 @@ impl<'a> Evaluator<'a> {
                     RangeMode::Anchored => (first - spec.range - lookback, last),
                     RangeMode::Smoothed => (first - spec.range - lookback, last + lookback),
                 };
-                let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint]| {
+                let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint], starts: Starts<'_>| {
                     let stale_h = hists.iter().any(|p| p.h.is_stale());
-                    let kept_h: Vec<HPoint>;
-                    let hists = if stale_h {
-                        kept_h = hists.iter().filter(|p| !p.h.is_stale()).cloned().collect();
-                        &kept_h[..]
+                    let (kept_h, kept_hst): (Vec<HPoint>, Vec<i64>);
+                    let (hists, hist_starts) = if stale_h {
+                        let keep = |i: &usize| !hists[*i].h.is_stale();
+                        kept_h = (0..hists.len()).filter(keep).map(|i| hists[i].clone()).collect();
+                        kept_hst = (0..starts.hists.len()).filter(keep).map(|i| starts.hists[i]).collect();
+                        (&kept_h[..], &kept_hst[..])
                     } else {
-                        hists
+                        (hists, starts.hists)
                     };
                     if samples.iter().any(|p| is_stale_nan(p.f)) {
-                        let kept: Vec<Point> = samples.iter().copied().filter(|p| !is_stale_nan(p.f)).collect();
-                        f(labels, &kept, hists, false)
+                        let keep = |i: &usize| !is_stale_nan(samples[*i].f);
+                        let kept: Vec<Point> = (0..samples.len()).filter(keep).map(|i| samples[i]).collect();
+                        let kept_st: Vec<i64> = (0..starts.floats.len()).filter(keep).map(|i| starts.floats[i]).collect();
+                        f(labels, &kept, hists, Starts { floats: &kept_st, hists: hist_starts }, false)
                     } else {
-                        f(labels, samples, hists, false)
+                        f(labels, samples, hists, Starts { floats: starts.floats, hists: hist_starts }, false)
                     }
                 };
                 self.for_each_selected(&m.vector.matchers, m.vector.stats_only, mint, maxt, per_series, sink)
@@ -806,7 +827,8 @@ impl<'a> Evaluator<'a> {
                             Arc::make_mut(&mut p.h).hint = CounterResetHint::Unknown;
                         }
                     }
-                    if let Some(r) = f(&s.labels, &s.points, &s.hists, s.drop_name) {
+                    // Start times are a stored sample's; a subquery's steps have none.
+                    if let Some(r) = f(&s.labels, &s.points, &s.hists, Starts::default(), s.drop_name) {
                         if !r.is_empty() {
                             sink(r)?;
                         }
@@ -843,22 +865,94 @@ impl<'a> Evaluator<'a> {
 /// What `stream_raw` hands each series to: labels, float samples, histogram samples.
 pub(crate) type RawSeriesFn<'a> = dyn FnMut(&Labels, &[Point], &[HPoint]) + 'a;
 
+/// What each point of an instant selector holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SelectorValue {
+    /// The sample's value.
+    Value,
+    /// The sample's timestamp in seconds (`timestamp()`).
+    SampleTime,
+    /// The sample's start time in seconds, 0 when it has none (`start_timestamp()`).
+    StartTime,
+}
+
+/// Start times of a series' samples (0: none), parallel to its floats and its histograms;
+/// each side is empty when none of its samples has one (or start times are not read).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Starts<'a> {
+    pub floats: &'a [i64],
+    pub hists: &'a [i64],
+}
+
+impl Starts<'_> {
+    /// The start time of float sample `i`.
+    pub fn float(&self, i: usize) -> i64 {
+        self.floats.get(i).copied().unwrap_or(0)
+    }
+
+    /// The start time of histogram sample `i`.
+    pub fn hist(&self, i: usize) -> i64 {
+        self.hists.get(i).copied().unwrap_or(0)
+    }
+}
+
 /// A series' samples, floats and histograms apart, reused across series.
 #[derive(Default)]
 struct SeriesBuf {
     floats: Vec<Point>,
     hists: Vec<HPoint>,
+    /// Whether to keep start times (the engine uses them).
+    read_starts: bool,
+    /// Start times parallel to `floats` and `hists`; each stays empty until a sample of its
+    /// kind has one (then it is filled with zeros up to it).
+    float_starts: Vec<i64>,
+    hist_starts: Vec<i64>,
+}
+
+impl SeriesBuf {
+    fn starts(&self) -> Starts<'_> {
+        Starts { floats: &self.float_starts, hists: &self.hist_starts }
+    }
+}
+
+/// Records start time `st` of the sample just pushed as the `n`-th of its kind.
+fn push_start(starts: &mut Vec<i64>, n: usize, st: i64) {
+    if st != 0 || !starts.is_empty() {
+        starts.resize(n - 1, 0);
+        starts.push(st);
+    }
 }
 
 /// A stored series' samples in its selected range, into `buf` (cleared first).
 fn read_series(s: &StoredSeries, buf: &mut SeriesBuf) -> Result<(), EvalError> {
     buf.floats.clear();
     buf.hists.clear();
+    buf.float_starts.clear();
+    buf.hist_starts.clear();
+    let read_starts = buf.read_starts;
     s.visit(|x| match x.value {
-        TypedValue::Float(f) => buf.floats.push(Point { t: x.t, f }),
-        TypedValue::Histogram(h) => buf.hists.push(HPoint { t: x.t, h: Arc::new(*h) }),
+        TypedValue::Float(f) => {
+            buf.floats.push(Point { t: x.t, f });
+            if read_starts {
+                push_start(&mut buf.float_starts, buf.floats.len(), x.st);
+            }
+        }
+        TypedValue::Histogram(h) => {
+            buf.hists.push(HPoint { t: x.t, h: Arc::new(*h) });
+            if read_starts {
+                push_start(&mut buf.hist_starts, buf.hists.len(), x.st);
+            }
+        }
     })
-    .map_err(|e| EvalError::Storage(format!("reading series {}: {e}", s.labels)))
+    .map_err(|e| EvalError::Storage(format!("reading series {}: {e}", s.labels)))?;
+    // Pad to full length: a series whose later samples lack start times.
+    if !buf.float_starts.is_empty() {
+        buf.float_starts.resize(buf.floats.len(), 0);
+    }
+    if !buf.hist_starts.is_empty() {
+        buf.hist_starts.resize(buf.hists.len(), 0);
+    }
+    Ok(())
 }
 
 /// What statistics-only reading does to counter reset hints: an unknown hint is resolved

@@ -1,11 +1,12 @@
 //! Functions over range vectors (`rate`, `*_over_time`, …). Each series is read once: its
 //! samples cover every step's window, and two cursors slide forward as the steps advance.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::aggregate::{kahan_inc, quantile};
 use super::range_histograms::{self, Notes, Out};
-use super::{Ctx, Evaluator, RangeSpec};
+use super::{Ctx, Evaluator, RangeSpec, Starts};
 use crate::ast::{Call, Expr, RangeMode};
 use crate::error::{exec, EvalError};
 use crate::value::{HPoint, Point, Series};
@@ -25,6 +26,19 @@ pub(super) struct Window<'a> {
     pub before: Option<Point>,
     /// The first sample after the window's end, within the lookback (smoothed windows).
     pub after: Option<Point>,
+    /// Start times of the window's float samples and of its histograms (0: none); each empty
+    /// when none of them has one.
+    pub st: &'a [i64],
+    pub hst: &'a [i64],
+    /// Set when a sample's start time overlaps the sample before it (warned once per series).
+    pub overlap: &'a Cell<bool>,
+}
+
+impl<'a> Window<'a> {
+    /// A plain window `(end - range, end]` at step time `t`, without start times.
+    pub fn plain(t: i64, end: i64, range: i64, params: &'a [f64], overlap: &'a Cell<bool>) -> Self {
+        Window { t, end, range, params, before: None, after: None, st: &[], hst: &[], overlap }
+    }
 }
 
 type RangeFn = fn(&[Point], &Window) -> Option<f64>;
@@ -35,8 +49,8 @@ fn lookup(name: &str) -> Option<(RangeFn, bool)> {
         "rate" => (|s, w| extrapolated_rate(s, w, true, true), false),
         "increase" => (|s, w| extrapolated_rate(s, w, true, false), false),
         "delta" => (|s, w| extrapolated_rate(s, w, false, false), false),
-        "irate" => (|s, _| instant_value(s, true), false),
-        "idelta" => (|s, _| instant_value(s, false), false),
+        "irate" => (|s, w| instant_value(s, w, true), false),
+        "idelta" => (|s, w| instant_value(s, w, false), false),
         "deriv" => (deriv, false),
         "predict_linear" => (predict_linear, false),
         "avg_over_time" => (avg_over_time, false),
@@ -121,7 +135,12 @@ pub(super) fn stream(
     let counter_fn = matches!(name, "rate" | "increase");
     // With `@` every window is the same; it is computed once unless a parameter still varies.
     let pin = params.is_empty();
-    let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint], dropped: bool| {
+    let eval_series = |labels: &Labels,
+                       samples: &[Point],
+                       hists: &[HPoint],
+                       starts: Starts<'_>,
+                       dropped: bool,
+                       overlap: &Cell<bool>| {
         if counter_fn && !samples.is_empty() {
             if let Some(n) = labels.get(METRIC_NAME) {
                 if !["_total", "_sum", "_count", "_bucket"].iter().any(|suf| n.ends_with(suf)) {
@@ -137,13 +156,14 @@ pub(super) fn stream(
         if hists.is_empty() && spec.mode == RangeMode::Plain && params.is_empty() {
             // The common case, floats in plain windows: a loop of its own per function, so the
             // window's arithmetic is inlined into it.
+            let (st, o) = (starts.floats, overlap);
             let points = match name {
-                "rate" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, true, true)),
-                "increase" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, true, false)),
-                "delta" => slide_plain(samples, ctx, &spec, |s, w| extrapolated_rate(s, w, false, false)),
-                "sum_over_time" => slide_plain(samples, ctx, &spec, sum_over_time),
-                "avg_over_time" => slide_plain(samples, ctx, &spec, avg_over_time),
-                _ => slide_plain(samples, ctx, &spec, f),
+                "rate" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, true, true)),
+                "increase" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, true, false)),
+                "delta" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, false, false)),
+                "sum_over_time" => slide_plain(samples, st, ctx, &spec, o, sum_over_time),
+                "avg_over_time" => slide_plain(samples, st, ctx, &spec, o, avg_over_time),
+                _ => slide_plain(samples, st, ctx, &spec, o, f),
             };
             return Some(Series {
                 labels: labels.clone(),
@@ -154,7 +174,7 @@ pub(super) fn stream(
         }
         let notes = Notes { ev, pos: matrix.start, metric: labels.get(METRIC_NAME).unwrap_or("") };
         let mut step_params = [0.0f64; 2];
-        let (points, hists) = slide(samples, hists, ctx, &spec, pin, lookback, |window, hwindow, e| {
+        let (points, hists) = slide(samples, hists, starts, ctx, &spec, pin, lookback, |window, hwindow, e| {
             for (k, p) in params.iter().enumerate() {
                 step_params[k] = p[e.step];
             }
@@ -165,6 +185,9 @@ pub(super) fn stream(
                 params: &step_params[..params.len()],
                 before: e.before,
                 after: e.after,
+                st: e.starts.floats,
+                hst: e.starts.hists,
+                overlap,
             };
             if spec.mode != RangeMode::Plain && (!hwindow.is_empty() || e.hbefore.is_some() || e.hafter.is_some()) {
                 let edges =
@@ -181,6 +204,20 @@ pub(super) fn stream(
             .map(Out::Float)
         });
         Some(Series { labels: labels.clone(), points, hists, drop_name: !keeps_name || dropped })
+    };
+    let per_series = |labels: &Labels, samples: &[Point], hists: &[HPoint], starts: Starts<'_>, dropped: bool| {
+        let overlap = Cell::new(false);
+        let series = eval_series(labels, samples, hists, starts, dropped, &overlap);
+        if overlap.get() {
+            ev.warn(
+                matrix.start,
+                format!(
+                    "sample has start time that overlaps with previous sample timestamp for metric {:?}",
+                    labels.get(METRIC_NAME).unwrap_or("")
+                ),
+            );
+        }
+        series
     };
     ev.stream_range(matrix, ctx, per_series, sink)
 }
@@ -214,6 +251,8 @@ struct Edges<'a> {
     after: Option<Point>,
     hbefore: Option<&'a HPoint>,
     hafter: Option<&'a HPoint>,
+    /// Start times of the window's samples.
+    starts: Starts<'a>,
 }
 
 /// `slide` for float samples in plain windows without parameters: each step's window
@@ -221,8 +260,10 @@ struct Edges<'a> {
 #[inline(always)]
 fn slide_plain(
     samples: &[Point],
+    starts: &[i64],
     ctx: &Ctx,
     spec: &RangeSpec,
+    overlap: &Cell<bool>,
     f: impl Fn(&[Point], &Window) -> Option<f64>,
 ) -> Vec<Point> {
     let mut points = Vec::with_capacity(ctx.points_capacity(samples, spec.range, spec.at.is_some()));
@@ -240,7 +281,10 @@ fn slide_plain(
                 while lo < hi && samples[lo].t <= start {
                     lo += 1;
                 }
-                let w = Window { t: ctx.ts(i), end, range: spec.range, params: &[], before: None, after: None };
+                let mut w = Window::plain(ctx.ts(i), end, spec.range, &[], overlap);
+                if !starts.is_empty() {
+                    w.st = &starts[lo..hi];
+                }
                 let v = f(&samples[lo..hi], &w);
                 if spec.at.is_some() {
                     pinned = Some(v);
@@ -259,14 +303,15 @@ fn slide_plain(
 /// histograms `hists`, advancing two cursors over each. With `@`, every step has the same
 /// window, computed once.
 #[allow(clippy::too_many_arguments, reason = "the window's inputs, each needed")]
-fn slide(
-    samples: &[Point],
-    hists: &[HPoint],
+fn slide<'s>(
+    samples: &'s [Point],
+    hists: &'s [HPoint],
+    starts: Starts<'s>,
     ctx: &Ctx,
     spec: &RangeSpec,
     pin: bool,
     lookback: i64,
-    mut f: impl FnMut(&[Point], &[HPoint], Edges<'_>) -> Option<Out>,
+    mut f: impl FnMut(&'s [Point], &'s [HPoint], Edges<'s>) -> Option<Out>,
 ) -> (Vec<Point>, Vec<HPoint>) {
     let mut points = Vec::new();
     let mut hpoints = Vec::new();
@@ -296,7 +341,11 @@ fn slide(
             let after = samples.get(hi).copied().filter(|p| p.t < end + lookback);
             let hbefore = hlo.checked_sub(1).map(|k| &hists[k]).filter(|p| p.t > start - lookback);
             let hafter = hists.get(hhi).filter(|p| p.t < end + lookback);
-            let edges = Edges { end, step: i, before, after, hbefore, hafter };
+            let window_starts = Starts {
+                floats: if starts.floats.is_empty() { &[] } else { &starts.floats[lo..hi] },
+                hists: if starts.hists.is_empty() { &[] } else { &starts.hists[hlo..hhi] },
+            };
+            let edges = Edges { end, step: i, before, after, hbefore, hafter, starts: window_starts };
             let v = f(&samples[lo..hi], &hists[hlo..hhi], edges).map(|o| match o {
                 Out::Float(f) => Ok(f),
                 Out::Hist(h) => Err(h),
@@ -320,6 +369,9 @@ fn slide(
 /// seems to start or end inside the window, and never below zero for counters).
 #[inline(always)]
 fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -> Option<f64> {
+    if is_counter && !w.st.is_empty() {
+        return counter_rate_with_starts(s, w, is_rate);
+    }
     if s.len() < 2 {
         return None;
     }
@@ -337,6 +389,81 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
     // A counter cannot have been below zero: extrapolate at most to where it was zero.
     let zero_at = (is_counter && result > 0.0 && first.f >= 0.0).then(|| first.f / result);
     Some(result * factor_with_zero_clamp(first.t, last.t, s.len(), w, is_rate, zero_at))
+}
+
+/// Whether start times say a counter reset between two consecutive samples (`prev_st` and
+/// `prev_t`, then `st` and `t`; 0: no start time). Prometheus' rules:
+/// - no start time, or one not before its sample (invalid, or OTel's "unknown start"): no;
+/// - a start after the previous sample: the counter restarted in between, yes;
+/// - a start before the previous sample: the same run, no;
+/// - a start exactly at the previous sample: a delta sample (yes) when the previous sample
+///   had a valid start time of its own, else a cumulative series of unknown start (no).
+pub(super) fn is_start_reset(prev_st: i64, prev_t: i64, st: i64, t: i64) -> bool {
+    if st == 0 || st >= t || st < prev_t {
+        return false;
+    }
+    if st > prev_t {
+        return true;
+    }
+    prev_st != 0 && prev_st < prev_t
+}
+
+/// Whether a sample's start time `st` lies inside the previous sample's run without being that
+/// run's start (`prev_st`): samples that claim overlapping intervals.
+pub(super) fn start_overlaps(prev_st: i64, prev_t: i64, st: i64) -> bool {
+    st != 0 && st < prev_t && st != prev_st
+}
+
+/// `rate`/`increase` of a counter whose samples have start times (`w.st`): resets are also
+/// those the start times reveal, and when the first sample's start lies inside the window,
+/// the counter is taken to have been zero then, instead of extrapolating towards the window's
+/// start. A single sample is then enough.
+fn counter_rate_with_starts(s: &[Point], w: &Window, is_rate: bool) -> Option<f64> {
+    let (first, last) = (*s.first()?, *s.last()?);
+    let st = w.st;
+    let mut result = last.f - first.f;
+    for i in 1..s.len() {
+        let (prev, cur) = (s[i - 1], s[i]);
+        if start_overlaps(st[i - 1], prev.t, st[i]) {
+            w.overlap.set(true);
+        }
+        if cur.f < prev.f || is_start_reset(st[i - 1], prev.t, st[i], cur.t) {
+            result += prev.f;
+        }
+    }
+    if starts_inside(st[0], first.t, w) {
+        result += first.f;
+        return Some(result * factor_from_start(st[0], first.t, last.t, s.len(), w, is_rate));
+    }
+    if s.len() < 2 {
+        return None;
+    }
+    let zero_at = (result > 0.0 && first.f >= 0.0).then(|| first.f / result);
+    Some(result * factor_with_zero_clamp(first.t, last.t, s.len(), w, is_rate, zero_at))
+}
+
+/// Whether the first sample's start time `st` (of the sample at `first_t`) lies inside the
+/// window, before its sample: then the counter counts from zero at `st`.
+pub(super) fn starts_inside(st: i64, first_t: i64, w: &Window) -> bool {
+    st != 0 && st > w.end - w.range && st < first_t
+}
+
+/// The extrapolation factor when the counter started (from zero) at `st`, inside the window:
+/// the change is scaled from `[st, last_t]` towards the window's end only (by up to half an
+/// average sample interval when the series seems to end inside the window; with one sample,
+/// not at all).
+pub(super) fn factor_from_start(st: i64, first_t: i64, last_t: i64, n: usize, w: &Window, per_second: bool) -> f64 {
+    let avg_gap = if n > 1 { (last_t - first_t) as f64 / 1000.0 / (n - 1) as f64 } else { 0.0 };
+    let mut to_end = (w.end - last_t) as f64 / 1000.0;
+    if to_end >= avg_gap * 1.1 {
+        to_end = avg_gap / 2.0;
+    }
+    let sampled = (last_t - st) as f64 / 1000.0;
+    let mut factor = (sampled + to_end) / sampled;
+    if per_second {
+        factor /= w.range as f64 / 1000.0;
+    }
+    factor
 }
 
 /// How much the change between the first sample (at `first_t`) and the last (at `last_t`) of
@@ -453,13 +580,16 @@ fn interpolate(a: Point, b: Point, t: i64, counter: bool) -> f64 {
     from + (b.f - from) * frac
 }
 
-/// `irate` and `idelta`: from the last two samples.
-fn instant_value(s: &[Point], is_rate: bool) -> Option<f64> {
+/// `irate` and `idelta`: from the last two samples (for `irate`, a reset by value or by start
+/// time leaves the last value as the increase).
+fn instant_value(s: &[Point], w: &Window, is_rate: bool) -> Option<f64> {
     if s.len() < 2 {
         return None;
     }
-    let (prev, last) = (s[s.len() - 2], s[s.len() - 1]);
-    let mut v = if is_rate && last.f < prev.f { last.f } else { last.f - prev.f };
+    let n = s.len();
+    let (prev, last) = (s[n - 2], s[n - 1]);
+    let reset = last.f < prev.f || (!w.st.is_empty() && is_start_reset(w.st[n - 2], prev.t, w.st[n - 1], last.t));
+    let mut v = if is_rate && reset { last.f } else { last.f - prev.f };
     if is_rate {
         let dt = (last.t - prev.t) as f64 / 1000.0;
         if dt == 0.0 {
@@ -618,17 +748,11 @@ fn changes(s: &[Point], _: &Window) -> Option<f64> {
     Some(n)
 }
 
-fn resets(s: &[Point], _: &Window) -> Option<f64> {
-    let first = s.first()?;
-    let mut prev = first.f;
-    let mut n = 0.0;
-    for p in &s[1..] {
-        if p.f < prev {
-            n += 1.0;
-        }
-        prev = p.f;
-    }
-    Some(n)
+/// Counter resets in the window: by value, and by start time when the samples have them.
+fn resets(s: &[Point], w: &Window) -> Option<f64> {
+    s.first()?;
+    let by_start = |i: usize| !w.st.is_empty() && is_start_reset(w.st[i - 1], s[i - 1].t, w.st[i], s[i].t);
+    Some((1..s.len()).filter(|&i| s[i].f < s[i - 1].f || by_start(i)).count() as f64)
 }
 
 fn double_exponential_smoothing(s: &[Point], w: &Window) -> Option<f64> {
@@ -677,7 +801,8 @@ mod tests {
     fn rate_extrapolates_like_prometheus() {
         // 0, 10, 20 … at 1 m over a 5 m window ending at 5 m: samples at 1..5 m.
         let s = pts(&[(60_000, 10.0), (120_000, 20.0), (180_000, 30.0), (240_000, 40.0), (300_000, 50.0)]);
-        let w = Window { t: 300_000, end: 300_000, range: 300_000, params: &[], before: None, after: None };
+        let o = Cell::new(false);
+        let w = Window::plain(300_000, 300_000, 300_000, &[], &o);
         // The counter would reach zero at 0 m, exactly the window start: increase is 50.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(50.0));
         assert!((extrapolated_rate(&s, &w, true, true).unwrap() - 50.0 / 300.0).abs() < 1e-12);
@@ -686,7 +811,8 @@ mod tests {
     #[test]
     fn counter_resets_are_added_back() {
         let s = pts(&[(0, 5.0), (1000, 7.0), (2000, 1.0)]);
-        let w = Window { t: 2000, end: 2000, range: 2000, params: &[], before: None, after: None };
+        let o = Cell::new(false);
+        let w = Window::plain(2000, 2000, 2000, &[], &o);
         // 7 - 5 + 1 = 3 over the whole (exactly covered) window.
         assert_eq!(extrapolated_rate(&s, &w, true, false), Some(3.0));
         assert_eq!(resets(&s, &w), Some(1.0));
@@ -696,7 +822,8 @@ mod tests {
     #[test]
     fn regression_of_a_line() {
         let s = pts(&[(0, 1.0), (1000, 3.0), (2000, 5.0)]);
-        let w = Window { t: 2000, end: 2000, range: 3000, params: &[1.0], before: None, after: None };
+        let o = Cell::new(false);
+        let w = Window::plain(2000, 2000, 3000, &[1.0], &o);
         assert_eq!(deriv(&s, &w), Some(2.0));
         assert_eq!(predict_linear(&s, &w), Some(7.0));
     }

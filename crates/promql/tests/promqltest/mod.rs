@@ -96,7 +96,9 @@ pub fn run_file(text: &str) -> Result<Vec<CaseResult>, String> {
     let mut results = Vec::new();
     // Why the storage cannot hold what was loaded since the last `clear`, if so.
     let mut unsupported_data: Option<&'static str> = None;
-    let engine = Engine::new(EngineOptions { max_samples: 10_000, ..EngineOptions::default() });
+    // As upstream runs the files: start times used (`use-start-timestamps`).
+    let engine =
+        Engine::new(EngineOptions { max_samples: 10_000, use_start_timestamps: true, ..EngineOptions::default() });
     let mut i = 0;
     while i < lines.len() {
         let line = &lines[i];
@@ -141,30 +143,49 @@ fn new_head() -> Head {
     Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() })
 }
 
-/// A loaded series: labels and timestamped values.
-type LoadedSeries = (Labels, Vec<(i64, Expected)>);
+/// A loaded series: labels and timestamped values, each with its start time (0: none).
+type LoadedSeries = (Labels, Vec<(i64, i64, Expected)>);
 
-/// Loads series lines; returns why some data could not be stored (start timestamps), which
-/// then skips evaluations.
+/// Loads series lines; returns why some data could not be stored, which then skips
+/// evaluations (nothing at present).
 fn load(head: &Head, interval: i64, body: &[String], nhcb: bool) -> Result<Option<&'static str>, String> {
-    let mut unsupported = None;
+    let unsupported = None;
     let mut series: Vec<LoadedSeries> = Vec::new();
+    // The start-time offsets of an `@st` line, for the value line that follows it.
+    let mut starts: Option<(Labels, Vec<Option<i64>>)> = None;
     for line in body {
         let (labels_text, rest) = split_series(line)?;
-        if labels_text.ends_with("@st") {
-            unsupported = Some("start timestamps (@st)");
+        if let Some(text) = labels_text.strip_suffix("@st") {
+            starts = Some((parse_labels(text)?, parse_start_offsets(rest)?));
             continue;
         }
         let labels = parse_labels(labels_text)?;
         let values = parse_values(rest)?;
-        let samples: Vec<(i64, Expected)> = values
+        let offsets = match starts.take() {
+            Some((l, offsets)) if l == labels => {
+                if offsets.len() != values.len() {
+                    return Err(format!("{labels}: {} start times for {} values", offsets.len(), values.len()));
+                }
+                offsets
+            }
+            Some((l, _)) => return Err(format!("start times of {l} are not followed by its values")),
+            None => vec![None; values.len()],
+        };
+        let samples: Vec<(i64, i64, Expected)> = values
             .into_iter()
+            .zip(offsets)
             .enumerate()
-            .filter(|(_, v)| !matches!(v, Expected::Missing))
-            .map(|(k, v)| (k as i64 * interval, v))
+            .filter(|(_, (v, _))| !matches!(v, Expected::Missing))
+            .map(|(k, (v, off))| {
+                let t = k as i64 * interval;
+                (t, off.map_or(0, |o| t + o), v)
+            })
             .collect();
         series.retain(|(l, _)| *l != labels);
         series.push((labels, samples));
+    }
+    if let Some((l, _)) = starts {
+        return Err(format!("start times of {l} are not followed by its values"));
     }
     if nhcb {
         let converted = to_nhcb(&series)?;
@@ -172,10 +193,10 @@ fn load(head: &Head, interval: i64, body: &[String], nhcb: bool) -> Result<Optio
     }
     let mut app = head.appender();
     for (labels, samples) in &series {
-        for (t, v) in samples {
+        for (t, st, v) in samples {
             let res = match v {
-                Expected::Float(f) => app.append(labels, *t, *f),
-                Expected::Histogram(h, _) => app.append_histogram(labels, *t, (**h).clone()),
+                Expected::Float(f) => app.append_with_start(labels, *t, *st, *f),
+                Expected::Histogram(h, _) => app.append_histogram_with_start(labels, *t, *st, (**h).clone()),
                 Expected::Missing => continue,
             };
             match res {
@@ -214,7 +235,7 @@ fn to_nhcb(series: &[LoadedSeries]) -> Result<Vec<LoadedSeries>, String> {
         let key = b.build().map_err(|e| e.to_string())?;
         let floats: BTreeMap<i64, f64> = samples
             .iter()
-            .filter_map(|(t, v)| match v {
+            .filter_map(|(t, _, v)| match v {
                 Expected::Float(f) => Some((*t, *f)),
                 _ => None,
             })
@@ -279,7 +300,7 @@ fn to_nhcb(series: &[LoadedSeries]) -> Result<Vec<LoadedSeries>, String> {
                 custom_values: bounds,
                 ..FloatHistogram::default()
             };
-            samples.push((t, Expected::Histogram(Box::new(h), false)));
+            samples.push((t, 0, Expected::Histogram(Box::new(h), false)));
         }
         out.push((labels, samples));
     }
@@ -363,6 +384,42 @@ fn parse_values(s: &str) -> Result<Vec<Expected>, String> {
         let tok = &rest[..end];
         rest = rest[end..].trim_start();
         expand_token(tok, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The offsets of an `@st` line (README, section 3): `_` (none), `_xN` (N of them), a signed
+/// duration, `<dur>xN` (N+1 equal), `<dur>+<dur>xN` / `<dur>-<dur>xN` (N+1 in steps).
+fn parse_start_offsets(s: &str) -> Result<Vec<Option<i64>>, String> {
+    let signed = |d: &str| -> Result<i64, String> {
+        match d.strip_prefix('-') {
+            Some(rest) => parse_duration(rest).map(|v| -v),
+            None => parse_duration(d.strip_prefix('+').unwrap_or(d)),
+        }
+    };
+    let mut out = Vec::new();
+    for tok in s.split_whitespace() {
+        let (body, times) = match tok.rsplit_once('x') {
+            Some((b, n)) => (b, Some(n.parse::<usize>().map_err(|_| format!("bad start offset {tok:?}"))?)),
+            None => (tok, None),
+        };
+        if body == "_" {
+            out.extend(std::iter::repeat_n(None, times.unwrap_or(1)));
+            continue;
+        }
+        // A step after the first duration: the next sign that is not the leading one.
+        let split = body.char_indices().skip(1).find(|&(_, c)| c == '+' || c == '-').map(|(i, _)| i);
+        match (split, times) {
+            (Some(i), Some(n)) => {
+                let (first, step) = (signed(&body[..i])?, signed(&body[i..])?);
+                out.extend((0..=n as i64).map(|k| Some(first + k * step)));
+            }
+            (Some(_), None) => return Err(format!("bad start offset {tok:?}: a step needs xN")),
+            (None, n) => {
+                let v = signed(body)?;
+                out.extend(std::iter::repeat_n(Some(v), n.map_or(1, |n| n + 1)));
+            }
+        }
     }
     Ok(out)
 }
