@@ -23,6 +23,9 @@ pub struct Features {
     pub extended_range_selectors: bool,
     /// `promql-binop-fill-modifiers`: `fill(v)`, `fill_left(v)`, `fill_right(v)`.
     pub fill_modifiers: bool,
+    /// `use-start-timestamps`: evaluation reads samples' start times (not a syntax change;
+    /// the engine takes it from here, see `EngineOptions::use_start_timestamps`).
+    pub use_start_timestamps: bool,
 }
 
 impl Features {
@@ -32,6 +35,7 @@ impl Features {
             duration_expressions: true,
             extended_range_selectors: true,
             fill_modifiers: true,
+            use_start_timestamps: true,
         }
     }
 }

@@ -338,8 +338,19 @@ impl WriteOutcome {
 }
 
 /// One series of a write request: its label pairs as sent (or why they are invalid), its
-/// samples and its native histograms.
-type WriteSeries<'a, S> = (Result<&'a [(S, S)], String>, &'a [Sample], &'a [(i64, FloatHistogram)]);
+/// samples and its native histograms, each with their start times (0: none; empty when none
+/// has one).
+type WriteSeries<'a, S> =
+    (Result<&'a [(S, S)], String>, (&'a [Sample], &'a [i64]), (&'a [(i64, FloatHistogram)], &'a [i64]));
+
+/// The start times of a series' items, from a batch's parallel `all` (empty when none).
+fn starts_of<'a>(all: &'a [i64], items: &std::ops::Range<usize>) -> &'a [i64] {
+    if all.is_empty() {
+        &[]
+    } else {
+        &all[items.clone()]
+    }
+}
 
 /// Appends every series in one commit: good samples are stored even when others are refused;
 /// the first refusal is named. Label pairs in canonical order (as Prometheus sends them) find
@@ -358,7 +369,7 @@ fn append_all<'a, S: AsRef<str> + 'a>(
         format!("{{{}}}", inner.join(", "))
     };
     let mut app = db.appender();
-    for (pairs, samples, histograms) in series {
+    for (pairs, (samples, sample_starts), (histograms, histogram_starts)) in series {
         out.samples += samples.len() + histograms.len();
         let pairs = match pairs {
             Ok(p) => p,
@@ -368,7 +379,8 @@ fn append_all<'a, S: AsRef<str> + 'a>(
             }
         };
         let mut r = None;
-        for &s in samples {
+        for (i, &s) in samples.iter().enumerate() {
+            let st = sample_starts.get(i).copied().unwrap_or(0);
             if s.t > newest || s.t < oldest {
                 out.reject(1, || {
                     format!(
@@ -380,8 +392,8 @@ fn append_all<'a, S: AsRef<str> + 'a>(
                 continue;
             }
             let res = match r {
-                Some(r) => app.append_ref(r, s.t, s.v),
-                None => app.append_pairs(pairs, s.t, s.v).map(|x| r = Some(x)),
+                Some(r) => app.append_ref_with_start(r, s.t, st, s.v),
+                None => app.append_pairs_with_start(pairs, s.t, st, s.v).map(|x| r = Some(x)),
             };
             if let Err(e) = res {
                 let what = match e {
@@ -396,7 +408,8 @@ fn append_all<'a, S: AsRef<str> + 'a>(
             match Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref()))) {
                 Err(e) => out.reject(histograms.len(), || format!("series {}: invalid labels: {e}", show(pairs))),
                 Ok(labels) => {
-                    for (t, h) in histograms {
+                    for (i, (t, h)) in histograms.iter().enumerate() {
+                        let st = histogram_starts.get(i).copied().unwrap_or(0);
                         if *t > newest || *t < oldest {
                             out.reject(1, || {
                                 format!(
@@ -406,7 +419,7 @@ fn append_all<'a, S: AsRef<str> + 'a>(
                             });
                             continue;
                         }
-                        if let Err(e) = app.append_histogram(&labels, *t, h.clone()) {
+                        if let Err(e) = app.append_histogram_with_start(&labels, *t, st, h.clone()) {
                             out.reject(1, || format!("series {}: {e}", show(pairs)));
                         }
                     }
@@ -521,7 +534,11 @@ async fn remote_write(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
                 Some(why) => Err(why),
                 None => Ok(&strs[span.labels.clone()]),
             };
-            (pairs, &batch.samples[span.samples.clone()], &batch.histograms[span.histograms.clone()])
+            (
+                pairs,
+                (&batch.samples[span.samples.clone()], starts_of(&batch.sample_starts, &span.samples)),
+                (&batch.histograms[span.histograms.clone()], starts_of(&batch.histogram_starts, &span.histograms)),
+            )
         });
         append_all(&db, &limits, series).map_err(ApiError::internal)
     })
@@ -775,6 +792,7 @@ fn engine(st: &AppState, deadline: Instant) -> Engine {
         lookback_ms: LOOKBACK_MS,
         max_samples: st.limits.max_query_samples,
         timeout: deadline.saturating_duration_since(Instant::now()),
+        use_start_timestamps: st.limits.query_features.use_start_timestamps,
         ..EngineOptions::default()
     })
 }
@@ -1131,9 +1149,11 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
         by_series[i].1.push(Sample::new(timestamp_ms.unwrap_or(now), value));
     }
     let limits = st.limits.clone();
-    let out = blocking(move || append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), &s[..], &[][..]))))
-        .await?
-        .map_err(ApiError::internal)?;
+    let out = blocking(move || {
+        append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), (&s[..], &[][..]), (&[][..], &[][..]))))
+    })
+    .await?
+    .map_err(ApiError::internal)?;
     Ok(out.into_response(&st))
 }
 

@@ -224,6 +224,27 @@ mod tests {
     }
 
     #[test]
+    fn v2_start_times_per_sample_and_from_the_legacy_series_field() {
+        let mut req = v2::request(&[
+            (vec![("__name__", "none")], vec![(1000, 1.0)]),
+            (vec![("__name__", "own")], vec![(1000, 1.0), (2000, 2.0), (3000, 3.0)]),
+            (vec![("__name__", "legacy")], vec![(1000, 1.0), (2000, 2.0)]),
+        ]);
+        // Nothing has a start time: no column at all.
+        let raw = req.encode_to_vec();
+        assert!(read_write_request_v2(&raw).unwrap().sample_starts.is_empty());
+        req.timeseries[1].samples[0].start_timestamp = 500;
+        req.timeseries[1].samples[2].start_timestamp = 2500;
+        req.timeseries[2].created_timestamp = 700;
+        req.timeseries[2].samples[1].start_timestamp = 1500;
+        let raw = req.encode_to_vec();
+        let b = read_write_request_v2(&raw).unwrap();
+        // Parallel to the samples; a sample's own start time wins over the series' one.
+        assert_eq!(b.sample_starts, vec![0, 500, 0, 2500, 700, 1500]);
+        assert_eq!(b.series[2].samples, 4..6);
+    }
+
+    #[test]
     fn round_trip_and_named_errors() {
         let req = WriteRequest {
             timeseries: vec![TimeSeries {
@@ -272,6 +293,10 @@ pub struct WriteBatch<'a> {
     pub samples: Vec<strata_model::Sample>,
     /// Every series' native histograms, back to back, with their timestamps.
     pub histograms: Vec<(i64, strata_model::FloatHistogram)>,
+    /// Start times (0: none; remote write 2.0 only) parallel to `samples` and to
+    /// `histograms`; each empty when none of its samples has one.
+    pub sample_starts: Vec<i64>,
+    pub histogram_starts: Vec<i64>,
     pub series: Vec<SeriesSpan>,
     /// Metadata entries, decoded with prost (rare, small).
     pub metadata: Vec<MetricMetadata>,
@@ -415,11 +440,13 @@ pub fn read_write_request(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
 /// A `Histogram` message (the same in 1.0 and 2.0) as a float histogram: integer counts are
 /// turned from deltas into absolute counts. The result is not validated here (the appender
 /// does, and names what is wrong).
-fn read_histogram(buf: &[u8]) -> Result<(i64, strata_model::FloatHistogram), DecodeError> {
+/// A histogram message: its timestamp, start time (field 17, remote write 2.0; 0: none) and
+/// value.
+fn read_histogram(buf: &[u8]) -> Result<(i64, i64, strata_model::FloatHistogram), DecodeError> {
     use strata_model::histogram::Span;
     let mut w = Wire { buf, pos: 0 };
     let mut h = strata_model::FloatHistogram::default();
-    let mut t = 0i64;
+    let (mut t, mut st) = (0i64, 0i64);
     let (mut pos_deltas, mut neg_deltas): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
     let span = |w: &mut Wire<'_>| -> Result<Span, DecodeError> {
         let mut s = Wire { buf: w.bytes()?, pos: 0 };
@@ -455,6 +482,7 @@ fn read_histogram(buf: &[u8]) -> Result<(i64, strata_model::FloatHistogram), Dec
             }
             (15, 0) => t = w.varint()? as i64,
             (16, 1 | 2) => w.repeated(wire, |w| w.fixed64().map(f64::from_bits), &mut h.custom_values)?,
+            (17, 0) => st = w.varint()? as i64,
             (_, wire) => w.skip(wire)?,
         }
     }
@@ -466,7 +494,23 @@ fn read_histogram(buf: &[u8]) -> Result<(i64, strata_model::FloatHistogram), Dec
             buckets.push(c as f64);
         }
     }
-    Ok((t, h))
+    Ok((t, st, h))
+}
+
+/// Records the start time `st` of the item just pushed as the `n`-th: `starts` stays empty
+/// until one has a start time, then is filled with zeros up to it.
+fn push_start(starts: &mut Vec<i64>, n: usize, st: i64) {
+    if st != 0 || !starts.is_empty() {
+        push_start_at(starts, n - 1, st);
+    }
+}
+
+/// Sets the start time of item `i` (`starts` grows with zeros to reach it).
+fn push_start_at(starts: &mut Vec<i64>, i: usize, st: i64) {
+    if starts.len() <= i {
+        starts.resize(i + 1, 0);
+    }
+    starts[i] = st;
 }
 
 /// A `Sample` message (the same in 1.0 and 2.0): value (1, double), timestamp (2, int64).
@@ -503,7 +547,11 @@ fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), Decode
             (2, 2) => {
                 out.samples.push(read_sample(w.bytes()?)?);
             }
-            (4, 2) => out.histograms.push(read_histogram(w.bytes()?)?),
+            (4, 2) => {
+                // 1.0 histograms have no start time.
+                let (t, _, h) = read_histogram(w.bytes()?)?;
+                out.histograms.push((t, h));
+            }
             (_, wire) => w.skip(wire)?,
         }
     }
@@ -540,6 +588,8 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
         let mut refs: Vec<u64> = Vec::new();
         let mut w = Wire { buf, pos: 0 };
         let mut metadata: Option<(i32, u64, u64)> = None;
+        // The series' start time in drafts before 2.0-rc.4 (field 6), for samples without one.
+        let mut legacy_start = 0i64;
         while let Some((field, wire)) = w.key()? {
             match (field, wire) {
                 (1, 2) => {
@@ -551,17 +601,24 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
                 (1, 0) => refs.push(w.varint()?),
                 (2, 2) => {
                     let mut s = Wire { buf: w.bytes()?, pos: 0 };
-                    let (mut v, mut t) = (0f64, 0i64);
+                    let (mut v, mut t, mut st) = (0f64, 0i64, 0i64);
                     while let Some((f, wt)) = s.key()? {
                         match (f, wt) {
                             (1, 1) => v = f64::from_bits(s.fixed64()?),
                             (2, 0) => t = s.varint()? as i64,
+                            (3, 0) => st = s.varint()? as i64,
                             (_, wt) => s.skip(wt)?,
                         }
                     }
                     out.samples.push(strata_model::Sample::new(t, v));
+                    push_start(&mut out.sample_starts, out.samples.len(), st);
                 }
-                (3, 2) => out.histograms.push(read_histogram(w.bytes()?)?),
+                (3, 2) => {
+                    let (t, st, h) = read_histogram(w.bytes()?)?;
+                    out.histograms.push((t, h));
+                    push_start(&mut out.histogram_starts, out.histograms.len(), st);
+                }
+                (6, 0) => legacy_start = w.varint()? as i64,
                 (5, 2) => {
                     let mut m = Wire { buf: w.bytes()?, pos: 0 };
                     let (mut kind, mut help, mut unit) = (0i32, 0u64, 0u64);
@@ -576,6 +633,17 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
                     metadata = Some((kind, help, unit));
                 }
                 (_, wire) => w.skip(wire)?,
+            }
+        }
+        if legacy_start != 0 {
+            for (starts, n0, n) in
+                [(&mut out.sample_starts, s0, out.samples.len()), (&mut out.histogram_starts, h0, out.histograms.len())]
+            {
+                for i in n0..n {
+                    if starts.get(i).is_none_or(|&st| st == 0) {
+                        push_start_at(starts, i, legacy_start);
+                    }
+                }
             }
         }
         if !refs.len().is_multiple_of(2) {
@@ -607,6 +675,13 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
             histograms: h0..out.histograms.len(),
         });
     }
+    // Parallel to the samples to the end, once any has a start time.
+    if !out.sample_starts.is_empty() {
+        out.sample_starts.resize(out.samples.len(), 0);
+    }
+    if !out.histogram_starts.is_empty() {
+        out.histogram_starts.resize(out.histograms.len(), 0);
+    }
     Ok(out)
 }
 
@@ -627,11 +702,25 @@ pub mod v2 {
         #[prost(uint32, repeated, tag = "1")]
         pub labels_refs: Vec<u32>,
         #[prost(message, repeated, tag = "2")]
-        pub samples: Vec<super::Sample>,
+        pub samples: Vec<Sample>,
         #[prost(message, repeated, tag = "3")]
         pub histograms: Vec<super::Histogram>,
         #[prost(message, optional, tag = "5")]
         pub metadata: Option<Metadata>,
+        /// Drafts before 2.0-rc.4: the series' start time (later moved to each sample).
+        #[prost(int64, tag = "6")]
+        pub created_timestamp: i64,
+    }
+
+    /// A 2.0 sample: 1.0's with a start time (0: none).
+    #[derive(Clone, PartialEq, Message)]
+    pub struct Sample {
+        #[prost(double, tag = "1")]
+        pub value: f64,
+        #[prost(int64, tag = "2")]
+        pub timestamp: i64,
+        #[prost(int64, tag = "3")]
+        pub start_timestamp: i64,
     }
 
     #[derive(Clone, PartialEq, Message)]
@@ -661,9 +750,10 @@ pub mod v2 {
             .iter()
             .map(|(labels, samples)| TimeSeries {
                 labels_refs: labels.iter().flat_map(|(n, v)| [intern(n), intern(v)]).collect(),
-                samples: samples.iter().map(|&(t, v)| super::Sample { value: v, timestamp: t }).collect(),
+                samples: samples.iter().map(|&(t, v)| Sample { value: v, timestamp: t, start_timestamp: 0 }).collect(),
                 histograms: Vec::new(),
                 metadata: None,
+                created_timestamp: 0,
             })
             .collect();
         Request { symbols, timeseries }

@@ -64,7 +64,8 @@ pub struct ServeArgs {
     body_read_timeout: Option<String>,
     /// Experimental PromQL features, comma-separated, named as Prometheus names them:
     /// promql-experimental-functions, promql-duration-expr, promql-extended-range-selectors,
-    /// promql-binop-fill-modifiers.
+    /// promql-binop-fill-modifiers, use-start-timestamps (rate and friends read samples'
+    /// start times where storage has them).
     #[arg(long = "enable-feature", value_delimiter = ',')]
     enable_feature: Vec<String>,
 }
@@ -78,6 +79,7 @@ fn promql_features(names: &[String]) -> Result<strata_promql::Features, String> 
             "promql-duration-expr" => f.duration_expressions = true,
             "promql-extended-range-selectors" => f.extended_range_selectors = true,
             "promql-binop-fill-modifiers" => f.fill_modifiers = true,
+            "use-start-timestamps" => f.use_start_timestamps = true,
             other => return Err(format!("enable-feature: unknown feature {other:?}")),
         }
     }

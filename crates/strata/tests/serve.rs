@@ -293,6 +293,60 @@ fn remote_write_2_0_is_negotiated_by_content_type() {
     assert!(resp.contains("remote write 2.0 request"), "{resp}");
 }
 
+/// Start times sent by remote write 2.0 are stored (through a SIGKILL and WAL replay), and
+/// with `--enable-feature=use-start-timestamps` PromQL reads them: a counter restart that its
+/// values hide is a reset, and `start_timestamp()` returns them. Without the feature they are
+/// kept but not read, as in Prometheus.
+#[test]
+fn start_times_from_remote_write_2_0_reach_promql() {
+    use prost::Message;
+    let tmp = tempfile::tempdir().unwrap();
+    let features = "--enable-feature=use-start-timestamps,promql-experimental-functions";
+    let mut srv = Server::start(tmp.path(), &["--wal-fsync", "always", features]);
+    let t0 = now_ms() / 1000 * 1000 - 60_000;
+    // Values 10, 20, 30, 40 every 10 s: no reset by value. The third sample's start time is
+    // after the second sample: the counter restarted in between (and counted 30 since).
+    let mut req = strata_server::remote::v2::request(&[(
+        vec![("__name__", "restarts_total")],
+        (0..4).map(|k| (t0 + k * 10_000, 10.0 * (k + 1) as f64)).collect(),
+    )]);
+    for (k, s) in req.timeseries[0].samples.iter_mut().enumerate() {
+        s.start_timestamp = if k < 2 { t0 - 5000 } else { t0 + 15_000 };
+    }
+    let v2 = [
+        ("Content-Encoding", "snappy"),
+        ("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v2.Request"),
+    ];
+    let (status, resp) = http(srv.port, "POST", "/api/v1/write", &v2, &support::snappy(&req.encode_to_vec()));
+    assert_eq!(status, 204, "{resp}");
+    let at = (t0 + 30_000) as f64 / 1000.0;
+    let value = |port: u16, query: &str| -> Option<f64> {
+        let (status, body) =
+            http(port, "GET", &format!("/api/v1/query?query={}&time={at}", urlencode(query)), &[], b"");
+        assert_eq!(status, 200, "{query}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["data"]["result"].as_array().unwrap().first().map(|r| r["value"][1].as_str().unwrap().parse().unwrap())
+    };
+    let near = |got: Option<f64>, want: f64| got.is_some_and(|g| (g - want).abs() < 1e-9);
+    let check = |port: u16| {
+        assert_eq!(value(port, "resets(restarts_total[1m])"), Some(1.0));
+        // 20 - 10 before the restart and 30 + 10 after it: 50 over the 30 s sampled, scaled
+        // by 31/30 to the window.
+        assert!(near(value(port, "increase(restarts_total[31s])"), 50.0 * 31.0 / 30.0));
+        assert_eq!(value(port, "start_timestamp(restarts_total)"), Some((t0 + 15_000) as f64 / 1000.0));
+    };
+    check(srv.port);
+    srv.kill();
+    let srv = Server::start(tmp.path(), &["--wal-fsync", "always", features]);
+    check(srv.port);
+    drop(srv);
+    // Without the feature: stored, not read.
+    let srv = Server::start(tmp.path(), &["--enable-feature=promql-experimental-functions"]);
+    assert_eq!(value(srv.port, "resets(restarts_total[1m])"), Some(0.0));
+    assert!(near(value(srv.port, "increase(restarts_total[31s])"), 31.0));
+    assert_eq!(value(srv.port, "start_timestamp(restarts_total)"), None);
+}
+
 /// PromQL through the HTTP API: functions, aggregation, binary operators, scalars and strings,
 /// annotations, errors in Prometheus' shape, and experimental syntax only when enabled.
 #[test]

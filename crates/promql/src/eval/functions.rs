@@ -71,11 +71,9 @@ pub(super) fn eval(ev: &Evaluator, call: &Call, e: &Expr, ctx: &Ctx) -> Result<V
         }
         "timestamp" => {
             let mut v = match &args[0].unparen().kind {
-                ExprKind::Vector(sel) => {
-                    ev.collect("timestamp", |sink| {
-                        ev.stream_selector(sel, args[0].start, ctx, super::SelectorValue::SampleTime, sink)
-                    })?
-                }
+                ExprKind::Vector(sel) => ev.collect("timestamp", |sink| {
+                    ev.stream_selector(sel, args[0].start, ctx, super::SelectorValue::SampleTime, sink)
+                })?,
                 _ => {
                     let mut v = ev.eval_vector(&args[0], ctx)?;
                     for s in &mut v {

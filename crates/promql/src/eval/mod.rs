@@ -781,7 +781,8 @@ impl<'a> Evaluator<'a> {
                     if samples.iter().any(|p| is_stale_nan(p.f)) {
                         let keep = |i: &usize| !is_stale_nan(samples[*i].f);
                         let kept: Vec<Point> = (0..samples.len()).filter(keep).map(|i| samples[i]).collect();
-                        let kept_st: Vec<i64> = (0..starts.floats.len()).filter(keep).map(|i| starts.floats[i]).collect();
+                        let kept_st: Vec<i64> =
+                            (0..starts.floats.len()).filter(keep).map(|i| starts.floats[i]).collect();
                         f(labels, &kept, hists, Starts { floats: &kept_st, hists: hist_starts }, false)
                     } else {
                         f(labels, samples, hists, Starts { floats: starts.floats, hists: hist_starts }, false)

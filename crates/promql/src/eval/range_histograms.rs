@@ -11,7 +11,9 @@ use std::sync::Arc;
 use strata_model::histogram::{HistogramMean, KahanSum};
 use strata_model::{CounterResetHint, FloatHistogram, HistogramError};
 
-use super::range_functions::{factor_with_zero_clamp, Window};
+use super::range_functions::{
+    factor_from_start, factor_with_zero_clamp, is_start_reset, start_overlaps, starts_inside, Window,
+};
 use super::Evaluator;
 use crate::value::{HPoint, Point};
 
@@ -88,7 +90,7 @@ pub(super) fn eval(
             }
             rate(hists, w, name != "delta", name == "rate", notes).map(Out::hist)
         }
-        "irate" | "idelta" => instant(floats, hists, name == "irate", notes),
+        "irate" | "idelta" => instant(floats, hists, w, name == "irate", notes),
         "sum_over_time" | "avg_over_time" => {
             if !floats.is_empty() {
                 notes.mixed();
@@ -120,7 +122,7 @@ pub(super) fn eval(
                 (_, f) => Out::Float(f.map_or(h.t, |f| f.t) as f64 / 1000.0),
             })
         }
-        "changes" | "resets" => Some(Out::Float(changes_or_resets(floats, hists, name == "resets"))),
+        "changes" | "resets" => Some(Out::Float(changes_or_resets(floats, hists, w.st, w.hst, name == "resets"))),
         _ => {
             // Float-only functions.
             if floats.is_empty() {
@@ -155,11 +157,12 @@ fn check_kind(hs: &[&FloatHistogram], counter: bool, notes: &Notes) {
 /// or after a counter reset the later sample itself, so samples on either side of a reset
 /// never meet (a counter that switched between exponential and custom buckets, a reset, still
 /// has a change). `by_counts(i)` says the pair `i, i+1` is judged by its counts alone, whatever
-/// the later sample's reset hint says.
+/// the later sample's reset hint says; `reset_by_start(i)` that start times say it reset.
 fn change(
     hs: &[&FloatHistogram],
     counter: bool,
     by_counts: impl Fn(usize) -> bool,
+    reset_by_start: impl Fn(usize) -> bool,
     notes: &Notes,
 ) -> Option<FloatHistogram> {
     let pairs: Vec<(usize, &FloatHistogram, &FloatHistogram)> = if counter {
@@ -176,7 +179,8 @@ fn change(
     }
     for (i, prev, cur) in pairs {
         let mut delta = cur.clone();
-        let reset = counter && if by_counts(i) { cur.counts_decreased(prev) } else { cur.detect_reset(prev) };
+        let reset = counter
+            && (reset_by_start(i) || if by_counts(i) { cur.counts_decreased(prev) } else { cur.detect_reset(prev) });
         if !reset && !notes.combined(delta.sub(prev), "subtraction") {
             return None;
         }
@@ -199,37 +203,56 @@ fn change(
 /// floats. The change is summed pair by pair: the difference of two samples, or for a counter
 /// that reset, the later sample itself. Summed that way, samples on either side of a reset
 /// never meet, so a counter that switched between exponential and custom buckets (a reset)
-/// still has a rate, made of the samples after the switch.
+/// still has a rate, made of the samples after the switch. A counter's start times (as for
+/// floats) reveal resets too, and a first start inside the window is where it counted from zero.
 fn rate(s: &[HPoint], w: &Window, counter: bool, per_second: bool, notes: &Notes) -> Option<FloatHistogram> {
-    if s.len() < 2 {
+    let first = s.first()?;
+    let st = if counter { w.hst } else { &[] };
+    let from_start = !st.is_empty() && starts_inside(st[0], first.t, w);
+    if s.len() < 2 && !from_start {
         return None;
     }
     let hs: Vec<&FloatHistogram> = s.iter().map(|p| &*p.h).collect();
     check_kind(&hs, counter, notes);
-    let first = &s[0].h;
-    let mut h = change(&hs, counter, |_| false, notes)?;
-    // A counter cannot have been below zero: extrapolation towards the window's start stops
-    // where its count would reach zero.
-    let zero_at = (counter && h.count > 0.0 && first.count >= 0.0).then(|| first.count / h.count);
-    let factor = factor_with_zero_clamp(s[0].t, s[s.len() - 1].t, s.len(), w, per_second, zero_at);
+    if (1..st.len()).any(|i| start_overlaps(st[i - 1], s[i - 1].t, st[i])) {
+        w.overlap.set(true);
+    }
+    let by_start = |i: usize| !st.is_empty() && is_start_reset(st[i], s[i].t, st[i + 1], s[i + 1].t);
+    let mut h = change(&hs, counter, |_| false, by_start, notes)?;
+    let (first_t, last_t) = (first.t, s[s.len() - 1].t);
+    let factor = if from_start {
+        if !notes.combined(h.add(&first.h), "addition") {
+            return None;
+        }
+        factor_from_start(st[0], first_t, last_t, s.len(), w, per_second)
+    } else {
+        // A counter cannot have been below zero: extrapolation towards the window's start
+        // stops where its count would reach zero.
+        let zero_at = (counter && h.count > 0.0 && first.h.count >= 0.0).then(|| first.h.count / h.count);
+        factor_with_zero_clamp(first_t, last_t, s.len(), w, per_second, zero_at)
+    };
     h.mul(factor);
     Some(h)
 }
 
-/// `irate` / `idelta` from the last two samples, which must both be histograms.
-fn instant(floats: &[Point], hists: &[HPoint], per_second: bool, notes: &Notes) -> Option<Out> {
-    // The last two samples of either kind.
-    let mut last_two: Vec<(i64, Option<&Arc<FloatHistogram>>, f64)> = Vec::with_capacity(4);
-    last_two.extend(floats.iter().rev().take(2).map(|p| (p.t, None, p.f)));
-    last_two.extend(hists.iter().rev().take(2).map(|p| (p.t, Some(&p.h), 0.0)));
+/// `irate` / `idelta` from the last two samples, which must both be histograms (or both
+/// floats); a reset by start time counts as one.
+fn instant(floats: &[Point], hists: &[HPoint], w: &Window, per_second: bool, notes: &Notes) -> Option<Out> {
+    // The last two samples of either kind, with their start times.
+    let start = |starts: &[i64], i: usize| starts.get(i).copied().unwrap_or(0);
+    let mut last_two: Vec<(i64, Option<&Arc<FloatHistogram>>, f64, i64)> = Vec::with_capacity(4);
+    let (nf, nh) = (floats.len(), hists.len());
+    last_two.extend((nf.saturating_sub(2)..nf).map(|i| (floats[i].t, None, floats[i].f, start(w.st, i))));
+    last_two.extend((nh.saturating_sub(2)..nh).map(|i| (hists[i].t, Some(&hists[i].h), 0.0, start(w.hst, i))));
     last_two.sort_by_key(|x| std::cmp::Reverse(x.0));
     if last_two.len() < 2 {
         return None;
     }
     let (last, prev) = (last_two[0], last_two[1]);
+    let start_reset = is_start_reset(prev.3, prev.0, last.3, last.0);
     match (prev.1, last.1) {
         (None, None) => {
-            let v = if per_second && last.2 < prev.2 { last.2 } else { last.2 - prev.2 };
+            let v = if per_second && (last.2 < prev.2 || start_reset) { last.2 } else { last.2 - prev.2 };
             let dt = (last.0 - prev.0) as f64 / 1000.0;
             Some(Out::Float(if per_second { v / dt } else { v }))
         }
@@ -242,7 +265,7 @@ fn instant(floats: &[Point], hists: &[HPoint], per_second: bool, notes: &Notes) 
             }
             let mut h = (**l).clone();
             // After a counter reset, irate uses the last histogram as it is.
-            let reset = per_second && l.detect_reset(p);
+            let reset = per_second && (start_reset || l.detect_reset(p));
             if !reset && !notes.combined(h.sub(p), "subtraction") {
                 return None;
             }
@@ -469,7 +492,7 @@ pub(super) fn extended(
                 Sample::H(h) => hs.push(HPoint { t: *t, h: Arc::new((**h).clone()) }),
             }
         }
-        return Some(Out::Float(changes_or_resets(&floats, &hs, name == "resets")));
+        return Some(Out::Float(changes_or_resets(&floats, &hs, &[], &[], name == "resets")));
     }
     let all_hists = seq.iter().all(|x| matches!(x.1, Sample::H(_)));
     if !all_hists {
@@ -490,7 +513,7 @@ pub(super) fn extended(
     let interpolated = |i: usize| smoothed && (i == 0 || i == hs.len() - 1);
     let is_counter = name != "delta";
     check_kind(&hs, is_counter, notes);
-    let mut h = change(&hs, is_counter, |i| interpolated(i) || interpolated(i + 1), notes)?;
+    let mut h = change(&hs, is_counter, |i| interpolated(i) || interpolated(i + 1), |_| false, notes)?;
     if name == "rate" {
         h.div(w.range as f64 / 1000.0);
     }
@@ -498,17 +521,30 @@ pub(super) fn extended(
 }
 
 /// `changes` or `resets` over a window of floats and histograms in time order; a change of
-/// kind counts as a change (and, for `resets`, as a reset).
-fn changes_or_resets(floats: &[Point], hists: &[HPoint], resets: bool) -> f64 {
+/// kind counts as a change (and, for `resets`, as a reset, as does one that start times
+/// reveal: `float_starts` and `hist_starts`, empty when none).
+fn changes_or_resets(
+    floats: &[Point],
+    hists: &[HPoint],
+    float_starts: &[i64],
+    hist_starts: &[i64],
+    resets: bool,
+) -> f64 {
     enum V<'a> {
         F(f64),
         H(&'a FloatHistogram),
     }
-    let mut seq: Vec<(i64, V)> = floats.iter().map(|p| (p.t, V::F(p.f))).collect();
-    seq.extend(hists.iter().map(|p| (p.t, V::H(&p.h))));
+    let start = |starts: &[i64], i: usize| starts.get(i).copied().unwrap_or(0);
+    let mut seq: Vec<(i64, V, i64)> =
+        floats.iter().enumerate().map(|(i, p)| (p.t, V::F(p.f), start(float_starts, i))).collect();
+    seq.extend(hists.iter().enumerate().map(|(i, p)| (p.t, V::H(&p.h), start(hist_starts, i))));
     seq.sort_by_key(|x| x.0);
     let mut n = 0.0;
     for pair in seq.windows(2) {
+        if resets && is_start_reset(pair[0].2, pair[0].0, pair[1].2, pair[1].0) {
+            n += 1.0;
+            continue;
+        }
         let counted = match (&pair[0].1, &pair[1].1) {
             (V::F(a), V::F(b)) => {
                 if resets {

@@ -86,18 +86,29 @@ impl<'h> Appender<'h> {
         t: i64,
         v: f64,
     ) -> Result<SeriesRef, AppendError> {
+        self.append_pairs_with_start(pairs, t, 0, v)
+    }
+
+    /// `append_pairs` of a sample with a start time `st` (see `append_with_start`).
+    pub fn append_pairs_with_start<N: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        pairs: &[(N, V)],
+        t: i64,
+        st: i64,
+        v: f64,
+    ) -> Result<SeriesRef, AppendError> {
         if strata_model::pairs_are_canonical(pairs) {
             self.check_too_old(t)?;
             let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
             if let Some(series) = self.head.find_pairs(pairs, hash) {
                 let r = series.series_ref;
-                self.push(series, t, 0, PendingValue::Float(v))?;
+                self.push(series, t, st, PendingValue::Float(v))?;
                 return Ok(r);
             }
         }
         let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
             .map_err(AppendError::InvalidLabels)?;
-        self.append(&labels, t, v)
+        self.append_with_start(&labels, t, st, v)
     }
 
     /// `append`, returning the series itself: a caller that appends to the same series again
@@ -158,6 +169,11 @@ impl<'h> Appender<'h> {
 
     /// Appends a sample to a series by the reference an earlier `append` returned.
     pub fn append_ref(&mut self, r: SeriesRef, t: i64, v: f64) -> Result<(), AppendError> {
+        self.append_ref_with_start(r, t, 0, v)
+    }
+
+    /// `append_ref` of a sample with a start time `st` (see `append_with_start`).
+    pub fn append_ref_with_start(&mut self, r: SeriesRef, t: i64, st: i64, v: f64) -> Result<(), AppendError> {
         self.check_too_old(t)?;
         // Consecutive samples of one series (a remote-write series, an import) reuse the series
         // the previous sample found, instead of a stripe lock and map lookup per sample.
@@ -165,7 +181,7 @@ impl<'h> Appender<'h> {
             Some((s, ..)) if s.series_ref == r => s.clone(),
             _ => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
         };
-        self.push(series, t, 0, PendingValue::Float(v))
+        self.push(series, t, st, PendingValue::Float(v))
     }
 
     fn check_too_old(&self, t: i64) -> Result<(), AppendError> {
