@@ -10,10 +10,12 @@
 //! `_count`; the recording has none) so that `histogram_quantile` has input. Each server
 //! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
 //! `victoria-metrics` with its result cache off) is started on a fresh directory and loaded by
-//! remote write in time order over 4 connections, left until its background work (head
-//! compaction, merges) has settled, then every query runs once to warm up and
-//! RUNS times measured; the table shows median wall time per request (HTTP, evaluation and
-//! JSON), the series each server returned, and Strata's speed-up. One server runs at a time.
+//! remote write in time order over 4 connections, and left until its background work (head
+//! compaction, merges) has settled; all stay up. Then each query runs once per server to warm
+//! up and RUNS rounds measured, each round asking every server in turn (the order rotating),
+//! so a noisy moment of the shared machine falls on all servers alike rather than on whichever
+//! ran then. The table shows median wall time per request (HTTP, evaluation and JSON), the
+//! series each server returned, and Strata's speed-up.
 //! `QUERY_SERVERS=strata` (comma-separated) limits the servers, e.g. to profile one: each
 //! prints its PID once loaded. `QUERY_NAMES=topk` (comma-separated parts of the names in the
 //! table) limits the queries. `STRATA_BASELINE_BIN=path/to/strata` adds that build as
@@ -210,6 +212,8 @@ fn main() {
         std::env::var("QUERY_SERVERS").ok().map(|s| s.split(',').map(String::from).collect());
     let only_queries: Option<Vec<String>> =
         std::env::var("QUERY_NAMES").ok().map(|s| s.split(',').map(String::from).collect());
+    // Load every server, one at a time; all stay up for the queries.
+    let mut peers: Vec<(usize, Peer)> = Vec::new();
     for (si, name) in servers.iter().enumerate() {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
             continue;
@@ -225,7 +229,7 @@ fn main() {
                 "-retentionPeriod=30d".into(),
             ],
         };
-        let Some(mut peer): Option<Peer> = start(name, &tmp.path().join(name), &extra) else {
+        let Some(peer): Option<Peer> = start(name, &tmp.path().join(name), &extra) else {
             println!("{name}: not found on the PATH; skipped");
             continue;
         };
@@ -241,33 +245,56 @@ fn main() {
         common::wait_idle(peer.child.id(), Duration::from_secs(900));
         println!("{name}: background work after the load settled in {:.0?}", t_idle.elapsed());
         println!(
-            "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB",
+            "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB, RSS once settled {} MiB",
             peer.child.id(),
             samples as f64 / load_time.as_secs_f64(),
-            rss >> 20
+            rss >> 20,
+            common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20
         );
-        for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
-            if only_queries.as_ref().is_some_and(|o| !o.iter().any(|x| label.contains(x.as_str()))) {
-                continue;
-            }
-            let q = q.replace("[10m]", &format!("[{window}]"));
-            let path = if *range {
-                format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(&q))
-            } else {
-                format!("/api/v1/query?query={}&time={end_s}", urlencode(&q))
-            };
+        peers.push((si, peer));
+    }
+    for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
+        if only_queries.as_ref().is_some_and(|o| !o.iter().any(|x| label.contains(x.as_str()))) {
+            continue;
+        }
+        let q = q.replace("[10m]", &format!("[{window}]"));
+        let path = if *range {
+            format!("/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}", urlencode(&q))
+        } else {
+            format!("/api/v1/query?query={}&time={end_s}", urlencode(&q))
+        };
+        // Warm-up, and the series each server returns.
+        let mut counted: Vec<Option<usize>> = Vec::new();
+        for (si, peer) in &peers {
             let (status, body, _) = get(peer.port, &path);
             if status != 200 {
-                println!("  {label}: HTTP {status}: {}", body.chars().take(300).collect::<String>());
+                println!("  {} {label}: HTTP {status}: {}", servers[*si], body.chars().take(300).collect::<String>());
+                counted.push(None);
                 continue;
             }
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let series = v["data"]["result"].as_array().map_or(0, |a| a.len());
-            let times: Vec<Duration> = (0..runs).map(|_| get(peer.port, &path).2).collect();
-            let m = median(times);
-            println!("  {name} {label}: {:.1} ms ({series} series)", m.as_secs_f64() * 1000.0);
-            results[qi][si] = Some((m, series));
+            counted.push(Some(v["data"]["result"].as_array().map_or(0, |a| a.len())));
         }
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); peers.len()];
+        for run in 0..runs {
+            for k in 0..peers.len() {
+                let p = (run + k) % peers.len();
+                if counted[p].is_some() {
+                    times[p].push(get(peers[p].1.port, &path).2);
+                }
+            }
+        }
+        for (p, (si, _)) in peers.iter().enumerate() {
+            if let Some(series) = counted[p] {
+                let m = median(std::mem::take(&mut times[p]));
+                println!("  {} {label}: {:.1} ms ({series} series)", servers[*si], m.as_secs_f64() * 1000.0);
+                results[qi][*si] = Some((m, series));
+            }
+        }
+    }
+    for (si, mut peer) in peers {
+        let rss = common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20;
+        println!("{}: RSS after the queries {rss} MiB", servers[si]);
         let _ = peer.child.kill();
         let _ = peer.child.wait();
     }

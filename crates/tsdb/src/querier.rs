@@ -13,7 +13,7 @@ use strata_model::{Labels, Matcher, Sample};
 use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
-use crate::head::{ChunkMeta, Head};
+use crate::head::Head;
 use crate::index::postings;
 
 /// A cursor over samples in time order.
@@ -438,10 +438,17 @@ impl<'a> Querier<'a> {
         // the gate keeps their symbols alive until then.
         let _gate = self.head.read_gate();
         let refs = postings::expand(self.head.postings_for(matchers));
-        let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<ChunkMeta>)> = Vec::with_capacity(refs.len());
+        let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
         for r in refs {
             let Some(s) = self.head.series(r) else { continue };
-            let chunks = s.state.lock().chunks(self.mint, self.maxt);
+            let chunks = {
+                let state = s.state.lock();
+                let mut chunks = Vec::with_capacity(state.count_chunks(self.mint, self.maxt));
+                state.each_chunk(self.mint, self.maxt, |c| {
+                    chunks.push(QueryChunk { mint: c.mint, maxt: c.maxt, data: ChunkData::Mem(c.data) })
+                });
+                chunks
+            };
             if !chunks.is_empty() {
                 found.push((s, chunks));
                 self.check_limit(found.len())?;
@@ -453,10 +460,6 @@ impl<'a> Querier<'a> {
                 .into_iter()
                 .map(|(s, chunks)| {
                     let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
-                    let chunks = chunks
-                        .into_iter()
-                        .map(|c| QueryChunk { mint: c.mint, maxt: c.maxt, data: ChunkData::Mem(c.data) })
-                        .collect();
                     Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })
                 .collect()

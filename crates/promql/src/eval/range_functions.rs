@@ -820,6 +820,47 @@ mod tests {
     }
 
     #[test]
+    fn start_time_resets_follow_the_otel_rules() {
+        // (prev_st, prev_t, st, t) → reset?
+        let cases = [
+            ((0, 1000, 0, 2000), false),       // no start times
+            ((500, 1000, 500, 2000), false),   // cumulative: the same start
+            ((500, 1000, 1500, 2000), true),   // restarted after the previous sample
+            ((500, 1000, 900, 2000), false),   // a start before the previous sample: same run
+            ((500, 1000, 1000, 2000), true),   // delta: starts at the previous sample
+            ((0, 1000, 1000, 2000), false),    // cumulative of unknown start (OTel)
+            ((1000, 1000, 1000, 2000), false), // the previous start unknown (= its time)
+            ((1500, 1000, 1000, 2000), false), // the previous start invalid (after its sample)
+            ((500, 1000, 2000, 2000), false),  // a start at its own sample: unknown start
+            ((500, 1000, 2500, 2000), false),  // a start after its sample: invalid
+        ];
+        for ((prev_st, prev_t, st, t), want) in cases {
+            assert_eq!(is_start_reset(prev_st, prev_t, st, t), want, "{prev_st} {prev_t} {st} {t}");
+        }
+        // Overlap: a start inside the previous run that is not the run's own start.
+        assert!(start_overlaps(500, 1000, 900));
+        assert!(!start_overlaps(500, 1000, 500) && !start_overlaps(500, 1000, 1000) && !start_overlaps(0, 1000, 0));
+    }
+
+    #[test]
+    fn a_start_inside_the_window_replaces_extrapolation_towards_its_start() {
+        let o = Cell::new(false);
+        // One sample of 6 at 60 s that started at 30 s, window (10 s, 60 s]: 6 since 30 s.
+        let s = pts(&[(60_000, 6.0)]);
+        let mut w = Window::plain(60_000, 60_000, 50_000, &[], &o);
+        w.st = &[30_000];
+        assert_eq!(extrapolated_rate(&s, &w, true, false), Some(6.0));
+        assert_eq!(extrapolated_rate(&s, &w, true, true), Some(6.0 / 50.0));
+        // A start at the window's (exclusive) start is outside: one sample gives nothing.
+        w.st = &[10_000];
+        assert_eq!(extrapolated_rate(&s, &w, true, false), None);
+        // Not for gauges: delta ignores start times.
+        w.st = &[30_000];
+        assert_eq!(extrapolated_rate(&s, &w, false, false), None);
+        assert!(!o.get());
+    }
+
+    #[test]
     fn regression_of_a_line() {
         let s = pts(&[(0, 1.0), (1000, 3.0), (2000, 5.0)]);
         let o = Cell::new(false);

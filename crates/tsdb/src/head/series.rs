@@ -374,14 +374,28 @@ impl SeriesState {
 
     /// Chunks overlapping `[mint, maxt]`, oldest first; the open chunk is copied.
     pub fn chunks(&self, mint: i64, maxt: i64) -> Vec<ChunkMeta> {
-        let mut out: Vec<ChunkMeta> =
-            self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).cloned().collect();
-        if let Some(a) = &self.open {
-            if a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt {
-                out.push(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
-            }
-        }
+        let mut out = Vec::with_capacity(self.count_chunks(mint, maxt));
+        self.each_chunk(mint, maxt, |c| out.push(c));
         out
+    }
+
+    /// How many chunks overlap `[mint, maxt]` (what `each_chunk` hands out).
+    pub fn count_chunks(&self, mint: i64, maxt: i64) -> usize {
+        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).count()
+            + usize::from(self.open_overlaps(mint, maxt))
+    }
+
+    /// Hands each chunk overlapping `[mint, maxt]` to `f`, oldest first (the open chunk
+    /// copied): a reader builds its own list without an intermediate one.
+    pub fn each_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
+        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
+        if let Some(a) = self.open.as_ref().filter(|_| self.open_overlaps(mint, maxt)) {
+            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
+        }
+    }
+
+    fn open_overlaps(&self, mint: i64, maxt: i64) -> bool {
+        self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt)
     }
 
     /// Drops chunks that end before `mint`; returns how many.
