@@ -283,8 +283,8 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
     }
 
     /// Reads the start time of the sample at `t` that `next` is about to return; `false` (and
-    /// the error set) when the column is cut short.
-    #[inline]
+    /// the error set) when the column is cut short. Callers check for a column first, so a
+    /// chunk without one pays a test per sample, not a call.
     fn read_start(&mut self, t: i64) -> bool {
         let Some(col) = &mut self.start_times else { return true };
         match col.next(self.data.as_ref(), t) {
@@ -315,7 +315,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
             st.read += 1;
             st.t = (st.t as u64).wrapping_add(st.delta) as i64;
             let s = Sample { t: st.t, v: f64::from_bits(st.v_bits) };
-            return self.read_start(s.t).then_some(s);
+            return (self.start_times.is_none() || self.read_start(s.t)).then_some(s);
         }
         if self.st.read >= self.st.total || self.err.is_some() {
             return None;
@@ -323,7 +323,7 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
         match self.st.decode_next(self.data.as_ref()) {
             Some(s) => {
                 self.st.read += 1;
-                self.read_start(s.t).then_some(s)
+                (self.start_times.is_none() || self.read_start(s.t)).then_some(s)
             }
             None => {
                 self.err =
