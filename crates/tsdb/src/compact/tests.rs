@@ -326,6 +326,23 @@ fn a_snapshot_is_a_data_directory_holding_blocks_and_head() {
 /// Native histograms next to floats: a counter whose buckets grow (chunk re-encoded), resets,
 /// a gauge, a series switching kinds, staleness; read back exactly after WAL replay, head
 /// truncation into blocks, and compaction (which re-encodes them).
+/// Runs `check` on `db` (the head alone), after a reopen (WAL replay), after compaction into
+/// blocks, and after another reopen and compaction.
+fn check_through_replay_and_compaction(mut db: Db, dir: &std::path::Path, check: impl Fn(&Db, &str)) {
+    check(&db, "head");
+    db.close().unwrap();
+    db = Db::open(dir, opts(0)).unwrap();
+    check(&db, "after replay");
+    db.compact().unwrap();
+    assert!(!db.blocks().is_empty(), "the head was cut into blocks");
+    check(&db, "blocks and head");
+    db.close().unwrap();
+    db = Db::open(dir, opts(0)).unwrap();
+    db.compact().unwrap();
+    check(&db, "after compaction and reopen");
+    db.close().unwrap();
+}
+
 #[test]
 fn histograms_survive_replay_blocks_and_compaction() {
     use crate::chunkenc::{TypedSample, TypedValue};
@@ -333,7 +350,7 @@ fn histograms_survive_replay_blocks_and_compaction() {
     use strata_model::{CounterResetHint, FloatHistogram, STALE_NAN_BITS};
 
     let tmp = tempfile::tempdir().unwrap();
-    let mut db = Db::open(tmp.path(), opts(0)).unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
     let counter = Labels::from_pairs([("__name__", "h"), ("kind", "counter")]);
     let gauge = Labels::from_pairs([("__name__", "h"), ("kind", "gauge")]);
     let mixed = Labels::from_pairs([("__name__", "h"), ("kind", "mixed")]);
@@ -426,18 +443,7 @@ fn histograms_survive_replay_blocks_and_compaction() {
             }
         }
     };
-    check(&db, "head");
-    db.close().unwrap();
-    db = Db::open(tmp.path(), opts(0)).unwrap();
-    check(&db, "after replay");
-    db.compact().unwrap();
-    assert!(!db.blocks().is_empty(), "the head was cut into blocks");
-    check(&db, "blocks and head");
-    db.close().unwrap();
-    db = Db::open(tmp.path(), opts(0)).unwrap();
-    db.compact().unwrap();
-    check(&db, "after compaction and reopen");
-    db.close().unwrap();
+    check_through_replay_and_compaction(db, tmp.path(), check);
 }
 
 #[test]
@@ -445,7 +451,7 @@ fn start_times_survive_replay_blocks_and_compaction() {
     use strata_model::histogram::notation::parse;
 
     let tmp = tempfile::tempdir().unwrap();
-    let mut db = Db::open(tmp.path(), opts(0)).unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
     let name = |kind: &str| Labels::from_pairs([("__name__", "c"), ("kind", kind)]);
     // (labels, t, st) of every sample, in order per series.
     let mut want: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
@@ -475,16 +481,5 @@ fn start_times_survive_replay_blocks_and_compaction() {
             .collect();
         assert_eq!(got, want, "{stage}");
     };
-    check(&db, "head");
-    db.close().unwrap();
-    db = Db::open(tmp.path(), opts(0)).unwrap();
-    check(&db, "after replay");
-    db.compact().unwrap();
-    assert!(!db.blocks().is_empty(), "the head was cut into blocks");
-    check(&db, "blocks and head");
-    db.close().unwrap();
-    db = Db::open(tmp.path(), opts(0)).unwrap();
-    db.compact().unwrap();
-    check(&db, "after compaction and reopen");
-    db.close().unwrap();
+    check_through_replay_and_compaction(db, tmp.path(), check);
 }
