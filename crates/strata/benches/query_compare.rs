@@ -20,6 +20,8 @@
 //! prints its PID once loaded. `QUERY_NAMES=topk` (comma-separated parts of the names in the
 //! table) limits the queries. `STRATA_BASELINE_BIN=path/to/strata` adds that build as
 //! `strata-baseline`, for comparing a change against the build before it in one run.
+//! `QUERY_DATA_DIR=path` keeps each server's data there: a later run with the same INSTANCES
+//! and STRIDE restarts the servers on it instead of loading again (for A/B runs and profiling).
 
 mod common;
 
@@ -201,10 +203,29 @@ fn main() {
     let window = format!("{}m", (4 * DAY_MS / scrapes.len() as i64 / 60_000).max(5));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     // Data ends two minutes before now, on a whole minute; queries cover the 24 h before that.
-    let end_ms = (now - 120_000) / 60_000 * 60_000;
+    let mut end_ms = (now - 120_000) / 60_000 * 60_000;
+    // QUERY_DATA_DIR keeps the loaded servers' directories for the next run with the same
+    // instances and stride (which then reuses their end time and skips the load).
+    let tmp = tempfile::tempdir().unwrap();
+    let kept = std::env::var_os("QUERY_DATA_DIR").map(std::path::PathBuf::from);
+    let root = kept.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    if kept.is_some() {
+        let params = root.join("params");
+        let same = std::fs::read_to_string(&params).ok().and_then(|p| {
+            let v: Vec<i64> = p.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            (v.len() == 3 && v[0] == instances as i64 && v[1] == stride as i64).then_some(v[2])
+        });
+        match same {
+            Some(end) => end_ms = end,
+            None => {
+                let _ = std::fs::remove_dir_all(&root);
+                std::fs::create_dir_all(&root).unwrap();
+                std::fs::write(&params, format!("{instances} {stride} {end_ms}\n")).unwrap();
+            }
+        }
+    }
     let end_s = end_ms / 1000;
     let start_s = end_s - 24 * 3600;
-    let tmp = tempfile::tempdir().unwrap();
     // results[query][server] = (median, series)
     let servers = ["strata", "prometheus", "victoria-metrics", "strata-baseline"];
     let mut results: Vec<Vec<Option<(Duration, usize)>>> = vec![vec![None; servers.len()]; QUERIES.len()];
@@ -229,12 +250,20 @@ fn main() {
                 "-retentionPeriod=30d".into(),
             ],
         };
-        let Some(peer): Option<Peer> = start(name, &tmp.path().join(name), &extra) else {
+        let dir = root.join(name);
+        let loaded = dir.join("loaded");
+        let reuse = kept.is_some() && loaded.exists();
+        let Some(peer): Option<Peer> = start(name, &dir, &extra) else {
             println!("{name}: not found on the PATH; skipped");
             continue;
         };
         let t0 = Instant::now();
-        let samples = load(peer.port, &scrapes, instances, end_ms);
+        let samples = if reuse {
+            println!("{name}: reusing the data loaded in {}", dir.display());
+            0
+        } else {
+            load(peer.port, &scrapes, instances, end_ms)
+        };
         let load_time = t0.elapsed();
         if *name == "victoria-metrics" {
             let _ = get(peer.port, "/internal/force_flush");
@@ -244,6 +273,9 @@ fn main() {
         let t_idle = Instant::now();
         common::wait_idle(peer.child.id(), Duration::from_secs(900));
         println!("{name}: background work after the load settled in {:.0?}", t_idle.elapsed());
+        if kept.is_some() {
+            std::fs::write(&loaded, "").unwrap();
+        }
         println!(
             "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB, RSS once settled {} MiB",
             peer.child.id(),
@@ -295,7 +327,13 @@ fn main() {
     for (si, mut peer) in peers {
         let rss = common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20;
         println!("{}: RSS after the queries {rss} MiB", servers[si]);
-        let _ = peer.child.kill();
+        if kept.is_some() {
+            // Kept data: a graceful stop, so the next start does not replay a whole WAL.
+            // SAFETY: signalling our own child process, whose PID is still ours until `wait`.
+            unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGTERM) };
+        } else {
+            let _ = peer.child.kill();
+        }
         let _ = peer.child.wait();
     }
     println!(

@@ -302,12 +302,49 @@ fn result_labels(many: &Labels, one: &Labels, m: &VectorMatching) -> Labels {
     b.build().unwrap_or_else(|_| many.clone())
 }
 
-/// The sample of either kind `s` has at step time `t`.
-fn value_at(s: &Series, t: i64) -> Option<Operand<'_>> {
-    if let Ok(i) = s.points.binary_search_by_key(&t, |p| p.t) {
-        return Some(Operand::F(s.points[i].f));
+/// The sample of either kind `s` has at step time `t`. `cursor` is where the float search
+/// starts: the index after the last float found, so a series read in step order is walked,
+/// not searched; a time before it (histograms come after all floats) searches from the start.
+fn value_at<'a>(s: &'a Series, t: i64, cursor: &mut usize) -> Option<Operand<'a>> {
+    let from = if *cursor > 0 && s.points.get(*cursor - 1).is_none_or(|p| p.t >= t) { 0 } else { *cursor };
+    let rest = &s.points[from.min(s.points.len())..];
+    // Usually the very next point; a gap of missing steps falls back to a search.
+    let found = match rest.first() {
+        Some(p) if p.t == t => Ok(0),
+        _ => rest.binary_search_by_key(&t, |p| p.t),
+    };
+    if let Ok(i) = found {
+        *cursor = from + i + 1;
+        return Some(Operand::F(rest[i].f));
     }
     s.hists.binary_search_by_key(&t, |p| p.t).ok().map(|i| Operand::H(&s.hists[i].h))
+}
+
+/// The result series of a vector/vector operation, found by their labels.
+#[derive(Default)]
+struct Output {
+    series: Vec<Series>,
+    index: HashMap<Labels, usize>,
+}
+
+impl Output {
+    /// The index of the output series with `labels`, created empty if new.
+    fn slot(&mut self, labels: &Labels) -> usize {
+        let series = &mut self.series;
+        *self.index.entry(labels.clone()).or_insert_with(|| {
+            series.push(Series::new(labels.clone(), Vec::new()));
+            series.len() - 1
+        })
+    }
+
+    fn push(&mut self, idx: usize, t: i64, val: Outcome, drop_name: bool) {
+        let s = &mut self.series[idx];
+        match val {
+            Outcome::F(f) => s.points.push(Point { t, f }),
+            Outcome::H(h) => s.hists.push(HPoint { t, h }),
+        }
+        s.drop_name |= drop_name;
+    }
 }
 
 /// Every sample of `s`: its floats, then its histograms (each in time order; results are put
@@ -367,15 +404,15 @@ fn vector_vector(
     // One-to-one: which steps of a shared signature already produced a result.
     let mut matched: HashMap<&str, Vec<bool>> = HashMap::new();
 
-    let mut out: Vec<Series> = Vec::new();
-    let mut out_index: HashMap<Labels, usize> = HashMap::new();
+    let mut out = Output::default();
     let drop_arith = is_arithmetic(b.op) || b.return_bool;
     let no_ones: Vec<usize> = Vec::new();
     let empty = Labels::empty();
     // `fill_right(v)` stands in for a missing "one"-side sample, `fill_left(v)` for a missing
     // "many"-side one (the sides after group_right's swap, as in Prometheus).
     let (fill_many, fill_one) = (b.fill_left, b.fill_right);
-    let mut emit = |out: &mut Vec<Series>, labels: Labels, t: i64, l: Operand, r: Operand, dropped: bool| {
+    // The value of a pair, None when it is filtered out or undefined for its kinds.
+    let value = |l: Operand, r: Operand| -> Option<Outcome> {
         let (val, keep) = match (l, r) {
             (Operand::F(fl), Operand::F(fr)) => {
                 let (v, k) = elem(b.op, fl, fr);
@@ -383,21 +420,14 @@ fn vector_vector(
             }
             _ => elem_histogram(ev, b, l, r)?,
         };
-        let (val, keep) = if b.return_bool { (Outcome::F(if keep { 1.0 } else { 0.0 }), true) } else { (val, keep) };
-        if !keep {
-            return None;
+        match b.return_bool {
+            true => Some(Outcome::F(if keep { 1.0 } else { 0.0 })),
+            false => keep.then_some(val),
         }
-        let idx = *out_index.entry(labels.clone()).or_insert_with(|| {
-            out.push(Series::new(labels, Vec::new()));
-            out.len() - 1
-        });
-        match val {
-            Outcome::F(f) => out[idx].points.push(Point { t, f }),
-            Outcome::H(h) => out[idx].hists.push(HPoint { t, h }),
-        }
-        out[idx].drop_name |= drop_arith || dropped;
-        Some(idx)
     };
+    // Where each "one"-side series was last read: steps come in order, so each lookup starts
+    // there instead of searching the whole series.
+    let mut cursors = vec![0usize; one.len()];
     for (ms, sig) in many.iter().zip(&many_sigs) {
         let ones = one_by_sig.get(sig).unwrap_or(&no_ones);
         if ones.is_empty() && fill_one.is_none() {
@@ -405,8 +435,10 @@ fn vector_vector(
         }
         ev.check("binary operation")?;
         let shared = many_count[sig] > 1 && m.card == Cardinality::OneToOne;
-        // Result labels of the last "one" series this series matched (None: filled).
-        let mut last: Option<(Option<usize>, Labels)> = None;
+        // The "one" series this series matched last (None: filled), the result's labels and,
+        // once a point was kept, its output series: labels are built and looked up once per
+        // pairing, not once per step.
+        let mut pairing: Option<(Option<usize>, Labels, Option<usize>)> = None;
         for (t, mv) in operands(ms) {
             let k = ctx.index(t);
             let oi = match ones.len() {
@@ -414,7 +446,7 @@ fn vector_vector(
                 1 => Some(ones[0]),
                 _ => owner[sig.as_str()][k],
             };
-            let found = oi.and_then(|oi| value_at(&one[oi], t).map(|of| (oi, of)));
+            let found = oi.and_then(|oi| value_at(&one[oi], t, &mut cursors[oi]).map(|of| (oi, of)));
             let (oi, of) = match (found, fill_one) {
                 (Some((oi, of)), _) => (Some(oi), of),
                 (None, Some(v)) => (None, Operand::F(v)),
@@ -430,16 +462,15 @@ fn vector_vector(
                 }
                 steps[k] = true;
             }
-            let labels = match &last {
-                Some((o, l)) if *o == oi => l.clone(),
-                _ => {
-                    let l = result_labels(&ms.labels, oi.map_or(&empty, |i| &one[i].labels), m);
-                    last = Some((oi, l.clone()));
-                    l
-                }
-            };
+            if pairing.as_ref().is_none_or(|p| p.0 != oi) {
+                pairing = Some((oi, result_labels(&ms.labels, oi.map_or(&empty, |i| &one[i].labels), m), None));
+            }
             let (fl, fr) = if swapped { (of, mv) } else { (mv, of) };
-            emit(&mut out, labels, t, fl, fr, ms.drop_name);
+            if let Some(val) = value(fl, fr) {
+                let (_, labels, slot) = pairing.as_mut().expect("set above");
+                let idx = *slot.get_or_insert_with(|| out.slot(labels));
+                out.push(idx, t, val, drop_arith || ms.drop_name);
+            }
         }
     }
     if let Some(fill) = fill_many {
@@ -449,15 +480,20 @@ fn vector_vector(
         for o in &one {
             let steps = present.get(&sig_key(&o.labels, m));
             let labels = Labels::from_sorted_unchecked(signature(&o.labels, m.on, &m.labels));
+            let mut slot = None;
             for (t, ov) in operands(o) {
                 if steps.is_some_and(|st| st[ctx.index(t)]) {
                     continue;
                 }
                 let (fl, fr) = if swapped { (ov, Operand::F(fill)) } else { (Operand::F(fill), ov) };
-                emit(&mut out, labels.clone(), t, fl, fr, true);
+                if let Some(val) = value(fl, fr) {
+                    let idx = *slot.get_or_insert_with(|| out.slot(&labels));
+                    out.push(idx, t, val, true);
+                }
             }
         }
     }
+    let mut out = out.series;
     for s in &mut out {
         s.hists.sort_by_key(|p| p.t);
         let clash = !s.hists.is_empty() && s.hists.iter().any(|h| s.points.binary_search_by_key(&h.t, |p| p.t).is_ok());
