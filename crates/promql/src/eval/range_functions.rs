@@ -158,6 +158,9 @@ pub(super) fn stream(
             // window's arithmetic is inlined into it.
             let (st, o) = (starts.floats, overlap);
             let points = match name {
+                "rate" | "increase" | "delta" if st.is_empty() && spec.at.is_none() => {
+                    slide_extrapolated(samples, ctx, &spec, name != "delta", name == "rate")
+                }
                 "rate" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, true, true)),
                 "increase" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, true, false)),
                 "delta" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, false, false)),
@@ -372,6 +375,15 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
     if is_counter && !w.st.is_empty() {
         return counter_rate_with_starts(s, w, is_rate);
     }
+    let (change, sampled) = change_over(s, is_counter)?;
+    Some(change * sampled.factor(w.end, w.range, per_second_divisor(w.range, is_rate)))
+}
+
+/// What `rate`, `increase` and `delta` take from a window's samples whatever the window's
+/// position: the change (corrected for counter resets) and its extrapolation inputs. None
+/// with fewer than two samples.
+#[inline(always)]
+fn change_over(s: &[Point], is_counter: bool) -> Option<(f64, Sampled)> {
     if s.len() < 2 {
         return None;
     }
@@ -388,7 +400,47 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
     }
     // A counter cannot have been below zero: extrapolate at most to where it was zero.
     let zero_at = (is_counter && result > 0.0 && first.f >= 0.0).then(|| first.f / result);
-    Some(result * factor_with_zero_clamp(first.t, last.t, s.len(), w, is_rate, zero_at))
+    Some((result, Sampled::new(first.t, last.t, s.len(), zero_at)))
+}
+
+/// The divisor that makes a change per second (the range in seconds), or None.
+#[inline(always)]
+pub(super) fn per_second_divisor(range: i64, per_second: bool) -> Option<f64> {
+    per_second.then(|| range as f64 / 1000.0)
+}
+
+/// `rate`, `increase` and `delta` over plain windows without `@` or start times: as
+/// `slide_plain` with `extrapolated_rate`, but what depends only on the window's samples
+/// (the change, the average gap, the zero clamp: three divisions) is computed once for as
+/// long as consecutive steps' windows hold the same samples, which is several steps when
+/// samples are further apart than the step. The arithmetic, and so every bit of the result,
+/// is `extrapolated_rate`'s.
+fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter: bool, is_rate: bool) -> Vec<Point> {
+    debug_assert!(spec.at.is_none(), "pinned windows go through slide_plain");
+    let mut points = Vec::with_capacity(ctx.points_capacity(samples, spec.range, false));
+    let divisor = per_second_divisor(spec.range, is_rate);
+    let (mut lo, mut hi) = (0usize, 0usize);
+    // The window (lo, hi) `base` was computed for; (0, 0) holds no samples, as `None` says.
+    let mut base_of = (0usize, 0usize);
+    let mut base: Option<(f64, Sampled)> = None;
+    for i in 0..ctx.n {
+        let end = spec.end_at(ctx.ts(i));
+        let start = end - spec.range;
+        while hi < samples.len() && samples[hi].t <= end {
+            hi += 1;
+        }
+        while lo < hi && samples[lo].t <= start {
+            lo += 1;
+        }
+        if (lo, hi) != base_of {
+            base_of = (lo, hi);
+            base = change_over(&samples[lo..hi], is_counter);
+        }
+        if let Some((change, sampled)) = &base {
+            points.push(Point { t: ctx.ts(i), f: change * sampled.factor(end, spec.range, divisor) });
+        }
+    }
+    points
 }
 
 /// Whether start times say a counter reset between two consecutive samples (`prev_st` and
@@ -481,29 +533,66 @@ pub(super) fn factor_with_zero_clamp(
     per_second: bool,
     zero_at: Option<f64>,
 ) -> f64 {
-    let range_start = w.end - w.range;
-    let mut to_start = (first_t - range_start) as f64 / 1000.0;
-    let mut to_end = (w.end - last_t) as f64 / 1000.0;
-    let sampled = (last_t - first_t) as f64 / 1000.0;
-    let avg_gap = sampled / (n - 1) as f64;
-    let threshold = avg_gap * 1.1;
-    if to_start >= threshold {
-        to_start = avg_gap / 2.0;
-    }
-    if let Some(z) = zero_at {
-        let to_zero = sampled * z;
-        if to_zero < to_start {
-            to_start = to_zero;
+    Sampled::new(first_t, last_t, n, zero_at).factor(w.end, w.range, per_second_divisor(w.range, per_second))
+}
+
+/// The part of the extrapolation that depends only on a window's samples (Prometheus'
+/// `extrapolatedRate`, split so that it can be reused across steps; each value is computed by
+/// the same operations in the same order, so results are bit for bit the same).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sampled {
+    first_t: i64,
+    last_t: i64,
+    /// Seconds between the first and the last sample.
+    sampled: f64,
+    /// Half the average interval between samples: how far past them the change is
+    /// extrapolated when the series seems to start or end inside the window.
+    half_gap: f64,
+    /// From this distance to an edge on (1.1 average intervals), the series is taken to
+    /// start or end inside the window.
+    threshold: f64,
+    /// Seconds before the first sample where a counter would have been zero.
+    to_zero: Option<f64>,
+}
+
+impl Sampled {
+    #[inline(always)]
+    pub(super) fn new(first_t: i64, last_t: i64, n: usize, zero_at: Option<f64>) -> Sampled {
+        debug_assert!(n >= 2, "a change needs two samples");
+        let sampled = (last_t - first_t) as f64 / 1000.0;
+        let avg_gap = sampled / (n - 1) as f64;
+        Sampled {
+            first_t,
+            last_t,
+            sampled,
+            half_gap: avg_gap / 2.0,
+            threshold: avg_gap * 1.1,
+            to_zero: zero_at.map(|z| sampled * z),
         }
     }
-    if to_end >= threshold {
-        to_end = avg_gap / 2.0;
+
+    /// The factor for the window `(end - range, end]`, divided by `per_second` if given.
+    #[inline(always)]
+    pub(super) fn factor(&self, end: i64, range: i64, per_second: Option<f64>) -> f64 {
+        let mut to_start = (self.first_t - (end - range)) as f64 / 1000.0;
+        let mut to_end = (end - self.last_t) as f64 / 1000.0;
+        if to_start >= self.threshold {
+            to_start = self.half_gap;
+        }
+        if let Some(to_zero) = self.to_zero {
+            if to_zero < to_start {
+                to_start = to_zero;
+            }
+        }
+        if to_end >= self.threshold {
+            to_end = self.half_gap;
+        }
+        let mut factor = (self.sampled + to_start + to_end) / self.sampled;
+        if let Some(d) = per_second {
+            factor /= d;
+        }
+        factor
     }
-    let mut factor = (sampled + to_start + to_end) / sampled;
-    if per_second {
-        factor /= w.range as f64 / 1000.0;
-    }
-    factor
 }
 
 /// `anchored` and `smoothed` windows (experimental extended range selectors), without
