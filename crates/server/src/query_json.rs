@@ -40,14 +40,18 @@ pub fn seconds(out: &mut String, ms: i64) {
     }
     let abs = ms.unsigned_abs();
     let (s, frac) = (abs / 1000, abs % 1000);
-    let _ = write!(out, "{s}");
+    out.push_str(itoa::Buffer::new().format(s));
     if frac != 0 {
-        let mut f = format!("{frac:03}");
-        while f.ends_with('0') {
-            f.pop();
-        }
+        let digits = [b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8];
+        let len = if frac % 100 == 0 {
+            1
+        } else if frac % 10 == 0 {
+            2
+        } else {
+            3
+        };
         out.push('.');
-        out.push_str(&f);
+        out.push_str(std::str::from_utf8(&digits[..len]).expect("ASCII digits"));
     }
 }
 
@@ -59,14 +63,74 @@ pub fn float(out: &mut String, v: f64) {
     out.push('"');
 }
 
-/// A sample value as Prometheus prints it, unquoted (also the text exposition's form).
+/// Integers below this are written from an `i64` (exactly, and the same as a float would be).
+const EXACT_INTEGER: f64 = 1e15;
+
+/// A sample value as Prometheus prints it, unquoted (also the text exposition's form): Go's
+/// `strconv.FormatFloat(v, 'f', -1, 64)`, the shortest decimal that reads back to the same
+/// float, never with an exponent (which is also what Rust's `Display` writes).
 pub fn sample_value(out: &mut String, v: f64) {
     if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else if v == v.trunc() && v.abs() < EXACT_INTEGER {
+        // Counters, byte counts and the like: the common case, without the digit search.
+        if v == 0.0 && v.is_sign_negative() {
+            out.push_str("-0");
+        } else {
+            out.push_str(itoa::Buffer::new().format(v as i64));
+        }
     } else {
-        let _ = write!(out, "{v}");
+        plain_decimal(out, zmij::Buffer::new().format_finite(v));
+    }
+}
+
+/// Rewrites a shortest round-trip decimal as zmij writes it (`1.5`, `1e-7`, `1.2345e21`,
+/// `-3.0`) without an exponent or a trailing `.0`: `0.0000001`, `1234500000000000000000`.
+fn plain_decimal(out: &mut String, s: &str) {
+    let (negative, s) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mantissa, exponent) = match s.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i32>().expect("an exponent is an integer")),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // The significant digits (at most 17, plus zeros zmij may write around them) and where
+    // the decimal point falls among them.
+    let mut buf = [0u8; 48];
+    let mut len = 0;
+    let mut point = int.len() as i32 + exponent;
+    for &d in int.as_bytes().iter().chain(frac.as_bytes()) {
+        if len == 0 && d == b'0' {
+            point -= 1;
+            continue;
+        }
+        buf[len] = d;
+        len += 1;
+    }
+    while len > 0 && buf[len - 1] == b'0' {
+        len -= 1;
+    }
+    let digits = std::str::from_utf8(&buf[..len]).expect("ASCII digits");
+    if negative {
+        out.push('-');
+    }
+    if digits.is_empty() {
+        out.push('0');
+    } else if point <= 0 {
+        out.push_str("0.");
+        (0..-point).for_each(|_| out.push('0'));
+        out.push_str(digits);
+    } else if point as usize >= len {
+        out.push_str(digits);
+        (len..point as usize).for_each(|_| out.push('0'));
+    } else {
+        out.push_str(&digits[..point as usize]);
+        out.push('.');
+        out.push_str(&digits[point as usize..]);
     }
 }
 
@@ -235,6 +299,91 @@ pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> Strin
 mod tests {
     use super::*;
     use strata_promql::{Point, Series};
+
+    fn shown(v: f64) -> String {
+        let mut s = String::new();
+        sample_value(&mut s, v);
+        s
+    }
+
+    #[test]
+    fn sample_values_as_go_formats_them() {
+        for (v, want) in [
+            (0.0, "0"),
+            (-0.0, "-0"),
+            (1.0, "1"),
+            (-3.0, "-3"),
+            (1.5, "1.5"),
+            (0.1, "0.1"),
+            (1e-7, "0.0000001"),
+            (-2.5e-5, "-0.000025"),
+            (123456.789, "123456.789"),
+            (1e15, "1000000000000000"),
+            (1.2345e21, "1234500000000000000000"),
+            (999_999_999_999_999.9, "999999999999999.9"),
+            (5e-324, &format!("0.{}5", "0".repeat(323))),
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "+Inf"),
+            (f64::NEG_INFINITY, "-Inf"),
+        ] {
+            assert_eq!(shown(v), want, "{v:e}");
+        }
+    }
+
+    /// Values whose shortest decimals tie (two candidates equally near), as Go 1.26's
+    /// `strconv.FormatFloat(v, 'f', -1, 64)` writes them: it rounds the tie to even, where
+    /// Rust's `Display` rounds it up (`…783.3`).
+    #[test]
+    #[allow(clippy::excessive_precision, reason = "the exact values, halfway between two shortest decimals")]
+    fn ties_round_as_in_go() {
+        for (v, go) in [
+            (-1229591586589783.25, "-1229591586589783.2"),
+            (1229591586589783.25, "1229591586589783.2"),
+            (2251799813685248.75, "2251799813685249"),
+            (4503599627370495.5, "4503599627370495.5"),
+            (123456789.123456789, "123456789.12345679"),
+            (2.0 / 3.0, "0.6666666666666666"),
+        ] {
+            assert_eq!(shown(v), go);
+        }
+        assert_eq!(shown(f64::MAX), format!("17976931348623157{}", "0".repeat(292)));
+    }
+
+    proptest::proptest! {
+        /// Every finite float is written without an exponent, reads back to the same bits,
+        /// and has no more significant digits than Rust's shortest `Display`.
+        #[test]
+        fn sample_values_round_trip_shortest(bits in proptest::num::u64::ANY, int in -1e16f64..1e16) {
+            let significant = |s: &str| s.bytes().filter(u8::is_ascii_digit).skip_while(|&d| d == b'0').count();
+            for v in [f64::from_bits(bits), int, int.trunc(), int / 1e9] {
+                if v.is_finite() {
+                    let s = shown(v);
+                    proptest::prop_assert!(!s.contains(['e', 'E']), "{}", s);
+                    proptest::prop_assert_eq!(s.parse::<f64>().unwrap().to_bits(), v.to_bits(), "{}", s);
+                    let display = format!("{v}");
+                    let trimmed = |s: &str| significant(s.trim_end_matches('0').trim_end_matches('.'));
+                    proptest::prop_assert!(trimmed(&s) <= trimmed(&display), "{} vs {}", s, display);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn seconds_keep_up_to_three_decimals() {
+        for (ms, want) in [
+            (0, "0"),
+            (1500, "1.5"),
+            (-1500, "-1.5"),
+            (1_435_781_451_781, "1435781451.781"),
+            (10, "0.01"),
+            (-7, "-0.007"),
+            (120_000, "120"),
+        ] {
+            let mut s = String::new();
+            seconds(&mut s, ms);
+            assert_eq!(s, want);
+        }
+    }
 
     #[test]
     fn parses_back_as_the_same_json() {
