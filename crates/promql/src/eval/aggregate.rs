@@ -17,7 +17,8 @@ use crate::value::{HPoint, Point, Series};
 
 pub(crate) use strata_model::kahan_inc;
 
-/// Running state of one group at one step.
+/// Running state of one group at one step, for the operators that keep a mean (`avg`,
+/// `stddev`, `stdvar`; the others fold into `StepAccs::Compact`).
 #[derive(Debug, Clone, Copy, Default)]
 struct Acc {
     seen: bool,
@@ -39,34 +40,19 @@ impl Acc {
                     self.mean = f;
                     self.value = if f.is_finite() { 0.0 } else { f64::NAN };
                 }
-                AggregateOp::Group => self.value = 1.0,
-                AggregateOp::Count => self.value = 1.0,
                 _ => self.value = f,
             }
             return;
         }
         self.count += 1.0;
         match op {
-            AggregateOp::Sum => (self.value, self.comp) = kahan_inc(f, self.value, self.comp),
             AggregateOp::Avg => self.add_mean(f),
-            AggregateOp::Count => self.value += 1.0,
-            AggregateOp::Group => {}
-            AggregateOp::Min => {
-                if self.value > f || self.value.is_nan() {
-                    self.value = f;
-                }
-            }
-            AggregateOp::Max => {
-                if self.value < f || self.value.is_nan() {
-                    self.value = f;
-                }
-            }
             AggregateOp::Stddev | AggregateOp::Stdvar => {
                 let delta = f - self.mean;
                 self.mean += delta / self.count;
                 self.value += delta * (f - self.mean);
             }
-            _ => unreachable!("not an accumulating aggregation"),
+            _ => unreachable!("not a mean-based aggregation"),
         }
     }
 
@@ -98,7 +84,6 @@ impl Acc {
 
     fn result(&self, op: AggregateOp) -> f64 {
         match op {
-            AggregateOp::Sum => self.value + self.comp,
             AggregateOp::Avg => {
                 if self.incremental {
                     self.mean + self.comp
@@ -108,7 +93,7 @@ impl Acc {
             }
             AggregateOp::Stdvar => self.value / self.count,
             AggregateOp::Stddev => (self.value / self.count).sqrt(),
-            _ => self.value,
+            _ => unreachable!("not a mean-based aggregation"),
         }
     }
 }
@@ -190,37 +175,81 @@ fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels 
     }
 }
 
+/// One group's accumulators at every step, laid out by what the operator needs. `sum`,
+/// `count`, `group`, `min` and `max` keep a value and a compensation (16 bytes a step, and a
+/// flag); `avg`, `stddev` and `stdvar` the whole `Acc`. Every input point is added into its
+/// group's step, and with thousands of groups the accumulators do not fit in the cache, so
+/// their size is most of what folding costs.
+enum StepAccs {
+    Compact { seen: Vec<bool>, sums: Vec<(f64, f64)> },
+    Full(Vec<Acc>),
+}
+
+impl StepAccs {
+    fn new(op: AggregateOp, n: usize) -> StepAccs {
+        match op {
+            AggregateOp::Avg | AggregateOp::Stddev | AggregateOp::Stdvar => StepAccs::Full(vec![Acc::default(); n]),
+            _ => StepAccs::Compact { seen: vec![false; n], sums: vec![(0.0, 0.0); n] },
+        }
+    }
+
+    /// The result at step `i`, if any sample came.
+    fn result(&self, op: AggregateOp, i: usize) -> Option<f64> {
+        match self {
+            StepAccs::Compact { seen, sums } => seen[i].then(|| match op {
+                AggregateOp::Sum => sums[i].0 + sums[i].1,
+                _ => sums[i].0,
+            }),
+            StepAccs::Full(acc) => acc[i].seen.then(|| acc[i].result(op)),
+        }
+    }
+}
+
 /// Adds a series' points into its group's accumulators, with the operator fixed per loop so the
 /// per-point work has no dispatch, and step indexes found by walking (points are in step
-/// order) rather than by dividing.
-fn fold(op: AggregateOp, acc: &mut [Acc], points: &[Point], ctx: &Ctx) {
+/// order) rather than by dividing. The compact operators do what `Acc::add` does.
+fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
+    let mut steps = ctx.walker();
+    let (seen, sums) = match accs {
+        StepAccs::Full(acc) => {
+            macro_rules! each {
+                ($op:expr) => {{
+                    for p in points {
+                        acc[steps.index(p.t)].add($op, p.f);
+                    }
+                }};
+            }
+            match op {
+                AggregateOp::Avg => each!(AggregateOp::Avg),
+                AggregateOp::Stddev => each!(AggregateOp::Stddev),
+                AggregateOp::Stdvar => each!(AggregateOp::Stdvar),
+                _ => unreachable!("a compact aggregation"),
+            }
+            return;
+        }
+        StepAccs::Compact { seen, sums } => (seen, sums),
+    };
+    // The first sample of a step sets it (`first`), the others combine (`next`).
     macro_rules! each {
-        ($op:expr) => {{
-            let mut steps = ctx.walker();
+        (|$v:ident, $f:ident| first: $first:expr, next: $next:expr) => {{
             for p in points {
-                acc[steps.index(p.t)].add($op, p.f);
+                let i = steps.index(p.t);
+                let ($v, $f) = (&mut sums[i], p.f);
+                if seen[i] {
+                    $next
+                } else {
+                    seen[i] = true;
+                    $first
+                }
             }
         }};
     }
     match op {
-        AggregateOp::Sum => each!(AggregateOp::Sum),
-        AggregateOp::Avg => each!(AggregateOp::Avg),
-        // What `add` does for a count, without its first-sample branch (a fresh accumulator
-        // is all zeros).
-        AggregateOp::Count => {
-            let mut steps = ctx.walker();
-            for p in points {
-                let a = &mut acc[steps.index(p.t)];
-                a.seen = true;
-                a.count += 1.0;
-                a.value += 1.0;
-            }
-        }
-        AggregateOp::Min => each!(AggregateOp::Min),
-        AggregateOp::Max => each!(AggregateOp::Max),
-        AggregateOp::Group => each!(AggregateOp::Group),
-        AggregateOp::Stddev => each!(AggregateOp::Stddev),
-        AggregateOp::Stdvar => each!(AggregateOp::Stdvar),
+        AggregateOp::Sum => each!(|v, f| first: *v = (f, 0.0), next: *v = kahan_inc(f, v.0, v.1)),
+        AggregateOp::Count => each!(|v, _f| first: v.0 = 1.0, next: v.0 += 1.0),
+        AggregateOp::Group => each!(|v, _f| first: v.0 = 1.0, next: {}),
+        AggregateOp::Min => each!(|v, f| first: v.0 = f, next: if v.0 > f || v.0.is_nan() { v.0 = f }),
+        AggregateOp::Max => each!(|v, f| first: v.0 = f, next: if v.0 < f || v.0.is_nan() { v.0 = f }),
         _ => unreachable!("not an accumulating aggregation"),
     }
 }
@@ -271,7 +300,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
     if is_accumulating(a.op) {
         // Streams: each input series is folded into its group's per-step accumulators and
         // dropped, so memory is groups × steps, not input series × steps.
-        let mut accs: Vec<Vec<Acc>> = Vec::new();
+        let mut accs: Vec<StepAccs> = Vec::new();
         // Histogram sums of each group, made only for groups that meet a histogram.
         let mut haccs: Vec<Option<Vec<HistAcc>>> = Vec::new();
         let mut notes = HistNotes::default();
@@ -280,7 +309,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
             let g = grouper.assign(&s, &a.grouping, a.without);
             if g == accs.len() {
                 ev.take(ctx.n, "aggregation")?;
-                accs.push(vec![Acc::default(); ctx.n]);
+                accs.push(StepAccs::new(a.op, ctx.n));
                 haccs.push(None);
             }
             fold(a.op, &mut accs[g], &s.points, ctx);
@@ -320,17 +349,17 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         for (((labels, acc), hacc), drops) in grouper.groups.into_iter().zip(accs).zip(haccs).zip(grouper.drops_name) {
             let mut points: Vec<Point> = Vec::new();
             let mut hists: Vec<HPoint> = Vec::new();
-            for (i, x) in acc.iter().enumerate() {
+            for i in 0..ctx.n {
                 let h = hacc.as_ref().filter(|_| sums_histograms).map(|h| &h[i]).filter(|h| h.count > 0.0);
-                match (x.seen, h) {
-                    (true, None) => points.push(Point { t: ctx.ts(i), f: x.result(a.op) }),
-                    (false, Some(h)) => {
+                match (acc.result(a.op, i), h) {
+                    (Some(f), None) => points.push(Point { t: ctx.ts(i), f }),
+                    (None, Some(h)) => {
                         if let Some(r) = h.result() {
                             hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
                         }
                     }
-                    (true, Some(_)) => mixed = true,
-                    (false, None) => {}
+                    (Some(_), Some(_)) => mixed = true,
+                    (None, None) => {}
                 }
             }
             ev.release(ctx.n);
