@@ -79,3 +79,67 @@ fn deadline_and_cancellation() {
     let r = engine.range_with_cancel(&head, &e, 0, 3_600_000, 15_000, Some(&cancel));
     assert!(matches!(r, Err(EvalError::Canceled(_))));
 }
+
+/// Vector/vector matching walks each side's steps with a cursor: with series that come and
+/// go on both sides (gaps longer than the lookback, "one"-side series taking turns), every
+/// step of a range query must be what an instant query at that step gives, and every series
+/// that `and` finds matched must have its result.
+#[test]
+fn vector_matching_over_gaps_matches_instant_queries() {
+    let head = Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() });
+    let mut app = head.appender();
+    for i in 0..6 {
+        // "c" has one series per job, which several "a" series match.
+        let sides: &[(&str, usize)] = if i < 2 { &[("a", 0), ("b", 3), ("c", 5)] } else { &[("a", 0), ("b", 3)] };
+        for &(name, phase) in sides {
+            let l = Labels::from_pairs([
+                ("__name__", name.to_string()),
+                ("job", format!("j{}", i % 2)),
+                ("instance", format!("i{i}")),
+                // "b" takes turns between two series per job.
+                ("turn", if name == "b" { format!("{}", i / 2 % 2) } else { String::new() }),
+            ]);
+            for k in 0..240i64 {
+                // Gaps of 10 min (twice the lookback) at times that differ by series and side.
+                if (k + (phase * i) as i64) % 80 < 40 || (name == "b" && (k / 60) % 2 != (i / 2 % 2) as i64) {
+                    continue;
+                }
+                app.append(&l, k * 15_000, (k * (i as i64 + 1) + 1) as f64).unwrap();
+            }
+        }
+    }
+    app.commit().unwrap();
+    let engine = Engine::default();
+    let (start, end, step) = (0, 3_600_000, 15_000);
+    let range = |q: &str| {
+        let e = parse_with(q, Features::all()).unwrap();
+        let Value::Matrix(m) = engine.range(&head, &e, start, end, step).unwrap().value else { panic!("{q}") };
+        m
+    };
+    // Each operation, and the `and` (set matching, which does not walk cursors) that selects
+    // the "many"-side series it must give a result for.
+    for (q, matched) in [
+        ("a / ignoring(turn) b", "a and ignoring(turn) b"),
+        ("a + on(job, instance) group_left b", "a and on(job, instance) b"),
+        ("a > bool on(instance) b", "a and on(instance) b"),
+        ("a * on(job) group_left c", "a and on(job) c"),
+        ("c - on(job) group_right a", "a and on(job) c"),
+    ] {
+        let e = parse_with(q, Features::all()).unwrap();
+        let (result, matched) = (range(q), range(matched));
+        let mut points = 0;
+        for t in (start..=end).step_by(step as usize) {
+            let Value::Vector(at) = engine.instant(&head, &e, t).unwrap().value else { panic!("{q}") };
+            for s in &at {
+                let r = result.iter().find(|r| r.labels == s.labels).unwrap_or_else(|| panic!("{q}: {:?}", s.labels));
+                let p = r.points.iter().find(|p| p.t == t).unwrap_or_else(|| panic!("{q} at {t}"));
+                assert_eq!(p.f.to_bits(), s.points[0].f.to_bits(), "{q} at {t}");
+                points += 1;
+            }
+            let at_t = |m: &[Series]| m.iter().filter(|r| r.points.iter().any(|p| p.t == t)).count();
+            assert_eq!(at_t(&result), at.len(), "{q} at {t}");
+            assert_eq!(at_t(&result), at_t(&matched), "{q} at {t}");
+        }
+        assert!(points > 100, "{q} matched only {points} points");
+    }
+}
