@@ -276,13 +276,17 @@ fn main() {
         if kept.is_some() {
             std::fs::write(&loaded, "").unwrap();
         }
-        println!(
-            "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB, RSS once settled {} MiB",
-            peer.child.id(),
-            samples as f64 / load_time.as_secs_f64(),
-            rss >> 20,
-            common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20
-        );
+        let settled_rss = common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20;
+        if reuse {
+            println!("{name} (pid {}): restarted on kept data, RSS once settled {settled_rss} MiB", peer.child.id());
+        } else {
+            println!(
+                "{name} (pid {}): loaded {samples} samples in {load_time:.1?} ({:.0} samples/s), {cpu:.0} CPU s, peak RSS {} MiB, RSS once settled {settled_rss} MiB",
+                peer.child.id(),
+                samples as f64 / load_time.as_secs_f64(),
+                rss >> 20,
+            );
+        }
         peers.push((si, peer));
     }
     for (qi, (label, q, range)) in QUERIES.iter().enumerate() {
