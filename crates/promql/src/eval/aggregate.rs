@@ -430,6 +430,10 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
 }
 
 /// NaN sorts below every number for topk and above for bottomk, as in Prometheus.
+/// Up to this k, topk/bottomk keep the best k in a sorted list while reading the candidates;
+/// above it they partially sort them all.
+const SMALL_K: usize = 8;
+
 fn better(op: AggregateOp, a: f64, b: f64) -> bool {
     match op {
         AggregateOp::TopK => (a > b) || (b.is_nan() && !a.is_nan()),
@@ -449,40 +453,11 @@ fn select_k(
 ) -> Result<Vec<Series>, EvalError> {
     assert!(input.len() <= u32::MAX as usize && ctx.n <= u32::MAX as usize);
     let n_groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
-    // Every step's candidates (series, point) in one array, step after step (a counting
-    // sort), each step's in series order. Points are numbered floats first, then histograms
-    // (only limitk sees histograms); a series has at most one point per step.
-    let mut starts = vec![0usize; ctx.n + 1];
-    for s in &input {
-        let mut steps = ctx.walker();
-        s.points.iter().for_each(|p| starts[steps.index(p.t) + 1] += 1);
-        let mut steps = ctx.walker();
-        s.hists.iter().for_each(|p| starts[steps.index(p.t) + 1] += 1);
-    }
-    for i in 0..ctx.n {
-        starts[i + 1] += starts[i];
-    }
-    let mut candidates = vec![(0u32, 0u32); starts[ctx.n]];
-    let mut next = starts.clone();
-    for (si, s) in input.iter().enumerate() {
-        let mut steps = ctx.walker();
-        for (pi, p) in s.points.iter().enumerate() {
-            let at = &mut next[steps.index(p.t)];
-            candidates[*at] = (si as u32, pi as u32);
-            *at += 1;
-        }
-        let mut steps = ctx.walker();
-        for (hi, p) in s.hists.iter().enumerate() {
-            let at = &mut next[steps.index(p.t)];
-            candidates[*at] = (si as u32, (s.points.len() + hi) as u32);
-            *at += 1;
-        }
-    }
     // topk and bottomk rank by value, ties in series order (a total order, so choosing the
     // best k without sorting everyone gives what a stable sort would); limitk keeps series
-    // order.
-    let rank = |&(a, ap): &(u32, u32), &(b, bp): &(u32, u32)| {
-        let (x, y) = (input[a as usize].points[ap as usize].f, input[b as usize].points[bp as usize].f);
+    // order. A candidate is (value, series, point); points are numbered floats first, then
+    // histograms (only limitk sees histograms, valued 0 here as it does not rank).
+    let rank = |&(x, a, _): &(f64, u32, u32), &(y, b, _): &(f64, u32, u32)| {
         if better(op, x, y) {
             std::cmp::Ordering::Less
         } else if better(op, y, x) {
@@ -491,48 +466,71 @@ fn select_k(
             a.cmp(&b)
         }
     };
-    let choose = |members: &mut Vec<(u32, u32)>, kk: usize| {
-        if members.len() > kk {
-            if op != AggregateOp::LimitK {
-                members.select_nth_unstable_by(kk - 1, rank);
-                members.truncate(kk);
-                members.sort_unstable_by(rank);
-            } else {
-                members.truncate(kk);
+    let choose = |members: &mut Vec<(f64, u32, u32)>, best: &mut Vec<(f64, u32, u32)>, kk: usize| {
+        if op == AggregateOp::LimitK {
+            members.truncate(kk);
+        } else if kk <= SMALL_K && members.len() > kk {
+            // A few of many: one comparison with the k-th best so far for most candidates.
+            best.clear();
+            for &c in members.iter() {
+                if best.len() == kk {
+                    if rank(&c, &best[kk - 1]) != std::cmp::Ordering::Less {
+                        continue;
+                    }
+                    best.pop();
+                }
+                let at = best.partition_point(|b| rank(b, &c) == std::cmp::Ordering::Less);
+                best.insert(at, c);
             }
-        } else if op != AggregateOp::LimitK {
+            std::mem::swap(members, best);
+        } else if members.len() > kk {
+            members.select_nth_unstable_by(kk - 1, rank);
+            members.truncate(kk);
+            members.sort_unstable_by(rank);
+        } else {
             members.sort_unstable_by(rank);
         }
     };
     let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.len()]).collect();
     let mut order: Vec<(usize, usize, usize)> = Vec::new(); // (group, rank, series) for instant output
                                                             // Reused across steps: each group's members at the step, and the groups that have any.
-    let mut by_group: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_groups];
+    let mut by_group: Vec<Vec<(f64, u32, u32)>> = vec![Vec::new(); n_groups];
     let mut present: Vec<usize> = Vec::new();
-    for step in 0..ctx.n {
-        let cands = &candidates[starts[step]..starts[step + 1]];
-        if cands.is_empty() {
-            continue;
-        }
-        let kf = k[step];
+    let mut best = Vec::new();
+    // Each series' next float and histogram: steps are visited in order and every series'
+    // points are in step order, so the step's candidates are read off these cursors, and the
+    // few points each series has near the cursor stay in cache from step to step.
+    let mut cursors = vec![(0u32, 0u32); input.len()];
+    for (step, &kf) in k.iter().enumerate().take(ctx.n) {
+        let t = ctx.ts(step);
         if kf.is_nan() {
             return Err(exec("Parameter value is NaN"));
         }
+        for (si, (s, (fc, hc))) in input.iter().zip(&mut cursors).enumerate() {
+            let g = group_of[si];
+            let mut candidate = |c: (f64, u32, u32)| {
+                if by_group[g].is_empty() {
+                    present.push(g);
+                }
+                by_group[g].push(c);
+            };
+            if let Some(p) = s.points.get(*fc as usize).filter(|p| p.t == t) {
+                candidate((p.f, si as u32, *fc));
+                *fc += 1;
+            } else if s.hists.get(*hc as usize).is_some_and(|p| p.t == t) {
+                candidate((0.0, si as u32, (s.points.len() + *hc as usize) as u32));
+                *hc += 1;
+            }
+        }
         if kf < 1.0 {
+            present.drain(..).for_each(|g| by_group[g].clear());
             continue;
         }
         let kk = if kf >= usize::MAX as f64 { usize::MAX } else { kf as usize };
-        for &(si, pi) in cands {
-            let g = group_of[si as usize];
-            if by_group[g].is_empty() {
-                present.push(g);
-            }
-            by_group[g].push((si, pi));
-        }
         for &g in &present {
             let members = &mut by_group[g];
-            choose(members, kk);
-            for (rank, &(si, pi)) in members.iter().enumerate() {
+            choose(members, &mut best, kk);
+            for (rank, &(_, si, pi)) in members.iter().enumerate() {
                 keep_at[si as usize][pi as usize] = true;
                 if ctx.n == 1 {
                     order.push((g, rank, si as usize));
@@ -788,7 +786,7 @@ mod tests {
         fn select_k_matches_stable_sort(
             values in proptest::collection::vec(proptest::collection::vec(proptest::option::of(0u8..5), 6), 1..12),
             groups in proptest::collection::vec(0usize..3, 12),
-            k in 1usize..5,
+            k in 1usize..12,
             op in proptest::sample::select(vec![AggregateOp::TopK, AggregateOp::BottomK, AggregateOp::LimitK]),
         ) {
             let ctx = Ctx { start: 0, step: 10, n: 6 };
