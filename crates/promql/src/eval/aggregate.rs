@@ -429,11 +429,11 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
     Ok(Val::Vector(out))
 }
 
-/// NaN sorts below every number for topk and above for bottomk, as in Prometheus.
 /// Up to this k, topk/bottomk keep the best k in a sorted list while reading the candidates;
 /// above it they partially sort them all.
 const SMALL_K: usize = 8;
 
+/// NaN sorts below every number for topk and above for bottomk, as in Prometheus.
 fn better(op: AggregateOp, a: f64, b: f64) -> bool {
     match op {
         AggregateOp::TopK => (a > b) || (b.is_nan() && !a.is_nan()),
@@ -468,7 +468,12 @@ fn select_k(
     };
     let choose = |members: &mut Vec<(f64, u32, u32)>, best: &mut Vec<(f64, u32, u32)>, kk: usize| {
         if op == AggregateOp::LimitK {
-            members.truncate(kk);
+            // The first k in series order (candidates arrive in no particular order).
+            if members.len() > kk {
+                members.select_nth_unstable_by_key(kk - 1, |c| c.1);
+                members.truncate(kk);
+            }
+            members.sort_unstable_by_key(|c| c.1);
         } else if kk <= SMALL_K && members.len() > kk {
             // A few of many: one comparison with the k-th best so far for most candidates.
             best.clear();
@@ -492,22 +497,43 @@ fn select_k(
         }
     };
     let mut keep_at: Vec<Vec<bool>> = input.iter().map(|s| vec![false; s.len()]).collect();
-    let mut order: Vec<(usize, usize, usize)> = Vec::new(); // (group, rank, series) for instant output
-                                                            // Reused across steps: each group's members at the step, and the groups that have any.
+    // (group, rank, series) for instant output.
+    let mut order: Vec<(usize, usize, usize)> = Vec::new();
+    // Reused across steps: each group's members at the step, and the groups that have any.
     let mut by_group: Vec<Vec<(f64, u32, u32)>> = vec![Vec::new(); n_groups];
     let mut present: Vec<usize> = Vec::new();
     let mut best = Vec::new();
     // Each series' next float and histogram: steps are visited in order and every series'
     // points are in step order, so the step's candidates are read off these cursors, and the
-    // few points each series has near the cursor stay in cache from step to step.
+    // few points each series has near its cursor stay in cache from step to step. Only series
+    // between their first and last point are visited (`active`, joined at their first step),
+    // so many short-lived series cost their points, not the whole range each.
     let mut cursors = vec![(0u32, 0u32); input.len()];
+    let first_step = |s: &Series| {
+        let t = match (s.points.first(), s.hists.first()) {
+            (Some(p), Some(h)) => p.t.min(h.t),
+            (Some(p), None) => p.t,
+            (None, Some(h)) => h.t,
+            (None, None) => return None,
+        };
+        Some(ctx.index(t))
+    };
+    let mut joining: Vec<Vec<u32>> = vec![Vec::new(); ctx.n];
+    for (si, s) in input.iter().enumerate() {
+        if let Some(step) = first_step(s) {
+            joining[step].push(si as u32);
+        }
+    }
+    let mut active: Vec<u32> = Vec::new();
     for (step, &kf) in k.iter().enumerate().take(ctx.n) {
         let t = ctx.ts(step);
         if kf.is_nan() {
             return Err(exec("Parameter value is NaN"));
         }
-        for (si, (s, (fc, hc))) in input.iter().zip(&mut cursors).enumerate() {
-            let g = group_of[si];
+        active.append(&mut joining[step]);
+        active.retain(|&si| {
+            let (s, (fc, hc)) = (&input[si as usize], &mut cursors[si as usize]);
+            let g = group_of[si as usize];
             let mut candidate = |c: (f64, u32, u32)| {
                 if by_group[g].is_empty() {
                     present.push(g);
@@ -515,13 +541,15 @@ fn select_k(
                 by_group[g].push(c);
             };
             if let Some(p) = s.points.get(*fc as usize).filter(|p| p.t == t) {
-                candidate((p.f, si as u32, *fc));
+                candidate((p.f, si, *fc));
                 *fc += 1;
             } else if s.hists.get(*hc as usize).is_some_and(|p| p.t == t) {
-                candidate((0.0, si as u32, (s.points.len() + *hc as usize) as u32));
+                candidate((0.0, si, (s.points.len() + *hc as usize) as u32));
                 *hc += 1;
             }
-        }
+            // Still has points to come.
+            (*fc as usize) < s.points.len() || (*hc as usize) < s.hists.len()
+        });
         if kf < 1.0 {
             present.drain(..).for_each(|g| by_group[g].clear());
             continue;
