@@ -5,6 +5,7 @@
 //! concatenated in time order, and where chunks overlap (backfilled or not-yet-compacted
 //! blocks) they are merged with duplicate timestamps removed.
 
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -377,30 +378,32 @@ impl<'a> Querier<'a> {
     /// block found corrupt is reported (naming block and file) and flagged, so the database sets
     /// it aside.
     pub fn select(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
-        let mut out = self.select_head(matchers)?;
+        let head = self.select_head(matchers)?;
         let blocks = self.blocks();
         if blocks.is_empty() {
-            return Ok(out);
+            return Ok(head);
         }
         // One string per label text across the head and the blocks, so copies of a series
         // from several of them share their strings and compare by pointer below. (Block reader
         // threads each share strings among their blocks, and all share the head's.)
         let mut interner = SymbolInterner::default();
-        for s in &out {
+        for s in &head {
             for l in s.labels.iter() {
                 interner.adopt(&l.name);
                 interner.adopt(&l.value);
             }
         }
+        // Each source's selection is in label order; they are merged, not sorted together.
+        let mut sources = Vec::with_capacity(1 + blocks.len());
+        sources.push(head);
         let threads = self.threads.min(blocks.len());
         if threads <= 1 {
             for b in &blocks {
-                let from_block = self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
-                out.extend(from_block);
+                sources.push(self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?);
             }
         } else {
             // Thread w reads blocks w, w+T, …; their selections are then taken in block order.
-            let mut per_block: Vec<Option<Vec<Series>>> = (0..blocks.len()).map(|_| None).collect();
+            let mut per_block: Vec<Vec<Series>> = (0..blocks.len()).map(|_| Vec::new()).collect();
             std::thread::scope(|scope| -> Result<()> {
                 let workers: Vec<_> = (0..threads)
                     .map(|w| {
@@ -418,17 +421,14 @@ impl<'a> Querier<'a> {
                     .collect();
                 for worker in workers {
                     for (i, from_block) in worker.join().expect("a block reader panicked")? {
-                        per_block[i] = Some(from_block);
+                        per_block[i] = from_block;
                     }
                 }
                 Ok(())
             })?;
-            for from_block in per_block.into_iter().flatten() {
-                out.extend(from_block);
-            }
+            sources.extend(per_block);
         }
-        out.sort_by(|a, b| a.labels.cmp(&b.labels));
-        let out = merge_copies(out);
+        let out = merge_sorted(sources);
         self.check_limit(out.len())?;
         Ok(out)
     }
@@ -472,8 +472,9 @@ impl<'a> Querier<'a> {
         let data = block.data()?;
         let stones = block.tombstones();
         let mut metas = Vec::new();
-        let mut out = Vec::new();
-        for id in block.select_ids(matchers)? {
+        let ids = block.select_ids(matchers)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
             let labels = data.index.series(id, &mut metas, interner).map_err(|e| block.corrupt(e))?;
             let chunks: Vec<QueryChunk> = metas
                 .iter()
@@ -542,37 +543,69 @@ impl<'a> Querier<'a> {
     }
 }
 
-/// Makes one series of each run of equal label sets in `sorted` (a series read from the head
-/// and from several blocks), its chunks in time order. Each merged series' chunk list is
-/// allocated once at its full size.
-fn merge_copies(sorted: Vec<Series>) -> Vec<Series> {
-    // Each run: its length and its chunk count.
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for (i, s) in sorted.iter().enumerate() {
-        match runs.last_mut() {
-            Some((len, chunks)) if s.labels == sorted[i - 1].labels => {
-                *len += 1;
-                *chunks += s.chunks.len();
-            }
-            _ => runs.push((1, s.chunks.len())),
-        }
+/// Merges the selections of several sources (the head, then blocks in time order), each in
+/// strictly increasing label order, into one in label order. The copies of a series found in
+/// several sources become one series: the first source's labels, every copy's chunks in time
+/// order, allocated once at their full size. Merging costs a few comparisons per series, where
+/// sorting the concatenation cost a few dozen.
+fn merge_sorted(sources: Vec<Vec<Series>>) -> Vec<Series> {
+    let mut sources: Vec<std::vec::IntoIter<Series>> =
+        sources.into_iter().filter(|s| !s.is_empty()).map(Vec::into_iter).collect();
+    if sources.len() <= 1 {
+        return sources.pop().map(Iterator::collect).unwrap_or_default();
     }
-    let mut merged = Vec::with_capacity(runs.len());
-    let mut series = sorted.into_iter();
-    for (len, chunks) in runs {
-        let mut first = series.next().expect("runs cover every series");
-        if len > 1 {
-            first.chunks.reserve_exact(chunks - first.chunks.len());
-            for copy in series.by_ref().take(len - 1) {
-                let Series { mut chunks, mut deleted, .. } = copy;
-                first.chunks.append(&mut chunks);
-                first.deleted.append(&mut deleted);
+    let mut merged = Vec::with_capacity(sources.iter().map(ExactSizeIterator::len).max().unwrap_or(0));
+    // Sources whose next series has the smallest labels, in source order.
+    let mut smallest: Vec<usize> = Vec::with_capacity(sources.len());
+    loop {
+        smallest.clear();
+        for (i, it) in sources.iter().enumerate() {
+            let Some(labels) = next_labels(it) else { continue };
+            match smallest.first().and_then(|&m| next_labels(&sources[m])).map(|min| labels.cmp(min)) {
+                None | Some(Ordering::Less) => {
+                    smallest.clear();
+                    smallest.push(i);
+                }
+                Some(Ordering::Equal) => smallest.push(i),
+                Some(Ordering::Greater) => {}
             }
-            first.chunks.sort_by_key(|c| c.mint);
         }
-        merged.push(first);
+        let Some((&first, copies)) = smallest.split_first() else { break };
+        let mut series = take_next(&mut sources[first]);
+        if !copies.is_empty() {
+            let count =
+                series.chunks.len() + copies.iter().map(|&i| sources[i].as_slice()[0].chunks.len()).sum::<usize>();
+            let mut chunks = Vec::with_capacity(count);
+            chunks.append(&mut series.chunks);
+            for &i in copies {
+                let copy = take_next(&mut sources[i]);
+                chunks.extend(copy.chunks);
+                series.deleted.extend(copy.deleted);
+            }
+            if !chunks.is_sorted_by_key(|c| c.mint) {
+                chunks.sort_by_key(|c| c.mint);
+            }
+            series.chunks = chunks;
+        }
+        merged.push(series);
     }
     merged
+}
+
+fn next_labels(source: &std::vec::IntoIter<Series>) -> Option<&Labels> {
+    source.as_slice().first().map(|s| &s.labels)
+}
+
+/// The next series of a source, checking (in debug builds) that the source is in label order.
+fn take_next(source: &mut std::vec::IntoIter<Series>) -> Series {
+    let s = source.next().expect("a source with a next series");
+    debug_assert!(
+        source.as_slice().first().is_none_or(|next| s.labels < next.labels),
+        "a source's series are not in strictly increasing label order: {} then {}",
+        s.labels,
+        source.as_slice()[0].labels
+    );
+    s
 }
 
 #[cfg(test)]

@@ -38,7 +38,9 @@ fn read(db: &Db, mint: i64, maxt: i64) -> Model {
 
 fn read_on(db: &Db, mint: i64, maxt: i64, threads: usize) -> Model {
     let mut out = Model::new();
-    for s in db.querier(mint, maxt).parallelism(threads).select(&all()).unwrap() {
+    let selected = db.querier(mint, maxt).parallelism(threads).select(&all()).unwrap();
+    assert!(selected.windows(2).all(|w| w[0].labels < w[1].labels), "series come in label order, each once");
+    for s in selected {
         let samples: BTreeMap<i64, u64> = s.samples().iter().map(|x| (x.t, x.v.to_bits())).collect();
         assert_eq!(samples.len(), s.samples().len(), "{}: duplicate timestamps", s.labels);
         // A series is selected when a chunk overlaps the range, though no sample may fall in it.

@@ -65,3 +65,48 @@ fn select_stops_at_the_series_limit() {
     // Series without samples in range do not count.
     assert_eq!(Querier::new(&head, 200, 300).limit_series(1).select(&all).unwrap().len(), 0);
 }
+
+proptest::proptest! {
+    /// Merging sources (each a sorted subset of the same series) gives every series once, in
+    /// label order, with the every copy's deleted ranges and every copy's chunks in
+    /// start order.
+    #[test]
+    fn merging_sources_keeps_label_order_and_joins_copies(
+        membership in proptest::collection::vec(proptest::collection::vec(proptest::bool::ANY, 5), 0..30),
+    ) {
+        // Series k is `s{k="…"}` (zero-padded, so string order is numeric order); source j
+        // holds it when membership[k][j], with one chunk starting at 10 * (5 - j): later
+        // sources hold older chunks, as blocks after the head do.
+        let series_labels = |k: usize| Labels::from_pairs([("__name__", "s"), ("k", &format!("{k:03}"))]);
+        let chunk = |j: usize| QueryChunk { mint: 10 * (5 - j as i64), maxt: 10 * (5 - j as i64) + 5, data: ChunkData::Mem(Arc::from(vec![j as u8])) };
+        let sources: Vec<Vec<Series>> = (0..5)
+            .map(|j| {
+                membership
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m[j])
+                    .map(|(k, _)| Series { labels: series_labels(k), chunks: vec![chunk(j)], deleted: vec![(j as i64, j as i64)], mint: 0, maxt: 100 })
+                    .collect()
+            })
+            .collect();
+        let merged = merge_sorted(sources);
+        let want: Vec<(Labels, Vec<u8>)> = membership
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.iter().any(|&x| x))
+            .map(|(k, m)| (series_labels(k), (0..5).rev().filter(|&j| m[j]).map(|j| j as u8).collect()))
+            .collect();
+        let got: Vec<(Labels, Vec<u8>)> = merged
+            .iter()
+            .map(|s| {
+                assert!(s.chunks.is_sorted_by_key(|c| c.mint));
+                let from: Vec<u8> = s.chunks.iter().map(|c| c.data.bytes().unwrap()[0]).collect();
+                let mut deleted: Vec<u8> = s.deleted.iter().map(|d| d.0 as u8).collect();
+                deleted.sort_unstable_by(|a, b| b.cmp(a));
+                assert_eq!(deleted, from, "every copy's deleted ranges are kept");
+                (s.labels.clone(), from)
+            })
+            .collect();
+        proptest::prop_assert_eq!(got, want);
+    }
+}
