@@ -807,9 +807,48 @@ fn eval_error(e: EvalError) -> ApiError {
 
 /// A PromQL result in Prometheus' JSON, with its warnings and infos rendered as Prometheus
 /// renders them.
+///
+/// A small result is written here. A large one (a day of a thousand series is tens of MB) is
+/// written on a blocking thread, so the async workers stay free, and sent chunk by chunk as it
+/// is written: sending overlaps writing, and the response is never held whole.
 fn query_response(out: QueryOutput, query: &str) -> Response {
-    let body = crate::query_json::response(&out.value, &out.annotations, query);
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    if crate::query_json::points(&out.value) < STREAMED_RESPONSE_POINTS {
+        return (json, crate::query_json::response(&out.value, &out.annotations, query)).into_response();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(RESPONSE_CHUNKS_QUEUED);
+    let query = query.to_owned();
+    tokio::task::spawn_blocking(move || {
+        // A failed send means the body was dropped: the client went away, so stop writing.
+        crate::query_json::render(&out.value, &out.annotations, &query, RESPONSE_CHUNK_BYTES, &mut |chunk| {
+            tx.blocking_send(Bytes::from(chunk)).is_ok()
+        });
+    });
+    (json, Body::new(ChunkedBody(rx))).into_response()
+}
+
+/// Results with fewer points than this are written in one piece, on the request's own task
+/// (well under a millisecond of work).
+const STREAMED_RESPONSE_POINTS: usize = 16 * 1024;
+/// Size of each piece of a streamed response.
+const RESPONSE_CHUNK_BYTES: usize = 128 * 1024;
+/// Pieces written ahead of the client before the writer waits for it.
+const RESPONSE_CHUNKS_QUEUED: usize = 4;
+
+/// A response body fed piece by piece through a channel; it ends when the sender is dropped.
+#[derive(Debug)]
+struct ChunkedBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChunkedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
 }
 
 /// Runs one PromQL evaluation in a query slot, with the limits, deadline and a cancel flag

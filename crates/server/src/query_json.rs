@@ -195,87 +195,158 @@ fn labels(out: &mut String, l: &Labels) {
     out.push('}');
 }
 
-/// The whole success response of `/api/v1/query` or `/api/v1/query_range`.
+/// The whole success response of `/api/v1/query` or `/api/v1/query_range`, in one string.
 pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> String {
-    let points: usize = match value {
+    let mut whole = String::with_capacity(64 + points(value) * 32);
+    render(value, annotations, query, usize::MAX, &mut |chunk| {
+        whole.push_str(&chunk);
+        true
+    });
+    whole
+}
+
+/// Points a value holds, a histogram counted as several (for sizing what it is written into).
+pub fn points(value: &Value) -> usize {
+    match value {
         Value::Vector(s) | Value::Matrix(s) => s.iter().map(|s| s.points.len() + 8 * s.hists.len()).sum(),
         _ => 1,
-    };
-    let mut out = String::with_capacity(64 + points * 32);
-    out.push_str(r#"{"status":"success","data":{"resultType":"#);
+    }
+}
+
+/// Where a response is written: a buffer handed to `emit` whenever it holds `chunk` bytes or
+/// more, so a large response is sent while the rest is written and never held whole.
+struct Chunks<'a> {
+    buf: String,
+    chunk: usize,
+    emit: &'a mut dyn FnMut(String) -> bool,
+}
+
+/// The receiver of a response's chunks went away (the client disconnected): stop writing.
+struct Gone;
+
+impl Chunks<'_> {
+    fn out(&mut self) -> &mut String {
+        &mut self.buf
+    }
+
+    /// Hands the buffer on once it is full.
+    fn check(&mut self) -> Result<(), Gone> {
+        if self.buf.len() >= self.chunk {
+            let full = std::mem::replace(&mut self.buf, String::with_capacity(self.chunk + self.chunk / 8));
+            if !(self.emit)(full) {
+                return Err(Gone);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) {
+        if !self.buf.is_empty() {
+            (self.emit)(self.buf);
+        }
+    }
+}
+
+/// Writes the success response of `/api/v1/query` or `/api/v1/query_range` in pieces of about
+/// `chunk` bytes, each handed to `emit`; stops early when `emit` says the receiver is gone.
+pub fn render(
+    value: &Value,
+    annotations: &[Annotation],
+    query: &str,
+    chunk: usize,
+    emit: &mut dyn FnMut(String) -> bool,
+) {
+    let capacity = if chunk == usize::MAX { 64 + points(value) * 32 } else { chunk + chunk / 8 };
+    let mut w = Chunks { buf: String::with_capacity(capacity), chunk, emit };
+    if render_into(&mut w, value, annotations, query).is_ok() {
+        w.finish();
+    }
+}
+
+fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], query: &str) -> Result<(), Gone> {
+    w.out().push_str(r#"{"status":"success","data":{"resultType":"#);
     match value {
         Value::Scalar { t, v } => {
-            out.push_str(r#""scalar","result":"#);
-            point(&mut out, *t, *v);
+            w.out().push_str(r#""scalar","result":"#);
+            point(w.out(), *t, *v);
         }
         Value::String { t, s } => {
+            let out = w.out();
             out.push_str(r#""string","result":["#);
-            seconds(&mut out, *t);
+            seconds(out, *t);
             out.push(',');
-            string(&mut out, s);
+            string(out, s);
             out.push(']');
         }
         Value::Vector(series) => {
-            out.push_str(r#""vector","result":["#);
+            w.out().push_str(r#""vector","result":["#);
             let mut first = true;
             for s in series {
                 if s.is_empty() {
                     continue;
                 }
+                let out = w.out();
                 if !first {
                     out.push(',');
                 }
                 first = false;
                 out.push_str(r#"{"metric":"#);
-                labels(&mut out, &s.labels);
+                labels(out, &s.labels);
                 match (s.points.first(), s.hists.first()) {
                     (Some(p), _) => {
                         out.push_str(r#","value":"#);
-                        point(&mut out, p.t, p.f);
+                        point(out, p.t, p.f);
                     }
                     (None, Some(h)) => {
                         out.push_str(r#","histogram":"#);
-                        histogram_point(&mut out, h.t, &h.h);
+                        histogram_point(out, h.t, &h.h);
                     }
                     (None, None) => unreachable!("empty series are skipped"),
                 }
                 out.push('}');
+                w.check()?;
             }
-            out.push(']');
+            w.out().push(']');
         }
         Value::Matrix(series) => {
-            out.push_str(r#""matrix","result":["#);
+            w.out().push_str(r#""matrix","result":["#);
             for (i, s) in series.iter().enumerate() {
+                let out = w.out();
                 if i > 0 {
                     out.push(',');
                 }
                 out.push_str(r#"{"metric":"#);
-                labels(&mut out, &s.labels);
+                labels(out, &s.labels);
                 if !s.points.is_empty() || s.hists.is_empty() {
-                    out.push_str(r#","values":["#);
+                    w.out().push_str(r#","values":["#);
                     for (j, p) in s.points.iter().enumerate() {
+                        let out = w.out();
                         if j > 0 {
                             out.push(',');
                         }
-                        point(&mut out, p.t, p.f);
+                        point(out, p.t, p.f);
+                        w.check()?;
                     }
-                    out.push(']');
+                    w.out().push(']');
                 }
                 if !s.hists.is_empty() {
-                    out.push_str(r#","histograms":["#);
+                    w.out().push_str(r#","histograms":["#);
                     for (j, p) in s.hists.iter().enumerate() {
+                        let out = w.out();
                         if j > 0 {
                             out.push(',');
                         }
-                        histogram_point(&mut out, p.t, &p.h);
+                        histogram_point(out, p.t, &p.h);
+                        w.check()?;
                     }
-                    out.push(']');
+                    w.out().push(']');
                 }
-                out.push('}');
+                w.out().push('}');
             }
-            out.push(']');
+            w.out().push(']');
         }
     }
+    let out = w.out();
     out.push('}');
     for (key, info) in [("warnings", false), ("infos", true)] {
         let list: Vec<String> = annotations.iter().filter(|a| a.info == info).map(|a| a.render(query)).collect();
@@ -287,12 +358,12 @@ pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> Strin
             if i > 0 {
                 out.push(',');
             }
-            string(&mut out, a);
+            string(out, a);
         }
         out.push(']');
     }
     out.push('}');
-    out
+    Ok(())
 }
 
 #[cfg(test)]
@@ -412,6 +483,38 @@ mod tests {
         assert_eq!(j["infos"][0], "PromQL info: x (1:1)");
         let s = response(&Value::Scalar { t: 1000, v: 2.0 }, &[], "2");
         assert_eq!(s, r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#);
+    }
+
+    /// Written in pieces, a response is the same bytes, each piece about the size asked for;
+    /// when the receiver goes away, writing stops.
+    #[test]
+    fn chunked_rendering_is_the_whole_response_in_pieces() {
+        let series = |i: i64| {
+            let l = Labels::from_pairs([("__name__", "m"), ("i", &i.to_string())]);
+            Series::new(l, (0..500).map(|k| Point { t: k * 15_000, f: (i * k) as f64 / 7.0 }).collect())
+        };
+        let v = Value::Matrix((0..20).map(series).collect());
+        let a = [Annotation { info: false, msg: "w".into(), pos: 0 }];
+        let whole = response(&v, &a, "m");
+        for chunk in [1, 100, 4096, 1 << 20] {
+            let mut pieces = Vec::new();
+            render(&v, &a, "m", chunk, &mut |p| {
+                pieces.push(p);
+                true
+            });
+            assert_eq!(pieces.concat(), whole, "chunk {chunk}");
+            // A piece ends at the first point boundary at or after `chunk` bytes.
+            assert!(
+                pieces.iter().rev().skip(1).all(|p| p.len() >= chunk && p.len() < chunk.max(100) + 100),
+                "chunk {chunk}"
+            );
+        }
+        let mut taken = 0;
+        render(&v, &a, "m", 4096, &mut |_| {
+            taken += 1;
+            taken < 3
+        });
+        assert_eq!(taken, 3, "nothing is written after the receiver is gone");
     }
 
     #[test]

@@ -62,6 +62,55 @@ fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
     assert!(metrics.contains("strata_tsdb_head_series 3"), "{metrics}");
 }
 
+/// A result too large to write in one piece is streamed in chunks; the client reads the same
+/// JSON, every point in place, as when the result is small.
+#[test]
+fn a_large_query_result_is_streamed_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &[]);
+    let (n_series, n_points) = (40i64, 1000i64);
+    let t0 = now_ms() / 1000 * 1000 - n_points * 15_000;
+    let series: Vec<support::TestSeries> = (0..n_series)
+        .map(|i| {
+            let labels = vec![("__name__", "big".to_owned()), ("i", format!("{i:02}"))];
+            let samples = (0..n_points).map(|k| (t0 + k * 15_000, (i * 100_000 + k) as f64 + 0.25)).collect();
+            (labels, samples)
+        })
+        .collect();
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
+    assert_eq!(status, 204, "{body}");
+    let range = |matcher: &str| {
+        let q = format!(
+            "/api/v1/query_range?query=big{matcher}&start={}&end={}&step=15",
+            t0 / 1000,
+            (t0 + (n_points - 1) * 15_000) / 1000
+        );
+        let (status, body) = http(srv.port, "GET", &q, &[], b"");
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    // 40 000 points: streamed. One series: written whole.
+    let body = range("");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("the streamed response is whole JSON");
+    let result = v["data"]["result"].as_array().unwrap();
+    assert_eq!(result.len(), n_series as usize);
+    for (i, s) in result.iter().enumerate() {
+        assert_eq!(s["metric"]["i"], format!("{i:02}"));
+        let values = s["values"].as_array().unwrap();
+        assert_eq!(values.len(), n_points as usize);
+        for (k, p) in values.iter().enumerate() {
+            assert_eq!(p[0].as_f64().unwrap() as i64, (t0 + k as i64 * 15_000) / 1000);
+            assert_eq!(p[1], format!("{}.25", i * 100_000 + k));
+        }
+    }
+    let one = range("%7Bi%3D%2207%22%7D");
+    let start = body.find(r#"{"metric":{"__name__":"big","i":"07"}"#).unwrap();
+    let series_07 =
+        &body[start..start + one.len() - r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#.len()];
+    assert!(one.contains(series_07), "a series reads the same streamed and written whole");
+}
+
 #[test]
 fn bad_input_gets_a_clear_4xx_and_the_server_stays_healthy() {
     let tmp = tempfile::tempdir().unwrap();
