@@ -229,6 +229,13 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
         }
         StepAccs::Compact { seen, sums } => (seen, sums),
     };
+    if let (Some(first), Some(last)) = (points.first(), points.last()) {
+        let (from, to) = (ctx.index(first.t), ctx.index(last.t));
+        if to - from + 1 == points.len() {
+            fold_consecutive(op, &mut seen[from..=to], &mut sums[from..=to], points);
+            return;
+        }
+    }
     // The first sample of a step sets it (`first`), the others combine (`next`).
     macro_rules! each {
         (|$v:ident, $f:ident| first: $first:expr, next: $next:expr) => {{
@@ -250,6 +257,38 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
         AggregateOp::Group => each!(|v, _f| first: v.0 = 1.0, next: {}),
         AggregateOp::Min => each!(|v, f| first: v.0 = f, next: if v.0 > f || v.0.is_nan() { v.0 = f }),
         AggregateOp::Max => each!(|v, f| first: v.0 = f, next: if v.0 < f || v.0.is_nan() { v.0 = f }),
+        _ => unreachable!("not an accumulating aggregation"),
+    }
+}
+
+/// `fold` for points on consecutive steps (a series present throughout the range: the common
+/// case), `seen` and `sums` being those steps' accumulators: a straight walk over the three
+/// slices, whether a step has been set being chosen by a select rather than a branch, so that
+/// the compiler can vectorize it. Same arithmetic, in the same order, as `fold`'s.
+fn fold_consecutive(op: AggregateOp, seen: &mut [bool], sums: &mut [(f64, f64)], points: &[Point]) {
+    assert!(seen.len() == points.len() && sums.len() == points.len());
+    macro_rules! each {
+        (|$v:ident, $f:ident, $set:ident| $new:expr) => {{
+            for ((set, v), p) in seen.iter_mut().zip(sums.iter_mut()).zip(points) {
+                let ($v, $f, $set) = (*v, p.f, *set);
+                *v = $new;
+                *set = true;
+            }
+        }};
+    }
+    match op {
+        AggregateOp::Sum => each!(|v, f, set| {
+            let next = kahan_inc(f, v.0, v.1);
+            if set {
+                next
+            } else {
+                (f, 0.0)
+            }
+        }),
+        AggregateOp::Count => each!(|v, _f, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1)),
+        AggregateOp::Group => each!(|v, _f, _set| (1.0, v.1)),
+        AggregateOp::Min => each!(|v, f, set| (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)),
+        AggregateOp::Max => each!(|v, f, set| (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)),
         _ => unreachable!("not an accumulating aggregation"),
     }
 }
@@ -837,6 +876,55 @@ mod tests {
             let got = select_k(op, input, &group_of, &[k as f64; 6], &ctx).unwrap();
             let show = |v: &[Series]| v.iter().map(|s| (s.labels.to_string(), s.points.iter().map(|p| p.t).collect::<Vec<_>>())).collect::<Vec<_>>();
             proptest::prop_assert_eq!(show(&got), show(&want));
+        }
+    }
+
+    proptest::proptest! {
+        /// Folding series into one group's accumulators, whether a series covers consecutive
+        /// steps (the vectorized path) or has gaps, gives at every step the bits of adding the
+        /// step's values in series order the plain way (Prometheus' compensated sum, its
+        /// count, min and max, NaN and infinities included).
+        #[test]
+        fn folding_matches_adding_step_by_step(
+            values in proptest::collection::vec(proptest::collection::vec(proptest::option::weighted(0.85, 0usize..8), 8), 1..6),
+            op in proptest::sample::select(vec![AggregateOp::Sum, AggregateOp::Count, AggregateOp::Group, AggregateOp::Min, AggregateOp::Max]),
+        ) {
+            let pick = [0.0, -0.0, 1.5, -3.25, 1e100, -1e100, f64::INFINITY, f64::NAN];
+            let ctx = Ctx { start: 1000, step: 10, n: 8 };
+            let mut accs = StepAccs::new(op, ctx.n);
+            let mut want: Vec<Option<(f64, f64)>> = vec![None; ctx.n];
+            for vs in &values {
+                let points: Vec<Point> =
+                    vs.iter().enumerate().filter_map(|(i, v)| v.map(|v| Point { t: ctx.ts(i), f: pick[v] })).collect();
+                fold(op, &mut accs, &points, &ctx);
+                for (i, v) in vs.iter().enumerate() {
+                    let Some(v) = v else { continue };
+                    let f = pick[*v];
+                    want[i] = Some(match (want[i], op) {
+                        (None, AggregateOp::Count | AggregateOp::Group) => (1.0, 0.0),
+                        (None, _) => (f, 0.0),
+                        (Some((n, _)), AggregateOp::Count) => (n + 1.0, 0.0),
+                        (Some(g), AggregateOp::Group) => g,
+                        (Some((m, _)), AggregateOp::Min) => (if m > f || m.is_nan() { f } else { m }, 0.0),
+                        (Some((m, _)), AggregateOp::Max) => (if m < f || m.is_nan() { f } else { m }, 0.0),
+                        (Some((s, c)), _) => {
+                            let t = s + f;
+                            let c = if t.is_infinite() {
+                                0.0
+                            } else if s.abs() >= f.abs() {
+                                c + ((s - t) + f)
+                            } else {
+                                c + ((f - t) + s)
+                            };
+                            (t, c)
+                        }
+                    });
+                }
+            }
+            for (i, w) in want.iter().enumerate() {
+                let want = w.map(|(v, c)| if op == AggregateOp::Sum { v + c } else { v }).map(f64::to_bits);
+                proptest::prop_assert_eq!(accs.result(op, i).map(f64::to_bits), want, "step {}", i);
+            }
         }
     }
 
