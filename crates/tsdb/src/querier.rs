@@ -344,7 +344,8 @@ impl<'a> Querier<'a> {
         Querier { head, blocks: Some(blocks), mint, maxt, max_series: usize::MAX, threads: 1 }
     }
 
-    /// Lets `select` read blocks on up to `n` threads (1, the default: on the calling one).
+    /// Lets `select` read blocks on up to `n` threads, the calling one reading the head meanwhile
+    /// (1, the default: all on the calling one).
     pub fn parallelism(mut self, n: usize) -> Self {
         self.threads = n.max(1);
         self
@@ -378,37 +379,35 @@ impl<'a> Querier<'a> {
     /// block found corrupt is reported (naming block and file) and flagged, so the database sets
     /// it aside.
     pub fn select(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
-        let head = self.select_head(matchers)?;
         let blocks = self.blocks();
-        if blocks.is_empty() {
-            return Ok(head);
-        }
-        // One string per label text across the head and the blocks, so copies of a series
-        // from several of them share their strings and compare by pointer below. (Block reader
-        // threads each share strings among their blocks, and all share the head's.)
-        let mut interner = SymbolInterner::default();
-        for s in &head {
-            for l in s.labels.iter() {
-                interner.adopt(&l.name);
-                interner.adopt(&l.value);
-            }
-        }
+        let threads = self.threads.min(blocks.len());
         // Each source's selection is in label order; they are merged, not sorted together.
         let mut sources = Vec::with_capacity(1 + blocks.len());
-        sources.push(head);
-        let threads = self.threads.min(blocks.len());
         if threads <= 1 {
+            let head = self.select_head(matchers)?;
+            // One string per label text across the head and the blocks, so copies of a series
+            // from several of them share their strings and compare by pointer when merged.
+            let mut interner = SymbolInterner::default();
+            for s in &head {
+                for l in s.labels.iter() {
+                    interner.adopt(&l.name);
+                    interner.adopt(&l.value);
+                }
+            }
+            sources.push(head);
             for b in &blocks {
                 sources.push(self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?);
             }
         } else {
-            // Thread w reads blocks w, w+T, …; their selections are then taken in block order.
+            // Thread w reads blocks w, w+T, … (sharing strings among them) while this thread
+            // reads the head; the blocks' selections are then taken in block order.
             let mut per_block: Vec<Vec<Series>> = (0..blocks.len()).map(|_| Vec::new()).collect();
-            std::thread::scope(|scope| -> Result<()> {
+            let head = std::thread::scope(|scope| -> Result<Vec<Series>> {
                 let workers: Vec<_> = (0..threads)
                     .map(|w| {
-                        let (blocks, mut interner) = (&blocks, interner.clone());
+                        let blocks = &blocks;
                         scope.spawn(move || -> Result<Vec<(usize, Vec<Series>)>> {
+                            let mut interner = SymbolInterner::default();
                             let mut read = Vec::new();
                             for (i, b) in blocks.iter().enumerate().skip(w).step_by(threads) {
                                 let from_block =
@@ -419,13 +418,15 @@ impl<'a> Querier<'a> {
                         })
                     })
                     .collect();
+                let head = self.select_head(matchers);
                 for worker in workers {
                     for (i, from_block) in worker.join().expect("a block reader panicked")? {
                         per_block[i] = from_block;
                     }
                 }
-                Ok(())
+                head
             })?;
+            sources.push(head);
             sources.extend(per_block);
         }
         let out = merge_sorted(sources);
