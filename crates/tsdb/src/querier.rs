@@ -477,18 +477,19 @@ impl<'a> Querier<'a> {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let labels = data.index.series(id, &mut metas, interner).map_err(|e| block.corrupt(e))?;
-            let chunks: Vec<QueryChunk> = metas
-                .iter()
-                .filter(|c| c.maxt >= self.mint && c.mint <= self.maxt)
-                .map(|c| QueryChunk {
-                    mint: c.mint,
-                    maxt: c.maxt,
-                    data: ChunkData::Block { reader: data.chunks.clone(), chunk: c.chunk },
-                })
-                .collect();
-            if chunks.is_empty() {
+            // Sized exactly: most series have one chunk in a block, and collecting from a
+            // filter would allocate room for four.
+            let in_range = |c: &&crate::block::ChunkMetaRef| c.maxt >= self.mint && c.mint <= self.maxt;
+            let count = metas.iter().filter(in_range).count();
+            if count == 0 {
                 continue;
             }
+            let mut chunks = Vec::with_capacity(count);
+            chunks.extend(metas.iter().filter(in_range).map(|c| QueryChunk {
+                mint: c.mint,
+                maxt: c.maxt,
+                data: ChunkData::Block { reader: data.chunks.clone(), chunk: c.chunk },
+            }));
             let deleted = stones.get(&id.0).cloned().unwrap_or_default();
             out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });
             self.check_limit(out.len())?;
