@@ -7,6 +7,7 @@
 //! series per query, query time, and concurrent queries (queued, then 503).
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,6 +18,8 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use flate2::write::GzEncoder;
+use flate2::Compression;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_model::{parse_selector, FloatHistogram, Labels, MatchOp, Matcher, Sample};
@@ -806,25 +809,73 @@ fn eval_error(e: EvalError) -> ApiError {
 }
 
 /// A PromQL result in Prometheus' JSON, with its warnings and infos rendered as Prometheus
-/// renders them.
+/// renders them; gzip-compressed when the client accepts it (as Prometheus' API does: Grafana
+/// asks, and a day of a thousand series is tens of MB of JSON).
 ///
-/// A small result is written here. A large one (a day of a thousand series is tens of MB) is
-/// written on a blocking thread, so the async workers stay free, and sent chunk by chunk as it
-/// is written: sending overlaps writing, and the response is never held whole.
-fn query_response(out: QueryOutput, query: &str) -> Response {
-    let json = [(header::CONTENT_TYPE, "application/json")];
+/// A small result is written here. A large one is written on a blocking thread, so the async
+/// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
+/// sending overlaps writing, and the response is never held whole.
+fn query_response(out: QueryOutput, query: &str, gzip: bool) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     if crate::query_json::points(&out.value) < STREAMED_RESPONSE_POINTS {
-        return (json, crate::query_json::response(&out.value, &out.annotations, query)).into_response();
+        let json = crate::query_json::response(&out.value, &out.annotations, query);
+        return if gzip {
+            (headers, gzipped(json.as_bytes())).into_response()
+        } else {
+            (headers, json).into_response()
+        };
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(RESPONSE_CHUNKS_QUEUED);
     let query = query.to_owned();
     tokio::task::spawn_blocking(move || {
         // A failed send means the body was dropped: the client went away, so stop writing.
+        let send = |bytes: Vec<u8>| tx.blocking_send(Bytes::from(bytes)).is_ok();
+        if !gzip {
+            crate::query_json::render(&out.value, &out.annotations, &query, RESPONSE_CHUNK_BYTES, &mut |chunk| {
+                send(chunk.into_bytes())
+            });
+            return;
+        }
+        let mut gz = GzEncoder::new(Vec::with_capacity(RESPONSE_CHUNK_BYTES), Compression::fast());
+        let mut sending = true;
         crate::query_json::render(&out.value, &out.annotations, &query, RESPONSE_CHUNK_BYTES, &mut |chunk| {
-            tx.blocking_send(Bytes::from(chunk)).is_ok()
+            gz.write_all(chunk.as_bytes()).expect("compressing into memory");
+            if gz.get_ref().len() >= RESPONSE_CHUNK_BYTES / 4 {
+                sending = send(std::mem::replace(gz.get_mut(), Vec::with_capacity(RESPONSE_CHUNK_BYTES)));
+            }
+            sending
         });
+        if sending {
+            send(gz.finish().expect("compressing into memory"));
+        }
     });
-    (json, Body::new(ChunkedBody(rx))).into_response()
+    (headers, Body::new(ChunkedBody(rx))).into_response()
+}
+
+/// `bytes` gzip-compressed, at the fastest level: JSON shrinks about tenfold even so, and the
+/// time goes to the query's latency.
+fn gzipped(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 8 + 64), Compression::fast());
+    gz.write_all(bytes).expect("compressing into memory");
+    gz.finish().expect("compressing into memory")
+}
+
+/// Whether an `Accept-Encoding` header accepts gzip (listed, or `*`, without `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT_ENCODING).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
+        |coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("");
+            let refused = parts
+                .any(|p| p.strip_prefix("q=").and_then(|q| q.trim().parse::<f64>().ok()).is_some_and(|q| q <= 0.0));
+            (name.eq_ignore_ascii_case("gzip") || name.eq_ignore_ascii_case("x-gzip") || name == "*") && !refused
+        },
+    )
 }
 
 /// Results with fewer points than this are written in one piece, on the request's own task
@@ -856,6 +907,7 @@ impl http_body::Body for ChunkedBody {
 async fn evaluate(
     st: &Arc<AppState>,
     query: String,
+    headers: &HeaderMap,
     run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
 ) -> ApiResult {
     let db = db(st)?;
@@ -870,7 +922,7 @@ async fn evaluate(
     })
     .await?;
     drop(cancel);
-    Ok(query_response(out, &query))
+    Ok(query_response(out, &query, accepts_gzip(headers)))
 }
 
 async fn query(
@@ -885,7 +937,10 @@ async fn query(
         p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
-    evaluate(&st, q, move |engine, storage, cancel| engine.instant_with_cancel(storage, &expr, t, Some(cancel))).await
+    evaluate(&st, q, &headers, move |engine, storage, cancel| {
+        engine.instant_with_cancel(storage, &expr, t, Some(cancel))
+    })
+    .await
 }
 
 async fn query_range(
@@ -925,7 +980,7 @@ async fn query_range(
             expr.value_type().name()
         )));
     }
-    evaluate(&st, q, move |engine, storage, cancel| {
+    evaluate(&st, q, &headers, move |engine, storage, cancel| {
         engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
     })
     .await

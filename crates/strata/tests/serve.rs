@@ -109,6 +109,24 @@ fn a_large_query_result_is_streamed_whole() {
     let series_07 =
         &body[start..start + one.len() - r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#.len()];
     assert!(one.contains(series_07), "a series reads the same streamed and written whole");
+
+    // Asked for gzip (as Grafana asks), both are compressed, and decompress to the same JSON.
+    for (matcher, whole) in [("", &body), ("%7Bi%3D%2207%22%7D", &one)] {
+        let q = format!(
+            "/api/v1/query_range?query=big{matcher}&start={}&end={}&step=15",
+            t0 / 1000,
+            (t0 + (n_points - 1) * 15_000) / 1000
+        );
+        let (status, head, gz) = support::http_raw_body(srv.port, "GET", &q, &[("Accept-Encoding", "gzip, deflate")]);
+        assert_eq!(status, 200);
+        assert!(head.to_ascii_lowercase().contains("content-encoding: gzip"), "{head}");
+        assert!(gz.len() * 4 < whole.len(), "compressed: {} of {} bytes", gz.len(), whole.len());
+        let mut json = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json).unwrap();
+        assert_eq!(&json, whole);
+        let (_, head, _) = support::http_raw_body(srv.port, "GET", &q, &[("Accept-Encoding", "gzip;q=0")]);
+        assert!(!head.to_ascii_lowercase().contains("content-encoding"), "{head}");
+    }
 }
 
 #[test]

@@ -182,6 +182,28 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
+/// One request; returns (status, response head, body bytes), a chunked body reassembled.
+pub fn http_raw_body(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String, Vec<u8>) {
+    let resp = exchange(port, &request_bytes(method, path, headers, b"")).unwrap();
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
+    let head = String::from_utf8_lossy(&resp[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut rest = &resp[split + 4..];
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return (status, head, rest.to_vec());
+    }
+    let mut body = Vec::new();
+    loop {
+        let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+        let n = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16).expect("chunk size");
+        if n == 0 {
+            return (status, head, body);
+        }
+        body.extend_from_slice(&rest[eol + 2..eol + 2 + n]);
+        rest = &rest[eol + 2 + n + 2..];
+    }
+}
+
 /// One request; returns (status, body).
 pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
     try_http(port, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
