@@ -206,14 +206,13 @@ impl StepAccs {
 }
 
 /// Adds a series' points into its group's accumulators, with the operator fixed per loop so the
-/// per-point work has no dispatch, and step indexes found by walking (points are in step
-/// order) rather than by dividing. The compact operators do what `Acc::add` does.
+/// per-point work has no dispatch.
 fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
-    let mut steps = ctx.walker();
     let (seen, sums) = match accs {
         StepAccs::Full(acc) => {
             macro_rules! each {
                 ($op:expr) => {{
+                    let mut steps = ctx.walker();
                     for p in points {
                         acc[steps.index(p.t)].add($op, p.f);
                     }
@@ -229,55 +228,10 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
         }
         StepAccs::Compact { seen, sums } => (seen, sums),
     };
-    if let (Some(first), Some(last)) = (points.first(), points.last()) {
-        let (from, to) = (ctx.index(first.t), ctx.index(last.t));
-        if to - from + 1 == points.len() {
-            fold_consecutive(op, &mut seen[from..=to], &mut sums[from..=to], points);
-            return;
-        }
-    }
-    // The first sample of a step sets it (`first`), the others combine (`next`).
-    macro_rules! each {
-        (|$v:ident, $f:ident| first: $first:expr, next: $next:expr) => {{
-            for p in points {
-                let i = steps.index(p.t);
-                let ($v, $f) = (&mut sums[i], p.f);
-                if seen[i] {
-                    $next
-                } else {
-                    seen[i] = true;
-                    $first
-                }
-            }
-        }};
-    }
+    // A step's new (value, compensation) from its old one, the point's value and whether the
+    // step was set: the first sample sets it, the others combine.
     match op {
-        AggregateOp::Sum => each!(|v, f| first: *v = (f, 0.0), next: *v = kahan_inc(f, v.0, v.1)),
-        AggregateOp::Count => each!(|v, _f| first: v.0 = 1.0, next: v.0 += 1.0),
-        AggregateOp::Group => each!(|v, _f| first: v.0 = 1.0, next: {}),
-        AggregateOp::Min => each!(|v, f| first: v.0 = f, next: if v.0 > f || v.0.is_nan() { v.0 = f }),
-        AggregateOp::Max => each!(|v, f| first: v.0 = f, next: if v.0 < f || v.0.is_nan() { v.0 = f }),
-        _ => unreachable!("not an accumulating aggregation"),
-    }
-}
-
-/// `fold` for points on consecutive steps (a series present throughout the range: the common
-/// case), `seen` and `sums` being those steps' accumulators: a straight walk over the three
-/// slices, whether a step has been set being chosen by a select rather than a branch, so that
-/// the compiler can vectorize it. Same arithmetic, in the same order, as `fold`'s.
-fn fold_consecutive(op: AggregateOp, seen: &mut [bool], sums: &mut [(f64, f64)], points: &[Point]) {
-    assert!(seen.len() == points.len() && sums.len() == points.len());
-    macro_rules! each {
-        (|$v:ident, $f:ident, $set:ident| $new:expr) => {{
-            for ((set, v), p) in seen.iter_mut().zip(sums.iter_mut()).zip(points) {
-                let ($v, $f, $set) = (*v, p.f, *set);
-                *v = $new;
-                *set = true;
-            }
-        }};
-    }
-    match op {
-        AggregateOp::Sum => each!(|v, f, set| {
+        AggregateOp::Sum => fold_compact(seen, sums, points, ctx, |v, f, set| {
             let next = kahan_inc(f, v.0, v.1);
             if set {
                 next
@@ -285,11 +239,46 @@ fn fold_consecutive(op: AggregateOp, seen: &mut [bool], sums: &mut [(f64, f64)],
                 (f, 0.0)
             }
         }),
-        AggregateOp::Count => each!(|v, _f, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1)),
-        AggregateOp::Group => each!(|v, _f, _set| (1.0, v.1)),
-        AggregateOp::Min => each!(|v, f, set| (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)),
-        AggregateOp::Max => each!(|v, f, set| (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)),
+        AggregateOp::Count => {
+            fold_compact(seen, sums, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
+        }
+        AggregateOp::Group => fold_compact(seen, sums, points, ctx, |v, _, _| (1.0, v.1)),
+        AggregateOp::Min => fold_compact(seen, sums, points, ctx, |v, f, set| {
+            (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)
+        }),
+        AggregateOp::Max => fold_compact(seen, sums, points, ctx, |v, f, set| {
+            (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)
+        }),
         _ => unreachable!("not an accumulating aggregation"),
+    }
+}
+
+/// Folds points into compact accumulators by `update`. A series on consecutive steps (present
+/// throughout the range: the common case) is a straight walk over its steps' slices, which the
+/// compiler vectorizes (`update` choosing on `set` by a select, not a branch); other series
+/// find their steps by walking (points are in step order) rather than by dividing.
+#[inline(always)]
+fn fold_compact(
+    seen: &mut [bool],
+    sums: &mut [(f64, f64)],
+    points: &[Point],
+    ctx: &Ctx,
+    update: impl Fn((f64, f64), f64, bool) -> (f64, f64),
+) {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
+    let (from, to) = (ctx.index(first.t), ctx.index(last.t));
+    if to - from + 1 == points.len() {
+        for ((set, v), p) in seen[from..=to].iter_mut().zip(&mut sums[from..=to]).zip(points) {
+            *v = update(*v, p.f, *set);
+            *set = true;
+        }
+    } else {
+        let mut steps = ctx.walker();
+        for p in points {
+            let i = steps.index(p.t);
+            sums[i] = update(sums[i], p.f, seen[i]);
+            seen[i] = true;
+        }
     }
 }
 
