@@ -197,12 +197,13 @@ fn labels(out: &mut String, l: &Labels) {
 
 /// The whole success response of `/api/v1/query` or `/api/v1/query_range`, in one string.
 pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> String {
-    let mut whole = String::with_capacity(64 + points(value) * 32);
-    render(value, annotations, query, usize::MAX, &mut |chunk| {
-        whole.push_str(&chunk);
+    // With no chunk size, the whole response is the one piece written (sized up front).
+    let mut whole = None;
+    render(value, annotations, query, usize::MAX, &mut |piece| {
+        whole = Some(piece);
         true
     });
-    whole
+    whole.expect("a response is never empty")
 }
 
 /// Points a value holds, a histogram counted as several (for sizing what it is written into).
@@ -225,10 +226,6 @@ struct Chunks<'a> {
 struct Gone;
 
 impl Chunks<'_> {
-    fn out(&mut self) -> &mut String {
-        &mut self.buf
-    }
-
     /// Hands the buffer on once it is full.
     fn check(&mut self) -> Result<(), Gone> {
         if self.buf.len() >= self.chunk {
@@ -264,14 +261,14 @@ pub fn render(
 }
 
 fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], query: &str) -> Result<(), Gone> {
-    w.out().push_str(r#"{"status":"success","data":{"resultType":"#);
+    w.buf.push_str(r#"{"status":"success","data":{"resultType":"#);
     match value {
         Value::Scalar { t, v } => {
-            w.out().push_str(r#""scalar","result":"#);
-            point(w.out(), *t, *v);
+            w.buf.push_str(r#""scalar","result":"#);
+            point(&mut w.buf, *t, *v);
         }
         Value::String { t, s } => {
-            let out = w.out();
+            let out = &mut w.buf;
             out.push_str(r#""string","result":["#);
             seconds(out, *t);
             out.push(',');
@@ -279,13 +276,13 @@ fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], qu
             out.push(']');
         }
         Value::Vector(series) => {
-            w.out().push_str(r#""vector","result":["#);
+            w.buf.push_str(r#""vector","result":["#);
             let mut first = true;
             for s in series {
                 if s.is_empty() {
                     continue;
                 }
-                let out = w.out();
+                let out = &mut w.buf;
                 if !first {
                     out.push(',');
                 }
@@ -306,47 +303,47 @@ fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], qu
                 out.push('}');
                 w.check()?;
             }
-            w.out().push(']');
+            w.buf.push(']');
         }
         Value::Matrix(series) => {
-            w.out().push_str(r#""matrix","result":["#);
+            w.buf.push_str(r#""matrix","result":["#);
             for (i, s) in series.iter().enumerate() {
-                let out = w.out();
+                let out = &mut w.buf;
                 if i > 0 {
                     out.push(',');
                 }
                 out.push_str(r#"{"metric":"#);
                 labels(out, &s.labels);
                 if !s.points.is_empty() || s.hists.is_empty() {
-                    w.out().push_str(r#","values":["#);
+                    w.buf.push_str(r#","values":["#);
                     for (j, p) in s.points.iter().enumerate() {
-                        let out = w.out();
+                        let out = &mut w.buf;
                         if j > 0 {
                             out.push(',');
                         }
                         point(out, p.t, p.f);
                         w.check()?;
                     }
-                    w.out().push(']');
+                    w.buf.push(']');
                 }
                 if !s.hists.is_empty() {
-                    w.out().push_str(r#","histograms":["#);
+                    w.buf.push_str(r#","histograms":["#);
                     for (j, p) in s.hists.iter().enumerate() {
-                        let out = w.out();
+                        let out = &mut w.buf;
                         if j > 0 {
                             out.push(',');
                         }
                         histogram_point(out, p.t, &p.h);
                         w.check()?;
                     }
-                    w.out().push(']');
+                    w.buf.push(']');
                 }
-                w.out().push('}');
+                w.buf.push('}');
             }
-            w.out().push(']');
+            w.buf.push(']');
         }
     }
-    let out = w.out();
+    let out = &mut w.buf;
     out.push('}');
     for (key, info) in [("warnings", false), ("infos", true)] {
         let list: Vec<String> = annotations.iter().filter(|a| a.info == info).map(|a| a.render(query)).collect();

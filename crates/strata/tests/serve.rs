@@ -124,8 +124,14 @@ fn a_large_query_result_is_streamed_whole() {
         let mut json = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json).unwrap();
         assert_eq!(&json, whole);
-        let (_, head, _) = support::http_raw_body(srv.port, "GET", &q, &[("Accept-Encoding", "gzip;q=0")]);
-        assert!(!head.to_ascii_lowercase().contains("content-encoding"), "{head}");
+        let (_, head, plain) = support::http_raw_body(srv.port, "GET", &q, &[("Accept-Encoding", "gzip;q=0")]);
+        let head = head.to_ascii_lowercase();
+        assert!(!head.contains("content-encoding"), "{head}");
+        assert_eq!(&plain, whole.as_bytes());
+        // The large one is sent in pieces as it is written; the small one with its length.
+        let streamed = matcher.is_empty();
+        assert_eq!(head.contains("transfer-encoding: chunked"), streamed, "{head}");
+        assert_eq!(head.contains("content-length"), !streamed, "{head}");
     }
 }
 
