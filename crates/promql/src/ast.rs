@@ -28,6 +28,11 @@ pub struct Expr {
     pub kind: ExprKind,
     pub start: usize,
     pub end: usize,
+    /// Nodes on the longest path from this one down to a leaf (1 for a leaf). Evaluation,
+    /// cloning and dropping recurse once per level, so the parser refuses trees higher than
+    /// its limit (`parser::MAX_DEPTH_DEFAULT`) instead of letting a query overflow a thread's
+    /// stack; [`Expr::new`] keeps it right for nodes built elsewhere.
+    pub height: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -381,6 +386,19 @@ pub struct Call {
 }
 
 impl Expr {
+    /// A node over `kind`, its height taken from its children's.
+    pub fn new(kind: ExprKind, start: usize, end: usize) -> Expr {
+        let below = match &kind {
+            ExprKind::Number(_) | ExprKind::String(_) | ExprKind::Vector(_) | ExprKind::Matrix(_) => 0,
+            ExprKind::Subquery(s) => s.expr.height,
+            ExprKind::Paren(e) | ExprKind::Neg(e) => e.height,
+            ExprKind::Binary(b) => b.lhs.height.max(b.rhs.height),
+            ExprKind::Aggregate(a) => a.expr.height.max(a.param.as_ref().map_or(0, |p| p.height)),
+            ExprKind::Call(c) => c.args.iter().map(|a| a.height).max().unwrap_or(0),
+        };
+        Expr { kind, start, end, height: below.saturating_add(1) }
+    }
+
     pub fn value_type(&self) -> ValueType {
         match &self.kind {
             ExprKind::Number(_) => ValueType::Scalar,

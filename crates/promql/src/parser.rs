@@ -40,14 +40,35 @@ impl Features {
     }
 }
 
+/// How deeply a query may nest, by default: parentheses, operators, calls, aggregations and
+/// subqueries inside one another, and the terms of an operator chain (`a + b + c` is a tree of
+/// height 3). Prometheus sets no limit; its Go parser and evaluator grow their stacks. Ours
+/// recurse on fixed thread stacks, so the limit is what keeps one query from overflowing one:
+/// `tests/deep_queries.rs` parses and evaluates trees of this height on a thread stack half
+/// of [`QUERY_THREAD_STACK_BYTES`]. Hand-written queries nest a dozen levels; generated `or`
+/// chains of a few hundred terms still fit.
+pub const MAX_DEPTH_DEFAULT: u32 = 1000;
+
+/// Stack for the threads that parse and evaluate queries at [`MAX_DEPTH_DEFAULT`]: measured,
+/// a level of nesting takes up to about 4 KiB of stack to parse (release build) and 2 KiB to
+/// evaluate, so 1000 levels need about 4 MiB; this leaves four times that. Only the pages a
+/// query touches are ever committed.
+pub const QUERY_THREAD_STACK_BYTES: usize = 16 << 20;
+
 /// Parses a query with Prometheus' default (stable) language.
 pub fn parse(input: &str) -> Result<Expr, ParseError> {
     parse_with(input, Features::default())
 }
 
 pub fn parse_with(input: &str, features: Features) -> Result<Expr, ParseError> {
+    parse_with_depth(input, features, MAX_DEPTH_DEFAULT)
+}
+
+/// Parses with the nesting limit `max_depth` (see [`MAX_DEPTH_DEFAULT`]): deeper queries are
+/// refused with an error at the place where the limit was passed.
+pub fn parse_with_depth(input: &str, features: Features, max_depth: u32) -> Result<Expr, ParseError> {
     let toks = lex(input)?;
-    let mut p = Parser { toks, i: 0, features, info_selector: false };
+    let mut p = Parser { toks, i: 0, features, info_selector: false, depth: 0, max_depth, duration_nodes: 0 };
     if p.peek() == &Tok::Eof {
         return Err(ParseError::at(0, "no expression found in input"));
     }
@@ -64,6 +85,11 @@ struct Parser {
     features: Features,
     /// Parsing the data-label selector of `info()`, which may match the empty string only.
     info_selector: bool,
+    /// Calls of `expr` and `duration_unary` now under way: the parser's own recursion.
+    depth: u32,
+    max_depth: u32,
+    /// Nodes of the duration expression being parsed (its height is at most this).
+    duration_nodes: u32,
 }
 
 fn is_aggregator(name: &str) -> bool {
@@ -151,7 +177,54 @@ impl Parser {
         })
     }
 
+    /// The error for a query nested deeper than the limit, at `pos`.
+    fn too_deep(&self, pos: usize) -> ParseError {
+        ParseError::at(
+            pos,
+            format!(
+                "query is nested too deeply: more than {} levels of parentheses, operators, calls or subqueries",
+                self.max_depth
+            ),
+        )
+    }
+
+    /// One more level of the parser's recursion, refused past the limit; `ascend` undoes it.
+    fn descend(&mut self) -> Result<(), ParseError> {
+        if self.depth >= self.max_depth {
+            return Err(self.too_deep(self.pos()));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    fn ascend(&mut self) {
+        debug_assert!(self.depth > 0, "ascend without descend");
+        self.depth -= 1;
+    }
+
+    /// A node over `kind`, refused if it makes the tree higher than the limit.
+    fn node(&self, kind: ExprKind, start: usize, end: usize) -> Result<Expr, ParseError> {
+        self.checked_height(Expr::new(kind, start, end))
+    }
+
+    fn checked_height(&self, e: Expr) -> Result<Expr, ParseError> {
+        if e.height > self.max_depth {
+            return Err(self.too_deep(e.start));
+        }
+        Ok(e)
+    }
+
     fn expr(&mut self, min_prec: u8) -> Result<Expr, ParseError> {
+        self.descend()?;
+        let e = self.binary_chain(min_prec);
+        self.ascend();
+        e
+    }
+
+    /// Operands joined by operators that bind at least as tightly as `min_prec`. A chain is
+    /// parsed in a loop, not by recursion, but the tree it builds grows one level per
+    /// operator: `node` bounds that height.
+    fn binary_chain(&mut self, min_prec: u8) -> Result<Expr, ParseError> {
         let mut lhs = self.unary()?;
         while let Some(op) = self.binary_op() {
             let prec = op.precedence();
@@ -160,10 +233,11 @@ impl Parser {
             }
             let op_pos = self.pos();
             self.next();
+            let placeholder = || Expr::new(ExprKind::Number(0.0), op_pos, op_pos);
             let mut b = Binary {
                 op,
-                lhs: lhs.clone(),
-                rhs: lhs.clone(),
+                lhs: placeholder(),
+                rhs: placeholder(),
                 return_bool: false,
                 matching: None,
                 fill_left: None,
@@ -174,7 +248,7 @@ impl Parser {
             let rhs = self.expr(next_min)?;
             b.lhs = lhs;
             b.rhs = rhs;
-            lhs = check_binary(b, op_pos)?;
+            lhs = self.checked_height(check_binary(b, op_pos)?)?;
         }
         Ok(lhs)
     }
@@ -286,9 +360,9 @@ impl Parser {
                     return Ok(e);
                 }
                 if let ExprKind::Number(n) = e.kind {
-                    return Ok(Expr { kind: ExprKind::Number(-n), start, end });
+                    return Ok(Expr::new(ExprKind::Number(-n), start, end));
                 }
-                Ok(Expr { kind: ExprKind::Neg(Box::new(e)), start, end })
+                self.node(ExprKind::Neg(Box::new(e)), start, end)
             }
             _ => {
                 let p = self.primary()?;
@@ -354,7 +428,7 @@ impl Parser {
             }
             _ => return Err(self.unexpected("expression")),
         };
-        Ok(Expr { kind, start, end: self.last_end() })
+        self.node(kind, start, self.last_end())
     }
 
     fn postfix(&mut self, mut e: Expr) -> Result<Expr, ParseError> {
@@ -378,17 +452,8 @@ impl Parser {
                             ));
                         }
                         let start = e.start;
-                        e = Expr {
-                            kind: ExprKind::Subquery(Box::new(Subquery {
-                                expr: e,
-                                range,
-                                step,
-                                offset: None,
-                                at: None,
-                            })),
-                            start,
-                            end: self.last_end(),
-                        };
+                        let subquery = Subquery { expr: e, range, step, offset: None, at: None };
+                        e = self.node(ExprKind::Subquery(Box::new(subquery)), start, self.last_end())?;
                         continue;
                     }
                     self.expect(Tok::RBracket, "\"]\" or \":\"")?;
@@ -399,7 +464,7 @@ impl Parser {
                     if vector.offset.is_some() || vector.at.is_some() {
                         return Err(ParseError::at(at, "no offset or @ modifiers allowed before range"));
                     }
-                    e = Expr { kind: ExprKind::Matrix(MatrixSelector { vector, range }), start, end: self.last_end() };
+                    e = Expr::new(ExprKind::Matrix(MatrixSelector { vector, range }), start, self.last_end());
                 }
                 Tok::Ident(w) if w.eq_ignore_ascii_case("offset") => {
                     self.next();
@@ -506,14 +571,26 @@ impl Parser {
     /// a parenthesised expression or a duration function.
     fn offset_duration(&mut self) -> Result<Duration, ParseError> {
         let at = self.pos();
+        self.duration_nodes = 0;
         let e = self.duration_unary(true)?;
         self.finish_duration(e, at)
     }
 
     fn duration_expr(&mut self) -> Result<Duration, ParseError> {
         let at = self.pos();
+        self.duration_nodes = 0;
         let e = self.duration_binary(0)?;
         self.finish_duration(e, at)
+    }
+
+    /// One more node in the duration expression being parsed: its evaluation recurses per
+    /// level, and a tree has no more levels than nodes.
+    fn duration_node(&mut self, at: usize) -> Result<(), ParseError> {
+        self.duration_nodes += 1;
+        if self.duration_nodes > self.max_depth {
+            return Err(self.too_deep(at));
+        }
+        Ok(())
     }
 
     /// Literals stay literals; anything else needs the duration-expression feature.
@@ -541,8 +618,10 @@ impl Parser {
             if prec < min_prec {
                 break;
             }
+            let at = self.pos();
             self.next();
             let rhs = self.duration_binary(if op == BinaryOp::Pow { prec } else { prec + 1 })?;
+            self.duration_node(at)?;
             lhs = DurationExpr::Binary(op, Box::new(lhs), Box::new(rhs));
         }
         Ok(lhs)
@@ -550,7 +629,17 @@ impl Parser {
 
     /// A signed duration primary. After `offset` (`primary_only`), only a primary is taken, so
     /// `x offset 5m + 1` is `(x offset 5m) + 1`.
+    /// Every cycle of the duration parsers' recursion passes through here: one level.
     fn duration_unary(&mut self, primary_only: bool) -> Result<DurationExpr, ParseError> {
+        self.descend()?;
+        let e = self.duration_signed(primary_only);
+        self.ascend();
+        e
+    }
+
+    fn duration_signed(&mut self, primary_only: bool) -> Result<DurationExpr, ParseError> {
+        let at = self.pos();
+        self.duration_node(at)?;
         match self.peek() {
             Tok::Sub => {
                 self.next();
@@ -876,7 +965,7 @@ fn check_binary(b: Binary, op_pos: usize) -> Result<Expr, ParseError> {
         b.matching = None;
     }
     let (start, end) = (b.lhs.start, b.rhs.end);
-    Ok(Expr { kind: ExprKind::Binary(Box::new(b)), start, end })
+    Ok(Expr::new(ExprKind::Binary(Box::new(b)), start, end))
 }
 
 #[cfg(test)]
