@@ -71,7 +71,10 @@ pub struct LimitsSection {
     pub query_max_series: Option<usize>,
     pub query_timeout: Option<String>,
     pub query_max_concurrency: Option<usize>,
+    pub query_max_depth: Option<usize>,
     pub web_read_timeout: Option<String>,
+    pub web_read_header_timeout: Option<String>,
+    pub web_max_connections: Option<usize>,
 }
 
 impl ConfigFile {

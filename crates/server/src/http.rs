@@ -61,6 +61,9 @@ pub struct Limits {
     pub max_age_ms: i64,
     /// Experimental PromQL features enabled (`--enable-feature`), off by default.
     pub query_features: strata_promql::Features,
+    /// Nesting a query may have (`--query.max-depth`); at most
+    /// `strata_promql::parser::MAX_DEPTH_DEFAULT`, which the server's threads have stack for.
+    pub max_query_depth: u32,
 }
 
 impl Default for Limits {
@@ -78,8 +81,20 @@ impl Default for Limits {
             max_future_ms: 24 * 3600 * 1000,
             max_age_ms: 0,
             query_features: strata_promql::Features::default(),
+            max_query_depth: strata_promql::parser::MAX_DEPTH_DEFAULT,
         }
     }
+}
+
+/// Endpoints that change or stop the server, off unless turned on by the flags Prometheus
+/// names them by.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ApiSwitches {
+    /// `--web.enable-admin-api`: `/api/v1/admin/tsdb/*` (delete series, clean tombstones,
+    /// snapshot).
+    pub admin: bool,
+    /// `--web.enable-lifecycle`: `/-/reload` and `/-/quit`.
+    pub lifecycle: bool,
 }
 
 /// Shared by every handler.
@@ -88,6 +103,9 @@ pub struct AppState {
     /// Set once the WAL is replayed; until then storage endpoints answer 503.
     pub db: OnceLock<Arc<Db>>,
     pub limits: Limits,
+    pub switches: ApiSwitches,
+    /// `/-/quit` asks the server to shut down through this (set by the binary).
+    pub quit: OnceLock<tokio::sync::mpsc::Sender<()>>,
     pub metrics: ServerMetrics,
     query_slots: tokio::sync::Semaphore,
     started: std::time::SystemTime,
@@ -107,11 +125,18 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(limits: Limits, flags: BTreeMap<String, String>, config_yaml: String) -> Arc<AppState> {
+    pub fn new(
+        limits: Limits,
+        switches: ApiSwitches,
+        flags: BTreeMap<String, String>,
+        config_yaml: String,
+    ) -> Arc<AppState> {
         Arc::new(AppState {
             db: OnceLock::new(),
             query_slots: tokio::sync::Semaphore::new(limits.max_concurrent_queries.max(1)),
             limits,
+            switches,
+            quit: OnceLock::new(),
             metrics: ServerMetrics::default(),
             started: std::time::SystemTime::now(),
             flags,
@@ -204,6 +229,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/targets", get(scrape_api::targets))
         .route("/api/v1/targets/metadata", get(scrape_api::targets_metadata))
         .route("/-/reload", post(scrape_api::reload).put(scrape_api::reload))
+        .route("/-/quit", post(quit).put(quit))
         .route("/api/v1/status/buildinfo", get(buildinfo))
         .route("/api/v1/status/runtimeinfo", get(runtimeinfo))
         .route("/api/v1/status/flags", get(flags))
@@ -212,8 +238,64 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
+        // Panics are caught inside the counting, so a failed request is counted as the 500
+        // it answered.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), catch_panic))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// A handler that panics fails its own request with a 500, is counted and logged, and the
+/// server goes on (a panic on a blocking thread comes here too: [`blocking`] resumes it).
+async fn catch_panic(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use futures_util::FutureExt as _;
+    let path = req.uri().path().to_owned();
+    match std::panic::AssertUnwindSafe(next.run(req)).catch_unwind().await {
+        Ok(resp) => resp,
+        Err(payload) => {
+            st.metrics.handler_panics.fetch_add(1, Ordering::Relaxed);
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            tracing::error!(path, panic = what, "request handler panicked; the request failed with 500");
+            ApiError::internal(format!("internal error while serving {path}: {what}")).into_response()
+        }
+    }
+}
+
+/// Prometheus' answer to an admin call without `--web.enable-admin-api`.
+fn admin_enabled(st: &AppState) -> Result<(), ApiError> {
+    if st.switches.admin {
+        Ok(())
+    } else {
+        Err(ApiError::unavailable("admin APIs disabled; start strata serve with --web.enable-admin-api"))
+    }
+}
+
+/// Prometheus' answer to `/-/reload` or `/-/quit` without `--web.enable-lifecycle` (`None`
+/// when enabled).
+fn lifecycle_refusal(st: &AppState) -> Option<Response> {
+    (!st.switches.lifecycle).then(|| (StatusCode::FORBIDDEN, "Lifecycle API is not enabled.\n").into_response())
+}
+
+/// `POST /-/quit`: shuts the server down gracefully, as SIGTERM does.
+async fn quit(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(refused) = lifecycle_refusal(&st) {
+        return refused;
+    }
+    match st.quit.get() {
+        Some(tx) => {
+            let _ = tx.try_send(());
+            (StatusCode::OK, "Requesting termination... Goodbye!\n").into_response()
+        }
+        None => (StatusCode::SERVICE_UNAVAILABLE, "the server is still starting\n").into_response(),
+    }
 }
 
 /// Counts requests by handler and status code, and their latency.
@@ -239,7 +321,7 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
         "/-/ready" | "/-/healthy" => "health",
-        "/-/reload" => "reload",
+        "/-/reload" | "/-/quit" => "lifecycle",
         "/api/v1/targets" | "/api/v1/targets/metadata" => "targets",
         "/api/v1/import/prometheus" => "import",
         "/api/v1/export" | "/federate" => "export",
@@ -295,9 +377,14 @@ fn decode_err(e: DecodeError) -> ApiError {
     }
 }
 
-/// Runs storage work on a blocking thread.
+/// Runs storage work on a blocking thread. A panic there is resumed here, so that
+/// [`catch_panic`] answers and counts it like any handler's.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker failed: {e}")))
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(ApiError::internal(format!("worker failed: {e}"))),
+    }
 }
 
 /// What one write request did, for the response and the counters.
@@ -786,8 +873,12 @@ impl Drop for CancelOnDrop {
 }
 
 fn parse_promql(st: &AppState, q: &str) -> Result<strata_promql::ast::Expr, ApiError> {
-    strata_promql::parse_with(q, st.limits.query_features)
-        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {}", e.render(q))))
+    strata_promql::parser::parse_with_depth(q, st.limits.query_features, st.limits.max_query_depth).map_err(|e| {
+        if e.msg.contains("nested too deeply") {
+            st.metrics.queries_too_deep.fetch_add(1, Ordering::Relaxed);
+        }
+        ApiError::bad_data(format!("invalid parameter \"query\": {}", e.render(q)))
+    })
 }
 
 fn engine(st: &AppState, deadline: Instant) -> Engine {
@@ -1178,6 +1269,7 @@ async fn delete_series(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    admin_enabled(&st)?;
     let p = params(&st, &method, raw, &headers, body).await?;
     let sets = p.selectors(true)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
@@ -1193,6 +1285,7 @@ async fn delete_series(
 }
 
 async fn clean_tombstones(State(st): State<Arc<AppState>>) -> ApiResult {
+    admin_enabled(&st)?;
     let db = db(&st)?;
     blocking(move || db.clean_tombstones()).await?.map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -1201,6 +1294,7 @@ async fn clean_tombstones(State(st): State<Arc<AppState>>) -> ApiResult {
 /// `POST /api/v1/admin/tsdb/snapshot[?skip_head=true]`: hard-links every block (and writes the
 /// head as a block) into `<data dir>/snapshots/<name>`, as Prometheus does.
 async fn snapshot(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    admin_enabled(&st)?;
     let p = Params::from_query(raw);
     let skip_head = match p.get("skip_head") {
         None | Some("false") | Some("0") => false,

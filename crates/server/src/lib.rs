@@ -14,3 +14,4 @@ pub mod scrape;
 pub mod status;
 pub mod textparse;
 pub mod timeparse;
+pub mod web;

@@ -61,6 +61,12 @@ pub struct ServerMetrics {
     pub queries: AtomicU64,
     pub queries_failed: AtomicU64,
     pub query_duration: Histogram,
+    /// Request handlers that panicked (each failed its request with a 500).
+    pub handler_panics: AtomicU64,
+    /// Queries refused at parse time for nesting deeper than the limit.
+    pub queries_too_deep: AtomicU64,
+    /// The listener's connection counters.
+    pub connections: std::sync::Arc<crate::web::ConnectionStats>,
 }
 
 impl ServerMetrics {
@@ -104,6 +110,43 @@ impl ServerMetrics {
                     "Series with invalid labels in remote write.",
                     "counter",
                     load(&self.remote_write_series_invalid),
+                ),
+                (
+                    "strata_http_handler_panics_total",
+                    "Request handlers that panicked; each request failed with 500 and the server went on.",
+                    "counter",
+                    load(&self.handler_panics),
+                ),
+                (
+                    "strata_http_connections_accepted_total",
+                    "HTTP connections accepted.",
+                    "counter",
+                    load(&self.connections.accepted),
+                ),
+                ("strata_http_connections_open", "HTTP connections open.", "gauge", load(&self.connections.open)),
+                (
+                    "strata_http_connections_max",
+                    "Most HTTP connections open at once (--web.max-connections); more wait to be accepted.",
+                    "gauge",
+                    load(&self.connections.limit),
+                ),
+                (
+                    "strata_http_connections_failed_total",
+                    "HTTP connections that ended in an error (slow or oversized request head, reset, failed TLS handshake).",
+                    "counter",
+                    load(&self.connections.failed),
+                ),
+                (
+                    "strata_http_tls_handshake_failures_total",
+                    "TLS handshakes that failed or timed out.",
+                    "counter",
+                    load(&self.connections.tls_handshake_failures),
+                ),
+                (
+                    "strata_engine_queries_too_deep_total",
+                    "Queries refused for nesting deeper than the parser's limit.",
+                    "counter",
+                    load(&self.queries_too_deep),
                 ),
                 ("strata_engine_queries_total", "Queries evaluated.", "counter", load(&self.queries)),
                 (

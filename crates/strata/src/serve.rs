@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_promql::parser::{MAX_DEPTH_DEFAULT, QUERY_THREAD_STACK_BYTES};
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
 use strata_server::config_file::{default_config_text, ConfigFile};
-use strata_server::http::{router, AppState, Limits, Reloader};
+use strata_server::http::{router, ApiSwitches, AppState, Limits, Reloader};
 use strata_server::scrape::config::Job;
 use strata_server::scrape::ScrapeManager;
+use strata_server::web::auth::{authenticate, Authenticator};
+use strata_server::web::{self, ConnectionLimits, WebConfigFile};
 use strata_tsdb::Db;
 
 /// Every setting has a default; the config file (`--config`) overrides the defaults, and a flag
@@ -62,6 +65,31 @@ pub struct ServeArgs {
     /// Longest a client may take to send a request body; slow clients get 408 [default: 30s].
     #[arg(long = "web.read-timeout")]
     body_read_timeout: Option<String>,
+    /// Longest a client may take to send a request's head, counted from the connection's
+    /// start or its previous response (so it also closes idle keep-alive connections); also
+    /// the TLS handshake's limit [default: 30s].
+    #[arg(long = "web.read-header-timeout")]
+    read_header_timeout: Option<String>,
+    /// Most HTTP connections open at once; more wait to be accepted [default: 512].
+    #[arg(long = "web.max-connections")]
+    max_connections: Option<usize>,
+    /// Most levels of nesting a query may have (parentheses, operators, calls); at most and by
+    /// default 1000, which the server's threads have stack for.
+    #[arg(long = "query.max-depth")]
+    max_query_depth: Option<usize>,
+    /// Serve `/api/v1/admin/tsdb/*` (delete series, clean tombstones, snapshot), as
+    /// Prometheus' flag of the same name; off, they answer 503.
+    #[arg(long = "web.enable-admin-api")]
+    enable_admin_api: bool,
+    /// Serve `/-/reload` and `/-/quit`, as Prometheus' flag of the same name; off, they answer
+    /// 403 (SIGHUP still reloads, SIGTERM still stops).
+    #[arg(long = "web.enable-lifecycle")]
+    enable_lifecycle: bool,
+    /// TLS and basic authentication for the HTTP API, in Prometheus' web configuration format
+    /// (exporter-toolkit's: `tls_server_config`, `basic_auth_users` with bcrypt hashes,
+    /// `http_server_config.headers`); reloaded when it or its certificate files change.
+    #[arg(long = "web.config.file")]
+    web_config_file: Option<PathBuf>,
     /// Experimental PromQL features, comma-separated, named as Prometheus names them:
     /// promql-experimental-functions, promql-duration-expr, promql-extended-range-selectors,
     /// promql-binop-fill-modifiers, use-start-timestamps (rate and friends read samples'
@@ -90,6 +118,7 @@ fn promql_features(names: &[String]) -> Result<strata_promql::Features, String> 
 struct Settings {
     storage: StorageConfig,
     limits: Limits,
+    connections: ConnectionLimits,
     flags: BTreeMap<String, String>,
     jobs: Vec<Job>,
     external_labels: Vec<(String, String)>,
@@ -215,8 +244,42 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         body_read_timeout: pick(f, "web.read-timeout", args.body_read_timeout.clone(), li.web_read_timeout, "30s", ms)?,
         max_age_ms: retention,
         query_features: promql_features(&args.enable_feature)?,
+        max_query_depth: pick(
+            f,
+            "query.max-depth",
+            num(args.max_query_depth),
+            num(li.query_max_depth),
+            &MAX_DEPTH_DEFAULT.to_string(),
+            parse_depth,
+        )?,
         ..Limits::default()
     };
+    let connections = ConnectionLimits {
+        max_connections: pick(
+            f,
+            "web.max-connections",
+            num(args.max_connections),
+            num(li.web_max_connections),
+            "512",
+            parse_count,
+        )?,
+        read_header_timeout: pick(
+            f,
+            "web.read-header-timeout",
+            args.read_header_timeout.clone(),
+            li.web_read_header_timeout,
+            "30s",
+            ms,
+        )?,
+        ..ConnectionLimits::default()
+    };
+    for (name, on) in [("web.enable-admin-api", args.enable_admin_api), ("web.enable-lifecycle", args.enable_lifecycle)]
+    {
+        flags.insert(name.to_owned(), on.to_string());
+    }
+    if let Some(w) = &args.web_config_file {
+        flags.insert("web.config.file".to_owned(), w.display().to_string());
+    }
     if !args.enable_feature.is_empty() {
         flags.insert("enable-feature".to_owned(), args.enable_feature.join(","));
     }
@@ -228,20 +291,40 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         ..Default::default()
     };
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    Ok((Settings { storage, limits, flags, jobs, external_labels }, yaml))
+    Ok((Settings { storage, limits, connections, flags, jobs, external_labels }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
     s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("expected a positive whole number, got {s:?}"))
 }
 
+/// A nesting limit no deeper than the server's threads have stack for.
+fn parse_depth(s: &str) -> Result<u32, String> {
+    let n = parse_count(s)?;
+    if n > MAX_DEPTH_DEFAULT as usize {
+        return Err(format!("{n} is above {MAX_DEPTH_DEFAULT}, the deepest the server's threads have stack for"));
+    }
+    Ok(n as u32)
+}
+
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, flags, jobs, external_labels }, yaml) = settings(&args)?;
+    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels }, yaml) = settings(&args)?;
+    let web_config = match &args.web_config_file {
+        Some(p) => Some(Arc::new(WebConfigFile::load(p).map_err(|e| format!("web.config.file: {e}"))?)),
+        None => None,
+    };
     let max_future_ms = limits.max_future_ms;
-    let state = AppState::new(limits, flags, yaml);
+    let switches = ApiSwitches { admin: args.enable_admin_api, lifecycle: args.enable_lifecycle };
+    let state = AppState::new(limits, switches, flags, yaml);
     *state.external_labels.lock() = external_labels;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("strata-http").build()?;
+    // Queries are parsed on the async workers and evaluated on blocking threads, both of this
+    // runtime: their stacks must hold the deepest query the parser lets through.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-http")
+        .thread_stack_size(QUERY_THREAD_STACK_BYTES)
+        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -284,12 +367,20 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 Ok(())
             })
         };
-        let app = router(state.clone());
+        let mut app = router(state.clone());
+        if let Some(web) = &web_config {
+            let auth = Authenticator::new(web.clone());
+            app = app.layer(axum::middleware::from_fn_with_state(auth, authenticate));
+            tracing::info!(file = %web.path().display(), tls = web.acceptor().is_some(), "web configuration in force");
+        }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
+        let (quit_tx, mut quit_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let _ = state.quit.set(quit_tx);
         let stopping = state.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let shutdown = async move {
             tokio::select! {
                 _ = shutdown_signal() => {}
+                _ = quit_rx.recv() => tracing::info!("/-/quit: shutting down"),
                 reason = stop_rx => tracing::error!(reason = reason.unwrap_or_default(), "stopping"),
             }
             // Scraping stops before the HTTP server: a self-scrape racing the server's own
@@ -297,8 +388,9 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(scrape) = stopping.scrape.get() {
                 scrape.stop().await;
             }
-        });
-        let server = tokio::spawn(async move { server.await });
+        };
+        let stats = state.metrics.connections.clone();
+        let server = tokio::spawn(web::serve(listener, app, connections, web_config, stats, shutdown));
         let reloads = tokio::spawn(reload_on_sighup(state.clone()));
         let opened = opener.await.map_err(|e| e.to_string()).and_then(|r| r);
         if let Err(e) = &opened {

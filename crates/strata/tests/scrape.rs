@@ -195,7 +195,8 @@ fn vanished_series_are_stale_and_reloads_keep_unchanged_targets_running() {
         target.addr()
     );
     std::fs::write(&config, format!("scrape_configs:\n{job_t}")).unwrap();
-    let srv = Server::start(&tmp.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let srv =
+        Server::start(&tmp.path().join("data"), &["--config", config.to_str().unwrap(), "--web.enable-lifecycle"]);
     let p = srv.port;
     wait_for(&srv, 20, "b scraped", || value(p, "b{job=\"t\"}") == Some(2.0));
 

@@ -213,7 +213,7 @@ fn remote_read_import_export_federate_and_delete() {
     use prost::Message;
     use strata_server::remote::{LabelMatcher, Query, ReadRequest, ReadResponse};
     let tmp = tempfile::tempdir().unwrap();
-    let srv = Server::start(tmp.path(), &[]);
+    let srv = Server::start(tmp.path(), &["--web.enable-admin-api"]);
     let now = now_ms() / 1000 * 1000;
     let text = format!(
         "# TYPE temp gauge\ntemp{{room=\"a\"}} 21.5 {}\ntemp{{room=\"a\"}} 22 {}\ntemp{{room=\"b\",note=\"q\\\"x\"}} 19 {}\n",

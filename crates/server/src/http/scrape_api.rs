@@ -150,9 +150,13 @@ pub(super) async fn targets_metadata(State(st): State<Arc<AppState>>, RawQuery(r
     Ok(success(Value::Array(list)))
 }
 
-/// `POST /-/reload`: 200 when the configuration was applied, 500 with the reason when not (the
-/// running configuration then stays), as Prometheus answers.
+/// `POST /-/reload` (with `--web.enable-lifecycle`, else 403): 200 when the configuration was
+/// applied, 500 with the reason when not (the running configuration then stays), as
+/// Prometheus answers.
 pub(super) async fn reload(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    if let Some(refused) = super::lifecycle_refusal(&st) {
+        return Ok(refused);
+    }
     let st2 = st.clone();
     let res = blocking(move || match st2.reloader.get() {
         Some(r) => (r.0)(),
