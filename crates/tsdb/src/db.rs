@@ -220,7 +220,7 @@ impl Db {
         let _guard = self.inner.compaction.lock();
         let mut n = self.inner.head.delete(matchers, mint, maxt)?;
         for b in self.blocks().iter() {
-            n += b.delete(matchers, mint, maxt).inspect_err(|_| b.mark_corrupt())?;
+            n += b.delete(matchers, mint, maxt).inspect_err(|e| b.mark_corrupt_if(e))?;
         }
         Ok(n)
     }
@@ -437,6 +437,7 @@ impl Inner {
             return Ok(0);
         }
         let mut doomed: Vec<Arc<Block>> = Vec::new();
+        let mut cutoff = i64::MIN;
         if self.opts.retention_ms > 0 {
             let newest = blocks
                 .iter()
@@ -444,7 +445,7 @@ impl Inner {
                 .chain(self.head.time_range().map(|r| r.1))
                 .max()
                 .expect("not empty");
-            let cutoff = newest.saturating_sub(self.opts.retention_ms);
+            cutoff = newest.saturating_sub(self.opts.retention_ms);
             doomed.extend(blocks.iter().filter(|b| b.meta().max_time <= cutoff).cloned());
         }
         if self.opts.retention_bytes > 0 {
@@ -472,10 +473,19 @@ impl Inner {
             *w = Arc::new(next);
         }
         for b in &doomed {
+            let why = if b.meta().max_time <= cutoff {
+                format!(
+                    "all its samples are older than the retention ({} ms) behind the newest sample",
+                    self.opts.retention_ms
+                )
+            } else {
+                format!("blocks and WAL exceed the retention size of {} bytes; oldest first", self.opts.retention_bytes)
+            };
             tracing::info!(
                 ulid = b.ulid(),
                 min_time = b.meta().min_time,
                 max_time = b.meta().max_time,
+                reason = why,
                 "retention deletes block"
             );
             delete_block_dir(b.dir())?;

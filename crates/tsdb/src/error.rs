@@ -37,10 +37,34 @@ pub enum Error {
     WalFailed(String),
     #[error("the query selects more than {limit} series")]
     TooManySeries { limit: usize },
+    /// Chunk references past the reader's limit: the samples they hold would not fit the
+    /// query's budget either (every chunk in range holds at least one sample in range, but
+    /// the two at a series' edges).
+    #[error("the query selects more than {limit} chunks of samples")]
+    TooManyChunks { limit: usize },
+    /// The reader's interrupt (a deadline, a client gone) stopped a selection.
+    #[error("series selection stopped: {0}")]
+    Stopped(Stop),
     #[error("block {block} is corrupt: {reason}")]
     BlockCorrupt { block: PathBuf, reason: String },
     #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: u32 },
+}
+
+/// Why a reader stopped a selection (see `Querier::interrupt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Timeout,
+    Canceled,
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stop::Timeout => "the query's deadline passed",
+            Stop::Canceled => "the query was canceled",
+        })
+    }
 }
 
 /// Builds the `map_err` closure for an I/O operation on `path`.

@@ -321,7 +321,6 @@ fn merge_chunks<'a>(chunks: &'a [QueryChunk]) -> Result<Cursor<'a>, ChunkError> 
 pub type BlockList = parking_lot::RwLock<Arc<Vec<Arc<Block>>>>;
 
 /// Reads the head and the blocks over `[mint, maxt]` (inclusive, milliseconds).
-#[derive(Debug)]
 pub struct Querier<'a> {
     head: &'a Head,
     blocks: Option<&'a BlockList>,
@@ -331,17 +330,77 @@ pub struct Querier<'a> {
     max_series: usize,
     /// Threads `select` reads blocks on.
     threads: usize,
+    /// Asked every [`INTERRUPT_EVERY`] series while selecting; `Some` stops the selection.
+    interrupt: Option<Interrupt<'a>>,
+    /// `select` fails once its sources together have found more chunks than this: chunk
+    /// references are what a selection holds per sample, so this bounds its memory before
+    /// any sample is read.
+    max_chunks: usize,
+    /// Chunks found so far by this querier's selections (sources run on several threads).
+    chunks_found: std::sync::atomic::AtomicUsize,
 }
+
+impl std::fmt::Debug for Querier<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Querier")
+            .field("mint", &self.mint)
+            .field("maxt", &self.maxt)
+            .field("max_series", &self.max_series)
+            .field("threads", &self.threads)
+            .field("interrupt", &self.interrupt.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reader's question, asked during a selection: should it stop now, and why?
+pub type Interrupt<'a> = &'a (dyn Fn() -> Option<crate::error::Stop> + Sync);
+
+/// Series selected between two questions to the interrupt: often enough that a deadline is
+/// seen within a millisecond or so, rarely enough to cost nothing.
+const INTERRUPT_EVERY: usize = 1024;
 
 impl<'a> Querier<'a> {
     /// A querier over the head alone.
     pub fn new(head: &'a Head, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: None, mint, maxt, max_series: usize::MAX, threads: 1 }
+        Querier::with_source(head, None, mint, maxt)
     }
 
     /// A querier over the head and the blocks in `blocks`.
     pub fn with_blocks(head: &'a Head, blocks: &'a BlockList, mint: i64, maxt: i64) -> Self {
-        Querier { head, blocks: Some(blocks), mint, maxt, max_series: usize::MAX, threads: 1 }
+        Querier::with_source(head, Some(blocks), mint, maxt)
+    }
+
+    fn with_source(head: &'a Head, blocks: Option<&'a BlockList>, mint: i64, maxt: i64) -> Self {
+        Querier {
+            head,
+            blocks,
+            mint,
+            maxt,
+            max_series: usize::MAX,
+            threads: 1,
+            interrupt: None,
+            max_chunks: usize::MAX,
+            chunks_found: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Makes `select` fail with `TooManyChunks` rather than hold more than `n` chunk
+    /// references (counted across sources as they are found).
+    pub fn limit_chunks(mut self, n: usize) -> Self {
+        self.max_chunks = n;
+        self
+    }
+
+    /// Counts `n` more chunks found; an error past the limit.
+    fn count_chunks(&self, n: usize) -> Result<()> {
+        if self.max_chunks == usize::MAX {
+            return Ok(());
+        }
+        let before = self.chunks_found.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        if before + n > self.max_chunks {
+            return Err(crate::Error::TooManyChunks { limit: self.max_chunks });
+        }
+        Ok(())
     }
 
     /// Lets `select` read blocks on up to `n` threads, the calling one reading the head meanwhile
@@ -358,11 +417,30 @@ impl<'a> Querier<'a> {
         self
     }
 
+    /// Makes `select` (and the label lookups) ask `interrupt` as it goes, and stop with
+    /// `Error::Stopped` when it answers: a query's deadline and cancellation hold during
+    /// selection too, however many series match.
+    pub fn interrupt(mut self, interrupt: Interrupt<'a>) -> Self {
+        self.interrupt = Some(interrupt);
+        self
+    }
+
     fn check_limit(&self, n: usize) -> Result<()> {
         if n > self.max_series {
             return Err(crate::Error::TooManySeries { limit: self.max_series });
         }
         Ok(())
+    }
+
+    /// The interrupt's answer, every [`INTERRUPT_EVERY`]th call (`i` counts the calls).
+    fn check_interrupt(&self, i: usize) -> Result<()> {
+        if !i.is_multiple_of(INTERRUPT_EVERY) {
+            return Ok(());
+        }
+        match self.interrupt.and_then(|f| f()) {
+            Some(stop) => Err(crate::Error::Stopped(stop)),
+            None => Ok(()),
+        }
     }
 
     /// The blocks overlapping the range. Read *after* the head: the database adds a block before
@@ -396,7 +474,7 @@ impl<'a> Querier<'a> {
             }
             sources.push(head);
             for b in &blocks {
-                sources.push(self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?);
+                sources.push(self.select_block(b, matchers, &mut interner).inspect_err(|e| b.mark_corrupt_if(e))?);
             }
         } else {
             // Thread w reads blocks w, w+T, … (sharing strings among them) while this thread
@@ -410,8 +488,9 @@ impl<'a> Querier<'a> {
                             let mut interner = SymbolInterner::default();
                             let mut read = Vec::new();
                             for (i, b) in blocks.iter().enumerate().skip(w).step_by(threads) {
-                                let from_block =
-                                    self.select_block(b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())?;
+                                let from_block = self
+                                    .select_block(b, matchers, &mut interner)
+                                    .inspect_err(|e| b.mark_corrupt_if(e))?;
                                 read.push((i, from_block));
                             }
                             Ok(read)
@@ -438,9 +517,11 @@ impl<'a> Querier<'a> {
         // Series found here may be removed by a truncation before their labels are resolved;
         // the gate keeps their symbols alive until then.
         let _gate = self.head.read_gate();
+        self.check_interrupt(0)?;
         let refs = postings::expand(self.head.postings_for(matchers));
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
-        for r in refs {
+        for (i, r) in refs.into_iter().enumerate() {
+            self.check_interrupt(i)?;
             let Some(s) = self.head.series(r) else { continue };
             let chunks = {
                 let state = s.state.lock();
@@ -451,6 +532,7 @@ impl<'a> Querier<'a> {
                 chunks
             };
             if !chunks.is_empty() {
+                self.count_chunks(chunks.len())?;
                 found.push((s, chunks));
                 self.check_limit(found.len())?;
             }
@@ -473,9 +555,11 @@ impl<'a> Querier<'a> {
         let data = block.data()?;
         let stones = block.tombstones();
         let mut metas = Vec::new();
+        self.check_interrupt(0)?;
         let ids = block.select_ids(matchers)?;
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        for (i, id) in ids.into_iter().enumerate() {
+            self.check_interrupt(i)?;
             let labels = data.index.series(id, &mut metas, interner).map_err(|e| block.corrupt(e))?;
             // Sized exactly: most series have one chunk in a block, and collecting from a
             // filter would allocate room for four.
@@ -484,6 +568,7 @@ impl<'a> Querier<'a> {
             if count == 0 {
                 continue;
             }
+            self.count_chunks(count)?;
             let mut chunks = Vec::with_capacity(count);
             chunks.extend(metas.iter().filter(in_range).map(|c| QueryChunk {
                 mint: c.mint,
@@ -533,10 +618,10 @@ impl<'a> Querier<'a> {
         let mut interner = SymbolInterner::default();
         for b in self.blocks() {
             if matchers.is_empty() {
-                let data = b.data().inspect_err(|_| b.mark_corrupt())?;
+                let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
                 out.extend(from_index(&data.index).into_iter().map(str::to_owned));
             } else {
-                for s in self.select_block(&b, matchers, &mut interner).inspect_err(|_| b.mark_corrupt())? {
+                for s in self.select_block(&b, matchers, &mut interner).inspect_err(|e| b.mark_corrupt_if(e))? {
                     from_series(&s.labels, out);
                 }
             }

@@ -124,6 +124,14 @@ impl Block {
             || matches!(self.data.get(), Some(Ok(d)) if d.chunks.failed())
     }
 
+    /// Marks the block corrupt if `e` says a read of it failed its checks; any other error (a
+    /// query's series limit, its deadline) says nothing about the block.
+    pub fn mark_corrupt_if(&self, e: &Error) {
+        if matches!(e, Error::BlockCorrupt { .. }) {
+            self.mark_corrupt();
+        }
+    }
+
     pub fn mark_corrupt(&self) {
         if !self.corrupt.swap(true, Ordering::Relaxed) {
             tracing::error!(block = %self.dir.display(), "block failed a checksum or bounds check; it will be set aside");

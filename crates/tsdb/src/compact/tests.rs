@@ -485,3 +485,37 @@ fn start_times_survive_replay_blocks_and_compaction() {
     };
     check_through_replay_and_compaction(db, tmp.path(), check);
 }
+
+/// Regression: a query that passed its series limit (or now its chunk limit, or was stopped by
+/// its deadline) while
+/// reading a block marked that block corrupt, and the next compaction set it aside: one query
+/// over too many series took a block of data out of service.
+#[test]
+fn a_query_stopped_by_its_limits_leaves_blocks_in_service() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let mut app = db.appender();
+    for i in 0..3000 {
+        let l = Labels::from_pairs([("__name__", "x".to_string()), ("i", i.to_string())]);
+        for t in (0..3 * RANGE).step_by(100) {
+            app.append(&l, t, 1.0).unwrap();
+        }
+    }
+    app.commit().unwrap();
+    db.compact().unwrap();
+    assert!(!db.blocks().is_empty());
+    for threads in [1, 3] {
+        let err = db.querier(0, 3 * RANGE).parallelism(threads).limit_series(10).select(&all()).unwrap_err();
+        assert!(matches!(err, crate::Error::TooManySeries { limit: 10 }), "{err}");
+        let err = db.querier(0, 3 * RANGE).parallelism(threads).limit_chunks(100).select(&all()).unwrap_err();
+        assert!(matches!(err, crate::Error::TooManyChunks { limit: 100 }), "{err}");
+        let stop = || Some(crate::error::Stop::Timeout);
+        let err = db.querier(0, 3 * RANGE).parallelism(threads).interrupt(&stop).select(&all()).unwrap_err();
+        assert!(matches!(err, crate::Error::Stopped(crate::error::Stop::Timeout)), "{err}");
+        let err = db.querier(0, 3 * RANGE).interrupt(&stop).label_values("i", &all()).unwrap_err();
+        assert!(matches!(err, crate::Error::Stopped(_)), "{err}");
+    }
+    assert!(db.blocks().iter().all(|b| !b.is_corrupt()), "no block marked corrupt");
+    assert_eq!(db.compact().unwrap().set_aside, 0);
+    assert_eq!(db.querier(0, 3 * RANGE).select(&all()).unwrap().len(), 3000);
+}
