@@ -654,9 +654,9 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
     let body = read_body(&st, body).await?;
     let req: remote::ReadRequest = remote::decode(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
     let max_samples = st.limits.max_query_samples;
-    let max_series = st.limits.max_query_series;
-    let resp = blocking(move || -> Result<remote::ReadResponse, ApiError> {
-        let mut budget = max_samples;
+    let st2 = st.clone();
+    let resp = run_query(&st, move |stopper| -> Result<remote::ReadResponse, ApiError> {
+        let mut budget = Budget::new(&st2, &stopper);
         let mut results = Vec::with_capacity(req.queries.len());
         for q in &req.queries {
             let matchers = q
@@ -673,7 +673,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                     Matcher::new(op, m.name.clone(), m.value.clone()).map_err(|e| ApiError::bad_data(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let selected = select_checked(&db, max_series, &matchers, q.start_timestamp_ms, q.end_timestamp_ms)?;
+            let selected = select_checked(&st2, &db, &stopper, &matchers, q.start_timestamp_ms, q.end_timestamp_ms)?;
             let mut timeseries = Vec::new();
             for s in selected {
                 let (mut samples, mut histograms) = (Vec::new(), Vec::new());
@@ -685,8 +685,12 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                 if samples.is_empty() && histograms.is_empty() {
                     continue;
                 }
-                budget = budget.checked_sub(samples.len() + histograms.len()).ok_or_else(|| {
-                    ApiError::execution(format!("remote read would return more than {max_samples} samples"))
+                budget.take(samples.len() + histograms.len()).map_err(|e| {
+                    if e.kind == "execution" {
+                        ApiError::execution(format!("remote read would return more than {max_samples} samples"))
+                    } else {
+                        e
+                    }
                 })?;
                 let labels = s.labels.iter().map(|l| remote::Label::new(&*l.name, &*l.value)).collect();
                 timeseries.push(remote::TimeSeries { labels, samples, histograms });
@@ -695,7 +699,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
         }
         Ok(remote::ReadResponse { results })
     })
-    .await??;
+    .await?;
     Ok((
         [(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")],
         remote::encode(&resp),
@@ -776,10 +780,51 @@ fn labels_json(l: &Labels) -> Value {
     Value::Object(l.iter().map(|x| (x.name.to_string(), Value::String(x.value.to_string()))).collect())
 }
 
-/// Gives a query its slot (waiting up to the query timeout), counting and timing it.
+/// What stops a read while it runs: its deadline, and its client going away (the flag is
+/// raised when the request's handler is dropped).
+#[derive(Clone, Debug)]
+struct Stopper {
+    deadline: Instant,
+    canceled: Arc<AtomicBool>,
+}
+
+impl Stopper {
+    /// Why to stop now, if at all (asked by selections as they go).
+    fn stop(&self) -> Option<strata_tsdb::error::Stop> {
+        if self.canceled.load(Ordering::Relaxed) {
+            Some(strata_tsdb::error::Stop::Canceled)
+        } else if Instant::now() > self.deadline {
+            Some(strata_tsdb::error::Stop::Timeout)
+        } else {
+            None
+        }
+    }
+}
+
+/// A storage error as the API answers it: a deadline or cancellation in Prometheus' shapes,
+/// limits as execution errors (422), the rest as internal errors.
+fn storage_error(st: &AppState, e: strata_tsdb::Error) -> ApiError {
+    use strata_tsdb::error::Stop;
+    match e {
+        strata_tsdb::Error::Stopped(Stop::Timeout) => {
+            ApiError::timeout(format!("query timed out in series selection (timeout {:?})", st.limits.query_timeout))
+        }
+        strata_tsdb::Error::Stopped(Stop::Canceled) => ApiError::canceled("query was canceled in series selection"),
+        strata_tsdb::Error::TooManyChunks { .. } => ApiError::execution(format!(
+            "query processing would load too many samples into memory in series selection (limit {})",
+            st.limits.max_query_samples
+        )),
+        e @ strata_tsdb::Error::TooManySeries { .. } => ApiError::execution(e.to_string()),
+        e => ApiError::internal(e.to_string()),
+    }
+}
+
+/// Gives a read its slot (waiting up to the query timeout), counting and timing it; `f` runs
+/// on a blocking thread with the read's [`Stopper`]. Every read endpoint goes through here:
+/// queries, series, labels, label values, remote read, export and federation.
 async fn run_query<T: Send + 'static>(
     st: &Arc<AppState>,
-    f: impl FnOnce(Instant) -> Result<T, ApiError> + Send + 'static,
+    f: impl FnOnce(Stopper) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let timeout = st.limits.query_timeout;
     let Ok(Ok(_slot)) = tokio::time::timeout(timeout, st.query_slots.acquire()).await else {
@@ -789,8 +834,11 @@ async fn run_query<T: Send + 'static>(
         )));
     };
     let t0 = Instant::now();
-    let deadline = t0 + timeout;
-    let res = blocking(move || f(deadline)).await.and_then(|r| r);
+    // Raised if this future is dropped (the client went away) before the work is done.
+    let cancel = CancelOnDrop::default();
+    let stopper = Stopper { deadline: t0 + timeout, canceled: cancel.0.clone() };
+    let res = blocking(move || f(stopper)).await.and_then(|r| r);
+    drop(cancel);
     st.metrics.queries.fetch_add(1, Ordering::Relaxed);
     st.metrics.query_duration.observe(t0.elapsed());
     if res.is_err() {
@@ -801,24 +849,33 @@ async fn run_query<T: Send + 'static>(
 
 /// Checks the query's deadline and budgets as it goes.
 struct Budget {
-    deadline: Instant,
+    stopper: Stopper,
     samples_left: usize,
     max_samples: usize,
     timeout: Duration,
 }
 
 impl Budget {
-    fn new(st: &AppState, deadline: Instant) -> Self {
+    fn new(st: &AppState, stopper: &Stopper) -> Self {
         Budget {
-            deadline,
+            stopper: stopper.clone(),
             samples_left: st.limits.max_query_samples,
             max_samples: st.limits.max_query_samples,
             timeout: st.limits.query_timeout,
         }
     }
     fn take(&mut self, n: usize) -> Result<(), ApiError> {
-        if Instant::now() > self.deadline {
-            return Err(ApiError::timeout(format!("query timed out in query execution (timeout {:?})", self.timeout)));
+        match self.stopper.stop() {
+            Some(strata_tsdb::error::Stop::Timeout) => {
+                return Err(ApiError::timeout(format!(
+                    "query timed out in query execution (timeout {:?})",
+                    self.timeout
+                )))
+            }
+            Some(strata_tsdb::error::Stop::Canceled) => {
+                return Err(ApiError::canceled("query was canceled in query execution"))
+            }
+            None => {}
         }
         self.samples_left = self.samples_left.checked_sub(n).ok_or_else(|| {
             ApiError::execution(format!(
@@ -830,33 +887,57 @@ impl Budget {
     }
 }
 
-/// Selects with the per-query series limit: the querier stops loading once it is passed.
+/// A querier over `[mint, maxt]` held to the read's limits: series, chunks (bounded by the
+/// samples budget: each chunk in range holds a sample in range, but the two at each series'
+/// edges), deadline and cancellation, all checked while selecting.
+fn limited_querier<'a>(
+    db: &'a Db,
+    limits: &Limits,
+    stopper: &'a (dyn Fn() -> Option<strata_tsdb::error::Stop> + Sync),
+    mint: i64,
+    maxt: i64,
+) -> strata_tsdb::querier::Querier<'a> {
+    db.querier(mint, maxt)
+        .limit_series(limits.max_query_series)
+        .limit_chunks(limits.max_query_samples.saturating_add(limits.max_query_series.saturating_mul(2)))
+        .interrupt(stopper)
+}
+
+/// Selects with the read's limits: the querier stops as soon as one is passed.
 fn select_checked(
+    st: &AppState,
     db: &Db,
-    max_series: usize,
+    stopper: &Stopper,
     matchers: &[Matcher],
     mint: i64,
     maxt: i64,
 ) -> Result<Vec<Series>, ApiError> {
-    db.querier(mint, maxt).limit_series(max_series).select(matchers).map_err(|e| ApiError::execution(e.to_string()))
+    let stop = || stopper.stop();
+    limited_querier(db, &st.limits, &stop, mint, maxt).select(matchers).map_err(|e| storage_error(st, e))
 }
 
-/// The database as the PromQL engine sees it, with the per-query series limit.
+/// The database as the PromQL engine sees it, with the read's limits.
 struct QueryStorage {
     db: Arc<Db>,
-    max_series: usize,
+    limits: Limits,
+    stopper: Stopper,
     /// Threads a selection reads blocks on: the engine's.
     parallelism: usize,
 }
 
 impl strata_promql::Storage for QueryStorage {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
-        self.db
-            .querier(mint, maxt)
-            .limit_series(self.max_series)
+        use strata_tsdb::error::Stop;
+        let stop = || self.stopper.stop();
+        limited_querier(&self.db, &self.limits, &stop, mint, maxt)
             .parallelism(self.parallelism)
             .select(matchers)
-            .map_err(|e| EvalError::Storage(e.to_string()))
+            .map_err(|e| match e {
+                strata_tsdb::Error::Stopped(Stop::Timeout) => EvalError::Timeout("series selection"),
+                strata_tsdb::Error::Stopped(Stop::Canceled) => EvalError::Canceled("series selection"),
+                strata_tsdb::Error::TooManyChunks { .. } => EvalError::TooManySamples("series selection"),
+                e => EvalError::Storage(e.to_string()),
+            })
     }
 }
 
@@ -1007,16 +1088,13 @@ async fn evaluate(
 ) -> ApiResult {
     let db = db(st)?;
     let st2 = st.clone();
-    let cancel = CancelOnDrop::default();
-    let flag = cancel.0.clone();
-    let out = run_query(st, move |deadline| {
-        let engine = engine(&st2, deadline);
-        let storage =
-            QueryStorage { db, max_series: st2.limits.max_query_series, parallelism: engine.opts.parallelism };
+    let out = run_query(st, move |stopper| {
+        let engine = engine(&st2, stopper.deadline);
+        let flag = stopper.canceled.clone();
+        let storage = QueryStorage { db, limits: st2.limits.clone(), stopper, parallelism: engine.opts.parallelism };
         run(&engine, &storage, &flag).map_err(eval_error)
     })
     .await?;
-    drop(cancel);
     Ok(query_response(out, &query, accepts_gzip(headers)))
 }
 
@@ -1083,10 +1161,18 @@ async fn query_range(
 
 /// Series matching any of the selector `sets` (`match[]`) in `[mint, maxt]`, each once, in
 /// label order; the series limit applies to the union too.
-fn select_union(db: &Db, limit: usize, sets: &[Vec<Matcher>], mint: i64, maxt: i64) -> Result<Vec<Series>, ApiError> {
+fn select_union(
+    st: &AppState,
+    db: &Db,
+    stopper: &Stopper,
+    sets: &[Vec<Matcher>],
+    mint: i64,
+    maxt: i64,
+) -> Result<Vec<Series>, ApiError> {
+    let limit = st.limits.max_query_series;
     let mut out: BTreeMap<Labels, Series> = BTreeMap::new();
     for m in sets {
-        for s in select_checked(db, limit, m, mint, maxt)? {
+        for s in select_checked(st, db, stopper, m, mint, maxt)? {
             out.entry(s.labels.clone()).or_insert(s);
         }
         if out.len() > limit {
@@ -1099,10 +1185,11 @@ fn select_union(db: &Db, limit: usize, sets: &[Vec<Matcher>], mint: i64, maxt: i
 /// Label names or values (`get`) over the union of the selector `sets`, or over everything
 /// when there is none, sorted and unique.
 fn strings_union(
+    st: &AppState,
     sets: &[Vec<Matcher>],
     get: impl Fn(&[Matcher]) -> strata_tsdb::Result<Vec<String>>,
 ) -> Result<Vec<String>, ApiError> {
-    let err = |e: strata_tsdb::Error| ApiError::execution(e.to_string());
+    let err = |e: strata_tsdb::Error| storage_error(st, e);
     if sets.is_empty() {
         return get(&[]).map_err(err);
     }
@@ -1124,8 +1211,8 @@ async fn series(
     let sets = p.selectors(true)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
-    let limit = st.limits.max_query_series;
-    let found = blocking(move || select_union(&db, limit, &sets, start, end)).await??;
+    let st2 = st.clone();
+    let found = run_query(&st, move |stopper| select_union(&st2, &db, &stopper, &sets, start, end)).await?;
     Ok(success(Value::Array(found.iter().map(|s| labels_json(&s.labels)).collect())))
 }
 
@@ -1140,11 +1227,13 @@ async fn labels(
     let sets = p.selectors(false)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
-    let names = blocking(move || {
-        let q = db.querier(start, end);
-        strings_union(&sets, |m| q.label_names(m))
+    let st2 = st.clone();
+    let names = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, start, end);
+        strings_union(&st2, &sets, |m| q.label_names(m))
     })
-    .await??;
+    .await?;
     Ok(success(json!(names)))
 }
 
@@ -1153,11 +1242,13 @@ async fn label_values(State(st): State<Arc<AppState>>, Path(name): Path<String>,
     let sets = p.selectors(false)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
-    let values = blocking(move || {
-        let q = db.querier(start, end);
-        strings_union(&sets, |m| q.label_values(&name, m))
+    let st2 = st.clone();
+    let values = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, start, end);
+        strings_union(&st2, &sets, |m| q.label_values(&name, m))
     })
-    .await??;
+    .await?;
     Ok(success(json!(values)))
 }
 
@@ -1363,10 +1454,10 @@ async fn export(
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     let db = db(&st)?;
     let st2 = st.clone();
-    let text = run_query(&st, move |deadline| {
-        let mut budget = Budget::new(&st2, deadline);
+    let text = run_query(&st, move |stopper| {
+        let mut budget = Budget::new(&st2, &stopper);
         let mut out = String::new();
-        for s in select_union(&db, st2.limits.max_query_series, &sets, start, end)? {
+        for s in select_union(&st2, &db, &stopper, &sets, start, end)? {
             // This JSON-lines format has no form for native histograms: only floats are exported.
             let samples = float_samples(&s)?;
             budget.take(samples.len())?;
@@ -1397,10 +1488,10 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     let db = db(&st)?;
     let st2 = st.clone();
     let external = st.external_labels.lock().clone();
-    let text = run_query(&st, move |deadline| {
-        let mut budget = Budget::new(&st2, deadline);
+    let text = run_query(&st, move |stopper| {
+        let mut budget = Budget::new(&st2, &stopper);
         let mut out = String::new();
-        for s in select_union(&db, st2.limits.max_query_series, &sets, t - LOOKBACK_MS + 1, t)? {
+        for s in select_union(&st2, &db, &stopper, &sets, t - LOOKBACK_MS + 1, t)? {
             // The text format has no native histograms (Prometheus federates them only in its
             // protobuf format): float series only.
             let samples = float_samples(&s)?;

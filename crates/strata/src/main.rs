@@ -90,9 +90,17 @@ enum ImportFormat {
     Prometheus,
 }
 
-/// Opens a data directory for a one-shot tool: no background compaction thread.
+/// Opens a data directory for a one-shot tool: no background compaction thread, and no
+/// retention: a tool never deletes data (an import of 30 days of history into a directory
+/// whose server keeps 15 days used to delete half of what it had just imported). The server
+/// applies its own retention when it next compacts, and logs every block it deletes.
 fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::Error>> {
-    let opts = DbOptions { compact_interval: None, ..StorageConfig::default().db_options() };
+    let opts = DbOptions {
+        compact_interval: None,
+        retention_ms: 0,
+        retention_bytes: 0,
+        ..StorageConfig::default().db_options()
+    };
     Ok(Db::open(data_dir, opts)?)
 }
 
@@ -121,6 +129,16 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
             );
             let compacted = db.compact()?;
             println!("compaction: {} merges", compacted.compactions);
+            if let (Some(first), Some(last)) =
+                (out.blocks.iter().map(|b| b.min_time).min(), out.blocks.iter().map(|b| b.max_time).max())
+            {
+                let days = (last - first) as f64 / 86_400_000.0;
+                println!(
+                    "imported data spans {} to {} ({days:.1} days); the import applies no retention: a server on this directory deletes blocks older than its --retention (default 15d) behind the newest sample when it next compacts, and logs each one",
+                    strata_server::status::format_ms(first),
+                    strata_server::status::format_ms(last),
+                );
+            }
             db.close()?;
         }
         TsdbCommand::Analyze { data_dir, block, limit } => {

@@ -85,3 +85,28 @@ fn serve_refuses_a_bad_config_file_naming_the_line_and_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("retention: invalid duration \"soon\""), "{err}");
 }
+
+/// Regression: importing 30 days of history applied the default 15-day retention in the same
+/// run and deleted half of what it had just imported, without a word.
+#[test]
+fn an_import_keeps_everything_it_imported_and_says_retention_is_the_servers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let d = dir.to_str().unwrap();
+    let file = tmp.path().join("history.om");
+    let day = 86_400i64;
+    let start = 1_700_000_000i64;
+    let mut text = String::new();
+    for t in (0..30 * day).step_by(3600) {
+        text.push_str(&format!("old_metric {} {}\n", t / 3600, start + t));
+    }
+    text.push_str("# EOF\n");
+    std::fs::write(&file, text).unwrap();
+    let out = run_ok(&["tsdb", "import", "openmetrics", file.to_str().unwrap(), d]);
+    assert!(out.contains("imported 720 samples of 1 series"), "{out}");
+    assert!(out.contains("applies no retention") && out.contains("30.0 days"), "{out}");
+    let dumped = run_ok(&["tsdb", "dump", d, "--match", "old_metric"]);
+    assert_eq!(dumped.lines().count(), 720, "every imported sample is still there");
+    let status = run_ok(&["status", "--data-dir", d]);
+    assert!(status.contains("holding 720 samples"), "{status}");
+}
