@@ -372,6 +372,12 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             let auth = Authenticator::new(web.clone());
             app = app.layer(axum::middleware::from_fn_with_state(auth, authenticate));
             tracing::info!(file = %web.path().display(), tls = web.acceptor().is_some(), "web configuration in force");
+            let current = web.current();
+            if args.config.is_none() && (current.tls.is_some() || !current.users.is_empty()) {
+                // The built-in configuration scrapes our own /metrics over plain HTTP without
+                // credentials, which this web configuration refuses.
+                tracing::warn!("the built-in self-scrape cannot pass --web.config.file's TLS or authentication; give a --config whose scrape job for this server has its scheme, tls_config and basic_auth");
+            }
         }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
         let (quit_tx, mut quit_rx) = tokio::sync::mpsc::channel::<()>(1);

@@ -97,3 +97,141 @@ fn prometheus_remote_writes_into_strata_and_promtool_reads_it_back() {
     let _ = prom.kill();
     let _ = prom.wait();
 }
+
+/// A counter from Prometheus' own `/metrics`, summed over its series (0 when absent).
+fn own_metric(port: u16, name: &str) -> f64 {
+    let Ok((200, text)) = try_http(port, "GET", "/metrics", &[], b"") else { return 0.0 };
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new(which("openssl")).args(args).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// With `--web.config.file` (TLS and basic auth, Prometheus' own format, which promtool's
+/// `check web-config` accepts): a real Prometheus scrapes Strata's `/metrics` over HTTPS with
+/// credentials and remote-writes into it the same way, nothing failing; a client without
+/// credentials gets 401, and a plain-HTTP one no answer.
+#[test]
+fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
+    let prometheus = which("prometheus");
+    let promtool = which("promtool");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=strata-test-ca",
+        ],
+    );
+    openssl(d, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "req.csr", "-subj", "/CN=x"]);
+    std::fs::write(d.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "req.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let web = d.join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  writer: {hash}\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(&promtool).args(["check", "web-config", web.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "promtool check web-config: {}", String::from_utf8_lossy(&out.stderr));
+
+    let strata = Server::start_secured(&d.join("strata"), &["--web.config.file", web.to_str().unwrap()]);
+    let prom_port = free_port();
+    let auth = "    basic_auth: {username: writer, password: s3cret}\n    tls_config: {ca_file: ca.pem}\n";
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n\
+         scrape_configs:\n\
+         \x20 - job_name: strata\n    scheme: https\n{auth}    static_configs:\n      - targets: ['127.0.0.1:{}']\n\
+         remote_write:\n  - url: https://127.0.0.1:{}/api/v1/write\n{auth}    queue_config:\n      batch_send_deadline: 1s\n",
+        strata.port, strata.port
+    );
+    std::fs::write(d.join("prometheus.yml"), config).unwrap();
+    let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
+    let mut prom = Command::new(prometheus)
+        .arg("--config.file=prometheus.yml")
+        .arg("--storage.tsdb.path=prom-data")
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(d.join("ca.pem")).unwrap()).unwrap();
+    let client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+    let get = |path: &str, user: Option<(&str, &str)>| -> (u16, String) {
+        rt.block_on(async {
+            let mut r = client.get(format!("https://127.0.0.1:{}{path}", strata.port));
+            if let Some((u, p)) = user {
+                r = r.basic_auth(u, Some(p));
+            }
+            let resp = r.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        })
+    };
+    let writer = Some(("writer", "s3cret"));
+    // `up` for the strata job, 1, in Strata: Prometheus scraped it over HTTPS with credentials
+    // and remote-wrote the result the same way.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, body) = get("/api/v1/query?query=up%7Bjob%3D%22strata%22%7D", writer);
+        assert_eq!(status, 200, "{body}");
+        let sent = own_metric(prom_port, "prometheus_remote_storage_samples_total");
+        if body.contains("\"1\"]") && sent > 100.0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = prom.kill();
+            let plog = std::fs::read_to_string(d.join("prometheus.log")).unwrap_or_default();
+            panic!("no data over TLS in 90 s: {body}\nprometheus log:\n{plog}\nstrata log:\n{}", strata.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(own_metric(prom_port, "prometheus_remote_storage_samples_failed_total"), 0.0);
+    assert_eq!(own_metric(prom_port, "prometheus_remote_storage_samples_dropped_total"), 0.0);
+    assert_eq!(get("/api/v1/query?query=up", None).0, 401);
+    assert_eq!(get("/metrics", Some(("writer", "wrong"))).0, 401);
+    assert!(try_http(strata.port, "GET", "/-/ready", &[], b"").map_or(true, |(s, _)| s != 200));
+    let _ = prom.kill();
+    let _ = prom.wait();
+}

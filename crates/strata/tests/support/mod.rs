@@ -50,7 +50,27 @@ impl Server {
         Server::spawn(free_port(), data_dir, &[], true)
     }
 
+    /// `start` for a server whose web configuration (TLS, authentication) keeps a plain
+    /// client out: ready when its log says so.
+    pub fn start_secured(data_dir: &Path, extra: &[&str]) -> Server {
+        Server::spawn_waiting(free_port(), data_dir, extra, false, |srv| {
+            srv.log_text().lines().any(|l| l.contains("ready") && !l.contains("not ready"))
+        })
+    }
+
     fn spawn(port: u16, data_dir: &Path, extra: &[&str], builtin_config: bool) -> Server {
+        Server::spawn_waiting(port, data_dir, extra, builtin_config, |srv| {
+            matches!(try_http(srv.port, "GET", "/-/ready", &[], b""), Ok((200, _)))
+        })
+    }
+
+    fn spawn_waiting(
+        port: u16,
+        data_dir: &Path,
+        extra: &[&str],
+        builtin_config: bool,
+        ready: impl Fn(&Server) -> bool,
+    ) -> Server {
         let log = data_dir.with_extension(format!("{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
         // Without a configuration, strata scrapes itself every 15 s; tests that count series
@@ -72,7 +92,7 @@ impl Server {
         let srv = Server { port, child: Some(child), log };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok((200, _)) = try_http(port, "GET", "/-/ready", &[], b"") {
+            if ready(&srv) {
                 return srv;
             }
             assert!(Instant::now() < deadline, "server not ready in 60 s:\n{}", srv.log_text());
