@@ -287,7 +287,7 @@ impl Db {
 
     pub fn status(&self, top: usize) -> Result<DbStatus> {
         let wal_dir = self.inner.dir.join(WAL_DIR);
-        let wal_segments = wal::list_segments(&wal_dir)?;
+        let wal_segments = wal::list_segments(&crate::vfs::OsFs, &wal_dir)?;
         let wal_bytes = wal_dir_bytes(&wal_dir)?;
         let blocks = self.blocks();
         let head = &self.inner.head;
@@ -631,7 +631,7 @@ fn chrono_like_now() -> String {
 
 fn wal_dir_bytes(wal_dir: &Path) -> Result<u64> {
     let mut total = 0;
-    for &s in &wal::list_segments(wal_dir)? {
+    for &s in &wal::list_segments(&crate::vfs::OsFs, wal_dir)? {
         let p = wal::segment::segment_path(wal_dir, s);
         total += std::fs::metadata(&p).map_err(io_err("stat", &p))?.len();
     }

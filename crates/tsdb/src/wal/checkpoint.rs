@@ -8,15 +8,14 @@
 //! write `checkpoint.N.tmp/`, fsync it, rename to `checkpoint.N`, fsync `wal/`, then delete
 //! segments `<= N` and older checkpoints. Replay removes `*.tmp` and any segment `<= N` left.
 
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::list_segments;
 use super::segment::{frame_record, segment_header, segment_path, Frame, SegmentReader};
 use crate::error::{io_err, Error, Result};
-use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
 use crate::record::{self, Record, RefSample, RefSeries};
+use crate::vfs::{AppendFile, Vfs};
 use strata_model::SeriesRef;
 
 const CHECKPOINT_PREFIX: &str = "checkpoint.";
@@ -52,21 +51,18 @@ pub(super) enum CheckpointEntry {
 }
 
 /// Checkpoint directories in `dir`, finished ones ascending.
-pub(super) fn checkpoint_dir_entries(dir: &Path) -> Result<Vec<CheckpointEntry>> {
+pub(super) fn checkpoint_dir_entries(fs: &dyn Vfs, dir: &Path) -> Result<Vec<CheckpointEntry>> {
     let mut done = Vec::new();
     let mut out = Vec::new();
-    for e in fs::read_dir(dir).map_err(io_err("list", dir))? {
-        let e = e.map_err(io_err("list", dir))?;
-        let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
+    for e in fs.list(dir).map_err(io_err("list", dir))? {
+        let name = e.name;
         if !name.starts_with(CHECKPOINT_PREFIX) {
             continue;
         }
         if name.ends_with(TMP_SUFFIX) {
-            out.push(CheckpointEntry::Temporary(e.path()));
+            out.push(CheckpointEntry::Temporary(dir.join(&name)));
         } else if let Some(i) = parse_checkpoint_name(&name) {
-            done.push((i, e.path()));
+            done.push((i, dir.join(&name)));
         }
     }
     done.sort();
@@ -75,8 +71,8 @@ pub(super) fn checkpoint_dir_entries(dir: &Path) -> Result<Vec<CheckpointEntry>>
 }
 
 /// Every record of `path` (a segment that must be intact), in order.
-fn for_each_record(path: &Path, mut f: impl FnMut(Record)) -> Result<()> {
-    let mut r = SegmentReader::open(path).map_err(io_err("open", path))?;
+fn for_each_record(fs: &dyn Vfs, path: &Path, mut f: impl FnMut(Record)) -> Result<()> {
+    let mut r = SegmentReader::open(fs, path).map_err(io_err("open", path))?;
     loop {
         match r.next_frame().map_err(io_err("read", path))? {
             Frame::End => return Ok(()),
@@ -97,36 +93,51 @@ fn for_each_record(path: &Path, mut f: impl FnMut(Record)) -> Result<()> {
 
 /// Writes `checkpoint.{last}` from the previous checkpoint and segments `..=last`.
 pub(super) fn write_checkpoint(
+    fs: &dyn Vfs,
     dir: &Path,
     last: u64,
     keep: impl Fn(SeriesRef) -> bool,
     mint: i64,
 ) -> Result<CheckpointStats> {
+    // The newest checkpoint at or before `last` replaces every segment up to its index; those
+    // segments may still be there (their removal failed or was interrupted) and must not be
+    // read a second time.
     let mut inputs: Vec<PathBuf> = Vec::new();
-    for e in checkpoint_dir_entries(dir)? {
+    let mut replaced = None;
+    for e in checkpoint_dir_entries(fs, dir)? {
         if let CheckpointEntry::Done(i, p) = e {
             if i <= last {
-                inputs = list_segments(&p)?.into_iter().map(|s| segment_path(&p, s)).collect();
+                inputs = list_segments(fs, &p)?.into_iter().map(|s| segment_path(&p, s)).collect();
+                replaced = Some(i);
             }
         }
     }
-    inputs.extend(list_segments(dir)?.into_iter().filter(|&s| s <= last).map(|s| segment_path(dir, s)));
+    if replaced == Some(last) {
+        // Already written (by an attempt whose later steps failed): only removal is left.
+        return Ok(CheckpointStats { path: dir.join(checkpoint_name(last)), ..Default::default() });
+    }
+    inputs.extend(
+        list_segments(fs, dir)?
+            .into_iter()
+            .filter(|&s| s <= last && replaced.is_none_or(|r| s > r))
+            .map(|s| segment_path(dir, s)),
+    );
 
     let final_dir = dir.join(checkpoint_name(last));
     let tmp_dir = dir.join(format!("{}{TMP_SUFFIX}", checkpoint_name(last)));
-    if tmp_dir.exists() {
-        fs::remove_dir_all(&tmp_dir).map_err(io_err("remove", &tmp_dir))?;
+    if fs.exists(&tmp_dir) {
+        fs.remove_dir_all(&tmp_dir).map_err(io_err("remove", &tmp_dir))?;
     }
-    create_dir_all(&tmp_dir)?;
+    fs.create_dir_all(&tmp_dir).map_err(io_err("create directory", &tmp_dir))?;
     let out_path = segment_path(&tmp_dir, 0);
-    let mut out = File::create(&out_path).map_err(io_err("create", &out_path))?;
+    let out = fs.create(&out_path).map_err(io_err("create", &out_path))?;
     let mut buf = segment_header().to_vec();
     let mut stats = CheckpointStats { path: final_dir.clone(), ..Default::default() };
     let mut series: Vec<RefSeries> = Vec::new();
     let mut samples: Vec<RefSample> = Vec::new();
     let mut body = Vec::new();
 
-    let flush = |buf: &mut Vec<u8>, out: &mut File, force: bool| -> Result<()> {
+    let flush = |buf: &mut Vec<u8>, out: &Arc<dyn AppendFile>, force: bool| -> Result<()> {
         if force || buf.len() >= 1 << 20 {
             out.write_all(buf).map_err(io_err("write", &out_path))?;
             buf.clear();
@@ -136,7 +147,7 @@ pub(super) fn write_checkpoint(
 
     for input in &inputs {
         let mut err = None;
-        for_each_record(input, |rec| {
+        for_each_record(fs, input, |rec| {
             match rec {
                 Record::Series(v) => {
                     for s in v {
@@ -207,7 +218,7 @@ pub(super) fn write_checkpoint(
                 frame_record(&body, &mut buf);
                 samples.clear();
             }
-            if let Err(e) = flush(&mut buf, &mut out, false) {
+            if let Err(e) = flush(&mut buf, &out, false) {
                 err.get_or_insert(e);
             }
         })?;
@@ -225,27 +236,28 @@ pub(super) fn write_checkpoint(
         record::encode_samples(&samples, &mut body);
         frame_record(&body, &mut buf);
     }
-    flush(&mut buf, &mut out, true)?;
-    out.sync_all().map_err(io_err("fsync", &out_path))?;
+    flush(&mut buf, &out, true)?;
+    out.sync_data().map_err(io_err("fsync", &out_path))?;
     drop(out);
-    fsync_dir(&tmp_dir)?;
-    rename_durable(&tmp_dir, &final_dir)?;
+    fs.fsync_dir(&tmp_dir).map_err(io_err("fsync directory", &tmp_dir))?;
+    fs.rename(&tmp_dir, &final_dir).map_err(io_err("rename to", &final_dir))?;
+    fs.fsync_dir(dir).map_err(io_err("fsync directory", dir))?;
     Ok(stats)
 }
 
 /// Deletes segments `<= last` and checkpoints older than `last`, now that `checkpoint.{last}` is
 /// durable.
-pub(super) fn remove_replaced(dir: &Path, last: u64) -> Result<()> {
-    for s in list_segments(dir)?.into_iter().filter(|&s| s <= last) {
+pub(super) fn remove_replaced(fs: &dyn Vfs, dir: &Path, last: u64) -> Result<()> {
+    for s in list_segments(fs, dir)?.into_iter().filter(|&s| s <= last) {
         let p = segment_path(dir, s);
-        fs::remove_file(&p).map_err(io_err("remove", &p))?;
+        fs.remove_file(&p).map_err(io_err("remove", &p))?;
     }
-    for e in checkpoint_dir_entries(dir)? {
+    for e in checkpoint_dir_entries(fs, dir)? {
         if let CheckpointEntry::Done(i, p) = e {
             if i < last {
-                fs::remove_dir_all(&p).map_err(io_err("remove", &p))?;
+                fs.remove_dir_all(&p).map_err(io_err("remove", &p))?;
             }
         }
     }
-    fsync_dir(dir)
+    fs.fsync_dir(dir).map_err(io_err("fsync directory", dir))
 }

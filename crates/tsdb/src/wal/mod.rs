@@ -15,8 +15,6 @@ mod checkpoint;
 mod replay;
 pub mod segment;
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -30,8 +28,8 @@ pub use replay::{replay, ReplayOutcome};
 use segment::{frame_record, segment_header, segment_path, SEGMENT_HEADER_BYTES};
 
 use crate::error::{io_err, Error, Result};
-use crate::fsutil::fsync_dir;
 use crate::record::RecordError;
+use crate::vfs::{AppendFile, OsFs, Vfs};
 use strata_model::SeriesRef;
 
 /// Default segment size. Big enough that rolls (each one an fsync and a new file) are rare, small
@@ -43,6 +41,9 @@ pub const FSYNC_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Buffered records are written out once they reach this size even without a commit.
 const PENDING_BYTES_MAX: usize = 1 << 20;
+/// Records of failed writes kept to go out with the next write (see `write_locked`); a disk
+/// that stays broken while ingestion goes on must not grow this without end.
+const FAILED_BYTES_MAX: usize = 256 << 20;
 
 /// When the log is fsynced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,30 +84,42 @@ pub struct WalStats {
 
 #[derive(Debug)]
 struct Writer {
-    file: File,
+    file: Arc<dyn AppendFile>,
     /// Index of the segment being written.
     index: u64,
-    /// Bytes in the current segment.
+    /// Bytes in the current segment that hold whole frames (a failed write may have left part
+    /// of one after them, cut before the next write: see `recover_locked`).
     segment_bytes: u64,
+    /// Bytes of the current segment known to be fsynced.
+    synced_bytes: u64,
     /// Log sequence number: total bytes ever written through this handle. Commits wait for
     /// `synced >= their lsn`.
     lsn: u64,
-    /// Set after a failed write: the segment may end in a torn frame, so nothing may follow it.
+    /// Set after a failed write or fsync: the segment may end in a torn frame, or hold bytes
+    /// that never reached the disk, so nothing may follow them until `recover_locked` cut them.
     failed: Option<String>,
     /// Framed records waiting to go out with the next write (see `Wal::buffer`).
     pending: Vec<u8>,
+    /// A copy of the current segment's bytes after `synced_bytes`, to write again if a failure
+    /// makes them suspect (`recover_locked`). At most what one fsync interval writes.
+    unsynced: Vec<u8>,
+    /// Times `recover_locked` cut and rewrote the segment.
+    recoveries: u64,
 }
 
 #[derive(Debug, Default)]
 struct SyncState {
     synced: u64,
     in_progress: bool,
-    failed: Option<String>,
+    /// Fsyncs that failed so far, and the last one's error (for the callers that waited on it).
+    failures: u64,
+    last_failure: String,
 }
 
 /// An open write-ahead log, appending to its newest segment.
 #[derive(Debug)]
 pub struct Wal {
+    fs: Arc<dyn Vfs>,
     dir: PathBuf,
     opts: WalOptions,
     writer: Mutex<Writer>,
@@ -125,20 +138,34 @@ impl Wal {
         opts: WalOptions,
         apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
     ) -> Result<(Arc<Wal>, ReplayOutcome)> {
+        Wal::open_on(OsFs::shared(), dir, opts, apply)
+    }
+
+    /// `open` on a given file system (tests put a simulated, failing disk here).
+    pub fn open_on(
+        fs: Arc<dyn Vfs>,
+        dir: &Path,
+        opts: WalOptions,
+        apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
+    ) -> Result<(Arc<Wal>, ReplayOutcome)> {
         assert!(opts.segment_bytes > SEGMENT_HEADER_BYTES, "segment size must exceed the header");
-        let outcome = replay(dir, apply)?;
+        let outcome = replay(&*fs, dir, apply)?;
         let index = outcome.next_segment;
-        let file = create_segment(dir, index)?;
+        let file = create_segment(&*fs, dir, index)?;
         let wal = Arc::new(Wal {
+            fs,
             dir: dir.to_owned(),
             opts,
             writer: Mutex::new(Writer {
                 file,
                 index,
                 segment_bytes: SEGMENT_HEADER_BYTES,
+                synced_bytes: SEGMENT_HEADER_BYTES,
                 lsn: 0,
                 failed: None,
                 pending: Vec::new(),
+                unsynced: Vec::new(),
+                recoveries: 0,
             }),
             sync: Mutex::new(SyncState::default()),
             sync_done: Condvar::new(),
@@ -168,6 +195,9 @@ impl Wal {
     }
 
     /// Writes one commit's records and, under `Always`, waits until they are on stable storage.
+    /// If it fails, the records stay queued and go out ahead of the next commit's (the head
+    /// has applied them to memory already); only that later commit's success says they are
+    /// logged.
     pub fn commit(&self, records: &[&[u8]]) -> Result<()> {
         let lsn = self.write(records)?;
         if self.opts.fsync == FsyncPolicy::Always {
@@ -205,9 +235,7 @@ impl Wal {
     }
 
     fn write_locked(&self, w: &mut Writer, buf: Vec<u8>, records: usize) -> Result<u64> {
-        if let Some(f) = &w.failed {
-            return Err(Error::WalFailed(f.clone()));
-        }
+        let pending_len = w.pending.len();
         let buf = if w.pending.is_empty() {
             buf
         } else {
@@ -215,27 +243,75 @@ impl Wal {
             all.extend_from_slice(&buf);
             all
         };
-        if w.segment_bytes > SEGMENT_HEADER_BYTES && w.segment_bytes + buf.len() as u64 > self.opts.segment_bytes {
-            self.roll_locked(w)?;
+        let size = buf.len() as u64;
+        let mut written = self.recover_locked(w);
+        if written.is_ok() && w.segment_bytes > SEGMENT_HEADER_BYTES && w.segment_bytes + size > self.opts.segment_bytes
+        {
+            written = self.roll_locked(w);
         }
-        if let Err(e) = w.file.write_all(&buf) {
-            let path = segment_path(&self.dir, w.index);
-            w.failed = Some(format!("write {}: {e}", path.display()));
-            return Err(io_err("write", path)(e));
+        if written.is_ok() {
+            written = w.file.write_all(&buf).map_err(|e| {
+                let path = segment_path(&self.dir, w.index);
+                w.failed = Some(format!("write {}: {e}", path.display()));
+                io_err("write", path)(e)
+            });
         }
-        w.segment_bytes += buf.len() as u64;
-        w.lsn += buf.len() as u64;
-        self.stats.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if let Err(e) = written {
+            self.requeue_locked(w, buf, pending_len);
+            return Err(e);
+        }
+        w.segment_bytes += size;
+        w.unsynced.extend_from_slice(&buf);
+        w.lsn += size;
+        debug_assert_eq!(w.segment_bytes, w.synced_bytes + w.unsynced.len() as u64);
+        self.stats.bytes_written.fetch_add(size, Ordering::Relaxed);
         self.stats.records_written.fetch_add(records as u64, Ordering::Relaxed);
         Ok(w.lsn)
+    }
+
+    /// Keeps records that could not be written to go out first with the next write: the
+    /// caller (the head) applied them to memory already, so they must still reach the log, and
+    /// ahead of anything applied after them. Past a bound the newest commit's are dropped, loudly.
+    fn requeue_locked(&self, w: &mut Writer, mut buf: Vec<u8>, pending_len: usize) {
+        if buf.len() > FAILED_BYTES_MAX {
+            // The queued part stays whole (it holds series records that later samples need,
+            // and it ends on a frame boundary).
+            let keep = pending_len;
+            tracing::error!(
+                dropped_bytes = buf.len() - keep, dir = %self.dir.display(),
+                "write-ahead log: records that failed to write exceed the retry bound and are dropped; \
+                 the head holds their samples, a crash before the next block cut loses them"
+            );
+            buf.truncate(keep);
+        }
+        w.pending = buf;
+    }
+
+    /// After a failed write or fsync, puts the current segment back in a known state before
+    /// anything else is written: cut to its last fsynced byte (a failed write may have left a
+    /// torn frame; after a failed fsync the kernel may have dropped the dirty pages, so what
+    /// the file seems to hold cannot be trusted), then the bytes written since, kept in memory
+    /// for this, written again. Until that succeeds every write fails with the first error; once
+    /// the disk works again (space freed, a transient error gone) the log goes on by itself.
+    fn recover_locked(&self, w: &mut Writer) -> Result<()> {
+        let Some(reason) = w.failed.clone() else { return Ok(()) };
+        let path = segment_path(&self.dir, w.index);
+        let again = |e: std::io::Error| Error::WalFailed(format!("{reason}; recovering: {e}"));
+        w.file.truncate(w.synced_bytes).map_err(again)?;
+        w.file.write_all(&w.unsynced).map_err(again)?;
+        w.failed = None;
+        w.recoveries += 1;
+        tracing::warn!(
+            segment = %path.display(), after = %reason, rewritten_bytes = w.unsynced.len(),
+            "write-ahead log writable again: cut to its last fsynced byte and rewrote the unsynced bytes"
+        );
+        Ok(())
     }
 
     /// Starts a new segment (fsyncing the old one) and returns its index.
     pub fn roll(&self) -> Result<u64> {
         let mut w = self.writer.lock();
-        if let Some(f) = &w.failed {
-            return Err(Error::WalFailed(f.clone()));
-        }
+        self.recover_locked(&mut w)?;
         self.roll_locked(&mut w)?;
         Ok(w.index)
     }
@@ -248,10 +324,14 @@ impl Wal {
             return Err(io_err("fsync", old)(e));
         }
         self.note_fsync(t0);
+        w.synced_bytes = w.segment_bytes;
+        w.unsynced.clear();
+        // A failure here leaves the old segment, whole and fsynced, as the one to append to.
         let next = w.index + 1;
-        w.file = create_segment(&self.dir, next)?;
+        w.file = create_segment(&*self.fs, &self.dir, next)?;
         w.index = next;
         w.segment_bytes = SEGMENT_HEADER_BYTES;
+        w.synced_bytes = SEGMENT_HEADER_BYTES;
         self.stats.segments_created.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -262,15 +342,17 @@ impl Wal {
     }
 
     /// Blocks until everything up to `lsn` is fsynced. One caller becomes the leader and fsyncs
-    /// for everyone waiting; the others sleep until it is done (group commit).
+    /// for everyone waiting; the others sleep until it is done (group commit). If that fsync
+    /// fails, every caller waiting on it gets the error: their records may not be durable.
     pub fn sync_to(&self, lsn: u64) -> Result<()> {
         let mut st = self.sync.lock();
+        let failures_seen = st.failures;
         loop {
-            if let Some(f) = &st.failed {
-                return Err(Error::WalFailed(f.clone()));
-            }
             if st.synced >= lsn {
                 return Ok(());
+            }
+            if st.failures != failures_seen {
+                return Err(Error::WalFailed(st.last_failure.clone()));
             }
             if !st.in_progress {
                 break;
@@ -280,19 +362,7 @@ impl Wal {
         st.in_progress = true;
         drop(st);
 
-        // Earlier segments were fsynced when rolled; only the current one can hold unsynced data.
-        let snapshot = {
-            let w = self.writer.lock();
-            w.file.try_clone().map(|f| (f, w.lsn, w.index))
-        };
-        let result =
-            snapshot.map_err(io_err("duplicate handle of", self.dir.clone())).and_then(|(f, target, index)| {
-                let t0 = Instant::now();
-                f.sync_data().map_err(io_err("fsync", segment_path(&self.dir, index)))?;
-                self.note_fsync(t0);
-                Ok(target)
-            });
-
+        let result = self.sync_current();
         let mut st = self.sync.lock();
         st.in_progress = false;
         let out = match result {
@@ -301,12 +371,47 @@ impl Wal {
                 Ok(())
             }
             Err(e) => {
-                st.failed = Some(e.to_string());
+                st.failures += 1;
+                st.last_failure = e.to_string();
                 Err(e)
             }
         };
         self.sync_done.notify_all();
         out
+    }
+
+    /// Fsyncs the segment being written (earlier ones were fsynced when rolled) without
+    /// holding the writer's lock through the fsync; returns the LSN it covers.
+    fn sync_current(&self) -> Result<u64> {
+        loop {
+            let (file, target, index, bytes, recoveries) = {
+                let mut w = self.writer.lock();
+                self.recover_locked(&mut w)?;
+                (w.file.clone(), w.lsn, w.index, w.segment_bytes, w.recoveries)
+            };
+            let t0 = Instant::now();
+            let synced = file.sync_data();
+            let mut w = self.writer.lock();
+            if let Err(e) = synced {
+                let path = segment_path(&self.dir, index);
+                if w.index == index && w.failed.is_none() {
+                    w.failed = Some(format!("fsync {}: {e}", path.display()));
+                }
+                return Err(io_err("fsync", path)(e));
+            }
+            self.note_fsync(t0);
+            if w.recoveries != recoveries {
+                // The segment was cut and rewritten meanwhile: this fsync may predate the
+                // rewrite. Sync again.
+                continue;
+            }
+            if w.index == index && bytes > w.synced_bytes {
+                let newly = (bytes - w.synced_bytes) as usize;
+                w.unsynced.drain(..newly);
+                w.synced_bytes = bytes;
+            }
+            return Ok(target);
+        }
     }
 
     /// Writes buffered records and fsyncs everything written so far.
@@ -347,8 +452,8 @@ impl Wal {
         mint: i64,
     ) -> Result<CheckpointStats> {
         assert!(last_segment < self.current_segment(), "cannot checkpoint the segment being written");
-        let stats = checkpoint::write_checkpoint(&self.dir, last_segment, keep, mint)?;
-        checkpoint::remove_replaced(&self.dir, last_segment)?;
+        let stats = checkpoint::write_checkpoint(&*self.fs, &self.dir, last_segment, keep, mint)?;
+        checkpoint::remove_replaced(&*self.fs, &self.dir, last_segment)?;
         Ok(stats)
     }
 }
@@ -392,32 +497,38 @@ fn check_record_size(record: &[u8]) -> Result<()> {
 }
 
 /// Creates segment `index` with its header and makes its directory entry durable.
-fn create_segment(dir: &Path, index: u64) -> Result<File> {
+fn create_segment(fs: &dyn Vfs, dir: &Path, index: u64) -> Result<Arc<dyn AppendFile>> {
     let path = segment_path(dir, index);
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&path)
-        .map_err(io_err("create segment", &path))?;
-    f.write_all(&segment_header()).map_err(io_err("write header of", &path))?;
-    f.sync_data().map_err(io_err("fsync", &path))?;
-    fsync_dir(dir)?;
+    let f = fs.create(&path).map_err(io_err("create segment", &path))?;
+    let made = f
+        .write_all(&segment_header())
+        .map_err(io_err("write header of", &path))
+        .and_then(|()| f.sync_data().map_err(io_err("fsync", &path)))
+        .and_then(|()| fs.fsync_dir(dir).map_err(io_err("fsync directory", dir)));
+    if let Err(e) = made {
+        // Leave no half-made segment behind (replay would take it for a torn one); if even
+        // that fails, replay cuts it, and it is the newest segment, so nothing follows it.
+        let _ = fs.remove_file(&path);
+        return Err(e);
+    }
     Ok(f)
 }
 
 /// Segment indexes present in `dir`, ascending.
-pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).map_err(io_err("list", dir))? {
-        let e = e.map_err(io_err("list", dir))?;
-        if let Some(i) = e.file_name().to_str().and_then(segment::parse_segment_name) {
-            out.push(i);
-        }
-    }
+pub fn list_segments(fs: &dyn Vfs, dir: &Path) -> Result<Vec<u64>> {
+    let mut out: Vec<u64> = fs
+        .list(dir)
+        .map_err(io_err("list", dir))?
+        .iter()
+        .filter(|e| !e.is_dir)
+        .filter_map(|e| segment::parse_segment_name(&e.name))
+        .collect();
     out.sort_unstable();
     Ok(out)
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod faults;

@@ -4,15 +4,14 @@
 //! the valid log: the segment is cut there, later segments are removed, and both are logged
 //! loudly with segment and offset. Everything before that frame is applied.
 
-use std::fs::{self, OpenOptions};
 use std::path::Path;
 
 use super::checkpoint::{checkpoint_dir_entries, CheckpointEntry};
 use super::list_segments;
 use super::segment::{segment_path, Corruption, Frame, SegmentReader, SEGMENT_HEADER_BYTES};
 use crate::error::{io_err, Error, Result};
-use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::record::RecordError;
+use crate::vfs::Vfs;
 
 /// What replay found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,31 +27,35 @@ pub struct ReplayOutcome {
 }
 
 /// Replays `dir` through `apply`, repairing a torn tail. Creates `dir` if missing.
-pub fn replay(dir: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>) -> Result<ReplayOutcome> {
-    create_dir_all(dir)?;
+pub fn replay(
+    fs: &dyn Vfs,
+    dir: &Path,
+    mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
+) -> Result<ReplayOutcome> {
+    fs.create_dir_all(dir).map_err(io_err("create directory", dir))?;
     let mut out = ReplayOutcome::default();
     let mut last_checkpoint = None;
-    for entry in checkpoint_dir_entries(dir)? {
+    for entry in checkpoint_dir_entries(fs, dir)? {
         match entry {
             CheckpointEntry::Temporary(p) => {
                 tracing::warn!(path = %p.display(), "removing unfinished write-ahead log checkpoint");
-                fs::remove_dir_all(&p).map_err(io_err("remove", &p))?;
+                fs.remove_dir_all(&p).map_err(io_err("remove", &p))?;
             }
             CheckpointEntry::Done(i, p) => last_checkpoint = Some((i, p)),
         }
     }
     if let Some((index, path)) = &last_checkpoint {
-        replay_checkpoint(path, &mut apply, &mut out)?;
+        replay_checkpoint(fs, path, &mut apply, &mut out)?;
         out.checkpoint = Some(*index);
         out.next_segment = index + 1;
     }
 
-    let mut segments = list_segments(dir)?;
+    let mut segments = list_segments(fs, dir)?;
     if let Some(c) = out.checkpoint {
         // Segments the checkpoint replaced, left behind by an interrupted truncation.
         for &s in segments.iter().filter(|&&s| s <= c) {
             let p = segment_path(dir, s);
-            fs::remove_file(&p).map_err(io_err("remove", &p))?;
+            fs.remove_file(&p).map_err(io_err("remove", &p))?;
         }
         segments.retain(|&s| s > c);
         if let Some(&first) = segments.first() {
@@ -69,21 +72,27 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), RecordError
         let path = segment_path(dir, seg);
         out.segments_read += 1;
         out.next_segment = seg + 1;
-        let Some(c) = apply_segment(&path, &mut apply, &mut out)? else { continue };
+        let Some(c) = apply_segment(fs, &path, &mut apply, &mut out)? else {
+            // What replay applied must survive the next crash even if the process that wrote
+            // it never fsynced it (a segment created just before a failed open, say): the
+            // writer is about to start a new segment after it.
+            fs.sync_file(&path).map_err(io_err("fsync", &path))?;
+            continue;
+        };
         tracing::warn!(
             segment = %path.display(), offset = c.offset, reason = %c.reason,
             "write-ahead log is torn or corrupt; cutting it at the last valid record"
         );
-        cut_segment(&path, c.offset)?;
+        cut_segment(fs, &path, c.offset)?;
         if c.offset < SEGMENT_HEADER_BYTES {
             out.next_segment = seg;
         }
         for &later in &segments[i + 1..] {
             let p = segment_path(dir, later);
             tracing::warn!(segment = %p.display(), "removing write-ahead log segment after the cut");
-            fs::remove_file(&p).map_err(io_err("remove", &p))?;
+            fs.remove_file(&p).map_err(io_err("remove", &p))?;
         }
-        fsync_dir(dir)?;
+        fs.fsync_dir(dir).map_err(io_err("fsync directory", dir))?;
         out.cut = Some((seg, c.offset, c.reason));
         return Ok(out);
     }
@@ -93,11 +102,12 @@ pub fn replay(dir: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), RecordError
 /// Applies every intact record of the segment at `path`, in order; returns where and why it
 /// stopped early, if it did.
 fn apply_segment(
+    fs: &dyn Vfs,
     path: &Path,
     apply: &mut impl FnMut(&[u8]) -> Result<(), RecordError>,
     out: &mut ReplayOutcome,
 ) -> Result<Option<Corruption>> {
-    let mut r = SegmentReader::open(path).map_err(io_err("open", path))?;
+    let mut r = SegmentReader::open(fs, path).map_err(io_err("open", path))?;
     loop {
         match r.next_frame().map_err(io_err("read", path))? {
             Frame::End => return Ok(None),
@@ -115,25 +125,24 @@ fn apply_segment(
 }
 
 /// Truncates a segment at `offset`, or removes it when not even its header is intact.
-fn cut_segment(path: &Path, offset: u64) -> Result<()> {
+fn cut_segment(fs: &dyn Vfs, path: &Path, offset: u64) -> Result<()> {
     if offset < SEGMENT_HEADER_BYTES {
-        return fs::remove_file(path).map_err(io_err("remove", path));
+        return fs.remove_file(path).map_err(io_err("remove", path));
     }
-    let f = OpenOptions::new().write(true).open(path).map_err(io_err("open", path))?;
-    f.set_len(offset).map_err(io_err("truncate", path))?;
-    f.sync_all().map_err(io_err("fsync", path))
+    fs.truncate(path, offset).map_err(io_err("truncate", path))
 }
 
 fn replay_checkpoint(
+    fs: &dyn Vfs,
     dir: &Path,
     apply: &mut impl FnMut(&[u8]) -> Result<(), RecordError>,
     out: &mut ReplayOutcome,
 ) -> Result<()> {
-    for seg in list_segments(dir)? {
+    for seg in list_segments(fs, dir)? {
         let path = segment_path(dir, seg);
         // A checkpoint is fsynced before it is renamed into place: damage is not a torn write
         // but real corruption, and cutting it would silently drop series.
-        if let Some(c) = apply_segment(&path, apply, out)? {
+        if let Some(c) = apply_segment(fs, &path, apply, out)? {
             return Err(Error::CheckpointCorrupt { path, offset: c.offset, reason: c.reason });
         }
     }

@@ -4,9 +4,10 @@
 //! and the body, so a flipped bit in either is caught. Records never span segments. Byte layout
 //! in `docs/format/wal.md`.
 
-use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
+
+use crate::vfs::Vfs;
 
 /// `"STWL"`: Strata write-ahead log.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"STWL";
@@ -70,9 +71,8 @@ pub enum Frame {
 }
 
 /// Streams the records of one segment, checking each frame.
-#[derive(Debug)]
 pub struct SegmentReader {
-    r: BufReader<File>,
+    r: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     file_len: u64,
     offset: u64,
@@ -81,12 +81,17 @@ pub struct SegmentReader {
     pub body: Vec<u8>,
 }
 
+impl std::fmt::Debug for SegmentReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentReader").field("path", &self.path).field("offset", &self.offset).finish()
+    }
+}
+
 impl SegmentReader {
     /// Opens a segment. A missing or bad header is reported as corruption at offset 0 through the
     /// first `next` call, so the caller handles it like any torn segment.
-    pub fn open(path: &Path) -> io::Result<Self> {
-        let f = File::open(path)?;
-        let file_len = f.metadata()?.len();
+    pub fn open(fs: &dyn Vfs, path: &Path) -> io::Result<Self> {
+        let (f, file_len) = fs.open_read(path)?;
         Ok(SegmentReader {
             r: BufReader::with_capacity(1 << 20, f),
             path: path.to_owned(),

@@ -1,6 +1,7 @@
 use super::*;
 use crate::record::{encode_samples, encode_series, RefSample};
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::io::{Seek, SeekFrom};
 use strata_model::Labels;
 
@@ -137,7 +138,7 @@ fn segments_roll_at_the_size_limit_and_replay_in_order() {
         wal.commit(&[r]).unwrap();
     }
     assert!(wal.current_segment() > 5, "expected several segments, at {}", wal.current_segment());
-    for s in list_segments(tmp.path()).unwrap() {
+    for s in list_segments(&OsFs, tmp.path()).unwrap() {
         let len = std::fs::metadata(segment_path(tmp.path(), s)).unwrap().len();
         assert!(len <= 1000, "segment {s} is {len} bytes");
     }
