@@ -21,6 +21,7 @@ use crate::head::series::SeriesState;
 use crate::head::symbols::PackedLabels;
 use crate::head::Head;
 use crate::index::postings::{self, Postings};
+use crate::vfs::Vfs;
 
 /// Longest block compaction produces, whatever the retention: 31 days.
 pub const BLOCK_RANGE_MAX_MS: i64 = 31 * 24 * 3600 * 1000;
@@ -66,7 +67,13 @@ pub fn ranges(base: i64, max: i64) -> Vec<i64> {
 /// Memory stays small whatever the head's size: series are sorted by label set through a
 /// snapshot of the symbol table (one pointer per symbol), and each series' labels and chunks are
 /// materialized only while it is written.
-pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Result<Option<BlockMeta>> {
+pub fn write_head_block(
+    fs: &Arc<dyn Vfs>,
+    head: &Head,
+    parent: &Path,
+    mint: i64,
+    maxt: i64,
+) -> Result<Option<BlockMeta>> {
     let stones = head.tombstones_snapshot();
     // Keeps truncation from freeing the symbols of the series collected here.
     let _gate = head.read_gate();
@@ -87,7 +94,7 @@ pub fn write_head_block(head: &Head, parent: &Path, mint: i64, maxt: i64) -> Res
     let mut symbols: Vec<Arc<str>> = used.iter().zip(&strings).filter(|(u, _)| **u).map(|(_, s)| s.clone()).collect();
     symbols.sort_unstable();
     drop(strings);
-    let mut w = BlockWriter::create(parent, &symbols)?;
+    let mut w = BlockWriter::create(fs, parent, &symbols)?;
     let mut scratch = Scratch::default();
     for s in &series {
         let chunks = s.state.lock().chunks(mint, maxt - 1);
@@ -254,7 +261,8 @@ impl<'a> Cursor<'a> {
 
 /// Merges `blocks` (sorted by start time) into one block in `parent`, dropping deleted and
 /// duplicate samples. The inputs are not touched; the caller swaps and deletes them once the
-/// output is durable. Returns `None` if nothing survives (every sample deleted).
+/// output is durable. Returns `None` if nothing survives (every sample deleted). The output
+/// goes to the disk the first input is on.
 pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<BlockMeta>> {
     assert!(!blocks.is_empty());
     let mint = blocks.iter().map(|b| b.meta().min_time).min().expect("not empty");
@@ -277,7 +285,7 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
         cursors.push(c);
     }
 
-    let mut w = BlockWriter::create(parent, &symbols)?;
+    let mut w = BlockWriter::create(blocks[0].fs(), parent, &symbols)?;
     let result = (|| -> Result<()> {
         let mut scratch = Scratch::default();
         let mut chunk_refs: Vec<(usize, ChunkMetaRef)> = Vec::new();

@@ -16,8 +16,6 @@
 //! is durable and listed, then deletes them. A crash between those steps leaves both output and
 //! inputs on disk; the output's `parents` then name the inputs, which `open` removes.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +31,7 @@ use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
 use crate::head::{Appender, Cardinality, Head, HeadOptions};
 use crate::querier::{BlockList, Querier};
+use crate::vfs::{OsFs, Vfs};
 use crate::wal::{self, ReplayOutcome};
 
 pub const LOCK_FILE: &str = "lock";
@@ -103,6 +102,7 @@ pub struct CompactOutcome {
 
 #[derive(Debug)]
 struct Inner {
+    fs: Arc<dyn Vfs>,
     dir: PathBuf,
     opts: DbOptions,
     head: Head,
@@ -112,7 +112,7 @@ struct Inner {
     replay: ReplayOutcome,
     stats: DbStats,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
-    _lock: File,
+    _lock: Box<dyn std::fmt::Debug + Send + Sync>,
 }
 
 #[derive(Debug)]
@@ -146,18 +146,24 @@ impl Db {
     /// Opens (creating if needed) the data directory: takes the lock, cleans up what a crash
     /// left, opens the blocks, replays the WAL, starts the background thread.
     pub fn open(dir: &Path, opts: DbOptions) -> Result<Db> {
-        create_dir_all(dir)?;
-        let lock = lock_dir(dir)?;
-        remove_interrupted_snapshots(dir)?;
-        let blocks = open_blocks(dir)?;
+        Db::open_on(OsFs::shared(), dir, opts)
+    }
+
+    /// `open` on `fs` (a simulated disk in tests).
+    pub fn open_on(fs: Arc<dyn Vfs>, dir: &Path, opts: DbOptions) -> Result<Db> {
+        create_dir_all(&*fs, dir)?;
+        let lock = lock_dir(&*fs, dir)?;
+        remove_interrupted_snapshots(&*fs, dir)?;
+        let blocks = open_blocks(&fs, dir)?;
         let started = Instant::now();
-        let (head, replay) = Head::open(&dir.join(WAL_DIR), opts.head)?;
+        let (head, replay) = Head::open_on(fs.clone(), &dir.join(WAL_DIR), opts.head)?;
         tracing::info!(
             dir = %dir.display(), blocks = blocks.len(), series = head.num_series(), records = replay.records,
             segments = replay.segments_read, elapsed_ms = started.elapsed().as_millis() as u64,
             "opened blocks and replayed write-ahead log"
         );
         let inner = Arc::new(Inner {
+            fs,
             dir: dir.to_owned(),
             opts,
             head,
@@ -236,9 +242,8 @@ impl Db {
         let mut out = Vec::new();
         let mut start = min.div_euclid(range) * range;
         while start <= max {
-            if let Some(meta) = compact::write_head_block(source, &inner.dir, start, start + range)? {
-                let dir = inner.dir.join(&meta.ulid);
-                let block = Block::open(&dir).map_err(|reason| Error::BlockCorrupt { block: dir, reason })?;
+            if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range)? {
+                let block = Block::open_on(&inner.fs, &inner.dir.join(&meta.ulid))?;
                 inner.swap_blocks(&[], Some(Arc::new(block)));
                 out.push(meta);
             }
@@ -258,18 +263,19 @@ impl Db {
         let name = format!("{}-{}", chrono_like_now(), ulid::Ulid::new());
         let snaps = inner.dir.join(SNAPSHOTS_DIR);
         let tmp = snaps.join(format!("{name}{TMP_SUFFIX}"));
-        create_dir_all(&tmp)?;
+        let fs = &*inner.fs;
+        create_dir_all(fs, &tmp)?;
         for b in self.blocks().iter() {
-            link_tree(b.dir(), &tmp.join(b.ulid()))?;
+            link_tree(fs, b.dir(), &tmp.join(b.ulid()))?;
         }
         if !skip_head {
             if let Some((min, max)) = inner.head.time_range() {
-                compact::write_head_block(&inner.head, &tmp, min, max.saturating_add(1))?;
+                compact::write_head_block(&inner.fs, &inner.head, &tmp, min, max.saturating_add(1))?;
             }
         }
-        fsync_dir(&tmp)?;
+        fsync_dir(fs, &tmp)?;
         let out = snaps.join(&name);
-        rename_durable(&tmp, &out)?;
+        rename_durable(fs, &tmp, &out)?;
         Ok(out)
     }
 
@@ -287,8 +293,8 @@ impl Db {
 
     pub fn status(&self, top: usize) -> Result<DbStatus> {
         let wal_dir = self.inner.dir.join(WAL_DIR);
-        let wal_segments = wal::list_segments(&crate::vfs::OsFs, &wal_dir)?;
-        let wal_bytes = wal_dir_bytes(&wal_dir)?;
+        let wal_segments = wal::list_segments(&*self.inner.fs, &wal_dir)?;
+        let wal_bytes = wal_dir_bytes(&*self.inner.fs, &wal_dir)?;
         let blocks = self.blocks();
         let head = &self.inner.head;
         Ok(DbStatus {
@@ -375,9 +381,8 @@ impl Inner {
             let start = min.div_euclid(range) * range;
             let end = start + range;
             let started = Instant::now();
-            if let Some(meta) = compact::write_head_block(head, &self.dir, start, end)? {
-                let block = Block::open(&self.dir.join(&meta.ulid))
-                    .map_err(|reason| Error::BlockCorrupt { block: self.dir.join(&meta.ulid), reason })?;
+            if let Some(meta) = compact::write_head_block(&self.fs, head, &self.dir, start, end)? {
+                let block = Block::open_on(&self.fs, &self.dir.join(&meta.ulid))?;
                 self.swap_blocks(&[], Some(Arc::new(block)));
                 tracing::info!(
                     ulid = %meta.ulid, min_time = start, max_time = end, series = meta.stats.num_series,
@@ -402,15 +407,12 @@ impl Inner {
         let started = Instant::now();
         let meta = compact::merge_blocks(&self.dir, group)?;
         let out = match &meta {
-            Some(m) => {
-                let dir = self.dir.join(&m.ulid);
-                Some(Arc::new(Block::open(&dir).map_err(|reason| Error::BlockCorrupt { block: dir, reason })?))
-            }
+            Some(m) => Some(Arc::new(Block::open_on(&self.fs, &self.dir.join(&m.ulid))?)),
             None => None,
         };
         self.swap_blocks(group, out);
         for b in group {
-            delete_block_dir(b.dir())?;
+            delete_block_dir(&*self.fs, b.dir())?;
         }
         tracing::info!(
             inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
@@ -449,8 +451,8 @@ impl Inner {
             doomed.extend(blocks.iter().filter(|b| b.meta().max_time <= cutoff).cloned());
         }
         if self.opts.retention_bytes > 0 {
-            let mut total: u64 =
-                blocks.iter().map(|b| b.bytes()).sum::<u64>() + wal_dir_bytes(&self.dir.join(WAL_DIR)).unwrap_or(0);
+            let mut total: u64 = blocks.iter().map(|b| b.bytes()).sum::<u64>()
+                + wal_dir_bytes(&*self.fs, &self.dir.join(WAL_DIR)).unwrap_or(0);
             total -= doomed.iter().map(|b| b.bytes()).sum::<u64>();
             for b in blocks.iter() {
                 if total <= self.opts.retention_bytes {
@@ -488,7 +490,7 @@ impl Inner {
                 reason = why,
                 "retention deletes block"
             );
-            delete_block_dir(b.dir())?;
+            delete_block_dir(&*self.fs, b.dir())?;
         }
         self.stats.blocks_deleted_by_retention.fetch_add(doomed.len() as u64, Ordering::Relaxed);
         Ok(doomed.len())
@@ -503,7 +505,7 @@ impl Inner {
         }
         self.swap_blocks(&bad, None);
         for b in &bad {
-            set_aside(b.dir(), "failed a checksum or bounds check on read");
+            set_aside(&*self.fs, b.dir(), "failed a checksum or bounds check on read");
         }
         self.stats.blocks_set_aside.fetch_add(bad.len() as u64, Ordering::Relaxed);
         bad.len()
@@ -537,87 +539,86 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
 }
 
 /// Removes `snapshots/*.tmp`: snapshots a crash interrupted (a finished one is renamed).
-fn remove_interrupted_snapshots(dir: &Path) -> Result<()> {
+fn remove_interrupted_snapshots(fs: &dyn Vfs, dir: &Path) -> Result<()> {
     let snaps = dir.join(SNAPSHOTS_DIR);
-    let Ok(entries) = std::fs::read_dir(&snaps) else { return Ok(()) };
-    for e in entries {
-        let e = e.map_err(io_err("list", &snaps))?;
-        if e.file_name().to_str().is_some_and(|n| n.ends_with(TMP_SUFFIX)) {
-            tracing::warn!(dir = %e.path().display(), "removing a snapshot a crash interrupted");
-            std::fs::remove_dir_all(e.path()).map_err(io_err("remove", e.path()))?;
-        }
+    let Ok(entries) = fs.list(&snaps) else { return Ok(()) };
+    for e in entries.iter().filter(|e| e.name.ends_with(TMP_SUFFIX)) {
+        let path = snaps.join(&e.name);
+        tracing::warn!(dir = %path.display(), "removing a snapshot a crash interrupted");
+        fs.remove_dir_all(&path).map_err(io_err("remove", &path))?;
     }
     Ok(())
 }
 
 /// Opens every block in `dir`: removes leftovers of interrupted writes and deletions, sets
-/// aside blocks whose metadata cannot be read, removes blocks a compaction already replaced.
-fn open_blocks(dir: &Path) -> Result<Vec<Arc<Block>>> {
+/// aside blocks whose files are missing or fail their checks, removes blocks a compaction
+/// already replaced. A failing disk fails the open (the blocks are fine; the disk may be too,
+/// later): it never sets a block aside.
+fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Vec<Arc<Block>>> {
     let mut blocks = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
-        let e = e.map_err(io_err("list", dir))?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let path = e.path();
-        if name.ends_with(TMP_SUFFIX) || name.ends_with(DELETING_SUFFIX) {
+    let mut entries = fs.list(dir).map_err(io_err("list", dir))?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in entries {
+        let path = dir.join(&e.name);
+        if e.name.ends_with(TMP_SUFFIX) || e.name.ends_with(DELETING_SUFFIX) {
             tracing::warn!(dir = %path.display(), "removing a block directory left by an interrupted write or delete");
-            std::fs::remove_dir_all(&path).map_err(io_err("remove", &path))?;
+            fs.remove_dir_all(&path).map_err(io_err("remove", &path))?;
             continue;
         }
-        if ulid::Ulid::from_string(name).is_err() || !path.is_dir() {
+        if ulid::Ulid::from_string(&e.name).is_err() || !e.is_dir {
             continue;
         }
-        match Block::open(&path) {
+        match Block::open_on(fs, &path) {
             Ok(b) => blocks.push(Arc::new(b)),
-            Err(reason) => set_aside(&path, &reason),
+            Err(Error::BlockCorrupt { reason, .. }) => set_aside(&**fs, &path, &reason),
+            Err(e) => return Err(e),
         }
     }
-    fsync_dir(dir)?;
+    fsync_dir(&**fs, dir)?;
     let replaced: std::collections::HashSet<String> =
         blocks.iter().flat_map(|b| b.meta().compaction.parents.iter().cloned()).collect();
     let (gone, mut kept): (Vec<_>, Vec<_>) = blocks.into_iter().partition(|b| replaced.contains(b.ulid()));
     for b in gone {
         tracing::warn!(ulid = b.ulid(), "removing a block that a finished compaction replaced");
-        delete_block_dir(b.dir())?;
+        delete_block_dir(&**fs, b.dir())?;
     }
     kept.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
     Ok(kept)
 }
 
 /// Renames a bad block directory to `<name>.corrupt`, loudly; it is no longer read.
-fn set_aside(path: &Path, reason: &str) {
+fn set_aside(fs: &dyn Vfs, path: &Path, reason: &str) {
     let mut to = path.as_os_str().to_owned();
     to.push(CORRUPT_SUFFIX);
     let to = PathBuf::from(to);
     tracing::error!(block = %path.display(), moved_to = %to.display(), reason, "setting aside a corrupt block");
-    if let Err(e) = rename_durable(path, &to) {
+    if let Err(e) = rename_durable(fs, path, &to) {
         tracing::error!(block = %path.display(), error = %e, "could not set the block aside");
     }
 }
 
 /// Deletes a block directory: renamed first, so a crash leaves only a `.tmp-for-deletion`
 /// directory that the next open removes, never a half-deleted block.
-fn delete_block_dir(path: &Path) -> Result<()> {
+fn delete_block_dir(fs: &dyn Vfs, path: &Path) -> Result<()> {
     let mut to = path.as_os_str().to_owned();
     to.push(DELETING_SUFFIX);
     let to = PathBuf::from(to);
-    rename_durable(path, &to)?;
-    std::fs::remove_dir_all(&to).map_err(io_err("remove", &to))
+    rename_durable(fs, path, &to)?;
+    fs.remove_dir_all(&to).map_err(io_err("remove", &to))
 }
 
 /// Hard-links every file under `from` into the same layout under `to`.
-fn link_tree(from: &Path, to: &Path) -> Result<()> {
-    create_dir_all(to)?;
-    for e in std::fs::read_dir(from).map_err(io_err("list", from))? {
-        let e = e.map_err(io_err("list", from))?;
-        let target = to.join(e.file_name());
-        if e.file_type().map_err(io_err("stat", e.path()))?.is_dir() {
-            link_tree(&e.path(), &target)?;
+fn link_tree(fs: &dyn Vfs, from: &Path, to: &Path) -> Result<()> {
+    create_dir_all(fs, to)?;
+    for e in fs.list(from).map_err(io_err("list", from))? {
+        let (source, target) = (from.join(&e.name), to.join(&e.name));
+        if e.is_dir {
+            link_tree(fs, &source, &target)?;
         } else {
-            std::fs::hard_link(e.path(), &target).map_err(io_err("hard-link into", &target))?;
+            fs.hard_link(&source, &target).map_err(io_err("hard-link into", &target))?;
         }
     }
-    fsync_dir(to)
+    fsync_dir(fs, to)
 }
 
 /// `20261122T130501Z`: snapshot names sort by time, as Prometheus' do.
@@ -629,29 +630,25 @@ fn chrono_like_now() -> String {
     format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-fn wal_dir_bytes(wal_dir: &Path) -> Result<u64> {
+fn wal_dir_bytes(fs: &dyn Vfs, wal_dir: &Path) -> Result<u64> {
     let mut total = 0;
-    for &s in &wal::list_segments(&crate::vfs::OsFs, wal_dir)? {
+    for &s in &wal::list_segments(fs, wal_dir)? {
         let p = wal::segment::segment_path(wal_dir, s);
-        total += std::fs::metadata(&p).map_err(io_err("stat", &p))?.len();
+        total += fs.file_len(&p).map_err(io_err("stat", &p))?;
     }
     Ok(total)
 }
 
-/// Takes an exclusive, non-blocking `flock` on `dir/lock`.
-fn lock_dir(dir: &Path) -> Result<File> {
+/// Takes an exclusive, non-blocking lock on `dir/lock`.
+fn lock_dir(fs: &dyn Vfs, dir: &Path) -> Result<Box<dyn std::fmt::Debug + Send + Sync>> {
     let path = dir.join(LOCK_FILE);
-    let f = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err("open", &path))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(Error::Locked { path: dir.to_owned(), lock: path });
+    fs.lock(&path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::Locked { path: dir.to_owned(), lock: path }
+        } else {
+            io_err("lock", path)(e)
         }
-        return Err(io_err("lock", path)(e));
-    }
-    Ok(f)
+    })
 }
 
 #[cfg(test)]

@@ -2,17 +2,18 @@
 //! checked by its own CRC32C. A chunk is addressed by a [`ChunkRef`]: segment number and byte
 //! offset. Byte layout: `docs/format/block.md`.
 
-use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use memmap2::Mmap;
+use bytes::Bytes;
 
 use crate::chunkenc::ChunkError;
 use crate::encoding::{put_uvarint, Decoder};
-use crate::error::{io_err, Result};
+use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::vfs::{AppendWriter, Vfs};
 
 /// "STCH": Strata chunks.
 pub const MAGIC: u32 = 0x5354_4348;
@@ -51,9 +52,10 @@ fn header() -> [u8; HEADER_BYTES] {
 /// Appends chunks to `dir/chunks/NNNNNN`, cutting a new segment past `SEGMENT_BYTES_MAX`.
 #[derive(Debug)]
 pub struct ChunkWriter {
+    fs: Arc<dyn Vfs>,
     dir: PathBuf,
     segment: u32,
-    file: Option<BufWriter<File>>,
+    file: Option<BufWriter<AppendWriter>>,
     offset: u64,
     bytes_total: u64,
     scratch: Vec<u8>,
@@ -61,10 +63,10 @@ pub struct ChunkWriter {
 
 impl ChunkWriter {
     /// Creates `block_dir/chunks/`.
-    pub fn create(block_dir: &Path) -> Result<Self> {
+    pub fn create(fs: &Arc<dyn Vfs>, block_dir: &Path) -> Result<Self> {
         let dir = block_dir.join(CHUNKS_DIR);
-        create_dir_all(&dir)?;
-        Ok(ChunkWriter { dir, segment: 0, file: None, offset: 0, bytes_total: 0, scratch: Vec::new() })
+        create_dir_all(&**fs, &dir)?;
+        Ok(ChunkWriter { fs: fs.clone(), dir, segment: 0, file: None, offset: 0, bytes_total: 0, scratch: Vec::new() })
     }
 
     /// Writes one chunk (its encoding byte first) and returns where it went.
@@ -95,7 +97,7 @@ impl ChunkWriter {
         if let Some(f) = self.file.take() {
             let path = self.path();
             let f = f.into_inner().map_err(|e| io_err("flush", &path)(e.into_error()))?;
-            f.sync_all().map_err(io_err("fsync", &path))?;
+            f.0.sync_data().map_err(io_err("fsync", &path))?;
         }
         Ok(())
     }
@@ -104,8 +106,8 @@ impl ChunkWriter {
         self.close_segment()?;
         self.segment += 1;
         let path = self.path();
-        let f = OpenOptions::new().create_new(true).write(true).open(&path).map_err(io_err("create", &path))?;
-        let mut f = BufWriter::with_capacity(1 << 20, f);
+        let f = self.fs.create(&path).map_err(io_err("create", &path))?;
+        let mut f = BufWriter::with_capacity(1 << 20, AppendWriter(f));
         f.write_all(&header()).map_err(io_err("write header of", &path))?;
         self.file = Some(f);
         self.offset = HEADER_BYTES as u64;
@@ -116,7 +118,7 @@ impl ChunkWriter {
     /// Flushes and fsyncs every segment and the directory; returns the bytes written.
     pub fn finish(mut self) -> Result<u64> {
         self.close_segment()?;
-        fsync_dir(&self.dir)?;
+        fsync_dir(&*self.fs, &self.dir)?;
         Ok(self.bytes_total)
     }
 }
@@ -126,35 +128,42 @@ impl ChunkWriter {
 pub struct ChunkReader {
     dir: PathBuf,
     /// Segment `n` is at index `n - 1`.
-    segments: Vec<Mmap>,
+    segments: Vec<Bytes>,
     /// Set by the first failed read, so the owning block is set aside.
     failed: AtomicBool,
 }
 
 impl ChunkReader {
-    /// Maps every segment and checks its header. Pages are read only when a chunk is.
-    pub fn open(block_dir: &Path) -> Result<Self, String> {
+    /// Maps every segment and checks its header. Pages are read only when a chunk is. A
+    /// failing disk is an `Error::Io` (the block may read fine later); a missing segment or a
+    /// bad header is `Error::BlockCorrupt`.
+    pub fn open(fs: &dyn Vfs, block_dir: &Path) -> Result<Self> {
         let dir = block_dir.join(CHUNKS_DIR);
-        let mut names: Vec<(u32, PathBuf)> = Vec::new();
-        let entries = fs::read_dir(&dir).map_err(|e| format!("list {}: {e}", dir.display()))?;
-        for e in entries {
-            let e = e.map_err(|e| format!("list {}: {e}", dir.display()))?;
-            let name = e.file_name();
-            let Some(n) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-            names.push((n, e.path()));
+        let corrupt = |reason: String| Error::BlockCorrupt { block: block_dir.to_owned(), reason };
+        let mut names: Vec<u32> = Vec::new();
+        match fs.list(&dir) {
+            Ok(entries) => {
+                names.extend(entries.iter().filter(|e| !e.is_dir).filter_map(|e| e.name.parse::<u32>().ok()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt(format!("{} is missing", dir.display())))
+            }
+            Err(e) => return Err(io_err("list", &dir)(e)),
         }
         names.sort_unstable();
         let mut segments = Vec::with_capacity(names.len());
-        for (i, (n, path)) in names.into_iter().enumerate() {
+        for (i, n) in names.into_iter().enumerate() {
             if n as usize != i + 1 {
-                return Err(format!("{}: chunk segment {} is missing", dir.display(), segment_name(i as u32 + 1)));
+                return Err(corrupt(format!(
+                    "{}: chunk segment {} is missing",
+                    dir.display(),
+                    segment_name(i as u32 + 1)
+                )));
             }
-            let f = File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
-            // SAFETY: block files are immutable once written (written to a temporary directory and
-            // renamed into place); nothing in this process or another Strata writes to them.
-            let map = unsafe { Mmap::map(&f) }.map_err(|e| format!("mmap {}: {e}", path.display()))?;
+            let path = dir.join(segment_name(n));
+            let map = fs.map(&path).map_err(io_err("map", &path))?;
             if map.len() < HEADER_BYTES || map[..HEADER_BYTES] != header() {
-                return Err(format!("{}: bad chunk segment header", path.display()));
+                return Err(corrupt(format!("{}: bad chunk segment header", path.display())));
             }
             segments.push(map);
         }
@@ -206,14 +215,15 @@ mod tests {
     #[test]
     fn chunks_round_trip_and_corruption_is_named() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut w = ChunkWriter::create(tmp.path()).unwrap();
+        let fs = crate::vfs::OsFs::shared();
+        let mut w = ChunkWriter::create(&fs, tmp.path()).unwrap();
         let a = w.write(&[1, 0, 1, 0xaa]).unwrap();
         let b = w.write(&[1, 0, 2, 0xbb, 0xcc]).unwrap();
         assert_eq!(a, ChunkRef::new(1, 8));
         assert_eq!(b, ChunkRef::new(1, 8 + 1 + 4 + 4));
         let bytes = w.finish().unwrap();
         assert_eq!(bytes, 8 + 9 + 10);
-        let r = ChunkReader::open(tmp.path()).unwrap();
+        let r = ChunkReader::open(&*fs, tmp.path()).unwrap();
         assert_eq!(r.chunk(a).unwrap(), &[1, 0, 1, 0xaa]);
         assert_eq!(r.chunk(b).unwrap(), &[1, 0, 2, 0xbb, 0xcc]);
         assert!(r.chunk(ChunkRef::new(2, 8)).is_err());
@@ -221,10 +231,10 @@ mod tests {
         drop(r);
 
         let path = tmp.path().join("chunks/000001");
-        let mut data = fs::read(&path).unwrap();
+        let mut data = std::fs::read(&path).unwrap();
         data[8 + 1 + 3] ^= 0x10;
-        fs::write(&path, data).unwrap();
-        let r = ChunkReader::open(tmp.path()).unwrap();
+        std::fs::write(&path, data).unwrap();
+        let r = ChunkReader::open(&*fs, tmp.path()).unwrap();
         let err = r.chunk(a).unwrap_err().to_string();
         assert!(err.contains("chunks/000001 at byte 8: checksum mismatch"), "{err}");
         assert!(r.chunk(b).is_ok());

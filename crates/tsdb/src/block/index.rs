@@ -7,18 +7,18 @@
 //! answering a query in label order needs no sort.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use bytes::Bytes;
 use strata_model::{Label, Labels, SeriesRef};
 
 use super::chunks::ChunkRef;
 use crate::encoding::{put_uvarint, put_varint, Decoder};
-use crate::error::{io_err, Result};
+use crate::error::{io_err, Error, Result};
 use crate::index::postings::Postings;
+use crate::vfs::{AppendWriter, Vfs};
 
 /// "STIX": Strata index.
 pub const MAGIC: u32 = 0x5354_4958;
@@ -77,7 +77,7 @@ fn header() -> [u8; HEADER_BYTES] {
 #[derive(Debug)]
 pub struct IndexWriter {
     path: PathBuf,
-    file: BufWriter<File>,
+    file: BufWriter<AppendWriter>,
     pos: u64,
     symbols: HashMap<Arc<str>, u32>,
     series_start: u64,
@@ -90,12 +90,12 @@ pub struct IndexWriter {
 impl IndexWriter {
     /// Creates the file and writes the symbol table. `symbols` must be sorted and unique, and
     /// hold every label name and value of the series to come.
-    pub fn create(path: &Path, symbols: &[Arc<str>]) -> Result<Self> {
+    pub fn create(fs: &dyn Vfs, path: &Path, symbols: &[Arc<str>]) -> Result<Self> {
         assert!(symbols.windows(2).all(|w| w[0] < w[1]), "index symbols must be sorted and unique");
-        let f = OpenOptions::new().create_new(true).write(true).open(path).map_err(io_err("create", path))?;
+        let f = fs.create(path).map_err(io_err("create", path))?;
         let mut w = IndexWriter {
             path: path.to_owned(),
-            file: BufWriter::with_capacity(1 << 20, f),
+            file: BufWriter::with_capacity(1 << 20, AppendWriter(f)),
             pos: 0,
             symbols: HashMap::with_capacity(symbols.len()),
             series_start: 0,
@@ -226,7 +226,7 @@ impl IndexWriter {
         toc.extend_from_slice(&crc.to_be_bytes());
         self.write(&toc)?;
         let f = self.file.into_inner().map_err(|e| io_err("flush", &self.path)(e.into_error()))?;
-        f.sync_all().map_err(io_err("fsync", &self.path))?;
+        f.0.sync_data().map_err(io_err("fsync", &self.path))?;
         Ok(self.pos)
     }
 }
@@ -244,7 +244,7 @@ struct TableEntry {
 #[derive(Debug)]
 pub struct IndexFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: Bytes,
     /// Byte offset of each symbol's string (after its length).
     symbols: Vec<(u32, u32)>,
     table: Vec<TableEntry>,
@@ -252,10 +252,17 @@ pub struct IndexFile {
 }
 
 impl IndexFile {
-    pub fn open(path: &Path) -> Result<Self, String> {
-        let f = File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?;
-        // SAFETY: block files are immutable once renamed into place; see `ChunkReader::open`.
-        let map = unsafe { Mmap::map(&f) }.map_err(|e| format!("mmap {}: {e}", path.display()))?;
+    /// Maps and checks the index at `path` (in a block directory). A failing disk is an
+    /// `Error::Io` (it may read fine later); bytes that fail their checks are
+    /// `Error::BlockCorrupt`.
+    pub fn open(fs: &dyn Vfs, path: &Path) -> Result<Self> {
+        let map = fs.map(path).map_err(io_err("map", path))?;
+        IndexFile::from_bytes(path, map)
+            .map_err(|reason| Error::BlockCorrupt { block: path.parent().unwrap_or(Path::new(".")).to_owned(), reason })
+    }
+
+    /// Reads the index in `map` (the bytes of the file at `path`, named in errors).
+    pub fn from_bytes(path: &Path, map: Bytes) -> Result<Self, String> {
         let fail = |what: &str| format!("{}: {what}", path.display());
         if map.len() < HEADER_BYTES + TOC_BYTES || map[..HEADER_BYTES] != header() {
             return Err(fail("bad header or file too short"));
@@ -266,13 +273,7 @@ impl IndexFile {
         }
         let off = |i: usize| u64::from_be_bytes(toc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (symbols_at, _series_at, all_postings, table_at) = (off(0), off(1), off(2), off(3));
-        let mut ix = IndexFile {
-            path: path.to_owned(),
-            map: Arc::new(map),
-            symbols: Vec::new(),
-            table: Vec::new(),
-            all_postings,
-        };
+        let mut ix = IndexFile { path: path.to_owned(), map, symbols: Vec::new(), table: Vec::new(), all_postings };
 
         let (start, body) = ix.section(symbols_at).map_err(|e| fail(&format!("symbol table: {e}")))?;
         let mut d = Decoder::new(body);
@@ -516,7 +517,7 @@ fn section_at(data: &[u8], at: u64) -> Result<(usize, &[u8]), String> {
 /// A postings list read in place from the mapped index: `u32 BE` series ids.
 #[derive(Debug, Clone)]
 pub struct MmapPostings {
-    map: Arc<Mmap>,
+    map: Bytes,
     start: usize,
     len: usize,
     /// Index of the current element plus one (0 = before the start).

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{io_err, Result};
+use crate::error::{io_err, Error, Result};
+use crate::vfs::Vfs;
 
 pub const META_FILE: &str = "meta.json";
 pub const META_VERSION: u32 = 1;
@@ -44,10 +45,24 @@ pub struct Compaction {
 }
 
 impl BlockMeta {
-    pub fn read(dir: &Path) -> Result<BlockMeta, String> {
+    /// Reads `dir/meta.json`: `Error::Io` if the disk fails, `Error::BlockCorrupt` if the
+    /// file is missing or wrong.
+    pub fn read(fs: &dyn Vfs, dir: &Path) -> Result<BlockMeta> {
         let path = dir.join(META_FILE);
-        let data = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-        let meta: BlockMeta = serde_json::from_slice(&data).map_err(|e| format!("{}: {e}", path.display()))?;
+        let corrupt = |reason: String| Error::BlockCorrupt { block: dir.to_owned(), reason };
+        let data = match fs.read(&path) {
+            Ok(data) => data,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt(format!("{} is missing", path.display())))
+            }
+            Err(e) => return Err(io_err("read", &path)(e)),
+        };
+        BlockMeta::parse(&path, &data).map_err(corrupt)
+    }
+
+    /// Checks and decodes the bytes of `path`, a `meta.json`.
+    pub fn parse(path: &Path, data: &[u8]) -> Result<BlockMeta, String> {
+        let meta: BlockMeta = serde_json::from_slice(data).map_err(|e| format!("{}: {e}", path.display()))?;
         if meta.version != META_VERSION {
             return Err(format!("{}: unsupported block version {}", path.display(), meta.version));
         }
@@ -58,11 +73,10 @@ impl BlockMeta {
     }
 
     /// Writes and fsyncs `dir/meta.json` (inside a block directory not yet renamed into place).
-    pub fn write(&self, dir: &Path) -> Result<()> {
+    pub fn write(&self, fs: &dyn Vfs, dir: &Path) -> Result<()> {
         let path = dir.join(META_FILE);
         let mut data = serde_json::to_vec_pretty(self).expect("meta serializes");
         data.push(b'\n');
-        std::fs::write(&path, &data).map_err(io_err("write", &path))?;
-        std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io_err("fsync", &path))
+        fs.write_synced(&path, &data).map_err(io_err("write", &path))
     }
 }

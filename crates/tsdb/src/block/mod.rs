@@ -34,6 +34,7 @@ pub use writer::{BlockWriter, ChunkInput};
 use crate::error::{Error, Result};
 use crate::index::matchers::{postings_for_matchers, IndexReader};
 use crate::index::postings::{self, merge, BoxPostings, EmptyPostings};
+use crate::vfs::{OsFs, Vfs};
 
 /// The 8-byte header of every block file: magic, version, three zero bytes.
 pub(crate) fn file_header(magic: u32, version: u8) -> [u8; 8] {
@@ -52,8 +53,11 @@ pub struct BlockData {
 
 #[derive(Debug)]
 pub struct Block {
+    fs: Arc<dyn Vfs>,
     dir: PathBuf,
     meta: BlockMeta,
+    /// Set by the first load that did not fail on I/O: the mapped files, or why their bytes
+    /// are wrong. An I/O error leaves it unset, so a later read tries again.
     data: OnceLock<Result<BlockData, String>>,
     tombstones: RwLock<Arc<Tombstones>>,
     bytes: u64,
@@ -62,18 +66,30 @@ pub struct Block {
 }
 
 impl Block {
-    /// Reads `meta.json` and `tombstones`; the rest waits for the first query.
+    /// `open_on` the real disk, with any error as text (for tools).
     pub fn open(dir: &Path) -> Result<Block, String> {
-        let meta = BlockMeta::read(dir)?;
-        let stones = tombstones::read(dir)?;
+        Block::open_on(&OsFs::shared(), dir).map_err(|e| e.to_string())
+    }
+
+    /// Reads `meta.json` and `tombstones`; the rest waits for the first query. A failing disk
+    /// is an `Error::Io` (try again later); files that are missing or fail their checks are
+    /// `Error::BlockCorrupt` (set the block aside).
+    pub fn open_on(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Block> {
+        let meta = BlockMeta::read(&**fs, dir)?;
+        let stones = tombstones::read(&**fs, dir)?;
         Ok(Block {
+            fs: fs.clone(),
             dir: dir.to_owned(),
             meta,
             data: OnceLock::new(),
             tombstones: RwLock::new(Arc::new(stones)),
-            bytes: dir_bytes(dir),
+            bytes: dir_bytes_on(&**fs, dir),
             corrupt: AtomicBool::new(false),
         })
+    }
+
+    pub fn fs(&self) -> &Arc<dyn Vfs> {
+        &self.fs
     }
 
     pub fn dir(&self) -> &Path {
@@ -98,13 +114,26 @@ impl Block {
         self.meta.min_time <= maxt && mint < self.meta.max_time
     }
 
-    /// Maps the index and chunks (once); an error names the file and is a corruption.
+    /// Maps the index and chunks (once). Bytes that fail their checks are a corruption
+    /// (`Error::BlockCorrupt`, remembered); a failing disk is an `Error::Io`, and the next call
+    /// tries again.
     pub fn data(&self) -> Result<&BlockData> {
-        let d = self.data.get_or_init(|| {
-            let index = IndexFile::open(&self.dir.join(index::INDEX_FILE))?;
-            let chunks = Arc::new(ChunkReader::open(&self.dir)?);
-            Ok(BlockData { index, chunks })
-        });
+        if self.data.get().is_none() {
+            let loaded = IndexFile::open(&*self.fs, &self.dir.join(index::INDEX_FILE)).and_then(|index| {
+                let chunks = Arc::new(ChunkReader::open(&*self.fs, &self.dir)?);
+                Ok(BlockData { index, chunks })
+            });
+            match loaded {
+                Ok(d) => {
+                    let _ = self.data.set(Ok(d));
+                }
+                Err(Error::BlockCorrupt { reason, .. }) => {
+                    let _ = self.data.set(Err(reason));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let d = self.data.get().expect("set above");
         d.as_ref().map_err(|reason| self.corrupt(reason.clone()))
     }
 
@@ -167,24 +196,30 @@ impl Block {
         for id in &ids {
             stones.entry(id.0).or_default().push((mint.max(self.meta.min_time), maxt.min(self.meta.max_time - 1)));
         }
-        tombstones::write(&self.dir, &stones)?;
+        tombstones::write(&*self.fs, &self.dir, &stones)?;
         *guard = Arc::new(stones);
         Ok(ids.len())
     }
 }
 
-/// Total size of the files under `dir`.
+/// Total size of the files under `dir` (0 for what cannot be listed).
 pub fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    for e in entries.flatten() {
-        match e.metadata() {
-            Ok(m) if m.is_dir() => total += dir_bytes(&e.path()),
-            Ok(m) => total += m.len(),
-            Err(_) => {}
-        }
-    }
-    total
+    dir_bytes_on(&OsFs, dir)
+}
+
+fn dir_bytes_on(fs: &dyn Vfs, dir: &Path) -> u64 {
+    let Ok(entries) = fs.list(dir) else { return 0 };
+    entries
+        .iter()
+        .map(|e| {
+            let path = dir.join(&e.name);
+            if e.is_dir {
+                dir_bytes_on(fs, &path)
+            } else {
+                fs.file_len(&path).unwrap_or(0)
+            }
+        })
+        .sum()
 }
 
 /// Adapts a block's index to `postings_for_matchers`, remembering the first corruption seen

@@ -25,7 +25,7 @@ fn head(n: usize) -> Head {
 }
 
 fn write(dir: &Path, head: &Head) -> Block {
-    let meta = write_head_block(head, dir, 0, 1000).unwrap().expect("a block with data");
+    let meta = write_head_block(&crate::vfs::OsFs::shared(), head, dir, 0, 1000).unwrap().expect("a block with data");
     assert_eq!(meta.stats.num_series, 50);
     assert_eq!(meta.stats.num_samples, 50 * 100);
     assert_eq!(meta.compaction.sources, vec![meta.ulid.clone()]);
@@ -167,13 +167,13 @@ mod index_round_trip {
             let symbols: Vec<Arc<str>> = symbols.into_iter().collect();
             let tmp = tempfile::tempdir().unwrap();
             let path = tmp.path().join("index");
-            let mut w = IndexWriter::create(&path, &symbols).unwrap();
+            let mut w = IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
             for (l, metas) in &sets {
                 w.add_series(l, metas).unwrap();
             }
             w.finish().unwrap();
 
-            let ix = IndexFile::open(&path).unwrap();
+            let ix = IndexFile::open(&crate::vfs::OsFs, &path).unwrap();
             let ids = postings::expand(Box::new(ix.all_postings().unwrap()));
             prop_assert_eq!(ids.len(), sets.len());
             let mut got = Vec::new();
@@ -204,7 +204,7 @@ fn index_bytes_match_the_format_document() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("index");
     let symbols: Vec<Arc<str>> = vec![Arc::from("a"), Arc::from("b")];
-    let mut w = index::IndexWriter::create(&path, &symbols).unwrap();
+    let mut w = index::IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
     let meta = ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) };
     w.add_series(&Labels::from_pairs([("a", "b")]), &[meta]).unwrap();
     w.finish().unwrap();

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::encoding::{put_uvarint, put_varint, Decoder};
-use crate::error::{io_err, Result};
+use crate::error::{io_err, Error, Result};
 use crate::fsutil::rename_durable;
+use crate::vfs::Vfs;
 
 pub const TOMBSTONES_FILE: &str = "tombstones";
 /// "STTB": Strata tombstones.
@@ -64,22 +65,24 @@ pub fn decode(data: &[u8]) -> Result<Tombstones, String> {
     Ok(out)
 }
 
-pub fn read(dir: &Path) -> Result<Tombstones, String> {
+/// Reads `dir/tombstones` (none if missing): `Error::Io` if the disk fails,
+/// `Error::BlockCorrupt` if the bytes fail their checks.
+pub fn read(fs: &dyn Vfs, dir: &Path) -> Result<Tombstones> {
     let path = dir.join(TOMBSTONES_FILE);
-    match std::fs::read(&path) {
-        Ok(data) => decode(&data).map_err(|e| format!("{}: {e}", path.display())),
+    match fs.read(&path) {
+        Ok(data) => decode(&data)
+            .map_err(|e| Error::BlockCorrupt { block: dir.to_owned(), reason: format!("{}: {e}", path.display()) }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Tombstones::new()),
-        Err(e) => Err(format!("read {}: {e}", path.display())),
+        Err(e) => Err(io_err("read", &path)(e)),
     }
 }
 
 /// Replaces `dir/tombstones` atomically: write a temporary file, fsync, rename.
-pub fn write(dir: &Path, stones: &Tombstones) -> Result<()> {
+pub fn write(fs: &dyn Vfs, dir: &Path, stones: &Tombstones) -> Result<()> {
     let tmp = dir.join(format!("{TOMBSTONES_FILE}.tmp"));
     let path = dir.join(TOMBSTONES_FILE);
-    std::fs::write(&tmp, encode(stones)).map_err(io_err("write", &tmp))?;
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp))?;
-    rename_durable(&tmp, &path)
+    fs.write_synced(&tmp, &encode(stones)).map_err(io_err("write", &tmp))?;
+    rename_durable(fs, &tmp, &path)
 }
 
 #[cfg(test)]

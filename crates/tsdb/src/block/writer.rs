@@ -13,7 +13,8 @@ use super::meta::{BlockMeta, BlockStats, Compaction, META_VERSION};
 use super::tombstones;
 use crate::chunkenc;
 use crate::error::{io_err, Result};
-use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
+use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::vfs::Vfs;
 
 /// Suffix of a block directory being written; removed on open if a crash left one behind.
 pub const TMP_SUFFIX: &str = ".tmp";
@@ -28,6 +29,7 @@ pub struct ChunkInput<'a> {
 
 #[derive(Debug)]
 pub struct BlockWriter {
+    fs: Arc<dyn Vfs>,
     parent: PathBuf,
     ulid: Ulid,
     tmp: PathBuf,
@@ -40,13 +42,18 @@ pub struct BlockWriter {
 impl BlockWriter {
     /// Starts a block in `parent/<new ulid>.tmp`. `symbols`: sorted, unique, every label string
     /// of the series to come.
-    pub fn create(parent: &Path, symbols: &[Arc<str>]) -> Result<Self> {
+    pub fn create(fs: &Arc<dyn Vfs>, parent: &Path, symbols: &[Arc<str>]) -> Result<Self> {
         let ulid = Ulid::new();
         let tmp = parent.join(format!("{ulid}{TMP_SUFFIX}"));
-        create_dir_all(&tmp)?;
-        let chunks = ChunkWriter::create(&tmp)?;
-        let index = IndexWriter::create(&tmp.join(INDEX_FILE), symbols)?;
+        create_dir_all(&**fs, &tmp)?;
+        let remove_tmp = |e| {
+            let _ = fs.remove_dir_all(&tmp);
+            e
+        };
+        let chunks = ChunkWriter::create(fs, &tmp).map_err(remove_tmp)?;
+        let index = IndexWriter::create(&**fs, &tmp.join(INDEX_FILE), symbols).map_err(remove_tmp)?;
         Ok(BlockWriter {
+            fs: fs.clone(),
             parent: parent.to_owned(),
             ulid,
             tmp,
@@ -76,37 +83,59 @@ impl BlockWriter {
     }
 
     /// Finishes the block covering `[min_time, max_time)` and renames it into place. A block with
-    /// no series is not kept: returns `None`.
+    /// no series is not kept: returns `None`. On error nothing is left under the block's name
+    /// nor, as far as the disk lets us remove it, in its temporary directory: the caller keeps
+    /// the data (in the head, in the input blocks) and tries again later.
     pub fn finish(self, min_time: i64, max_time: i64, mut compaction: Compaction) -> Result<Option<BlockMeta>> {
         if compaction.sources.is_empty() {
             compaction.sources.push(self.ulid.to_string());
         }
+        let (fs, tmp, parent, ulid) = (self.fs, self.tmp, self.parent, self.ulid);
         if self.stats.num_series == 0 {
             drop((self.chunks, self.index));
-            std::fs::remove_dir_all(&self.tmp).map_err(io_err("remove", &self.tmp))?;
+            fs.remove_dir_all(&tmp).map_err(io_err("remove", &tmp))?;
             return Ok(None);
         }
-        self.chunks.finish()?;
-        self.index.finish()?;
-        tombstones::write(&self.tmp, &tombstones::Tombstones::new())?;
         let meta = BlockMeta {
-            ulid: self.ulid.to_string(),
+            ulid: ulid.to_string(),
             min_time,
             max_time,
             stats: self.stats,
             compaction,
             version: META_VERSION,
         };
-        meta.write(&self.tmp)?;
-        fsync_dir(&self.tmp)?;
-        rename_durable(&self.tmp, &self.parent.join(self.ulid.to_string()))?;
+        let (chunks, index) = (self.chunks, self.index);
+        let written = (|| {
+            chunks.finish()?;
+            index.finish()?;
+            tombstones::write(&*fs, &tmp, &tombstones::Tombstones::new())?;
+            meta.write(&*fs, &tmp)?;
+            fsync_dir(&*fs, &tmp)
+        })();
+        if let Err(e) = written {
+            let _ = fs.remove_dir_all(&tmp);
+            return Err(e);
+        }
+        let to = parent.join(ulid.to_string());
+        fs.rename(&tmp, &to).map_err(|e| {
+            let _ = fs.remove_dir_all(&tmp);
+            io_err("rename to", &to)(e)
+        })?;
+        if let Err(e) = fsync_dir(&*fs, &parent) {
+            // The rename may or may not survive a crash. The caller will write this data again,
+            // so take the name back now rather than leave an unlisted block behind; if a crash
+            // keeps it anyway, it is a whole block (every file was fsynced) whose samples
+            // queries and compaction deduplicate.
+            let _ = fs.remove_dir_all(&to);
+            return Err(e);
+        }
         Ok(Some(meta))
     }
 
     /// Abandons the block, removing its temporary directory.
     pub fn abort(self) {
-        let tmp = self.tmp.clone();
+        let (fs, tmp) = (self.fs.clone(), self.tmp.clone());
         drop(self);
-        let _ = std::fs::remove_dir_all(tmp);
+        let _ = fs.remove_dir_all(&tmp);
     }
 }

@@ -212,7 +212,7 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
             }
         }
         app.commit().unwrap();
-        write_head_block(&h, tmp.path(), ts.start, ts.end).unwrap().unwrap();
+        write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), ts.start, ts.end).unwrap().unwrap();
     }
     let db = Db::open(tmp.path(), opts(0)).unwrap();
     assert_eq!(db.blocks().len(), 2);
@@ -284,7 +284,7 @@ fn blocks_open_lazily_and_queries_touch_only_blocks_in_range() {
             app.append(&l, t, t as f64).unwrap();
         }
         app.commit().unwrap();
-        write_head_block(&h, tmp.path(), b * RANGE, (b + 1) * RANGE).unwrap().unwrap();
+        write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), b * RANGE, (b + 1) * RANGE).unwrap().unwrap();
     }
     let db = Db::open(tmp.path(), opts(0)).unwrap();
     let blocks = db.blocks();

@@ -146,6 +146,11 @@ impl Head {
     /// the blocks' time range instead would lose data whenever an imported block reaches past
     /// the head's oldest sample.
     pub fn open(wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
+        Head::open_on(crate::vfs::OsFs::shared(), wal_dir, opts)
+    }
+
+    /// `open` with the WAL on `fs`.
+    pub fn open_on(fs: Arc<dyn crate::vfs::Vfs>, wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
         let (wal, outcome) = std::thread::scope(|scope| {
@@ -157,7 +162,7 @@ impl Head {
                 })
                 .unzip();
             let mut replay = Replay::new(head, senders);
-            let opened = Wal::open(wal_dir, opts.wal, |rec| replay.apply(rec));
+            let opened = Wal::open_on(fs, wal_dir, opts.wal, |rec| replay.apply(rec));
             replay.finish();
             let shards: Vec<ReplayShard> = handles.into_iter().map(|h| h.join().expect("replay worker")).collect();
             if opened.is_ok() {

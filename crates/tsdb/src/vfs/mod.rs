@@ -1,18 +1,22 @@
-//! The file-system calls of the write-ahead log, behind a trait, so that a test can put a
-//! simulated disk under the real code: one that fails writes half-way, runs out of space,
-//! fails fsyncs and reads, and forgets everything not yet fsynced when it "crashes"
-//! (`sim::SimFs`). The server uses `OsFs`, plain `std::fs`.
+//! The storage engine's file-system calls, behind a trait, so that a test can put a simulated
+//! disk under the real code: one that fails writes half-way, runs out of space, fails fsyncs
+//! and reads, and forgets everything not yet fsynced when it "crashes" (`sim::SimFs`). The
+//! server uses `OsFs`, plain `std::fs` and mmap.
 //!
-//! Only what the log needs is here: append-only files, whole-directory listings, renames and
-//! directory fsyncs. Blocks (written once, read through mmap) still call `std::fs` directly.
+//! Only what the engine needs is here: append-only files (WAL segments, block files written
+//! once), whole files read or mapped, directory listings, renames, hard links and directory
+//! fsyncs.
 
 pub mod sim;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 /// A file open for appending. Methods take `&self` so that one handle can be fsynced by one
 /// thread while another appends (group commit).
@@ -52,6 +56,45 @@ pub trait Vfs: Send + Sync + fmt::Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the entries created, renamed or removed in `dir` durable.
     fn fsync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// A whole file's bytes for reading in place. The file must not change while they are held
+    /// (block files never do once renamed into place).
+    fn map(&self, path: &Path) -> io::Result<Bytes>;
+    /// A second name for an existing file (snapshots share block files).
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn file_len(&self, path: &Path) -> io::Result<u64>;
+    /// Takes an exclusive lock on `path` (created if missing) for as long as the returned guard
+    /// lives; `WouldBlock` if another holder has it.
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn fmt::Debug + Send + Sync>>;
+
+    /// A whole file read into memory.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let (mut r, len) = self.open_read(path)?;
+        let mut out = Vec::with_capacity(len as usize);
+        r.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    /// Creates `path` with `data` and fsyncs it (not its directory).
+    fn write_synced(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        let f = self.create(path)?;
+        f.write_all(data)?;
+        f.sync_data()
+    }
+}
+
+/// `io::Write` over an `AppendFile`, to put a `BufWriter` in front of it.
+#[derive(Debug)]
+pub struct AppendWriter(pub Arc<dyn AppendFile>);
+
+impl Write for AppendWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The real file system.
@@ -140,5 +183,35 @@ impl Vfs for OsFs {
 
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn map(&self, path: &Path) -> io::Result<Bytes> {
+        let f = File::open(path)?;
+        if f.metadata()?.len() == 0 {
+            // mmap of an empty file fails on some systems; nothing to map anyway.
+            return Ok(Bytes::new());
+        }
+        // SAFETY: callers map only files that nothing writes to any more (block files, written
+        // into a temporary directory and renamed into place; see `Vfs::map`).
+        let map = unsafe { memmap2::Mmap::map(&f) }?;
+        Ok(Bytes::from_owner(map))
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to)
+    }
+
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(fs::metadata(path)?.len())
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn fmt::Debug + Send + Sync>> {
+        let f = OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved. The kernel releases
+        // the lock when the file is closed or the process dies.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Box::new(f))
     }
 }

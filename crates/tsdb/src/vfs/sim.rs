@@ -19,6 +19,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::{AppendFile, DirEntry, Vfs};
@@ -72,6 +73,11 @@ struct State {
     disk_full: bool,
     rng: u64,
     counts: FaultCounts,
+    /// Paths locked by a live `Vfs::lock` guard; a crash releases them, as the kernel would.
+    /// Path to the token of its holder (a guard from before a crash must not free its
+    /// successor's lock).
+    locks: BTreeMap<PathBuf, u64>,
+    next_lock_token: u64,
 }
 
 impl State {
@@ -181,6 +187,7 @@ impl SimFs {
     pub fn crash(&self) {
         let mut st = self.state.lock();
         st.counts.crashes += 1;
+        st.locks.clear();
         st.live = st.durable.clone();
         st.live_dirs = st.durable_dirs.clone();
         let kept: BTreeSet<u64> = st.durable.values().copied().collect();
@@ -313,6 +320,23 @@ impl Read for SimReader {
         buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
+    }
+}
+
+/// Held while a simulated `Vfs::lock` is.
+#[derive(Debug)]
+struct SimLock {
+    fs: SimFs,
+    path: PathBuf,
+    token: u64,
+}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        let mut st = self.fs.state.lock();
+        if st.locks.get(&self.path) == Some(&self.token) {
+            st.locks.remove(&self.path);
+        }
     }
 }
 
@@ -451,6 +475,45 @@ impl Vfs for SimFs {
         st.durable_dirs.extend(dirs);
         st.durable_dirs.insert(dir.to_owned());
         Ok(())
+    }
+
+    fn map(&self, path: &Path) -> io::Result<Bytes> {
+        let mut st = self.state.lock();
+        let id = st.inode(path)?;
+        if st.fault(Kind::Read) {
+            return Err(io::Error::other(format!("simulated EIO mapping {}", path.display())));
+        }
+        Ok(Bytes::from(st.files[&id].live.clone()))
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let id = st.inode(from)?;
+        st.parent_exists(to)?;
+        if st.live.contains_key(to) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists", to.display())));
+        }
+        st.namespace_fault("link", to)?;
+        st.live.insert(to.to_owned(), id);
+        Ok(())
+    }
+
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        let st = self.state.lock();
+        let id = st.inode(path)?;
+        Ok(st.files[&id].live.len() as u64)
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn std::fmt::Debug + Send + Sync>> {
+        let mut st = self.state.lock();
+        st.parent_exists(path)?;
+        if st.locks.contains_key(path) {
+            return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("{} is locked", path.display())));
+        }
+        st.next_lock_token += 1;
+        let token = st.next_lock_token;
+        st.locks.insert(path.to_owned(), token);
+        Ok(Box::new(SimLock { fs: self.clone(), path: path.to_owned(), token }))
     }
 }
 
