@@ -286,6 +286,13 @@ impl<'h> Appender<'h> {
                 }
             }
         }
+        // The samples are in memory now, whatever the log says below: the head's time range
+        // must cover them, or a head cut computed from it would truncate them away unwritten
+        // (a failed commit's records go out ahead of the next one, which acknowledges them).
+        if min_t <= max_t {
+            head.note_time(min_t);
+            head.note_time(max_t);
+        }
         if let Some(wal) = &head.wal {
             if !logged.is_empty() || !logged_histograms.is_empty() {
                 let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD) + 1);
@@ -302,10 +309,6 @@ impl<'h> Appender<'h> {
                 let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
                 wal.commit(&refs)?;
             }
-        }
-        if min_t <= max_t {
-            head.note_time(min_t);
-            head.note_time(max_t);
         }
         out.appended = logged.len() + logged_histograms.len();
         head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);

@@ -652,6 +652,9 @@ fn lock_dir(fs: &dyn Vfs, dir: &Path) -> Result<Box<dyn std::fmt::Debug + Send +
 }
 
 #[cfg(test)]
+mod faults;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
