@@ -62,7 +62,10 @@ impl BlockMeta {
 
     /// Checks and decodes the bytes of `path`, a `meta.json`.
     pub fn parse(path: &Path, data: &[u8]) -> Result<BlockMeta, String> {
-        let meta: BlockMeta = serde_json::from_slice(data).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut meta: BlockMeta = serde_json::from_slice(data).map_err(|e| format!("{}: {e}", path.display()))?;
+        // Sorted, so that "are these sources all in that block's" is a binary search.
+        meta.compaction.sources.sort_unstable();
+        meta.compaction.sources.dedup();
         if meta.version != META_VERSION {
             return Err(format!("{}: unsupported block version {}", path.display(), meta.version));
         }

@@ -1,8 +1,10 @@
-//! The whole database on a failing disk (`vfs::sim`): a seeded random run of appends, head
-//! cuts, compactions, retention, clean closes, disk-full spells and crashes, checked against a
-//! model of what was acknowledged. What must hold, whatever the faults:
+//! The whole database on a failing disk (`vfs::sim`): a seeded random run of appends,
+//! deletions, head cuts, compactions, retention, clean closes, disk-full spells and crashes,
+//! checked against a model of what was acknowledged. What must hold, whatever the faults:
 //! - a sample whose commit returned `Ok` (fsync `Always`) is served after any crash and
-//!   reopen, unless retention dropped its block by its time;
+//!   reopen, unless retention dropped its block by its time or a deletion covered it;
+//! - a sample a deletion that returned `Ok` covered is never served again (one whose deletion
+//!   failed may be, or not);
 //! - no sample is served twice, none that was never appended is served, and each has the value
 //!   it was written with;
 //! - a fault reaches the caller as an error (an append, a commit, a compaction, a query, an
@@ -50,6 +52,10 @@ struct Run {
     pending: BTreeSet<(usize, i64)>,
     /// Every sample ever given to an appender.
     attempted: BTreeSet<(usize, i64)>,
+    /// Covered by a deletion that returned `Ok`: never to be served again.
+    deleted: BTreeSet<(usize, i64)>,
+    /// Covered by a deletion that failed: may be served or not.
+    maybe_deleted: BTreeSet<(usize, i64)>,
     /// Newest timestamp ever appended (retention counts from the head's newest sample, which
     /// may be one that was never acknowledged).
     newest: i64,
@@ -137,12 +143,13 @@ impl Run {
             for &(t, v) in samples {
                 assert!(self.attempted.contains(&(i, t)), "series {i}: served {t}, never appended\n{}", self.context());
                 assert_eq!(v, value(i, t), "series {i} at {t}: wrong value\n{}", self.context());
+                assert!(!self.deleted.contains(&(i, t)), "series {i}: served {t}, deleted\n{}", self.context());
                 seen.insert((i, t));
             }
         }
         let floor = self.floor();
         for &(i, t) in &self.acked {
-            if t >= floor {
+            if t >= floor && !self.deleted.contains(&(i, t)) && !self.maybe_deleted.contains(&(i, t)) {
                 assert!(seen.contains(&(i, t)), "acknowledged sample {t} of series {i} lost\n{}", self.context());
             }
         }
@@ -179,6 +186,32 @@ impl Run {
             Err(e) => {
                 self.log.push(format!("commit {t} failed: {e}"));
                 self.pending.extend(batch);
+            }
+        }
+    }
+
+    /// Deletes a recent stretch of one series (through the head and the blocks both).
+    fn delete(&mut self, db: &Db) {
+        if self.attempted.is_empty() {
+            return;
+        }
+        let i = self.fs.random(SERIES);
+        let maxt = self.newest - self.fs.random(10 * RANGE as usize) as i64;
+        let mint = maxt - self.fs.random(3 * RANGE as usize) as i64;
+        let covered: Vec<(usize, i64)> = self.attempted.range((i, mint)..=(i, maxt)).copied().collect();
+        match db.delete(&[Matcher::equal("i", i.to_string())], mint, maxt) {
+            Ok(n) => {
+                self.log.push(format!("delete series {i} {mint}..={maxt}: {n} places"));
+                self.deleted.extend(covered);
+            }
+            Err(e) => {
+                assert!(
+                    !matches!(e, Error::BlockCorrupt { .. }),
+                    "a fault became a corruption: {e}\n{}",
+                    self.context()
+                );
+                self.log.push(format!("delete series {i} {mint}..={maxt} failed: {e}"));
+                self.maybe_deleted.extend(covered);
             }
         }
     }
@@ -227,6 +260,8 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
         acked: BTreeSet::new(),
         pending: BTreeSet::new(),
         attempted: BTreeSet::new(),
+        deleted: BTreeSet::new(),
+        maybe_deleted: BTreeSet::new(),
         newest: i64::MIN,
         next: 1_000_000,
         done: CompactOutcome::default(),
@@ -236,7 +271,8 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
     fs.set_rates(rates);
     for _ in 0..OPS {
         match fs.random(100) {
-            0..=59 => run.append(&db),
+            0..=56 => run.append(&db),
+            57..=59 => run.delete(&db),
             60..=71 => {
                 run.compact(&db);
             }

@@ -109,6 +109,10 @@ struct Inner {
     blocks: BlockList,
     /// One compaction, head cut or retention pass at a time.
     compaction: Mutex<()>,
+    /// Block directories this process unlisted (or wrote but could not list) and then failed
+    /// to delete; each maintenance round tries again. Only these: a block directory an
+    /// operator copied in while the server runs is never taken for garbage.
+    orphans: Mutex<Vec<PathBuf>>,
     replay: ReplayOutcome,
     stats: DbStats,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
@@ -169,6 +173,7 @@ impl Db {
             head,
             blocks: RwLock::new(Arc::new(blocks)),
             compaction: Mutex::new(()),
+            orphans: Mutex::new(Vec::new()),
             replay,
             stats: DbStats::default(),
             _lock: lock,
@@ -243,7 +248,7 @@ impl Db {
         let mut start = min.div_euclid(range) * range;
         while start <= max {
             if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range)? {
-                let block = Block::open_on(&inner.fs, &inner.dir.join(&meta.ulid))?;
+                let block = inner.open_written(&meta)?;
                 inner.swap_blocks(&[], Some(Arc::new(block)));
                 out.push(meta);
             }
@@ -341,6 +346,7 @@ impl Drop for Db {
 impl Inner {
     fn compact(&self) -> Result<CompactOutcome> {
         let _guard = self.compaction.lock();
+        self.delete_orphans();
         let mut out = CompactOutcome { set_aside: self.set_aside_corrupt(), ..Default::default() };
         out.head_blocks = self.cut_head()?;
         let ranges = self.opts.compaction_ranges();
@@ -382,7 +388,7 @@ impl Inner {
             let end = start + range;
             let started = Instant::now();
             if let Some(meta) = compact::write_head_block(&self.fs, head, &self.dir, start, end)? {
-                let block = Block::open_on(&self.fs, &self.dir.join(&meta.ulid))?;
+                let block = self.open_written(&meta)?;
                 self.swap_blocks(&[], Some(Arc::new(block)));
                 tracing::info!(
                     ulid = %meta.ulid, min_time = start, max_time = end, series = meta.stats.num_series,
@@ -407,12 +413,12 @@ impl Inner {
         let started = Instant::now();
         let meta = compact::merge_blocks(&self.dir, group)?;
         let out = match &meta {
-            Some(m) => Some(Arc::new(Block::open_on(&self.fs, &self.dir.join(&m.ulid))?)),
+            Some(m) => Some(Arc::new(self.open_written(m)?)),
             None => None,
         };
         self.swap_blocks(group, out);
         for b in group {
-            delete_block_dir(&*self.fs, b.dir())?;
+            self.delete_unlisted(b.dir())?;
         }
         tracing::info!(
             inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
@@ -420,6 +426,38 @@ impl Inner {
             elapsed_ms = started.elapsed().as_millis() as u64, "compacted blocks"
         );
         Ok(())
+    }
+
+    /// Opens a block this process just wrote. If that fails, the block is not listed and the
+    /// caller still holds its data (the head, the input blocks): the directory is garbage.
+    fn open_written(&self, meta: &crate::block::BlockMeta) -> Result<Block> {
+        let dir = self.dir.join(&meta.ulid);
+        Block::open_on(&self.fs, &dir).inspect_err(|_| {
+            let _ = self.delete_unlisted(&dir);
+        })
+    }
+
+    /// Deletes a block directory no longer listed; if the disk refuses, remembers it for the
+    /// next round (and the error still reaches the caller).
+    fn delete_unlisted(&self, dir: &Path) -> Result<()> {
+        delete_block_dir(&*self.fs, dir).inspect_err(|e| {
+            tracing::warn!(block = %dir.display(), error = %e, "could not delete an unlisted block; will retry");
+            self.orphans.lock().push(dir.to_owned());
+        })
+    }
+
+    /// Retries the deletions that failed before.
+    fn delete_orphans(&self) {
+        let orphans = std::mem::take(&mut *self.orphans.lock());
+        for dir in orphans {
+            if !self.fs.exists(&dir) {
+                continue;
+            }
+            if let Err(e) = delete_block_dir(&*self.fs, &dir) {
+                tracing::warn!(block = %dir.display(), error = %e, "could not delete an unlisted block; will retry");
+                self.orphans.lock().push(dir);
+            }
+        }
     }
 
     /// Replaces `remove` by `add` in the block list, atomically for readers.
@@ -490,7 +528,7 @@ impl Inner {
                 reason = why,
                 "retention deletes block"
             );
-            delete_block_dir(&*self.fs, b.dir())?;
+            self.delete_unlisted(b.dir())?;
         }
         self.stats.blocks_deleted_by_retention.fetch_add(doomed.len() as u64, Ordering::Relaxed);
         Ok(doomed.len())
@@ -575,15 +613,32 @@ fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Vec<Arc<Block>>> {
         }
     }
     fsync_dir(&**fs, dir)?;
-    let replaced: std::collections::HashSet<String> =
-        blocks.iter().flat_map(|b| b.meta().compaction.parents.iter().cloned()).collect();
-    let (gone, mut kept): (Vec<_>, Vec<_>) = blocks.into_iter().partition(|b| replaced.contains(b.ulid()));
+    let (gone, mut kept): (Vec<_>, Vec<_>) = blocks.iter().cloned().partition(|b| is_replaced(b, &blocks));
     for b in gone {
         tracing::warn!(ulid = b.ulid(), "removing a block that a finished compaction replaced");
         delete_block_dir(&**fs, b.dir())?;
     }
     kept.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
     Ok(kept)
+}
+
+/// Whether a finished compaction already holds all of `b`'s data: a block of a higher level
+/// whose sources (the level-1 blocks it descends from) include all of `b`'s. Such a block is
+/// left behind by a crash between a compaction's end and its inputs' deletion, or after that
+/// deletion failed; the compaction's output may itself have been compacted again since, so
+/// the test is on sources, not on the direct parents alone. (Deletions made after it was
+/// unlisted are not in its tombstones: serving it would bring deleted samples back.)
+fn is_replaced(b: &Block, blocks: &[Arc<Block>]) -> bool {
+    let mine = &b.meta().compaction;
+    if mine.sources.is_empty() {
+        return false;
+    }
+    blocks.iter().any(|other| {
+        let theirs = &other.meta().compaction;
+        theirs.level > mine.level
+            && !std::ptr::eq(b, &**other)
+            && mine.sources.iter().all(|s| theirs.sources.binary_search(s).is_ok())
+    }) || blocks.iter().any(|other| other.meta().compaction.parents.iter().any(|p| p == b.ulid()))
 }
 
 /// Renames a bad block directory to `<name>.corrupt`, loudly; it is no longer read.
@@ -657,6 +712,36 @@ mod faults;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The model test's seed 14 found it: a compaction input whose deletion failed came back
+    /// at the next open once the compaction's output had itself been compacted again (its
+    /// ULID is then in no block's parents), serving samples deleted since.
+    #[test]
+    fn a_block_a_compaction_two_levels_up_holds_is_removed_at_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = OsFs::shared();
+        let head = Head::in_memory(HeadOptions { chunk_range_ms: 1000, ..Default::default() });
+        let l = strata_model::Labels::from_pairs([("__name__", "x")]);
+        let mut app = head.appender();
+        for t in (0..3000).step_by(100) {
+            app.append(&l, t, t as f64).unwrap();
+        }
+        app.commit().unwrap();
+        let write = |mint: i64| compact::write_head_block(&fs, &head, tmp.path(), mint, mint + 1000).unwrap().unwrap();
+        let (a, b, d) = (write(0), write(1000), write(2000));
+        let open = |m: &crate::block::BlockMeta| Arc::new(Block::open_on(&fs, &tmp.path().join(&m.ulid)).unwrap());
+        let c = compact::merge_blocks(tmp.path(), &[open(&a), open(&b)]).unwrap().unwrap();
+        let e = compact::merge_blocks(tmp.path(), &[open(&c), open(&d)]).unwrap().unwrap();
+        // The deletions of b, c and d went through; a's failed, and a crash came before the retry.
+        for m in [&b, &c, &d] {
+            std::fs::remove_dir_all(tmp.path().join(&m.ulid)).unwrap();
+        }
+        let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
+        let db = Db::open(tmp.path(), opts).unwrap();
+        let listed: Vec<String> = db.blocks().iter().map(|b| b.ulid().to_owned()).collect();
+        assert_eq!(listed, [e.ulid.clone()]);
+        assert!(!tmp.path().join(&a.ulid).exists());
+    }
 
     #[test]
     fn a_second_open_is_refused_while_the_first_holds_the_lock() {

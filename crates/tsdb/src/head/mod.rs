@@ -323,12 +323,14 @@ impl Head {
         if stones.is_empty() {
             return Ok(0);
         }
+        // Memory first, as for samples: if the log refuses the record, it still goes out ahead
+        // of the next commit, so the deletion holds now as it will after a restart.
+        self.add_tombstones(&stones);
         if let Some(wal) = &self.wal {
             let mut rec = Vec::new();
             record::encode_tombstones(&stones, &mut rec);
             wal.commit(&[&rec])?;
         }
-        self.add_tombstones(&stones);
         Ok(stones.len())
     }
 
