@@ -739,7 +739,7 @@ mod tests {
         let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
         let db = Db::open(tmp.path(), opts).unwrap();
         let listed: Vec<String> = db.blocks().iter().map(|b| b.ulid().to_owned()).collect();
-        assert_eq!(listed, [e.ulid.clone()]);
+        assert_eq!(listed, std::slice::from_ref(&e.ulid));
         assert!(!tmp.path().join(&a.ulid).exists());
     }
 
