@@ -13,8 +13,9 @@
 //!
 //! Consistency: the block list is swapped as a whole (`Arc<Vec>`), a new block is added before
 //! the head is truncated, and compaction removes its inputs from the list only after its output
-//! is durable and listed, then deletes them. A crash between those steps leaves both output and
-//! inputs on disk; the output's `parents` then name the inputs, which `open` removes.
+//! is durable and listed, then deletes them. A crash between those steps (or a deletion the
+//! disk refused) leaves both output and inputs on disk; `open` removes every block whose
+//! sources a higher-level block holds (`is_replaced`), however many compactions ago.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
