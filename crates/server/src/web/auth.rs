@@ -1,4 +1,5 @@
-//! Basic authentication against `basic_auth_users` (bcrypt hashes), and the configured
+//! Basic authentication against `basic_auth_users` (bcrypt hashes), the optional per-role
+//! `strata_authorization` (403 for a user without the role a path needs), and the configured
 //! response headers, as a layer in front of every endpoint (exporter-toolkit guards every
 //! path, `/-/healthy` and `/metrics` included).
 //!
@@ -20,6 +21,7 @@ use base64::Engine as _;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use super::config::Role;
 use super::WebConfigFile;
 
 /// Successful checks remembered; the set is emptied when it reaches this size (a server has a
@@ -91,12 +93,20 @@ pub async fn authenticate(State(auth): State<Arc<Authenticator>>, req: Request, 
     let mut resp = if config.users.is_empty() {
         next.run(req).await
     } else {
-        let allowed = match basic_credentials(&req) {
-            Some((u, p)) => auth.check(&config.users, &u, &p).await,
-            None => false,
+        let user = match basic_credentials(&req) {
+            Some((u, p)) if auth.check(&config.users, &u, &p).await => Some(u),
+            _ => None,
         };
-        if allowed {
-            next.run(req).await
+        let role = Role::of(req.uri().path());
+        if let Some(user) = user {
+            match &config.authorization {
+                Some(a) if !a.allows(&user, role) => (
+                    StatusCode::FORBIDDEN,
+                    format!("user {user:?} may not {} here (strata_authorization in the web config)\n", role.name()),
+                )
+                    .into_response(),
+                _ => next.run(req).await,
+            }
         } else {
             let mut r = (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
             r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));

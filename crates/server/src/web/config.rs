@@ -14,6 +14,12 @@
 //!     Strict-Transport-Security: max-age=31536000
 //! basic_auth_users:
 //!   alice: $2y$10$...            # bcrypt hashes (htpasswd -nBC 10 alice)
+//! # Strata's addition, not in exporter-toolkit (promtool check web-config refuses the key):
+//! # which users may do what. Without it every user above may do everything.
+//! strata_authorization:
+//!   read: [alice, grafana]       # queries, metadata, remote read, federate, export, /metrics
+//!   write: [prometheus]          # remote write, import
+//!   admin: [alice]               # /api/v1/admin/*, /-/reload, /-/quit
 //! ```
 //!
 //! Without `cert_file` and `key_file` the server speaks plain HTTP (basic auth alone is
@@ -44,6 +50,68 @@ struct FileText {
     http_server_config: Option<HttpText>,
     #[serde(default)]
     basic_auth_users: BTreeMap<String, String>,
+    #[serde(default)]
+    strata_authorization: Option<AuthorizationText>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthorizationText {
+    #[serde(default)]
+    read: Vec<String>,
+    #[serde(default)]
+    write: Vec<String>,
+    #[serde(default)]
+    admin: Vec<String>,
+}
+
+/// What a request does, for `strata_authorization`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Read,
+    Write,
+    Admin,
+}
+
+impl Role {
+    /// The role a request needs: writes are remote write and import; admin is the admin API
+    /// and the lifecycle endpoints; everything else reads.
+    pub fn of(path: &str) -> Role {
+        if path == "/api/v1/write" || path.starts_with("/api/v1/import/") {
+            Role::Write
+        } else if path.starts_with("/api/v1/admin/") || path == "/-/reload" || path == "/-/quit" {
+            Role::Admin
+        } else {
+            Role::Read
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Users allowed each role.
+#[derive(Debug, Default)]
+pub struct Authorization {
+    read: std::collections::BTreeSet<String>,
+    write: std::collections::BTreeSet<String>,
+    admin: std::collections::BTreeSet<String>,
+}
+
+impl Authorization {
+    pub fn allows(&self, user: &str, role: Role) -> bool {
+        match role {
+            Role::Read => &self.read,
+            Role::Write => &self.write,
+            Role::Admin => &self.admin,
+        }
+        .contains(user)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +168,8 @@ pub struct WebConfig {
     pub users: BTreeMap<String, String>,
     /// Added to every response.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// `None`: every authenticated user may do everything.
+    pub authorization: Option<Authorization>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -108,6 +178,7 @@ impl std::fmt::Debug for WebConfig {
             .field("tls", &self.tls.is_some())
             .field("users", &self.users.keys().collect::<Vec<_>>())
             .field("headers", &self.headers)
+            .field("authorization", &self.authorization)
             .finish()
     }
 }
@@ -127,6 +198,28 @@ impl WebConfig {
             }
             users.insert(user, hash);
         }
+        let authorization = match file.strata_authorization {
+            None => None,
+            Some(a) => {
+                if users.is_empty() {
+                    return Err("strata_authorization: needs basic_auth_users (it names their users)".to_owned());
+                }
+                let mut out = Authorization::default();
+                for (role, names, set) in [
+                    ("read", a.read, &mut out.read),
+                    ("write", a.write, &mut out.write),
+                    ("admin", a.admin, &mut out.admin),
+                ] {
+                    for name in names {
+                        if !users.contains_key(&name) {
+                            return Err(format!("strata_authorization.{role}: {name:?} is not in basic_auth_users"));
+                        }
+                        set.insert(name);
+                    }
+                }
+                Some(out)
+            }
+        };
         let mut headers = Vec::new();
         if let Some(http) = file.http_server_config {
             if http.http2 == Some(true) {
@@ -151,7 +244,7 @@ impl WebConfig {
             }
             _ => None,
         };
-        Ok(WebConfig { tls, users, headers })
+        Ok(WebConfig { tls, users, headers, authorization })
     }
 }
 
@@ -379,9 +472,33 @@ mod tests {
     }
 
     #[test]
+    fn roles_by_path() {
+        for (path, role) in [
+            ("/api/v1/write", Role::Write),
+            ("/api/v1/import/prometheus", Role::Write),
+            ("/api/v1/admin/tsdb/delete_series", Role::Admin),
+            ("/-/reload", Role::Admin),
+            ("/-/quit", Role::Admin),
+            ("/api/v1/query", Role::Read),
+            ("/api/v1/read", Role::Read),
+            ("/federate", Role::Read),
+            ("/metrics", Role::Read),
+            ("/-/healthy", Role::Read),
+            ("/api/v1/writeX", Role::Read),
+        ] {
+            assert_eq!(Role::of(path), role, "{path}");
+        }
+    }
+
+    #[test]
     fn mistakes_are_named() {
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let unknown_user = format!("basic_auth_users:\n  alice: {hash}\nstrata_authorization:\n  write: [bob]\n");
         for (text, want) in [
             ("basic_auth_users:\n  bob: plain\n", "not a bcrypt hash"),
+            ("strata_authorization:\n  read: [bob]\n", "needs basic_auth_users"),
+            (unknown_user.as_str(), "\"bob\" is not in basic_auth_users"),
+            ("strata_authorization:\n  reader: [bob]\n", "unknown field"),
             ("tls_server_config:\n  cert_file: a.crt\n", "must both be set"),
             ("tls_srever_config: {}\n", "unknown field"),
             ("http_server_config:\n  headers:\n    Server: x\n", "can not be configured"),

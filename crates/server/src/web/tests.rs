@@ -315,3 +315,41 @@ async fn tls_with_client_certificates_and_basic_auth_reloaded_on_change() {
     assert_eq!(status(&no_cert, &url, Some(("bob", "pw2"))).await, Ok(200));
     assert_eq!(status(&no_cert, &url, Some(("bob", "wrong"))).await, Ok(401));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strata_authorization_splits_read_write_and_admin_between_users() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let web = tmp.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "basic_auth_users:\n  alice: {hash}\n  bob: {hash}\n  carol: {hash}\n\
+             strata_authorization:\n  read: [alice]\n  write: [bob]\n  admin: [alice]\n"
+        ),
+    )
+    .unwrap();
+    let srv = start(limits(5_000, 8), Some(Arc::new(WebConfigFile::load(&web).unwrap())));
+    let c = reqwest::Client::new();
+    let base = format!("http://{}", srv.addr);
+    // 404: authorized, and the test server has no such route; 403: refused before routing.
+    for (user, path, want) in [
+        ("alice", "/", 200),
+        ("alice", "/api/v1/write", 403),
+        ("alice", "/api/v1/import/prometheus", 403),
+        ("alice", "/api/v1/admin/tsdb/snapshot", 404),
+        ("alice", "/-/reload", 404),
+        ("bob", "/", 403),
+        ("bob", "/metrics", 403),
+        ("bob", "/api/v1/write", 404),
+        ("bob", "/api/v1/import/prometheus", 404),
+        ("bob", "/-/quit", 403),
+        ("carol", "/", 403),
+    ] {
+        let got = status(&c, &format!("{base}{path}"), Some((user, "pw"))).await;
+        assert_eq!(got, Ok(want), "{user} {path}");
+    }
+    assert_eq!(status(&c, &format!("{base}/"), None).await, Ok(401));
+    let body = c.get(format!("{base}/")).basic_auth("bob", Some("pw")).send().await.unwrap().text().await.unwrap();
+    assert!(body.contains("\"bob\" may not read"), "{body}");
+}
