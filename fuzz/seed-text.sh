@@ -118,4 +118,21 @@ basic_auth_users:
   alice: $2y$10$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze
 YAML
 printf 'basic_auth_users:\n  bob: $2b$04$abcdefghijklmnopqrstuu8Vz7Wm9F8Xz1x1x1x1x1x1x1x1x1x1\n' > corpus/web_config/users
+printf 'basic_auth_users:\n  alice: $2y$04$abcdefghijklmnopqrstuuJ0dvQ6Pq0y9n8v8Yc1mM8lI2Nw5b9uO\n  bob: $2y$04$abcdefghijklmnopqrstuuJ0dvQ6Pq0y9n8v8Yc1mM8lI2Nw5b9uO\nstrata_authorization:\n  read: [alice]\n  write: [bob]\n  admin: [alice]\n' > corpus/web_config/authorization
+
+# Carbon: plaintext lines of every shape, and one pickled message per pickle protocol (Python's
+# own pickler, when there is a python3).
+mkdir -p corpus/carbon_plaintext corpus/carbon_pickle
+printf 'sys.cpu.load 0.5 1700000000\na.b\t-1e3 1700000000.25\r\ndisk.used;host=a;dc=eu 3 -1\nno.timestamp 4\nbad line here too\n' > corpus/carbon_plaintext/lines
+if command -v python3 >/dev/null; then
+  python3 - <<'PY'
+import pickle
+pts = [("sys.cpu.load", (1700000000, 0.5)), ("sys.cpu.load", (1700000010.25, 1)),
+       ("disk.used;host=a;dc=eu", (1700000000, 3.0)), ("a.b", (-1, "2.5")),
+       ("a.nan", (1700000000, float("nan"))), ("bad", (1,)), ("big", (2**70, 1))]
+for proto in range(6):
+    with open("corpus/carbon_pickle/protocol-%d" % proto, "wb") as f:
+        f.write(pickle.dumps(pts, protocol=proto))
+PY
+fi
 echo "promql: $(ls corpus/promql | wc -l) seeds"
