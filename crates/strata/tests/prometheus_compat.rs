@@ -114,8 +114,8 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
 
 /// With `--web.config.file` (TLS and basic auth, Prometheus' own format, which promtool's
 /// `check web-config` accepts): a real Prometheus scrapes Strata's `/metrics` over HTTPS with
-/// credentials and remote-writes into it the same way, nothing failing; a client without
-/// credentials gets 401, and a plain-HTTP one no answer.
+/// credentials and remote-writes into it the same way, nothing failing, and promtool queries
+/// it; a client without credentials gets 401, and a plain-HTTP one no answer.
 #[test]
 fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
     let prometheus = which("prometheus");
@@ -232,6 +232,24 @@ fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
     assert_eq!(get("/api/v1/query?query=up", None).0, 401);
     assert_eq!(get("/metrics", Some(("writer", "wrong"))).0, 401);
     assert!(try_http(strata.port, "GET", "/-/ready", &[], b"").map_or(true, |(s, _)| s != 200));
+    // promtool reads over the same TLS with the same credentials (2.42 has no
+    // --http.config.file: the CA goes through Go's SSL_CERT_FILE, the credentials in the URL).
+    let promtool_query = |url: &str| {
+        Command::new(&promtool)
+            .env("SSL_CERT_FILE", d.join("ca.pem"))
+            .args(["query", "instant", url, "up{job=\"strata\"}"])
+            .output()
+            .unwrap()
+    };
+    let out = promtool_query(&format!("https://writer:s3cret@127.0.0.1:{}", strata.port));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("=> 1"),
+        "promtool over TLS: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = promtool_query(&format!("https://127.0.0.1:{}", strata.port));
+    assert!(!out.status.success(), "promtool without credentials was answered");
     let _ = prom.kill();
     let _ = prom.wait();
 }
