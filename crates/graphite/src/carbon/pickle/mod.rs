@@ -6,8 +6,15 @@
 //! the message, and refuses every other opcode (globals, object construction, persistent ids)
 //! with an error naming it.
 //!
-//! Difference from Python: a value fetched from the memo is a copy, so a list changed after it
-//! was memoized is fetched as it was then. Carbon senders memoize only strings they repeat.
+//! Values are shared, not copied, when the memo stores or fetches them (strings, lists and
+//! tuples sit behind `Arc`), so fetching a large value over and over costs nothing; a list is
+//! copied only when something is appended to it while it is shared, and those copies are
+//! charged to a budget proportional to the message, so no message makes more than a small
+//! multiple of its size in memory. Difference from Python: appending to a shared list changes
+//! only the copy appended to (a list changed after it was memoized is fetched as it was then);
+//! carbon senders memoize their list before filling it and never fetch it again.
+
+use std::sync::Arc;
 
 use super::{parse_float, point, CarbonPoint, PointError};
 
@@ -35,22 +42,21 @@ pub enum PickleError {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Val {
-    Str(String),
-    Bytes(Vec<u8>),
+    Str(Arc<str>),
+    Bytes(Arc<[u8]>),
     Int(i64),
     Float(f64),
     None,
     Bool(bool),
-    List(Seq),
-    Tuple(Seq),
+    List(Arc<Seq>),
+    Tuple(Arc<Seq>),
 }
 
-/// A list's or tuple's items, with the nesting depth and node count kept as it grows.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// A list's or tuple's items, with the nesting depth kept as it grows.
+#[derive(Debug, Clone, PartialEq)]
 struct Seq {
     items: Vec<Val>,
     depth: u8,
-    nodes: usize,
 }
 
 impl Val {
@@ -60,35 +66,29 @@ impl Val {
             _ => 0,
         }
     }
-
-    fn nodes(&self) -> usize {
-        match self {
-            Val::List(s) | Val::Tuple(s) => s.nodes,
-            Val::Str(s) => 1 + s.len() / 64,
-            Val::Bytes(b) => 1 + b.len() / 64,
-            _ => 1,
-        }
-    }
 }
 
 impl Seq {
+    fn empty() -> Arc<Seq> {
+        Arc::new(Seq { items: Vec::new(), depth: 1 })
+    }
+
     fn push(&mut self, v: Val) -> Result<(), PickleError> {
         let depth = v.depth() + 1;
         if depth > DEPTH_MAX {
             return Err(PickleError::TooDeep);
         }
         self.depth = self.depth.max(depth);
-        self.nodes += v.nodes();
         self.items.push(v);
         Ok(())
     }
 
-    fn of(items: Vec<Val>) -> Result<Seq, PickleError> {
-        let mut s = Seq { items: Vec::with_capacity(items.len()), depth: 1, nodes: 1 };
+    fn of(items: Vec<Val>) -> Result<Arc<Seq>, PickleError> {
+        let mut s = Seq { items: Vec::with_capacity(items.len()), depth: 1 };
         for v in items {
             s.push(v)?;
         }
-        Ok(s)
+        Ok(Arc::new(s))
     }
 }
 
@@ -104,7 +104,7 @@ struct Machine<'a> {
     pos: usize,
     stack: Vec<Entry>,
     memo: std::collections::HashMap<u64, Val>,
-    /// Nodes the memo may still copy out.
+    /// Items that copies of shared lists may still take.
     budget: usize,
 }
 
@@ -171,16 +171,11 @@ impl<'a> Machine<'a> {
             return Err(PickleError::Truncated);
         }
         let b = self.take(n)?;
-        let v = if utf8 {
-            Val::Str(
-                String::from_utf8(b.to_vec()).map_err(|_| PickleError::Malformed(self.pos, "string is not UTF-8"))?,
-            )
-        } else {
-            // Python 2's `str` (BINSTRING): bytes, read as UTF-8 like carbon's `.decode()`.
-            match std::str::from_utf8(b) {
-                Ok(s) => Val::Str(s.to_owned()),
-                Err(_) => Val::Bytes(b.to_vec()),
-            }
+        let v = match std::str::from_utf8(b) {
+            Ok(s) => Val::Str(s.into()),
+            Err(_) if utf8 => return Err(PickleError::Malformed(self.pos, "string is not UTF-8")),
+            // Python 2's `str` (BINSTRING) and bytes: read as UTF-8 like carbon's `.decode()`.
+            Err(_) => Val::Bytes(b.into()),
         };
         self.push(v);
         Ok(())
@@ -193,11 +188,21 @@ impl<'a> Machine<'a> {
     }
 
     fn memo_get(&mut self, key: u64) -> Result<(), PickleError> {
-        let v = self.memo.get(&key).ok_or(PickleError::Malformed(self.pos, "memo key not found"))?;
-        self.budget = self.budget.checked_sub(v.nodes()).ok_or(PickleError::MemoBudget)?;
-        let v = v.clone();
+        let v = self.memo.get(&key).ok_or(PickleError::Malformed(self.pos, "memo key not found"))?.clone();
         self.push(v);
         Ok(())
+    }
+
+    /// The list on top of the stack, ready to take items: copied first if the memo (or
+    /// another stack entry) shares it, the copy charged to the budget.
+    fn top_list(&mut self, at: usize) -> Result<&mut Seq, PickleError> {
+        let Some(Entry::Val(Val::List(seq))) = self.stack.last_mut() else {
+            return Err(PickleError::Malformed(at, "APPEND to a non-list"));
+        };
+        if Arc::strong_count(seq) > 1 {
+            self.budget = self.budget.checked_sub(seq.items.len()).ok_or(PickleError::MemoBudget)?;
+        }
+        Ok(Arc::make_mut(seq))
     }
 
     fn tuple(&mut self, n: usize) -> Result<(), PickleError> {
@@ -231,8 +236,8 @@ impl<'a> Machine<'a> {
                 }
                 b'.' => return self.pop(), // STOP
                 b'(' => self.stack.push(Entry::Mark),
-                b']' => self.push(Val::List(Seq { depth: 1, nodes: 1, ..Seq::default() })),
-                b')' => self.push(Val::Tuple(Seq { depth: 1, nodes: 1, ..Seq::default() })),
+                b']' => self.push(Val::List(Seq::empty())),
+                b')' => self.push(Val::Tuple(Seq::empty())),
                 b'l' => {
                     let items = self.pop_mark()?;
                     let l = Val::List(Seq::of(items)?);
@@ -248,20 +253,13 @@ impl<'a> Machine<'a> {
                 0x87 => self.tuple(3)?,
                 b'a' => {
                     let v = self.pop()?;
-                    match self.top()? {
-                        Val::List(s) => s.push(v)?,
-                        _ => return Err(PickleError::Malformed(at, "APPEND to a non-list")),
-                    }
+                    self.top_list(at)?.push(v)?;
                 }
                 b'e' => {
                     let items = self.pop_mark()?;
-                    match self.top()? {
-                        Val::List(s) => {
-                            for v in items {
-                                s.push(v)?;
-                            }
-                        }
-                        _ => return Err(PickleError::Malformed(at, "APPENDS to a non-list")),
+                    let list = self.top_list(at)?;
+                    for v in items {
+                        list.push(v)?;
                     }
                 }
                 b'X' => {
@@ -290,7 +288,7 @@ impl<'a> Machine<'a> {
                     if s.contains('\\') {
                         return Err(PickleError::Malformed(at, "escaped UNICODE argument"));
                     }
-                    let v = Val::Str(s.to_owned());
+                    let v = Val::Str(s.into());
                     self.push(v);
                 }
                 b'S' => {
@@ -302,7 +300,7 @@ impl<'a> Machine<'a> {
                         .or_else(|| s.strip_prefix('"').and_then(|r| r.strip_suffix('"')))
                         .filter(|r| !r.contains('\\'))
                         .ok_or(PickleError::Malformed(at, "STRING argument is not a plain quoted string"))?;
-                    let v = Val::Str(inner.to_owned());
+                    let v = Val::Str(inner.into());
                     self.push(v);
                 }
                 b'I' => {
@@ -416,24 +414,33 @@ fn number(v: &Val) -> Option<(f64, String)> {
         Val::Float(f) => Some((*f, f.to_string())),
         Val::Bool(b) => Some((*b as u8 as f64, (*b as u8).to_string())),
         // carbon calls float() on what it gets: numeric strings pass.
-        Val::Str(s) => parse_float(s).map(|f| (f, s.clone())),
+        Val::Str(s) => parse_float(s).map(|f| (f, s.to_string())),
         _ => None,
     }
 }
 
-fn datapoint(v: Val, now_ms: i64) -> Result<CarbonPoint, PointError> {
-    let (Val::Tuple(Seq { items, .. }) | Val::List(Seq { items, .. })) = v else { return Err(PointError::BadShape) };
-    let [path, pair]: [Val; 2] = items.try_into().map_err(|_| PointError::BadShape)?;
+/// The two items of a tuple or list of two.
+fn pair(v: &Val) -> Option<(&Val, &Val)> {
+    match v {
+        Val::Tuple(s) | Val::List(s) => match s.items.as_slice() {
+            [a, b] => Some((a, b)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn datapoint(v: &Val, now_ms: i64) -> Result<CarbonPoint, PointError> {
+    let (path, ts_value) = pair(v).ok_or(PointError::BadShape)?;
     let path = match path {
         Val::Str(s) => s,
         Val::Bytes(_) => return Err(PointError::NotUtf8),
         _ => return Err(PointError::BadShape),
     };
-    let (Val::Tuple(Seq { items, .. }) | Val::List(Seq { items, .. })) = pair else { return Err(PointError::BadShape) };
-    let [ts, value]: [Val; 2] = items.try_into().map_err(|_| PointError::BadShape)?;
-    let (seconds, raw_ts) = number(&ts).ok_or_else(|| PointError::BadTimestamp(format!("{ts:?}")))?;
-    let (value, _) = number(&value).ok_or_else(|| PointError::BadValue(format!("{value:?}")))?;
-    point(&path, value, seconds, &raw_ts, now_ms)
+    let (ts, value) = pair(ts_value).ok_or(PointError::BadShape)?;
+    let (seconds, raw_ts) = number(ts).ok_or_else(|| PointError::BadTimestamp(format!("{ts:?}")))?;
+    let (value, _) = number(value).ok_or_else(|| PointError::BadValue(format!("{value:?}")))?;
+    point(path, value, seconds, &raw_ts, now_ms)
 }
 
 /// Decodes one message body (without its length prefix): the datapoints in order, each taken
@@ -444,10 +451,12 @@ pub fn decode(message: &[u8], now_ms: i64) -> Result<Vec<Result<CarbonPoint, Poi
         pos: 0,
         stack: Vec::new(),
         memo: std::collections::HashMap::new(),
-        budget: 1024 + 16 * message.len(),
+        // A sender's pickle copies nothing (it fills its list before anything shares it): the
+        // budget only stops a message that copies lists from growing far past its own size.
+        budget: 1024 + message.len() / 8,
     };
     match m.run()? {
-        Val::List(Seq { items, .. }) => Ok(items.into_iter().map(|v| datapoint(v, now_ms)).collect()),
+        Val::List(s) => Ok(s.items.iter().map(|v| datapoint(v, now_ms)).collect()),
         _ => Err(PickleError::NotAList),
     }
 }

@@ -71,6 +71,18 @@ fn hostile_pickles_are_refused_without_harm() {
     }
     bomb.push(b'.');
     assert!(matches!(decode(&bomb, NOW), Err(PickleError::MemoBudget | PickleError::TooDeep)));
+    // Copies: a long list, shared through the memo and appended to over and over (each append
+    // to a shared list copies it).
+    let mut copies = vec![b']', b'('];
+    for _ in 0..10_000 {
+        copies.extend([b'K', 1]);
+    }
+    copies.push(b'e');
+    for _ in 0..50 {
+        copies.extend([b'q', 0, b'h', 0, b'K', 1, b'a']);
+    }
+    copies.push(b'.');
+    assert_eq!(decode(&copies, NOW), Err(PickleError::MemoBudget));
     // Lengths past the end, a missing STOP, an empty stack, not a list.
     assert_eq!(decode(&[b'X', 0xff, 0xff, 0xff, 0x7f], NOW), Err(PickleError::Truncated));
     assert_eq!(decode(b"]", NOW), Err(PickleError::Truncated));
