@@ -2,9 +2,8 @@
 //! `(path, (timestamp, value))` tuples. Pickle is a program for a stack machine that can call
 //! any Python function; this is not a general unpickler. It runs only the opcodes that
 //! picklers emit for lists, tuples, strings, numbers and the memo (protocols 0 to 5), builds
-//! nothing deeper than `DEPTH_MAX`, copies from the memo no more than a budget proportional to
-//! the message, and refuses every other opcode (globals, object construction, persistent ids)
-//! with an error naming it.
+//! nothing deeper than `DEPTH_MAX`, and refuses every other opcode (globals, object
+//! construction, persistent ids) with an error naming it.
 //!
 //! Values are shared, not copied, when the memo stores or fetches them (strings, lists and
 //! tuples sit behind `Arc`), so fetching a large value over and over costs nothing; a list is
