@@ -47,6 +47,16 @@ pub enum Error {
     Stopped(Stop),
     #[error("block {block} is corrupt: {reason}")]
     BlockCorrupt { block: PathBuf, reason: String },
+    /// A block was written and renamed to its name, but the rename could not be made durable
+    /// (the directory's fsync failed) nor undone: it is whole on disk, under its name, and may
+    /// or may not be there after a crash. The caller lists it (so deletions reach it) and keeps
+    /// the data it was written from.
+    #[error("block {} was written but its name could not be made durable: {source}", meta.ulid)]
+    BlockNotDurable {
+        meta: Box<crate::block::BlockMeta>,
+        #[source]
+        source: Box<Error>,
+    },
     #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: u32 },
 }

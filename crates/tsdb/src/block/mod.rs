@@ -88,6 +88,20 @@ impl Block {
         })
     }
 
+    /// A block just written by this process, from its writer's `meta` (and no tombstones):
+    /// nothing is read.
+    pub fn written(fs: &Arc<dyn Vfs>, dir: &Path, meta: BlockMeta) -> Block {
+        Block {
+            fs: fs.clone(),
+            dir: dir.to_owned(),
+            meta,
+            data: OnceLock::new(),
+            tombstones: RwLock::new(Arc::new(Tombstones::new())),
+            bytes: dir_bytes_on(&**fs, dir),
+            corrupt: AtomicBool::new(false),
+        }
+    }
+
     pub fn fs(&self) -> &Arc<dyn Vfs> {
         &self.fs
     }

@@ -12,7 +12,7 @@ use super::index::{ChunkMetaRef, IndexWriter, INDEX_FILE};
 use super::meta::{BlockMeta, BlockStats, Compaction, META_VERSION};
 use super::tombstones;
 use crate::chunkenc;
-use crate::error::{io_err, Result};
+use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::vfs::Vfs;
 
@@ -123,11 +123,16 @@ impl BlockWriter {
         })?;
         if let Err(e) = fsync_dir(&*fs, &parent) {
             // The rename may or may not survive a crash. The caller will write this data again,
-            // so take the name back now rather than leave an unlisted block behind; if a crash
-            // keeps it anyway, it is a whole block (every file was fsynced) whose samples
-            // queries and compaction deduplicate.
-            let _ = fs.remove_dir_all(&to);
-            return Err(e);
+            // so take the name back (rename back, then remove: never a half-removed block under
+            // its name) rather than leave an unlisted block behind. If a crash keeps it anyway,
+            // it is a whole block (every file was fsynced) whose samples queries and compaction
+            // deduplicate. If even the rename back fails, the caller must list it.
+            if fs.rename(&to, &tmp).is_ok() {
+                let _ = fs.remove_dir_all(&tmp);
+                return Err(e);
+            }
+            tracing::error!(block = %to.display(), error = %e, "a block whose rename could not be made durable could not be taken back either; it stays listed");
+            return Err(Error::BlockNotDurable { meta: Box::new(meta), source: Box::new(e) });
         }
         Ok(Some(meta))
     }

@@ -110,10 +110,9 @@ struct Inner {
     blocks: BlockList,
     /// One compaction, head cut or retention pass at a time.
     compaction: Mutex<()>,
-    /// Block directories this process unlisted (or wrote but could not list) and then failed
-    /// to delete; each maintenance round tries again. Only these: a block directory an
-    /// operator copied in while the server runs is never taken for garbage.
-    orphans: Mutex<Vec<PathBuf>>,
+    /// `.tmp-for-deletion` directories whose removal failed (the block they held is gone from
+    /// the list and, durably, from its name); each maintenance round tries again.
+    leftovers: Mutex<Vec<PathBuf>>,
     replay: ReplayOutcome,
     stats: DbStats,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
@@ -174,7 +173,7 @@ impl Db {
             head,
             blocks: RwLock::new(Arc::new(blocks)),
             compaction: Mutex::new(()),
-            orphans: Mutex::new(Vec::new()),
+            leftovers: Mutex::new(Vec::new()),
             replay,
             stats: DbStats::default(),
             _lock: lock,
@@ -248,8 +247,10 @@ impl Db {
         let mut out = Vec::new();
         let mut start = min.div_euclid(range) * range;
         while start <= max {
-            if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range)? {
-                let block = inner.open_written(&meta)?;
+            if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range)
+                .map_err(|e| inner.list_stranded(e))?
+            {
+                let block = inner.written(&meta);
                 inner.swap_blocks(&[], Some(Arc::new(block)));
                 out.push(meta);
             }
@@ -347,7 +348,7 @@ impl Drop for Db {
 impl Inner {
     fn compact(&self) -> Result<CompactOutcome> {
         let _guard = self.compaction.lock();
-        self.delete_orphans();
+        self.remove_leftovers();
         let mut out = CompactOutcome { set_aside: self.set_aside_corrupt(), ..Default::default() };
         out.head_blocks = self.cut_head()?;
         let ranges = self.opts.compaction_ranges();
@@ -388,8 +389,10 @@ impl Inner {
             let start = min.div_euclid(range) * range;
             let end = start + range;
             let started = Instant::now();
-            if let Some(meta) = compact::write_head_block(&self.fs, head, &self.dir, start, end)? {
-                let block = self.open_written(&meta)?;
+            if let Some(meta) =
+                compact::write_head_block(&self.fs, head, &self.dir, start, end).map_err(|e| self.list_stranded(e))?
+            {
+                let block = self.written(&meta);
                 self.swap_blocks(&[], Some(Arc::new(block)));
                 tracing::info!(
                     ulid = %meta.ulid, min_time = start, max_time = end, series = meta.stats.num_series,
@@ -412,15 +415,12 @@ impl Inner {
     /// Merges `group` into one block, lists it in place of the inputs, deletes the inputs.
     fn replace(&self, group: &[Arc<Block>]) -> Result<()> {
         let started = Instant::now();
-        let meta = compact::merge_blocks(&self.dir, group)?;
-        let out = match &meta {
-            Some(m) => Some(Arc::new(self.open_written(m)?)),
-            None => None,
-        };
+        let meta = compact::merge_blocks(&self.dir, group).map_err(|e| self.list_stranded(e))?;
+        let out = meta.as_ref().map(|m| Arc::new(self.written(m)));
         self.swap_blocks(group, out);
-        for b in group {
-            self.delete_unlisted(b.dir())?;
-        }
+        // Every input, even after one fails: each left on disk must go back in the list.
+        let deleted: Vec<Result<()>> = group.iter().map(|b| self.delete_unlisted(b)).collect();
+        deleted.into_iter().collect::<Result<()>>()?;
         tracing::info!(
             inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
             level = meta.as_ref().map_or(0, |m| m.compaction.level),
@@ -429,34 +429,50 @@ impl Inner {
         Ok(())
     }
 
-    /// Opens a block this process just wrote. If that fails, the block is not listed and the
-    /// caller still holds its data (the head, the input blocks): the directory is garbage.
-    fn open_written(&self, meta: &crate::block::BlockMeta) -> Result<Block> {
-        let dir = self.dir.join(&meta.ulid);
-        Block::open_on(&self.fs, &dir).inspect_err(|_| {
-            let _ = self.delete_unlisted(&dir);
-        })
+    /// The block this process just wrote, from what the writer knows (its `meta.json`, no
+    /// tombstones): nothing to read, so nothing can fail between writing a block and listing
+    /// it. (A block on disk but not listed would miss the deletions made meanwhile and bring
+    /// their samples back at the next open.)
+    fn written(&self, meta: &crate::block::BlockMeta) -> Block {
+        Block::written(&self.fs, &self.dir.join(&meta.ulid), meta.clone())
     }
 
-    /// Deletes a block directory no longer listed; if the disk refuses, remembers it for the
-    /// next round (and the error still reaches the caller).
-    fn delete_unlisted(&self, dir: &Path) -> Result<()> {
-        delete_block_dir(&*self.fs, dir).inspect_err(|e| {
-            tracing::warn!(block = %dir.display(), error = %e, "could not delete an unlisted block; will retry");
-            self.orphans.lock().push(dir.to_owned());
-        })
+    /// Lists the block a writer left under its name when it could neither make that name
+    /// durable nor take it back (`Error::BlockNotDurable`): it holds data also held elsewhere
+    /// (the head, the inputs), which queries and compaction deduplicate, and listing it is what
+    /// keeps deletions reaching it should a crash keep it. Returns the error, for the caller.
+    fn list_stranded(&self, e: Error) -> Error {
+        if let Error::BlockNotDurable { meta, .. } = &e {
+            self.swap_blocks(&[], Some(Arc::new(self.written(meta))));
+        }
+        e
     }
 
-    /// Retries the deletions that failed before.
-    fn delete_orphans(&self) {
-        let orphans = std::mem::take(&mut *self.orphans.lock());
-        for dir in orphans {
-            if !self.fs.exists(&dir) {
-                continue;
+    /// Deletes an unlisted block's directory. If the block is still under its name afterwards
+    /// (the disk refused the rename, or could not make it durable and it was undone), it goes
+    /// back in the list, so deletions keep reaching it and the next round tries again; the
+    /// error still reaches the caller.
+    fn delete_unlisted(&self, b: &Arc<Block>) -> Result<()> {
+        match delete_block_dir(&*self.fs, b.dir()) {
+            Ok(None) => Ok(()),
+            Ok(Some(leftover)) => {
+                self.leftovers.lock().push(leftover);
+                Ok(())
             }
-            if let Err(e) = delete_block_dir(&*self.fs, &dir) {
-                tracing::warn!(block = %dir.display(), error = %e, "could not delete an unlisted block; will retry");
-                self.orphans.lock().push(dir);
+            Err(e) => {
+                tracing::warn!(block = %b.dir().display(), error = %e, "could not delete a block; it stays listed until a later round can");
+                self.swap_blocks(&[], Some(b.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Retries the removals of deleted blocks' directories that failed before.
+    fn remove_leftovers(&self) {
+        let leftovers = std::mem::take(&mut *self.leftovers.lock());
+        for dir in leftovers {
+            if self.fs.exists(&dir) && self.fs.remove_dir_all(&dir).is_err() {
+                self.leftovers.lock().push(dir);
             }
         }
     }
@@ -529,10 +545,13 @@ impl Inner {
                 reason = why,
                 "retention deletes block"
             );
-            self.delete_unlisted(b.dir())?;
         }
-        self.stats.blocks_deleted_by_retention.fetch_add(doomed.len() as u64, Ordering::Relaxed);
-        Ok(doomed.len())
+        // Every doomed block, even after one fails: each left on disk goes back in the list.
+        let deleted: Vec<Result<()>> = doomed.iter().map(|b| self.delete_unlisted(b)).collect();
+        let gone = deleted.iter().filter(|r| r.is_ok()).count();
+        self.stats.blocks_deleted_by_retention.fetch_add(gone as u64, Ordering::Relaxed);
+        deleted.into_iter().collect::<Result<()>>()?;
+        Ok(gone)
     }
 
     /// Moves blocks flagged corrupt out of the list and renames their directories.
@@ -653,14 +672,31 @@ fn set_aside(fs: &dyn Vfs, path: &Path, reason: &str) {
     }
 }
 
-/// Deletes a block directory: renamed first, so a crash leaves only a `.tmp-for-deletion`
-/// directory that the next open removes, never a half-deleted block.
-fn delete_block_dir(fs: &dyn Vfs, path: &Path) -> Result<()> {
+/// Deletes a block directory: renamed first (durably), so a crash leaves only a
+/// `.tmp-for-deletion` directory that the next open removes, never a half-deleted block. An
+/// error means the block is still whole under its name: the rename failed, or could not be
+/// made durable and was undone. Once renamed, a failed removal is not an error: the directory
+/// is returned for a later try (and `open` removes it anyway).
+fn delete_block_dir(fs: &dyn Vfs, path: &Path) -> Result<Option<PathBuf>> {
     let mut to = path.as_os_str().to_owned();
     to.push(DELETING_SUFFIX);
     let to = PathBuf::from(to);
-    rename_durable(fs, path, &to)?;
-    fs.remove_dir_all(&to).map_err(io_err("remove", &to))
+    fs.rename(path, &to).map_err(io_err("rename to", &to))?;
+    if let Err(e) = fsync_dir(fs, path.parent().unwrap_or(Path::new("."))) {
+        // A crash could bring the old name back, with the block whole under it, while this
+        // process thinks it gone. Undo, so both agree it is there.
+        if fs.rename(&to, path).is_ok() {
+            return Err(e);
+        }
+        tracing::error!(block = %path.display(), error = %e, "a block's deletion could not be made durable nor undone");
+    }
+    match fs.remove_dir_all(&to) {
+        Ok(()) => Ok(None),
+        Err(e) => {
+            tracing::warn!(dir = %to.display(), error = %e, "could not remove a deleted block's directory; will retry");
+            Ok(Some(to))
+        }
+    }
 }
 
 /// Hard-links every file under `from` into the same layout under `to`.
