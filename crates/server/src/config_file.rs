@@ -13,6 +13,9 @@
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
 //!   query_max_concurrency: 8
+//! carbon:
+//!   plaintext_listen_address: ":2003"
+//!   pickle_listen_address: ":2004"
 //! global:
 //!   scrape_interval: 15s
 //! scrape_configs:
@@ -36,6 +39,8 @@ pub struct ConfigFile {
     pub storage: StorageSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub carbon: CarbonSection,
     #[serde(default)]
     pub global: GlobalConfig,
     #[serde(default)]
@@ -75,6 +80,26 @@ pub struct LimitsSection {
     pub web_read_timeout: Option<String>,
     pub web_read_header_timeout: Option<String>,
     pub web_max_connections: Option<usize>,
+}
+
+/// The carbon listeners (`--carbon.*` flags); each listener is off unless its address is set.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CarbonSection {
+    pub plaintext_listen_address: Option<String>,
+    pub udp_listen_address: Option<String>,
+    pub pickle_listen_address: Option<String>,
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<String>,
+    pub max_line_size: Option<String>,
+    pub max_pickle_size: Option<String>,
+}
+
+/// A listen address as Prometheus' and carbon's flags take it: `host:port`, or `:port` for
+/// every interface.
+pub fn parse_listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_owned() };
+    full.parse().map_err(|_| format!("invalid listen address {s:?}: expected host:port or :port"))
 }
 
 impl ConfigFile {
@@ -119,6 +144,17 @@ mod tests {
         assert!(err.contains("query_max_series") && err.contains("line 2"), "{err}");
         let err = ConfigFile::parse("rule_files: []\n").unwrap_err();
         assert!(err.contains("unknown field `rule_files`"), "{err}");
+    }
+
+    #[test]
+    fn carbon_settings_and_listen_addresses() {
+        let cfg = ConfigFile::parse("carbon:\n  plaintext_listen_address: \":2003\"\n  max_line_size: 64KB\n").unwrap();
+        assert_eq!(cfg.carbon.plaintext_listen_address.as_deref(), Some(":2003"));
+        assert_eq!(parse_listen_address(":2003").unwrap(), "0.0.0.0:2003".parse().unwrap());
+        assert_eq!(parse_listen_address("127.0.0.1:2004").unwrap(), "127.0.0.1:2004".parse().unwrap());
+        assert!(parse_listen_address("2003").unwrap_err().contains("host:port"));
+        let err = ConfigFile::parse("carbon:\n  listen: x\n").unwrap_err();
+        assert!(err.contains("unknown field `listen`"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! reported.
 
 pub mod analyze;
+pub mod carbon;
 pub mod config;
 pub mod config_file;
 pub mod http;

@@ -67,6 +67,8 @@ pub struct ServerMetrics {
     pub queries_too_deep: AtomicU64,
     /// The listener's connection counters.
     pub connections: std::sync::Arc<crate::web::ConnectionStats>,
+    /// The carbon listeners' counters (shown once a listener serves).
+    pub carbon: std::sync::Arc<crate::carbon::CarbonStats>,
 }
 
 impl ServerMetrics {
@@ -164,6 +166,9 @@ impl ServerMetrics {
         }
         if let Some(s) = scrape {
             render_scrape(&mut o, s);
+        }
+        if self.carbon.max_connections.load(Ordering::Relaxed) > 0 {
+            self.carbon.render(&mut o);
         }
         o
     }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_promql::parser::{MAX_DEPTH_DEFAULT, QUERY_THREAD_STACK_BYTES};
+use strata_server::carbon::{CarbonConfig, CarbonListeners, Window};
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
-use strata_server::config_file::{default_config_text, ConfigFile};
+use strata_server::config_file::{default_config_text, parse_listen_address, ConfigFile};
 use strata_server::http::{router, ApiSwitches, AppState, Limits, Reloader};
 use strata_server::scrape::config::Job;
 use strata_server::scrape::ScrapeManager;
@@ -96,6 +97,27 @@ pub struct ServeArgs {
     /// start times where storage has them).
     #[arg(long = "enable-feature", value_delimiter = ',')]
     enable_feature: Vec<String>,
+    /// Carbon plaintext listener over TCP, `host:port` or `:port` (carbon's is :2003) [default: off].
+    #[arg(long = "carbon.plaintext-listen-address")]
+    carbon_plaintext: Option<String>,
+    /// Carbon plaintext listener over UDP, `host:port` or `:port` [default: off].
+    #[arg(long = "carbon.udp-listen-address")]
+    carbon_udp: Option<String>,
+    /// Carbon pickle listener over TCP, `host:port` or `:port` (carbon's is :2004) [default: off].
+    #[arg(long = "carbon.pickle-listen-address")]
+    carbon_pickle: Option<String>,
+    /// Most carbon TCP connections open at once, both listeners together; more wait to be accepted [default: 1024].
+    #[arg(long = "carbon.max-connections")]
+    carbon_max_connections: Option<usize>,
+    /// A carbon connection silent this long is closed [default: 2m].
+    #[arg(long = "carbon.idle-timeout")]
+    carbon_idle_timeout: Option<String>,
+    /// Longest carbon plaintext line; longer ones are counted and skipped [default: 16KB].
+    #[arg(long = "carbon.max-line-size")]
+    carbon_max_line: Option<String>,
+    /// Longest carbon pickle message; a longer one closes its connection [default: 16MB].
+    #[arg(long = "carbon.max-pickle-size")]
+    carbon_max_pickle: Option<String>,
 }
 
 /// The PromQL language features named by `--enable-feature`.
@@ -122,6 +144,7 @@ struct Settings {
     flags: BTreeMap<String, String>,
     jobs: Vec<Job>,
     external_labels: Vec<(String, String)>,
+    carbon: CarbonConfig,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -170,7 +193,7 @@ fn pick<T>(
 
 fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     let (file, yaml, jobs) = load_config(args.config.as_deref(), args.listen)?;
-    let (st, li) = (file.storage, file.limits);
+    let (st, li, ca) = (file.storage, file.limits, file.carbon);
     let mut flags = BTreeMap::new();
     flags.insert("listen".to_owned(), args.listen.to_string());
     flags.insert("data-dir".to_owned(), args.data_dir.display().to_string());
@@ -290,8 +313,63 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         retention_bytes: retention_size,
         ..Default::default()
     };
+    let address = |s: &str| if s.is_empty() { Ok(None) } else { parse_listen_address(s).map(Some) };
+    let f = &mut flags;
+    let carbon = CarbonConfig {
+        plaintext_tcp: pick(
+            f,
+            "carbon.plaintext-listen-address",
+            args.carbon_plaintext.clone(),
+            ca.plaintext_listen_address,
+            "",
+            address,
+        )?,
+        plaintext_udp: pick(
+            f,
+            "carbon.udp-listen-address",
+            args.carbon_udp.clone(),
+            ca.udp_listen_address,
+            "",
+            address,
+        )?,
+        pickle_tcp: pick(
+            f,
+            "carbon.pickle-listen-address",
+            args.carbon_pickle.clone(),
+            ca.pickle_listen_address,
+            "",
+            address,
+        )?,
+        max_connections: pick(
+            f,
+            "carbon.max-connections",
+            num(args.carbon_max_connections),
+            num(ca.max_connections),
+            "1024",
+            parse_count,
+        )?,
+        idle_timeout: pick(f, "carbon.idle-timeout", args.carbon_idle_timeout.clone(), ca.idle_timeout, "2m", ms)?,
+        max_line_bytes: pick(
+            f,
+            "carbon.max-line-size",
+            args.carbon_max_line.clone(),
+            ca.max_line_size,
+            "16KB",
+            parse_bytes,
+        )? as usize,
+        max_pickle_bytes: pick(
+            f,
+            "carbon.max-pickle-size",
+            args.carbon_max_pickle.clone(),
+            ca.max_pickle_size,
+            "16MB",
+            parse_bytes,
+        )? as usize,
+        window: Window { max_future_ms: limits.max_future_ms, max_age_ms: limits.max_age_ms },
+        ..CarbonConfig::default()
+    };
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    Ok((Settings { storage, limits, connections, flags, jobs, external_labels }, yaml))
+    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -308,7 +386,7 @@ fn parse_depth(s: &str) -> Result<u32, String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels }, yaml) = settings(&args)?;
+    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon }, yaml) = settings(&args)?;
     let web_config = match &args.web_config_file {
         Some(p) => Some(Arc::new(WebConfigFile::load(p).map_err(|e| format!("web.config.file: {e}"))?)),
         None => None,
@@ -330,6 +408,12 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             .await
             .map_err(|e| format!("listen on {}: {e}", args.listen))?;
         tracing::info!(listen = %args.listen, data_dir = %cfg.data_dir.display(), "serving; not ready until the WAL is replayed");
+        // Bound now, so that a taken port fails the start; served once the database is open.
+        let carbon = match carbon.enabled() {
+            true => Some(CarbonListeners::bind(carbon).await?),
+            false => None,
+        };
+        let (carbon_stop_tx, carbon_stop_rx) = tokio::sync::watch::channel(false);
 
         // Replay in the background: /-/healthy answers meanwhile, /-/ready says 503.
         let opener = {
@@ -394,6 +478,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(scrape) = stopping.scrape.get() {
                 scrape.stop().await;
             }
+            let _ = carbon_stop_tx.send(true);
         };
         let stats = state.metrics.connections.clone();
         let server = tokio::spawn(web::serve(listener, app, connections, web_config, stats, shutdown));
@@ -402,13 +487,28 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Err(e) = &opened {
             let _ = stop_tx.send(e.clone());
         }
-        server.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        let carbon = match (carbon, state.db.get()) {
+            (Some(listeners), Some(db)) => {
+                Some(tokio::spawn(listeners.serve(db.clone(), state.metrics.carbon.clone(), carbon_stop_rx)))
+            }
+            _ => None,
+        };
+        let served = server.await;
+        if let Some(carbon) = carbon {
+            if matches!(served, Ok(Ok(()))) {
+                // Stopped with the HTTP server: each connection stores what it has read first.
+                let _ = carbon.await;
+            } else {
+                carbon.abort();
+            }
+        }
+        served.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         reloads.abort();
         if let Some(scrape) = state.scrape.get() {
             // Already stopped with the server, unless the server ended on an error.
             scrape.stop().await;
         }
-        tracing::info!("HTTP server and scraping stopped; closing storage");
+        tracing::info!("HTTP server, carbon listeners and scraping stopped; closing storage");
         if let Some(db) = state.db.get() {
             db.shutdown().map_err(|e| e.to_string())?;
         }

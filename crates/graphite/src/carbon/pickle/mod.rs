@@ -39,6 +39,20 @@ pub enum PickleError {
     NotAList,
 }
 
+impl PickleError {
+    /// A short stable name for the `reason` label of the counter.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PickleError::Truncated => "pickle_truncated",
+            PickleError::Opcode(..) => "pickle_opcode_refused",
+            PickleError::Malformed(..) => "pickle_malformed",
+            PickleError::TooDeep => "pickle_too_deep",
+            PickleError::MemoBudget => "pickle_memo_budget",
+            PickleError::NotAList => "pickle_not_a_list",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Val {
     Str(Arc<str>),

@@ -1,0 +1,203 @@
+//! Carbon ingest into the real binary: plaintext and pickle over real sockets, a SIGKILL after
+//! the points were read, and Debian's `carbon-c-relay` relaying into Strata (`.ci/run`
+//! installs it). PromQL reads the paths back (`__name__` is the path).
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{free_port, http, which, Server};
+
+/// The value of the first sample of `/metrics` whose line starts with `prefix`.
+fn metric(port: u16, prefix: &str) -> f64 {
+    let (code, body) = http(port, "GET", "/metrics", &[], b"");
+    assert_eq!(code, 200);
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn wait_for(port: u16, prefix: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = metric(port, prefix);
+        if got >= want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{prefix} stayed at {got}, not {want}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An instant query's single scalar-like result (`sum`, `count`), by URL-encoded `q`.
+fn query_value(port: u16, q: &str) -> f64 {
+    let path = format!("/api/v1/query?query={}", form_encode(q));
+    let (code, body) = http(port, "GET", &path, &[], b"");
+    assert_eq!(code, 200, "{q}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let result = &v["data"]["result"];
+    assert_eq!(result.as_array().map(Vec::len), Some(1), "{q}: {body}");
+    result[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+fn form_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+const PATHS: usize = 50;
+const POINTS: usize = 20;
+
+/// `PATHS` paths × `POINTS` points a minute apart ending about now, as lines, path by path
+/// in time order, split over `connections` groups.
+fn lines(connections: usize, now_s: i64) -> Vec<String> {
+    let mut out = vec![String::new(); connections];
+    for p in 0..PATHS {
+        for i in 0..POINTS {
+            let t = now_s - 60 * (POINTS - i) as i64;
+            out[p % connections].push_str(&format!("servers.dc1.host-{p:05}.cpu.user {} {t}\n", p * 1000 + i));
+        }
+    }
+    out
+}
+
+#[test]
+fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (plain, pickle) = (free_port(), free_port());
+    let args = [
+        "--wal-fsync",
+        "always",
+        "--carbon.plaintext-listen-address",
+        &format!("127.0.0.1:{plain}"),
+        "--carbon.pickle-listen-address",
+        &format!("127.0.0.1:{pickle}"),
+    ];
+    let mut srv = Server::start(&data, &args);
+    let now_s = support::now_ms() / 1000;
+    let threads: Vec<_> = lines(4, now_s)
+        .into_iter()
+        .map(|text| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(("127.0.0.1", plain)).unwrap();
+                // A bad line in the middle of each stream: counted, the stream goes on.
+                let half = text.len() / 2;
+                let cut = half + text[half..].find('\n').unwrap() + 1;
+                s.write_all(&text.as_bytes()[..cut]).unwrap();
+                s.write_all(b"servers.bad value-is-not-a-number 1\n").unwrap();
+                s.write_all(&text.as_bytes()[cut..]).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // One pickle message (Python's protocol 2, as carbon's senders use), and an evil one.
+    let mut s = TcpStream::connect(("127.0.0.1", pickle)).unwrap();
+    for msg in [&b"cos\nsystem\n(S'echo pwned'\ntR."[..], &python_pickle(now_s)[..]] {
+        s.write_all(&(msg.len() as u32).to_be_bytes()).unwrap();
+        s.write_all(msg).unwrap();
+    }
+    drop(s);
+    let total = (PATHS * POINTS) as f64;
+    wait_for(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}", total);
+    wait_for(srv.port, "strata_carbon_points_stored_total{protocol=\"pickle_tcp\"}", 2.0);
+    assert_eq!(
+        metric(srv.port, "strata_carbon_points_rejected_total{protocol=\"plaintext_tcp\",reason=\"bad_value\"}"),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            srv.port,
+            "strata_carbon_points_rejected_total{protocol=\"pickle_tcp\",reason=\"pickle_opcode_refused\"}"
+        ),
+        1.0
+    );
+
+    // Stored means committed to the WAL, fsynced: a crash now loses nothing.
+    srv.kill();
+    let srv = Server::start(&data, &args);
+    let matcher = r#"{__name__=~"servers\\.dc1\\..*"}"#;
+    assert_eq!(query_value(srv.port, &format!("count({matcher})")), PATHS as f64);
+    assert_eq!(query_value(srv.port, &format!("sum(count_over_time({matcher}[1h]))")), total);
+    // Prometheus 3's quoted names reach a path directly.
+    let one = r#"max_over_time({"servers.dc1.host-00007.cpu.user"}[1h])"#;
+    assert_eq!(query_value(srv.port, one), (7 * 1000 + POINTS - 1) as f64);
+    assert_eq!(query_value(srv.port, r#"sum(max_over_time({__name__="pickled.path",dc="eu"}[1h]))"#), 5.0);
+}
+
+/// `[("pickled.path;dc=eu", (now-60, 4.0)), ("pickled.path;dc=eu", (now, 5.0))]`, pickled
+/// by hand in protocol 2's opcodes (what Python's `pickle.dumps(..., 2)` writes).
+fn python_pickle(now_s: i64) -> Vec<u8> {
+    let mut out = b"\x80\x02]q\x00(".to_vec();
+    for (t, v) in [(now_s - 60, 4.0f64), (now_s, 5.0)] {
+        let path = b"pickled.path;dc=eu";
+        out.push(b'X');
+        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        out.extend_from_slice(path);
+        out.push(b'J');
+        out.extend_from_slice(&(t as i32).to_le_bytes());
+        out.push(b'G');
+        out.extend_from_slice(&v.to_be_bytes());
+        out.extend_from_slice(b"\x86\x86");
+    }
+    out.extend_from_slice(b"e.");
+    out
+}
+
+#[test]
+fn carbon_c_relay_relays_plaintext_into_strata() {
+    let relay_bin = which("carbon-c-relay");
+    let dir = tempfile::tempdir().unwrap();
+    let plain = free_port();
+    let srv =
+        Server::start(&dir.path().join("data"), &["--carbon.plaintext-listen-address", &format!("127.0.0.1:{plain}")]);
+    let conf = dir.path().join("relay.conf");
+    std::fs::write(
+        &conf,
+        format!("cluster strata\n    forward\n        127.0.0.1:{plain}\n    ;\nmatch *\n    send to strata\n    stop\n    ;\n"),
+    )
+    .unwrap();
+    let relay_port = free_port();
+    let mut relay = Command::new(relay_bin)
+        .args(["-f", conf.to_str().unwrap(), "-p", &relay_port.to_string(), "-s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", relay_port)) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "carbon-c-relay does not listen: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    let now_s = support::now_ms() / 1000;
+    for text in lines(1, now_s) {
+        s.write_all(text.as_bytes()).unwrap();
+    }
+    drop(s);
+    let total = (PATHS * POINTS) as f64;
+    wait_for(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}", total);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    let matcher = r#"{__name__=~"servers\\.dc1\\..*"}"#;
+    assert_eq!(query_value(srv.port, &format!("sum(count_over_time({matcher}[1h]))")), total);
+    assert_eq!(
+        query_value(srv.port, r#"max_over_time({"servers.dc1.host-00003.cpu.user"}[1h])"#),
+        (3000 + POINTS - 1) as f64
+    );
+}
