@@ -1,9 +1,11 @@
 //! Graphite on Strata's storage engine (see `ARCHITECTURE.md`, "Graphite"): a Graphite path is
 //! a series whose `__name__` is the path, its tags become labels.
 //!
-//! What is here so far: the decoders of what carbon senders put on the wire (`carbon`) and
-//! Graphite 1.1's tagged paths (`path`). The listeners, the glob index, find and render come
-//! next.
+//! What is here so far: the decoders of what carbon senders put on the wire (`carbon`),
+//! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`) and the nodes a find returns
+//! (`find`). The persistent glob index and render come next.
 
 pub mod carbon;
+pub mod find;
+pub mod glob;
 pub mod path;

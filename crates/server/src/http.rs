@@ -238,6 +238,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
+        .route("/metrics/find", get(graphite_api::find))
+        .route("/graphite/metrics/find", get(graphite_api::find))
+        .route("/render", get(graphite_api::not_yet).post(graphite_api::not_yet))
+        .route("/graphite/render", get(graphite_api::not_yet).post(graphite_api::not_yet))
         // Panics are caught inside the counting, so a failed request is counted as the 500
         // it answered.
         .layer(axum::middleware::from_fn_with_state(state.clone(), catch_panic))
@@ -320,6 +324,8 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/series" => "series",
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
+        "/metrics/find" | "/graphite/metrics/find" => "graphite_find",
+        "/render" | "/graphite/render" => "graphite_render",
         "/-/ready" | "/-/healthy" => "health",
         "/-/reload" | "/-/quit" => "lifecycle",
         "/api/v1/targets" | "/api/v1/targets/metadata" => "targets",
@@ -1552,6 +1558,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
     format!("{s} {} {t}\n", format_value(v))
 }
 
+mod graphite_api;
 mod scrape_api;
 
 #[cfg(test)]

@@ -134,6 +134,38 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let one = r#"max_over_time({"servers.dc1.host-00007.cpu.user"}[1h])"#;
     assert_eq!(query_value(srv.port, one), (7 * 1000 + POINTS - 1) as f64);
     assert_eq!(query_value(srv.port, r#"sum(max_over_time({__name__="pickled.path",dc="eu"}[1h]))"#), 5.0);
+
+    // Graphite's find over the same paths, graphite-web's formats.
+    let find = |q: &str| {
+        let (code, body) = http(srv.port, "GET", &format!("/metrics/find?query={}", form_encode(q)), &[], b"");
+        assert_eq!(code, 200, "{q}: {body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let top = find("servers.*");
+    assert_eq!(
+        top,
+        serde_json::json!([{"allowChildren": 1, "expandable": 1, "leaf": 0, "id": "servers.dc1", "text": "dc1", "context": {}}])
+    );
+    assert_eq!(find("servers.dc1.*").as_array().unwrap().len(), PATHS);
+    let leaves = find("servers.*.host-0000[0-2].{cpu,mem}.*");
+    let ids: Vec<&str> = leaves.as_array().unwrap().iter().map(|n| n["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["servers.dc1.host-00000.cpu.user", "servers.dc1.host-00001.cpu.user", "servers.dc1.host-00002.cpu.user"]
+    );
+    assert!(leaves.as_array().unwrap().iter().all(|n| n["leaf"] == 1));
+    assert_eq!(find("*.*.*.cpu.user").as_array().unwrap().len(), PATHS, "a leading star");
+    let (code, body) =
+        http(srv.port, "GET", "/graphite/metrics/find?format=completer&query=servers.dc1.host-0000%3F", &[], b"");
+    assert_eq!(code, 200);
+    let c: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        c["metrics"][0],
+        serde_json::json!({"path": "servers.dc1.host-00000.", "name": "host-00000", "is_leaf": "0"})
+    );
+    assert_eq!(c["metrics"].as_array().unwrap().len(), 10);
+    let (code, body) = http(srv.port, "GET", "/metrics/find?query=servers.%7Bdc1", &[], b"");
+    assert!(code == 400 && body.contains("unbalanced"), "{code} {body}");
 }
 
 /// `[("pickled.path;dc=eu", (now-60, 4.0)), ("pickled.path;dc=eu", (now, 5.0))]`, pickled
