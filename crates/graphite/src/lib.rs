@@ -2,10 +2,15 @@
 //! a series whose `__name__` is the path, its tags become labels.
 //!
 //! What is here so far: the decoders of what carbon senders put on the wire (`carbon`),
-//! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`) and the nodes a find returns
-//! (`find`). The persistent glob index and render come next.
+//! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`), the nodes a find returns
+//! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`) and what a
+//! function-less render answers (`render`). The persistent glob index and the functions come
+//! next.
 
+pub mod attime;
 pub mod carbon;
 pub mod find;
 pub mod glob;
 pub mod path;
+pub mod render;
+pub mod schema;

@@ -42,6 +42,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub carbon: CarbonSection,
     #[serde(default)]
+    pub graphite: GraphiteSection,
+    #[serde(default)]
     pub global: GlobalConfig,
     #[serde(default)]
     pub scrape_configs: Vec<ScrapeConfig>,
@@ -93,6 +95,14 @@ pub struct CarbonSection {
     pub idle_timeout: Option<String>,
     pub max_line_size: Option<String>,
     pub max_pickle_size: Option<String>,
+}
+
+/// Graphite's retention schemas, in carbon's file formats (`docs/graphite.md`).
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GraphiteSection {
+    pub storage_schemas: Option<String>,
+    pub storage_aggregation: Option<String>,
 }
 
 /// A listen address as Prometheus' and carbon's flags take it: `host:port`, or `:port` for

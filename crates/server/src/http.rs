@@ -120,6 +120,8 @@ pub struct AppState {
     /// `global.external_labels`: added to `/federate` output, as Prometheus does (replaced by a
     /// reload).
     pub external_labels: Mutex<Vec<(String, String)>>,
+    /// Graphite's retention schemas (`--graphite.storage-schemas`), for `/render`.
+    pub graphite_schemas: Mutex<Arc<strata_graphite::schema::Schemas>>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
 }
@@ -144,6 +146,7 @@ impl AppState {
             scrape: OnceLock::new(),
             reloader: OnceLock::new(),
             external_labels: Mutex::new(Vec::new()),
+            graphite_schemas: Mutex::new(Arc::default()),
             metadata: Mutex::new(HashMap::new()),
         })
     }
@@ -240,8 +243,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
         .route("/metrics/find", get(graphite_api::find))
         .route("/graphite/metrics/find", get(graphite_api::find))
-        .route("/render", get(graphite_api::not_yet).post(graphite_api::not_yet))
-        .route("/graphite/render", get(graphite_api::not_yet).post(graphite_api::not_yet))
+        .route("/render", get(graphite_api::render))
+        .route("/graphite/render", get(graphite_api::render))
         // Panics are caught inside the counting, so a failed request is counted as the 500
         // it answered.
         .layer(axum::middleware::from_fn_with_state(state.clone(), catch_panic))

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_graphite::schema::Schemas;
 use strata_promql::parser::{MAX_DEPTH_DEFAULT, QUERY_THREAD_STACK_BYTES};
 use strata_server::carbon::{CarbonConfig, CarbonListeners, Window};
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
@@ -115,6 +116,14 @@ pub struct ServeArgs {
     /// Longest carbon plaintext line; longer ones are counted and skipped [default: 16KB].
     #[arg(long = "carbon.max-line-size")]
     carbon_max_line: Option<String>,
+    /// Graphite's storage-schemas.conf (carbon's format): the resolution /render answers at,
+    /// per path [default: 60s:15d for every path].
+    #[arg(long = "graphite.storage-schemas")]
+    storage_schemas: Option<PathBuf>,
+    /// Graphite's storage-aggregation.conf (carbon's format): how coarser resolutions are
+    /// aggregated [default: average, xFilesFactor 0.5].
+    #[arg(long = "graphite.storage-aggregation")]
+    storage_aggregation: Option<PathBuf>,
     /// Longest carbon pickle message; a longer one closes its connection [default: 16MB].
     #[arg(long = "carbon.max-pickle-size")]
     carbon_max_pickle: Option<String>,
@@ -145,6 +154,7 @@ struct Settings {
     jobs: Vec<Job>,
     external_labels: Vec<(String, String)>,
     carbon: CarbonConfig,
+    schemas: Schemas,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -368,8 +378,24 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         window: Window { max_future_ms: limits.max_future_ms, max_age_ms: limits.max_age_ms },
         ..CarbonConfig::default()
     };
+    let schemas_file = args.storage_schemas.clone().or(file.graphite.storage_schemas.map(PathBuf::from));
+    let aggregation_file = args.storage_aggregation.clone().or(file.graphite.storage_aggregation.map(PathBuf::from));
+    let read = |p: &Option<PathBuf>| -> Result<Option<String>, String> {
+        p.as_ref().map(|p| std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()))).transpose()
+    };
+    let schemas = match (read(&schemas_file)?, read(&aggregation_file)?) {
+        (None, None) => Schemas::default(),
+        (s, a) => Schemas::parse(s.as_deref().unwrap_or(""), a.as_deref()).map_err(|e| e.to_string())?,
+    };
+    for (name, path) in
+        [("graphite.storage-schemas", &schemas_file), ("graphite.storage-aggregation", &aggregation_file)]
+    {
+        if let Some(p) = path {
+            flags.insert(name.to_owned(), p.display().to_string());
+        }
+    }
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon }, yaml))
+    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -386,7 +412,8 @@ fn parse_depth(s: &str) -> Result<u32, String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon }, yaml) = settings(&args)?;
+    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon, schemas }, yaml) =
+        settings(&args)?;
     let web_config = match &args.web_config_file {
         Some(p) => Some(Arc::new(WebConfigFile::load(p).map_err(|e| format!("web.config.file: {e}"))?)),
         None => None,
@@ -395,6 +422,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let switches = ApiSwitches { admin: args.enable_admin_api, lifecycle: args.enable_lifecycle };
     let state = AppState::new(limits, switches, flags, yaml);
     *state.external_labels.lock() = external_labels;
+    *state.graphite_schemas.lock() = Arc::new(schemas);
 
     // Queries are parsed on the async workers and evaluated on blocking threads, both of this
     // runtime: their stacks must hold the deepest query the parser lets through.

@@ -75,7 +75,11 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let (plain, pickle) = (free_port(), free_port());
+    let schemas = dir.path().join("storage-schemas.conf");
+    std::fs::write(&schemas, "[servers]\npattern = ^servers\\.\nretentions = 60s:1d,5m:7d\n").unwrap();
     let args = [
+        "--graphite.storage-schemas",
+        schemas.to_str().unwrap(),
         "--wal-fsync",
         "always",
         "--carbon.plaintext-listen-address",
@@ -166,6 +170,74 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     assert_eq!(c["metrics"].as_array().unwrap().len(), 10);
     let (code, body) = http(srv.port, "GET", "/metrics/find?query=servers.%7Bdc1", &[], b"");
     assert!(code == 400 && body.contains("unbalanced"), "{code} {body}");
+
+    // Render, raw format: over the last hour the 60 s archive, a value per minute.
+    let render = |q: &str| {
+        let (code, body) = http(srv.port, "GET", &format!("/render?{q}"), &[], b"");
+        assert_eq!(code, 200, "{q}: {body}");
+        body
+    };
+    let raw = render("target=servers.dc1.host-0000%5B0-1%5D.cpu.user&from=-1h&format=raw");
+    let lines: Vec<&str> = raw.lines().collect();
+    assert_eq!(lines.len(), 2, "{raw}");
+    for (p, line) in lines.iter().enumerate() {
+        let (head, values) = line.split_once('|').unwrap();
+        let head: Vec<&str> = head.split(',').collect();
+        assert_eq!(head[0], format!("servers.dc1.host-{p:05}.cpu.user"));
+        let (start, end, step): (i64, i64, i64) =
+            (head[1].parse().unwrap(), head[2].parse().unwrap(), head[3].parse().unwrap());
+        assert_eq!((step, (end - start) / step), (60, 60), "{line}");
+        let values: Vec<&str> = values.split(',').collect();
+        assert_eq!(values.len(), 60);
+        // Points every minute up to a minute before the write, each in its own interval
+        // (computed from the answer's start: the render's "now" may be a minute later).
+        let want: Vec<String> = (0..60)
+            .map(|k| {
+                let interval = start + k * 60;
+                (0..POINTS)
+                    .find(|&i| {
+                        let t = now_s - 60 * (POINTS - i) as i64;
+                        t - t.rem_euclid(60) == interval
+                    })
+                    .map_or("None".into(), |i| format!("{}.0", p * 1000 + i))
+            })
+            .collect();
+        assert_eq!(values.iter().filter(|v| **v != "None").count(), POINTS, "{line}");
+        assert_eq!(values, want, "{line}");
+    }
+    // Over two days the 5 min archive: averages of the minutes known in each five, when at
+    // least half (carbon's default xFilesFactor) are.
+    let raw = render("target=servers.dc1.host-00003.cpu.user&from=-2d&format=raw");
+    let (head, values) = raw.trim_end().split_once('|').unwrap();
+    let head: Vec<i64> = head.split(',').skip(1).map(|x| x.parse().unwrap()).collect();
+    assert_eq!(head[2], 300);
+    let points: Vec<(i64, f64)> = (0..POINTS).map(|i| (now_s - 60 * (POINTS - i) as i64, (3000 + i) as f64)).collect();
+    let want: Vec<String> = (0..(head[1] - head[0]) / 300)
+        .map(|k| {
+            let interval = head[0] + k * 300;
+            let known: Vec<f64> =
+                points.iter().filter(|(t, _)| t - t.rem_euclid(300) == interval).map(|x| x.1).collect();
+            if known.len() * 2 >= 5 {
+                let avg = known.iter().sum::<f64>() / known.len() as f64;
+                if avg.fract() == 0.0 {
+                    format!("{avg}.0")
+                } else {
+                    format!("{avg}")
+                }
+            } else {
+                "None".into()
+            }
+        })
+        .collect();
+    assert_eq!(values.split(',').collect::<Vec<_>>(), want);
+    // JSON, graphite-web's shape; a function is refused by name.
+    let json: serde_json::Value = serde_json::from_str(&render("target=pickled.path&from=-10min")).unwrap();
+    assert_eq!(json[0]["target"], "pickled.path;dc=eu");
+    assert_eq!(json[0]["tags"], serde_json::json!({"dc": "eu", "name": "pickled.path"}));
+    let known: Vec<f64> = json[0]["datapoints"].as_array().unwrap().iter().filter_map(|p| p[0].as_f64()).collect();
+    assert_eq!(known, [4.0, 5.0]);
+    let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*)", &[], b"");
+    assert!(code == 400 && body.contains("not supported yet"), "{code} {body}");
 }
 
 /// `[("pickled.path;dc=eu", (now-60, 4.0)), ("pickled.path;dc=eu", (now, 5.0))]`, pickled

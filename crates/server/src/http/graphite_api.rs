@@ -1,16 +1,19 @@
 //! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`): so far
 //! `/metrics/find` in graphite-web's `treejson` (its default, what Grafana's Graphite data
-//! source reads) and `completer` formats. Paths are the `__name__` of stored series
+//! source reads) and `completer` formats, and `/render` of paths and globs (no functions yet)
+//! in the `json`, `csv` and `raw` formats. Paths are the `__name__` of stored series
 //! (`docs/graphite.md`); reads go through the same slots, deadline and limits as PromQL's.
 
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
 use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use serde_json::{json, Value};
+use strata_graphite::attime::parse_at_time;
 use strata_graphite::find::{find as find_nodes, Node};
 use strata_graphite::glob::Glob;
+use strata_graphite::render::{to_csv, to_json, to_raw, Series as RenderSeries};
 
 use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Params};
 
@@ -86,9 +89,106 @@ fn completer(nodes: &[Node]) -> Value {
     json!({ "metrics": metrics })
 }
 
-/// A response for a request the router does not know under `/graphite/`: graphite-web's
-/// endpoints not served yet, named.
-pub(super) async fn not_yet(uri: axum::http::Uri) -> Response {
-    ApiError::bad_data(format!("{} is not served yet (Graphite support so far: /metrics/find)", uri.path()))
-        .into_response()
+/// `/render`: every `target` (a path or a glob), over `from`..`until` in Graphite's time
+/// syntax (default the last 24 hours), at the resolution the path's retention schema gives for
+/// that range, as whisper would answer for the same points (`strata_graphite::render`).
+pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let targets: Vec<String> = p.all("target").into_iter().filter(|t| !t.is_empty()).map(str::to_owned).collect();
+    let format = p.get("format").unwrap_or("json").to_owned();
+    if !matches!(format.as_str(), "json" | "csv" | "raw") {
+        return Err(ApiError::bad_data(format!(
+            "format {format:?} is not supported yet: use json (the default here), csv or raw"
+        )));
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let at = |name: &str, default: &str| {
+        let text = p.get(name).filter(|s| !s.is_empty()).unwrap_or(default);
+        parse_at_time(text, now)
+            .ok_or_else(|| ApiError::bad_data(format!("{name}={text:?} is not a time Graphite understands")))
+    };
+    let (from, until) = (at("from", "-24h")?, at("until", "now")?);
+    if from >= until {
+        return Err(ApiError::bad_data(format!("from ({from}) is not before until ({until})")));
+    }
+    let max_data_points = match p.get("maxDataPoints").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 1.0)
+                .ok_or_else(|| ApiError::bad_data(format!("maxDataPoints={s:?} is not a positive number")))?
+                as usize,
+        ),
+    };
+    let mut globs = Vec::with_capacity(targets.len());
+    for t in &targets {
+        if t.contains('(') {
+            return Err(ApiError::bad_data(format!(
+                "target {t:?}: Graphite functions (and seriesByTag) are not supported yet; plain paths and globs are"
+            )));
+        }
+        globs.push(Glob::parse(t).map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?);
+    }
+    let schemas = st.graphite_schemas.lock().clone();
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let mut series = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
+        let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
+        let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
+        let names = q.label_values("__name__", &[]).map_err(|e| execution(&e))?;
+        let mut out = Vec::new();
+        for glob in &globs {
+            let nodes = find_nodes(glob, &names, st2.limits.max_query_series).map_err(|e| execution(&e))?;
+            for node in nodes.iter().filter(|n| n.is_leaf) {
+                let m = strata_model::Matcher::new(strata_model::MatchOp::Equal, "__name__", node.path.as_str())
+                    .map_err(|e| execution(&e))?;
+                for s in q.select(&[m]).map_err(|e| execution(&e))? {
+                    let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
+                    let mut tags: Vec<(String, String)> = vec![("name".into(), node.path.clone())];
+                    tags.extend(
+                        s.labels
+                            .iter()
+                            .filter(|l| &*l.name != "__name__")
+                            .map(|l| (l.name.to_string(), l.value.to_string())),
+                    );
+                    tags.sort();
+                    let name = graphite_name(&node.path, &tags);
+                    let policy = schemas.policy(&name);
+                    if let Some((start, end, step, values)) =
+                        strata_graphite::render::fetch(&samples, &policy, from, until, now)
+                    {
+                        out.push(RenderSeries { name, tags, start, end, step, values });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    })
+    .await?;
+    let (body, content_type) = match format.as_str() {
+        "csv" => (to_csv(&series), "text/csv"),
+        "raw" => (to_raw(&series), "text/plain"),
+        _ => (to_json(&mut series, max_data_points, until - from), "application/json"),
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+/// Past `until`, the seconds of samples a render reads: whisper answers the interval after
+/// `until`, up to a day long for the coarsest archives in use.
+const RENDER_SLACK_S: i64 = 86_400;
+
+/// The Graphite name of a series: its path, and `;tag=value` for every other label, in tag
+/// order (Graphite 1.1's canonical tagged form).
+fn graphite_name(path: &str, tags: &[(String, String)]) -> String {
+    let mut name = path.to_owned();
+    for (k, v) in tags.iter().filter(|(k, _)| k != "name") {
+        name.push(';');
+        name.push_str(k);
+        name.push('=');
+        name.push_str(v);
+    }
+    name
 }

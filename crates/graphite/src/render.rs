@@ -1,0 +1,390 @@
+//! `/render` without functions: the series a whisper file would give for the same points, and
+//! graphite-web's output formats.
+//!
+//! Whisper keeps, per archive, one value per `step`-aligned interval: the finest archive takes
+//! the last point written in the interval; each coarser archive aggregates the finer one's
+//! values in its interval (the path's `aggregationMethod`) when at least `xFilesFactor` of them
+//! are known. A fetch clamps `from`/`until` to `[now - max retention, now]`, picks the finest
+//! archive whose retention reaches back to `from`, and answers the intervals from the first
+//! after `from` to the first after `until` (whisper's `fromInterval`/`untilInterval`), `None`
+//! where nothing is known. `fetch` computes exactly that from the raw samples.
+
+use std::fmt::Write;
+
+use crate::schema::Policy;
+
+/// A series as graphite-web's `TimeSeries`: values at `start`, `start + step`, … before `end`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    /// Graphite's tags: `name` and the path's tags.
+    pub tags: Vec<(String, String)>,
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    pub values: Vec<Option<f64>>,
+}
+
+/// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
+/// fetched over `[from, until]` at `now` (epoch seconds). `None` when the range is entirely
+/// outside the retention or in the future, as whisper answers.
+pub fn fetch(
+    samples: &[(i64, f64)],
+    policy: &Policy,
+    from: i64,
+    until: i64,
+    now: i64,
+) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+    assert!(!policy.archives.is_empty(), "a policy has an archive");
+    let oldest = now - policy.max_retention_s();
+    if from > now || until < oldest || from > until {
+        return None;
+    }
+    let from = from.max(oldest);
+    let until = until.min(now);
+    let diff = now - from;
+    let chosen = policy.archives.iter().position(|a| a.retention_s() >= diff).unwrap_or(policy.archives.len() - 1);
+    let step = policy.archives[chosen].step_s;
+    let from_interval = from - from.rem_euclid(step) + step;
+    let mut until_interval = until - until.rem_euclid(step) + step;
+    if from_interval == until_interval {
+        until_interval += step;
+    }
+    // The finest archive over the fetched range (aligned to the chosen step, which is a
+    // multiple of every finer one), sparse: (interval, value).
+    let step0 = policy.archives[0].step_s;
+    let (lo_ms, hi_ms) = (from_interval.saturating_mul(1000), until_interval.saturating_mul(1000));
+    let first = samples.partition_point(|s| s.0 < lo_ms);
+    let mut level: Vec<(i64, f64)> = Vec::new();
+    for &(t_ms, v) in samples[first..].iter().take_while(|s| s.0 < hi_ms) {
+        let t = t_ms.div_euclid(1000);
+        let interval = t - t.rem_euclid(step0);
+        match level.last_mut() {
+            Some(last) if last.0 == interval => last.1 = v,
+            _ => level.push((interval, v)),
+        }
+    }
+    for j in 1..=chosen {
+        let (fine, coarse) = (policy.archives[j - 1].step_s, policy.archives[j].step_s);
+        let slots = (coarse / fine) as usize;
+        let mut next = Vec::new();
+        let mut i = 0;
+        while i < level.len() {
+            let interval = level[i].0 - level[i].0.rem_euclid(coarse);
+            let group: Vec<f64> =
+                level[i..].iter().take_while(|x| x.0 - x.0.rem_euclid(coarse) == interval).map(|x| x.1).collect();
+            i += group.len();
+            if group.len() as f64 / slots as f64 >= policy.x_files_factor {
+                next.push((interval, policy.aggregation.apply(&group, slots)));
+            }
+        }
+        level = next;
+    }
+    let n = ((until_interval - from_interval) / step) as usize;
+    let mut values = vec![None; n];
+    for (interval, v) in level {
+        if interval >= from_interval && interval < until_interval {
+            values[((interval - from_interval) / step) as usize] = Some(v);
+        }
+    }
+    Some((from_interval, until_interval, step, values))
+}
+
+impl Series {
+    /// graphite-web's `maxDataPoints` for the JSON format: when the series has more points
+    /// than that over `time_range` seconds, its start is nudged so consolidation bands stay put
+    /// from one refresh to the next, and every `ceil(points / max)` values become their
+    /// average (ignoring `None`). Returns the step the points are then apart (also `step`).
+    pub fn consolidate(&mut self, max_data_points: usize, time_range: i64) -> i64 {
+        let points = time_range / self.step;
+        if max_data_points == 0 || (max_data_points as i64) >= points {
+            return self.step;
+        }
+        let per_point = (points as f64 / max_data_points as f64).ceil() as usize;
+        let seconds_per_point = per_point as i64 * self.step;
+        let nudge = seconds_per_point + self.start.rem_euclid(self.step) - self.start.rem_euclid(seconds_per_point);
+        self.start += nudge;
+        // graphite-web drops one value fewer than the nudge spans (its `range(1, n)`).
+        let lose = ((nudge / self.step) as usize).saturating_sub(1).min(self.values.len());
+        self.values.drain(..lose);
+        self.values = self
+            .values
+            .chunks(per_point)
+            .map(|c| {
+                let known: Vec<f64> = c.iter().flatten().copied().collect();
+                (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64)
+            })
+            .collect();
+        self.step = seconds_per_point;
+        seconds_per_point
+    }
+
+    /// The timestamps graphite-web pairs with the values: `start`, `start + step`, … up to
+    /// `end` inclusive, as many as there are values or fewer.
+    fn timestamps(&self, step: i64) -> impl Iterator<Item = i64> + '_ {
+        (0..).map(move |i| self.start + i * step).take_while(|t| *t <= self.end)
+    }
+}
+
+/// A float as Python's `repr` writes it (`1.0`, `0.5`, `1e+20`), which graphite-web's formats
+/// carry.
+pub fn py_float(v: f64) -> String {
+    if v.is_nan() {
+        return "nan".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    let exp = if v == 0.0 { 0 } else { v.abs().log10().floor() as i32 };
+    if (-4..16).contains(&exp) {
+        let s = format!("{v}");
+        if s.contains('.') {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    } else {
+        // Shortest digits, in Python's exponent style: `1e+20`, `1.5e-07`.
+        let s = format!("{v:e}");
+        let (mantissa, e) = s.split_once('e').expect("{:e} has an exponent");
+        let e: i32 = e.parse().expect("an integer exponent");
+        format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+    }
+}
+
+/// graphite-web's `format=json`: `[{"target", "tags", "datapoints": [[value, ts], …]}]`, with
+/// `maxDataPoints` applied over `time_range`.
+pub fn to_json(series: &mut [Series], max_data_points: Option<usize>, time_range: i64) -> String {
+    let mut out = String::from("[");
+    for (i, s) in series.iter_mut().enumerate() {
+        let step = match max_data_points {
+            Some(m) => s.consolidate(m, time_range),
+            None => s.step,
+        };
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str("{\"target\": ");
+        out.push_str(&serde_json_string(&s.name));
+        out.push_str(", \"tags\": {");
+        for (k, (name, value)) in s.tags.iter().enumerate() {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            let _ = write!(out, "{}: {}", serde_json_string(name), serde_json_string(value));
+        }
+        out.push_str("}, \"datapoints\": [");
+        for (k, (v, t)) in s.values.iter().zip(s.timestamps(step)).enumerate() {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            match v {
+                Some(v) if v.is_finite() => {
+                    let _ = write!(out, "[{}, {t}]", py_float(*v));
+                }
+                // JSON has no infinities or NaN; graphite-web writes them as they come, which
+                // JSON parsers refuse.
+                _ => {
+                    let _ = write!(out, "[null, {t}]");
+                }
+            }
+        }
+        out.push_str("]}");
+    }
+    out.push(']');
+    out
+}
+
+fn serde_json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || !c.is_ascii() => {
+                // Python's json.dumps escapes everything beyond ASCII (ensure_ascii).
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// graphite-web's `format=csv`: `name,YYYY-MM-DD HH:MM:SS,value` (UTC), empty for no value.
+pub fn to_csv(series: &[Series]) -> String {
+    let mut out = String::new();
+    for s in series {
+        for (i, v) in s.values.iter().enumerate() {
+            let t = s.start + i as i64 * s.step;
+            let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+            let (y, m, d) = civil(days);
+            let _ = write!(
+                out,
+                "{},{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02},",
+                csv_field(&s.name),
+                secs / 3600,
+                secs / 60 % 60,
+                secs % 60
+            );
+            if let Some(v) = v {
+                out.push_str(&py_float(*v));
+            }
+            out.push_str("\r\n");
+        }
+    }
+    out
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Civil date of a day number (days since 1970-01-01).
+fn civil(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// graphite-web's `format=raw`: `name,start,end,step|v1,v2,None,…` per series.
+pub fn to_raw(series: &[Series]) -> String {
+    let mut out = String::new();
+    for s in series {
+        let _ = write!(out, "{},{},{},{}|", s.name, s.start, s.end, s.step);
+        for (i, v) in s.values.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            match v {
+                Some(v) => out.push_str(&py_float(*v)),
+                None => out.push_str("None"),
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{Aggregation, Archive};
+
+    fn policy(archives: &[(i64, i64)], aggregation: Aggregation, xff: f64) -> Policy {
+        Policy {
+            archives: archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect(),
+            aggregation,
+            x_files_factor: xff,
+        }
+    }
+
+    const NOW: i64 = 1_700_003_600;
+
+    #[test]
+    fn the_finest_archive_keeps_the_last_point_of_each_interval() {
+        let p = policy(&[(60, 1440)], Aggregation::Average, 0.5);
+        // 10 s data into a 60 s archive: the last of each minute.
+        let samples: Vec<(i64, f64)> = (0..36).map(|i| ((1_700_000_000 + i * 10) * 1000, i as f64)).collect();
+        let (start, end, step, values) = fetch(&samples, &p, 1_699_999_990, 1_700_000_400, NOW).unwrap();
+        // whisper: fromInterval = 1699999980 + 60, untilInterval = 1700000400 - 0 + 60.
+        assert_eq!((start, end, step), (1_700_000_040, 1_700_000_460, 60));
+        assert_eq!(values.len(), 7);
+        // 1700000040..: the minute [1700000040, 1700000100) holds points 4..=9, the last is 9.
+        assert_eq!(values[..5], [Some(9.0), Some(15.0), Some(21.0), Some(27.0), Some(33.0)]);
+        assert_eq!(values[5..], [Some(35.0), None]);
+    }
+
+    #[test]
+    fn a_coarser_archive_aggregates_with_the_x_files_factor() {
+        // 60 s for 1 h, 300 s for 1 day: a 2 h range reads the 300 s archive.
+        let p = policy(&[(60, 60), (300, 288)], Aggregation::Sum, 0.5);
+        let base = 1_699_996_200; // a multiple of 300
+        let mut samples = Vec::new();
+        // Five-minute slots: the first full (5 values), the second with 3 of 5, the third 2 of 5.
+        for k in 0..5 {
+            samples.push(((base + k * 60) * 1000, 1.0));
+        }
+        for k in 0..3 {
+            samples.push(((base + 300 + k * 60) * 1000, 2.0));
+        }
+        for k in 0..2 {
+            samples.push(((base + 600 + k * 60) * 1000, 4.0));
+        }
+        let (start, _, step, values) = fetch(&samples, &p, base - 300, base + 1200, NOW).unwrap();
+        assert_eq!((start, step), (base, 300));
+        assert_eq!(values[..4], [Some(5.0), Some(6.0), None, None]);
+    }
+
+    #[test]
+    fn ranges_outside_the_retention_clamp_or_answer_nothing() {
+        let p = policy(&[(60, 60)], Aggregation::Average, 0.5);
+        assert_eq!(fetch(&[], &p, NOW + 10, NOW + 100, NOW), None);
+        assert_eq!(fetch(&[], &p, NOW - 10_000, NOW - 7200, NOW), None);
+        let (start, end, _, values) = fetch(&[], &p, NOW - 100_000, NOW + 1000, NOW).unwrap();
+        // NOW is 20 s past a minute: the intervals after NOW - 3600 and after NOW.
+        assert_eq!((start, end), (NOW - 3560, NOW + 40));
+        assert!(values.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn max_data_points_consolidates_as_graphite_web() {
+        let mut s = Series {
+            name: "a".into(),
+            tags: vec![],
+            start: 600,
+            end: 1200,
+            step: 60,
+            values: (0..10).map(|i| Some(i as f64)).collect(),
+        };
+        let step = s.consolidate(5, 600);
+        // 10 points, at most 5: two per point, 120 s apart; nudge = 120 + 0 - 0 = 120, one
+        // value dropped.
+        assert_eq!((step, s.start), (120, 720));
+        assert_eq!(s.values, [Some(1.5), Some(3.5), Some(5.5), Some(7.5), Some(9.0)]);
+        assert_eq!(
+            to_json(&mut [s], None, 600),
+            r#"[{"target": "a", "tags": {}, "datapoints": [[1.5, 720], [3.5, 840], [5.5, 960], [7.5, 1080], [9.0, 1200]]}]"#
+        );
+    }
+
+    #[test]
+    fn formats_as_graphite_web_writes_them() {
+        let s = Series {
+            name: "a.b".into(),
+            tags: vec![("name".into(), "a.b".into())],
+            start: 1_700_000_040,
+            end: 1_700_000_160,
+            step: 60,
+            values: vec![Some(1.0), None],
+        };
+        assert_eq!(to_raw(std::slice::from_ref(&s)), "a.b,1700000040,1700000160,60|1.0,None\n");
+        assert_eq!(to_csv(std::slice::from_ref(&s)), "a.b,2023-11-14 22:14:00,1.0\r\na.b,2023-11-14 22:15:00,\r\n");
+        assert_eq!(
+            to_json(&mut [s], None, 120),
+            r#"[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 1700000040], [null, 1700000100]]}]"#
+        );
+        assert_eq!(py_float(1e20), "1e+20");
+        assert_eq!(py_float(1.5e-7), "1.5e-07");
+        assert_eq!(py_float(0.1), "0.1");
+        assert_eq!(py_float(-3.0), "-3.0");
+    }
+}
