@@ -206,6 +206,8 @@ impl Ingest<'_> {
         let newest = now_ms.saturating_add(self.window.max_future_ms);
         let oldest = if self.window.max_age_ms > 0 { now_ms.saturating_sub(self.window.max_age_ms) } else { i64::MIN };
         let mut app = self.db.appender();
+        // Sized once: growing it by doubling faulted in fresh pages again and again.
+        app.reserve(points.len());
         let mut pairs: Vec<(&str, &str)> = Vec::with_capacity(8);
         let mut pending = 0u64;
         for p in points {

@@ -179,9 +179,27 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 /// Parses the complete lines in `buf` and stores their points in one commit. Blank lines are
 /// skipped; a line past `max_line_bytes` is refused as `line_too_long`.
 fn store_lines(shared: &Shared, protocol: Protocol, buf: &[u8]) {
+    thread_local! {
+        /// Reused from batch to batch on each blocking thread (see `tcp::plaintext_connection`).
+        static POINTS: std::cell::RefCell<Vec<strata_graphite::carbon::CarbonPoint>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    POINTS.with_borrow_mut(|points| {
+        points.clear();
+        parse_lines(shared, protocol, buf, points);
+        shared.ingest(protocol).store(points, now_ms());
+        points.clear();
+    });
+}
+
+/// The points of the complete lines in `buf`; refusals are counted as they are met.
+fn parse_lines(
+    shared: &Shared,
+    protocol: Protocol,
+    buf: &[u8],
+    points: &mut Vec<strata_graphite::carbon::CarbonPoint>,
+) {
     let ingest = shared.ingest(protocol);
     let now = now_ms();
-    let mut points = Vec::with_capacity(buf.len() / 40);
     for line in buf.split(|&b| b == b'\n') {
         if strata_graphite::carbon::plaintext::is_blank(line) {
             continue;
@@ -204,7 +222,6 @@ fn store_lines(shared: &Shared, protocol: Protocol, buf: &[u8]) {
             Err(e) => ingest.refuse(&e, line),
         }
     }
-    ingest.store(&points, now);
 }
 
 #[cfg(test)]
