@@ -243,6 +243,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
         .route("/metrics/find", get(graphite_api::find))
         .route("/graphite/metrics/find", get(graphite_api::find))
+        .route("/metrics/expand", get(graphite_api::expand))
+        .route("/graphite/metrics/expand", get(graphite_api::expand))
+        .route("/metrics/index.json", get(graphite_api::index_json))
+        .route("/graphite/metrics/index.json", get(graphite_api::index_json))
         .route("/render", get(graphite_api::render))
         .route("/graphite/render", get(graphite_api::render))
         // Panics are caught inside the counting, so a failed request is counted as the 500
@@ -328,6 +332,8 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
         "/metrics/find" | "/graphite/metrics/find" => "graphite_find",
+        "/metrics/expand" | "/graphite/metrics/expand" => "graphite_expand",
+        "/metrics/index.json" | "/graphite/metrics/index.json" => "graphite_index",
         "/render" | "/graphite/render" => "graphite_render",
         "/-/ready" | "/-/healthy" => "health",
         "/-/reload" | "/-/quit" => "lifecycle",

@@ -168,6 +168,22 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         serde_json::json!({"path": "servers.dc1.host-00000.", "name": "host-00000", "is_leaf": "0"})
     );
     assert_eq!(c["metrics"].as_array().unwrap().len(), 10);
+    let get_json = |path: &str| {
+        let (code, body) = http(srv.port, "GET", path, &[], b"");
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    assert_eq!(
+        get_json("/metrics/expand?query=servers.dc1.host-0000%5B12%5D&query=pickled.*"),
+        serde_json::json!({"results": ["pickled.path", "servers.dc1.host-00001", "servers.dc1.host-00002"]})
+    );
+    assert_eq!(
+        get_json("/metrics/expand?query=servers.*.host-00001&query=pickled&groupByExpr=1&leavesOnly=1"),
+        serde_json::json!({"results": {"servers.*.host-00001": [], "pickled": []}})
+    );
+    let index = get_json("/graphite/metrics/index.json");
+    assert_eq!(index.as_array().unwrap().len(), PATHS + 1, "{index}");
+    assert_eq!(index[0], "pickled.path");
     let (code, body) = http(srv.port, "GET", "/metrics/find?query=servers.%7Bdc1", &[], b"");
     assert!(code == 400 && body.contains("unbalanced"), "{code} {body}");
 

@@ -57,6 +57,64 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response())
 }
 
+/// `/metrics/expand`: the paths every `query` glob matches (branches too unless
+/// `leavesOnly=1`), one sorted list, or per query with `groupByExpr=1`, as graphite-web answers.
+pub(super) async fn expand(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let flag = |name: &str| p.get(name).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let (leaves_only, group) = (flag("leavesOnly"), flag("groupByExpr"));
+    let queries: Vec<String> = p.all("query").into_iter().filter(|q| !q.is_empty()).map(str::to_owned).collect();
+    if queries.is_empty() {
+        return Err(ApiError::bad_data("missing parameter \"query\""));
+    }
+    let mut globs = Vec::with_capacity(queries.len());
+    for q in &queries {
+        globs.push(Glob::parse(q).map_err(|e| ApiError::bad_data(format!("query {q:?}: {e}")))?);
+    }
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let found = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        let paths = q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))?;
+        let mut out = Vec::with_capacity(globs.len());
+        for g in &globs {
+            let nodes =
+                find_nodes(g, &paths, st2.limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))?;
+            out.push(nodes.into_iter().filter(|n| n.is_leaf || !leaves_only).map(|n| n.path).collect::<Vec<_>>());
+        }
+        Ok(out)
+    })
+    .await?;
+    let results = if group {
+        Value::Object(queries.into_iter().zip(found).map(|(q, paths)| (q, json!(paths))).collect())
+    } else {
+        let all: std::collections::BTreeSet<String> = found.into_iter().flatten().collect();
+        json!(all)
+    };
+    Ok(([(header::CONTENT_TYPE, "application/json")], json!({ "results": results }).to_string()).into_response())
+}
+
+/// `/metrics/index.json`: every path, sorted, as graphite-web lists its index.
+pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let paths = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        let paths = q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))?;
+        if paths.len() > st2.limits.max_query_series {
+            return Err(ApiError::execution(format!(
+                "the index holds more than {} paths (--query.max-series)",
+                st2.limits.max_query_series
+            )));
+        }
+        Ok(paths)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json!(paths).to_string()).into_response())
+}
+
 /// graphite-web's `treejson`: one object per node, branches expandable.
 fn tree_json(nodes: &[Node]) -> Value {
     Value::Array(
