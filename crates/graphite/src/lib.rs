@@ -3,8 +3,8 @@
 //!
 //! What is here so far: the decoders of what carbon senders put on the wire (`carbon`),
 //! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`), the nodes a find returns
-//! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`) and what a
-//! function-less render answers (`render`). The persistent glob index and the functions come
+//! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`), tag expressions
+//! (`tagexpr`) and what a function-less render answers (`render`). The persistent glob index and the functions come
 //! next.
 
 pub mod attime;
@@ -14,3 +14,4 @@ pub mod glob;
 pub mod path;
 pub mod render;
 pub mod schema;
+pub mod tagexpr;

@@ -246,6 +246,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics/expand", get(graphite_api::expand))
         .route("/graphite/metrics/expand", get(graphite_api::expand))
         .route("/metrics/index.json", get(graphite_api::index_json))
+        .route("/tags", get(graphite_api::tags))
+        .route("/graphite/tags", get(graphite_api::tags))
+        .route("/tags/findSeries", get(graphite_api::find_series))
+        .route("/graphite/tags/findSeries", get(graphite_api::find_series))
+        .route("/tags/autoComplete/{what}", get(graphite_api::auto_complete))
+        .route("/graphite/tags/autoComplete/{what}", get(graphite_api::auto_complete))
+        .route("/tags/{tag}", get(graphite_api::tag_details))
+        .route("/graphite/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/metrics/index.json", get(graphite_api::index_json))
         .route("/render", get(graphite_api::render))
         .route("/graphite/render", get(graphite_api::render))
@@ -334,6 +342,7 @@ fn handler_name(path: &str) -> &'static str {
         "/metrics/find" | "/graphite/metrics/find" => "graphite_find",
         "/metrics/expand" | "/graphite/metrics/expand" => "graphite_expand",
         "/metrics/index.json" | "/graphite/metrics/index.json" => "graphite_index",
+        p if p.starts_with("/tags") || p.starts_with("/graphite/tags") => "graphite_tags",
         "/render" | "/graphite/render" => "graphite_render",
         "/-/ready" | "/-/healthy" => "health",
         "/-/reload" | "/-/quit" => "lifecycle",

@@ -252,6 +252,24 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     assert_eq!(json[0]["tags"], serde_json::json!({"dc": "eu", "name": "pickled.path"}));
     let known: Vec<f64> = json[0]["datapoints"].as_array().unwrap().iter().filter_map(|p| p[0].as_f64()).collect();
     assert_eq!(known, [4.0, 5.0]);
+
+    // Tags: the pickled path's `dc` tag, and `name` for every path.
+    let tags = get_json("/tags");
+    assert!(tags.as_array().unwrap().contains(&serde_json::json!({"tag": "dc"})), "{tags}");
+    assert!(tags.as_array().unwrap().contains(&serde_json::json!({"tag": "name"})), "{tags}");
+    assert_eq!(get_json("/tags/dc"), serde_json::json!({"tag": "dc", "values": [{"count": 1, "value": "eu"}]}));
+    assert_eq!(get_json("/tags/findSeries?expr=dc%3Deu"), serde_json::json!(["pickled.path;dc=eu"]));
+    // Graphite's `=~` is anchored at the start only.
+    let found = get_json("/tags/findSeries?expr=name%3D~servers%5C.dc1%5C.host-0000%5B12%5D");
+    assert_eq!(found, serde_json::json!(["servers.dc1.host-00001.cpu.user", "servers.dc1.host-00002.cpu.user"]));
+    assert_eq!(get_json("/tags/autoComplete/tags?expr=name%3Dpickled.path"), serde_json::json!(["dc"]));
+    assert_eq!(get_json("/tags/autoComplete/values?tag=dc&valuePrefix=e"), serde_json::json!(["eu"]));
+    let (code, body) = http(srv.port, "GET", "/tags/findSeries?expr=dc%21%3Deu", &[], b"");
+    assert!(code == 400 && body.contains("at least one expression"), "{code} {body}");
+    // seriesByTag in render reads the same series.
+    let json: serde_json::Value =
+        serde_json::from_str(&render(&format!("target={}&from=-10min", form_encode("seriesByTag('dc=eu')")))).unwrap();
+    assert_eq!(json[0]["target"], "pickled.path;dc=eu");
     let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*)", &[], b"");
     assert!(code == 400 && body.contains("not supported yet"), "{code} {body}");
 }

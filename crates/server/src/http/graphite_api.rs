@@ -14,6 +14,8 @@ use strata_graphite::attime::parse_at_time;
 use strata_graphite::find::{find as find_nodes, Node};
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{to_csv, to_json, to_raw, Series as RenderSeries};
+use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
+use strata_model::{Labels, MatchOp, Matcher};
 
 use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Params};
 
@@ -179,14 +181,21 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
                 as usize,
         ),
     };
-    let mut globs = Vec::with_capacity(targets.len());
+    let mut selections = Vec::with_capacity(targets.len());
     for t in &targets {
+        if let Some(args) = series_by_tag_args(t) {
+            let args = args.map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
+            selections.push(Selection::Tags(
+                tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?,
+            ));
+            continue;
+        }
         if t.contains('(') {
             return Err(ApiError::bad_data(format!(
-                "target {t:?}: Graphite functions (and seriesByTag) are not supported yet; plain paths and globs are"
+                "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
             )));
         }
-        globs.push(Glob::parse(t).map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?);
+        selections.push(Selection::Glob(Glob::parse(t).map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?));
     }
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
@@ -196,30 +205,33 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
         let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
         let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
-        let names = q.label_values("__name__", &[]).map_err(|e| execution(&e))?;
+        let mut names: Option<Vec<String>> = None;
         let mut out = Vec::new();
-        for glob in &globs {
-            let nodes = find_nodes(glob, &names, st2.limits.max_query_series).map_err(|e| execution(&e))?;
-            for node in nodes.iter().filter(|n| n.is_leaf) {
-                let m = strata_model::Matcher::new(strata_model::MatchOp::Equal, "__name__", node.path.as_str())
-                    .map_err(|e| execution(&e))?;
-                for s in q.select(&[m]).map_err(|e| execution(&e))? {
-                    let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
-                    let mut tags: Vec<(String, String)> = vec![("name".into(), node.path.clone())];
-                    tags.extend(
-                        s.labels
-                            .iter()
-                            .filter(|l| &*l.name != "__name__")
-                            .map(|l| (l.name.to_string(), l.value.to_string())),
-                    );
-                    tags.sort();
-                    let name = graphite_name(&node.path, &tags);
-                    let policy = schemas.policy(&name);
-                    if let Some((start, end, step, values)) =
-                        strata_graphite::render::fetch(&samples, &policy, from, until, now)
-                    {
-                        out.push(RenderSeries { name, tags, start, end, step, values });
+        for selection in &selections {
+            let mut selected = Vec::new();
+            match selection {
+                Selection::Glob(glob) => {
+                    if names.is_none() {
+                        names = Some(q.label_values("__name__", &[]).map_err(|e| execution(&e))?);
                     }
+                    let all = names.as_deref().unwrap_or_default();
+                    let nodes = find_nodes(glob, all, st2.limits.max_query_series).map_err(|e| execution(&e))?;
+                    for node in nodes.iter().filter(|n| n.is_leaf) {
+                        let m =
+                            Matcher::new(MatchOp::Equal, "__name__", node.path.as_str()).map_err(|e| execution(&e))?;
+                        selected.extend(q.select(&[m]).map_err(|e| execution(&e))?);
+                    }
+                }
+                Selection::Tags(matchers) => selected = q.select(matchers).map_err(|e| execution(&e))?,
+            }
+            for s in selected {
+                let Some((name, tags)) = graphite_series_name(&s.labels) else { continue };
+                let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
+                let policy = schemas.policy(&name);
+                if let Some((start, end, step, values)) =
+                    strata_graphite::render::fetch(&samples, &policy, from, until, now)
+                {
+                    out.push(RenderSeries { name, tags, start, end, step, values });
                 }
             }
         }
@@ -238,15 +250,201 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
 /// `until`, up to a day long for the coarsest archives in use.
 const RENDER_SLACK_S: i64 = 86_400;
 
-/// The Graphite name of a series: its path, and `;tag=value` for every other label, in tag
-/// order (Graphite 1.1's canonical tagged form).
-fn graphite_name(path: &str, tags: &[(String, String)]) -> String {
+/// What a render target selects.
+enum Selection {
+    Glob(Glob),
+    Tags(Vec<Matcher>),
+}
+
+/// The Graphite name and tags of a series: its `__name__` as the path, and `;tag=value` for
+/// every other label, in tag order (Graphite 1.1's canonical tagged form); `tags` holds `name`
+/// and the others, sorted. `None` for a series without `__name__`.
+fn graphite_series_name(labels: &Labels) -> Option<(String, Vec<(String, String)>)> {
+    let path = labels.get("__name__")?;
     let mut name = path.to_owned();
-    for (k, v) in tags.iter().filter(|(k, _)| k != "name") {
+    let mut tags: Vec<(String, String)> = vec![("name".into(), path.to_owned())];
+    for l in labels.iter().filter(|l| &*l.name != "__name__") {
         name.push(';');
-        name.push_str(k);
+        name.push_str(&l.name);
         name.push('=');
-        name.push_str(v);
+        name.push_str(&l.value);
+        tags.push((l.name.to_string(), l.value.to_string()));
     }
-    name
+    tags.sort();
+    Some((name, tags))
+}
+
+/// Tag expressions as matchers; a 400 naming what is wrong.
+fn tag_matchers<S: AsRef<str>>(exprs: &[S]) -> Result<Vec<Matcher>, ApiError> {
+    let parsed = parse_all(exprs).map_err(|e| ApiError::bad_data(e.to_string()))?;
+    parsed
+        .iter()
+        .map(|TagExpr { label, op, value }| {
+            let op = match op {
+                TagOp::Equal => MatchOp::Equal,
+                TagOp::NotEqual => MatchOp::NotEqual,
+                TagOp::RegexMatch => MatchOp::RegexMatch,
+                TagOp::RegexNoMatch => MatchOp::RegexNoMatch,
+            };
+            Matcher::new(op, label.as_str(), value.as_str()).map_err(|e| ApiError::bad_data(format!("{label}: {e}")))
+        })
+        .collect()
+}
+
+/// The tag's name as Graphite spells it (`__name__` is `name`).
+fn tag_name(label: &str) -> &str {
+    if label == "__name__" {
+        "name"
+    } else {
+        label
+    }
+}
+
+/// A JSON response.
+fn json_response(v: Value) -> axum::response::Response {
+    ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+/// graphite-web's autocomplete limit.
+const AUTOCOMPLETE_LIMIT: usize = 100;
+
+fn limit_param(p: &Params, default: usize) -> Result<usize, ApiError> {
+    match p.get("limit").filter(|s| !s.is_empty()) {
+        None => Ok(default),
+        Some(s) => s.parse().map_err(|_| ApiError::bad_data(format!("limit={s:?} is not a whole number"))),
+    }
+}
+
+/// `/tags`: every tag name (`name` for the path), as `[{"tag": …}]`; `filter` is a regular
+/// expression anchored at the start, `limit` a count.
+pub(super) async fn tags(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let filter = match p.get("filter").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(f) => {
+            Some(regex::Regex::new(&format!("^(?:{f})")).map_err(|e| ApiError::bad_data(format!("filter: {e}")))?)
+        }
+    };
+    let limit = limit_param(&p, usize::MAX)?;
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let names = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        q.label_names(&[]).map_err(|e| ApiError::execution(e.to_string()))
+    })
+    .await?;
+    let mut tags: Vec<&str> =
+        names.iter().map(|n| tag_name(n)).filter(|t| filter.as_ref().is_none_or(|f| f.is_match(t))).collect();
+    tags.sort_unstable();
+    tags.truncate(limit);
+    Ok(json_response(Value::Array(tags.into_iter().map(|t| json!({ "tag": t })).collect())))
+}
+
+/// `/tags/{tag}`: the tag's values and how many series hold each, `{"tag", "values": [{"count",
+/// "value"}]}`; `filter` and `limit` as for `/tags`.
+pub(super) async fn tag_details(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(tag): axum::extract::Path<String>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let p = Params::from_query(raw);
+    let filter = match p.get("filter").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(f) => {
+            Some(regex::Regex::new(&format!("^(?:{f})")).map_err(|e| ApiError::bad_data(format!("filter: {e}")))?)
+        }
+    };
+    let limit = limit_param(&p, usize::MAX)?;
+    let label = if tag == "name" { "__name__".to_owned() } else { tag.clone() };
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let counts = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        let m =
+            Matcher::new(MatchOp::RegexMatch, label.as_str(), ".+").map_err(|e| ApiError::execution(e.to_string()))?;
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for s in q.select(&[m]).map_err(|e| ApiError::execution(e.to_string()))? {
+            if let Some(v) = s.labels.get(&label) {
+                *counts.entry(v.to_owned()).or_default() += 1;
+            }
+        }
+        Ok(counts)
+    })
+    .await?;
+    let values: Vec<Value> = counts
+        .into_iter()
+        .filter(|(v, _)| filter.as_ref().is_none_or(|f| f.is_match(v)))
+        .take(limit)
+        .map(|(v, n)| json!({"count": n, "value": v}))
+        .collect();
+    Ok(json_response(json!({"tag": tag, "values": values})))
+}
+
+/// `/tags/findSeries?expr=…&expr=…`: the series matching every expression, by their Graphite
+/// names, sorted.
+pub(super) async fn find_series(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let matchers = tag_matchers(&p.all("expr"))?;
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let mut names = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        let series = q.select(&matchers).map_err(|e| ApiError::execution(e.to_string()))?;
+        Ok(series.iter().filter_map(|s| graphite_series_name(&s.labels)).map(|(n, _)| n).collect::<Vec<_>>())
+    })
+    .await?;
+    names.sort_unstable();
+    Ok(json_response(json!(names)))
+}
+
+/// `/tags/autoComplete/tags` (`tagPrefix`) and `/tags/autoComplete/values` (`tag`,
+/// `valuePrefix`): tag names, or one tag's values, among the series matching the `expr`s (all
+/// series without), sorted, at most `limit` (100).
+pub(super) async fn auto_complete(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(what): axum::extract::Path<String>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let p = Params::from_query(raw);
+    let exprs = p.all("expr");
+    let matchers = if exprs.is_empty() { Vec::new() } else { tag_matchers(&exprs)? };
+    let limit = limit_param(&p, AUTOCOMPLETE_LIMIT)?;
+    let (values_of, prefix) = match what.as_str() {
+        "tags" => (None, p.get("tagPrefix").unwrap_or("").to_owned()),
+        "values" => {
+            let tag = p
+                .get("tag")
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| ApiError::bad_data("missing parameter \"tag\""))?;
+            (
+                Some(if tag == "name" { "__name__".to_owned() } else { tag.to_owned() }),
+                p.get("valuePrefix").unwrap_or("").to_owned(),
+            )
+        }
+        other => return Err(ApiError::bad_data(format!("/tags/autoComplete/{other}: expected tags or values"))),
+    };
+    // Tags already constrained by the expressions are not offered again.
+    let used: Vec<String> = matchers.iter().map(|m| tag_name(&m.name).to_owned()).collect();
+    let want_values = values_of.is_some();
+    let db = db(&st)?;
+    let st2 = st.clone();
+    let found = run_query(&st, move |stopper| {
+        let stop = || stopper.stop();
+        let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
+        let e = |e: strata_tsdb::error::Error| ApiError::execution(e.to_string());
+        let out: Vec<String> = match &values_of {
+            Some(label) => q.label_values(label, &matchers).map_err(e)?,
+            None => q.label_names(&matchers).map_err(e)?.iter().map(|n| tag_name(n).to_owned()).collect(),
+        };
+        Ok(out)
+    })
+    .await?;
+    let mut found: Vec<String> =
+        found.into_iter().filter(|x| x.starts_with(prefix.as_str()) && (want_values || !used.contains(x))).collect();
+    found.sort_unstable();
+    found.truncate(limit);
+    Ok(json_response(json!(found)))
 }
