@@ -308,6 +308,25 @@ fn json_response(v: Value) -> axum::response::Response {
 /// graphite-web's autocomplete limit.
 const AUTOCOMPLETE_LIMIT: usize = 100;
 
+/// `filter`: a regular expression anchored at the start, as graphite-web applies it.
+fn filter_param(p: &Params) -> Result<Option<regex::Regex>, ApiError> {
+    match p.get("filter").filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(f) => {
+            regex::Regex::new(&format!("^(?:{f})")).map(Some).map_err(|e| ApiError::bad_data(format!("filter: {e}")))
+        }
+    }
+}
+
+/// The label a tag is stored as (`name` is `__name__`).
+fn label_of_tag(tag: &str) -> String {
+    if tag == "name" {
+        "__name__".to_owned()
+    } else {
+        tag.to_owned()
+    }
+}
+
 fn limit_param(p: &Params, default: usize) -> Result<usize, ApiError> {
     match p.get("limit").filter(|s| !s.is_empty()) {
         None => Ok(default),
@@ -319,12 +338,7 @@ fn limit_param(p: &Params, default: usize) -> Result<usize, ApiError> {
 /// expression anchored at the start, `limit` a count.
 pub(super) async fn tags(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
     let p = Params::from_query(raw);
-    let filter = match p.get("filter").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(f) => {
-            Some(regex::Regex::new(&format!("^(?:{f})")).map_err(|e| ApiError::bad_data(format!("filter: {e}")))?)
-        }
-    };
+    let filter = filter_param(&p)?;
     let limit = limit_param(&p, usize::MAX)?;
     let db = db(&st)?;
     let st2 = st.clone();
@@ -349,14 +363,9 @@ pub(super) async fn tag_details(
     RawQuery(raw): RawQuery,
 ) -> ApiResult {
     let p = Params::from_query(raw);
-    let filter = match p.get("filter").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(f) => {
-            Some(regex::Regex::new(&format!("^(?:{f})")).map_err(|e| ApiError::bad_data(format!("filter: {e}")))?)
-        }
-    };
+    let filter = filter_param(&p)?;
     let limit = limit_param(&p, usize::MAX)?;
-    let label = if tag == "name" { "__name__".to_owned() } else { tag.clone() };
+    let label = label_of_tag(&tag);
     let db = db(&st)?;
     let st2 = st.clone();
     let counts = run_query(&st, move |stopper| {
@@ -419,10 +428,7 @@ pub(super) async fn auto_complete(
                 .get("tag")
                 .filter(|t| !t.is_empty())
                 .ok_or_else(|| ApiError::bad_data("missing parameter \"tag\""))?;
-            (
-                Some(if tag == "name" { "__name__".to_owned() } else { tag.to_owned() }),
-                p.get("valuePrefix").unwrap_or("").to_owned(),
-            )
+            (Some(label_of_tag(tag)), p.get("valuePrefix").unwrap_or("").to_owned())
         }
         other => return Err(ApiError::bad_data(format!("/tags/autoComplete/{other}: expected tags or values"))),
     };
