@@ -89,8 +89,9 @@ impl<'a> P<'a> {
         }
     }
     fn ws(&mut self) {
-        while matches!(self.peek(), Some(c) if c.is_whitespace()) {
-            self.pos += 1;
+        while let Some(c) = self.peek().filter(|c| c.is_whitespace()) {
+            // Whitespace is not only ASCII: U+0085 or U+3000 take several bytes.
+            self.pos += c.len_utf8();
         }
     }
     fn ident(&mut self) -> Option<&'a str> {
@@ -154,5 +155,13 @@ mod tests {
         }
         let e = parse_selector("{a=~\".*\"}").unwrap_err();
         assert!(e.contains("does not match the empty string"), "{e}");
+    }
+
+    /// The promql fuzz target found it (artifact crash-776f0634…, `t\u{85}*`): whitespace past
+    /// ASCII moved the position into the middle of a character, and the next slice panicked.
+    #[test]
+    fn fuzz_crash_multibyte_whitespace_is_skipped_whole() {
+        assert!(parse_selector("t\u{85}*").is_err());
+        assert_eq!(show("up{\u{85}job=\"a\"\u{2003}}"), ["__name__=\"up\"", "job=\"a\""]);
     }
 }
