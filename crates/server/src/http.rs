@@ -31,6 +31,7 @@ use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
 use crate::remote::{self, DecodeError};
+use crate::scrape::scrape_loop::now_ms;
 use crate::textparse::{Entry, Format, Parser};
 use crate::timeparse::{parse_duration_param_ms, parse_time_ms};
 
@@ -787,10 +788,6 @@ impl Params {
             .map(|s| parse_selector(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"match[]\": {e}"))))
             .collect()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Prometheus' float formatting: shortest round-trip decimal, `NaN`, `+Inf`, `-Inf`.

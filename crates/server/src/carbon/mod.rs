@@ -20,11 +20,13 @@ mod udp;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use strata_tsdb::Db;
 use tokio::sync::watch;
 
+use crate::scrape::scrape_loop::now_ms;
+use crate::web::stopped;
 use ingest::LogLimiter;
 pub use ingest::{CarbonStats, Protocol, Window};
 
@@ -167,15 +169,6 @@ impl Shared {
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-/// Completes once `stop` turns true (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 /// Parses the complete lines in `buf` and stores their points in one commit. Blank lines are
 /// skipped; a line past `max_line_bytes` is refused as `line_too_long`.
 fn store_lines(shared: &Shared, protocol: Protocol, buf: &[u8]) {
@@ -205,15 +198,9 @@ fn parse_lines(
             continue;
         }
         if line.len() > shared.config.max_line_bytes {
-            ingest.stats.received.fetch_add(1, Ordering::Relaxed);
-            ingest.stats.reject("line_too_long", 1);
-            shared.log.warn(protocol, || {
-                format!(
-                    "a line of {} bytes is over the limit of {}: {}",
-                    line.len(),
-                    shared.config.max_line_bytes,
-                    ingest::sample(line)
-                )
+            let max = shared.config.max_line_bytes;
+            ingest.refuse_line("line_too_long", || {
+                format!("a line of {} bytes is over the limit of {max}: {}", line.len(), ingest::sample(line))
             });
             continue;
         }

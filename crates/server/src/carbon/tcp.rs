@@ -99,7 +99,6 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
 ) -> bool {
     let cap = shared.config.read_buffer_bytes.max(shared.config.max_line_bytes + 1);
     let max_line = shared.config.max_line_bytes;
-    let stats = shared.stats.of(protocol);
     let mut buf: Vec<u8> = Vec::with_capacity(cap);
     let mut spare: Vec<u8> = Vec::with_capacity(cap);
     // Inside a line past the limit, already counted: drop bytes up to its end.
@@ -111,9 +110,7 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
             Read::Eof => {
                 if !buf.is_empty() && !skipping && !strata_graphite::carbon::plaintext::is_blank(&buf) {
                     // Carbon drops a last line without its newline too; counted here.
-                    stats.received.fetch_add(1, Ordering::Relaxed);
-                    stats.reject("partial_line", 1);
-                    shared.log.warn(protocol, || {
+                    shared.ingest(protocol).refuse_line("partial_line", || {
                         format!("the connection closed inside a line: {}", super::ingest::sample(&buf))
                     });
                 }
@@ -170,9 +167,7 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
             }
         }
         if buf.len() > max_line {
-            stats.received.fetch_add(1, Ordering::Relaxed);
-            stats.reject("line_too_long", 1);
-            shared.log.warn(protocol, || {
+            shared.ingest(protocol).refuse_line("line_too_long", || {
                 format!("a line of more than {max_line} bytes, skipped to its end: {}", super::ingest::sample(&buf))
             });
             buf.clear();

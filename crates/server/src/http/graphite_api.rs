@@ -1,8 +1,9 @@
-//! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`): so far
-//! `/metrics/find` in graphite-web's `treejson` (its default, what Grafana's Graphite data
-//! source reads) and `completer` formats, and `/render` of paths and globs (no functions yet)
-//! in the `json`, `csv` and `raw` formats. Paths are the `__name__` of stored series
-//! (`docs/graphite.md`); reads go through the same slots, deadline and limits as PromQL's.
+//! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`): `/metrics/find` in
+//! graphite-web's `treejson` (its default, what Grafana's Graphite data source reads) and
+//! `completer` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints, and
+//! `/render` of paths, globs and `seriesByTag` (no functions yet) in the `json`, `csv` and `raw`
+//! formats. Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
+//! the same slots, deadline and limits as PromQL's.
 
 use std::sync::Arc;
 
@@ -17,7 +18,22 @@ use strata_graphite::render::{to_csv, to_json, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_model::{Labels, MatchOp, Matcher};
 
-use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Params};
+use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Limits, Params};
+
+/// A glob from a request parameter; a 400 naming the parameter and the component.
+fn parse_glob(param: &str, text: &str) -> Result<Glob, ApiError> {
+    Glob::parse(text).map_err(|e| ApiError::bad_data(format!("{param} {text:?}: {e}")))
+}
+
+/// Every path (`__name__` value) the querier sees, sorted.
+fn all_paths(q: &strata_tsdb::querier::Querier<'_>) -> Result<Vec<String>, ApiError> {
+    q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))
+}
+
+/// The nodes `glob` names among `paths`, at most `--query.max-series` of them.
+fn nodes_of(glob: &Glob, paths: &[String], limits: &Limits) -> Result<Vec<Node>, ApiError> {
+    find_nodes(glob, paths, limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))
+}
 
 /// `from` and `until` of a find: epoch seconds, as graphite-web and Grafana send them.
 fn seconds_param(p: &Params, name: &str, default: i64) -> Result<i64, ApiError> {
@@ -35,7 +51,7 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let p = Params::from_query(raw);
     let query =
         p.get("query").filter(|q| !q.is_empty()).ok_or_else(|| ApiError::bad_data("missing parameter \"query\""))?;
-    let glob = Glob::parse(query).map_err(|e| ApiError::bad_data(format!("query {query:?}: {e}")))?;
+    let glob = parse_glob("query", query)?;
     let format = p.get("format").unwrap_or("treejson").to_owned();
     if !matches!(format.as_str(), "treejson" | "completer") {
         return Err(ApiError::bad_data(format!(
@@ -48,15 +64,13 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let nodes = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, from, until);
-        let paths = q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))?;
-        find_nodes(&glob, &paths, st2.limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))
+        nodes_of(&glob, &all_paths(&q)?, &st2.limits)
     })
     .await?;
-    let body = match format.as_str() {
+    Ok(json_response(match format.as_str() {
         "completer" => completer(&nodes),
         _ => tree_json(&nodes),
-    };
-    Ok(([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response())
+    }))
 }
 
 /// `/metrics/expand`: the paths every `query` glob matches (branches too unless
@@ -69,20 +83,16 @@ pub(super) async fn expand(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
     if queries.is_empty() {
         return Err(ApiError::bad_data("missing parameter \"query\""));
     }
-    let mut globs = Vec::with_capacity(queries.len());
-    for q in &queries {
-        globs.push(Glob::parse(q).map_err(|e| ApiError::bad_data(format!("query {q:?}: {e}")))?);
-    }
+    let globs = queries.iter().map(|q| parse_glob("query", q)).collect::<Result<Vec<_>, _>>()?;
     let db = db(&st)?;
     let st2 = st.clone();
     let found = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
-        let paths = q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))?;
+        let paths = all_paths(&q)?;
         let mut out = Vec::with_capacity(globs.len());
         for g in &globs {
-            let nodes =
-                find_nodes(g, &paths, st2.limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))?;
+            let nodes = nodes_of(g, &paths, &st2.limits)?;
             out.push(nodes.into_iter().filter(|n| n.is_leaf || !leaves_only).map(|n| n.path).collect::<Vec<_>>());
         }
         Ok(out)
@@ -94,7 +104,7 @@ pub(super) async fn expand(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
         let all: std::collections::BTreeSet<String> = found.into_iter().flatten().collect();
         json!(all)
     };
-    Ok(([(header::CONTENT_TYPE, "application/json")], json!({ "results": results }).to_string()).into_response())
+    Ok(json_response(json!({ "results": results })))
 }
 
 /// `/metrics/index.json`: every path, sorted, as graphite-web lists its index.
@@ -104,7 +114,7 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
     let paths = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
-        let paths = q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))?;
+        let paths = all_paths(&q)?;
         if paths.len() > st2.limits.max_query_series {
             return Err(ApiError::execution(format!(
                 "the index holds more than {} paths (--query.max-series)",
@@ -114,7 +124,7 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
         Ok(paths)
     })
     .await?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json!(paths).to_string()).into_response())
+    Ok(json_response(json!(paths)))
 }
 
 /// graphite-web's `treejson`: one object per node, branches expandable.
@@ -195,7 +205,7 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
                 "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
             )));
         }
-        selections.push(Selection::Glob(Glob::parse(t).map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?));
+        selections.push(Selection::Glob(parse_glob("target", t)?));
     }
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
@@ -212,10 +222,9 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
             match selection {
                 Selection::Glob(glob) => {
                     if names.is_none() {
-                        names = Some(q.label_values("__name__", &[]).map_err(|e| execution(&e))?);
+                        names = Some(all_paths(&q)?);
                     }
-                    let all = names.as_deref().unwrap_or_default();
-                    let nodes = find_nodes(glob, all, st2.limits.max_query_series).map_err(|e| execution(&e))?;
+                    let nodes = nodes_of(glob, names.as_deref().unwrap_or_default(), &st2.limits)?;
                     for node in nodes.iter().filter(|n| n.is_leaf) {
                         let m =
                             Matcher::new(MatchOp::Equal, "__name__", node.path.as_str()).map_err(|e| execution(&e))?;

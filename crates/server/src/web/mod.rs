@@ -170,8 +170,9 @@ where
     }
 }
 
-/// Completes once shutdown is asked for (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+/// Completes once shutdown is asked for (or its sender is gone). The carbon listeners stop on
+/// the same signal.
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 

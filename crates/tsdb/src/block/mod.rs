@@ -77,26 +77,22 @@ impl Block {
     pub fn open_on(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Block> {
         let meta = BlockMeta::read(&**fs, dir)?;
         let stones = tombstones::read(&**fs, dir)?;
-        Ok(Block {
-            fs: fs.clone(),
-            dir: dir.to_owned(),
-            meta,
-            data: OnceLock::new(),
-            tombstones: RwLock::new(Arc::new(stones)),
-            bytes: dir_bytes_on(&**fs, dir),
-            corrupt: AtomicBool::new(false),
-        })
+        Ok(Block::from_parts(fs, dir, meta, stones))
     }
 
     /// A block just written by this process, from its writer's `meta` (and no tombstones):
     /// nothing is read.
     pub fn written(fs: &Arc<dyn Vfs>, dir: &Path, meta: BlockMeta) -> Block {
+        Block::from_parts(fs, dir, meta, Tombstones::new())
+    }
+
+    fn from_parts(fs: &Arc<dyn Vfs>, dir: &Path, meta: BlockMeta, stones: Tombstones) -> Block {
         Block {
             fs: fs.clone(),
             dir: dir.to_owned(),
             meta,
             data: OnceLock::new(),
-            tombstones: RwLock::new(Arc::new(Tombstones::new())),
+            tombstones: RwLock::new(Arc::new(stones)),
             bytes: dir_bytes_on(&**fs, dir),
             corrupt: AtomicBool::new(false),
         }
