@@ -68,11 +68,12 @@ pub fn fetch(
         let (fine, coarse) = (policy.archives[j - 1].step_s, policy.archives[j].step_s);
         let slots = (coarse / fine) as usize;
         let mut next = Vec::new();
+        let mut group: Vec<f64> = Vec::with_capacity(slots);
         let mut i = 0;
         while i < level.len() {
             let interval = level[i].0 - level[i].0.rem_euclid(coarse);
-            let group: Vec<f64> =
-                level[i..].iter().take_while(|x| x.0 - x.0.rem_euclid(coarse) == interval).map(|x| x.1).collect();
+            group.clear();
+            group.extend(level[i..].iter().take_while(|x| x.0 - x.0.rem_euclid(coarse) == interval).map(|x| x.1));
             i += group.len();
             if group.len() as f64 / slots as f64 >= policy.x_files_factor {
                 next.push((interval, policy.aggregation.apply(&group, slots)));

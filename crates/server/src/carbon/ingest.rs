@@ -191,9 +191,15 @@ pub struct Ingest<'a> {
 impl Ingest<'_> {
     /// Counts a point that did not decode.
     pub fn refuse(&self, e: &PointError, raw: &[u8]) {
+        self.refuse_line(e.reason(), || format!("{e}: {}", sample(raw)));
+    }
+
+    /// Counts one received line or datapoint refused for `reason`, and logs `what` (at the
+    /// limiter's rate).
+    pub fn refuse_line(&self, reason: &'static str, what: impl FnOnce() -> String) {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
-        self.stats.reject(e.reason(), 1);
-        self.log.warn(self.protocol, || format!("{e}: {}", sample(raw)));
+        self.stats.reject(reason, 1);
+        self.log.warn(self.protocol, what);
     }
 
     /// Appends `points` and commits them. An error is the WAL's: nothing of the batch was
@@ -202,7 +208,6 @@ impl Ingest<'_> {
         if points.is_empty() {
             return;
         }
-        self.stats.received.fetch_add(points.len() as u64, Ordering::Relaxed);
         let newest = now_ms.saturating_add(self.window.max_future_ms);
         let oldest = if self.window.max_age_ms > 0 { now_ms.saturating_sub(self.window.max_age_ms) } else { i64::MIN };
         let mut app = self.db.appender();
@@ -247,6 +252,9 @@ impl Ingest<'_> {
                 self.log.warn(self.protocol, || format!("{pending} points not stored: {e}"));
             }
         }
+        // Counted once the batch is settled, so that a reader who saw them received also sees
+        // them stored or refused.
+        self.stats.received.fetch_add(points.len() as u64, Ordering::Relaxed);
     }
 }
 
