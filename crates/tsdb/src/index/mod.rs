@@ -2,4 +2,5 @@
 //! in-memory index and (next) the persisted block index.
 
 pub mod matchers;
+pub mod name_dict;
 pub mod postings;

@@ -1,0 +1,563 @@
+//! The dictionary of metric names (`__name__` values) and the nodes of their dotted path tree,
+//! searched by a regex DFA: what Graphite's find and PromQL's regexes on `__name__` walk instead
+//! of every name.
+//!
+//! Every name is a *leaf* node, and every prefix of it that ends before a `.` is a *branch*
+//! node (`servers.dc1.host-1.cpu` gives leaf `servers.dc1.host-1.cpu` and branches `servers`,
+//! `servers.dc1`, `servers.dc1.host-1`). The nodes are kept twice, as finite state transducers
+//! (`fst` maps from node to its flags): once as written, once with their bytes reversed. A
+//! pattern is compiled to a deterministic automaton, forwards and backwards, and walked together
+//! with one of the two: the walk enters only the branches of the trie the automaton can still
+//! match in, so `servers.dc1.*` reads the `servers.dc1` subtree, and `*.*.*.net.eth0.rx_bytes`
+//! walks the reversed trie from `setyb_xr.0hte.ten.` instead of visiting every name. The
+//! direction is the one with the longer literal run at its start (`NamePattern::reverse`).
+//!
+//! The same walk serves sorted in-memory maps (`search_sorted`), for names the head has gained
+//! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
+//! every key sharing the dead prefix.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use bytes::Bytes;
+use fst::{IntoStreamer, Streamer};
+use regex_automata::dfa::{dense, Automaton as _};
+use regex_automata::nfa::thompson;
+use regex_automata::util::primitives::StateID;
+use regex_automata::util::start;
+use regex_automata::{Anchored, MatchKind};
+
+/// The node is a name.
+pub const LEAF: u8 = 1;
+/// Longer names continue below the node.
+pub const BRANCH: u8 = 2;
+
+/// Most bytes one compiled direction of a pattern may take; a pattern past it is refused
+/// (`PatternError::TooComplex`) and its caller scans instead.
+pub const PATTERN_BYTES_MAX: usize = 8 << 20;
+
+/// The two tries of one set of names.
+#[derive(Clone)]
+pub struct NameDict {
+    forward: fst::Map<Bytes>,
+    reversed: fst::Map<Bytes>,
+}
+
+impl std::fmt::Debug for NameDict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NameDict").field("nodes", &self.len()).field("bytes", &self.bytes()).finish()
+    }
+}
+
+impl Default for NameDict {
+    fn default() -> Self {
+        NameDict::build(std::iter::empty::<&str>())
+    }
+}
+
+/// Calls `f(node, flags)` for every node of `name`: its branches, shortest first, then the leaf.
+pub fn for_each_node<'a>(name: &'a [u8], mut f: impl FnMut(&'a [u8], u8)) {
+    for (i, &b) in name.iter().enumerate() {
+        if b == b'.' {
+            f(&name[..i], BRANCH);
+        }
+    }
+    f(name, LEAF);
+}
+
+impl NameDict {
+    /// The dictionary of `names` (any order; duplicates allowed).
+    pub fn build<'a>(names: impl IntoIterator<Item = &'a str>) -> NameDict {
+        // Nodes borrow from the names: a build costs 24 bytes per node besides the tries.
+        let mut nodes: Vec<(&[u8], u8)> = Vec::new();
+        for name in names {
+            for_each_node(name.as_bytes(), |node, flags| nodes.push((node, flags)));
+        }
+        nodes.sort_unstable();
+        dedup_or_flags(&mut nodes);
+        let forward = build_map(nodes.iter().map(|&(k, v)| (k, v)), false);
+        nodes.sort_unstable_by(|a, b| a.0.iter().rev().cmp(b.0.iter().rev()));
+        let reversed = build_map(nodes.iter().map(|&(k, v)| (k, v)), true);
+        NameDict { forward, reversed }
+    }
+
+    /// A dictionary from the two serialized tries (`as_bytes`); `Err` names what is wrong.
+    pub fn from_bytes(forward: Bytes, reversed: Bytes) -> Result<NameDict, String> {
+        let forward = fst::Map::new(forward).map_err(|e| format!("forward names trie: {e}"))?;
+        let reversed = fst::Map::new(reversed).map_err(|e| format!("reversed names trie: {e}"))?;
+        if forward.len() != reversed.len() {
+            return Err(format!("names tries disagree: {} nodes forward, {} reversed", forward.len(), reversed.len()));
+        }
+        Ok(NameDict { forward, reversed })
+    }
+
+    /// The serialized forward and reversed tries.
+    pub fn as_bytes(&self) -> (&[u8], &[u8]) {
+        (self.forward.as_fst().as_bytes(), self.reversed.as_fst().as_bytes())
+    }
+
+    /// Number of nodes (leaves and branches; a node that is both counts once).
+    pub fn len(&self) -> usize {
+        self.forward.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.forward.is_empty()
+    }
+
+    /// Bytes of both tries.
+    pub fn bytes(&self) -> usize {
+        self.forward.as_fst().size() + self.reversed.as_fst().size()
+    }
+
+    /// The flags of `node`, if it is one.
+    pub fn get(&self, node: &[u8]) -> Option<u8> {
+        self.forward.get(node).map(|v| v as u8)
+    }
+
+    /// Every leaf (name), in order.
+    pub fn names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut stream = self.forward.stream();
+        while let Some((k, v)) = stream.next() {
+            if v as u8 & LEAF != 0 {
+                out.push(String::from_utf8_lossy(k).into_owned());
+            }
+        }
+        out
+    }
+
+    /// Calls `visit(node, flags)` for every node `pattern` matches, in no particular order
+    /// (forward order when walked forwards); `visit` returns false to stop.
+    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+        let (map, dfa) =
+            if pattern.reverse { (&self.reversed, &pattern.backward) } else { (&self.forward, &pattern.forward) };
+        let mut stream = map.search(FstDfa(dfa)).into_stream();
+        let mut buf = Vec::new();
+        while let Some((key, flags)) = stream.next() {
+            let node = if pattern.reverse {
+                buf.clear();
+                buf.extend(key.iter().rev());
+                &buf[..]
+            } else {
+                key
+            };
+            if !visit(node, flags as u8) {
+                return;
+            }
+        }
+    }
+}
+
+/// Merges the flags of equal adjacent nodes (sorted input).
+fn dedup_or_flags(nodes: &mut Vec<(&[u8], u8)>) {
+    nodes.dedup_by(|later, kept| {
+        if later.0 == kept.0 {
+            kept.1 |= later.1;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// An fst map of `nodes` (sorted as they will be inserted: by bytes, or by reversed bytes).
+fn build_map<'a>(nodes: impl Iterator<Item = (&'a [u8], u8)>, reversed: bool) -> fst::Map<Bytes> {
+    let mut builder = fst::MapBuilder::memory();
+    let mut key = Vec::new();
+    for (node, flags) in nodes {
+        let k = if reversed {
+            key.clear();
+            key.extend(node.iter().rev());
+            &key[..]
+        } else {
+            node
+        };
+        builder.insert(k, u64::from(flags)).expect("nodes are sorted and unique in insertion order");
+    }
+    let bytes = builder.into_inner().expect("an in-memory fst build cannot fail on I/O");
+    fst::Map::new(Bytes::from(bytes)).expect("a just-built fst is valid")
+}
+
+/// Why a pattern could not be compiled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("invalid pattern {pattern:?}: {reason}")]
+    Invalid { pattern: String, reason: String },
+    #[error("pattern {0:?} compiles to an automaton over the size limit")]
+    TooComplex(String),
+}
+
+/// A regex (whole-string match, `.` matching any character) compiled to a DFA in both
+/// directions, and which direction to walk.
+#[derive(Clone, Debug)]
+pub struct NamePattern {
+    forward: dense::DFA<Vec<u32>>,
+    backward: dense::DFA<Vec<u32>>,
+    /// Walk the reversed trie: the pattern's literal end is longer than its literal start.
+    reverse: bool,
+}
+
+impl NamePattern {
+    /// Compiles `regex` (the syntax of the `regex` crate, as PromQL's matchers use it).
+    pub fn new(regex: &str) -> Result<NamePattern, PatternError> {
+        let hir = regex_syntax::ParserBuilder::new()
+            .dot_matches_new_line(true)
+            .build()
+            .parse(regex)
+            .map_err(|e| PatternError::Invalid { pattern: regex.to_owned(), reason: e.to_string() })?;
+        let prefix = literal_len(&hir, regex_syntax::hir::literal::ExtractKind::Prefix);
+        let suffix = literal_len(&hir, regex_syntax::hir::literal::ExtractKind::Suffix);
+        Ok(NamePattern {
+            forward: compile(regex, &hir, false)?,
+            backward: compile(regex, &hir, true)?,
+            reverse: suffix > prefix,
+        })
+    }
+
+    /// Whether searches walk the reversed trie.
+    pub fn walks_reversed(&self) -> bool {
+        self.reverse
+    }
+
+    /// The same pattern walked the given way (tests check both ways agree).
+    #[cfg(test)]
+    fn walking(mut self, reversed: bool) -> Self {
+        self.reverse = reversed;
+        self
+    }
+
+    /// Whether the whole of `s` matches.
+    pub fn is_match(&self, s: &[u8]) -> bool {
+        let dfa = &self.forward;
+        let mut state = start_state(dfa);
+        for &b in s {
+            state = dfa.next_state(state, b);
+            if dfa.is_dead_state(state) {
+                return false;
+            }
+        }
+        dfa.is_match_state(dfa.next_eoi_state(state))
+    }
+}
+
+/// The shortest literal every match starts (or ends) with, in bytes; 0 when there is none.
+fn literal_len(hir: &regex_syntax::hir::Hir, kind: regex_syntax::hir::literal::ExtractKind) -> usize {
+    let mut extractor = regex_syntax::hir::literal::Extractor::new();
+    extractor.kind(kind);
+    let seq = extractor.extract(hir);
+    seq.literals().map_or(0, |lits| lits.iter().map(|l| l.len()).min().unwrap_or(0))
+}
+
+fn compile(regex: &str, hir: &regex_syntax::hir::Hir, reverse: bool) -> Result<dense::DFA<Vec<u32>>, PatternError> {
+    let config = dense::Config::new()
+        .match_kind(MatchKind::All)
+        .start_kind(regex_automata::dfa::StartKind::Anchored)
+        .dfa_size_limit(Some(PATTERN_BYTES_MAX))
+        .determinize_size_limit(Some(PATTERN_BYTES_MAX));
+    let too_complex = || PatternError::TooComplex(regex.to_owned());
+    let thompson = thompson::Config::new()
+        .reverse(reverse)
+        .which_captures(thompson::WhichCaptures::None)
+        .nfa_size_limit(Some(PATTERN_BYTES_MAX));
+    let nfa = thompson::Compiler::new().configure(thompson).build_from_hir(hir).map_err(|e| match e.size_limit() {
+        Some(_) => too_complex(),
+        None => PatternError::Invalid { pattern: regex.to_owned(), reason: e.to_string() },
+    })?;
+    dense::Builder::new().configure(config).build_from_nfa(&nfa).map_err(|e| {
+        if e.is_size_limit_exceeded() {
+            too_complex()
+        } else {
+            PatternError::Invalid { pattern: regex.to_owned(), reason: e.to_string() }
+        }
+    })
+}
+
+fn start_state(dfa: &dense::DFA<Vec<u32>>) -> StateID {
+    dfa.start_state(&start::Config::new().anchored(Anchored::Yes))
+        .expect("an anchored start state exists: the DFA is built with StartKind::Anchored and no look-behind")
+}
+
+/// A DFA seen as the automaton an fst search walks.
+struct FstDfa<'a>(&'a dense::DFA<Vec<u32>>);
+
+impl fst::Automaton for FstDfa<'_> {
+    type State = StateID;
+
+    fn start(&self) -> StateID {
+        start_state(self.0)
+    }
+
+    fn is_match(&self, s: &StateID) -> bool {
+        self.0.is_match_state(self.0.next_eoi_state(*s))
+    }
+
+    fn can_match(&self, s: &StateID) -> bool {
+        !self.0.is_dead_state(*s)
+    }
+
+    fn accept(&self, s: &StateID, byte: u8) -> StateID {
+        self.0.next_state(*s, byte)
+    }
+}
+
+/// Nodes gained since a dictionary was built, kept sorted both ways so that they are searched
+/// as the dictionary is.
+#[derive(Debug, Default, Clone)]
+pub struct NameDelta {
+    forward: BTreeMap<Box<[u8]>, u8>,
+    reversed: BTreeMap<Box<[u8]>, u8>,
+}
+
+impl NameDelta {
+    /// Adds the nodes of `name` that `base` lacks (or has without their flag).
+    pub fn add(&mut self, base: &NameDict, name: &str) {
+        for_each_node(name.as_bytes(), |node, flags| {
+            if base.get(node).is_some_and(|have| have & flags == flags) {
+                return;
+            }
+            *self.forward.entry(node.into()).or_default() |= flags;
+            let rev: Box<[u8]> = node.iter().rev().copied().collect();
+            *self.reversed.entry(rev).or_default() |= flags;
+        });
+    }
+
+    /// Drops the nodes `base` now has with all their flags.
+    pub fn retain_missing_from(&mut self, base: &NameDict) {
+        self.forward.retain(|k, flags| base.get(k).is_none_or(|have| have & *flags != *flags));
+        let forward = &self.forward;
+        self.reversed.retain(|k, _| {
+            let node: Vec<u8> = k.iter().rev().copied().collect();
+            forward.contains_key(&node[..])
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.forward.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.forward.is_empty()
+    }
+
+    /// `NameDict::search` over these nodes.
+    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+        if pattern.reverse {
+            let mut buf = Vec::new();
+            search_sorted(&self.reversed, &pattern.backward, |key, flags| {
+                buf.clear();
+                buf.extend(key.iter().rev());
+                visit(&buf, flags)
+            });
+        } else {
+            search_sorted(&self.forward, &pattern.forward, visit);
+        }
+    }
+}
+
+/// The keys of `map` that `dfa` matches whole. A key on which the automaton dies after `i`
+/// bytes rules out every key starting with those `i + 1` bytes: the walk continues after them.
+fn search_sorted(map: &BTreeMap<Box<[u8]>, u8>, dfa: &dense::DFA<Vec<u32>>, mut visit: impl FnMut(&[u8], u8) -> bool) {
+    let start = start_state(dfa);
+    let mut from: Vec<u8> = Vec::new();
+    loop {
+        let Some((key, &flags)) = map.range::<[u8], _>((Bound::Included(&from[..]), Bound::Unbounded)).next() else {
+            return;
+        };
+        let mut state = start;
+        let mut dead_after = None;
+        for (i, &b) in key.iter().enumerate() {
+            state = dfa.next_state(state, b);
+            if dfa.is_dead_state(state) {
+                dead_after = Some(i);
+                break;
+            }
+        }
+        match dead_after {
+            None => {
+                if dfa.is_match_state(dfa.next_eoi_state(state)) && !visit(key, flags) {
+                    return;
+                }
+                // The next key: the smallest one greater than this.
+                from.clear();
+                from.extend_from_slice(key);
+                from.push(0);
+            }
+            Some(i) => {
+                // Past every key starting with key[..=i]: drop trailing 0xff bytes, add one.
+                from.clear();
+                from.extend_from_slice(&key[..=i]);
+                while from.last() == Some(&0xff) {
+                    from.pop();
+                }
+                match from.last_mut() {
+                    Some(b) => *b += 1,
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 8] = [
+        "a.b",
+        "a.b-c.d",
+        "a.b.x",
+        "servers.dc1.host-1.cpu",
+        "servers.dc1.host-1.mem",
+        "servers.dc2.host-1.cpu",
+        "up",
+        "ünï.cödé",
+    ];
+
+    fn found(dict: &NameDict, re: &str) -> Vec<(String, u8)> {
+        let p = NamePattern::new(re).unwrap();
+        let mut out = Vec::new();
+        dict.search(&p, |k, f| {
+            out.push((String::from_utf8(k.to_vec()).unwrap(), f));
+            true
+        });
+        out.sort();
+        out
+    }
+
+    fn found_in_delta(delta: &NameDelta, re: &str) -> Vec<(String, u8)> {
+        let p = NamePattern::new(re).unwrap();
+        let mut out = Vec::new();
+        delta.search(&p, |k, f| {
+            out.push((String::from_utf8(k.to_vec()).unwrap(), f));
+            true
+        });
+        out.sort();
+        out
+    }
+
+    fn owned(v: &[(&str, u8)]) -> Vec<(String, u8)> {
+        v.iter().map(|&(k, f)| (k.to_owned(), f)).collect()
+    }
+
+    #[test]
+    fn nodes_carry_leaf_and_branch_flags() {
+        let d = NameDict::build(NAMES.iter().copied());
+        assert_eq!(d.get(b"a"), Some(BRANCH));
+        assert_eq!(d.get(b"a.b"), Some(LEAF | BRANCH));
+        assert_eq!(d.get(b"up"), Some(LEAF));
+        assert_eq!(d.get(b"servers.dc1.host-1"), Some(BRANCH));
+        assert_eq!(d.get(b"servers.dc"), None);
+        assert_eq!(d.names(), NAMES.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        // 8 leaves; branches a, a.b (also a leaf), a.b-c, servers, servers.dc1, servers.dc2,
+        // servers.dc1.host-1, servers.dc2.host-1, ünï.
+        assert_eq!(d.len(), 8 + 8);
+    }
+
+    #[test]
+    fn searches_both_ways_find_the_same_nodes() {
+        let d = NameDict::build(NAMES.iter().copied());
+        let one_level = r"servers\.[^.]*";
+        assert!(!NamePattern::new(one_level).unwrap().walks_reversed());
+        assert_eq!(found(&d, one_level), owned(&[("servers.dc1", BRANCH), ("servers.dc2", BRANCH)]));
+        let leading_star = r"[^.]*\.[^.]*\.[^.]*\.cpu";
+        assert!(NamePattern::new(leading_star).unwrap().walks_reversed());
+        assert_eq!(
+            found(&d, leading_star),
+            owned(&[("servers.dc1.host-1.cpu", LEAF), ("servers.dc2.host-1.cpu", LEAF)])
+        );
+        assert_eq!(found(&d, r"[^.]*\.c.*"), owned(&[("ünï.cödé", LEAF)]));
+        assert_eq!(found(&d, r"a\.b"), owned(&[("a.b", LEAF | BRANCH)]));
+        assert_eq!(found(&d, "nope|x.*"), owned(&[]));
+    }
+
+    #[test]
+    fn a_delta_is_searched_like_a_dictionary() {
+        let base = NameDict::build(NAMES[..3].iter().copied());
+        let mut delta = NameDelta::default();
+        for n in &NAMES[3..] {
+            delta.add(&base, n);
+        }
+        delta.add(&base, "a.b"); // already there: nothing added
+        assert!(!delta.forward.contains_key(&b"a.b"[..]));
+        assert_eq!(
+            found_in_delta(&delta, r"[^.]*\.[^.]*\.[^.]*\.cpu"),
+            owned(&[("servers.dc1.host-1.cpu", LEAF), ("servers.dc2.host-1.cpu", LEAF)])
+        );
+        assert_eq!(
+            found_in_delta(&delta, r"servers\.dc1(\..*)?"),
+            owned(&[
+                ("servers.dc1", BRANCH),
+                ("servers.dc1.host-1", BRANCH),
+                ("servers.dc1.host-1.cpu", LEAF),
+                ("servers.dc1.host-1.mem", LEAF)
+            ])
+        );
+        let rebuilt = NameDict::build(NAMES.iter().copied());
+        delta.retain_missing_from(&rebuilt);
+        assert!(delta.is_empty() && delta.reversed.is_empty());
+    }
+
+    #[test]
+    fn serialized_tries_round_trip_and_bad_bytes_are_refused() {
+        let d = NameDict::build(NAMES.iter().copied());
+        let (f, r) = d.as_bytes();
+        let back = NameDict::from_bytes(Bytes::copy_from_slice(f), Bytes::copy_from_slice(r)).unwrap();
+        assert_eq!(found(&back, ".*"), found(&d, ".*"));
+        assert!(NameDict::from_bytes(Bytes::from_static(b"junk"), Bytes::copy_from_slice(r)).is_err());
+        let other = NameDict::build(["x"]);
+        assert!(NameDict::from_bytes(Bytes::copy_from_slice(f), Bytes::copy_from_slice(other.as_bytes().1)).is_err());
+    }
+
+    #[test]
+    fn patterns_too_big_or_invalid_are_typed_errors() {
+        assert!(matches!(NamePattern::new("a("), Err(PatternError::Invalid { .. })));
+        assert!(matches!(NamePattern::new(r"\w{200}[^a]{100}"), Err(PatternError::TooComplex(_))));
+    }
+
+    proptest! {
+        /// Either direction, dictionary or delta: exactly the nodes the `regex` crate matches.
+        #[test]
+        fn agrees_with_the_regex_crate(
+            names in proptest::collection::vec("[ab.é]{0,6}", 0..40),
+            re in proptest::collection::vec(
+                proptest::sample::select(vec!["a", "b", r"\.", "é", "[^.]", ".*", "[ab]*", "(a|b.)", "(é|)"]),
+                1..6,
+            ).prop_map(|parts| parts.concat()),
+            split in 0usize..40,
+        ) {
+            let split = split.min(names.len());
+            let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
+            let mut want: BTreeMap<String, u8> = BTreeMap::new();
+            for n in &names {
+                for_each_node(n.as_bytes(), |node, flags| {
+                    let node = std::str::from_utf8(node).unwrap();
+                    if r.is_match(node) {
+                        *want.entry(node.to_owned()).or_default() |= flags;
+                    }
+                });
+            }
+            let dict = NameDict::build(names.iter().map(String::as_str));
+            for reversed in [false, true] {
+            let p = NamePattern::new(&re).unwrap().walking(reversed);
+            let mut got: BTreeMap<String, u8> = BTreeMap::new();
+            dict.search(&p, |k, f| { got.insert(String::from_utf8(k.to_vec()).unwrap(), f); true });
+            prop_assert_eq!(&got, &want);
+            // Half in a base dictionary, half in a delta: their union.
+            let base = NameDict::build(names[..split].iter().map(String::as_str));
+            let mut delta = NameDelta::default();
+            for n in &names[split..] {
+                delta.add(&base, n);
+            }
+            let mut got: BTreeMap<String, u8> = BTreeMap::new();
+            base.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
+            delta.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
+            prop_assert_eq!(&got, &want);
+            for n in &names {
+                prop_assert_eq!(p.is_match(n.as_bytes()), r.is_match(n));
+            }
+            }
+        }
+    }
+}
