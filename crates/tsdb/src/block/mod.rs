@@ -5,6 +5,7 @@
 //! ├── chunks/000001   chunks back to back (block::chunks)
 //! ├── index           symbols, series, postings (block::index)
 //! ├── tombstones      deleted ranges (block::tombstones)
+//! ├── names           metric names and their path nodes as tries (block::names)
 //! └── meta.json       range, stats, compaction lineage (block::meta)
 //! ```
 //!
@@ -15,6 +16,7 @@
 pub mod chunks;
 pub mod index;
 pub mod meta;
+pub mod names;
 pub mod tombstones;
 pub mod writer;
 
@@ -33,6 +35,7 @@ pub use writer::{BlockWriter, ChunkInput};
 
 use crate::error::{Error, Result};
 use crate::index::matchers::{postings_for_matchers, IndexReader};
+use crate::index::name_dict::{NameDict, NamePattern};
 use crate::index::postings::{self, merge, BoxPostings, EmptyPostings};
 use crate::vfs::{OsFs, Vfs};
 
@@ -49,6 +52,8 @@ pub(crate) fn file_header(magic: u32, version: u8) -> [u8; 8] {
 pub struct BlockData {
     pub index: IndexFile,
     pub chunks: Arc<ChunkReader>,
+    /// The `names` file; `None` for blocks written before it existed.
+    pub names: Option<NameDict>,
 }
 
 #[derive(Debug)]
@@ -131,7 +136,8 @@ impl Block {
         if self.data.get().is_none() {
             let loaded = IndexFile::open(&*self.fs, &self.dir.join(index::INDEX_FILE)).and_then(|index| {
                 let chunks = Arc::new(ChunkReader::open(&*self.fs, &self.dir)?);
-                Ok(BlockData { index, chunks })
+                let names = names::read(&*self.fs, &self.dir)?;
+                Ok(BlockData { index, chunks, names })
             });
             match loaded {
                 Ok(d) => {
@@ -184,7 +190,7 @@ impl Block {
     /// Series ids matching `matchers`, ascending (= label order).
     pub fn select_ids(&self, matchers: &[Matcher]) -> Result<Vec<SeriesRef>> {
         let data = self.data()?;
-        let q = BlockIndexQuery { ix: &data.index, err: Default::default() };
+        let q = BlockIndexQuery { ix: &data.index, names: data.names.as_ref(), err: Default::default() };
         let ids = postings::expand(postings_for_matchers(&q, matchers));
         match q.err.into_inner() {
             Some(e) => Err(self.corrupt(e)),
@@ -236,6 +242,7 @@ fn dir_bytes_on(fs: &dyn Vfs, dir: &Path) -> u64 {
 /// (the trait's methods cannot fail; the caller checks afterwards).
 struct BlockIndexQuery<'a> {
     ix: &'a IndexFile,
+    names: Option<&'a NameDict>,
     err: std::cell::RefCell<Option<String>>,
 }
 
@@ -270,6 +277,16 @@ impl IndexReader for BlockIndexQuery<'_> {
         match self.ix.all_postings() {
             Ok(p) => Box::new(p),
             Err(e) => self.note(e),
+        }
+    }
+
+    fn search_names(&self, pattern: &NamePattern, visit: &mut dyn FnMut(&[u8], u8) -> bool) -> bool {
+        match self.names {
+            Some(d) => {
+                d.search(pattern, visit);
+                true
+            }
+            None => false,
         }
     }
 }

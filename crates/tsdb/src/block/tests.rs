@@ -221,3 +221,27 @@ fn index_bytes_match_the_format_document() {
         .collect();
     assert_eq!(got, hex, "index bytes:\n{}", got.join(" "));
 }
+
+#[test]
+fn name_regexes_use_the_blocks_names_file_and_old_blocks_without_one_still_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = write(tmp.path(), &head(50));
+    let data = b.data().unwrap();
+    let dict = data.names.as_ref().expect("a new block has a names file");
+    assert_eq!(dict.names(), ["metric_0", "metric_1", "metric_2"]);
+    let want = b.select_ids(&[m(MatchOp::Equal, "__name__", "metric_1")]).unwrap();
+    assert_eq!(b.select_ids(&[m(MatchOp::RegexMatch, "__name__", ".*_1")]).unwrap(), want);
+    assert_eq!(b.select_ids(&[m(MatchOp::RegexMatch, "__name__", "metric_[01]")]).unwrap().len(), 34);
+
+    // Without the file (a block written before it existed), the same answers by scanning.
+    std::fs::remove_file(b.dir().join(names::NAMES_FILE)).unwrap();
+    let old = Block::open(b.dir()).unwrap();
+    assert!(old.data().unwrap().names.is_none());
+    assert_eq!(old.select_ids(&[m(MatchOp::RegexMatch, "__name__", ".*_1")]).unwrap(), want);
+
+    // A damaged file is a corrupt block, named.
+    std::fs::write(b.dir().join(names::NAMES_FILE), b"STNM\x01\x00\x00\x00junk").unwrap();
+    let bad = Block::open(b.dir()).unwrap();
+    let err = bad.data().unwrap_err().to_string();
+    assert!(err.contains("names"), "{err}");
+}

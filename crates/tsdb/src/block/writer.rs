@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata_model::Labels;
+use strata_model::{Labels, METRIC_NAME};
 use ulid::Ulid;
 
 use super::chunks::ChunkWriter;
@@ -14,6 +14,7 @@ use super::tombstones;
 use crate::chunkenc;
 use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::index::name_dict::NameDict;
 use crate::vfs::Vfs;
 
 /// Suffix of a block directory being written; removed on open if a crash left one behind.
@@ -37,6 +38,9 @@ pub struct BlockWriter {
     index: IndexWriter,
     stats: BlockStats,
     metas: Vec<ChunkMetaRef>,
+    /// Distinct `__name__` values, for the `names` file (series come in label order, so a
+    /// name's series mostly follow each other; the rest is deduplicated at the end).
+    names: Vec<Box<str>>,
 }
 
 impl BlockWriter {
@@ -61,6 +65,7 @@ impl BlockWriter {
             index,
             stats: BlockStats::default(),
             metas: Vec::new(),
+            names: Vec::new(),
         })
     }
 
@@ -75,6 +80,11 @@ impl BlockWriter {
         }
         self.stats.num_chunks += chunks.len() as u64;
         self.stats.num_series += 1;
+        if let Some(name) = labels.get(METRIC_NAME) {
+            if self.names.last().is_none_or(|last| &**last != name) {
+                self.names.push(name.into());
+            }
+        }
         self.index.add_series(labels, &self.metas)
     }
 
@@ -104,10 +114,13 @@ impl BlockWriter {
             compaction,
             version: META_VERSION,
         };
-        let (chunks, index) = (self.chunks, self.index);
+        let (chunks, index, names) = (self.chunks, self.index, self.names);
         let written = (|| {
             chunks.finish()?;
             index.finish()?;
+            let dict = NameDict::build(names.iter().map(|n| &**n));
+            drop(names);
+            super::names::write(&*fs, &tmp, &dict)?;
             tombstones::write(&*fs, &tmp, &tombstones::Tombstones::new())?;
             meta.write(&*fs, &tmp)?;
             fsync_dir(&*fs, &tmp)

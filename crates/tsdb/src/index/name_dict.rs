@@ -16,11 +16,13 @@
 //! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
 //! every key sharing the dead prefix.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use fst::{IntoStreamer, Streamer};
+use parking_lot::Mutex;
 use regex_automata::dfa::{dense, Automaton as _};
 use regex_automata::nfa::thompson;
 use regex_automata::util::primitives::StateID;
@@ -239,6 +241,27 @@ impl NamePattern {
         }
         dfa.is_match_state(dfa.next_eoi_state(state))
     }
+}
+
+/// Compiled patterns kept for reuse: a query compiles its pattern once, not once per block.
+const PATTERN_CACHE_ENTRIES: usize = 64;
+
+/// `NamePattern::new(regex)`, from a small cache of recent patterns (failures included, so a
+/// pattern over the size limit is not determinized again by every query that uses it).
+pub fn cached_pattern(regex: &str) -> Result<Arc<NamePattern>, PatternError> {
+    type Cache = Mutex<VecDeque<(Box<str>, Result<Arc<NamePattern>, PatternError>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Cache::default);
+    if let Some((_, hit)) = cache.lock().iter().find(|(k, _)| &**k == regex) {
+        return hit.clone();
+    }
+    let compiled = NamePattern::new(regex).map(Arc::new);
+    let mut c = cache.lock();
+    if c.len() >= PATTERN_CACHE_ENTRIES {
+        c.pop_front();
+    }
+    c.push_back((regex.into(), compiled.clone()));
+    compiled
 }
 
 /// The shortest literal every match starts (or ends) with, in bytes; 0 when there is none.
