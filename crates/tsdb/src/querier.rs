@@ -6,15 +6,16 @@
 //! blocks) they are merged with duplicate timestamps removed.
 
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use strata_model::{Labels, Matcher, Sample};
+use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
 
 use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::Head;
+use crate::index::name_dict::{for_each_node, NamePattern};
 use crate::index::postings;
 
 /// A cursor over samples in time order.
@@ -606,6 +607,33 @@ impl<'a> Querier<'a> {
         Ok(values.into_iter().collect())
     }
 
+    /// The metric names and dotted-path nodes (`index::name_dict`) `pattern` matches, in the head
+    /// and the blocks in range, each with its flags (`LEAF`, `BRANCH`) merged over the sources,
+    /// sorted. Each source's names dictionary is walked; a block written before it had one is
+    /// scanned. More than `limit` nodes is `TooManySeries`; the interrupt is asked as nodes come.
+    pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<BTreeMap<String, u8>> {
+        let mut found = FoundNames { out: BTreeMap::new(), limit, error: None, seen: 0, querier: self };
+        if !self.head.search_names(pattern, |node, flags| found.add(node, flags)) {
+            scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, |node, flags| found.add(node, flags));
+        }
+        for b in self.blocks() {
+            if found.error.is_some() {
+                break;
+            }
+            let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
+            match &data.names {
+                Some(dict) => dict.search(pattern, |node, flags| found.add(node, flags)),
+                None => {
+                    scan_names(&data.index.label_values(METRIC_NAME), pattern, |node, flags| found.add(node, flags))
+                }
+            }
+        }
+        match found.error {
+            Some(e) => Err(e),
+            None => Ok(found.out),
+        }
+    }
+
     /// Adds to `out`, for every block in range, what `from_index` reads off the block's index
     /// (no matchers: no series is read) or what `from_series` takes from each matching series.
     fn strings_from_blocks(
@@ -627,6 +655,52 @@ impl<'a> Querier<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Nodes found by `find_names` so far, and why it stopped early.
+struct FoundNames<'q, 'a> {
+    out: BTreeMap<String, u8>,
+    limit: usize,
+    error: Option<crate::Error>,
+    seen: usize,
+    querier: &'q Querier<'a>,
+}
+
+impl FoundNames<'_, '_> {
+    /// Takes one node; false (stop walking) past the limit or when interrupted.
+    fn add(&mut self, node: &[u8], flags: u8) -> bool {
+        self.seen += 1;
+        if let Err(e) = self.querier.check_interrupt(self.seen) {
+            self.error = Some(e);
+            return false;
+        }
+        let node = String::from_utf8_lossy(node);
+        if let Some(have) = self.out.get_mut(&*node) {
+            *have |= flags;
+            return true;
+        }
+        if self.out.len() >= self.limit {
+            self.error = Some(crate::Error::TooManySeries { limit: self.limit });
+            return false;
+        }
+        self.out.insert(node.into_owned(), flags);
+        true
+    }
+}
+
+/// `find_names` over a plain list of names: every node of every name, tested.
+fn scan_names<S: AsRef<str>>(names: &[S], pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+    for name in names {
+        let mut go_on = true;
+        for_each_node(name.as_ref().as_bytes(), |node, flags| {
+            if go_on && pattern.is_match(node) {
+                go_on = visit(node, flags);
+            }
+        });
+        if !go_on {
+            return;
+        }
     }
 }
 

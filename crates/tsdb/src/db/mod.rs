@@ -591,6 +591,12 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
                 inner.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "background compaction failed; retrying next round");
             }
+            // After compaction: a head truncation has just removed series, if any.
+            let started = Instant::now();
+            if inner.head.maintain_names() {
+                let (nodes, _, bytes) = inner.head.names_stats();
+                tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary");
+            }
         })
         .expect("spawn the compactor thread");
     Background { stop, thread }

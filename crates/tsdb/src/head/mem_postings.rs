@@ -38,6 +38,11 @@ impl PostingsWriter<'_> {
         }
         w.all.insert(r);
     }
+
+    /// How many series `n=v` has.
+    pub fn list_len(&self, n: SymbolId, v: SymbolId) -> usize {
+        self.0.by_name.get(&n).and_then(|values| values.get(&v)).map_or(0, PackedPostings::len)
+    }
 }
 
 #[derive(Debug, Default)]

@@ -14,6 +14,7 @@
 
 mod appender;
 pub mod mem_postings;
+mod names;
 pub mod series;
 pub mod symbols;
 
@@ -23,10 +24,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use strata_model::{Labels, Matcher, SeriesRef};
+use strata_model::{Labels, Matcher, SeriesRef, METRIC_NAME};
 
 pub use appender::{AppendError, Appender, CommitOutcome};
 use mem_postings::MemPostings;
+use names::HeadNames;
 pub use series::{Appended, ChunkMeta, MemSeries, SampleError};
 use symbols::{SymbolId, Symbols};
 
@@ -34,6 +36,7 @@ use crate::chunkenc::TypedSample;
 use crate::error::Result;
 use crate::hash::U64Map;
 use crate::index::matchers::{postings_for_matchers, IndexReader};
+use crate::index::name_dict::{NameDict, NamePattern};
 use crate::index::postings::{self, BoxPostings, ListPostings};
 use crate::record::{self, Record, RecordError, RecordType, RefHistogram, RefSample, Tombstone};
 use crate::wal::{ReplayOutcome, Wal, WalOptions};
@@ -114,6 +117,8 @@ pub struct Head {
     gc_gate: RwLock<()>,
     wal: Option<Arc<Wal>>,
     tombstones: RwLock<U64Map<SeriesRef, Vec<(i64, i64)>>>,
+    /// Metric names and their path nodes, for searches by pattern.
+    names: HeadNames,
     pub stats: HeadStats,
 }
 
@@ -134,6 +139,7 @@ impl Head {
             gc_gate: RwLock::new(()),
             wal: None,
             tombstones: RwLock::default(),
+            names: HeadNames::new(!opts.backfill),
             stats: HeadStats::default(),
         }
     }
@@ -152,6 +158,8 @@ impl Head {
     /// `open` with the WAL on `fs`.
     pub fn open_on(fs: Arc<dyn crate::vfs::Vfs>, wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
+        // Names are collected once, after replay (`finish_replay`), not series by series.
+        head.names = HeadNames::new(false);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
         let (wal, outcome) = std::thread::scope(|scope| {
             let head = &head;
@@ -263,6 +271,7 @@ impl Head {
         fixed: Option<SeriesRef>,
     ) -> Result<Arc<MemSeries>, AppendError> {
         let ids = self.symbols.intern_labels(labels);
+        let name_symbol = self.symbols.lookup(METRIC_NAME);
         let mut postings = self.postings.writer();
         let r = match fixed {
             Some(r) => {
@@ -279,7 +288,15 @@ impl Head {
         let series = Arc::new(MemSeries::new(r, ids));
         self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
         postings.add(r, series.labels.pairs());
+        let new_name = name_symbol
+            .and_then(|n| series.labels.pairs().find(|p| p.0 == n))
+            .is_some_and(|(n, v)| postings.list_len(n, v) == 1);
         drop(postings);
+        if new_name {
+            if let Some(name) = labels.get(METRIC_NAME) {
+                self.names.add(name);
+            }
+        }
         match stripe.first.entry(hash) {
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(series.clone());
@@ -498,6 +515,7 @@ impl Head {
             });
         }
         self.num_series.fetch_sub(dead.len() as u64, Ordering::Relaxed);
+        self.names.mark_stale();
         // Sweep symbols no live series uses (churned pod names and the like), still under the
         // gate: no series is being created, so no unmarked symbol can gain a user meanwhile.
         let mut used = vec![false; self.symbols.capacity()];
@@ -512,6 +530,38 @@ impl Head {
         let freed = self.symbols.sweep(&used);
         tracing::debug!(series = dead.len(), symbols = freed, "head garbage-collected series and symbols");
         (dropped_chunks, dead.len())
+    }
+
+    /// Rebuilds the dictionary of metric names if it has fallen behind (many names created
+    /// since the last build, or series removed); returns whether it did. Takes about a second
+    /// per million names: for a background thread.
+    pub fn maintain_names(&self) -> bool {
+        if !self.names.wants_rebuild() {
+            return false;
+        }
+        self.rebuild_names();
+        true
+    }
+
+    /// Rebuilds the dictionary of metric names from the head's names now (`maintain_names`
+    /// does when it is due).
+    pub fn rebuild_names(&self) {
+        let names = self.label_values(METRIC_NAME, &[]);
+        let dict = NameDict::build(names.iter().map(String::as_str));
+        drop(names);
+        self.names.replace(dict);
+    }
+
+    /// Calls `visit(node, flags)` for the metric names and path nodes (`index::name_dict`)
+    /// `pattern` matches; false, visiting nothing, if the head keeps no dictionary (a
+    /// backfill's head).
+    pub fn search_names(&self, pattern: &NamePattern, visit: impl FnMut(&[u8], u8) -> bool) -> bool {
+        self.names.search(pattern, visit)
+    }
+
+    /// Nodes in the names dictionary, nodes added since it was built, and its bytes.
+    pub fn names_stats(&self) -> (usize, usize, usize) {
+        self.names.stats()
     }
 
     /// Writes buffered WAL records and fsyncs; then stops the WAL's background fsync.
@@ -562,6 +612,10 @@ impl IndexReader for HeadIndex<'_> {
 
     fn all_postings(&self) -> BoxPostings {
         Box::new(ListPostings::new(self.0.postings.all()))
+    }
+
+    fn search_names(&self, pattern: &NamePattern, visit: &mut dyn FnMut(&[u8], u8) -> bool) -> bool {
+        self.0.search_names(pattern, visit)
     }
 }
 
@@ -744,6 +798,9 @@ impl ReplayShard {
 
 /// Merges what the replay workers found into the head.
 fn finish_replay(head: &Head, shards: Vec<ReplayShard>) {
+    if !head.opts.backfill {
+        head.rebuild_names();
+    }
     let unknown: u64 = shards.iter().map(|s| s.unknown_refs).sum();
     if unknown > 0 {
         tracing::warn!(samples = unknown, "WAL replay skipped samples of series that were never logged");

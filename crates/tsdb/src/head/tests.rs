@@ -374,3 +374,77 @@ fn a_waiting_truncation_is_visible_to_appenders_that_must_not_block() {
     truncation.join().unwrap();
     assert!(!head.appender_would_wait());
 }
+
+/// Series ids of `{__name__=~re}` found through the names dictionary, and by testing every
+/// series' name (what the index does without a dictionary).
+fn by_dictionary_and_by_scan(head: &Head, re: &str) -> (Vec<SeriesRef>, Vec<SeriesRef>) {
+    let matcher = m(MatchOp::RegexMatch, "__name__", re);
+    let found = postings::expand(head.postings_for(std::slice::from_ref(&matcher)));
+    let scanned = postings::expand(postings_for_matchers(&ScanOnly(head), &[matcher]));
+    (found, scanned)
+}
+
+/// The head's index without its names dictionary.
+struct ScanOnly<'a>(&'a Head);
+
+impl IndexReader for ScanOnly<'_> {
+    fn postings(&self, name: &str, values: &[&str]) -> BoxPostings {
+        HeadIndex(self.0).postings(name, values)
+    }
+    fn postings_matching(&self, name: &str, prefix: &str, accept: &dyn Fn(&str) -> bool) -> BoxPostings {
+        HeadIndex(self.0).postings_matching(name, prefix, accept)
+    }
+    fn all_postings(&self) -> BoxPostings {
+        HeadIndex(self.0).all_postings()
+    }
+}
+
+#[test]
+fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = |dc: usize| -> Vec<String> {
+        (0..40).map(|h| format!("servers.dc{dc}.host-{h:03}.{}", ["cpu.user", "net.eth0.rx_bytes"][h % 2])).collect()
+    };
+    {
+        let (head, _) = Head::open(dir.path(), wal_opts()).unwrap();
+        let mut app = head.appender();
+        for p in paths(1) {
+            app.append(&l(&[("__name__", &p)]), 1000, 1.0).unwrap();
+        }
+        app.commit().unwrap();
+        head.close().unwrap();
+    }
+    // Replayed names are in the dictionary; names created after replay in the delta.
+    let (head, _) = Head::open(dir.path(), wal_opts()).unwrap();
+    let mut app = head.appender();
+    for p in paths(2) {
+        app.append(&l(&[("__name__", &p), ("x", "y")]), 2000, 2.0).unwrap();
+    }
+    app.commit().unwrap();
+    let (dict_nodes, delta_nodes, _) = head.names_stats();
+    assert!(dict_nodes > 40 && delta_nodes > 40, "{dict_nodes} {delta_nodes}");
+    for re in [
+        r".*\.net\.eth0\.rx_bytes",
+        r"servers\.dc2\.host-0[0-2].*",
+        r"servers\.dc[12]\.host-001\.cpu\.user",
+        r".*host-03.*",
+        "nothing",
+    ] {
+        let (found, scanned) = by_dictionary_and_by_scan(&head, re);
+        assert_eq!(found, scanned, "{re}");
+    }
+    assert_eq!(by_dictionary_and_by_scan(&head, r".*\.net\.eth0\.rx_bytes").0.len(), 40);
+    // A small delta asks for no rebuild; one folds it in and answers the same.
+    assert!(!head.maintain_names());
+    head.rebuild_names();
+    assert_eq!(head.names_stats().1, 0);
+    assert_eq!(by_dictionary_and_by_scan(&head, r".*\.net\.eth0\.rx_bytes").0.len(), 40);
+    // Truncation removes dc1's series; the next maintenance drops their names.
+    head.truncate(1500);
+    let before = head.names_stats().0;
+    assert!(head.maintain_names());
+    assert!(head.names_stats().0 < before);
+    let (found, scanned) = by_dictionary_and_by_scan(&head, r".*\.cpu\.user");
+    assert_eq!((found.len(), &found), (20, &scanned));
+    assert!(!head.maintain_names(), "nothing changed since");
+}

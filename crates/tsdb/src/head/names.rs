@@ -1,0 +1,100 @@
+//! The head's dictionary of metric names (`index::name_dict`): a built dictionary plus the
+//! nodes of names created since (a `NameDelta`), both searched by one pattern.
+//!
+//! Building costs about a second per million names, so it is not done per new name: the delta
+//! takes them (a sorted map, searched with the same skip-ahead walk), and maintenance rebuilds
+//! the dictionary once the delta has grown past a share of it or series have been removed
+//! (`wants_rebuild`). While the WAL is replayed nothing is collected; the dictionary is built
+//! once at the end.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::index::name_dict::{NameDelta, NameDict, NamePattern};
+
+/// A delta smaller than this never asks for a rebuild.
+const DELTA_NODES_MIN: usize = 4096;
+/// Past `DELTA_NODES_MIN`, a rebuild is wanted once the delta holds this share of the
+/// dictionary's node count: rebuilds then cost amortized O(1) per node added.
+const DELTA_SHARE_DIVISOR: usize = 16;
+
+#[derive(Debug)]
+pub(crate) struct HeadNames {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    dict: Arc<NameDict>,
+    delta: NameDelta,
+    /// False while the WAL is replayed: names are not collected one by one then.
+    collecting: bool,
+    /// Series were removed: the dictionary may hold names no series has any more.
+    stale: bool,
+}
+
+impl HeadNames {
+    /// Collecting names from the start (`true`: a head without a WAL to replay) or only from
+    /// the first `replace` (`false`: the WAL is about to be replayed, or the head is a
+    /// backfill's, never searched by name).
+    pub fn new(collecting: bool) -> HeadNames {
+        HeadNames { inner: RwLock::new(Inner { collecting, ..Inner::default() }) }
+    }
+
+    /// A series with a new metric name was created.
+    pub fn add(&self, name: &str) {
+        let mut g = self.inner.write();
+        if g.collecting {
+            let Inner { dict, delta, .. } = &mut *g;
+            delta.add(dict, name);
+        }
+    }
+
+    /// Series were removed; their names stay searchable until the next rebuild.
+    pub fn mark_stale(&self) {
+        self.inner.write().stale = true;
+    }
+
+    /// Whether maintenance should rebuild the dictionary (never while not collecting: replay
+    /// ends with a rebuild of its own, and backfill heads are not searched by name).
+    pub fn wants_rebuild(&self) -> bool {
+        let g = self.inner.read();
+        g.collecting && (g.stale || g.delta.len() > DELTA_NODES_MIN.max(g.dict.len() / DELTA_SHARE_DIVISOR))
+    }
+
+    /// Installs a dictionary built from every name the head had when the build started; the
+    /// delta keeps what it does not hold (names created during the build).
+    pub fn replace(&self, dict: NameDict) {
+        let mut g = self.inner.write();
+        g.delta.retain_missing_from(&dict);
+        g.dict = Arc::new(dict);
+        g.collecting = true;
+        g.stale = false;
+    }
+
+    /// `NameDict::search` over the dictionary and the delta; a node in both is visited twice
+    /// (with the flags each has). False, visiting nothing, while names are not collected (the
+    /// caller scans the postings' values instead).
+    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) -> bool {
+        let g = self.inner.read();
+        if !g.collecting {
+            return false;
+        }
+        let mut go_on = true;
+        g.dict.search(pattern, |k, f| {
+            go_on = visit(k, f);
+            go_on
+        });
+        if go_on {
+            g.delta.search(pattern, visit);
+        }
+        true
+    }
+
+    /// Nodes in the dictionary and the delta, and the dictionary's bytes.
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let g = self.inner.read();
+        (g.dict.len(), g.delta.len(), g.dict.bytes())
+    }
+}
