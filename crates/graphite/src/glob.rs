@@ -66,6 +66,44 @@ impl ComponentGlob {
     pub fn matches(&self, text: &str) -> bool {
         self.alternatives.iter().any(|alt| wildcard_match(alt, text))
     }
+
+    /// Appends the regex matching what this component matches (never a `.`).
+    fn push_regex(&self, out: &mut String) {
+        out.push_str("(?:");
+        for (i, alt) in self.alternatives.iter().enumerate() {
+            if i > 0 {
+                out.push('|');
+            }
+            for t in alt {
+                match t {
+                    Token::Char(c) => regex_syntax::escape_into(c.encode_utf8(&mut [0; 4]), out),
+                    Token::AnyChar => out.push_str("[^.]"),
+                    Token::AnyRun => out.push_str("[^.]*"),
+                    Token::Class(negated, ranges) => {
+                        out.push_str(if *negated { "[^." } else { "[" });
+                        // A range written backwards (`[z-a]`) matches nothing, as in the matcher.
+                        let mut any = false;
+                        for &(lo, hi) in ranges.iter().filter(|(lo, hi)| lo <= hi) {
+                            any = true;
+                            regex_syntax::escape_into(lo.encode_utf8(&mut [0; 4]), out);
+                            if lo != hi {
+                                out.push('-');
+                                regex_syntax::escape_into(hi.encode_utf8(&mut [0; 4]), out);
+                            }
+                        }
+                        if *negated {
+                            out.push(']');
+                        } else if any {
+                            out.push_str("&&[^.]]");
+                        } else {
+                            out.push_str("a&&b]");
+                        }
+                    }
+                }
+            }
+        }
+        out.push(')');
+    }
 }
 
 impl fmt::Display for ComponentGlob {
@@ -99,6 +137,20 @@ impl Glob {
             }
         }
         parts.next().is_none()
+    }
+
+    /// The regex (the `regex` crate's syntax, matched against a whole path) that matches the
+    /// paths this pattern matches: `*` is `[^.]*`, `?` is `[^.]`, a class excludes `.`, braces
+    /// are alternations, components are joined by `\.`. Names indexes walk it.
+    pub fn to_regex(&self) -> String {
+        let mut out = String::new();
+        for (i, c) in self.components.iter().enumerate() {
+            if i > 0 {
+                out.push_str(r"\.");
+            }
+            c.push_regex(&mut out);
+        }
+        out
     }
 
     /// The longest literal start of every path the pattern can match (whole literal
@@ -255,6 +307,29 @@ mod tests {
 
     fn m(pattern: &str, path: &str) -> bool {
         Glob::parse(pattern).unwrap().matches(path)
+    }
+
+    proptest::proptest! {
+        /// The regex matches exactly what the glob matches.
+        #[test]
+        fn the_regex_matches_what_the_glob_matches(
+            glob in "([ab.*?]|\\[!?[ab.]{0,2}(-[ab])?\\]|\\{[ab*]{0,2},[ab.]{0,2}\\}){1,6}",
+            path in "[ab.]{0,7}",
+        ) {
+            if let Ok(g) = Glob::parse(&glob) {
+                let re = regex::Regex::new(&format!("^(?s:{})$", g.to_regex())).unwrap();
+                proptest::prop_assert_eq!(re.is_match(&path), g.matches(&path), "{} as {}", glob, g.to_regex());
+            }
+        }
+    }
+
+    #[test]
+    fn globs_become_regexes_with_no_wildcard_crossing_a_dot() {
+        let r = |g: &str| Glob::parse(g).unwrap().to_regex();
+        assert_eq!(r("servers.*.load"), r"(?:servers)\.(?:[^.]*)\.(?:load)");
+        assert_eq!(r("a{b,c}?"), r"(?:ab[^.]|ac[^.])");
+        assert_eq!(r("[!x][a-c][z-a]"), r"(?:[^.x][a-c&&[^.]][a&&b])");
+        assert_eq!(r("x+y"), r"(?:x\+y)");
     }
 
     #[test]

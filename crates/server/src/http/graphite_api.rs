@@ -12,11 +12,13 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
 use strata_graphite::attime::parse_at_time;
-use strata_graphite::find::{find as find_nodes, Node};
+use strata_graphite::find::Node;
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{to_csv, to_json, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
-use strata_model::{Labels, MatchOp, Matcher};
+use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
+use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, LEAF};
+use strata_tsdb::querier::Querier;
 
 use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Limits, Params};
 
@@ -26,13 +28,20 @@ fn parse_glob(param: &str, text: &str) -> Result<Glob, ApiError> {
 }
 
 /// Every path (`__name__` value) the querier sees, sorted.
-fn all_paths(q: &strata_tsdb::querier::Querier<'_>) -> Result<Vec<String>, ApiError> {
+fn all_paths(q: &Querier<'_>) -> Result<Vec<String>, ApiError> {
     q.label_values("__name__", &[]).map_err(|e| ApiError::execution(e.to_string()))
 }
 
-/// The nodes `glob` names among `paths`, at most `--query.max-series` of them.
-fn nodes_of(glob: &Glob, paths: &[String], limits: &Limits) -> Result<Vec<Node>, ApiError> {
-    find_nodes(glob, paths, limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))
+/// The compiled form of `glob` the names indexes walk; a 400 for a glob too complex for one.
+fn glob_pattern(param: &str, glob: &Glob) -> Result<Arc<NamePattern>, ApiError> {
+    cached_pattern(&glob.to_regex()).map_err(|e| ApiError::bad_data(format!("{param}: {e}")))
+}
+
+/// The nodes `pattern` (a glob's) names, from the names indexes of the head and the blocks
+/// the querier reads, sorted; at most `--query.max-series` of them.
+fn nodes_of(q: &Querier<'_>, pattern: &NamePattern, limits: &Limits) -> Result<Vec<Node>, ApiError> {
+    let found = q.find_names(pattern, limits.max_query_series).map_err(|e| ApiError::execution(e.to_string()))?;
+    Ok(found.into_iter().map(|(path, flags)| Node { path, is_leaf: flags & LEAF != 0 }).collect())
 }
 
 /// `from` and `until` of a find: epoch seconds, as graphite-web and Grafana send them.
@@ -51,7 +60,7 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let p = Params::from_query(raw);
     let query =
         p.get("query").filter(|q| !q.is_empty()).ok_or_else(|| ApiError::bad_data("missing parameter \"query\""))?;
-    let glob = parse_glob("query", query)?;
+    let pattern = glob_pattern("query", &parse_glob("query", query)?)?;
     let format = p.get("format").unwrap_or("treejson").to_owned();
     if !matches!(format.as_str(), "treejson" | "completer") {
         return Err(ApiError::bad_data(format!(
@@ -64,7 +73,7 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let nodes = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, from, until);
-        nodes_of(&glob, &all_paths(&q)?, &st2.limits)
+        nodes_of(&q, &pattern, &st2.limits)
     })
     .await?;
     Ok(json_response(match format.as_str() {
@@ -83,16 +92,16 @@ pub(super) async fn expand(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
     if queries.is_empty() {
         return Err(ApiError::bad_data("missing parameter \"query\""));
     }
-    let globs = queries.iter().map(|q| parse_glob("query", q)).collect::<Result<Vec<_>, _>>()?;
+    let patterns =
+        queries.iter().map(|q| glob_pattern("query", &parse_glob("query", q)?)).collect::<Result<Vec<_>, _>>()?;
     let db = db(&st)?;
     let st2 = st.clone();
     let found = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, i64::MIN, i64::MAX);
-        let paths = all_paths(&q)?;
-        let mut out = Vec::with_capacity(globs.len());
-        for g in &globs {
-            let nodes = nodes_of(g, &paths, &st2.limits)?;
+        let mut out = Vec::with_capacity(patterns.len());
+        for pattern in &patterns {
+            let nodes = nodes_of(&q, pattern, &st2.limits)?;
             out.push(nodes.into_iter().filter(|n| n.is_leaf || !leaves_only).map(|n| n.path).collect::<Vec<_>>());
         }
         Ok(out)
@@ -205,7 +214,10 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
                 "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
             )));
         }
-        selections.push(Selection::Glob(parse_glob("target", t)?));
+        let regex = parse_glob("target", t)?.to_regex();
+        let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex)
+            .map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
+        selections.push(Selection::Glob(matcher));
     }
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
@@ -215,24 +227,15 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
         let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
         let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
-        let mut names: Option<Vec<String>> = None;
         let mut out = Vec::new();
         for selection in &selections {
-            let mut selected = Vec::new();
-            match selection {
-                Selection::Glob(glob) => {
-                    if names.is_none() {
-                        names = Some(all_paths(&q)?);
-                    }
-                    let nodes = nodes_of(glob, names.as_deref().unwrap_or_default(), &st2.limits)?;
-                    for node in nodes.iter().filter(|n| n.is_leaf) {
-                        let m =
-                            Matcher::new(MatchOp::Equal, "__name__", node.path.as_str()).map_err(|e| execution(&e))?;
-                        selected.extend(q.select(&[m]).map_err(|e| execution(&e))?);
-                    }
-                }
-                Selection::Tags(matchers) => selected = q.select(matchers).map_err(|e| execution(&e))?,
-            }
+            let mut selected = match selection {
+                // The `__name__` regex is answered by walking the names indexes.
+                Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
+                Selection::Tags(matchers) => q.select(matchers).map_err(|e| execution(&e))?,
+            };
+            // By path, as graphite-web lists a glob's series (label order puts tags first).
+            selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
             for s in selected {
                 let Some((name, tags)) = graphite_series_name(&s.labels) else { continue };
                 let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
@@ -261,7 +264,8 @@ const RENDER_SLACK_S: i64 = 86_400;
 
 /// What a render target selects.
 enum Selection {
-    Glob(Glob),
+    /// A glob, as the regex matcher on `__name__` it becomes.
+    Glob(Matcher),
     Tags(Vec<Matcher>),
 }
 
@@ -462,4 +466,41 @@ pub(super) async fn auto_complete(
     found.sort_unstable();
     found.truncate(limit);
     Ok(json_response(json!(found)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_graphite::find::find as reference_find;
+    use strata_tsdb::head::{Head, HeadOptions};
+
+    proptest::proptest! {
+        /// A find through the head's names index (dictionary and delta) lists exactly the
+        /// nodes the reference finder lists by reading every path.
+        #[test]
+        fn indexed_find_equals_the_reference_finder(
+            paths in proptest::collection::vec("[ab]{1,2}(\\.[ab]{1,2}){0,3}", 1..30),
+            built in 0usize..30,
+            glob in "(\\*|a|b|\\?|[ab]\\*|\\{a,b\\*\\}|\\[!a\\])(\\.(\\*|a|b|ab|\\?|\\*b|\\[ab\\]b)){0,3}",
+        ) {
+            let head = Head::in_memory(HeadOptions::default());
+            for (i, p) in paths.iter().enumerate() {
+                let mut app = head.appender();
+                app.append(&Labels::from_pairs([(METRIC_NAME, p.as_str())]), 1000, 1.0).unwrap();
+                app.commit().unwrap();
+                if i == built {
+                    head.rebuild_names();
+                }
+            }
+            let mut sorted = paths.clone();
+            sorted.sort();
+            sorted.dedup();
+            let g = Glob::parse(&glob).unwrap();
+            let want = reference_find(&g, &sorted, usize::MAX).unwrap();
+            let q = Querier::new(&head, i64::MIN, i64::MAX);
+            let limits = Limits { max_query_series: usize::MAX, ..Limits::default() };
+            let got = nodes_of(&q, &glob_pattern("query", &g).unwrap(), &limits).map_err(|e| e.message).unwrap();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
 }
