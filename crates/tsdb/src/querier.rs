@@ -6,7 +6,7 @@
 //! blocks) they are merged with duplicate timestamps removed.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
@@ -609,10 +609,10 @@ impl<'a> Querier<'a> {
 
     /// The metric names and dotted-path nodes (`index::name_dict`) `pattern` matches, in the head
     /// and the blocks in range, each with its flags (`LEAF`, `BRANCH`) merged over the sources,
-    /// sorted. Each source's names dictionary is walked; a block written before it had one is
+    /// sorted by node. Each source's names dictionary is walked; a block written before it had one is
     /// scanned. More than `limit` nodes is `TooManySeries`; the interrupt is asked as nodes come.
-    pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<BTreeMap<String, u8>> {
-        let mut found = FoundNames { out: BTreeMap::new(), limit, error: None, seen: 0, querier: self };
+    pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<Vec<(String, u8)>> {
+        let mut found = FoundNames { out: Vec::new(), limit, error: None, seen: 0, querier: self };
         if !self.head.search_names(pattern, |node, flags| found.add(node, flags)) {
             scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, |node, flags| found.add(node, flags));
         }
@@ -628,10 +628,14 @@ impl<'a> Querier<'a> {
                 }
             }
         }
-        match found.error {
-            Some(e) => Err(e),
-            None => Ok(found.out),
+        if let Some(e) = found.error {
+            return Err(e);
         }
+        found.merge_repeats();
+        if found.out.len() > limit {
+            return Err(crate::Error::TooManySeries { limit });
+        }
+        Ok(found.out)
     }
 
     /// Adds to `out`, for every block in range, what `from_index` reads off the block's index
@@ -658,9 +662,9 @@ impl<'a> Querier<'a> {
     }
 }
 
-/// Nodes found by `find_names` so far, and why it stopped early.
+/// Nodes found by `find_names` so far (unsorted, possibly repeated), and why it stopped early.
 struct FoundNames<'q, 'a> {
-    out: BTreeMap<String, u8>,
+    out: Vec<(String, u8)>,
     limit: usize,
     error: Option<crate::Error>,
     seen: usize,
@@ -675,17 +679,34 @@ impl FoundNames<'_, '_> {
             self.error = Some(e);
             return false;
         }
-        let node = String::from_utf8_lossy(node);
-        if let Some(have) = self.out.get_mut(&*node) {
-            *have |= flags;
-            return true;
+        // Repeats are merged when the list reaches twice the limit, and at the end.
+        if self.out.len() >= self.limit.saturating_mul(2) {
+            self.merge_repeats();
+            if self.out.len() >= self.limit {
+                self.error = Some(crate::Error::TooManySeries { limit: self.limit });
+                return false;
+            }
         }
-        if self.out.len() >= self.limit {
-            self.error = Some(crate::Error::TooManySeries { limit: self.limit });
-            return false;
-        }
-        self.out.insert(node.into_owned(), flags);
+        self.out.push((String::from_utf8_lossy(node).into_owned(), flags));
         true
+    }
+
+    /// Sorts the nodes (a reversed walk, or several sources, leave them out of order) and keeps
+    /// one entry per node with its flags merged: a node can come from the head's dictionary
+    /// and its delta, and from every block.
+    fn merge_repeats(&mut self) {
+        if self.out.is_sorted_by(|a, b| a.0 < b.0) {
+            return;
+        }
+        // Stable sort: it merges runs already in order (a dictionary's walk, then its delta's).
+        self.out.sort();
+        self.out.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 |= later.1;
+            }
+            same
+        });
     }
 }
 

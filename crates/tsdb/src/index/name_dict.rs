@@ -21,7 +21,7 @@ use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use fst::{IntoStreamer, Streamer};
+use fst::Streamer;
 use parking_lot::Mutex;
 use regex_automata::dfa::{dense, Automaton as _};
 use regex_automata::nfa::thompson;
@@ -68,18 +68,34 @@ pub fn for_each_node<'a>(name: &'a [u8], mut f: impl FnMut(&'a [u8], u8)) {
 }
 
 impl NameDict {
-    /// The dictionary of `names` (any order; duplicates allowed).
+    /// The dictionary of `names` (any order, duplicates allowed; sorted is fastest). The two
+    /// tries are built on two threads.
     pub fn build<'a>(names: impl IntoIterator<Item = &'a str>) -> NameDict {
-        // Nodes borrow from the names: a build costs 24 bytes per node besides the tries.
+        // Nodes borrow from the names: 24 bytes per node besides the tries. A branch the
+        // previous name already had (same bytes up to its dot) is not repeated, so sorted
+        // names give nodes nearly in order, which the stable sort below merges in linear time.
         let mut nodes: Vec<(&[u8], u8)> = Vec::new();
+        let mut prev: &[u8] = &[];
         for name in names {
-            for_each_node(name.as_bytes(), |node, flags| nodes.push((node, flags)));
+            let name = name.as_bytes();
+            let common = name.iter().zip(prev).take_while(|(a, b)| a == b).count();
+            for (i, &b) in name.iter().enumerate().skip(common) {
+                if b == b'.' {
+                    nodes.push((&name[..i], BRANCH));
+                }
+            }
+            nodes.push((name, LEAF));
+            prev = name;
         }
-        nodes.sort_unstable();
+        nodes.sort();
         dedup_or_flags(&mut nodes);
-        let forward = build_map(nodes.iter().map(|&(k, v)| (k, v)), false);
-        nodes.sort_unstable_by(|a, b| a.0.iter().rev().cmp(b.0.iter().rev()));
-        let reversed = build_map(nodes.iter().map(|&(k, v)| (k, v)), true);
+        let mut by_reversed = nodes.clone();
+        let (forward, reversed) = std::thread::scope(|scope| {
+            let forward = scope.spawn(|| build_map(nodes.iter().copied(), false));
+            by_reversed.sort_unstable_by(|a, b| cmp_reversed(a.0, b.0));
+            let reversed = build_map(by_reversed.iter().copied(), true);
+            (forward.join().expect("the forward trie's build does not panic"), reversed)
+        });
         NameDict { forward, reversed }
     }
 
@@ -109,7 +125,7 @@ impl NameDict {
 
     /// Bytes of both tries.
     pub fn bytes(&self) -> usize {
-        self.forward.as_fst().size() + self.reversed.as_fst().size()
+        self.forward.as_fst().as_bytes().len() + self.reversed.as_fst().as_bytes().len()
     }
 
     /// The flags of `node`, if it is one.
@@ -132,23 +148,97 @@ impl NameDict {
     /// Calls `visit(node, flags)` for every node `pattern` matches, in no particular order
     /// (forward order when walked forwards); `visit` returns false to stop.
     pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
-        let (map, dfa) =
-            if pattern.reverse { (&self.reversed, &pattern.backward) } else { (&self.forward, &pattern.forward) };
-        let mut stream = map.search(FstDfa(dfa)).into_stream();
-        let mut buf = Vec::new();
-        while let Some((key, flags)) = stream.next() {
-            let node = if pattern.reverse {
+        if pattern.reverse {
+            let mut buf = Vec::new();
+            walk(self.reversed.as_fst(), &pattern.backward, |key, flags| {
                 buf.clear();
                 buf.extend(key.iter().rev());
-                &buf[..]
-            } else {
-                key
-            };
-            if !visit(node, flags as u8) {
-                return;
-            }
+                visit(&buf, flags)
+            });
+        } else {
+            walk(self.forward.as_fst(), &pattern.forward, visit);
         }
     }
+}
+
+/// One node on the walk's path: where it is in the trie and in the automaton, and which of
+/// its next bytes comes next.
+struct Frame<'f, 'd> {
+    node: fst::raw::Node<'f>,
+    state: StateID,
+    /// The bytes that keep the automaton alive from `state`, when there are few.
+    live: Option<&'d [u8]>,
+    out: fst::raw::Output,
+    key_len: usize,
+    /// Index of the next transition to try, or of the next of the state's live bytes.
+    next: usize,
+}
+
+/// Depth-first walk of `trie` together with `dfa`: a transition is followed only if the
+/// automaton stays alive on its byte. Where the automaton can go on with only a few bytes (a
+/// literal run, a short alternation) those are looked up in the node; elsewhere every
+/// transition of the node is tried. Visits keys in order.
+fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) {
+    let start = start_state(&dfa.dfa);
+    let root = trie.root();
+    let mut key: Vec<u8> = Vec::new();
+    if root.is_final() && dfa.matches_at_end(start) && !visit(&key, root.final_output().value() as u8) {
+        return;
+    }
+    let live = dfa.live_bytes(start);
+    let mut stack = vec![Frame { node: root, state: start, live, out: fst::raw::Output::zero(), key_len: 0, next: 0 }];
+    while let Some(top) = stack.last_mut() {
+        let transition = match top.live {
+            Some(bytes) => {
+                let Some(&b) = bytes.get(top.next) else {
+                    stack.pop();
+                    continue;
+                };
+                top.next += 1;
+                match top.node.find_input(b) {
+                    Some(i) => top.node.transition(i),
+                    None => continue,
+                }
+            }
+            None => {
+                if top.next >= top.node.len() {
+                    stack.pop();
+                    continue;
+                }
+                let t = top.node.transition(top.next);
+                top.next += 1;
+                t
+            }
+        };
+        let state = dfa.dfa.next_state(top.state, transition.inp);
+        if dfa.dfa.is_dead_state(state) {
+            continue;
+        }
+        let out = top.out.cat(transition.out);
+        key.truncate(top.key_len);
+        key.push(transition.inp);
+        let node = trie.node(transition.addr);
+        if node.is_final() && dfa.matches_at_end(state) && !visit(&key, out.cat(node.final_output()).value() as u8) {
+            return;
+        }
+        stack.push(Frame { node, state, live: dfa.live_bytes(state), out, key_len: key.len(), next: 0 });
+    }
+}
+
+/// Orders byte strings by their reversed bytes (last byte first), eight bytes at a time.
+fn cmp_reversed(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let (mut i, mut j) = (a.len(), b.len());
+    while i >= 8 && j >= 8 {
+        // Little-endian: the last byte of each group is the most significant.
+        let x = u64::from_le_bytes(a[i - 8..i].try_into().expect("8 bytes"));
+        let y = u64::from_le_bytes(b[j - 8..j].try_into().expect("8 bytes"));
+        if x != y {
+            return x.cmp(&y);
+        }
+        i -= 8;
+        j -= 8;
+    }
+    a[..i].iter().rev().cmp(b[..j].iter().rev())
 }
 
 /// Merges the flags of equal adjacent nodes (sorted input).
@@ -194,8 +284,8 @@ pub enum PatternError {
 /// directions, and which direction to walk.
 #[derive(Clone, Debug)]
 pub struct NamePattern {
-    forward: dense::DFA<Vec<u32>>,
-    backward: dense::DFA<Vec<u32>>,
+    forward: CompiledDfa,
+    backward: CompiledDfa,
     /// Walk the reversed trie: the pattern's literal end is longer than its literal start.
     reverse: bool,
 }
@@ -211,8 +301,8 @@ impl NamePattern {
         let prefix = literal_len(&hir, regex_syntax::hir::literal::ExtractKind::Prefix);
         let suffix = literal_len(&hir, regex_syntax::hir::literal::ExtractKind::Suffix);
         Ok(NamePattern {
-            forward: compile(regex, &hir, false)?,
-            backward: compile(regex, &hir, true)?,
+            forward: CompiledDfa::new(compile(regex, &hir, false)?),
+            backward: CompiledDfa::new(compile(regex, &hir, true)?),
             reverse: suffix > prefix,
         })
     }
@@ -231,7 +321,7 @@ impl NamePattern {
 
     /// Whether the whole of `s` matches.
     pub fn is_match(&self, s: &[u8]) -> bool {
-        let dfa = &self.forward;
+        let dfa = &self.forward.dfa;
         let mut state = start_state(dfa);
         for &b in s {
             state = dfa.next_state(state, b);
@@ -301,26 +391,51 @@ fn start_state(dfa: &dense::DFA<Vec<u32>>) -> StateID {
         .expect("an anchored start state exists: the DFA is built with StartKind::Anchored and no look-behind")
 }
 
-/// A DFA seen as the automaton an fst search walks.
-struct FstDfa<'a>(&'a dense::DFA<Vec<u32>>);
+/// States of a DFA from which at most this many bytes keep it alive have them listed.
+const LIVE_BYTES_LISTED_MAX: usize = 4;
+/// States examined for their live bytes when a pattern is compiled (256 transitions each).
+const STATES_EXAMINED_MAX: usize = 4096;
 
-impl fst::Automaton for FstDfa<'_> {
-    type State = StateID;
+/// A DFA and, for its states with few ways on, the bytes that keep it alive (so a walk looks
+/// them up in a trie node instead of trying the node's every transition).
+#[derive(Clone, Debug)]
+struct CompiledDfa {
+    dfa: dense::DFA<Vec<u32>>,
+    few_live_bytes: foldhash::HashMap<StateID, Box<[u8]>>,
+}
 
-    fn start(&self) -> StateID {
-        start_state(self.0)
+impl CompiledDfa {
+    fn new(dfa: dense::DFA<Vec<u32>>) -> CompiledDfa {
+        let mut few_live_bytes = foldhash::HashMap::default();
+        let mut seen = foldhash::HashSet::default();
+        let mut todo = vec![start_state(&dfa)];
+        while let Some(s) = todo.pop() {
+            if seen.len() >= STATES_EXAMINED_MAX || !seen.insert(s) {
+                continue;
+            }
+            let mut live = Vec::new();
+            for b in 0..=255u8 {
+                let next = dfa.next_state(s, b);
+                if !dfa.is_dead_state(next) && !dfa.is_quit_state(next) {
+                    live.push(b);
+                    todo.push(next);
+                }
+            }
+            if live.len() <= LIVE_BYTES_LISTED_MAX {
+                few_live_bytes.insert(s, live.into_boxed_slice());
+            }
+        }
+        CompiledDfa { dfa, few_live_bytes }
     }
 
-    fn is_match(&self, s: &StateID) -> bool {
-        self.0.is_match_state(self.0.next_eoi_state(*s))
+    /// The bytes that keep the automaton alive from `s`, ascending, when there are few.
+    fn live_bytes(&self, s: StateID) -> Option<&[u8]> {
+        self.few_live_bytes.get(&s).map(|b| &b[..])
     }
 
-    fn can_match(&self, s: &StateID) -> bool {
-        !self.0.is_dead_state(*s)
-    }
-
-    fn accept(&self, s: &StateID, byte: u8) -> StateID {
-        self.0.next_state(*s, byte)
+    /// Whether the input read so far, ending here, matches.
+    fn matches_at_end(&self, s: StateID) -> bool {
+        self.dfa.is_match_state(self.dfa.next_eoi_state(s))
     }
 }
 
@@ -367,13 +482,13 @@ impl NameDelta {
     pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
         if pattern.reverse {
             let mut buf = Vec::new();
-            search_sorted(&self.reversed, &pattern.backward, |key, flags| {
+            search_sorted(&self.reversed, &pattern.backward.dfa, |key, flags| {
                 buf.clear();
                 buf.extend(key.iter().rev());
                 visit(&buf, flags)
             });
         } else {
-            search_sorted(&self.forward, &pattern.forward, visit);
+            search_sorted(&self.forward, &pattern.forward.dfa, visit);
         }
     }
 }
@@ -540,6 +655,12 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn reversed_order_is_the_order_of_the_reversed_bytes(a in "[a-c.]{0,20}", b in "[a-c.]{0,20}") {
+            let rev = |s: &str| s.bytes().rev().collect::<Vec<u8>>();
+            prop_assert_eq!(cmp_reversed(a.as_bytes(), b.as_bytes()), rev(&a).cmp(&rev(&b)));
+        }
+
         /// Either direction, dictionary or delta: exactly the nodes the `regex` crate matches.
         #[test]
         fn agrees_with_the_regex_crate(
