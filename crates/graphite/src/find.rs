@@ -5,8 +5,8 @@
 //!
 //! The paths are searched from the glob's literal start (binary search in the sorted list), so
 //! `servers.dc1.*` reads only the `servers.dc1` paths; a glob that starts with a wildcard reads
-//! them all. (The persistent glob index, with a reversed dictionary for leading stars, is the
-//! next step; this is the reference it will be checked against.)
+//! them all. The server answers finds from the names index instead (`strata_tsdb`'s
+//! `index::name_dict`); this is the reference that index is property-tested against.
 
 use crate::glob::Glob;
 
