@@ -553,10 +553,11 @@ mod tests {
         "ünï.cödé",
     ];
 
-    fn found(dict: &NameDict, re: &str) -> Vec<(String, u8)> {
+    /// The nodes `search` visits for `re`, sorted.
+    fn collect(re: &str, search: impl FnOnce(&NamePattern, &mut dyn FnMut(&[u8], u8) -> bool)) -> Vec<(String, u8)> {
         let p = NamePattern::new(re).unwrap();
         let mut out = Vec::new();
-        dict.search(&p, |k, f| {
+        search(&p, &mut |k, f| {
             out.push((String::from_utf8(k.to_vec()).unwrap(), f));
             true
         });
@@ -564,15 +565,12 @@ mod tests {
         out
     }
 
+    fn found(dict: &NameDict, re: &str) -> Vec<(String, u8)> {
+        collect(re, |p, visit| dict.search(p, visit))
+    }
+
     fn found_in_delta(delta: &NameDelta, re: &str) -> Vec<(String, u8)> {
-        let p = NamePattern::new(re).unwrap();
-        let mut out = Vec::new();
-        delta.search(&p, |k, f| {
-            out.push((String::from_utf8(k.to_vec()).unwrap(), f));
-            true
-        });
-        out.sort();
-        out
+        collect(re, |p, visit| delta.search(p, visit))
     }
 
     fn owned(v: &[(&str, u8)]) -> Vec<(String, u8)> {
