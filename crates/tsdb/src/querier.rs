@@ -15,7 +15,7 @@ use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::Head;
-use crate::index::name_dict::{for_each_node, NamePattern};
+use crate::index::name_dict::{dedup_or_flags, for_each_node, NamePattern};
 use crate::index::postings;
 
 /// A cursor over samples in time order.
@@ -700,13 +700,7 @@ impl FoundNames<'_, '_> {
         }
         // Stable sort: it merges runs already in order (a dictionary's walk, then its delta's).
         self.out.sort();
-        self.out.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
-            if same {
-                kept.1 |= later.1;
-            }
-            same
-        });
+        dedup_or_flags(&mut self.out);
     }
 }
 

@@ -114,20 +114,7 @@ mod tests {
 
     #[test]
     fn bytes_match_the_format_document() {
-        let doc = include_str!("../../../../docs/format/names.md");
-        let dict = NameDict::build(["a.b"]);
-        let hex: Vec<String> = encode(&dict).iter().map(|b| format!("{b:02x}")).collect();
-        let example: String = doc
-            .split("<!-- names-example -->")
-            .nth(1)
-            .expect("the document has the example")
-            .lines()
-            .filter(|l| l.len() > 5 && l.as_bytes()[4] == b' ' && l[..4].chars().all(|c| c.is_ascii_hexdigit()))
-            .flat_map(|l| {
-                l[5..].split('#').next().unwrap_or("").split_whitespace().map(str::to_owned).collect::<Vec<_>>()
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
-        assert_eq!(example, hex.join(" "));
+        let hex: Vec<String> = encode(&NameDict::build(["a.b"])).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, crate::block::tests::doc_example_hex("names.md", "names-example"));
     }
 }

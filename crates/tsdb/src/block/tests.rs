@@ -209,17 +209,22 @@ fn index_bytes_match_the_format_document() {
     w.add_series(&Labels::from_pairs([("a", "b")]), &[meta]).unwrap();
     w.finish().unwrap();
     let got: Vec<String> = std::fs::read(&path).unwrap().iter().map(|b| format!("{b:02x}")).collect();
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/format/block.md")).unwrap();
-    let start = doc.find("<!-- index-example -->").expect("marker in the document");
-    let block = &doc[start..];
-    let hex: Vec<&str> = block
+    assert_eq!(got, doc_example_hex("block.md", "index-example"), "index bytes:\n{}", got.join(" "));
+}
+
+/// The bytes of the worked example after `<!-- marker -->` in `docs/format/<file>`: the first
+/// code block's lines, each an offset then hex bytes, then an optional `# comment`.
+pub(super) fn doc_example_hex(file: &str, marker: &str) -> Vec<String> {
+    let path = format!("{}/../../docs/format/{file}", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let start = doc.find(&format!("<!-- {marker} -->")).expect("marker in the document");
+    doc[start..]
         .lines()
         .skip_while(|l| !l.starts_with("```"))
         .skip(1)
         .take_while(|l| !l.starts_with("```"))
-        .flat_map(|l| l.split('#').next().unwrap().split_whitespace().skip(1))
-        .collect();
-    assert_eq!(got, hex, "index bytes:\n{}", got.join(" "));
+        .flat_map(|l| l.split('#').next().unwrap().split_whitespace().skip(1).map(str::to_owned))
+        .collect()
 }
 
 #[test]

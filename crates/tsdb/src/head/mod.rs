@@ -546,6 +546,7 @@ impl Head {
     /// Rebuilds the dictionary of metric names from the head's names now (`maintain_names`
     /// does when it is due).
     pub fn rebuild_names(&self) {
+        self.names.begin_rebuild();
         let names = self.label_values(METRIC_NAME, &[]);
         let dict = NameDict::build(names.iter().map(String::as_str));
         drop(names);

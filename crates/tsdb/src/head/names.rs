@@ -63,6 +63,12 @@ impl HeadNames {
         g.collecting && (g.stale || g.delta.len() > DELTA_NODES_MIN.max(g.dict.len() / DELTA_SHARE_DIVISOR))
     }
 
+    /// A build is about to read the head's names: removals until now are covered by it (one
+    /// during the build marks the dictionary stale again, for the next).
+    pub fn begin_rebuild(&self) {
+        self.inner.write().stale = false;
+    }
+
     /// Installs a dictionary built from every name the head had when the build started; the
     /// delta keeps what it does not hold (names created during the build).
     pub fn replace(&self, dict: NameDict) {
@@ -70,7 +76,6 @@ impl HeadNames {
         g.delta.retain_missing_from(&dict);
         g.dict = Arc::new(dict);
         g.collecting = true;
-        g.stale = false;
     }
 
     /// `NameDict::search` over the dictionary and the delta; a node in both is visited twice

@@ -147,17 +147,22 @@ impl NameDict {
 
     /// Calls `visit(node, flags)` for every node `pattern` matches, in no particular order
     /// (forward order when walked forwards); `visit` returns false to stop.
-    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+    pub fn search(&self, pattern: &NamePattern, visit: impl FnMut(&[u8], u8) -> bool) {
         if pattern.reverse {
-            let mut buf = Vec::new();
-            walk(self.reversed.as_fst(), &pattern.backward, |key, flags| {
-                buf.clear();
-                buf.extend(key.iter().rev());
-                visit(&buf, flags)
-            });
+            walk(self.reversed.as_fst(), &pattern.backward, unreversing(visit));
         } else {
             walk(self.forward.as_fst(), &pattern.forward, visit);
         }
+    }
+}
+
+/// `visit` for keys found in a reversed trie: each key is turned back the right way first.
+fn unreversing(mut visit: impl FnMut(&[u8], u8) -> bool) -> impl FnMut(&[u8], u8) -> bool {
+    let mut buf = Vec::new();
+    move |key, flags| {
+        buf.clear();
+        buf.extend(key.iter().rev());
+        visit(&buf, flags)
     }
 }
 
@@ -241,8 +246,8 @@ fn cmp_reversed(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a[..i].iter().rev().cmp(b[..j].iter().rev())
 }
 
-/// Merges the flags of equal adjacent nodes (sorted input).
-fn dedup_or_flags(nodes: &mut Vec<(&[u8], u8)>) {
+/// Merges the flags of equal adjacent nodes (sorted input): one entry per node.
+pub fn dedup_or_flags<K: PartialEq>(nodes: &mut Vec<(K, u8)>) {
     nodes.dedup_by(|later, kept| {
         if later.0 == kept.0 {
             kept.1 |= later.1;
@@ -321,15 +326,7 @@ impl NamePattern {
 
     /// Whether the whole of `s` matches.
     pub fn is_match(&self, s: &[u8]) -> bool {
-        let dfa = &self.forward.dfa;
-        let mut state = start_state(dfa);
-        for &b in s {
-            state = dfa.next_state(state, b);
-            if dfa.is_dead_state(state) {
-                return false;
-            }
-        }
-        dfa.is_match_state(dfa.next_eoi_state(state))
+        self.forward.run(s).is_ok_and(|state| self.forward.matches_at_end(state))
     }
 }
 
@@ -433,6 +430,19 @@ impl CompiledDfa {
         self.few_live_bytes.get(&s).map(|b| &b[..])
     }
 
+    /// The state after reading `input` from the start, or the offset of the byte on which the
+    /// automaton died.
+    fn run(&self, input: &[u8]) -> Result<StateID, usize> {
+        let mut state = start_state(&self.dfa);
+        for (i, &b) in input.iter().enumerate() {
+            state = self.dfa.next_state(state, b);
+            if self.dfa.is_dead_state(state) {
+                return Err(i);
+            }
+        }
+        Ok(state)
+    }
+
     /// Whether the input read so far, ending here, matches.
     fn matches_at_end(&self, s: StateID) -> bool {
         self.dfa.is_match_state(self.dfa.next_eoi_state(s))
@@ -479,41 +489,26 @@ impl NameDelta {
     }
 
     /// `NameDict::search` over these nodes.
-    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+    pub fn search(&self, pattern: &NamePattern, visit: impl FnMut(&[u8], u8) -> bool) {
         if pattern.reverse {
-            let mut buf = Vec::new();
-            search_sorted(&self.reversed, &pattern.backward.dfa, |key, flags| {
-                buf.clear();
-                buf.extend(key.iter().rev());
-                visit(&buf, flags)
-            });
+            search_sorted(&self.reversed, &pattern.backward, unreversing(visit));
         } else {
-            search_sorted(&self.forward, &pattern.forward.dfa, visit);
+            search_sorted(&self.forward, &pattern.forward, visit);
         }
     }
 }
 
 /// The keys of `map` that `dfa` matches whole. A key on which the automaton dies after `i`
 /// bytes rules out every key starting with those `i + 1` bytes: the walk continues after them.
-fn search_sorted(map: &BTreeMap<Box<[u8]>, u8>, dfa: &dense::DFA<Vec<u32>>, mut visit: impl FnMut(&[u8], u8) -> bool) {
-    let start = start_state(dfa);
+fn search_sorted(map: &BTreeMap<Box<[u8]>, u8>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) {
     let mut from: Vec<u8> = Vec::new();
     loop {
         let Some((key, &flags)) = map.range::<[u8], _>((Bound::Included(&from[..]), Bound::Unbounded)).next() else {
             return;
         };
-        let mut state = start;
-        let mut dead_after = None;
-        for (i, &b) in key.iter().enumerate() {
-            state = dfa.next_state(state, b);
-            if dfa.is_dead_state(state) {
-                dead_after = Some(i);
-                break;
-            }
-        }
-        match dead_after {
-            None => {
-                if dfa.is_match_state(dfa.next_eoi_state(state)) && !visit(key, flags) {
+        match dfa.run(key) {
+            Ok(state) => {
+                if dfa.matches_at_end(state) && !visit(key, flags) {
                     return;
                 }
                 // The next key: the smallest one greater than this.
@@ -521,7 +516,7 @@ fn search_sorted(map: &BTreeMap<Box<[u8]>, u8>, dfa: &dense::DFA<Vec<u32>>, mut 
                 from.extend_from_slice(key);
                 from.push(0);
             }
-            Some(i) => {
+            Err(i) => {
                 // Past every key starting with key[..=i]: drop trailing 0xff bytes, add one.
                 from.clear();
                 from.extend_from_slice(&key[..=i]);
