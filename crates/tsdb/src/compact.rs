@@ -15,7 +15,9 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, SymbolInterner};
-use crate::chunkenc::{decode_merged, Encoding, TypedSample, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK};
+use crate::chunkenc::{
+    by_rank, decode_merged, Encoding, TypedSample, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK,
+};
 use crate::error::{Error, Result};
 use crate::head::series::SeriesState;
 use crate::head::symbols::PackedLabels;
@@ -61,8 +63,23 @@ pub fn ranges(base: i64, max: i64) -> Vec<i64> {
     out
 }
 
-/// Writes the head's samples in `[mint, maxt)` as a level-1 block in `parent`. Head tombstones
-/// are applied (deleted samples are not written). Returns `None` if the range holds no sample.
+/// Which late samples a head block takes, and its place in write order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadCut {
+    /// The block's write sequence (`BlockMeta::seq`).
+    pub seq: u64,
+    /// Late samples written in cut epochs up to this one are taken (`Head::begin_cut`).
+    pub max_epoch: u64,
+}
+
+impl HeadCut {
+    /// Every sample in range, in a block of sequence 0 (tests, tools, snapshots).
+    pub const ALL: HeadCut = HeadCut { seq: 0, max_epoch: u64::MAX };
+}
+
+/// Writes the head's samples in `[mint, maxt)` as a level-1 block in `parent`: in-order and
+/// late ones, a late one replacing an in-order one at its timestamp. Head tombstones are
+/// applied (deleted samples are not written). Returns `None` if the range holds no sample.
 ///
 /// Memory stays small whatever the head's size: series are sorted by label set through a
 /// snapshot of the symbol table (one pointer per symbol), and each series' labels and chunks are
@@ -73,6 +90,7 @@ pub fn write_head_block(
     parent: &Path,
     mint: i64,
     maxt: i64,
+    cut: HeadCut,
 ) -> Result<Option<BlockMeta>> {
     let stones = head.tombstones_snapshot();
     // Keeps truncation from freeing the symbols of the series collected here.
@@ -97,17 +115,22 @@ pub fn write_head_block(
     let mut w = BlockWriter::create(fs, parent, &symbols)?;
     let mut scratch = Scratch::default();
     for s in &series {
-        let chunks = s.state.lock().chunks(mint, maxt - 1);
+        let mut chunks = Vec::new();
+        s.state.lock().each_chunk(mint, maxt - 1, cut.max_epoch, |c, rank| chunks.push((c, rank)));
         let labels = head.symbols.resolve(&s.labels);
         let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).map(Vec::as_slice)).unwrap_or(&[]);
-        let inputs: Vec<ChunkInput<'_>> =
-            chunks.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }).collect();
+        let mut inputs: Vec<ChunkInput<'_>> = chunks
+            .iter()
+            .map(|(c, rank)| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data, rank: *rank })
+            .collect();
+        // Late chunks come after the in-order ones.
+        inputs.sort_by_key(|c| c.mint);
         if let Err(e) = write_series(&mut w, &labels, &inputs, deleted, mint, maxt, HEAD_CHUNKING, &mut scratch) {
             w.abort();
             return Err(e);
         }
     }
-    w.finish(mint, maxt, Compaction { level: 1, sources: Vec::new(), parents: Vec::new() })
+    w.finish(mint, maxt, Compaction { level: 1, sources: Vec::new(), parents: Vec::new() }, cut.seq)
 }
 
 /// Orders two packed label sets as their label sets order (name, then value, label by label).
@@ -139,7 +162,8 @@ struct Scratch {
 
 /// Writes one series: its chunks as they are when they neither overlap each other, nor stick out
 /// of `[mint, maxt)`, nor hold deleted samples, nor (when merging small ones) are small;
-/// otherwise decoded, merged (first sample of each timestamp kept), filtered and re-encoded.
+/// otherwise decoded, merged (of each timestamp the sample of the highest-ranked chunk kept),
+/// filtered and re-encoded.
 /// A series left with no sample is skipped.
 #[allow(clippy::too_many_arguments, reason = "one call per series from two writers; a struct would only rename them")]
 fn write_series(
@@ -168,7 +192,7 @@ fn write_series(
     }
     let samples = &mut scratch.samples;
     samples.clear();
-    decode_merged(chunks.iter().map(|c| Ok(c.data)), samples).map_err(|e| chunk_err(labels, e))?;
+    decode_merged(by_rank(chunks, |c| c.rank).map(|c| Ok(c.data)), samples).map_err(|e| chunk_err(labels, e))?;
     samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
     if samples.is_empty() {
         return Ok(());
@@ -186,7 +210,7 @@ fn write_series(
     }
     scratch.encoded.push((first_t, app.last_t(), app.into_bytes()));
     let inputs: Vec<ChunkInput<'_>> =
-        scratch.encoded.iter().map(|(a, b, d)| ChunkInput { mint: *a, maxt: *b, data: d }).collect();
+        scratch.encoded.iter().map(|(a, b, d)| ChunkInput { mint: *a, maxt: *b, data: d, rank: 0 }).collect();
     w.add_series(labels, &inputs)
 }
 
@@ -202,7 +226,7 @@ fn rewrite_typed(
     maxt: i64,
 ) -> Result<()> {
     let mut samples: Vec<TypedSample> = Vec::new();
-    decode_merged(chunks.iter().map(|c| Ok(c.data)), &mut samples).map_err(|e| chunk_err(labels, e))?;
+    decode_merged(by_rank(chunks, |c| c.rank).map(|c| Ok(c.data)), &mut samples).map_err(|e| chunk_err(labels, e))?;
     samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
     let mut state = SeriesState::default();
     // One range for the whole block: only size, kind and layout cut chunks here.
@@ -217,7 +241,7 @@ fn rewrite_typed(
         return Ok(());
     }
     let inputs: Vec<ChunkInput<'_>> =
-        encoded.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data }).collect();
+        encoded.iter().map(|c| ChunkInput { mint: c.mint, maxt: c.maxt, data: &c.data, rank: 0 }).collect();
     w.add_series(labels, &inputs)
 }
 
@@ -310,7 +334,7 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
             for (i, m) in &chunk_refs {
                 let data = blocks[*i].data()?;
                 let bytes = data.chunks.chunk(m.chunk).map_err(|e| blocks[*i].corrupt(e.to_string()))?;
-                inputs.push(ChunkInput { mint: m.mint, maxt: m.maxt, data: bytes });
+                inputs.push(ChunkInput { mint: m.mint, maxt: m.maxt, data: bytes, rank: blocks[*i].meta().seq });
             }
             write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, COMPACTED_CHUNKING, &mut scratch)?;
             for &i in &from {
@@ -333,7 +357,8 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
     sources.sort();
     sources.dedup();
     let parents = blocks.iter().map(|b| b.ulid().to_owned()).collect();
-    w.finish(mint, maxt, Compaction { level, sources, parents })
+    let seq = blocks.iter().map(|b| b.meta().seq).max().unwrap_or(0);
+    w.finish(mint, maxt, Compaction { level, sources, parents }, seq)
 }
 
 /// The next set of blocks to compact, if any. `blocks` is sorted by start time.

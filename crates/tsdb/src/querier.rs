@@ -12,7 +12,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
 
 use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
-use crate::chunkenc::{decode_merged, ChunkError, ChunkIterator, TypedSample};
+use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::Head;
 use crate::index::name_dict::{dedup_or_flags, for_each_node, NamePattern};
@@ -46,13 +46,21 @@ impl ChunkData {
     }
 }
 
-/// One chunk of a selected series, with its time range (inclusive).
+/// One chunk of a selected series, with its time range (inclusive) and rank.
 #[derive(Debug, Clone)]
 pub struct QueryChunk {
     pub mint: i64,
     pub maxt: i64,
     pub data: ChunkData,
+    /// Where chunks overlap, the sample of the higher rank is kept at a timestamp: a block's
+    /// chunks rank by its write sequence (`BlockMeta::seq`), the head's above every block's
+    /// (`HEAD_RANK`), and a series' late samples above its in-order ones (`head::overlay`).
+    pub rank: u64,
 }
+
+/// Rank of the head's in-order chunks: above any block's write sequence; the head's late
+/// chunks rank above it in write order.
+pub const HEAD_RANK: u64 = 1 << 62;
 
 /// One selected series: its labels, its chunks overlapping the range from the head and every
 /// block (ordered by start time; overlapping chunks are merged while iterating), and deleted
@@ -157,10 +165,11 @@ impl Series {
     }
 }
 
-/// Decodes overlapping chunks of either kind into one run (chunks come in time order).
+/// Decodes overlapping chunks of either kind into one run, keeping at each timestamp the
+/// sample of the highest-ranked chunk.
 fn merge_typed(chunks: &[QueryChunk]) -> Result<Vec<TypedSample>, ChunkError> {
     let mut samples = Vec::new();
-    decode_merged(chunks.iter().map(|c| c.data.bytes()), &mut samples)?;
+    decode_merged(by_rank(chunks, |c| c.rank).map(|c| c.data.bytes()), &mut samples)?;
     Ok(samples)
 }
 
@@ -310,10 +319,11 @@ impl SampleIterator for SeriesIterator<'_> {
     }
 }
 
-/// Decodes overlapping chunks into one run (chunks come in time order).
+/// Decodes overlapping chunks into one run, keeping at each timestamp the sample of the
+/// highest-ranked chunk.
 fn merge_chunks<'a>(chunks: &'a [QueryChunk]) -> Result<Cursor<'a>, ChunkError> {
     let mut samples = Vec::new();
-    decode_merged(chunks.iter().map(|c| c.data.bytes()), &mut samples)?;
+    decode_merged(by_rank(chunks, |c| c.rank).map(|c| c.data.bytes()), &mut samples)?;
     Ok(Cursor::Merged { samples, pos: 0 })
 }
 
@@ -527,9 +537,18 @@ impl<'a> Querier<'a> {
             let chunks = {
                 let state = s.state.lock();
                 let mut chunks = Vec::with_capacity(state.count_chunks(self.mint, self.maxt));
-                state.each_chunk(self.mint, self.maxt, |c| {
-                    chunks.push(QueryChunk { mint: c.mint, maxt: c.maxt, data: ChunkData::Mem(c.data) })
+                state.each_chunk(self.mint, self.maxt, u64::MAX, |c, rank| {
+                    chunks.push(QueryChunk {
+                        mint: c.mint,
+                        maxt: c.maxt,
+                        data: ChunkData::Mem(c.data),
+                        rank: HEAD_RANK + rank,
+                    })
                 });
+                // Late chunks come after the in-order ones; readers need time order.
+                if !chunks.is_sorted_by_key(|c| c.mint) {
+                    chunks.sort_by_key(|c| c.mint);
+                }
                 chunks
             };
             if !chunks.is_empty() {
@@ -571,10 +590,12 @@ impl<'a> Querier<'a> {
             }
             self.count_chunks(count)?;
             let mut chunks = Vec::with_capacity(count);
+            let rank = block.meta().seq;
             chunks.extend(metas.iter().filter(in_range).map(|c| QueryChunk {
                 mint: c.mint,
                 maxt: c.maxt,
                 data: ChunkData::Block { reader: data.chunks.clone(), chunk: c.chunk },
+                rank,
             }));
             let deleted = stones.get(&id.0).cloned().unwrap_or_default();
             out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });

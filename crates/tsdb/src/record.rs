@@ -22,6 +22,10 @@ pub enum RecordType {
     SamplesWithStart = 5,
     /// Histograms with start times: as `Histograms`, and per sample its start time.
     HistogramsWithStart = 6,
+    /// Float samples the head took out of order (into a series' overlay, `head::overlay`): as
+    /// `Samples` without start times. Replay puts them back in the overlay in log order, so a
+    /// later write of a timestamp still replaces an earlier one.
+    OutOfOrderSamples = 7,
 }
 
 /// A series and the reference the head gave it.
@@ -78,6 +82,7 @@ pub enum Record {
     Samples(Vec<RefSample>),
     Tombstones(Vec<Tombstone>),
     Histograms(Vec<RefHistogram>),
+    OutOfOrderSamples(Vec<RefSample>),
 }
 
 /// A record body that does not decode.
@@ -122,6 +127,13 @@ pub fn encode_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
         };
         encode_timed(RecordType::SamplesWithStart, samples, |s| (s.series, s.t), put, buf);
     }
+}
+
+/// Appends an out-of-order samples record to `buf`: `encode_samples`' layout under its own type;
+/// start times are not kept for late samples.
+pub fn encode_out_of_order_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
+    let put_v = |s: &RefSample, buf: &mut Vec<u8>| buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
+    encode_timed(RecordType::OutOfOrderSamples, samples, |s| (s.series, s.t), put_v, buf);
 }
 
 /// A record of timestamped items (samples, histograms): the type byte, then, if there are
@@ -297,6 +309,7 @@ pub fn record_type(rec: &[u8]) -> Result<RecordType, RecordError> {
         Some(4) => Ok(RecordType::Histograms),
         Some(5) => Ok(RecordType::SamplesWithStart),
         Some(6) => Ok(RecordType::HistogramsWithStart),
+        Some(7) => Ok(RecordType::OutOfOrderSamples),
         Some(&t) => Err(RecordError::UnknownType(t)),
     }
 }
@@ -316,6 +329,11 @@ pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
             let mut out = Vec::new();
             decode_histograms_into(body, kind == RecordType::HistogramsWithStart, &mut out)?;
             Ok(Record::Histograms(out))
+        }
+        RecordType::OutOfOrderSamples => {
+            let mut out = Vec::new();
+            decode_samples_into(body, false, &mut out)?;
+            Ok(Record::OutOfOrderSamples(out))
         }
     }
 }
@@ -401,7 +419,10 @@ mod tests {
             let samples: Vec<RefSample> = samples.into_iter().map(|s| RefSample { st: 0, ..s }).collect();
             let mut buf = Vec::new();
             encode_samples(&samples, &mut buf);
-            prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples));
+            prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.clone()));
+            let mut buf = Vec::new();
+            encode_out_of_order_samples(&samples, &mut buf);
+            prop_assert_eq!(decode(&buf).unwrap(), Record::OutOfOrderSamples(samples));
         }
 
         #[test]

@@ -21,6 +21,16 @@ pub struct BlockMeta {
     pub stats: BlockStats,
     pub compaction: Compaction,
     pub version: u32,
+    /// Write sequence: a block holding later writes has a higher one (a block cut from the
+    /// head: one more than any block's at the time; a compacted block: its inputs' highest).
+    /// Where blocks overlap, the sample of the higher sequence wins at a timestamp, so a late
+    /// rewrite of a point replaces the older value. 0 in blocks written before it existed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

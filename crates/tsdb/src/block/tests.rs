@@ -25,7 +25,9 @@ fn head(n: usize) -> Head {
 }
 
 fn write(dir: &Path, head: &Head) -> Block {
-    let meta = write_head_block(&crate::vfs::OsFs::shared(), head, dir, 0, 1000).unwrap().expect("a block with data");
+    let meta = write_head_block(&crate::vfs::OsFs::shared(), head, dir, 0, 1000, crate::compact::HeadCut::ALL)
+        .unwrap()
+        .expect("a block with data");
     assert_eq!(meta.stats.num_series, 50);
     assert_eq!(meta.stats.num_samples, 50 * 100);
     assert_eq!(meta.compaction.sources, vec![meta.ulid.clone()]);

@@ -26,6 +26,9 @@ pub struct ChunkInput<'a> {
     pub mint: i64,
     pub maxt: i64,
     pub data: &'a [u8],
+    /// For compaction, where a series' input chunks overlap: the sample of the higher rank is
+    /// kept at a timestamp (`querier::QueryChunk::rank`). Not written.
+    pub rank: u64,
 }
 
 #[derive(Debug)]
@@ -96,7 +99,14 @@ impl BlockWriter {
     /// no series is not kept: returns `None`. On error nothing is left under the block's name
     /// nor, as far as the disk lets us remove it, in its temporary directory: the caller keeps
     /// the data (in the head, in the input blocks) and tries again later.
-    pub fn finish(self, min_time: i64, max_time: i64, mut compaction: Compaction) -> Result<Option<BlockMeta>> {
+    /// `seq` is the block's place in write order (`BlockMeta::seq`).
+    pub fn finish(
+        self,
+        min_time: i64,
+        max_time: i64,
+        mut compaction: Compaction,
+        seq: u64,
+    ) -> Result<Option<BlockMeta>> {
         if compaction.sources.is_empty() {
             compaction.sources.push(self.ulid.to_string());
         }
@@ -113,6 +123,7 @@ impl BlockWriter {
             stats: self.stats,
             compaction,
             version: META_VERSION,
+            seq,
         };
         let (chunks, index, names) = (self.chunks, self.index, self.names);
         let written = (|| {

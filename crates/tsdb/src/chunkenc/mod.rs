@@ -144,6 +144,15 @@ impl DecodedSample for TypedSample {
     }
 }
 
+/// `chunks` from the highest `rank` down (in their order within a rank): the order to hand
+/// overlapping chunks to `decode_merged` so that at each timestamp the highest-ranked chunk's
+/// sample is kept.
+pub fn by_rank<T>(chunks: &[T], rank: impl Fn(&T) -> u64) -> impl Iterator<Item = &T> {
+    let mut ranked: Vec<&T> = chunks.iter().collect();
+    ranked.sort_by_key(|c| std::cmp::Reverse(rank(c)));
+    ranked.into_iter()
+}
+
 /// Decodes overlapping chunks into `out` as one run: sorted by time, and of the samples sharing
 /// a timestamp the one from the earliest chunk in `chunks` kept (the sort is stable).
 pub fn decode_merged<'a, S: DecodedSample>(

@@ -212,7 +212,9 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
             }
         }
         app.commit().unwrap();
-        write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), ts.start, ts.end).unwrap().unwrap();
+        write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), ts.start, ts.end, crate::compact::HeadCut::ALL)
+            .unwrap()
+            .unwrap();
     }
     let db = Db::open(tmp.path(), opts(0)).unwrap();
     assert_eq!(db.blocks().len(), 2);
@@ -284,7 +286,16 @@ fn blocks_open_lazily_and_queries_touch_only_blocks_in_range() {
             app.append(&l, t, t as f64).unwrap();
         }
         app.commit().unwrap();
-        write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), b * RANGE, (b + 1) * RANGE).unwrap().unwrap();
+        write_head_block(
+            &crate::vfs::OsFs::shared(),
+            &h,
+            tmp.path(),
+            b * RANGE,
+            (b + 1) * RANGE,
+            crate::compact::HeadCut::ALL,
+        )
+        .unwrap()
+        .unwrap();
     }
     let db = Db::open(tmp.path(), opts(0)).unwrap();
     let blocks = db.blocks();
@@ -518,4 +529,106 @@ fn a_query_stopped_by_its_limits_leaves_blocks_in_service() {
     assert!(db.blocks().iter().all(|b| !b.is_corrupt()), "no block marked corrupt");
     assert_eq!(db.compact().unwrap().set_aside, 0);
     assert_eq!(db.querier(0, 3 * RANGE).select(&all()).unwrap().len(), 3000);
+}
+
+/// Writes with late points and rewrites of stored timestamps, some into ranges already cut into
+/// blocks, under `rules`; checked against a model after compactions and reopens. Under
+/// Graphite's rule (`replace`) the model keeps each timestamp's last written value; under
+/// Prometheus' a rewrite with another value is refused and the first stays.
+fn late_writes_match_a_model(rules: crate::head::OutOfOrder) {
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let options = DbOptions { head: HeadOptions { out_of_order: rules, ..opts(0).head }, ..opts(0) };
+    let mut db = Db::open(tmp.path(), options).unwrap();
+    let mut model = Model::new();
+    let series: Vec<Labels> = (0..12).map(|i| Labels::from_pairs([("__name__", format!("late.m{i}"))])).collect();
+    let (mut late, mut refused) = (0, 0);
+    let rounds = 240;
+    for round in 0..rounds {
+        let mut app = db.appender();
+        let mut batch: Vec<(String, i64, f64)> = Vec::new();
+        let mut rewritten_in_blocks: Vec<(String, i64)> = Vec::new();
+        for l in &series {
+            for _ in 0..rng.gen_range(0..4) {
+                let t = if rng.gen_bool(0.6) {
+                    round * 100 + rng.gen_range(0..100)
+                } else {
+                    // Late: up to the window back; a third of them a timestamp already stored.
+                    let stored = model.get(&l.to_string()).map(|m| m.keys().copied().collect::<Vec<_>>());
+                    match stored.filter(|s| !s.is_empty() && rng.gen_bool(0.33)) {
+                        Some(s) => s[rng.gen_range(0..s.len())],
+                        None => round * 100 - rng.gen_range(0..rules.window_ms),
+                    }
+                };
+                let v = f64::from(rng.gen_range(0..1000u16));
+                let key = l.to_string();
+                let was = model.get(&key).and_then(|m| m.get(&t)).copied();
+                let pending = batch.iter().rev().find(|(k, bt, _)| *k == key && *bt == t).map(|b| b.2.to_bits());
+                if pending.is_some() && !rules.replace {
+                    // Refused at commit, not at append (the appender checks what is stored).
+                    continue;
+                }
+                match app.append(l, t, v) {
+                    Ok(_) => {
+                        if !rules.replace {
+                            // Prometheus' rule: only a new timestamp or the very same value, as
+                            // far as the head can tell: a timestamp only blocks hold is not seen
+                            // (nor is it by Prometheus), and the late value then wins.
+                            let in_head = db.blocks().iter().all(|b| t >= b.meta().max_time);
+                            let rewrite = pending.or(was).is_some_and(|b| b != v.to_bits());
+                            assert!(!(rewrite && in_head), "{key} t={t}: a rewrite was taken");
+                            if rewrite {
+                                rewritten_in_blocks.push((key.clone(), t));
+                            }
+                        }
+                        if pending.is_none() && was.is_some_and(|b| b != v.to_bits()) || t < round * 100 {
+                            late += 1;
+                        }
+                        batch.push((key, t, v));
+                    }
+                    Err(crate::head::AppendError::Sample(
+                        SampleError::Duplicate { .. } | SampleError::TooOld { .. } | SampleError::OutOfOrder { .. },
+                    )) => refused += 1,
+                    Err(e) => panic!("{key} t={t}: {e}"),
+                }
+            }
+        }
+        let outcome = app.commit().unwrap();
+        assert_eq!(outcome.rejected, 0, "{outcome:?}");
+        for (key, t, v) in batch {
+            let replaced = rewritten_in_blocks.contains(&(key.clone(), t));
+            let stored = model.entry(key).or_default();
+            if rules.replace || replaced || !stored.contains_key(&t) {
+                stored.insert(t, v.to_bits());
+            }
+        }
+        if round % 20 == 19 {
+            db.compact().unwrap();
+            check(&db, &model, &mut rng, round * 100);
+        }
+        if round % 60 == 59 {
+            db.close().unwrap();
+            db = Db::open(tmp.path(), options).unwrap();
+            check(&db, &model, &mut rng, round * 100);
+        }
+    }
+    db.compact().unwrap();
+    assert_no_overlap(&db);
+    check(&db, &model, &mut rng, rounds * 100);
+    assert!(late > 100 && refused > 0, "late {late}, refused {refused}");
+    db.close().unwrap();
+}
+
+use crate::head::SampleError;
+
+#[test]
+fn late_writes_and_rewrites_keep_the_last_value_through_cuts_replay_and_compaction() {
+    late_writes_match_a_model(crate::head::OutOfOrder { window_ms: 5 * RANGE, replace: true });
+}
+
+#[test]
+fn late_writes_keep_the_first_value_under_prometheus_rules() {
+    late_writes_match_a_model(crate::head::OutOfOrder { window_ms: 5 * RANGE, replace: false });
 }

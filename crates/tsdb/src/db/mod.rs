@@ -247,7 +247,8 @@ impl Db {
         let mut out = Vec::new();
         let mut start = min.div_euclid(range) * range;
         while start <= max {
-            if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range)
+            let cut = compact::HeadCut { seq: inner.next_seq(), ..compact::HeadCut::ALL };
+            if let Some(meta) = compact::write_head_block(&inner.fs, source, &inner.dir, start, start + range, cut)
                 .map_err(|e| inner.list_stranded(e))?
             {
                 let block = inner.written(&meta);
@@ -277,7 +278,8 @@ impl Db {
         }
         if !skip_head {
             if let Some((min, max)) = inner.head.time_range() {
-                compact::write_head_block(&inner.fs, &inner.head, &tmp, min, max.saturating_add(1))?;
+                let cut = compact::HeadCut { seq: inner.next_seq(), ..compact::HeadCut::ALL };
+                compact::write_head_block(&inner.fs, &inner.head, &tmp, min, max.saturating_add(1), cut)?;
             }
         }
         fsync_dir(fs, &tmp)?;
@@ -376,21 +378,40 @@ impl Inner {
         Ok(out)
     }
 
+    /// The write sequence for a new block: above every listed block's (`BlockMeta::seq`).
+    fn next_seq(&self) -> u64 {
+        self.blocks.read().iter().map(|b| b.meta().seq).max().unwrap_or(0) + 1
+    }
+
     /// Writes the head's oldest block range while the head spans more than 1.5 ranges, then
     /// truncates the head and checkpoints the WAL.
+    ///
+    /// Late samples make the head's oldest range one that blocks already cover: it is written
+    /// again as a block of the late samples alone, with a higher write sequence than the blocks
+    /// it overlaps, which compaction then merges (the late values winning). Each range is cut
+    /// under its own cut epoch (`Head::begin_cut`): late samples written meanwhile, whatever
+    /// their time, stay in the head and the WAL for the next cut.
     fn cut_head(&self) -> Result<usize> {
         let head = &self.head;
         let range = self.opts.head.chunk_range_ms;
         let mut written = 0;
+        let mut cut_up_to = i64::MIN;
         while let Some((min, max)) = head.time_range() {
             if max.saturating_sub(min) <= range / 2 * 3 {
                 break;
             }
             let start = min.div_euclid(range) * range;
+            if start < cut_up_to {
+                // Late samples written into a range this round already cut: the next round's.
+                break;
+            }
             let end = start + range;
+            cut_up_to = end;
             let started = Instant::now();
-            if let Some(meta) =
-                compact::write_head_block(&self.fs, head, &self.dir, start, end).map_err(|e| self.list_stranded(e))?
+            let (epoch, segment) = head.begin_cut()?;
+            let cut = compact::HeadCut { seq: self.next_seq(), max_epoch: epoch };
+            if let Some(meta) = compact::write_head_block(&self.fs, head, &self.dir, start, end, cut)
+                .map_err(|e| self.list_stranded(e))?
             {
                 let block = self.written(&meta);
                 self.swap_blocks(&[], Some(Arc::new(block)));
@@ -402,10 +423,9 @@ impl Inner {
                 written += 1;
                 self.stats.head_blocks_written.fetch_add(1, Ordering::Relaxed);
             }
-            let (chunks, series) = head.truncate(end);
-            if let Some(wal) = head.wal() {
-                let current = wal.roll()?;
-                let cp = wal.checkpoint(current - 1, |r| head.series(r).is_some(), end)?;
+            let (chunks, series) = head.truncate(end, epoch);
+            if let (Some(wal), Some(segment)) = (head.wal(), segment) {
+                let cp = wal.checkpoint(segment - 1, |r| head.series(r).is_some(), end)?;
                 tracing::info!(chunks, series, checkpoint = ?cp, "truncated head and write-ahead log");
             }
         }
@@ -770,7 +790,11 @@ mod tests {
             app.append(&l, t, t as f64).unwrap();
         }
         app.commit().unwrap();
-        let write = |mint: i64| compact::write_head_block(&fs, &head, tmp.path(), mint, mint + 1000).unwrap().unwrap();
+        let write = |mint: i64| {
+            compact::write_head_block(&fs, &head, tmp.path(), mint, mint + 1000, crate::compact::HeadCut::ALL)
+                .unwrap()
+                .unwrap()
+        };
         let (a, b, d) = (write(0), write(1000), write(2000));
         let open = |m: &crate::block::BlockMeta| Arc::new(Block::open_on(&fs, &tmp.path().join(&m.ulid)).unwrap());
         let c = compact::merge_blocks(tmp.path(), &[open(&a), open(&b)]).unwrap().unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use strata_model::{FloatHistogram, HistogramError, Labels, LabelsError, SeriesRef};
 
-use super::series::{Appended, MemSeries, SampleError};
+use super::series::{Appended, MemSeries, SampleError, SeriesState};
 use super::Head;
 use crate::error::Result;
 use crate::hash::U64Map;
@@ -43,6 +43,24 @@ pub struct CommitOutcome {
     pub first_rejection: Option<(SeriesRef, SampleError)>,
 }
 
+/// What an appender does with a late sample: one at or before its series' newest timestamp, or
+/// older than the head takes in order (`Head::min_append_time`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfOrder {
+    /// How far behind the head's newest sample a late sample may be, in milliseconds (later
+    /// than that: refused as too old); 0 refuses every late sample, as Prometheus does unless
+    /// `out_of_order_time_window` is set.
+    pub window_ms: i64,
+    /// Whether a sample at a stored timestamp with another value replaces it (Graphite's last
+    /// write wins) or is refused as a duplicate (Prometheus' rule).
+    pub replace: bool,
+}
+
+impl OutOfOrder {
+    /// Late samples refused: Prometheus' default.
+    pub const OFF: OutOfOrder = OutOfOrder { window_ms: 0, replace: false };
+}
+
 /// A value waiting for the commit. Floats stay unboxed: they are nearly every sample.
 #[derive(Debug)]
 enum PendingValue {
@@ -58,17 +76,38 @@ pub struct Appender<'h> {
     /// Keeps head truncation from removing series or raising the time limit under this batch.
     /// A thread must not hold two appenders at once (a waiting truncation would deadlock it).
     _gate: parking_lot::RwLockReadGuard<'h, ()>,
-    /// Series, timestamp, start time (0: none), value.
-    pending: Vec<(Arc<MemSeries>, i64, i64, PendingValue)>,
-    /// Newest pending timestamp per series, to refuse out-of-order samples within the batch.
+    /// Series, timestamp, start time (0: none), value, and whether it goes to the series'
+    /// overlay (a late sample) rather than its in-order chunks.
+    pending: Vec<(Arc<MemSeries>, i64, i64, PendingValue, bool)>,
+    /// Newest pending in-order timestamp per series, to tell late samples within the batch.
     batch_max: U64Map<SeriesRef, i64>,
+    /// Oldest timestamp taken in order.
     min_t: i64,
+    out_of_order: OutOfOrder,
+    /// Oldest timestamp taken late; `i64::MAX` when late samples are refused.
+    late_min_t: i64,
+    /// The head's cut epoch, which late samples are stored under (`Head::begin_cut`).
+    epoch: u64,
 }
 
 impl<'h> Appender<'h> {
-    pub(super) fn new(head: &'h Head) -> Self {
+    pub(super) fn new(head: &'h Head, out_of_order: OutOfOrder) -> Self {
         let gate = head.gc_gate.read();
-        Appender { head, _gate: gate, pending: Vec::new(), batch_max: U64Map::default(), min_t: head.min_append_time() }
+        let late_min_t = if out_of_order.window_ms > 0 && !head.opts.backfill {
+            head.max_time().saturating_sub(out_of_order.window_ms)
+        } else {
+            i64::MAX
+        };
+        Appender {
+            head,
+            _gate: gate,
+            pending: Vec::new(),
+            batch_max: U64Map::default(),
+            min_t: head.min_append_time(),
+            out_of_order,
+            late_min_t,
+            epoch: head.cut_epoch(),
+        }
     }
 
     /// Appends a sample to the series with `labels`, creating it if needed.
@@ -185,9 +224,9 @@ impl<'h> Appender<'h> {
     }
 
     fn check_too_old(&self, t: i64) -> Result<(), AppendError> {
-        if t < self.min_t {
+        if t < self.min_t && t < self.late_min_t {
             self.head.stats.rejected_too_old.fetch_add(1, Ordering::Relaxed);
-            return Err(AppendError::Sample(SampleError::TooOld { t, min_t: self.min_t }));
+            return Err(AppendError::Sample(SampleError::TooOld { t, min_t: self.min_t.min(self.late_min_t) }));
         }
         Ok(())
     }
@@ -212,17 +251,57 @@ impl<'h> Appender<'h> {
                 }
             }
         };
+        // Newer than the series' newest, but older than the head takes in order.
+        let verdict = verdict.and_then(|a| match a {
+            Appended::Sample { .. } if t < self.min_t => Err(SampleError::TooOld { t, min_t: self.min_t }),
+            a => Ok(a),
+        });
+        let verdict = match verdict {
+            Err(e) if self.may_be_late(t, &v, &e) => {
+                let PendingValue::Float(f) = v else { unreachable!("only floats are taken late") };
+                let checked = self.check_late(&series.state.lock(), t, f);
+                match checked {
+                    Ok(Appended::Same) => return Ok(()),
+                    Ok(Appended::Sample { .. }) => {
+                        self.pending.push((series, t, st, v, true));
+                        return Ok(());
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            v => v,
+        };
         match verdict {
             Ok(Appended::Same) => Ok(()),
             Ok(Appended::Sample { .. }) => {
                 self.batch_max.insert(r, t);
-                self.pending.push((series, t, st, v));
+                self.pending.push((series, t, st, v, false));
                 Ok(())
             }
             Err(e) => {
                 self.count_rejection(&e);
                 Err(AppendError::Sample(e))
             }
+        }
+    }
+
+    /// Whether a sample refused in order for `e` may be taken late instead.
+    fn may_be_late(&self, t: i64, v: &PendingValue, e: &SampleError) -> bool {
+        t >= self.late_min_t
+            && matches!(v, PendingValue::Float(_))
+            && matches!(e, SampleError::OutOfOrder { .. } | SampleError::Duplicate { .. } | SampleError::TooOld { .. })
+    }
+
+    /// Whether the late sample `(t, v)` stores: under Prometheus' rule a timestamp already
+    /// stored with another value is a duplicate, and with the same value a retry (`Same`).
+    fn check_late(&self, state: &SeriesState, t: i64, v: f64) -> Result<Appended, SampleError> {
+        if self.out_of_order.replace {
+            return Ok(Appended::Sample { chunk_created: false });
+        }
+        match state.value_at(t) {
+            Some(old) if old.to_bits() == v.to_bits() => Ok(Appended::Same),
+            Some(_) => Err(SampleError::Duplicate { t }),
+            None => Ok(Appended::Sample { chunk_created: false }),
         }
     }
 
@@ -257,28 +336,49 @@ impl<'h> Appender<'h> {
         let mut out = CommitOutcome::default();
         let mut logged: Vec<RefSample> = Vec::with_capacity(self.pending.len());
         let mut logged_histograms: Vec<RefHistogram> = Vec::new();
+        let mut logged_late: Vec<RefSample> = Vec::new();
         let (mut min_t, mut max_t) = (i64::MAX, i64::MIN);
         let pending = std::mem::take(&mut self.pending);
-        for (series, t, st, v) in pending {
-            let res = match &v {
-                PendingValue::Float(f) => series.state.lock().append_with_start(t, st, *f, range),
-                PendingValue::Histogram(h) => series.state.lock().append_histogram_with_start(t, st, h, range),
+        for (series, t, st, v, late) in pending {
+            let res = {
+                let mut state = series.state.lock();
+                let store_late = |state: &mut SeriesState, f: f64| {
+                    let res = self.check_late(state, t, f);
+                    if res.is_ok_and(|a| a != Appended::Same) {
+                        state.insert_late(t, f, self.epoch);
+                    }
+                    res.map(|a| (a, true))
+                };
+                match &v {
+                    PendingValue::Float(f) if late => store_late(&mut state, *f),
+                    PendingValue::Float(f) => match state.append_with_start(t, st, *f, range) {
+                        // A concurrent commit to the series got there first.
+                        Err(e) if self.may_be_late(t, &v, &e) => store_late(&mut state, *f),
+                        res => res.map(|a| (a, false)),
+                    },
+                    PendingValue::Histogram(h) => {
+                        state.append_histogram_with_start(t, st, h, range).map(|a| (a, false))
+                    }
+                }
             };
             match res {
-                Ok(Appended::Sample { chunk_created }) => {
+                Ok((Appended::Sample { chunk_created }, late)) => {
                     if chunk_created {
                         head.stats.chunks_created.fetch_add(1, Ordering::Relaxed);
                     }
                     min_t = min_t.min(t);
                     max_t = max_t.max(t);
                     match v {
+                        PendingValue::Float(v) if late => {
+                            logged_late.push(RefSample { series: series.series_ref, t, st: 0, v })
+                        }
                         PendingValue::Float(v) => logged.push(RefSample { series: series.series_ref, t, st, v }),
                         PendingValue::Histogram(h) => {
                             logged_histograms.push(RefHistogram { series: series.series_ref, t, st, h: *h })
                         }
                     }
                 }
-                Ok(Appended::Same) => {}
+                Ok((Appended::Same, _)) => {}
                 Err(e) => {
                     self.count_rejection(&e);
                     out.rejected += 1;
@@ -294,7 +394,7 @@ impl<'h> Appender<'h> {
             head.note_time(max_t);
         }
         if let Some(wal) = &head.wal {
-            if !logged.is_empty() || !logged_histograms.is_empty() {
+            if !logged.is_empty() || !logged_histograms.is_empty() || !logged_late.is_empty() {
                 let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD) + 1);
                 for part in logged.chunks(SAMPLES_PER_RECORD) {
                     let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
@@ -306,11 +406,17 @@ impl<'h> Appender<'h> {
                     record::encode_histograms(part, &mut rec);
                     records.push(rec);
                 }
+                for part in logged_late.chunks(SAMPLES_PER_RECORD) {
+                    let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
+                    record::encode_out_of_order_samples(part, &mut rec);
+                    records.push(rec);
+                }
                 let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
                 wal.commit(&refs)?;
             }
         }
-        out.appended = logged.len() + logged_histograms.len();
+        out.appended = logged.len() + logged_histograms.len() + logged_late.len();
+        head.stats.samples_appended_late.fetch_add(logged_late.len() as u64, Ordering::Relaxed);
         head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);
         Ok(out)
     }

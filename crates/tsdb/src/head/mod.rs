@@ -15,6 +15,7 @@
 mod appender;
 pub mod mem_postings;
 mod names;
+mod overlay;
 pub mod series;
 pub mod symbols;
 
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use strata_model::{Labels, Matcher, SeriesRef, METRIC_NAME};
 
-pub use appender::{AppendError, Appender, CommitOutcome};
+pub use appender::{AppendError, Appender, CommitOutcome, OutOfOrder};
 use mem_postings::MemPostings;
 use names::HeadNames;
 pub use series::{Appended, ChunkMeta, MemSeries, SampleError};
@@ -57,11 +58,19 @@ pub struct HeadOptions {
     /// imports that build blocks from a head of their own, never for the live head.
     pub backfill: bool,
     pub wal: WalOptions,
+    /// What `appender` does with late samples (Prometheus' `out_of_order_time_window`; off by
+    /// default, as there). A writer with other rules asks for `appender_with`.
+    pub out_of_order: OutOfOrder,
 }
 
 impl Default for HeadOptions {
     fn default() -> Self {
-        HeadOptions { chunk_range_ms: BLOCK_RANGE_MS_DEFAULT, backfill: false, wal: WalOptions::default() }
+        HeadOptions {
+            chunk_range_ms: BLOCK_RANGE_MS_DEFAULT,
+            backfill: false,
+            wal: WalOptions::default(),
+            out_of_order: OutOfOrder::OFF,
+        }
     }
 }
 
@@ -74,6 +83,8 @@ pub struct HeadStats {
     pub rejected_duplicate: AtomicU64,
     pub rejected_too_old: AtomicU64,
     pub chunks_created: AtomicU64,
+    /// Samples stored out of order (also counted in `samples_appended`).
+    pub samples_appended_late: AtomicU64,
 }
 
 /// Series by reference, one map per lock stripe.
@@ -107,8 +118,11 @@ pub struct Head {
     num_series: AtomicU64,
     min_time: AtomicI64,
     max_time: AtomicI64,
-    /// No sample older than this is accepted (raised when the head is truncated).
+    /// No sample older than this is accepted in order (raised when the head is truncated).
     min_valid_time: AtomicI64,
+    /// Raised by each head cut (`begin_cut`): late samples carry the epoch they were written in,
+    /// so that a cut writes and drops only those that were there when it began.
+    cut_epoch: AtomicU64,
     /// Held (shared) by every open appender and by readers resolving symbol ids; truncation
     /// takes it exclusively to raise `min_valid_time`, remove empty series and free their
     /// symbols, so no appender holds a series being removed or a sample older than the new
@@ -136,6 +150,7 @@ impl Head {
             min_time: AtomicI64::new(i64::MAX),
             max_time: AtomicI64::new(i64::MIN),
             min_valid_time: AtomicI64::new(i64::MIN),
+            cut_epoch: AtomicU64::new(0),
             gc_gate: RwLock::new(()),
             wal: None,
             tombstones: RwLock::default(),
@@ -190,8 +205,37 @@ impl Head {
         self.wal.as_ref()
     }
 
+    /// An appender under the head's out-of-order rules (`HeadOptions::out_of_order`).
     pub fn appender(&self) -> Appender<'_> {
-        Appender::new(self)
+        Appender::new(self, self.opts.out_of_order)
+    }
+
+    /// An appender under other out-of-order rules (carbon's last-write-wins window).
+    pub fn appender_with(&self, out_of_order: OutOfOrder) -> Appender<'_> {
+        Appender::new(self, out_of_order)
+    }
+
+    /// Timestamp of the newest sample, `i64::MIN` when empty.
+    pub(crate) fn max_time(&self) -> i64 {
+        self.max_time.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn cut_epoch(&self) -> u64 {
+        self.cut_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Starts a head cut: raises the cut epoch and rolls the WAL to a new segment while no
+    /// appender is open. Returns the epoch the cut writes (every late sample stored so far) and
+    /// the first segment written after it: the cut may checkpoint the segments before it and no
+    /// more, for late samples written during the cut, whatever their time, are in later ones.
+    pub fn begin_cut(&self) -> Result<(u64, Option<u64>)> {
+        let _gate = self.gc_gate.write();
+        let epoch = self.cut_epoch.fetch_add(1, Ordering::Relaxed);
+        let segment = match &self.wal {
+            Some(wal) => Some(wal.roll()?),
+            None => None,
+        };
+        Ok((epoch, segment))
     }
 
     pub fn num_series(&self) -> u64 {
@@ -447,10 +491,12 @@ impl Head {
         self.min_valid_time.load(Ordering::Relaxed)
     }
 
-    /// Drops everything before `mint` (now persisted in a block): chunks that end before it, then
-    /// series left without samples (from the indexes), then symbols no series uses. Appends
-    /// before `mint` are refused from now on. Returns (chunks dropped, series removed).
-    pub fn truncate(&self, mint: i64) -> (usize, usize) {
+    /// Drops everything before `mint` (now persisted in a block): chunks that end before it,
+    /// late samples before it written in cut epochs up to `max_epoch` (`begin_cut`; `u64::MAX`:
+    /// all), then series left without samples (from the indexes), then symbols no series uses.
+    /// In-order appends before `mint` are refused from now on. Returns (chunks dropped, series
+    /// removed).
+    pub fn truncate(&self, mint: i64, max_epoch: u64) -> (usize, usize) {
         {
             let _gate = self.gc_gate.write();
             self.min_valid_time.fetch_max(mint, Ordering::Relaxed);
@@ -462,7 +508,7 @@ impl Head {
             let stripe = stripe.read();
             for s in stripe.values() {
                 let mut st = s.state.lock();
-                dropped_chunks += st.truncate_before(mint);
+                dropped_chunks += st.truncate_before(mint, max_epoch);
                 match st.min_time() {
                     Some(t) => new_min = new_min.min(t),
                     None => empty.push(s.clone()),
@@ -629,6 +675,8 @@ const REPLAY_QUEUE_BATCHES: usize = 16;
 enum ReplayBatch {
     Floats(Vec<RefSample>),
     Histograms(Vec<RefHistogram>),
+    /// Samples logged as taken out of order: back into their series' overlays.
+    Late(Vec<RefSample>),
 }
 
 /// What a replay worker found.
@@ -698,23 +746,33 @@ impl<'a> Replay<'a> {
                     Ok(())
                 }
                 Record::Histograms(v) => {
-                    let n = self.senders.len();
-                    let mut per_worker: Vec<Vec<RefHistogram>> = (0..n).map(|_| Vec::new()).collect();
-                    for mut s in v {
-                        s.series = self.resolve(s.series);
-                        per_worker[(s.series.0 % n as u64) as usize].push(s);
-                    }
-                    for (w, batch) in per_worker.into_iter().enumerate() {
-                        if !batch.is_empty() {
-                            // The worker's queued floats first: each series stays in log order.
-                            self.flush(w);
-                            let _ = self.senders[w].send(ReplayBatch::Histograms(batch));
-                        }
-                    }
+                    self.route(v, |s| &mut s.series, ReplayBatch::Histograms);
+                    Ok(())
+                }
+                Record::OutOfOrderSamples(v) => {
+                    self.route(v, |s| &mut s.series, ReplayBatch::Late);
                     Ok(())
                 }
                 Record::Samples(_) => unreachable!("handled above"),
             },
+        }
+    }
+
+    /// Sends the items of one record to their series' workers, one batch per worker, each after
+    /// the floats queued for it: each series stays in log order.
+    fn route<T>(&mut self, items: Vec<T>, series: impl Fn(&mut T) -> &mut SeriesRef, batch: fn(Vec<T>) -> ReplayBatch) {
+        let n = self.senders.len();
+        let mut per_worker: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
+        for mut item in items {
+            let r = series(&mut item);
+            *r = self.resolve(*r);
+            per_worker[(r.0 % n as u64) as usize].push(item);
+        }
+        for (w, items) in per_worker.into_iter().enumerate() {
+            if !items.is_empty() {
+                self.flush(w);
+                let _ = self.senders[w].send(batch(items));
+            }
         }
     }
 
@@ -749,6 +807,21 @@ fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> Rep
                         s.t,
                         |state| state.append_with_start(s.t, s.st, s.v, range),
                         || TypedSample::float(s.t, s.v).with_start(s.st),
+                    );
+                }
+            }
+            ReplayBatch::Late(batch) => {
+                let epoch = head.cut_epoch();
+                for s in batch {
+                    shard.apply(
+                        head,
+                        s.series,
+                        s.t,
+                        |state| {
+                            state.insert_late(s.t, s.v, epoch);
+                            Ok(series::Appended::Sample { chunk_created: false })
+                        },
+                        || unreachable!("a late sample always stores"),
                     );
                 }
             }

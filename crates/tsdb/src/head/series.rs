@@ -9,6 +9,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use strata_model::{CounterResetHint, FloatHistogram, SeriesRef};
 
+use super::overlay::Overlay;
 use super::symbols::PackedLabels;
 use crate::chunkenc::{
     start_time, ChunkIterator, HistogramAppender, Layout, StartTimeWriter, TypedSample, TypedValue, XorAppender,
@@ -95,6 +96,8 @@ pub struct SeriesState {
     /// Set when head truncation removed the series from the head's indexes: a handle kept
     /// elsewhere (a scrape cache) must not append to it any more.
     pub(crate) removed: bool,
+    /// Samples taken out of order (`overlay`); boxed, and absent for nearly every series.
+    overlay: Option<Box<Overlay>>,
 }
 
 /// Why the head refused a sample. Each maps to a clear message for the client.
@@ -141,11 +144,39 @@ impl SeriesState {
         }
     }
 
+    /// Timestamp of the oldest sample, in order or late, if any.
     pub fn min_time(&self) -> Option<i64> {
-        self.closed
+        let in_order = self
+            .closed
             .first()
             .map(|c| c.mint)
-            .or_else(|| self.open.as_ref().filter(|a| a.num_samples() > 0).map(|_| self.open_mint))
+            .or_else(|| self.open.as_ref().filter(|a| a.num_samples() > 0).map(|_| self.open_mint));
+        let late = self.overlay.as_ref().and_then(|o| o.min_time());
+        match (in_order, late) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Stores a sample that arrived out of order (written in the head's cut epoch `epoch`): it
+    /// replaces any sample at `t`, in order or late.
+    pub fn insert_late(&mut self, t: i64, v: f64, epoch: u64) {
+        self.overlay.get_or_insert_default().insert(t, v, epoch);
+    }
+
+    /// The value stored at `t` (the newest write of it), if any; `None` for a histogram.
+    pub fn value_at(&self, t: i64) -> Option<f64> {
+        if let Some(v) = self.overlay.as_ref().and_then(|o| o.value_at(t)) {
+            return Some(v);
+        }
+        let chunk = self.closed.iter().find(|c| c.mint <= t && t <= c.maxt).map(|c| c.data.clone()).or_else(|| {
+            let a = self.open.as_ref().filter(|_| self.open_overlaps(t, t))?;
+            Some(self.open_bytes(a))
+        })?;
+        match ChunkIterator::new(&chunk[..]).ok()? {
+            ChunkIterator::Xor(mut it) => it.seek(t).filter(|s| s.t == t).map(|s| s.v),
+            ChunkIterator::Histogram(_) => None,
+        }
     }
 
     /// The newest sample is at `latest` (if any): whether a sample at `t` is new, a retry of
@@ -369,28 +400,40 @@ impl SeriesState {
     /// Whether any sample may lie in `[mint, maxt]` (a chunk overlaps it).
     pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
         self.closed.iter().any(|c| c.maxt >= mint && c.mint <= maxt)
-            || self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt)
+            || self.open_overlaps(mint, maxt)
+            || self.overlay.as_ref().is_some_and(|o| o.count_parts(mint, maxt) > 0)
     }
 
-    /// Chunks overlapping `[mint, maxt]`, oldest first; the open chunk is copied.
+    /// The in-order chunks overlapping `[mint, maxt]`, oldest first; the open chunk is copied.
     pub fn chunks(&self, mint: i64, maxt: i64) -> Vec<ChunkMeta> {
         let mut out = Vec::with_capacity(self.count_chunks(mint, maxt));
-        self.each_chunk(mint, maxt, |c| out.push(c));
+        self.each_chunk(mint, maxt, u64::MAX, |c, rank| {
+            if rank == 0 {
+                out.push(c)
+            }
+        });
         out
     }
 
-    /// How many chunks overlap `[mint, maxt]` (what `each_chunk` hands out).
+    /// How many chunks overlap `[mint, maxt]` (what `each_chunk` hands out), late ones included.
     pub fn count_chunks(&self, mint: i64, maxt: i64) -> usize {
         self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).count()
             + usize::from(self.open_overlaps(mint, maxt))
+            + self.overlay.as_ref().map_or(0, |o| o.count_parts(mint, maxt))
     }
 
-    /// Hands each chunk overlapping `[mint, maxt]` to `f`, oldest first (the open chunk
-    /// copied): a reader builds its own list without an intermediate one.
-    pub fn each_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
-        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
+    /// Hands each chunk overlapping `[mint, maxt]` to `f` with its rank: the in-order chunks
+    /// first, oldest first, rank 0 (the open chunk copied), then the overlay's chunks of cut
+    /// epochs up to `max_epoch`, ranked from 1 in write order. Where chunks overlap, the sample
+    /// of the higher rank is the one kept at a timestamp. A reader builds its own list without
+    /// an intermediate one.
+    pub fn each_chunk(&self, mint: i64, maxt: i64, max_epoch: u64, mut f: impl FnMut(ChunkMeta, u64)) {
+        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone(), 0));
         if let Some(a) = self.open.as_ref().filter(|_| self.open_overlaps(mint, maxt)) {
-            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
+            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) }, 0);
+        }
+        if let Some(o) = &self.overlay {
+            o.each_chunk(mint, maxt, max_epoch, f);
         }
     }
 
@@ -398,15 +441,23 @@ impl SeriesState {
         self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt)
     }
 
-    /// Drops chunks that end before `mint`; returns how many.
-    pub fn truncate_before(&mut self, mint: i64) -> usize {
+    /// Drops in-order chunks that end before `mint`, and late samples before it written in cut
+    /// epochs up to `max_epoch`; returns how many chunks went.
+    pub fn truncate_before(&mut self, mint: i64, max_epoch: u64) -> usize {
         let before = self.num_chunks();
         self.closed.retain(|c| c.maxt >= mint);
         if self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
             self.open = None;
             self.open_starts = None;
         }
-        before - self.num_chunks()
+        let mut dropped = before - self.num_chunks();
+        if let Some(o) = &mut self.overlay {
+            dropped += o.truncate_before(mint, max_epoch);
+            if o.is_empty() {
+                self.overlay = None;
+            }
+        }
+        dropped
     }
 
     pub fn num_chunks(&self) -> usize {
@@ -424,7 +475,8 @@ impl SeriesState {
         all.append(late);
         all.sort_by_key(|s| s.t);
         all.dedup_by(|b, a| a.t == b.t);
-        *self = SeriesState::default();
+        let overlay = self.overlay.take();
+        *self = SeriesState { overlay, ..SeriesState::default() };
         for s in &all {
             self.append_typed(s, chunk_range).expect("sorted, deduplicated samples always append");
         }

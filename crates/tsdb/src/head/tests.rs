@@ -2,7 +2,9 @@ use super::*;
 use crate::querier::{Querier, SampleIterator};
 use crate::wal::FsyncPolicy;
 use proptest::prelude::*;
+use rand::SeedableRng;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use strata_model::MatchOp;
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -254,7 +256,7 @@ fn truncation_forgets_churned_series_and_their_symbols() {
         }
         app.commit().unwrap();
         if gen >= 1 {
-            let (_, removed) = head.truncate(gen * RANGE);
+            let (_, removed) = head.truncate(gen * RANGE, u64::MAX);
             assert_eq!(removed, 50, "generation {}'s pods are gone", gen - 1);
         }
         peak_symbols = peak_symbols.max(head.symbols.capacity());
@@ -347,7 +349,7 @@ fn a_kept_series_handle_is_refused_once_truncation_removed_the_series() {
     assert_eq!(dump(&head)[&up].len(), 3);
 
     // Everything before 10 s is truncated: the series is empty and removed.
-    assert_eq!(head.truncate(10_000).1, 1);
+    assert_eq!(head.truncate(10_000, u64::MAX).1, 1);
     let mut app = head.appender();
     assert_eq!(app.append_to(&s, 11_000, 4.0), Err(AppendError::UnknownSeries(s.series_ref)));
     // By labels, it is created again and takes the sample.
@@ -364,7 +366,7 @@ fn a_waiting_truncation_is_visible_to_appenders_that_must_not_block() {
     let app = head.appender();
     // A truncation now waits for this appender's gate; new appenders would queue behind it.
     let h2 = head.clone();
-    let truncation = std::thread::spawn(move || h2.truncate(1_000));
+    let truncation = std::thread::spawn(move || h2.truncate(1_000, u64::MAX));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !head.appender_would_wait() {
         assert!(std::time::Instant::now() < deadline, "the truncation never waited");
@@ -440,11 +442,143 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
     assert_eq!(head.names_stats().1, 0);
     assert_eq!(by_dictionary_and_by_scan(&head, r".*\.net\.eth0\.rx_bytes").0.len(), 40);
     // Truncation removes dc1's series; the next maintenance drops their names.
-    head.truncate(1500);
+    head.truncate(1500, u64::MAX);
     let before = head.names_stats().0;
     assert!(head.maintain_names());
     assert!(head.names_stats().0 < before);
     let (found, scanned) = by_dictionary_and_by_scan(&head, r".*\.cpu\.user");
     assert_eq!((found.len(), &found), (20, &scanned));
     assert!(!head.maintain_names(), "nothing changed since");
+}
+
+const WINDOW: OutOfOrder = OutOfOrder { window_ms: 3_600_000, replace: false };
+const MINUTE: i64 = 60_000;
+
+fn late_head(rules: OutOfOrder) -> Head {
+    Head::in_memory(HeadOptions { out_of_order: rules, ..Default::default() })
+}
+
+fn values(head: &Head) -> Vec<(i64, f64)> {
+    dump(head).into_values().flatten().map(|(t, b)| (t / MINUTE, f64::from_bits(b))).collect()
+}
+
+#[test]
+fn late_samples_are_refused_unless_a_window_is_set() {
+    let head = late_head(OutOfOrder::OFF);
+    let a = l(&[("__name__", "x")]);
+    let mut app = head.appender();
+    app.append(&a, 30 * MINUTE, 1.0).unwrap();
+    app.commit().unwrap();
+    let mut app = head.appender();
+    assert!(matches!(app.append(&a, 20 * MINUTE, 1.0), Err(AppendError::Sample(SampleError::OutOfOrder { .. }))));
+    // A writer may ask for other rules than the head's.
+    let mut app = head.appender_with(WINDOW);
+    app.append(&a, 20 * MINUTE, 2.0).unwrap();
+    app.commit().unwrap();
+    assert_eq!(values(&head), [(20, 2.0), (30, 1.0)]);
+}
+
+#[test]
+fn late_samples_inside_the_window_are_stored_duplicates_refused_under_prometheus_rules() {
+    let head = late_head(WINDOW);
+    let a = l(&[("__name__", "x")]);
+    let mut app = head.appender();
+    for t in [50, 60, 70, 100] {
+        app.append(&a, t * MINUTE, t as f64).unwrap();
+    }
+    app.commit().unwrap();
+    let mut app = head.appender();
+    app.append(&a, 80 * MINUTE, 80.0).unwrap();
+    app.append(&a, 75 * MINUTE, 75.0).unwrap();
+    // The same value again is a retry; another value at a stored timestamp a duplicate.
+    app.append(&a, 100 * MINUTE, 100.0).unwrap();
+    app.append(&a, 100 * MINUTE - 60 * MINUTE, 40.0).unwrap();
+    assert!(matches!(app.append(&a, 60 * MINUTE, 61.0), Err(AppendError::Sample(SampleError::Duplicate { .. }))));
+    assert!(matches!(app.append(&a, 100 * MINUTE, 99.0), Err(AppendError::Sample(SampleError::Duplicate { .. }))));
+    // Further back than the window behind the head's newest sample: too old, counted.
+    let err = app.append(&a, 100 * MINUTE - 60 * MINUTE - 1, 0.0).unwrap_err();
+    assert!(matches!(err, AppendError::Sample(SampleError::TooOld { min_t, .. }) if min_t == 40 * MINUTE), "{err}");
+    // A new series may start late too.
+    app.append(&l(&[("__name__", "y")]), 60 * MINUTE, 6.0).unwrap();
+    // Histograms are only taken in order.
+    let h = strata_model::FloatHistogram { count: 1.0, zero_count: 1.0, ..Default::default() };
+    let hist = l(&[("__name__", "h")]);
+    app.append_histogram(&hist, 100 * MINUTE, h.clone()).unwrap();
+    let out = app.commit().unwrap();
+    assert_eq!((out.appended, out.rejected), (5, 0));
+    let mut app = head.appender();
+    assert!(matches!(
+        app.append_histogram(&hist, 99 * MINUTE, h),
+        Err(AppendError::Sample(SampleError::OutOfOrder { .. }))
+    ));
+    drop(app);
+    let x: Vec<(i64, f64)> = dump(&head)[&a].iter().map(|&(t, b)| (t / MINUTE, f64::from_bits(b))).collect();
+    assert_eq!(x, [(40, 40.0), (50, 50.0), (60, 60.0), (70, 70.0), (75, 75.0), (80, 80.0), (100, 100.0)]);
+    assert_eq!(head.stats.samples_appended_late.load(Ordering::Relaxed), 3);
+    assert_eq!(head.stats.rejected_duplicate.load(Ordering::Relaxed), 2);
+    assert_eq!(head.stats.rejected_too_old.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn under_last_write_wins_every_rewrite_replaces_the_value_in_memory_and_after_replay() {
+    let rules = OutOfOrder { replace: true, ..WINDOW };
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HeadOptions { out_of_order: rules, ..wal_opts() };
+    let a = l(&[("__name__", "servers.a.load")]);
+    let mut want = BTreeMap::new();
+    {
+        let (head, _) = Head::open(tmp.path(), opts).unwrap();
+        // Shuffled minutes with rewrites, some within one batch, over several commits.
+        let mut order: Vec<i64> = (0..60).chain((0..60).step_by(7)).chain([59, 59, 0]).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        rand::seq::SliceRandom::shuffle(&mut order[..], &mut rng);
+        for (i, batch) in order.chunks(9).enumerate() {
+            let mut app = head.appender();
+            for (j, &m) in batch.iter().enumerate() {
+                let v = (i * 100 + j) as f64;
+                app.append(&a, m * MINUTE, v).unwrap();
+                want.insert(m, v);
+            }
+            assert_eq!(app.commit().unwrap().rejected, 0);
+        }
+        let want: Vec<(i64, f64)> = want.iter().map(|(&m, &v)| (m, v)).collect();
+        assert_eq!(values(&head), want);
+        head.close().unwrap();
+    }
+    let (head, _) = Head::open(tmp.path(), opts).unwrap();
+    let want: Vec<(i64, f64)> = want.into_iter().collect();
+    assert_eq!(values(&head), want, "after replay");
+}
+
+#[test]
+fn a_late_sample_written_while_its_range_is_cut_stays_in_the_head_and_the_wal() {
+    const RANGE: i64 = BLOCK_RANGE_MS_DEFAULT;
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HeadOptions { out_of_order: OutOfOrder { window_ms: 10 * RANGE, replace: true }, ..wal_opts() };
+    let a = l(&[("__name__", "x")]);
+    let (head, _) = Head::open(tmp.path(), opts).unwrap();
+    let mut app = head.appender();
+    for t in (0..3 * RANGE).step_by(MINUTE as usize) {
+        app.append(&a, t, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    let (epoch, segment) = head.begin_cut().unwrap();
+    // After the cut began: in its range, but not written by it.
+    let mut app = head.appender();
+    app.append(&a, MINUTE, 2.0).unwrap();
+    app.commit().unwrap();
+    let fs = crate::vfs::OsFs::shared();
+    let blocks = tempfile::tempdir().unwrap();
+    let cut = crate::compact::HeadCut { seq: 1, max_epoch: epoch };
+    let meta = crate::compact::write_head_block(&fs, &head, blocks.path(), 0, RANGE, cut).unwrap().unwrap();
+    assert_eq!(meta.stats.num_samples, (RANGE / MINUTE) as u64);
+    head.truncate(RANGE, epoch);
+    head.wal().unwrap().checkpoint(segment.unwrap() - 1, |r| head.series(r).is_some(), RANGE).unwrap();
+    let in_head = |head: &Head| Querier::new(head, 0, RANGE - 1).select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap();
+    assert_eq!(in_head(&head)[0].samples(), [strata_model::Sample { t: MINUTE, v: 2.0 }]);
+    head.close().unwrap();
+    drop(head);
+    let (head, _) = Head::open(tmp.path(), opts).unwrap();
+    let replayed = in_head(&head)[0].samples();
+    assert!(replayed.contains(&strata_model::Sample { t: MINUTE, v: 2.0 }), "{replayed:?}");
 }

@@ -172,12 +172,7 @@ pub(super) fn write_checkpoint(
                 Record::Histograms(v) => {
                     // Written through, after the series they refer to. Their order against the
                     // float samples still buffered does not matter: replay merges late samples.
-                    if !series.is_empty() {
-                        body.clear();
-                        record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
-                        frame_record(&body, &mut buf);
-                        series.clear();
-                    }
+                    write_series(&mut series, &mut body, &mut buf);
                     let total = v.len() as u64;
                     let kept: Vec<_> = v.into_iter().filter(|s| keep(s.series) && s.t >= mint).collect();
                     stats.samples_kept += kept.len() as u64;
@@ -188,14 +183,24 @@ pub(super) fn write_checkpoint(
                         frame_record(&body, &mut buf);
                     }
                 }
+                Record::OutOfOrderSamples(v) => {
+                    // Written through in log order (a later write of a timestamp must replay
+                    // after an earlier one); their order against buffered in-order samples does
+                    // not matter, the overlay wins over in-order samples whatever the order.
+                    write_series(&mut series, &mut body, &mut buf);
+                    let total = v.len() as u64;
+                    let kept: Vec<_> = v.into_iter().filter(|s| keep(s.series) && s.t >= mint).collect();
+                    stats.samples_kept += kept.len() as u64;
+                    stats.samples_dropped += total - kept.len() as u64;
+                    if !kept.is_empty() {
+                        body.clear();
+                        record::encode_out_of_order_samples(&kept, &mut body);
+                        frame_record(&body, &mut buf);
+                    }
+                }
                 Record::Tombstones(v) => {
                     // Tombstones must follow the series they refer to.
-                    if !series.is_empty() {
-                        body.clear();
-                        record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
-                        frame_record(&body, &mut buf);
-                        series.clear();
-                    }
+                    write_series(&mut series, &mut body, &mut buf);
                     let kept: Vec<_> = v.into_iter().filter(|t| keep(t.series) && t.maxt >= mint).collect();
                     stats.tombstones_kept += kept.len() as u64;
                     if !kept.is_empty() {
@@ -206,11 +211,8 @@ pub(super) fn write_checkpoint(
                 }
             }
             // Series before samples: a series record always precedes samples that use it.
-            if series.len() >= SERIES_PER_RECORD || (!samples.is_empty() && !series.is_empty()) {
-                body.clear();
-                record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
-                frame_record(&body, &mut buf);
-                series.clear();
+            if series.len() >= SERIES_PER_RECORD || !samples.is_empty() {
+                write_series(&mut series, &mut body, &mut buf);
             }
             if samples.len() >= SAMPLES_PER_RECORD {
                 body.clear();
@@ -226,11 +228,7 @@ pub(super) fn write_checkpoint(
             return Err(e);
         }
     }
-    if !series.is_empty() {
-        body.clear();
-        record::encode_series(series.iter().map(|s| (s.series, &s.labels)), &mut body);
-        frame_record(&body, &mut buf);
-    }
+    write_series(&mut series, &mut body, &mut buf);
     if !samples.is_empty() {
         body.clear();
         record::encode_samples(&samples, &mut body);
@@ -243,6 +241,18 @@ pub(super) fn write_checkpoint(
     fs.rename(&tmp_dir, &final_dir).map_err(io_err("rename to", &final_dir))?;
     fs.fsync_dir(dir).map_err(io_err("fsync directory", dir))?;
     Ok(stats)
+}
+
+/// Frames a series record of `series` (if any) into `buf` and empties `series`: series records
+/// go out before the first record that refers to them.
+fn write_series(series: &mut Vec<RefSeries>, body: &mut Vec<u8>, buf: &mut Vec<u8>) {
+    if series.is_empty() {
+        return;
+    }
+    body.clear();
+    record::encode_series(series.iter().map(|s| (s.series, &s.labels)), body);
+    frame_record(body, buf);
+    series.clear();
 }
 
 /// Deletes segments `<= last` and checkpoints older than `last`, now that `checkpoint.{last}` is

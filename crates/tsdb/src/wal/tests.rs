@@ -247,7 +247,9 @@ fn checkpoint_keeps_live_series_and_recent_samples() {
         match crate::record::decode(r)? {
             crate::record::Record::Series(v) => series.extend(v.into_iter().map(|s| s.series.0)),
             crate::record::Record::Samples(v) => samples.extend(v.into_iter().map(|s| (s.series.0, s.t))),
-            crate::record::Record::Tombstones(_) | crate::record::Record::Histograms(_) => {}
+            crate::record::Record::Tombstones(_)
+            | crate::record::Record::Histograms(_)
+            | crate::record::Record::OutOfOrderSamples(_) => {}
         }
         Ok(())
     })
