@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use strata_tsdb::db::RETENTION_DEFAULT_MS;
-use strata_tsdb::head::HeadOptions;
+use strata_tsdb::head::{HeadOptions, OutOfOrder};
 use strata_tsdb::wal::{FsyncPolicy, WalOptions, FSYNC_INTERVAL_DEFAULT, SEGMENT_BYTES_DEFAULT};
 use strata_tsdb::DbOptions;
 
@@ -41,6 +41,10 @@ pub struct StorageConfig {
     pub retention_ms: i64,
     /// Oldest blocks are deleted while blocks and WAL exceed this (0: no limit).
     pub retention_bytes: u64,
+    /// How far behind the newest sample a late sample may be for remote write, scrapes and
+    /// imports (Prometheus' `out_of_order_time_window`); 0, the default as in Prometheus,
+    /// refuses late samples. Carbon has its own (`CarbonConfig::window`).
+    pub out_of_order_window_ms: i64,
 }
 
 impl Default for StorageConfig {
@@ -52,6 +56,7 @@ impl Default for StorageConfig {
             wal_segment_bytes: SEGMENT_BYTES_DEFAULT,
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
+            out_of_order_window_ms: 0,
         }
     }
 }
@@ -65,6 +70,7 @@ impl StorageConfig {
         DbOptions {
             head: HeadOptions {
                 wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes },
+                out_of_order: OutOfOrder { window_ms: self.out_of_order_window_ms, replace: false },
                 ..Default::default()
             },
             retention_ms: self.retention_ms,

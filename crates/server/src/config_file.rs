@@ -9,6 +9,7 @@
 //!   retention: 30d
 //!   retention_size: 500GB
 //!   wal_fsync: always
+//!   out_of_order_time_window: 30m
 //! limits:
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
@@ -16,6 +17,7 @@
 //! carbon:
 //!   plaintext_listen_address: ":2003"
 //!   pickle_listen_address: ":2004"
+//!   out_of_order_window: 1d
 //! global:
 //!   scrape_interval: 15s
 //! scrape_configs:
@@ -65,6 +67,8 @@ pub struct StorageSection {
     pub retention: Option<String>,
     pub retention_size: Option<String>,
     pub wal_fsync: Option<String>,
+    /// Prometheus' `storage.tsdb.out_of_order_time_window`.
+    pub out_of_order_time_window: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
@@ -95,6 +99,7 @@ pub struct CarbonSection {
     pub idle_timeout: Option<String>,
     pub max_line_size: Option<String>,
     pub max_pickle_size: Option<String>,
+    pub out_of_order_window: Option<String>,
 }
 
 /// Graphite's retention schemas, in carbon's file formats (`docs/graphite.md`).
@@ -158,8 +163,14 @@ mod tests {
 
     #[test]
     fn carbon_settings_and_listen_addresses() {
-        let cfg = ConfigFile::parse("carbon:\n  plaintext_listen_address: \":2003\"\n  max_line_size: 64KB\n").unwrap();
+        let cfg = ConfigFile::parse(
+            "carbon:\n  plaintext_listen_address: \":2003\"\n  max_line_size: 64KB\n  out_of_order_window: 6h\n\
+             storage:\n  out_of_order_time_window: 30m\n",
+        )
+        .unwrap();
         assert_eq!(cfg.carbon.plaintext_listen_address.as_deref(), Some(":2003"));
+        assert_eq!(cfg.carbon.out_of_order_window.as_deref(), Some("6h"));
+        assert_eq!(cfg.storage.out_of_order_time_window.as_deref(), Some("30m"));
         assert_eq!(parse_listen_address(":2003").unwrap(), "0.0.0.0:2003".parse().unwrap());
         assert_eq!(parse_listen_address("127.0.0.1:2004").unwrap(), "127.0.0.1:2004".parse().unwrap());
         assert!(parse_listen_address("2003").unwrap_err().contains("host:port"));

@@ -247,6 +247,12 @@ fn render_db(o: &mut String, db: &Db) {
                 load(&st.samples_appended),
             ),
             (
+                "strata_tsdb_head_samples_appended_late_total",
+                "Samples appended to the head out of order, inside the out-of-order window (also in samples_appended_total).",
+                "counter",
+                load(&st.samples_appended_late),
+            ),
+            (
                 "strata_tsdb_head_series_created_total",
                 "Series created in the head.",
                 "counter",

@@ -16,6 +16,7 @@ use strata_server::scrape::config::Job;
 use strata_server::scrape::ScrapeManager;
 use strata_server::web::auth::{authenticate, Authenticator};
 use strata_server::web::{self, ConnectionLimits, WebConfigFile};
+use strata_tsdb::head::OutOfOrder;
 use strata_tsdb::Db;
 
 /// Every setting has a default; the config file (`--config`) overrides the defaults, and a flag
@@ -37,6 +38,11 @@ pub struct ServeArgs {
     /// Delete the oldest blocks while blocks and WAL exceed this size (e.g. `512GB`) [default: 0, no limit].
     #[arg(long)]
     retention_size: Option<String>,
+    /// How far behind the newest sample a late sample is still taken for remote write, scrapes
+    /// and imports, as Prometheus' `out_of_order_time_window`; a rewrite of a stored timestamp
+    /// is refused as a duplicate [default: 0, late samples refused].
+    #[arg(long = "storage.out-of-order-time-window")]
+    out_of_order_time_window: Option<String>,
     /// WAL fsync policy: "interval" (every second) or "always" (before acknowledging a write) [default: interval].
     #[arg(long)]
     wal_fsync: Option<String>,
@@ -124,6 +130,10 @@ pub struct ServeArgs {
     /// aggregated [default: average, xFilesFactor 0.5].
     #[arg(long = "graphite.storage-aggregation")]
     storage_aggregation: Option<PathBuf>,
+    /// How far behind a series' newest point a carbon point is still taken; a point at a stored
+    /// timestamp replaces its value (whisper's last write wins); `0` refuses late points [default: 1d].
+    #[arg(long = "carbon.out-of-order-window")]
+    carbon_out_of_order_window: Option<String>,
     /// Longest carbon pickle message; a longer one closes its connection [default: 16MB].
     #[arg(long = "carbon.max-pickle-size")]
     carbon_max_pickle: Option<String>,
@@ -316,11 +326,20 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     if !args.enable_feature.is_empty() {
         flags.insert("enable-feature".to_owned(), args.enable_feature.join(","));
     }
+    let out_of_order_window_ms = pick(
+        &mut flags,
+        "storage.out-of-order-time-window",
+        args.out_of_order_time_window.clone(),
+        st.out_of_order_time_window,
+        "0",
+        strata_model::parse_duration_ms,
+    )?;
     let storage = StorageConfig {
         data_dir: args.data_dir.clone(),
         wal_fsync,
         retention_ms: retention,
         retention_bytes: retention_size,
+        out_of_order_window_ms,
         ..Default::default()
     };
     let address = |s: &str| if s.is_empty() { Ok(None) } else { parse_listen_address(s).map(Some) };
@@ -375,7 +394,21 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             "16MB",
             parse_bytes,
         )? as usize,
-        window: Window { max_future_ms: limits.max_future_ms, max_age_ms: limits.max_age_ms },
+        window: Window {
+            max_future_ms: limits.max_future_ms,
+            max_age_ms: limits.max_age_ms,
+            out_of_order: OutOfOrder {
+                window_ms: pick(
+                    f,
+                    "carbon.out-of-order-window",
+                    args.carbon_out_of_order_window.clone(),
+                    ca.out_of_order_window,
+                    "1d",
+                    strata_model::parse_duration_ms,
+                )?,
+                replace: true,
+            },
+        },
         ..CarbonConfig::default()
     };
     let schemas_file = args.storage_schemas.clone().or(file.graphite.storage_schemas.map(PathBuf::from));

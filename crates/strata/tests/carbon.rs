@@ -339,3 +339,157 @@ fn carbon_c_relay_relays_plaintext_into_strata() {
         (3000 + POINTS - 1) as f64
     );
 }
+
+const LATE_PATHS: usize = 12;
+/// Points 5 minutes apart over 8 hours: enough for the head to be cut into blocks.
+const LATE_POINTS: i64 = 96;
+
+/// A small deterministic generator (the test needs no crate for it).
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Each `(path, t)` pair's last written value, as every source must report it.
+type LastWrites = std::collections::BTreeMap<(String, i64), f64>;
+
+/// Sends `writes` in order over one connection (so they are stored in that order), waits until
+/// the server counts them all stored, and folds them into `last`.
+fn send_in_order(port: u16, carbon: u16, writes: &[(String, i64, f64)], last: &mut LastWrites, stored_before: f64) {
+    let mut text = String::new();
+    for (path, t, v) in writes {
+        text.push_str(&format!("{path} {v} {t}\n"));
+        last.insert((path.clone(), *t), *v);
+    }
+    let mut s = TcpStream::connect(("127.0.0.1", carbon)).unwrap();
+    for piece in text.as_bytes().chunks(4096) {
+        s.write_all(piece).unwrap();
+    }
+    drop(s);
+    let want = stored_before + writes.len() as f64;
+    wait_for(port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}", want);
+    assert_eq!(metric(port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}"), want);
+}
+
+/// `got == want`, or a panic naming `what` and the first differences (not both maps whole).
+fn assert_same(got: &LastWrites, want: &LastWrites, what: &str) {
+    let wrong: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k:?}: want {v}, got {:?}", got.get(k)))
+        .chain(got.keys().filter(|k| !want.contains_key(*k)).map(|k| format!("{k:?}: not written, got {}", got[k])))
+        .collect();
+    assert!(wrong.is_empty(), "{what}: {} points differ, first: {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+}
+
+/// What a server returns for every late path over the last 9 hours, raw (a range selector).
+fn served(port: u16) -> LastWrites {
+    let q = form_encode(r#"{__name__=~"late\\..*"}[9h]"#);
+    let (code, body) = http(port, "GET", &format!("/api/v1/query?query={q}"), &[], b"");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut out = LastWrites::new();
+    for series in v["data"]["result"].as_array().unwrap() {
+        let path = series["metric"]["__name__"].as_str().unwrap().to_owned();
+        for p in series["values"].as_array().unwrap() {
+            let t = p[0].as_f64().unwrap() as i64;
+            let value: f64 = p[1].as_str().unwrap().parse().unwrap();
+            assert!(out.insert((path.clone(), t), value).is_none(), "{path} {t} twice");
+        }
+    }
+    out
+}
+
+/// `strata tsdb compact`, then every late path's samples as `strata tsdb dump` prints them.
+fn compacted(data: &std::path::Path) -> (LastWrites, String) {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let data = data.to_str().unwrap();
+    let report = run(&["tsdb", "compact", data]);
+    let mut out = LastWrites::new();
+    for line in run(&["tsdb", "dump", data, "--match", r#"{__name__=~"late\\..*"}"#]).lines() {
+        let mut fields = line.rsplitn(3, ' ');
+        let t: i64 = fields.next().unwrap().parse().unwrap();
+        let v: f64 = fields.next().unwrap().parse().unwrap();
+        let labels = fields.next().unwrap();
+        let start = labels.find("late.").unwrap();
+        let path = labels[start..].split(['"', '{']).next().unwrap().to_owned();
+        assert!(out.insert((path.clone(), t / 1000), v).is_none(), "{path} {t} twice: {line}");
+    }
+    (out, report)
+}
+
+#[test]
+fn late_and_rewritten_carbon_points_keep_their_last_value_through_sigkill_and_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let carbon = free_port();
+    let args = ["--wal-fsync", "always", "--carbon.plaintext-listen-address", &format!("127.0.0.1:{carbon}")];
+    let now_s = support::now_ms() / 1000;
+    let start_s = now_s - now_s.rem_euclid(300) - 300 * LATE_POINTS;
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    // Every point once, then rewrites of a third of them with other values; all shuffled, so
+    // most points are older than their path's newest when they arrive, and a rewrite may
+    // arrive before the point it rewrites (then the point is the last write).
+    let mut writes: Vec<(String, i64, f64)> = Vec::new();
+    for p in 0..LATE_PATHS {
+        for i in 0..LATE_POINTS {
+            writes.push((format!("late.host-{p:02}.load"), start_s + 300 * i, (p * 1000) as f64 + i as f64));
+        }
+    }
+    for k in 0..writes.len() / 3 {
+        let (path, t, _) = writes[rng.below(writes.len())].clone();
+        writes.push((path, t, 0.5 + k as f64));
+    }
+    for i in (1..writes.len()).rev() {
+        writes.swap(i, rng.below(i + 1));
+    }
+    let mut last = LastWrites::new();
+    let mut srv = Server::start(&data, &args);
+    send_in_order(srv.port, carbon, &writes, &mut last, 0.0);
+    assert_eq!(last.len(), LATE_PATHS * LATE_POINTS as usize);
+    assert!(metric(srv.port, "strata_tsdb_head_samples_appended_late_total") > (writes.len() / 3) as f64);
+    // Stored means in the fsynced WAL: a SIGKILL loses nothing, and replay keeps the order.
+    srv.kill();
+    let mut srv = Server::start(&data, &args);
+    assert_same(&served(srv.port), &last, "after SIGKILL and restart");
+    srv.terminate();
+
+    // Cut into blocks (8 hours of points: everything but the newest 3 hours or so).
+    let (dumped, report) = compacted(&data);
+    assert!(!report.starts_with("wrote 0 blocks"), "{report}");
+    assert_same(&dumped, &last, &format!("after compaction: {report}"));
+
+    // Rewrites and late points into ranges blocks now hold: written again as blocks of their
+    // own, which win where they overlap the older ones, and are merged into them.
+    let mut srv = Server::start(&data, &args);
+    let mut more: Vec<(String, i64, f64)> = Vec::new();
+    for k in 0..60 {
+        // In the older half of the 8 hours, which blocks hold.
+        let path = format!("late.host-{:02}.load", rng.below(LATE_PATHS));
+        let t = start_s + 300 * rng.below(LATE_POINTS as usize / 2) as i64;
+        more.push((path, t, 10_000.0 + k as f64));
+    }
+    more.push(("late.host-99.load".into(), start_s + 7, -1.0));
+    let before = metric(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}");
+    send_in_order(srv.port, carbon, &more, &mut last, before);
+    srv.kill();
+    let mut srv = Server::start(&data, &args);
+    assert_same(&served(srv.port), &last, "rewrites of block data, after SIGKILL and restart");
+    srv.terminate();
+    let (dumped, report) = compacted(&data);
+    assert_same(&dumped, &last, &format!("rewrites of block data, after compaction: {report}"));
+    // The late points' blocks overlapped older ones and were merged into them.
+    assert!(!report.starts_with("wrote 0 blocks") && !report.contains(" ran 0 compactions"), "{report}");
+    let (dumped, report) = compacted(&data);
+    assert_same(&dumped, &last, &format!("compacted twice: {report}"));
+}

@@ -646,3 +646,28 @@ fn native_histograms_over_remote_write_query_and_remote_read() {
     let _srv = Server::start_on(port, tmp.path(), &[]);
     check("after SIGKILL");
 }
+
+#[test]
+fn remote_write_takes_late_samples_inside_the_out_of_order_window_and_refuses_rewrites() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &["--storage.out-of-order-time-window", "1h"]);
+    let now = now_ms();
+    let write = |t: i64, v: f64| {
+        let body = remote_write_body(&[(vec![("__name__", "late_metric".to_owned())], vec![(t, v)])]);
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &body)
+    };
+    assert_eq!(write(now, 1.0).0, 204);
+    assert_eq!(write(now - 600_000, 2.0).0, 204, "ten minutes late, inside the window");
+    assert_eq!(write(now - 600_000, 2.0).0, 204, "the same sample again is a retry");
+    let (status, body) = write(now - 600_000, 3.0);
+    assert!(status == 400 && body.contains("duplicate"), "{status} {body}");
+    let (status, body) = write(now - 2 * 3_600_000, 4.0);
+    assert!(status == 400 && body.contains("too old"), "{status} {body}");
+    let (_, body) = http(srv.port, "GET", "/api/v1/query?query=late_metric%5B1h%5D", &[], b"");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let values: Vec<&str> =
+        v["data"]["result"][0]["values"].as_array().unwrap().iter().map(|p| p[1].as_str().unwrap()).collect();
+    assert_eq!(values, ["2", "1"], "{body}");
+    let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
+    assert!(metrics.contains("strata_tsdb_head_samples_appended_late_total 1"), "{metrics}");
+}

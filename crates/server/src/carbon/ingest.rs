@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_graphite::carbon::{CarbonPoint, PointError};
-use strata_tsdb::head::{AppendError, SampleError};
+use strata_tsdb::head::{AppendError, OutOfOrder, SampleError};
 use strata_tsdb::Db;
 
 /// The carbon listeners: plaintext over TCP and UDP, pickle over TCP.
@@ -168,13 +168,21 @@ pub fn sample(line: &[u8]) -> String {
 }
 
 /// What points may be stored: timestamps inside `[now - max_age, now + max_future]` (as for
-/// remote write).
+/// remote write), and of those older than their series' newest point the ones the head's
+/// out-of-order rules take (`out_of_order`: carbon's window, last write wins).
 #[derive(Clone, Copy, Debug)]
 pub struct Window {
     pub max_future_ms: i64,
     /// 0: no lower bound.
     pub max_age_ms: i64,
+    pub out_of_order: OutOfOrder,
 }
+
+/// Carbon's default out-of-order rules: points up to a day behind the newest are taken, and a
+/// rewrite of a timestamp replaces its value, as whisper does (it takes any timestamp inside
+/// its retention; a day covers relays that buffer through an outage, without keeping late data
+/// in memory for long).
+pub const OUT_OF_ORDER_DEFAULT: OutOfOrder = OutOfOrder { window_ms: 24 * 3600 * 1000, replace: true };
 
 /// Stores points into `db` in one commit and counts them in `stats`. A point the head refuses
 /// (out of order, a duplicate timestamp, older than the head accepts) is counted by reason and
@@ -210,7 +218,7 @@ impl Ingest<'_> {
         }
         let newest = now_ms.saturating_add(self.window.max_future_ms);
         let oldest = if self.window.max_age_ms > 0 { now_ms.saturating_sub(self.window.max_age_ms) } else { i64::MIN };
-        let mut app = self.db.appender();
+        let mut app = self.db.appender_with(self.window.out_of_order);
         // Sized once: growing it by doubling faulted in fresh pages again and again.
         app.reserve(points.len());
         let mut pairs: Vec<(&str, &str)> = Vec::with_capacity(8);

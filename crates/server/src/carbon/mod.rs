@@ -61,7 +61,11 @@ impl Default for CarbonConfig {
             max_line_bytes: 16 * 1024,
             max_pickle_bytes: strata_graphite::carbon::pickle::MESSAGE_BYTES_MAX_DEFAULT,
             read_buffer_bytes: 256 * 1024,
-            window: Window { max_future_ms: 24 * 3600 * 1000, max_age_ms: 0 },
+            window: Window {
+                max_future_ms: 24 * 3600 * 1000,
+                max_age_ms: 0,
+                out_of_order: ingest::OUT_OF_ORDER_DEFAULT,
+            },
         }
     }
 }

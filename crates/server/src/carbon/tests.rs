@@ -82,7 +82,9 @@ async fn plaintext_lines_over_tcp_are_stored_and_bad_ones_counted_without_closin
         (format!("m;=v 1 {T}\n").into_bytes(), Some("bad_path")),
         (format!("sys.cpu.load 0.25 {}\r\n", T + 10).into_bytes(), None),
         (format!("disk.used;host=a;dc=eu 42 {T}\n").into_bytes(), None),
-        (format!("sys.cpu.load 7 {}\n", T + 5).into_bytes(), Some("out_of_order")),
+        // Late: stored (carbon's out-of-order window); a day and more behind the newest: refused.
+        (format!("sys.cpu.load 7 {}\n", T + 5).into_bytes(), None),
+        (format!("sys.cpu.load 7 {}\n", T - 2 * 86400).into_bytes(), Some("too_old")),
         (b"\n   \n".to_vec(), None),
     ];
     let mut all = Vec::new();
@@ -98,27 +100,20 @@ async fn plaintext_lines_over_tcp_are_stored_and_bad_ones_counted_without_closin
     }
     s.write_all(format!("late.good 3 {T}\npartial.line 1").as_bytes()).unwrap();
     drop(s);
-    good += 4;
-    // 13 lines with content, of which the last is partial.
-    run.received(Protocol::PlaintextTcp, 13).await;
+    good += 5;
+    // 14 lines with content, of which the last is partial.
+    run.received(Protocol::PlaintextTcp, 14).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(run.samples("sys.cpu.load"), [(T * 1000, 0.5), ((T + 10) * 1000, 0.25)]);
+    assert_eq!(run.samples("sys.cpu.load"), [(T * 1000, 0.5), ((T + 5) * 1000, 7.0), ((T + 10) * 1000, 0.25)]);
     assert_eq!(run.samples("late.good"), [(T * 1000, 3.0)]);
     let q = run.db.querier(i64::MIN, i64::MAX);
     let tagged = q.select(&[Matcher::new(MatchOp::Equal, "__name__", "disk.used").unwrap()]).unwrap();
     assert_eq!(tagged.len(), 1);
     assert_eq!(tagged[0].labels.get("dc"), Some("eu"));
     assert_eq!(tagged[0].labels.get("host"), Some("a"));
-    for reason in [
-        "field_count",
-        "bad_value",
-        "nan_value",
-        "bad_timestamp",
-        "line_too_long",
-        "bad_path",
-        "out_of_order",
-        "not_utf8",
-    ] {
+    for reason in
+        ["field_count", "bad_value", "nan_value", "bad_timestamp", "line_too_long", "bad_path", "too_old", "not_utf8"]
+    {
         assert!(
             run.rejected(Protocol::PlaintextTcp, reason) >= 1,
             "{reason}: {:?}",

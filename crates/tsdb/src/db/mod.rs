@@ -30,7 +30,7 @@ use crate::block::{writer::TMP_SUFFIX, Block};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
-use crate::head::{Appender, Cardinality, Head, HeadOptions};
+use crate::head::{Appender, Cardinality, Head, HeadOptions, OutOfOrder};
 use crate::querier::{BlockList, Querier};
 use crate::vfs::{OsFs, Vfs};
 use crate::wal::{self, ReplayOutcome};
@@ -198,8 +198,14 @@ impl Db {
         &self.inner.stats
     }
 
+    /// An appender under the head's out-of-order rules (`HeadOptions::out_of_order`).
     pub fn appender(&self) -> Appender<'_> {
         self.inner.head.appender()
+    }
+
+    /// An appender under other out-of-order rules (carbon's).
+    pub fn appender_with(&self, out_of_order: OutOfOrder) -> Appender<'_> {
+        self.inner.head.appender_with(out_of_order)
     }
 
     /// A reader over the head and every block, for `[mint, maxt]` (inclusive).
