@@ -4,14 +4,15 @@
 //! What is here so far: the decoders of what carbon senders put on the wire (`carbon`),
 //! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`), the nodes a find returns
 //! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`), tag expressions
-//! (`tagexpr`) and what a function-less render answers (`render`). The persistent glob index and the functions come
-//! next.
+//! (`tagexpr`), what a function-less render answers (`render`) and graphite-web's cluster
+//! format, Python pickles (`pickle`). The functions come next.
 
 pub mod attime;
 pub mod carbon;
 pub mod find;
 pub mod glob;
 pub mod path;
+pub mod pickle;
 pub mod render;
 pub mod schema;
 pub mod tagexpr;

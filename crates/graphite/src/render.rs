@@ -23,6 +23,9 @@ pub struct Series {
     pub end: i64,
     pub step: i64,
     pub values: Vec<Option<f64>>,
+    /// The target that selected the series (a glob, `seriesByTag(...)`): graphite-web groups a
+    /// cluster server's series by it.
+    pub path_expression: String,
 }
 
 /// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
@@ -266,6 +269,29 @@ fn civil(z: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// graphite-web's `format=pickle`, what it reads from its `CLUSTER_SERVERS`: a list of one
+/// dict per series, as its `TimeSeries.getInfo()` writes them (`None` for gaps; values not
+/// consolidated, `valuesPerPoint` 1).
+pub fn to_pickle(series: &[Series]) -> Vec<u8> {
+    let mut p = crate::pickle::Pickler::new();
+    p.begin_list();
+    for s in series {
+        p.begin_dict();
+        p.str("name").str(&s.name);
+        p.str("start").int(s.start).str("end").int(s.end).str("step").int(s.step);
+        p.str("values").begin_list();
+        for v in &s.values {
+            p.opt_float(*v);
+        }
+        p.end();
+        p.str("pathExpression").str(&s.path_expression);
+        p.str("valuesPerPoint").int(1).str("consolidationFunc").str("average").str("xFilesFactor").float(0.0);
+        p.end();
+    }
+    p.end();
+    p.finish()
+}
+
 /// graphite-web's `format=raw`: `name,start,end,step|v1,v2,None,…` per series.
 pub fn to_raw(series: &[Series]) -> String {
     let mut out = String::new();
@@ -355,6 +381,7 @@ mod tests {
             end: 1200,
             step: 60,
             values: (0..10).map(|i| Some(i as f64)).collect(),
+            path_expression: "a".into(),
         };
         let step = s.consolidate(5, 600);
         // 10 points, at most 5: two per point, 120 s apart; nudge = 120 + 0 - 0 = 120, one
@@ -376,9 +403,13 @@ mod tests {
             end: 1_700_000_160,
             step: 60,
             values: vec![Some(1.0), None],
+            path_expression: "a.*".into(),
         };
         assert_eq!(to_raw(std::slice::from_ref(&s)), "a.b,1700000040,1700000160,60|1.0,None\n");
         assert_eq!(to_csv(std::slice::from_ref(&s)), "a.b,2023-11-14 22:14:00,1.0\r\na.b,2023-11-14 22:15:00,\r\n");
+        let pickled = to_pickle(std::slice::from_ref(&s));
+        assert!(pickled.starts_with(b"\x80\x02](}(X\x04\x00\x00\x00nameX\x03\x00\x00\x00a.b"), "{pickled:?}");
+        assert!(pickled.ends_with(b"ue."), "{pickled:?}");
         assert_eq!(
             to_json(&mut [s], None, 120),
             r#"[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 1700000040], [null, 1700000100]]}]"#

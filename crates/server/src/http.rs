@@ -243,6 +243,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
         .route("/metrics/find", get(graphite_api::find))
+        .route("/metrics/find/", get(graphite_api::find))
         .route("/graphite/metrics/find", get(graphite_api::find))
         .route("/metrics/expand", get(graphite_api::expand))
         .route("/graphite/metrics/expand", get(graphite_api::expand))
@@ -256,8 +257,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/metrics/index.json", get(graphite_api::index_json))
-        .route("/render", get(graphite_api::render))
-        .route("/graphite/render", get(graphite_api::render))
+        .route("/render", get(graphite_api::render).post(graphite_api::render))
+        .route("/render/", get(graphite_api::render).post(graphite_api::render))
+        .route("/graphite/render", get(graphite_api::render).post(graphite_api::render))
         // Panics are caught inside the counting, so a failed request is counted as the 500
         // it answered.
         .layer(axum::middleware::from_fn_with_state(state.clone(), catch_panic))
@@ -340,11 +342,11 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/series" => "series",
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
-        "/metrics/find" | "/graphite/metrics/find" => "graphite_find",
+        "/metrics/find" | "/metrics/find/" | "/graphite/metrics/find" => "graphite_find",
         "/metrics/expand" | "/graphite/metrics/expand" => "graphite_expand",
         "/metrics/index.json" | "/graphite/metrics/index.json" => "graphite_index",
         p if p.starts_with("/tags") || p.starts_with("/graphite/tags") => "graphite_tags",
-        "/render" | "/graphite/render" => "graphite_render",
+        "/render" | "/render/" | "/graphite/render" => "graphite_render",
         "/-/ready" | "/-/healthy" => "health",
         "/-/reload" | "/-/quit" => "lifecycle",
         "/api/v1/targets" | "/api/v1/targets/metadata" => "targets",

@@ -148,17 +148,19 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let top = find("servers.*");
     assert_eq!(
         top,
-        serde_json::json!([{"allowChildren": 1, "expandable": 1, "leaf": 0, "id": "servers.dc1", "text": "dc1", "context": {}}])
+        serde_json::json!([{"allowChildren": 1, "expandable": 1, "leaf": 0, "id": "servers.dc1", "text": "dc1"}])
     );
     assert_eq!(find("servers.dc1.*").as_array().unwrap().len(), PATHS);
+    // As graphite-web: one node per name, its id the query's prefix and the name.
     let leaves = find("servers.*.host-0000[0-2].{cpu,mem}.*");
-    let ids: Vec<&str> = leaves.as_array().unwrap().iter().map(|n| n["id"].as_str().unwrap()).collect();
     assert_eq!(
-        ids,
-        ["servers.dc1.host-00000.cpu.user", "servers.dc1.host-00001.cpu.user", "servers.dc1.host-00002.cpu.user"]
+        leaves,
+        serde_json::json!([{"allowChildren": 0, "expandable": 0, "leaf": 1, "id": "servers.*.host-0000[0-2].{cpu,mem}.user", "text": "user"}])
     );
-    assert!(leaves.as_array().unwrap().iter().all(|n| n["leaf"] == 1));
-    assert_eq!(find("*.*.*.cpu.user").as_array().unwrap().len(), PATHS, "a leading star");
+    let hosts = find("servers.dc1.host-0000[0-2]");
+    let ids: Vec<&str> = hosts.as_array().unwrap().iter().map(|n| n["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["servers.dc1.host-00000", "servers.dc1.host-00001", "servers.dc1.host-00002"]);
+    assert_eq!(find("*.*.*").as_array().unwrap().len(), PATHS, "a leading star");
     let (code, body) =
         http(srv.port, "GET", "/graphite/metrics/find?format=completer&query=servers.dc1.host-0000%3F", &[], b"");
     assert_eq!(code, 200);

@@ -1,26 +1,29 @@
-//! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`): `/metrics/find` in
-//! graphite-web's `treejson` (its default, what Grafana's Graphite data source reads) and
-//! `completer` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints, and
-//! `/render` of paths, globs and `seriesByTag` (no functions yet) in the `json`, `csv` and `raw`
-//! formats. Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
+//! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`, and with the
+//! trailing slash graphite-web's cluster requests carry): `/metrics/find` in graphite-web's
+//! `treejson` (its default, what Grafana's Graphite data source reads), `completer`, `json` and
+//! `pickle` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints, and `/render`
+//! of paths, globs and `seriesByTag` (no functions yet) in the `json`, `csv`, `raw` and `pickle`
+//! formats (`pickle` is what graphite-web reads from the servers in its `CLUSTER_SERVERS`). Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
 //! the same slots, deadline and limits as PromQL's.
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::header;
+use axum::http::{HeaderMap, Method};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
 use strata_graphite::attime::parse_at_time;
 use strata_graphite::find::Node;
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{to_csv, to_json, to_raw, Series as RenderSeries};
+use strata_graphite::render::{to_csv, to_json, to_pickle, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
 use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, LEAF};
 use strata_tsdb::querier::Querier;
 
-use super::{db, limited_querier, run_query, ApiError, ApiResult, AppState, Limits, Params};
+use super::{db, limited_querier, params, run_query, ApiError, ApiResult, AppState, Limits, Params};
 
 /// A glob from a request parameter; a 400 naming the parameter and the component.
 fn parse_glob(param: &str, text: &str) -> Result<Glob, ApiError> {
@@ -61,10 +64,12 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let query =
         p.get("query").filter(|q| !q.is_empty()).ok_or_else(|| ApiError::bad_data("missing parameter \"query\""))?;
     let pattern = glob_pattern("query", &parse_glob("query", query)?)?;
+    let query_text = query.to_owned();
+    let wildcards = p.get("wildcards").is_some_and(|v| v == "1");
     let format = p.get("format").unwrap_or("treejson").to_owned();
-    if !matches!(format.as_str(), "treejson" | "completer") {
+    if !matches!(format.as_str(), "treejson" | "completer" | "json" | "pickle") {
         return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported yet: use treejson (the default) or completer"
+            "format {format:?} is not supported yet: use treejson (the default), completer, json or pickle"
         )));
     }
     let (from, until) = (seconds_param(&p, "from", i64::MIN)?, seconds_param(&p, "until", i64::MAX)?);
@@ -76,10 +81,57 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
         nodes_of(&q, &pattern, &st2.limits)
     })
     .await?;
-    Ok(json_response(match format.as_str() {
-        "completer" => completer(&nodes),
-        _ => tree_json(&nodes),
-    }))
+    let interval = || data_interval(&st);
+    Ok(match format.as_str() {
+        "completer" => json_response(completer(&nodes, wildcards)),
+        "json" => json_response(nodes_json(&nodes, interval())),
+        "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
+        _ => json_response(tree_json(&nodes, &query_text, wildcards)),
+    })
+}
+
+/// The span a leaf has data for (graphite-web's `intervals` of a find's leaves; it picks among
+/// cluster servers holding one path by them): from the oldest sample stored to now, seconds.
+fn data_interval(st: &AppState) -> (i64, i64) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let Ok(db) = db(st) else { return (now, now) };
+    let head = db.head().time_range().map(|(min, _)| min);
+    let blocks = db.blocks().first().map(|b| b.meta().min_time);
+    let oldest = head.into_iter().chain(blocks).min().map_or(now, |ms| ms.div_euclid(1000));
+    (oldest.min(now), now)
+}
+
+/// graphite-web's find `format=json`: per node its path and whether it is a leaf, and for a
+/// leaf its intervals, sorted by path.
+fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Value {
+    Value::Array(
+        nodes
+            .iter()
+            .map(|n| {
+                let mut v = json!({"path": n.path, "is_leaf": n.is_leaf});
+                if n.is_leaf {
+                    v["intervals"] = json!([{"start": start, "end": end}]);
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+/// graphite-web's find `format=pickle`, what it reads from its `CLUSTER_SERVERS`: a list of
+/// dicts as `nodes_json`'s, intervals as `(start, end)` tuples.
+fn pickle_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
+    let mut p = strata_graphite::pickle::Pickler::new();
+    p.begin_list();
+    for n in nodes {
+        p.begin_dict().str("path").str(&n.path).str("is_leaf").bool(n.is_leaf);
+        if n.is_leaf {
+            p.str("intervals").begin_list().begin_tuple().int(start).int(end).end().end();
+        }
+        p.end();
+    }
+    p.end();
+    p.finish()
 }
 
 /// `/metrics/expand`: the paths every `query` glob matches (branches too unless
@@ -136,51 +188,83 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
     Ok(json_response(json!(paths)))
 }
 
-/// graphite-web's `treejson`: one object per node, branches expandable.
-fn tree_json(nodes: &[Node]) -> Value {
-    Value::Array(
-        nodes
-            .iter()
-            .map(|n| {
-                let branch = i32::from(!n.is_leaf);
-                json!({
-                    "allowChildren": branch,
-                    "expandable": branch,
-                    "leaf": i32::from(n.is_leaf),
-                    "id": n.path,
-                    "text": n.name(),
-                    "context": {},
-                })
-            })
-            .collect(),
-    )
+/// graphite-web's `treejson`: one object per node name (the first node of each name), branches
+/// before leaves, each `id` the query's text up to its last dot followed by the name
+/// (graphite-web builds ids from the query, so a glob's ids keep its wildcards); with
+/// `wildcards`, a `*` node first when more than one node matched.
+fn tree_json(nodes: &[Node], query: &str, wildcards: bool) -> Value {
+    let base = query.rsplit_once('.').map_or(String::new(), |(b, _)| format!("{b}."));
+    let kind = |leaf: bool| {
+        let branch = i32::from(!leaf);
+        (branch, branch, i32::from(leaf))
+    };
+    let node = |text: &str, leaf: bool| {
+        let (allow, expand, leaf) = kind(leaf);
+        json!({"text": text, "id": format!("{base}{text}"), "allowChildren": allow, "expandable": expand, "leaf": leaf})
+    };
+    let mut out = Vec::new();
+    if nodes.len() > 1 && wildcards {
+        out.push(node("*", nodes.iter().all(|n| n.is_leaf)));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut branches, mut leaves) = (Vec::new(), Vec::new());
+    for n in nodes {
+        if seen.insert(n.name()) {
+            let v = node(n.name(), n.is_leaf);
+            if n.is_leaf {
+                leaves.push(v);
+            } else {
+                branches.push(v);
+            }
+        }
+    }
+    out.extend(branches);
+    out.extend(leaves);
+    Value::Array(out)
 }
 
-/// graphite-web's `completer`: a branch's path ends with a dot.
-fn completer(nodes: &[Node]) -> Value {
-    let metrics: Vec<Value> = nodes
+/// graphite-web's `completer`: a branch's path ends with a dot; with `wildcards`, a `*` entry
+/// last when more than one node matched.
+fn completer(nodes: &[Node], wildcards: bool) -> Value {
+    let mut metrics: Vec<Value> = nodes
         .iter()
         .map(|n| {
             let path = if n.is_leaf { n.path.clone() } else { format!("{}.", n.path) };
             json!({"path": path, "name": n.name(), "is_leaf": if n.is_leaf { "1" } else { "0" }})
         })
         .collect();
+    if metrics.len() > 1 && wildcards {
+        metrics.push(json!({"name": "*"}));
+    }
     json!({ "metrics": metrics })
 }
 
 /// `/render`: every `target` (a path or a glob), over `from`..`until` in Graphite's time
 /// syntax (default the last 24 hours), at the resolution the path's retention schema gives for
 /// that range, as whisper would answer for the same points (`strata_graphite::render`).
-pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params::from_query(raw);
+/// A POST's form body counts as the query string (Grafana posts its renders).
+pub(super) async fn render(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
     let targets: Vec<String> = p.all("target").into_iter().filter(|t| !t.is_empty()).map(str::to_owned).collect();
     let format = p.get("format").unwrap_or("json").to_owned();
-    if !matches!(format.as_str(), "json" | "csv" | "raw") {
+    if !matches!(format.as_str(), "json" | "csv" | "raw" | "pickle") {
         return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported yet: use json (the default here), csv or raw"
+            "format {format:?} is not supported yet: use json (the default here), csv, raw or pickle"
         )));
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    // graphite-web passes its own `now` to its cluster servers, so that all answer alike.
+    let now = match p.get("now").filter(|s| !s.is_empty()) {
+        None => clock,
+        Some(s) => parse_at_time(s, clock)
+            .ok_or_else(|| ApiError::bad_data(format!("now={s:?} is not a time Graphite understands")))?,
+    };
     let at = |name: &str, default: &str| {
         let text = p.get(name).filter(|s| !s.is_empty()).unwrap_or(default);
         parse_at_time(text, now)
@@ -204,8 +288,11 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
     for t in &targets {
         if let Some(args) = series_by_tag_args(t) {
             let args = args.map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-            selections.push(Selection::Tags(
-                tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?,
+            selections.push((
+                t.clone(),
+                Selection::Tags(
+                    tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?,
+                ),
             ));
             continue;
         }
@@ -217,7 +304,7 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
         let regex = parse_glob("target", t)?.to_regex();
         let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex)
             .map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-        selections.push(Selection::Glob(matcher));
+        selections.push((t.clone(), Selection::Glob(matcher)));
     }
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
@@ -228,7 +315,7 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
         let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
         let mut out = Vec::new();
-        for selection in &selections {
+        for (target, selection) in &selections {
             let mut selected = match selection {
                 // The `__name__` regex is answered by walking the names indexes.
                 Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
@@ -243,7 +330,8 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
                 if let Some((start, end, step, values)) =
                     strata_graphite::render::fetch(&samples, &policy, from, until, now)
                 {
-                    out.push(RenderSeries { name, tags, start, end, step, values });
+                    let path_expression = target.clone();
+                    out.push(RenderSeries { name, tags, start, end, step, values, path_expression });
                 }
             }
         }
@@ -251,9 +339,10 @@ pub(super) async fn render(State(st): State<Arc<AppState>>, RawQuery(raw): RawQu
     })
     .await?;
     let (body, content_type) = match format.as_str() {
-        "csv" => (to_csv(&series), "text/csv"),
-        "raw" => (to_raw(&series), "text/plain"),
-        _ => (to_json(&mut series, max_data_points, until - from), "application/json"),
+        "csv" => (to_csv(&series).into_bytes(), "text/csv"),
+        "raw" => (to_raw(&series).into_bytes(), "text/plain"),
+        "pickle" => (to_pickle(&series), "application/pickle"),
+        _ => (to_json(&mut series, max_data_points, until - from).into_bytes(), "application/json"),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }

@@ -1,0 +1,41 @@
+"""Debian's graphite-web 1.1.8, in process, for tests/graphite_web.rs.
+
+Serves requests through Django's test client (no web server needed) and prints the answers as
+JSON: [[status, content type, body text], ...]. Reads a JSON list of [path, {param: value}]
+from stdin. Environment: GW_DIR (a scratch directory), and either GW_CLUSTER (host:port of a
+cluster server, here Strata) or GW_WHISPER (a whisper directory, here carbon-cache's) with
+GW_CARBONLINK (carbon-cache's cache query port, for points not yet written).
+"""
+import json
+import os
+import sys
+
+scratch = os.environ['GW_DIR']
+os.makedirs(scratch + '/log', exist_ok=True)
+with open(scratch + '/strata_gw_settings.py', 'w') as f:
+    f.write('SECRET_KEY = "strata-test"\n')
+    f.write('STORAGE_DIR = %r\nLOG_DIR = %r\nINDEX_FILE = %r\n' % (scratch, scratch + '/log', scratch + '/index'))
+    f.write('LOG_ROTATION = False\nDEFAULT_XFILES_FACTOR = 0\n')
+    f.write('DATABASES = {"default": {"NAME": %r, "ENGINE": "django.db.backends.sqlite3"}}\n' % (scratch + '/graphite.db'))
+    if os.environ.get('GW_CLUSTER'):
+        f.write('CLUSTER_SERVERS = [%r]\nSTANDARD_DIRS = []\nWHISPER_DIR = %r\n' % (os.environ['GW_CLUSTER'], scratch + '/none'))
+    else:
+        whisper = os.environ['GW_WHISPER']
+        f.write('WHISPER_DIR = %r\nSTANDARD_DIRS = [%r]\n' % (whisper, whisper))
+        f.write('CARBONLINK_HOSTS = [%r]\n' % os.environ['GW_CARBONLINK'])
+sys.path.insert(0, scratch)
+os.environ['GRAPHITE_SETTINGS_MODULE'] = 'strata_gw_settings'
+os.environ['DJANGO_SETTINGS_MODULE'] = 'graphite.settings'
+
+import django  # noqa: E402
+django.setup()
+from django.core.management import call_command  # noqa: E402
+call_command('migrate', verbosity=0, interactive=False)
+from django.test import Client  # noqa: E402
+
+client = Client()
+out = []
+for path, params in json.load(sys.stdin):
+    r = client.get(path, params)
+    out.append([r.status_code, r.get('Content-Type', ''), r.content.decode('utf-8', 'replace')])
+print(json.dumps(out))
