@@ -9,6 +9,7 @@
 
 pub mod attime;
 pub mod carbon;
+pub mod carbonapi;
 pub mod find;
 pub mod glob;
 pub mod path;

@@ -223,6 +223,47 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         assert_eq!(values.iter().filter(|v| **v != "None").count(), POINTS, "{line}");
         assert_eq!(values, want, "{line}");
     }
+    // carbonapi's protobuf formats carry the same series.
+    let pb = |q: &str| {
+        let (code, body) = support::http_bytes(srv.port, "GET", &format!("/render/?{q}"), &[], b"");
+        assert_eq!(code, 200, "{q}: {}", String::from_utf8_lossy(&body));
+        body
+    };
+    use prost::Message;
+    use strata_graphite::carbonapi::{GlobResponse, MultiFetchResponseV2, MultiFetchResponseV3, MultiGlobResponseV3};
+    let v2 = MultiFetchResponseV2::decode(
+        &pb("target=servers.dc1.host-0000%5B0-1%5D.cpu.user&from=-1h&format=protobuf")[..],
+    )
+    .unwrap();
+    assert_eq!(v2.metrics.len(), 2);
+    for (m, line) in v2.metrics.iter().zip(&lines) {
+        let (head, values) = line.split_once('|').unwrap();
+        assert_eq!(head, format!("{},{},{},{}", m.name, m.start_time, m.stop_time, m.step_time));
+        let want: Vec<Option<f64>> = values.split(',').map(|v| v.parse().ok()).collect();
+        let got: Vec<Option<f64>> =
+            m.values.iter().zip(&m.is_absent).map(|(v, absent)| (!absent).then_some(*v)).collect();
+        assert_eq!(got, want);
+    }
+    let v3 =
+        MultiFetchResponseV3::decode(&pb("target=servers.dc1.host-00000.cpu.user&from=-1h&format=carbonapi_v3_pb")[..])
+            .unwrap();
+    assert_eq!(v3.metrics[0].path_expression, "servers.dc1.host-00000.cpu.user");
+    assert_eq!(v3.metrics[0].values.iter().filter(|v| !v.is_nan()).count(), POINTS);
+    let (code, found) = support::http_bytes(
+        srv.port,
+        "GET",
+        "/metrics/find/?query=servers.dc1.host-0000%5B12%5D&format=protobuf",
+        &[],
+        b"",
+    );
+    assert_eq!(code, 200);
+    let found = GlobResponse::decode(&found[..]).unwrap();
+    assert_eq!(found.name, "servers.dc1.host-0000[12]");
+    let paths: Vec<&str> = found.matches.iter().map(|m| m.path.as_str()).collect();
+    assert_eq!(paths, ["servers.dc1.host-00001", "servers.dc1.host-00002"]);
+    let (_, found) =
+        support::http_bytes(srv.port, "GET", "/metrics/find/?query=servers.dc1&format=carbonapi_v3_pb", &[], b"");
+    assert_eq!(MultiGlobResponseV3::decode(&found[..]).unwrap().metrics[0].matches[0].path, "servers.dc1");
     // Over two days the 5 min archive: averages of the minutes known in each five, when at
     // least half (carbon's default xFilesFactor) are.
     let raw = render("target=servers.dc1.host-00003.cpu.user&from=-2d&format=raw");

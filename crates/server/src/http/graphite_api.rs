@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, Method};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
 use strata_graphite::attime::parse_at_time;
+use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{to_csv, to_json, to_pickle, to_raw, Series as RenderSeries};
@@ -67,9 +68,13 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
     let query_text = query.to_owned();
     let wildcards = p.get("wildcards").is_some_and(|v| v == "1");
     let format = p.get("format").unwrap_or("treejson").to_owned();
-    if !matches!(format.as_str(), "treejson" | "completer" | "json" | "pickle") {
+    if !matches!(
+        format.as_str(),
+        "treejson" | "completer" | "json" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
+    ) {
         return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported yet: use treejson (the default), completer, json or pickle"
+            "format {format:?} is not supported: use treejson (the default), completer, json, pickle, \
+             protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
     let (from, until) = (seconds_param(&p, "from", i64::MIN)?, seconds_param(&p, "until", i64::MAX)?);
@@ -86,8 +91,15 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
         "completer" => json_response(completer(&nodes, wildcards)),
         "json" => json_response(nodes_json(&nodes, interval())),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
+        "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(&query_text, &nodes)),
+        "carbonapi_v3_pb" => protobuf(carbonapi::find_v3(&[(query_text, nodes)])),
         _ => json_response(tree_json(&nodes, &query_text, wildcards)),
     })
+}
+
+/// A protobuf answer (carbonapi's formats).
+fn protobuf(body: Vec<u8>) -> axum::response::Response {
+    ([(header::CONTENT_TYPE, "application/x-protobuf")], body).into_response()
 }
 
 /// The span a leaf has data for (graphite-web's `intervals` of a find's leaves; it picks among
@@ -253,9 +265,13 @@ pub(super) async fn render(
     let p = params(&st, &method, raw, &headers, body).await?;
     let targets: Vec<String> = p.all("target").into_iter().filter(|t| !t.is_empty()).map(str::to_owned).collect();
     let format = p.get("format").unwrap_or("json").to_owned();
-    if !matches!(format.as_str(), "json" | "csv" | "raw" | "pickle") {
+    if !matches!(
+        format.as_str(),
+        "json" | "csv" | "raw" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
+    ) {
         return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported yet: use json (the default here), csv, raw or pickle"
+            "format {format:?} is not supported: use json (the default here), csv, raw, pickle, protobuf \
+             (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
@@ -342,6 +358,8 @@ pub(super) async fn render(
         "csv" => (to_csv(&series).into_bytes(), "text/csv"),
         "raw" => (to_raw(&series).into_bytes(), "text/plain"),
         "pickle" => (to_pickle(&series), "application/pickle"),
+        "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
+        "carbonapi_v3_pb" => (carbonapi::render_v3(&series, from, until), "application/x-protobuf"),
         _ => (to_json(&mut series, max_data_points, until - from).into_bytes(), "application/json"),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
