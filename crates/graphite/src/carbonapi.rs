@@ -11,6 +11,41 @@ use prost::Message;
 use crate::find::Node;
 use crate::render::Series;
 
+/// `carbonapi_v3_pb.FetchRequest`: one target (`name`) over its own range, seconds.
+#[derive(Clone, PartialEq, Message)]
+pub struct FetchRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int64, tag = "2")]
+    pub start_time: i64,
+    #[prost(int64, tag = "3")]
+    pub stop_time: i64,
+    #[prost(bool, tag = "4")]
+    pub high_precision_timestamps: bool,
+    #[prost(string, tag = "5")]
+    pub path_expression: String,
+}
+
+/// What carbonapi POSTs to a v3 backend's `/render/?format=carbonapi_v3_pb`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MultiFetchRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub metrics: Vec<FetchRequest>,
+}
+
+/// What carbonapi POSTs to a v3 backend's `/metrics/find/?format=carbonapi_v3_pb`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MultiGlobRequest {
+    #[prost(string, repeated, tag = "1")]
+    pub metrics: Vec<String>,
+    #[prost(int64, tag = "2")]
+    pub start_time: i64,
+    #[prost(int64, tag = "3")]
+    pub stop_time: i64,
+    #[prost(bool, tag = "4")]
+    pub high_precision_timestamps: bool,
+}
+
 /// `carbonapi_v2_pb.FetchResponse`: a gap is a `0` value with `is_absent` set.
 #[derive(Clone, PartialEq, Message)]
 pub struct FetchResponseV2 {
@@ -113,11 +148,14 @@ pub fn render_v2(series: &[Series]) -> Vec<u8> {
     MultiFetchResponseV2 { metrics }.encode_to_vec()
 }
 
-/// `/render?format=carbonapi_v3_pb`, for a request over `[from, until]` (seconds).
-pub fn render_v3(series: &[Series], from: i64, until: i64) -> Vec<u8> {
+/// `/render?format=carbonapi_v3_pb`; `requested[i]` is the range (seconds) series `i` was
+/// requested over.
+pub fn render_v3(series: &[Series], requested: &[(i64, i64)]) -> Vec<u8> {
+    assert_eq!(series.len(), requested.len(), "a requested range per series");
     let metrics = series
         .iter()
-        .map(|s| FetchResponseV3 {
+        .zip(requested)
+        .map(|(s, &(from, until))| FetchResponseV3 {
             name: s.name.clone(),
             path_expression: s.path_expression.clone(),
             consolidation_func: "average".into(),
@@ -174,7 +212,7 @@ mod tests {
         let m = &v2.metrics[0];
         assert_eq!((m.name.as_str(), m.start_time, m.stop_time, m.step_time), ("a.b", 60, 240, 60));
         assert_eq!((m.values.clone(), m.is_absent.clone()), (vec![1.5, 0.0, -2.0], vec![false, true, false]));
-        let v3 = MultiFetchResponseV3::decode(&render_v3(&[series()], 50, 250)[..]).unwrap();
+        let v3 = MultiFetchResponseV3::decode(&render_v3(&[series()], &[(50, 250)])[..]).unwrap();
         let m = &v3.metrics[0];
         assert_eq!((m.path_expression.as_str(), m.request_start_time, m.request_stop_time), ("a.*", 50, 250));
         assert!(m.values[1].is_nan() && m.values[0] == 1.5);

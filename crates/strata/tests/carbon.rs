@@ -264,6 +264,50 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let (_, found) =
         support::http_bytes(srv.port, "GET", "/metrics/find/?query=servers.dc1&format=carbonapi_v3_pb", &[], b"");
     assert_eq!(MultiGlobResponseV3::decode(&found[..]).unwrap().metrics[0].matches[0].path, "servers.dc1");
+    // carbonapi v3 backends POST their requests as protobuf, each target with its own range.
+    use strata_graphite::carbonapi::{FetchRequest, MultiFetchRequest, MultiGlobRequest};
+    let proto = [("Content-Type", "application/x-protobuf")];
+    let request = MultiFetchRequest {
+        metrics: vec![
+            FetchRequest {
+                name: "servers.dc1.host-00000.cpu.user".into(),
+                start_time: now_s - 3600,
+                stop_time: now_s,
+                ..Default::default()
+            },
+            FetchRequest {
+                name: "servers.dc1.host-0000[12].cpu.user".into(),
+                path_expression: "servers.dc1.host-0000[12].cpu.user".into(),
+                start_time: now_s - 600,
+                stop_time: now_s,
+                ..Default::default()
+            },
+        ],
+    };
+    let (code, body) =
+        support::http_bytes(srv.port, "POST", "/render/?format=carbonapi_v3_pb", &proto, &request.encode_to_vec());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let v3 = MultiFetchResponseV3::decode(&body[..]).unwrap();
+    let got: Vec<(&str, i64, usize)> =
+        v3.metrics.iter().map(|m| (m.name.as_str(), m.request_start_time, m.values.len())).collect();
+    assert_eq!(
+        got,
+        [
+            ("servers.dc1.host-00000.cpu.user", now_s - 3600, 60),
+            ("servers.dc1.host-00001.cpu.user", now_s - 600, 10),
+            ("servers.dc1.host-00002.cpu.user", now_s - 600, 10)
+        ]
+    );
+    let globs = MultiGlobRequest { metrics: vec!["servers.*".into(), "pickled.*".into()], ..Default::default() };
+    let (code, body) =
+        support::http_bytes(srv.port, "POST", "/metrics/find/?format=carbonapi_v3_pb", &proto, &globs.encode_to_vec());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let found = MultiGlobResponseV3::decode(&body[..]).unwrap();
+    let names: Vec<(&str, &str)> =
+        found.metrics.iter().map(|g| (g.name.as_str(), g.matches[0].path.as_str())).collect();
+    assert_eq!(names, [("servers.*", "servers.dc1"), ("pickled.*", "pickled.path")]);
+    let (code, body) = support::http_bytes(srv.port, "POST", "/render/?format=carbonapi_v3_pb", &proto, b"\xff\xff");
+    assert!(code == 400 && String::from_utf8_lossy(&body).contains("MultiFetchRequest"), "{code}");
     // Over two days the 5 min archive: averages of the minutes known in each five, when at
     // least half (carbon's default xFilesFactor) are.
     let raw = render("target=servers.dc1.host-00003.cpu.user&from=-2d&format=raw");

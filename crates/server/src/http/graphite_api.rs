@@ -24,7 +24,7 @@ use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
 use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, LEAF};
 use strata_tsdb::querier::Querier;
 
-use super::{db, limited_querier, params, run_query, ApiError, ApiResult, AppState, Limits, Params};
+use super::{db, limited_querier, params, read_body, run_query, ApiError, ApiResult, AppState, Limits, Params};
 
 /// A glob from a request parameter; a 400 naming the parameter and the component.
 fn parse_glob(param: &str, text: &str) -> Result<Glob, ApiError> {
@@ -60,14 +60,33 @@ fn seconds_param(p: &Params, name: &str, default: i64) -> Result<i64, ApiError> 
     }
 }
 
-pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+/// `/metrics/find`: the nodes `query` (a glob) names, in the `format` asked; a protobuf body is
+/// carbonapi v3's `MultiGlobRequest`, several queries answered at once.
+pub(super) async fn find(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let v3_request = if is_protobuf(&method, &headers) {
+        Some(protobuf_body::<carbonapi::MultiGlobRequest>(&st, body, "carbonapi_v3_pb MultiGlobRequest").await?)
+    } else {
+        None
+    };
     let p = Params::from_query(raw);
-    let query =
-        p.get("query").filter(|q| !q.is_empty()).ok_or_else(|| ApiError::bad_data("missing parameter \"query\""))?;
-    let pattern = glob_pattern("query", &parse_glob("query", query)?)?;
-    let query_text = query.to_owned();
+    let queries: Vec<String> = match &v3_request {
+        Some(r) => r.metrics.clone(),
+        None => p.get("query").filter(|q| !q.is_empty()).map(str::to_owned).into_iter().collect(),
+    };
+    if queries.is_empty() {
+        return Err(ApiError::bad_data("missing parameter \"query\""));
+    }
+    let patterns =
+        queries.iter().map(|q| glob_pattern("query", &parse_glob("query", q)?)).collect::<Result<Vec<_>, _>>()?;
     let wildcards = p.get("wildcards").is_some_and(|v| v == "1");
-    let format = p.get("format").unwrap_or("treejson").to_owned();
+    let format =
+        p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "treejson" }).to_owned();
     if !matches!(
         format.as_str(),
         "treejson" | "completer" | "json" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
@@ -77,23 +96,33 @@ pub(super) async fn find(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
              protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
-    let (from, until) = (seconds_param(&p, "from", i64::MIN)?, seconds_param(&p, "until", i64::MAX)?);
+    let (from, until) = match &v3_request {
+        // 0: no bound, as carbonapi sends it for a find without a range.
+        Some(r) => (
+            if r.start_time == 0 { i64::MIN } else { r.start_time.saturating_mul(1000) },
+            if r.stop_time == 0 { i64::MAX } else { r.stop_time.saturating_mul(1000) },
+        ),
+        None => (seconds_param(&p, "from", i64::MIN)?, seconds_param(&p, "until", i64::MAX)?),
+    };
     let db = db(&st)?;
     let st2 = st.clone();
-    let nodes = run_query(&st, move |stopper| {
+    let mut found = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, from, until);
-        nodes_of(&q, &pattern, &st2.limits)
+        patterns.iter().map(|pattern| nodes_of(&q, pattern, &st2.limits)).collect::<Result<Vec<_>, _>>()
     })
     .await?;
+    if format == "carbonapi_v3_pb" {
+        return Ok(protobuf(carbonapi::find_v3(&queries.into_iter().zip(found).collect::<Vec<_>>())));
+    }
+    let (query, nodes) = (&queries[0], found.swap_remove(0));
     let interval = || data_interval(&st);
     Ok(match format.as_str() {
         "completer" => json_response(completer(&nodes, wildcards)),
         "json" => json_response(nodes_json(&nodes, interval())),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
-        "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(&query_text, &nodes)),
-        "carbonapi_v3_pb" => protobuf(carbonapi::find_v3(&[(query_text, nodes)])),
-        _ => json_response(tree_json(&nodes, &query_text, wildcards)),
+        "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(query, &nodes)),
+        _ => json_response(tree_json(&nodes, query, wildcards)),
     })
 }
 
@@ -251,10 +280,53 @@ fn completer(nodes: &[Node], wildcards: bool) -> Value {
     json!({ "metrics": metrics })
 }
 
+/// Whether a request's body is a protobuf message (carbonapi's v3 requests).
+fn is_protobuf(method: &Method, headers: &HeaderMap) -> bool {
+    *method == Method::POST
+        && headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/x-protobuf") || v.starts_with("application/protobuf"))
+}
+
+/// A protobuf request body of type `M`; a 400 naming the message when it does not decode.
+async fn protobuf_body<M: prost::Message + Default>(st: &AppState, body: Body, what: &str) -> Result<M, ApiError> {
+    let bytes = read_body(st, body).await?;
+    M::decode(bytes).map_err(|e| ApiError::bad_data(format!("the body is not a {what}: {e}")))
+}
+
+/// One target of a render and the range it is read over (seconds): the request's `from` and
+/// `until` for every target, or each target's own in a carbonapi v3 request.
+struct Target {
+    text: String,
+    selection: Selection,
+    from: i64,
+    until: i64,
+}
+
+/// What `target` selects: a glob, or `seriesByTag(...)`; a 400 naming it otherwise.
+fn selection_of(t: &str) -> Result<Selection, ApiError> {
+    if let Some(args) = series_by_tag_args(t) {
+        let args = args.map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
+        let matchers = tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?;
+        return Ok(Selection::Tags(matchers));
+    }
+    if t.contains('(') {
+        return Err(ApiError::bad_data(format!(
+            "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
+        )));
+    }
+    let regex = parse_glob("target", t)?.to_regex();
+    let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex)
+        .map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
+    Ok(Selection::Glob(matcher))
+}
+
 /// `/render`: every `target` (a path or a glob), over `from`..`until` in Graphite's time
 /// syntax (default the last 24 hours), at the resolution the path's retention schema gives for
-/// that range, as whisper would answer for the same points (`strata_graphite::render`).
-/// A POST's form body counts as the query string (Grafana posts its renders).
+/// that range, as whisper would answer for the same points (`strata_graphite::render`). A
+/// POST's form body counts as the query string (Grafana posts its renders); a protobuf body is
+/// carbonapi v3's `MultiFetchRequest`, each target with its own range.
 pub(super) async fn render(
     State(st): State<Arc<AppState>>,
     method: Method,
@@ -262,9 +334,13 @@ pub(super) async fn render(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let p = params(&st, &method, raw, &headers, body).await?;
-    let targets: Vec<String> = p.all("target").into_iter().filter(|t| !t.is_empty()).map(str::to_owned).collect();
-    let format = p.get("format").unwrap_or("json").to_owned();
+    let (v3_request, p) = if is_protobuf(&method, &headers) {
+        let what = "carbonapi_v3_pb MultiFetchRequest";
+        (Some(protobuf_body::<carbonapi::MultiFetchRequest>(&st, body, what).await?), Params::from_query(raw))
+    } else {
+        (None, params(&st, &method, raw, &headers, body).await?)
+    };
+    let format = p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "json" }).to_owned();
     if !matches!(
         format.as_str(),
         "json" | "csv" | "raw" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
@@ -286,10 +362,12 @@ pub(super) async fn render(
         parse_at_time(text, now)
             .ok_or_else(|| ApiError::bad_data(format!("{name}={text:?} is not a time Graphite understands")))
     };
-    let (from, until) = (at("from", "-24h")?, at("until", "now")?);
-    if from >= until {
-        return Err(ApiError::bad_data(format!("from ({from}) is not before until ({until})")));
-    }
+    let check = |from: i64, until: i64| {
+        if from >= until {
+            return Err(ApiError::bad_data(format!("from ({from}) is not before until ({until})")));
+        }
+        Ok(())
+    };
     let max_data_points = match p.get("maxDataPoints").filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(
@@ -300,39 +378,43 @@ pub(super) async fn render(
                 as usize,
         ),
     };
-    let mut selections = Vec::with_capacity(targets.len());
-    for t in &targets {
-        if let Some(args) = series_by_tag_args(t) {
-            let args = args.map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-            selections.push((
-                t.clone(),
-                Selection::Tags(
-                    tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?,
-                ),
-            ));
-            continue;
+    let mut targets = Vec::new();
+    let (from, until) = match &v3_request {
+        Some(request) => {
+            for m in &request.metrics {
+                check(m.start_time, m.stop_time)?;
+                let text = if m.path_expression.is_empty() { &m.name } else { &m.path_expression };
+                targets.push(Target {
+                    text: text.clone(),
+                    selection: selection_of(&m.name)?,
+                    from: m.start_time,
+                    until: m.stop_time,
+                });
+            }
+            let from = request.metrics.iter().map(|m| m.start_time).min().unwrap_or(now);
+            (from, request.metrics.iter().map(|m| m.stop_time).max().unwrap_or(now))
         }
-        if t.contains('(') {
-            return Err(ApiError::bad_data(format!(
-                "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
-            )));
+        None => {
+            let (from, until) = (at("from", "-24h")?, at("until", "now")?);
+            check(from, until)?;
+            for t in p.all("target").into_iter().filter(|t| !t.is_empty()) {
+                targets.push(Target { text: t.to_owned(), selection: selection_of(t)?, from, until });
+            }
+            (from, until)
         }
-        let regex = parse_glob("target", t)?.to_regex();
-        let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex)
-            .map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-        selections.push((t.clone(), Selection::Glob(matcher)));
-    }
+    };
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
     let st2 = st.clone();
-    let mut series = run_query(&st, move |stopper| {
+    let (mut series, requested) = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
-        let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
-        let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
-        let mut out = Vec::new();
-        for (target, selection) in &selections {
-            let mut selected = match selection {
+        let (mut out, mut requested) = (Vec::new(), Vec::new());
+        for target in &targets {
+            let (from, until) = (target.from, target.until);
+            let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
+            let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
+            let mut selected = match &target.selection {
                 // The `__name__` regex is answered by walking the names indexes.
                 Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
                 Selection::Tags(matchers) => q.select(matchers).map_err(|e| execution(&e))?,
@@ -346,12 +428,13 @@ pub(super) async fn render(
                 if let Some((start, end, step, values)) =
                     strata_graphite::render::fetch(&samples, &policy, from, until, now)
                 {
-                    let path_expression = target.clone();
+                    let path_expression = target.text.clone();
                     out.push(RenderSeries { name, tags, start, end, step, values, path_expression });
+                    requested.push((from, until));
                 }
             }
         }
-        Ok(out)
+        Ok((out, requested))
     })
     .await?;
     let (body, content_type) = match format.as_str() {
@@ -359,7 +442,7 @@ pub(super) async fn render(
         "raw" => (to_raw(&series).into_bytes(), "text/plain"),
         "pickle" => (to_pickle(&series), "application/pickle"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
-        "carbonapi_v3_pb" => (carbonapi::render_v3(&series, from, until), "application/x-protobuf"),
+        "carbonapi_v3_pb" => (carbonapi::render_v3(&series, &requested), "application/x-protobuf"),
         _ => (to_json(&mut series, max_data_points, until - from).into_bytes(), "application/json"),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
