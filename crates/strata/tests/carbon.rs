@@ -11,6 +11,15 @@ use std::time::{Duration, Instant};
 
 use support::{free_port, http, which, Server};
 
+/// Held by each test of this file: they pick free ports, and one of them restarts servers and
+/// another starts carbon-c-relay, either of which takes a while to bind its port, long enough
+/// for a test running alongside to be handed the same port. One at a time, they cannot.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The value of the first sample of `/metrics` whose line starts with `prefix`.
 fn metric(port: u16, prefix: &str) -> f64 {
     let (code, body) = http(port, "GET", "/metrics", &[], b"");
@@ -72,6 +81,7 @@ fn lines(connections: usize, now_s: i64) -> Vec<String> {
 
 #[test]
 fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let (plain, pickle) = (free_port(), free_port());
@@ -382,6 +392,7 @@ fn python_pickle(now_s: i64) -> Vec<u8> {
 
 #[test]
 fn carbon_c_relay_relays_plaintext_into_strata() {
+    let _serial = one_at_a_time();
     let relay_bin = which("carbon-c-relay");
     let dir = tempfile::tempdir().unwrap();
     let plain = free_port();
@@ -517,10 +528,16 @@ fn compacted(data: &std::path::Path) -> (LastWrites, String) {
 
 #[test]
 fn late_and_rewritten_carbon_points_keep_their_last_value_through_sigkill_and_compaction() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let carbon = free_port();
-    let args = ["--wal-fsync", "always", "--carbon.plaintext-listen-address", &format!("127.0.0.1:{carbon}")];
+    // A fresh carbon port at every start: a port freed by a killed server may meanwhile have
+    // gone to another test's listener.
+    let start = || {
+        let carbon = free_port();
+        let address = format!("127.0.0.1:{carbon}");
+        (Server::start(&data, &["--wal-fsync", "always", "--carbon.plaintext-listen-address", &address]), carbon)
+    };
     let now_s = support::now_ms() / 1000;
     let start_s = now_s - now_s.rem_euclid(300) - 300 * LATE_POINTS;
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
@@ -541,13 +558,13 @@ fn late_and_rewritten_carbon_points_keep_their_last_value_through_sigkill_and_co
         writes.swap(i, rng.below(i + 1));
     }
     let mut last = LastWrites::new();
-    let mut srv = Server::start(&data, &args);
+    let (mut srv, carbon) = start();
     send_in_order(srv.port, carbon, &writes, &mut last, 0.0);
     assert_eq!(last.len(), LATE_PATHS * LATE_POINTS as usize);
     assert!(metric(srv.port, "strata_tsdb_head_samples_appended_late_total") > (writes.len() / 3) as f64);
     // Stored means in the fsynced WAL: a SIGKILL loses nothing, and replay keeps the order.
     srv.kill();
-    let mut srv = Server::start(&data, &args);
+    let (mut srv, _) = start();
     assert_same(&served(srv.port), &last, "after SIGKILL and restart");
     srv.terminate();
 
@@ -558,7 +575,7 @@ fn late_and_rewritten_carbon_points_keep_their_last_value_through_sigkill_and_co
 
     // Rewrites and late points into ranges blocks now hold: written again as blocks of their
     // own, which win where they overlap the older ones, and are merged into them.
-    let mut srv = Server::start(&data, &args);
+    let (mut srv, carbon) = start();
     let mut more: Vec<(String, i64, f64)> = Vec::new();
     for k in 0..60 {
         // In the older half of the 8 hours, which blocks hold.
@@ -570,7 +587,7 @@ fn late_and_rewritten_carbon_points_keep_their_last_value_through_sigkill_and_co
     let before = metric(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}");
     send_in_order(srv.port, carbon, &more, &mut last, before);
     srv.kill();
-    let mut srv = Server::start(&data, &args);
+    let (mut srv, _) = start();
     assert_same(&served(srv.port), &last, "rewrites of block data, after SIGKILL and restart");
     srv.terminate();
     let (dumped, report) = compacted(&data);
