@@ -173,30 +173,16 @@ pub(super) fn write_checkpoint(
                     // Written through, after the series they refer to. Their order against the
                     // float samples still buffered does not matter: replay merges late samples.
                     write_series(&mut series, &mut body, &mut buf);
-                    let total = v.len() as u64;
-                    let kept: Vec<_> = v.into_iter().filter(|s| keep(s.series) && s.t >= mint).collect();
-                    stats.samples_kept += kept.len() as u64;
-                    stats.samples_dropped += total - kept.len() as u64;
-                    if !kept.is_empty() {
-                        body.clear();
-                        record::encode_histograms(&kept, &mut body);
-                        frame_record(&body, &mut buf);
-                    }
+                    let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
+                    write_items(&kept, record::encode_histograms, &mut body, &mut buf);
                 }
                 Record::OutOfOrderSamples(v) => {
                     // Written through in log order (a later write of a timestamp must replay
                     // after an earlier one); their order against buffered in-order samples does
                     // not matter, the overlay wins over in-order samples whatever the order.
                     write_series(&mut series, &mut body, &mut buf);
-                    let total = v.len() as u64;
-                    let kept: Vec<_> = v.into_iter().filter(|s| keep(s.series) && s.t >= mint).collect();
-                    stats.samples_kept += kept.len() as u64;
-                    stats.samples_dropped += total - kept.len() as u64;
-                    if !kept.is_empty() {
-                        body.clear();
-                        record::encode_out_of_order_samples(&kept, &mut body);
-                        frame_record(&body, &mut buf);
-                    }
+                    let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
+                    write_items(&kept, record::encode_out_of_order_samples, &mut body, &mut buf);
                 }
                 Record::Tombstones(v) => {
                     // Tombstones must follow the series they refer to.
@@ -241,6 +227,25 @@ pub(super) fn write_checkpoint(
     fs.rename(&tmp_dir, &final_dir).map_err(io_err("rename to", &final_dir))?;
     fs.fsync_dir(dir).map_err(io_err("fsync directory", dir))?;
     Ok(stats)
+}
+
+/// The samples of `items` that `keep` keeps, counted in `stats`.
+fn kept_of<T>(items: Vec<T>, keep: impl Fn(&T) -> bool, stats: &mut CheckpointStats) -> Vec<T> {
+    let total = items.len() as u64;
+    let kept: Vec<T> = items.into_iter().filter(|s| keep(s)).collect();
+    stats.samples_kept += kept.len() as u64;
+    stats.samples_dropped += total - kept.len() as u64;
+    kept
+}
+
+/// Frames a record of `items` (if any), encoded by `encode`, into `buf`.
+fn write_items<T>(items: &[T], encode: fn(&[T], &mut Vec<u8>), body: &mut Vec<u8>, buf: &mut Vec<u8>) {
+    if items.is_empty() {
+        return;
+    }
+    body.clear();
+    encode(items, body);
+    frame_record(body, buf);
 }
 
 /// Frames a series record of `series` (if any) into `buf` and empties `series`: series records
