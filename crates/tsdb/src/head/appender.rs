@@ -84,7 +84,9 @@ pub struct Appender<'h> {
     /// Oldest timestamp taken in order.
     min_t: i64,
     out_of_order: OutOfOrder,
-    /// Oldest timestamp taken late; `i64::MAX` when late samples are refused.
+    /// Oldest timestamp taken late, `out_of_order.window_ms` behind the newest sample of the
+    /// head and of this batch so far (a batch into an empty head is not a window of its own);
+    /// `i64::MAX` when late samples are refused.
     late_min_t: i64,
     /// The head's cut epoch, which late samples are stored under (`Head::begin_cut`).
     epoch: u64,
@@ -276,9 +278,19 @@ impl<'h> Appender<'h> {
             Ok(Appended::Sample { .. }) => {
                 self.batch_max.insert(r, t);
                 self.pending.push((series, t, st, v, false));
+                if self.late_min_t != i64::MAX {
+                    self.late_min_t = self.late_min_t.max(t.saturating_sub(self.out_of_order.window_ms));
+                }
                 Ok(())
             }
             Err(e) => {
+                // Late, and further back than the window: too old, whatever else it is.
+                let e = match e {
+                    SampleError::OutOfOrder { .. } if self.late_min_t != i64::MAX && t < self.late_min_t => {
+                        SampleError::TooOld { t, min_t: self.late_min_t }
+                    }
+                    e => e,
+                };
                 self.count_rejection(&e);
                 Err(AppendError::Sample(e))
             }

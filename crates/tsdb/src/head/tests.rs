@@ -582,3 +582,16 @@ fn a_late_sample_written_while_its_range_is_cut_stays_in_the_head_and_the_wal() 
     let replayed = in_head(&head)[0].samples();
     assert!(replayed.contains(&strata_model::Sample { t: MINUTE, v: 2.0 }), "{replayed:?}");
 }
+
+#[test]
+fn the_window_counts_from_the_newest_sample_of_the_batch_too() {
+    let head = late_head(WINDOW);
+    let a = l(&[("__name__", "x")]);
+    let mut app = head.appender();
+    app.append(&a, 1000 * MINUTE, 1.0).unwrap();
+    // The head was empty when the batch began; its first sample still sets the window.
+    let err = app.append(&a, 1000 * MINUTE - 61 * MINUTE, 2.0).unwrap_err();
+    assert!(matches!(err, AppendError::Sample(SampleError::TooOld { .. })), "{err}");
+    app.append(&a, 1000 * MINUTE - 59 * MINUTE, 3.0).unwrap();
+    assert_eq!(app.commit().unwrap().appended, 2);
+}
