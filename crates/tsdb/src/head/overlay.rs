@@ -101,35 +101,35 @@ impl Overlay {
 
     /// How many parts (chunks, the buffer) overlap `[mint, maxt]`.
     pub(crate) fn count_parts(&self, mint: i64, maxt: i64) -> usize {
-        let mut n = 0;
-        self.each_part(mint, maxt, u64::MAX, |_, _| n += 1, false);
-        n
+        self.ranks(mint, maxt, u64::MAX).count()
     }
 
     /// Hands each part overlapping `[mint, maxt]` and written in an epoch up to `max_epoch` to
     /// `f`, with its rank among the overlay's parts (1 for the oldest; higher wins). The buffer
     /// is encoded for the purpose.
-    pub(crate) fn each_chunk(&self, mint: i64, maxt: i64, max_epoch: u64, f: impl FnMut(ChunkMeta, u64)) {
-        self.each_part(mint, maxt, max_epoch, f, true);
+    pub(crate) fn each_chunk(&self, mint: i64, maxt: i64, max_epoch: u64, mut f: impl FnMut(ChunkMeta, u64)) {
+        for rank in self.ranks(mint, maxt, max_epoch) {
+            let chunk = match self.chunks.get(rank as usize - 1) {
+                Some(c) => c.chunk.clone(),
+                None => encode(&self.buffer),
+            };
+            f(chunk, rank);
+        }
     }
 
-    fn each_part(&self, mint: i64, maxt: i64, max_epoch: u64, mut f: impl FnMut(ChunkMeta, u64), encode_buffer: bool) {
-        let overlaps = |a: i64, b: i64| b >= mint && a <= maxt;
-        for (i, c) in self.chunks.iter().enumerate() {
-            if c.epoch <= max_epoch && overlaps(c.chunk.mint, c.chunk.maxt) {
-                f(c.chunk.clone(), i as u64 + 1);
+    /// The ranks of the parts overlapping `[mint, maxt]` written in epochs up to `max_epoch`:
+    /// chunk `i` has rank `i + 1`, the buffer the rank after the last chunk's.
+    fn ranks(&self, mint: i64, maxt: i64, max_epoch: u64) -> impl Iterator<Item = u64> + '_ {
+        let overlaps = move |a: i64, b: i64| b >= mint && a <= maxt;
+        let chunks = self.chunks.iter().enumerate();
+        let chunks = chunks.filter(move |(_, c)| c.epoch <= max_epoch && overlaps(c.chunk.mint, c.chunk.maxt));
+        let buffer = match (self.buffer.first(), self.buffer.last()) {
+            (Some(first), Some(last)) if self.buffer_epoch <= max_epoch && overlaps(first.t, last.t) => {
+                Some(self.chunks.len() as u64 + 1)
             }
-        }
-        if let (Some(first), Some(last)) = (self.buffer.first(), self.buffer.last()) {
-            if self.buffer_epoch <= max_epoch && overlaps(first.t, last.t) {
-                let chunk = if encode_buffer {
-                    encode(&self.buffer)
-                } else {
-                    ChunkMeta { mint: first.t, maxt: last.t, data: Arc::from(&[][..]) }
-                };
-                f(chunk, self.chunks.len() as u64 + 1);
-            }
-        }
+            _ => None,
+        };
+        chunks.map(|(i, _)| i as u64 + 1).chain(buffer)
     }
 
     /// Drops the samples before `t` of the parts written in epochs up to `max_epoch` (now in a

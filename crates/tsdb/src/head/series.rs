@@ -406,13 +406,18 @@ impl SeriesState {
 
     /// The in-order chunks overlapping `[mint, maxt]`, oldest first; the open chunk is copied.
     pub fn chunks(&self, mint: i64, maxt: i64) -> Vec<ChunkMeta> {
-        let mut out = Vec::with_capacity(self.count_chunks(mint, maxt));
-        self.each_chunk(mint, maxt, u64::MAX, |c, rank| {
-            if rank == 0 {
-                out.push(c)
-            }
-        });
+        let mut out = Vec::new();
+        self.each_in_order_chunk(mint, maxt, |c| out.push(c));
         out
+    }
+
+    /// Hands each in-order chunk overlapping `[mint, maxt]` to `f`, oldest first (the open
+    /// chunk copied).
+    fn each_in_order_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
+        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
+        if let Some(a) = self.open.as_ref().filter(|_| self.open_overlaps(mint, maxt)) {
+            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
+        }
     }
 
     /// How many chunks overlap `[mint, maxt]` (what `each_chunk` hands out), late ones included.
@@ -428,10 +433,7 @@ impl SeriesState {
     /// of the higher rank is the one kept at a timestamp. A reader builds its own list without
     /// an intermediate one.
     pub fn each_chunk(&self, mint: i64, maxt: i64, max_epoch: u64, mut f: impl FnMut(ChunkMeta, u64)) {
-        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone(), 0));
-        if let Some(a) = self.open.as_ref().filter(|_| self.open_overlaps(mint, maxt)) {
-            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) }, 0);
-        }
+        self.each_in_order_chunk(mint, maxt, |c| f(c, 0));
         if let Some(o) = &self.overlay {
             o.each_chunk(mint, maxt, max_epoch, f);
         }
