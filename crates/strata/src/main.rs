@@ -182,6 +182,7 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
+    disable_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -195,6 +196,27 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Opts the process out of transparent huge pages, unless `MIMALLOC_ALLOW_THP` asks for them.
+/// mimalloc touches its arenas a few pages at a time; with THP on (`always`, as many distros
+/// ship) each first touch faulted in and zeroed a whole 2 MiB page: carbon ingest of 20k paths
+/// peaked at 215 MiB RSS instead of 105 MiB, and zeroing pages took a quarter of its CPU time.
+/// Blocks are read through file mappings, which THP does not back, so queries lose nothing.
+#[cfg(target_os = "linux")]
+fn disable_transparent_huge_pages() {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return;
+    }
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        // Old kernels lack it; nothing breaks, memory is only less tight.
+        eprintln!("strata: could not opt out of transparent huge pages: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn disable_transparent_huge_pages() {}
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
