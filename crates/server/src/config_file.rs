@@ -100,6 +100,7 @@ pub struct CarbonSection {
     pub max_line_size: Option<String>,
     pub max_pickle_size: Option<String>,
     pub out_of_order_window: Option<String>,
+    pub path_cache_entries: Option<usize>,
 }
 
 /// Graphite's retention schemas, in carbon's file formats (`docs/graphite.md`).
@@ -164,12 +165,13 @@ mod tests {
     #[test]
     fn carbon_settings_and_listen_addresses() {
         let cfg = ConfigFile::parse(
-            "carbon:\n  plaintext_listen_address: \":2003\"\n  max_line_size: 64KB\n  out_of_order_window: 6h\n\
+            "carbon:\n  plaintext_listen_address: \":2003\"\n  max_line_size: 64KB\n  out_of_order_window: 6h\n  path_cache_entries: 0\n\
              storage:\n  out_of_order_time_window: 30m\n",
         )
         .unwrap();
         assert_eq!(cfg.carbon.plaintext_listen_address.as_deref(), Some(":2003"));
         assert_eq!(cfg.carbon.out_of_order_window.as_deref(), Some("6h"));
+        assert_eq!(cfg.carbon.path_cache_entries, Some(0));
         assert_eq!(cfg.storage.out_of_order_time_window.as_deref(), Some("30m"));
         assert_eq!(parse_listen_address(":2003").unwrap(), "0.0.0.0:2003".parse().unwrap());
         assert_eq!(parse_listen_address("127.0.0.1:2004").unwrap(), "127.0.0.1:2004".parse().unwrap());

@@ -137,6 +137,10 @@ pub struct ServeArgs {
     /// Longest carbon pickle message; a longer one closes its connection [default: 16MB].
     #[arg(long = "carbon.max-pickle-size")]
     carbon_max_pickle: Option<String>,
+    /// Carbon paths remembered with their series, all connections together (about 40 bytes
+    /// each), so a repeated path skips its checks and the index lookup; 0 turns it off [default: 1048576].
+    #[arg(long = "carbon.path-cache-entries")]
+    carbon_path_cache_entries: Option<usize>,
 }
 
 /// The PromQL language features named by `--enable-feature`.
@@ -394,6 +398,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             "16MB",
             parse_bytes,
         )? as usize,
+        path_cache_entries: pick(
+            f,
+            "carbon.path-cache-entries",
+            num(args.carbon_path_cache_entries),
+            num(ca.path_cache_entries),
+            "1048576",
+            |s: &str| s.parse::<usize>().map_err(|_| format!("expected a whole number, got {s:?}")),
+        )?,
         window: Window {
             max_future_ms: limits.max_future_ms,
             max_age_ms: limits.max_age_ms,

@@ -7,9 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_graphite::carbon::{CarbonPoint, PointError};
+use strata_graphite::carbon::{plaintext, CarbonPoint, PointError};
+use strata_graphite::path::GraphitePath;
 use strata_tsdb::head::{AppendError, OutOfOrder, SampleError};
 use strata_tsdb::Db;
+
+use super::cache::{path_key, SeriesCache};
 
 /// The carbon listeners: plaintext over TCP and UDP, pickle over TCP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -210,43 +213,132 @@ impl Ingest<'_> {
         self.log.warn(self.protocol, what);
     }
 
+    /// Parses the complete lines in `buf` and stores their points in one commit. A path seen
+    /// before is appended to the series `cache` remembers for it; a new one is checked, looked
+    /// up or created, and remembered. Blank lines are skipped; a line past `max_line_bytes`,
+    /// one that does not parse, or a point the head refuses is counted by reason.
+    pub fn store_lines(&self, buf: &[u8], max_line_bytes: usize, cache: &mut SeriesCache, now_ms: i64) {
+        let bounds = self.bounds(now_ms);
+        let mut app = self.db.appender_with(self.window.out_of_order);
+        // Sized once, for lines of about 50 bytes: growing it by doubling faulted in fresh
+        // pages again and again.
+        app.reserve(buf.len() / 50 + 1);
+        let (mut received, mut pending) = (0u64, 0u64);
+        for line in buf.split(|&b| b == b'\n') {
+            if plaintext::is_blank(line) {
+                continue;
+            }
+            received += 1;
+            if line.len() > max_line_bytes {
+                self.stats.reject("line_too_long", 1);
+                self.log.warn(self.protocol, || {
+                    format!("a line of {} bytes is over the limit of {max_line_bytes}: {}", line.len(), sample(line))
+                });
+                continue;
+            }
+            let raw = match plaintext::parse_fields(line, now_ms) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    self.reject_point(&e, line);
+                    continue;
+                }
+            };
+            if !self.in_window(raw.t_ms, bounds, &raw.path) {
+                continue;
+            }
+            let key = path_key(raw.path);
+            if let Some(series) = cache.get(key) {
+                match app.append_to(series, raw.t_ms, raw.value) {
+                    Ok(()) => {
+                        pending += 1;
+                        continue;
+                    }
+                    // Removed from the head since (it had no samples left): found or made anew.
+                    Err(AppendError::UnknownSeries(_)) => cache.remove(key),
+                    Err(e) => {
+                        self.reject_append(&e, &raw.path);
+                        continue;
+                    }
+                }
+            }
+            let point = match raw.parse_path() {
+                Ok(p) => p,
+                Err(e) => {
+                    self.reject_point(&e, line);
+                    continue;
+                }
+            };
+            // New to this connection: its own pairs (they borrow this line's path).
+            let mut pairs = Vec::with_capacity(1 + point.path.tags.len());
+            path_pairs(&point.path, &mut pairs);
+            match app.append_pairs_handle(&pairs, point.t_ms, point.value) {
+                Ok(series) => {
+                    pending += 1;
+                    cache.insert(key, series);
+                }
+                Err(e) => self.reject_append(&e, &raw.path),
+            }
+        }
+        self.commit(app, pending, received);
+    }
+
     /// Appends `points` and commits them. An error is the WAL's: nothing of the batch was
     /// stored, and every point is counted as refused (`storage`).
     pub fn store(&self, points: &[CarbonPoint], now_ms: i64) {
         if points.is_empty() {
             return;
         }
-        let newest = now_ms.saturating_add(self.window.max_future_ms);
-        let oldest = if self.window.max_age_ms > 0 { now_ms.saturating_sub(self.window.max_age_ms) } else { i64::MIN };
+        let bounds = self.bounds(now_ms);
         let mut app = self.db.appender_with(self.window.out_of_order);
-        // Sized once: growing it by doubling faulted in fresh pages again and again.
         app.reserve(points.len());
         let mut pairs: Vec<(&str, &str)> = Vec::with_capacity(8);
         let mut pending = 0u64;
         for p in points {
-            if p.t_ms > newest || p.t_ms < oldest {
-                let reason = if p.t_ms > newest { "too_far_in_future" } else { "too_old" };
-                self.stats.reject(reason, 1);
-                self.log.warn(self.protocol, || {
-                    format!("{} at {} ms is outside the accepted window [{oldest}, {newest}]", p.path, p.t_ms)
-                });
+            if !self.in_window(p.t_ms, bounds, &p.path) {
                 continue;
             }
-            pairs.clear();
-            pairs.push(("__name__", &p.path.name));
-            pairs.extend(p.path.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            // Tags are sorted by name, but a tag may sort before `__name__` (`A` < `_`).
-            if pairs.len() > 1 && pairs[1].0 < "__name__" {
-                pairs.sort_unstable();
-            }
+            path_pairs(&p.path, &mut pairs);
             match app.append_pairs(&pairs, p.t_ms, p.value) {
                 Ok(_) => pending += 1,
-                Err(e) => {
-                    self.stats.reject(append_reason(&e), 1);
-                    self.log.warn(self.protocol, || format!("{}: {e}", p.path));
-                }
+                Err(e) => self.reject_append(&e, &p.path),
             }
         }
+        self.commit(app, pending, points.len() as u64);
+    }
+
+    /// The oldest and newest timestamps taken at `now_ms`.
+    fn bounds(&self, now_ms: i64) -> (i64, i64) {
+        let newest = now_ms.saturating_add(self.window.max_future_ms);
+        let oldest = if self.window.max_age_ms > 0 { now_ms.saturating_sub(self.window.max_age_ms) } else { i64::MIN };
+        (oldest, newest)
+    }
+
+    /// Whether `t_ms` is inside `(oldest, newest)`; if not, the point is counted and logged.
+    fn in_window(&self, t_ms: i64, (oldest, newest): (i64, i64), path: &dyn std::fmt::Display) -> bool {
+        if t_ms <= newest && t_ms >= oldest {
+            return true;
+        }
+        let reason = if t_ms > newest { "too_far_in_future" } else { "too_old" };
+        self.stats.reject(reason, 1);
+        self.log
+            .warn(self.protocol, || format!("{path} at {t_ms} ms is outside the accepted window [{oldest}, {newest}]"));
+        false
+    }
+
+    /// Counts (and logs) a received line whose point did not decode.
+    fn reject_point(&self, e: &PointError, raw: &[u8]) {
+        self.stats.reject(e.reason(), 1);
+        self.log.warn(self.protocol, || format!("{e}: {}", sample(raw)));
+    }
+
+    /// Counts (and logs) a point the head refused.
+    fn reject_append(&self, e: &AppendError, path: &dyn std::fmt::Display) {
+        self.stats.reject(append_reason(e), 1);
+        self.log.warn(self.protocol, || format!("{path}: {e}"));
+    }
+
+    /// Commits the `pending` points appended to `app`, of `received` decoded, and counts them.
+    fn commit(&self, app: strata_tsdb::head::Appender<'_>, pending: u64, received: u64) {
         match app.commit() {
             Ok(c) => {
                 self.stats.stored.fetch_add(c.appended as u64, Ordering::Relaxed);
@@ -262,7 +354,18 @@ impl Ingest<'_> {
         }
         // Counted once the batch is settled, so that a reader who saw them received also sees
         // them stored or refused.
-        self.stats.received.fetch_add(points.len() as u64, Ordering::Relaxed);
+        self.stats.received.fetch_add(received, Ordering::Relaxed);
+    }
+}
+
+/// The label pairs of `path` (`__name__` and its tags, sorted), in `pairs`.
+fn path_pairs<'p>(path: &'p GraphitePath, pairs: &mut Vec<(&'p str, &'p str)>) {
+    pairs.clear();
+    pairs.push(("__name__", &path.name));
+    pairs.extend(path.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    // Tags are sorted by name, but a tag may sort before `__name__` (`A` < `_`).
+    if pairs.len() > 1 && pairs[1].0 < "__name__" {
+        pairs.sort_unstable();
     }
 }
 

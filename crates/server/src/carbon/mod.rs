@@ -13,6 +13,7 @@
 //! Points are committed in batches: what one read brought in (at most `read_buffer_bytes`), so
 //! a point is stored, and with `--wal-fsync always` durable, soon after it arrives.
 
+mod cache;
 pub mod ingest;
 mod tcp;
 mod udp;
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::scrape::scrape_loop::now_ms;
 use crate::web::stopped;
+use cache::{CacheBudget, SeriesCache};
 use ingest::LogLimiter;
 pub use ingest::{CarbonStats, Protocol, Window};
 
@@ -47,6 +49,8 @@ pub struct CarbonConfig {
     pub max_pickle_bytes: usize,
     /// Most bytes read from a connection before its complete lines are stored.
     pub read_buffer_bytes: usize,
+    /// Paths remembered with their series, all connections together (`cache`); 0: none.
+    pub path_cache_entries: usize,
     pub window: Window,
 }
 
@@ -61,6 +65,7 @@ impl Default for CarbonConfig {
             max_line_bytes: 16 * 1024,
             max_pickle_bytes: strata_graphite::carbon::pickle::MESSAGE_BYTES_MAX_DEFAULT,
             read_buffer_bytes: 256 * 1024,
+            path_cache_entries: PATH_CACHE_ENTRIES_DEFAULT,
             window: Window {
                 max_future_ms: 24 * 3600 * 1000,
                 max_age_ms: 0,
@@ -69,6 +74,9 @@ impl Default for CarbonConfig {
         }
     }
 }
+
+/// About 40 MiB when full: one entry per path of a million-path installation.
+pub const PATH_CACHE_ENTRIES_DEFAULT: usize = 1 << 20;
 
 impl CarbonConfig {
     pub fn enabled(&self) -> bool {
@@ -128,12 +136,14 @@ impl CarbonListeners {
         for (p, a) in self.local_addrs() {
             tracing::info!(protocol = p.name(), listen = %a, "carbon listener ready");
         }
+        let cache_budget = CacheBudget::new(self.config.path_cache_entries);
         let shared = Arc::new(Shared {
             db,
             stats,
             config: self.config,
             slots: Arc::new(tokio::sync::Semaphore::new(0)),
             log: LogLimiter::new(Duration::from_secs(10)),
+            cache_budget,
         });
         shared.slots.add_permits(shared.config.max_connections);
         shared.stats.max_connections.store(shared.config.max_connections as u64, Ordering::Relaxed);
@@ -159,6 +169,7 @@ struct Shared {
     /// One permit per open TCP connection.
     slots: Arc<tokio::sync::Semaphore>,
     log: LogLimiter,
+    cache_budget: Arc<CacheBudget>,
 }
 
 impl Shared {
@@ -171,48 +182,16 @@ impl Shared {
             window: self.config.window,
         }
     }
+
+    fn series_cache(&self) -> SeriesCache {
+        SeriesCache::new(self.cache_budget.clone())
+    }
 }
 
-/// Parses the complete lines in `buf` and stores their points in one commit. Blank lines are
-/// skipped; a line past `max_line_bytes` is refused as `line_too_long`.
-fn store_lines(shared: &Shared, protocol: Protocol, buf: &[u8]) {
-    thread_local! {
-        /// Reused from batch to batch on each blocking thread (see `tcp::plaintext_connection`).
-        static POINTS: std::cell::RefCell<Vec<strata_graphite::carbon::CarbonPoint>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    POINTS.with_borrow_mut(|points| {
-        points.clear();
-        parse_lines(shared, protocol, buf, points);
-        shared.ingest(protocol).store(points, now_ms());
-        points.clear();
-    });
-}
-
-/// The points of the complete lines in `buf`; refusals are counted as they are met.
-fn parse_lines(
-    shared: &Shared,
-    protocol: Protocol,
-    buf: &[u8],
-    points: &mut Vec<strata_graphite::carbon::CarbonPoint>,
-) {
-    let ingest = shared.ingest(protocol);
-    let now = now_ms();
-    for line in buf.split(|&b| b == b'\n') {
-        if strata_graphite::carbon::plaintext::is_blank(line) {
-            continue;
-        }
-        if line.len() > shared.config.max_line_bytes {
-            let max = shared.config.max_line_bytes;
-            ingest.refuse_line("line_too_long", || {
-                format!("a line of {} bytes is over the limit of {max}: {}", line.len(), ingest::sample(line))
-            });
-            continue;
-        }
-        match strata_graphite::carbon::plaintext::parse_line(line, now) {
-            Ok(p) => points.push(p),
-            Err(e) => ingest.refuse(&e, line),
-        }
-    }
+/// Parses the complete lines in `buf` and stores their points in one commit (see
+/// `Ingest::store_lines`).
+fn store_lines(shared: &Shared, protocol: Protocol, buf: &[u8], cache: &mut SeriesCache) {
+    shared.ingest(protocol).store_lines(buf, shared.config.max_line_bytes, cache, now_ms());
 }
 
 #[cfg(test)]

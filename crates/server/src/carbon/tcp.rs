@@ -103,6 +103,8 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
     let mut spare: Vec<u8> = Vec::with_capacity(cap);
     // Inside a line past the limit, already counted: drop bytes up to its end.
     let mut skipping = false;
+    // The series of the paths this connection sent; it goes along with the lines it serves.
+    let mut cache = Some(shared.series_cache());
     loop {
         let read_from = buf.len();
         match read_some(&mut sock, &mut buf, cap, shared.config.idle_timeout, &mut stop).await {
@@ -150,13 +152,17 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
             buf.truncate(last + 1);
             let lines = std::mem::replace(&mut buf, std::mem::take(&mut spare));
             let sh = shared.clone();
+            let mut paths = cache.take().expect("the cache is back after every batch");
             match tokio::task::spawn_blocking(move || {
-                store_lines(&sh, protocol, &lines);
-                lines
+                store_lines(&sh, protocol, &lines, &mut paths);
+                (lines, paths)
             })
             .await
             {
-                Ok(back) => spare = back,
+                Ok((back, paths)) => {
+                    spare = back;
+                    cache = Some(paths);
+                }
                 Err(_) => {
                     tracing::error!(
                         protocol = protocol.name(),

@@ -141,6 +141,24 @@ async fn a_line_longer_than_the_read_buffer_is_skipped_to_its_end() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_whose_series_the_head_dropped_is_stored_again_on_the_same_connection() {
+    let run = start(CarbonConfig { plaintext_tcp: local(), ..CarbonConfig::default() }).await;
+    let mut s = TcpStream::connect(run.addr(Protocol::PlaintextTcp)).unwrap();
+    // Two spellings of one tagged series: two cache entries, one series.
+    s.write_all(format!("c.one;b=2;a=1 1 {T}\nc.one;a=1;b=2 2 {}\n", T + 60).as_bytes()).unwrap();
+    run.received(Protocol::PlaintextTcp, 2).await;
+    // As after a head cut: the series had nothing newer than the cut, and is gone from the head
+    // while the connection still remembers it.
+    let (_, removed) = run.db.head().truncate((T + 3600) * 1000, u64::MAX);
+    assert_eq!(removed, 1);
+    assert!(run.samples("c.one").is_empty());
+    s.write_all(format!("c.one;b=2;a=1 3 {}\nc.one;a=1;b=2 4 {}\n", T + 7200, T + 7260).as_bytes()).unwrap();
+    run.received(Protocol::PlaintextTcp, 4).await;
+    assert_eq!(run.samples("c.one"), [((T + 7200) * 1000, 3.0), ((T + 7260) * 1000, 4.0)]);
+    assert_eq!(run.stats.plaintext_tcp.stored.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_over_udp() {
     let run = start(CarbonConfig { plaintext_udp: local(), ..CarbonConfig::default() }).await;
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -15,6 +15,8 @@ const DATAGRAM_BYTES_MAX: usize = 65_536;
 pub(super) async fn receive_loop(sock: UdpSocket, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let batch_bytes = shared.config.read_buffer_bytes.max(DATAGRAM_BYTES_MAX);
     let mut datagram = vec![0u8; DATAGRAM_BYTES_MAX];
+    // The series of the paths seen (one cache for all senders: datagrams carry no connection).
+    let mut cache = Some(shared.series_cache());
     loop {
         let n = tokio::select! {
             r = sock.recv(&mut datagram) => match r {
@@ -36,8 +38,15 @@ pub(super) async fn receive_loop(sock: UdpSocket, shared: Arc<Shared>, mut stop:
             }
         }
         let sh = shared.clone();
-        if tokio::task::spawn_blocking(move || store_lines(&sh, Protocol::PlaintextUdp, &lines)).await.is_err() {
-            tracing::error!("storing carbon UDP lines panicked");
+        let mut paths = cache.take().unwrap_or_else(|| shared.series_cache());
+        match tokio::task::spawn_blocking(move || {
+            store_lines(&sh, Protocol::PlaintextUdp, &lines, &mut paths);
+            paths
+        })
+        .await
+        {
+            Ok(paths) => cache = Some(paths),
+            Err(_) => tracing::error!("storing carbon UDP lines panicked"),
         }
     }
 }

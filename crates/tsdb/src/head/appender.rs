@@ -138,18 +138,41 @@ impl<'h> Appender<'h> {
         st: i64,
         v: f64,
     ) -> Result<SeriesRef, AppendError> {
+        self.append_pairs_series(pairs, t, st, v).map(|s| s.series_ref)
+    }
+
+    /// `append_pairs`, returning the series itself for `append_to` (see `append_handle`).
+    pub fn append_pairs_handle<N: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        pairs: &[(N, V)],
+        t: i64,
+        v: f64,
+    ) -> Result<Arc<MemSeries>, AppendError> {
+        self.append_pairs_series(pairs, t, 0, v)
+    }
+
+    fn append_pairs_series<N: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        pairs: &[(N, V)],
+        t: i64,
+        st: i64,
+        v: f64,
+    ) -> Result<Arc<MemSeries>, AppendError> {
         if strata_model::pairs_are_canonical(pairs) {
             self.check_too_old(t)?;
             let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
             if let Some(series) = self.head.find_pairs(pairs, hash) {
-                let r = series.series_ref;
-                self.push(series, t, st, PendingValue::Float(v))?;
-                return Ok(r);
+                self.push(series.clone(), t, st, PendingValue::Float(v))?;
+                return Ok(series);
             }
         }
         let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
             .map_err(AppendError::InvalidLabels)?;
-        self.append_with_start(&labels, t, st, v)
+        labels.validate().map_err(AppendError::InvalidLabels)?;
+        self.check_too_old(t)?;
+        let (series, _) = self.head.get_or_create(&labels)?;
+        self.push(series.clone(), t, st, PendingValue::Float(v))?;
+        Ok(series)
     }
 
     /// `append`, returning the series itself: a caller that appends to the same series again
