@@ -602,30 +602,46 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
     let stop2 = stop.clone();
     let thread = std::thread::Builder::new()
         .name("compactor".into())
-        .spawn(move || loop {
-            {
-                let mut stopped = stop2.0.lock();
-                if !*stopped {
-                    stop2.1.wait_for(&mut stopped, every);
+        .spawn(move || {
+            let mut next_compaction = Instant::now() + every;
+            loop {
+                {
+                    let mut stopped = stop2.0.lock();
+                    if !*stopped {
+                        stop2.1.wait_for(&mut stopped, every.min(NAMES_CHECK_INTERVAL));
+                    }
+                    if *stopped {
+                        return;
+                    }
                 }
-                if *stopped {
-                    return;
+                let Some(inner) = weak.upgrade() else { return };
+                if Instant::now() >= next_compaction {
+                    if let Err(e) = inner.compact() {
+                        inner.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, "background compaction failed; retrying next round");
+                    }
+                    next_compaction = Instant::now() + every;
                 }
-            }
-            let Some(inner) = weak.upgrade() else { return };
-            if let Err(e) = inner.compact() {
-                inner.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "background compaction failed; retrying next round");
-            }
-            // After compaction: a head truncation has just removed series, if any.
-            let started = Instant::now();
-            if inner.head.maintain_names() {
-                let (nodes, _, bytes) = inner.head.names_stats();
-                tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary");
+                maintain_names(&inner);
             }
         })
         .expect("spawn the compactor thread");
     Background { stop, thread }
+}
+
+/// How often the background thread looks whether the head's names dictionary is due for a
+/// rebuild, between compactions: a burst of new paths (a Graphite installation starting to
+/// send) sits in the slower delta until then.
+const NAMES_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Rebuilds the head's names dictionary if it is due (after a compaction, a head truncation
+/// has just removed series, if any).
+fn maintain_names(inner: &Inner) {
+    let started = Instant::now();
+    if inner.head.maintain_names() {
+        let (nodes, _, bytes) = inner.head.names_stats();
+        tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary");
+    }
 }
 
 /// Removes `snapshots/*.tmp`: snapshots a crash interrupted (a finished one is renamed).
