@@ -4,7 +4,8 @@ Serves requests through Django's test client (no web server needed) and prints t
 JSON: [[status, content type, body text], ...]. Reads a JSON list of [path, {param: value}]
 from stdin. Environment: GW_DIR (a scratch directory), and either GW_CLUSTER (host:port of a
 cluster server, here Strata) or GW_WHISPER (a whisper directory, here carbon-cache's) with
-GW_CARBONLINK (carbon-cache's cache query port, for points not yet written).
+GW_CARBONLINK (carbon-cache's cache query port, for points not yet written). With GW_SERVE (a
+port), serves HTTP on 127.0.0.1 instead, one request at a time, until killed (benches/carbon_compare.rs).
 """
 import json
 import os
@@ -31,6 +32,17 @@ import django  # noqa: E402
 django.setup()
 from django.core.management import call_command  # noqa: E402
 call_command('migrate', verbosity=0, interactive=False)
+
+if os.environ.get('GW_SERVE'):
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+    from django.core.wsgi import get_wsgi_application
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    make_server('127.0.0.1', int(os.environ['GW_SERVE']), get_wsgi_application(), handler_class=Quiet).serve_forever()
+
 from django.test import Client  # noqa: E402
 
 client = Client()
