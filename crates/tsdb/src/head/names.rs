@@ -28,6 +28,11 @@ pub(crate) struct HeadNames {
 struct Inner {
     dict: Arc<NameDict>,
     delta: NameDelta,
+    /// The delta as it was when the running rebuild started: the build reads every name it
+    /// holds, so it is dropped whole when the new dictionary is installed (sorting out which
+    /// nodes of a million-node delta the new dictionary holds took the lock for a second, and
+    /// every series creation waited), and searched until then.
+    frozen: Option<NameDelta>,
     /// False while the WAL is replayed: names are not collected one by one then.
     collecting: bool,
     /// Series were removed: the dictionary may hold names no series has any more.
@@ -46,8 +51,8 @@ impl HeadNames {
     pub fn add(&self, name: &str) {
         let mut g = self.inner.write();
         if g.collecting {
-            let Inner { dict, delta, .. } = &mut *g;
-            delta.add(dict, name);
+            let Inner { dict, delta, frozen, .. } = &mut *g;
+            delta.add(dict, frozen.as_ref(), name);
         }
     }
 
@@ -66,16 +71,24 @@ impl HeadNames {
     /// A build is about to read the head's names: removals until now are covered by it (one
     /// during the build marks the dictionary stale again, for the next).
     pub fn begin_rebuild(&self) {
-        self.inner.write().stale = false;
+        let mut g = self.inner.write();
+        g.stale = false;
+        if g.frozen.is_none() {
+            g.frozen = Some(std::mem::take(&mut g.delta));
+        }
     }
 
     /// Installs a dictionary built from every name the head had when the build started; the
-    /// delta keeps what it does not hold (names created during the build).
+    /// delta keeps the names created during the build (some of which the build saw too: a node
+    /// in both is only visited twice).
     pub fn replace(&self, dict: NameDict) {
         let mut g = self.inner.write();
-        g.delta.retain_missing_from(&dict);
+        let frozen = g.frozen.take();
         g.dict = Arc::new(dict);
         g.collecting = true;
+        drop(g);
+        // Freed outside the lock.
+        drop(frozen);
     }
 
     /// `NameDict::search` over the dictionary and the delta; a node in both is visited twice
@@ -91,8 +104,13 @@ impl HeadNames {
             go_on = visit(k, f);
             go_on
         });
-        if go_on {
-            g.delta.search(pattern, visit);
+        for delta in g.frozen.iter().chain([&g.delta]) {
+            if go_on {
+                delta.search(pattern, |k, f| {
+                    go_on = visit(k, f);
+                    go_on
+                });
+            }
         }
         true
     }
@@ -100,6 +118,6 @@ impl HeadNames {
     /// Nodes in the dictionary and the delta, and the dictionary's bytes.
     pub fn stats(&self) -> (usize, usize, usize) {
         let g = self.inner.read();
-        (g.dict.len(), g.delta.len(), g.dict.bytes())
+        (g.dict.len(), g.delta.len() + g.frozen.as_ref().map_or(0, NameDelta::len), g.dict.bytes())
     }
 }

@@ -459,25 +459,35 @@ pub struct NameDelta {
 
 impl NameDelta {
     /// Adds the nodes of `name` that `base` lacks (or has without their flag).
-    pub fn add(&mut self, base: &NameDict, name: &str) {
-        for_each_node(name.as_bytes(), |node, flags| {
-            if base.get(node).is_some_and(|have| have & flags == flags) {
+    ///
+    /// The nodes are taken longest first, and the walk stops at the first one `base` or the
+    /// delta already has with its flag: every ancestor of a known node is known as a branch (a
+    /// name brings all its nodes), so a new path under a known host costs one or two lookups,
+    /// not one per component in two ordered maps.
+    /// `frozen`: another delta known beside `base` (the one a running rebuild reads).
+    pub fn add(&mut self, base: &NameDict, frozen: Option<&NameDelta>, name: &str) {
+        let name = name.as_bytes();
+        let (mut end, mut flags) = (name.len(), LEAF);
+        loop {
+            let node = &name[..end];
+            let has = |have: u8| have & flags == flags;
+            let in_delta = |d: &NameDelta| d.forward.get(node).copied().is_some_and(has);
+            if base.get(node).is_some_and(has) || in_delta(self) || frozen.is_some_and(in_delta) {
                 return;
             }
-            *self.forward.entry(node.into()).or_default() |= flags;
+            match self.forward.get_mut(node) {
+                Some(have) => *have |= flags,
+                None => {
+                    self.forward.insert(node.into(), flags);
+                }
+            }
             let rev: Box<[u8]> = node.iter().rev().copied().collect();
             *self.reversed.entry(rev).or_default() |= flags;
-        });
-    }
-
-    /// Drops the nodes `base` now has with all their flags.
-    pub fn retain_missing_from(&mut self, base: &NameDict) {
-        self.forward.retain(|k, flags| base.get(k).is_none_or(|have| have & *flags != *flags));
-        let forward = &self.forward;
-        self.reversed.retain(|k, _| {
-            let node: Vec<u8> = k.iter().rev().copied().collect();
-            forward.contains_key(&node[..])
-        });
+            match node.iter().rposition(|&b| b == b'.') {
+                Some(dot) => (end, flags) = (dot, BRANCH),
+                None => return,
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -608,9 +618,9 @@ mod tests {
         let base = NameDict::build(NAMES[..3].iter().copied());
         let mut delta = NameDelta::default();
         for n in &NAMES[3..] {
-            delta.add(&base, n);
+            delta.add(&base, None, n);
         }
-        delta.add(&base, "a.b"); // already there: nothing added
+        delta.add(&base, None, "a.b"); // already there: nothing added
         assert!(!delta.forward.contains_key(&b"a.b"[..]));
         assert_eq!(
             found_in_delta(&delta, r"[^.]*\.[^.]*\.[^.]*\.cpu"),
@@ -625,9 +635,12 @@ mod tests {
                 ("servers.dc1.host-1.mem", LEAF)
             ])
         );
-        let rebuilt = NameDict::build(NAMES.iter().copied());
-        delta.retain_missing_from(&rebuilt);
-        assert!(delta.is_empty() && delta.reversed.is_empty());
+        // Known in a frozen delta (a rebuild's): not added again.
+        let mut next = NameDelta::default();
+        next.add(&base, Some(&delta), "servers.dc1.host-1.cpu");
+        assert!(next.is_empty());
+        next.add(&base, Some(&delta), "servers.dc1.host-1.disk");
+        assert_eq!(next.len(), 1);
     }
 
     #[test]
@@ -685,7 +698,7 @@ mod tests {
             let base = NameDict::build(names[..split].iter().map(String::as_str));
             let mut delta = NameDelta::default();
             for n in &names[split..] {
-                delta.add(&base, n);
+                delta.add(&base, None, n);
             }
             let mut got: BTreeMap<String, u8> = BTreeMap::new();
             base.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
