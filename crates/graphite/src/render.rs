@@ -224,21 +224,22 @@ fn serde_json_string(s: &str) -> String {
 }
 
 /// graphite-web's `format=csv`: `name,YYYY-MM-DD HH:MM:SS,value` (UTC), empty for no value.
-pub fn to_csv(series: &[Series]) -> String {
+pub fn to_csv(series: &[Series], tz: &jiff::tz::TimeZone) -> String {
     let mut out = String::new();
     for s in series {
         for (i, v) in s.values.iter().enumerate() {
             let t = s.start + i as i64 * s.step;
-            let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
-            let (y, m, d) = civil(days);
-            let _ = write!(
-                out,
-                "{},{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02},",
-                csv_field(&s.name),
-                secs / 3600,
-                secs / 60 % 60,
-                secs % 60
-            );
+            let _ = write!(out, "{},", csv_field(&s.name));
+            match jiff::Timestamp::from_second(t) {
+                Ok(ts) => {
+                    let _ = write!(out, "{}", ts.to_zoned(tz.clone()).strftime("%Y-%m-%d %H:%M:%S"));
+                }
+                // Outside the years a calendar names (±9999): the epoch seconds.
+                Err(_) => {
+                    let _ = write!(out, "{t}");
+                }
+            }
+            out.push(',');
             if let Some(v) = v {
                 out.push_str(&py_float(*v));
             }
@@ -254,19 +255,6 @@ fn csv_field(s: &str) -> String {
     } else {
         s.to_owned()
     }
-}
-
-/// Civil date of a day number (days since 1970-01-01).
-fn civil(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// graphite-web's `format=pickle`, what it reads from its `CLUSTER_SERVERS`: a list of one
@@ -406,7 +394,14 @@ mod tests {
             path_expression: "a.*".into(),
         };
         assert_eq!(to_raw(std::slice::from_ref(&s)), "a.b,1700000040,1700000160,60|1.0,None\n");
-        assert_eq!(to_csv(std::slice::from_ref(&s)), "a.b,2023-11-14 22:14:00,1.0\r\na.b,2023-11-14 22:15:00,\r\n");
+        let utc = jiff::tz::TimeZone::UTC;
+        assert_eq!(
+            to_csv(std::slice::from_ref(&s), &utc),
+            "a.b,2023-11-14 22:14:00,1.0\r\na.b,2023-11-14 22:15:00,\r\n"
+        );
+        // Times in the request's zone, as graphite-web writes them in its TIME_ZONE.
+        let berlin = crate::attime::time_zone("Europe/Berlin").unwrap();
+        assert!(to_csv(std::slice::from_ref(&s), &berlin).starts_with("a.b,2023-11-14 23:14:00,1.0\r\n"));
         let pickled = to_pickle(std::slice::from_ref(&s));
         assert!(pickled.starts_with(b"\x80\x02](}(X\x04\x00\x00\x00nameX\x03\x00\x00\x00a.b"), "{pickled:?}");
         assert!(pickled.ends_with(b"ue."), "{pickled:?}");

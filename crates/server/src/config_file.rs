@@ -109,6 +109,7 @@ pub struct CarbonSection {
 pub struct GraphiteSection {
     pub storage_schemas: Option<String>,
     pub storage_aggregation: Option<String>,
+    pub time_zone: Option<String>,
 }
 
 /// A listen address as Prometheus' and carbon's flags take it: `host:port`, or `:port` for

@@ -123,6 +123,9 @@ pub struct AppState {
     pub external_labels: Mutex<Vec<(String, String)>>,
     /// Graphite's retention schemas (`--graphite.storage-schemas`), for `/render`.
     pub graphite_schemas: Mutex<Arc<strata_graphite::schema::Schemas>>,
+    /// The zone `/render` reads days and clock times in and writes CSV times in, unless a
+    /// request names its own `tz` (`--graphite.time-zone`; graphite-web's `TIME_ZONE`).
+    pub graphite_time_zone: Mutex<strata_graphite::attime::TimeZone>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
 }
@@ -148,6 +151,7 @@ impl AppState {
             reloader: OnceLock::new(),
             external_labels: Mutex::new(Vec::new()),
             graphite_schemas: Mutex::new(Arc::default()),
+            graphite_time_zone: Mutex::new(strata_graphite::attime::TimeZone::UTC),
             metadata: Mutex::new(HashMap::new()),
         })
     }

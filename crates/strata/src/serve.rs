@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// aggregated [default: average, xFilesFactor 0.5].
     #[arg(long = "graphite.storage-aggregation")]
     storage_aggregation: Option<PathBuf>,
+    /// The time zone /render reads days and clock times (`today`, `12:00_20240101`) in and
+    /// writes CSV times in, unless a request names its own `tz` (graphite-web's TIME_ZONE) [default: UTC].
+    #[arg(long = "graphite.time-zone")]
+    graphite_time_zone: Option<String>,
     /// How far behind a series' newest point a carbon point is still taken; a point at a stored
     /// timestamp replaces its value (whisper's last write wins); `0` refuses late points [default: 1d].
     #[arg(long = "carbon.out-of-order-window")]
@@ -169,6 +173,7 @@ struct Settings {
     external_labels: Vec<(String, String)>,
     carbon: CarbonConfig,
     schemas: Schemas,
+    time_zone: strata_graphite::attime::TimeZone,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -439,8 +444,16 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             flags.insert(name.to_owned(), p.display().to_string());
         }
     }
+    let time_zone = pick(
+        &mut flags,
+        "graphite.time-zone",
+        args.graphite_time_zone.clone(),
+        file.graphite.time_zone.clone(),
+        "UTC",
+        strata_graphite::attime::time_zone,
+    )?;
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas }, yaml))
+    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone }, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -457,8 +470,10 @@ fn parse_depth(s: &str) -> Result<u32, String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon, schemas }, yaml) =
-        settings(&args)?;
+    let (
+        Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone },
+        yaml,
+    ) = settings(&args)?;
     let web_config = match &args.web_config_file {
         Some(p) => Some(Arc::new(WebConfigFile::load(p).map_err(|e| format!("web.config.file: {e}"))?)),
         None => None,
@@ -468,6 +483,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let state = AppState::new(limits, switches, flags, yaml);
     *state.external_labels.lock() = external_labels;
     *state.graphite_schemas.lock() = Arc::new(schemas);
+    *state.graphite_time_zone.lock() = time_zone;
 
     // Queries are parsed on the async workers and evaluated on blocking threads, both of this
     // runtime: their stacks must hold the deepest query the parser lets through.

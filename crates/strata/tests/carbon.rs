@@ -233,6 +233,30 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         assert_eq!(values.iter().filter(|v| **v != "None").count(), POINTS, "{line}");
         assert_eq!(values, want, "{line}");
     }
+    // `tz`: absolute times are read, and CSV times written, in the request's zone.
+    let target = "target=servers.dc1.host-00000.cpu.user";
+    let csv_minutes = |tz: &str| -> Vec<i64> {
+        render(&format!("{target}&from=-1h&format=csv&tz={tz}"))
+            .lines()
+            .map(|l| {
+                let clock = l.split(',').nth(1).unwrap().split(' ').nth(1).unwrap();
+                let hm: Vec<i64> = clock.split(':').map(|x| x.parse().unwrap()).collect();
+                hm[0] * 60 + hm[1]
+            })
+            .collect()
+    };
+    let (utc, india) = (csv_minutes("UTC"), csv_minutes("Asia/Kolkata"));
+    assert_eq!(utc.len(), india.len());
+    assert!(utc.iter().zip(&india).all(|(u, i)| (i - u).rem_euclid(1440) == 330), "{utc:?} {india:?}");
+    let start_of = |tz: &str| -> i64 {
+        let raw = render(&format!("{target}&from=today&until=now&format=raw&tz={tz}"));
+        raw.split(',').nth(1).unwrap_or_else(|| panic!("{raw}")).parse().unwrap()
+    };
+    // Midnight in Kolkata is 5:30 before midnight in UTC (of the same day, or of the next).
+    assert_eq!((start_of("UTC") - start_of("Asia/Kolkata")).rem_euclid(86_400), 19_800);
+    let (code, body) = http(srv.port, "GET", &format!("/render?{target}&tz=Mars%2FOlympus"), &[], b"");
+    assert!(code == 400 && body.contains("Mars/Olympus"), "{code} {body}");
+
     // carbonapi's protobuf formats carry the same series.
     let pb = |q: &str| {
         let (code, body) = support::http_bytes(srv.port, "GET", &format!("/render/?{q}"), &[], b"");

@@ -14,7 +14,7 @@ use axum::http::header;
 use axum::http::{HeaderMap, Method};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
-use strata_graphite::attime::parse_at_time;
+use strata_graphite::attime::{parse_at_time, time_zone};
 use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::glob::Glob;
@@ -350,16 +350,20 @@ pub(super) async fn render(
              (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
+    let tz = match p.get("tz").filter(|s| !s.is_empty()) {
+        None => st.graphite_time_zone.lock().clone(),
+        Some(name) => time_zone(name).map_err(|e| ApiError::bad_data(format!("tz: {e}")))?,
+    };
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     // graphite-web passes its own `now` to its cluster servers, so that all answer alike.
     let now = match p.get("now").filter(|s| !s.is_empty()) {
         None => clock,
-        Some(s) => parse_at_time(s, clock)
+        Some(s) => parse_at_time(s, clock, &tz)
             .ok_or_else(|| ApiError::bad_data(format!("now={s:?} is not a time Graphite understands")))?,
     };
     let at = |name: &str, default: &str| {
         let text = p.get(name).filter(|s| !s.is_empty()).unwrap_or(default);
-        parse_at_time(text, now)
+        parse_at_time(text, now, &tz)
             .ok_or_else(|| ApiError::bad_data(format!("{name}={text:?} is not a time Graphite understands")))
     };
     let check = |from: i64, until: i64| {
@@ -438,7 +442,7 @@ pub(super) async fn render(
     })
     .await?;
     let (body, content_type) = match format.as_str() {
-        "csv" => (to_csv(&series).into_bytes(), "text/csv"),
+        "csv" => (to_csv(&series, &tz).into_bytes(), "text/csv"),
         "raw" => (to_raw(&series).into_bytes(), "text/plain"),
         "pickle" => (to_pickle(&series), "application/pickle"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
