@@ -6,6 +6,7 @@
 //! formats (`pickle` is what graphite-web reads from the servers in its `CLUSTER_SERVERS`). Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
 //! the same slots, deadline and limits as PromQL's.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -118,11 +119,11 @@ pub(super) async fn find(
     let (query, nodes) = (&queries[0], found.swap_remove(0));
     let interval = || data_interval(&st);
     Ok(match format.as_str() {
-        "completer" => json_response(completer(&nodes, wildcards)),
-        "json" => json_response(nodes_json(&nodes, interval())),
+        "completer" => json_bytes(completer(&nodes, wildcards)),
+        "json" => json_bytes(nodes_json(&nodes, interval())),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
         "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(query, &nodes)),
-        _ => json_response(tree_json(&nodes, query, wildcards)),
+        _ => json_bytes(tree_json(&nodes, query, wildcards)),
     })
 }
 
@@ -144,19 +145,41 @@ fn data_interval(st: &AppState) -> (i64, i64) {
 
 /// graphite-web's find `format=json`: per node its path and whether it is a leaf, and for a
 /// leaf its intervals, sorted by path.
-fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Value {
-    Value::Array(
-        nodes
-            .iter()
-            .map(|n| {
-                let mut v = json!({"path": n.path, "is_leaf": n.is_leaf});
-                if n.is_leaf {
-                    v["intervals"] = json!([{"start": start, "end": end}]);
+fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + nodes.len() * 96);
+    out.push(b'[');
+    for (i, n) in nodes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"path\":");
+        json_string(&mut out, &[&n.path]);
+        if n.is_leaf {
+            let _ = write!(out, ",\"is_leaf\":true,\"intervals\":[{{\"start\":{start},\"end\":{end}}}]}}");
+        } else {
+            out.extend_from_slice(b",\"is_leaf\":false}");
+        }
+    }
+    out.push(b']');
+    out
+}
+
+/// Appends the concatenation of `parts` as one JSON string.
+fn json_string(out: &mut Vec<u8>, parts: &[&str]) {
+    out.push(b'"');
+    for part in parts {
+        for &b in part.as_bytes() {
+            match b {
+                b'"' => out.extend_from_slice(b"\\\""),
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                0..=0x1f => {
+                    let _ = write!(out, "\\u{b:04x}");
                 }
-                v
-            })
-            .collect(),
-    )
+                _ => out.push(b),
+            }
+        }
+    }
+    out.push(b'"');
 }
 
 /// graphite-web's find `format=pickle`, what it reads from its `CLUSTER_SERVERS`: a list of
@@ -233,51 +256,63 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
 /// before leaves, each `id` the query's text up to its last dot followed by the name
 /// (graphite-web builds ids from the query, so a glob's ids keep its wildcards); with
 /// `wildcards`, a `*` node first when more than one node matched.
-fn tree_json(nodes: &[Node], query: &str, wildcards: bool) -> Value {
-    let base = query.rsplit_once('.').map_or(String::new(), |(b, _)| format!("{b}."));
-    let kind = |leaf: bool| {
-        let branch = i32::from(!leaf);
-        (branch, branch, i32::from(leaf))
+fn tree_json(nodes: &[Node], query: &str, wildcards: bool) -> Vec<u8> {
+    // An id is the query up to its last dot, and the node's name.
+    let base = query.rsplit_once('.').map_or("", |(b, _)| &query[..b.len() + 1]);
+    let mut out = Vec::with_capacity(2 + nodes.len() * 128);
+    let node = |out: &mut Vec<u8>, text: &str, leaf: bool| {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        let branch = u8::from(!leaf);
+        let _ = write!(out, "{{\"allowChildren\":{branch},\"expandable\":{branch},\"id\":");
+        json_string(out, &[base, text]);
+        let _ = write!(out, ",\"leaf\":{},\"text\":", u8::from(leaf));
+        json_string(out, &[text]);
+        out.push(b'}');
     };
-    let node = |text: &str, leaf: bool| {
-        let (allow, expand, leaf) = kind(leaf);
-        json!({"text": text, "id": format!("{base}{text}"), "allowChildren": allow, "expandable": expand, "leaf": leaf})
-    };
-    let mut out = Vec::new();
+    out.push(b'[');
     if nodes.len() > 1 && wildcards {
-        out.push(node("*", nodes.iter().all(|n| n.is_leaf)));
+        node(&mut out, "*", nodes.iter().all(|n| n.is_leaf));
     }
     let mut seen = std::collections::HashSet::new();
-    let (mut branches, mut leaves) = (Vec::new(), Vec::new());
+    let mut leaves = Vec::new();
     for n in nodes {
         if seen.insert(n.name()) {
-            let v = node(n.name(), n.is_leaf);
             if n.is_leaf {
-                leaves.push(v);
+                leaves.push(n.name());
             } else {
-                branches.push(v);
+                node(&mut out, n.name(), false);
             }
         }
     }
-    out.extend(branches);
-    out.extend(leaves);
-    Value::Array(out)
+    for name in leaves {
+        node(&mut out, name, true);
+    }
+    out.push(b']');
+    out
 }
 
 /// graphite-web's `completer`: a branch's path ends with a dot; with `wildcards`, a `*` entry
 /// last when more than one node matched.
-fn completer(nodes: &[Node], wildcards: bool) -> Value {
-    let mut metrics: Vec<Value> = nodes
-        .iter()
-        .map(|n| {
-            let path = if n.is_leaf { n.path.clone() } else { format!("{}.", n.path) };
-            json!({"path": path, "name": n.name(), "is_leaf": if n.is_leaf { "1" } else { "0" }})
-        })
-        .collect();
-    if metrics.len() > 1 && wildcards {
-        metrics.push(json!({"name": "*"}));
+fn completer(nodes: &[Node], wildcards: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + nodes.len() * 96);
+    out.extend_from_slice(b"{\"metrics\":[");
+    for (i, n) in nodes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"path\":");
+        json_string(&mut out, &[&n.path, if n.is_leaf { "" } else { "." }]);
+        out.extend_from_slice(b",\"name\":");
+        json_string(&mut out, &[n.name()]);
+        out.extend_from_slice(if n.is_leaf { b",\"is_leaf\":\"1\"}" } else { b",\"is_leaf\":\"0\"}" });
     }
-    json!({ "metrics": metrics })
+    if nodes.len() > 1 && wildcards {
+        out.extend_from_slice(b",{\"name\":\"*\"}");
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 /// Whether a request's body is a protobuf message (carbonapi's v3 requests).
@@ -512,6 +547,12 @@ fn json_response(v: Value) -> axum::response::Response {
     ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
+/// JSON written directly (a find's nodes: building a `Value` per node took longer than
+/// finding them).
+fn json_bytes(body: Vec<u8>) -> axum::response::Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 /// graphite-web's autocomplete limit.
 const AUTOCOMPLETE_LIMIT: usize = 100;
 
@@ -667,6 +708,39 @@ mod tests {
     use super::*;
     use strata_graphite::find::find as reference_find;
     use strata_tsdb::head::{Head, HeadOptions};
+
+    #[test]
+    fn find_answers_are_the_json_graphite_web_writes() {
+        let node = |path: &str, is_leaf: bool| Node { path: path.to_owned(), is_leaf };
+        let nodes = [node("a.b\"c", false), node("a.d\\\n", true), node("a.é", true)];
+        let parse = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).unwrap();
+        assert_eq!(
+            parse(completer(&nodes, true)),
+            json!({"metrics": [
+                {"path": "a.b\"c.", "name": "b\"c", "is_leaf": "0"},
+                {"path": "a.d\\\n", "name": "d\\\n", "is_leaf": "1"},
+                {"path": "a.é", "name": "é", "is_leaf": "1"},
+                {"name": "*"},
+            ]})
+        );
+        let leaf = |text: &str| json!({"text": text, "id": format!("a.{text}"), "allowChildren": 0, "expandable": 0, "leaf": 1});
+        assert_eq!(
+            parse(tree_json(&nodes, "a.*", false)),
+            json!([
+                {"text": "b\"c", "id": "a.b\"c", "allowChildren": 1, "expandable": 1, "leaf": 0},
+                leaf("d\\\n"),
+                leaf("é"),
+            ])
+        );
+        assert_eq!(parse(tree_json(&[node("top", true)], "t*", false))[0]["id"], "top");
+        assert_eq!(
+            parse(nodes_json(&nodes[..2], (10, 20))),
+            json!([
+                {"path": "a.b\"c", "is_leaf": false},
+                {"path": "a.d\\\n", "is_leaf": true, "intervals": [{"start": 10, "end": 20}]},
+            ])
+        );
+    }
 
     proptest::proptest! {
         /// A find through the head's names index (dictionary and delta) lists exactly the
