@@ -16,7 +16,7 @@
 //! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
 //! every key sharing the dead prefix.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 
@@ -471,14 +471,21 @@ impl NameDelta {
         loop {
             let node = &name[..end];
             let has = |have: u8| have & flags == flags;
-            let in_delta = |d: &NameDelta| d.forward.get(node).copied().is_some_and(has);
-            if base.get(node).is_some_and(has) || in_delta(self) || frozen.is_some_and(in_delta) {
+            if base.get(node).is_some_and(has) || frozen.is_some_and(|d| d.forward.get(node).copied().is_some_and(has))
+            {
                 return;
             }
-            match self.forward.get_mut(node) {
-                Some(have) => *have |= flags,
-                None => {
-                    self.forward.insert(node.into(), flags);
+            // One walk down the map to look and to insert (an owned key costs less than a
+            // second walk comparing long shared prefixes).
+            match self.forward.entry(node.into()) {
+                btree_map::Entry::Occupied(mut o) => {
+                    if has(*o.get()) {
+                        return;
+                    }
+                    *o.get_mut() |= flags;
+                }
+                btree_map::Entry::Vacant(v) => {
+                    v.insert(flags);
                 }
             }
             let rev: Box<[u8]> = node.iter().rev().copied().collect();
