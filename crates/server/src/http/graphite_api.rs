@@ -168,7 +168,13 @@ fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
 fn json_string(out: &mut Vec<u8>, parts: &[&str]) {
     out.push(b'"');
     for part in parts {
-        for &b in part.as_bytes() {
+        let bytes = part.as_bytes();
+        let plain = |b: &u8| *b != b'"' && *b != b'\\' && *b >= 0x20;
+        if bytes.iter().all(plain) {
+            out.extend_from_slice(bytes);
+            continue;
+        }
+        for &b in bytes {
             match b {
                 b'"' => out.extend_from_slice(b"\\\""),
                 b'\\' => out.extend_from_slice(b"\\\\"),
