@@ -17,3 +17,4 @@ pub mod pickle;
 pub mod render;
 pub mod schema;
 pub mod tagexpr;
+pub mod target;

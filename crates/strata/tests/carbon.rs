@@ -392,7 +392,10 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         serde_json::from_str(&render(&format!("target={}&from=-10min", form_encode("seriesByTag('dc=eu')")))).unwrap();
     assert_eq!(json[0]["target"], "pickled.path;dc=eu");
     let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*)", &[], b"");
-    assert!(code == 400 && body.contains("not supported yet"), "{code} {body}");
+    assert!(code == 400 && body.contains("sumSeries() is not supported yet"), "{code} {body}");
+    // A target that does not parse is refused with where and what.
+    let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*", &[], b"");
+    assert!(code == 400 && body.contains("at position 13"), "{code} {body}");
 }
 
 /// `[("pickled.path;dc=eu", (now-60, 4.0)), ("pickled.path;dc=eu", (now, 5.0))]`, pickled

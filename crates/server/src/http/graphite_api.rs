@@ -21,6 +21,7 @@ use strata_graphite::find::Node;
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{to_csv, to_json, to_pickle, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
+use strata_graphite::target::{self, Expr};
 use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
 use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, LEAF};
 use strata_tsdb::querier::Querier;
@@ -347,20 +348,26 @@ struct Target {
 
 /// What `target` selects: a glob, or `seriesByTag(...)`; a 400 naming it otherwise.
 fn selection_of(t: &str) -> Result<Selection, ApiError> {
-    if let Some(args) = series_by_tag_args(t) {
-        let args = args.map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-        let matchers = tag_matchers(&args).map_err(|e| ApiError::bad_data(format!("target {t:?}: {}", e.message)))?;
-        return Ok(Selection::Tags(matchers));
+    let bad = |what: String| ApiError::bad_data(format!("target {t:?}: {what}"));
+    match target::parse(t).map_err(|e| bad(e.to_string()))? {
+        Expr::Path(path) => {
+            let regex = parse_glob("target", &path)?.to_regex();
+            let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex).map_err(|e| bad(e.to_string()))?;
+            Ok(Selection::Glob(matcher))
+        }
+        Expr::Call(call) if call.name == "seriesByTag" => {
+            let args =
+                series_by_tag_args(&call.raw).unwrap_or_else(|| Ok(Vec::new())).map_err(|e| bad(e.to_string()))?;
+            let matchers = tag_matchers(&args).map_err(|e| bad(e.message))?;
+            Ok(Selection::Tags(matchers))
+        }
+        Expr::Call(call) => Err(bad(format!(
+            "the Graphite function {}() is not supported yet; paths, globs and seriesByTag(...) are",
+            call.name
+        ))),
+        Expr::Template { .. } => Err(bad("template() is not supported yet".into())),
+        _ => Err(bad("a value, not a series".into())),
     }
-    if t.contains('(') {
-        return Err(ApiError::bad_data(format!(
-            "target {t:?}: Graphite functions are not supported yet; paths, globs and seriesByTag(...) are"
-        )));
-    }
-    let regex = parse_glob("target", t)?.to_regex();
-    let matcher = Matcher::new(MatchOp::RegexMatch, METRIC_NAME, regex)
-        .map_err(|e| ApiError::bad_data(format!("target {t:?}: {e}")))?;
-    Ok(Selection::Glob(matcher))
 }
 
 /// `/render`: every `target` (a path or a glob), over `from`..`until` in Graphite's time
