@@ -4,13 +4,15 @@
 //! What is here so far: the decoders of what carbon senders put on the wire (`carbon`),
 //! Graphite 1.1's tagged paths (`path`), glob patterns (`glob`), the nodes a find returns
 //! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`), tag expressions
-//! (`tagexpr`), what a function-less render answers (`render`) and graphite-web's cluster
-//! format, Python pickles (`pickle`). The functions come next.
+//! (`tagexpr`), what a render answers for stored points (`render`) and graphite-web's cluster
+//! format, Python pickles (`pickle`), the target language (`target`) and the render functions
+//! evaluated over it (`functions`, the first of graphite-web's library).
 
 pub mod attime;
 pub mod carbon;
 pub mod carbonapi;
 pub mod find;
+pub mod functions;
 pub mod glob;
 pub mod path;
 pub mod pickle;

@@ -391,8 +391,10 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let json: serde_json::Value =
         serde_json::from_str(&render(&format!("target={}&from=-10min", form_encode("seriesByTag('dc=eu')")))).unwrap();
     assert_eq!(json[0]["target"], "pickled.path;dc=eu");
-    let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*)", &[], b"");
-    assert!(code == 400 && body.contains("sumSeries() is not supported yet"), "{code} {body}");
+    let (code, body) = http(srv.port, "GET", "/render?target=holtWintersForecast(a.*)", &[], b"");
+    assert!(code == 400 && body.contains("holtWintersForecast() is not supported yet"), "{code} {body}");
+    let (code, body) = http(srv.port, "GET", "/render?target=scale(pickled.path,'x')", &[], b"");
+    assert!(code == 400 && body.contains("scale(): factor must be a number"), "{code} {body}");
     // A target that does not parse is refused with where and what.
     let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*", &[], b"");
     assert!(code == 400 && body.contains("at position 13"), "{code} {body}");

@@ -2,7 +2,7 @@
 //! trailing slash graphite-web's cluster requests carry): `/metrics/find` in graphite-web's
 //! `treejson` (its default, what Grafana's Graphite data source reads), `completer`, `json` and
 //! `pickle` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints, and `/render`
-//! of paths, globs and `seriesByTag` (no functions yet) in the `json`, `csv`, `raw` and `pickle`
+//! of paths, globs, `seriesByTag` and functions over them in the `json`, `csv`, `raw` and `pickle`
 //! formats (`pickle` is what graphite-web reads from the servers in its `CLUSTER_SERVERS`). Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
 //! the same slots, deadline and limits as PromQL's.
 
@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use strata_graphite::attime::{parse_at_time, time_zone};
 use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
+use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{to_csv, to_json, to_pickle, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
@@ -361,16 +362,17 @@ fn selection_of(t: &str) -> Result<Selection, ApiError> {
             let matchers = tag_matchers(&args).map_err(|e| bad(e.message))?;
             Ok(Selection::Tags(matchers))
         }
-        Expr::Call(call) => Err(bad(format!(
-            "the Graphite function {}() is not supported yet; paths, globs and seriesByTag(...) are",
+        Expr::Call(call) if !functions::FUNCTIONS.contains(&call.name.as_str()) => Err(bad(format!(
+            "the Graphite function {}() is not supported yet (docs/graphite.md lists those that are)",
             call.name
         ))),
+        e @ Expr::Call(_) => Ok(Selection::Functions(e)),
         Expr::Template { .. } => Err(bad("template() is not supported yet".into())),
         _ => Err(bad("a value, not a series".into())),
     }
 }
 
-/// `/render`: every `target` (a path or a glob), over `from`..`until` in Graphite's time
+/// `/render`: every `target` (a path, a glob, functions over them), over `from`..`until` in Graphite's time
 /// syntax (default the last 24 hours), at the resolution the path's retention schema gives for
 /// that range, as whisper would answer for the same points (`strata_graphite::render`). A
 /// POST's form body counts as the query string (Grafana posts its renders); a protobuf body is
@@ -455,6 +457,14 @@ pub(super) async fn render(
             (from, until)
         }
     };
+    let x_files_factor = match p.get("xFilesFactor").filter(|s| !s.is_empty()) {
+        None => 0.0,
+        Some(s) => s
+            .parse::<f64>()
+            .ok()
+            .filter(|v| (0.0..=1.0).contains(v))
+            .ok_or_else(|| ApiError::bad_data(format!("xFilesFactor={s:?} is not a number from 0 to 1")))?,
+    };
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
     let st2 = st.clone();
@@ -466,25 +476,46 @@ pub(super) async fn render(
             let (from, until) = (target.from, target.until);
             let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
             let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
-            let mut selected = match &target.selection {
-                // The `__name__` regex is answered by walking the names indexes.
-                Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
-                Selection::Tags(matchers) => q.select(matchers).map_err(|e| execution(&e))?,
-            };
-            // By path, as graphite-web lists a glob's series (label order puts tags first).
-            selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
-            for s in selected {
-                let Some((name, tags)) = graphite_series_name(&s.labels) else { continue };
-                let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
-                let policy = schemas.policy(&name);
-                if let Some((start, end, step, values)) =
-                    strata_graphite::render::fetch(&samples, &policy, from, until, now)
-                {
-                    let path_expression = target.text.clone();
-                    out.push(RenderSeries { name, tags, start, end, step, values, path_expression });
-                    requested.push((from, until));
+            // The series a glob or a tag selection names, as whisper would answer for them.
+            let fetch = |selection: &Selection, path_expression: &str| -> Result<Vec<RenderSeries>, ApiError> {
+                let mut selected = match selection {
+                    // The `__name__` regex is answered by walking the names indexes.
+                    Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
+                    Selection::Tags(matchers) => q.select(matchers).map_err(|e| execution(&e))?,
+                    Selection::Functions(_) => unreachable!("functions are evaluated, not fetched"),
+                };
+                // By path, as graphite-web lists a glob's series (label order puts tags first).
+                selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
+                let mut out = Vec::new();
+                for s in selected {
+                    let Some((name, tags)) = graphite_series_name(&s.labels) else { continue };
+                    let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
+                    let policy = schemas.policy(&name);
+                    if let Some((start, end, step, values)) =
+                        strata_graphite::render::fetch(&samples, &policy, from, until, now)
+                    {
+                        let path_expression = path_expression.to_owned();
+                        out.push(RenderSeries { name, tags, start, end, step, values, path_expression });
+                    }
                 }
-            }
+                Ok(out)
+            };
+            let series = match &target.selection {
+                Selection::Functions(expr) => {
+                    let mut fetch_expression = |pe: &str| -> Result<Vec<FnSeries>, functions::EvalError> {
+                        let selection = selection_of(pe).map_err(|e| functions::EvalError::Fetch(e.message))?;
+                        let fetched = fetch(&selection, pe).map_err(|e| functions::EvalError::Fetch(e.message))?;
+                        Ok(fetched.into_iter().map(into_function_series).collect())
+                    };
+                    let mut cx = functions::Context::new(from, until, x_files_factor, &mut fetch_expression);
+                    let evaluated = functions::evaluate(expr, &mut cx)
+                        .map_err(|e| ApiError::bad_data(format!("target {:?}: {e}", target.text)))?;
+                    evaluated.into_iter().map(from_function_series).collect()
+                }
+                selection => fetch(selection, &target.text)?,
+            };
+            requested.extend(series.iter().map(|_| (from, until)));
+            out.extend(series);
         }
         Ok((out, requested))
     })
@@ -509,6 +540,8 @@ enum Selection {
     /// A glob, as the regex matcher on `__name__` it becomes.
     Glob(Matcher),
     Tags(Vec<Matcher>),
+    /// Functions over path expressions (`strata_graphite::functions`).
+    Functions(Expr),
 }
 
 /// The Graphite name and tags of a series: its `__name__` as the path, and `;tag=value` for
@@ -527,6 +560,28 @@ fn graphite_series_name(labels: &Labels) -> Option<(String, Vec<(String, String)
     }
     tags.sort();
     Some((name, tags))
+}
+
+/// A fetched series as the functions take it.
+fn into_function_series(s: RenderSeries) -> FnSeries {
+    let tags = s.tags.into_iter().collect();
+    FnSeries::fetched(s.name, tags, (s.start, s.end, s.step), s.values, s.path_expression, 0.0)
+}
+
+/// A function's result as the formats write it: its points (consolidated if the function left
+/// several values per point).
+fn from_function_series(s: FnSeries) -> RenderSeries {
+    let values = s.points();
+    let step = s.step * s.values_per_point.max(1) as i64;
+    RenderSeries {
+        tags: s.tags.into_iter().collect(),
+        name: s.name,
+        start: s.start,
+        end: s.end,
+        step,
+        values,
+        path_expression: s.path_expression,
+    }
 }
 
 /// Tag expressions as matchers; a 400 naming what is wrong.

@@ -1,0 +1,99 @@
+//! Renaming: `alias`, `aliasByNode`, `aliasByMetric` (graphite-web's "Alias" group).
+
+use super::{Arg, Args, EvalError, Series};
+use crate::target::{self, Expr};
+
+/// `alias(seriesList, newName)`: every series takes the name.
+pub(crate) fn alias(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let name = args.string(1, "newName")?.ok_or_else(|| args.error("missing newName"))?;
+    args.finish()?;
+    for s in &mut series {
+        s.name = name.clone();
+    }
+    Ok(series)
+}
+
+/// `aliasByNode(seriesList, *nodes)`: the name becomes the given nodes of the path (negative
+/// from the end) or values of tags, joined by dots; a name that is a function call is read
+/// from its first path expression.
+pub(crate) fn alias_by_node(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let nodes: Vec<Arg> = args.positional.drain(1.min(args.positional.len())..).collect();
+    if nodes.is_empty() {
+        return Err(args.error("missing nodes"));
+    }
+    for n in &nodes {
+        if !matches!(n, Arg::Number(_) | Arg::String(_)) {
+            return Err(args.error("nodes must be node numbers or tag names"));
+        }
+    }
+    args.finish()?;
+    for s in &mut series {
+        s.name = agg_key(s, &nodes);
+    }
+    Ok(series)
+}
+
+/// `aliasByMetric(seriesList)`: the last node of the path (graphite-web's `substr(-1)`, which
+/// reads inside the innermost call and stops at its first comma).
+pub(crate) fn alias_by_metric(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    args.finish()?;
+    for s in &mut series {
+        let left = s.name.rfind('(').map_or(0, |i| i + 1);
+        let right = s.name.find(')').unwrap_or(s.name.len());
+        let clean = s.name.get(left..right.max(left)).unwrap_or("");
+        let last = clean.rsplit('.').next().unwrap_or("");
+        s.name = last.split(',').next().unwrap_or("").to_owned();
+    }
+    Ok(series)
+}
+
+/// graphite-web's `aggKey`: the nodes (or tags) of a series joined by dots.
+fn agg_key(s: &Series, nodes: &[Arg]) -> String {
+    let path = if s.name.ends_with(')') { first_path_expression(&s.name) } else { None };
+    let path = path.as_deref().unwrap_or(&s.name);
+    let parts: Vec<&str> = path.split(';').next().unwrap_or("").split('.').collect();
+    nodes
+        .iter()
+        .map(|n| {
+            let index = match n {
+                Arg::Number(n) => {
+                    let f = n.as_f64();
+                    (f.fract() == 0.0).then_some(f as i64)
+                }
+                _ => None,
+            };
+            let node = index.and_then(|i| {
+                let i = if i < 0 { parts.len() as i64 + i } else { i };
+                usize::try_from(i).ok().and_then(|i| parts.get(i)).copied()
+            });
+            match node {
+                Some(part) => part.to_owned(),
+                None => {
+                    let tag = match n {
+                        Arg::String(t) => t.clone(),
+                        Arg::Number(n) => n.to_string(),
+                        _ => String::new(),
+                    };
+                    s.tags.get(&tag).cloned().unwrap_or_default()
+                }
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The first path expression in `name` read as a target (`sumSeries(a.b.c)` → `a.b.c`),
+/// graphite-web's `_getFirstPathExpression`.
+fn first_path_expression(name: &str) -> Option<String> {
+    let mut e = target::parse(name).ok()?;
+    loop {
+        match e {
+            Expr::Path(p) => return Some(p),
+            Expr::Call(mut c) if !c.args.is_empty() => e = c.args.swap_remove(0),
+            _ => return None,
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Combining series point by point: `aggregate` and its `*Series` forms (`sumSeries`,
+//! `averageSeries`, ...), graphite-web's `aggregate` with its `normalize`: the series are brought
+//! to the least common multiple of their steps (each consolidating by its own function), from the
+//! earliest start to the latest end, and each row of points is folded unless too few are present.
+
+use std::collections::BTreeMap;
+
+use super::{Args, Context, EvalError, Series};
+
+/// An aggregation function, by graphite-web's names (`aggFuncs` and their aliases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AggFunc {
+    Average,
+    AvgZero,
+    Median,
+    Sum,
+    Min,
+    Max,
+    Diff,
+    Stddev,
+    Count,
+    Range,
+    Multiply,
+    Last,
+}
+
+impl AggFunc {
+    pub(crate) fn parse(name: &str) -> Option<AggFunc> {
+        Some(match name {
+            "average" | "avg" => AggFunc::Average,
+            "avg_zero" => AggFunc::AvgZero,
+            "median" => AggFunc::Median,
+            "sum" | "total" => AggFunc::Sum,
+            "min" => AggFunc::Min,
+            "max" => AggFunc::Max,
+            "diff" => AggFunc::Diff,
+            "stddev" => AggFunc::Stddev,
+            "count" => AggFunc::Count,
+            "range" | "rangeOf" => AggFunc::Range,
+            "multiply" => AggFunc::Multiply,
+            "last" | "current" => AggFunc::Last,
+            _ => return None,
+        })
+    }
+
+    /// graphite-web's `safe*` function over one row (gaps are `None`).
+    pub(crate) fn apply(self, row: &[Option<f64>]) -> Option<f64> {
+        let present = || row.iter().flatten().copied();
+        let any = row.iter().any(Option::is_some);
+        match self {
+            AggFunc::Sum => any.then(|| present().sum()),
+            AggFunc::Average => any.then(|| present().sum::<f64>() / present().count() as f64),
+            AggFunc::AvgZero => {
+                (!row.is_empty()).then(|| row.iter().map(|v| v.unwrap_or(0.0)).sum::<f64>() / row.len() as f64)
+            }
+            AggFunc::Median => {
+                let mut v: Vec<f64> = present().collect();
+                if v.is_empty() {
+                    return None;
+                }
+                v.sort_by(f64::total_cmp);
+                let mid = v.len() / 2;
+                Some(if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] })
+            }
+            AggFunc::Min => present().reduce(|a, b| if b < a { b } else { a }),
+            AggFunc::Max => present().reduce(|a, b| if b > a { b } else { a }),
+            AggFunc::Diff => {
+                let mut it = present();
+                let first = it.next()?;
+                // Python: sum([first] + [-x for x in rest]), from 0 and left to right.
+                Some(it.fold(0.0 + first, |acc, x| acc + -x))
+            }
+            AggFunc::Stddev => {
+                let n = present().count();
+                if n == 0 {
+                    return None;
+                }
+                let avg = present().sum::<f64>() / n as f64;
+                let sq: f64 = present().fold(0.0, |acc, x| acc + (x - avg) * (x - avg));
+                Some((sq / n as f64).sqrt())
+            }
+            // `len` of the present values: 0 for a row of gaps, which is still a value.
+            AggFunc::Count => Some(present().count() as f64),
+            AggFunc::Range => Some(AggFunc::Max.apply(row)? - AggFunc::Min.apply(row)?),
+            AggFunc::Multiply => {
+                if row.iter().any(Option::is_none) || row.is_empty() {
+                    return None;
+                }
+                present().reduce(|a, b| a * b)
+            }
+            AggFunc::Last => row.iter().rev().flatten().next().copied(),
+        }
+    }
+}
+
+/// Least common multiple, as graphite-web's `lcm`.
+fn lcm(a: i64, b: i64) -> i64 {
+    fn gcd(a: i64, b: i64) -> i64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    if a == b {
+        return a;
+    }
+    let (a, b) = if a < b { (b, a) } else { (a, b) };
+    a / gcd(a, b) * b
+}
+
+/// graphite-web's `normalize`: every series consolidated to the common step; the common
+/// `(start, end, step)`. `None` for no series.
+fn normalize(series: &mut [Series]) -> Option<(i64, i64, i64)> {
+    let step = series.iter().map(|s| s.step).reduce(lcm)?;
+    for s in series.iter_mut() {
+        s.values_per_point = (step / s.step.max(1)) as usize;
+    }
+    let start = series.iter().map(|s| s.start).min()?;
+    let mut end = series.iter().map(|s| s.end).max()?;
+    end -= (end - start) % step;
+    Some((start, end, step))
+}
+
+/// Unique path expressions in order, joined by commas (`formatPathExpressions`).
+pub(crate) fn path_expressions(series: &[Series]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for s in series {
+        if !seen.contains(&s.path_expression.as_str()) {
+            seen.push(&s.path_expression);
+        }
+    }
+    seen.join(",")
+}
+
+/// graphite-web's `aggregate(seriesList, func, xFilesFactor)` over the series of every list.
+pub(crate) fn aggregate(
+    cx: &Context<'_>,
+    mut series: Vec<Series>,
+    func_name: &str,
+    func: AggFunc,
+    x_files_factor: Option<f64>,
+) -> Vec<Series> {
+    let Some((start, end, step)) = normalize(&mut series) else { return Vec::new() };
+    let xff = x_files_factor.unwrap_or(cx.x_files_factor);
+    let name = format!("{func_name}Series({})", path_expressions(&series));
+    let columns: Vec<Vec<Option<f64>>> = series.iter().map(Series::points).collect();
+    let len = columns.iter().map(Vec::len).max().unwrap_or(0);
+    let mut row = Vec::with_capacity(columns.len());
+    let values = (0..len)
+        .map(|i| {
+            row.clear();
+            row.extend(columns.iter().map(|c| c.get(i).copied().flatten()));
+            let present = row.iter().filter(|v| v.is_some()).count();
+            // xffValues: some present, and at least the factor's share.
+            (present > 0 && present as f64 / row.len() as f64 >= xff).then(|| func.apply(&row)).flatten()
+        })
+        .collect();
+    // The tags every series shares, then `name` (unless shared) and `aggregatedBy`.
+    let mut tags: BTreeMap<String, String> = series[0].tags.clone();
+    for s in &series[1..] {
+        tags.retain(|k, v| s.tags.get(k) == Some(v));
+    }
+    tags.entry("name".into()).or_insert_with(|| name.clone());
+    tags.insert("aggregatedBy".into(), func_name.to_owned());
+    let mut out = Series::derived(name, (start, end, step), values, xff);
+    out.tags = tags;
+    vec![out]
+}
+
+/// `aggregate(seriesList, func, xFilesFactor=None)`.
+pub(crate) fn aggregate_call(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let raw = args.string(1, "func")?.ok_or_else(|| args.error("missing func"))?;
+    let xff = args.number(2, "xFilesFactor")?.map(|n| n.as_f64());
+    args.finish()?;
+    // `sumSeries` works as `sum`.
+    let name = raw.strip_suffix("Series").unwrap_or(&raw);
+    let func = AggFunc::parse(name).ok_or_else(|| EvalError::BadArgument {
+        function: "aggregate".into(),
+        message: format!("Unsupported aggregation function: {raw}"),
+    })?;
+    Ok(aggregate(cx, series, name, func, xff))
+}
+
+/// `sumSeries(*seriesLists)` and the other `*Series` forms: `aggregate` of all lists together.
+pub(crate) fn series_form(cx: &mut Context<'_>, mut args: Args<'_>, func_name: &str) -> Result<Vec<Series>, EvalError> {
+    let lists = args.series_rest(0, "seriesLists")?;
+    args.finish()?;
+    let func = AggFunc::parse(func_name).expect("a known aggregation");
+    Ok(aggregate(cx, lists.into_iter().flatten().collect(), func_name, func, None))
+}
+
+/// `multiplySeries(*seriesLists)`: one series alone is returned as it is (graphite-web's
+/// legacy rule).
+pub(crate) fn multiply_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut lists = args.series_rest(0, "seriesLists")?;
+    args.finish()?;
+    if lists.len() == 1 && lists[0].len() == 1 {
+        return Ok(lists.remove(0));
+    }
+    Ok(aggregate(cx, lists.into_iter().flatten().collect(), "multiply", AggFunc::Multiply, None))
+}

@@ -1,0 +1,266 @@
+//! graphite-web's render functions (`render/functions.py`), evaluated over parsed targets
+//! (`target`): each path expression is fetched once per request however many calls use it,
+//! arguments are checked against what the function takes (a 400 naming the function and the
+//! argument otherwise), and the results carry graphite-web's names and tags
+//! (`sumSeries(servers.*.cpu)`, `scale(a.b,10)`).
+//!
+//! Implemented so far (`FUNCTIONS`): the aggregations (`aggregate` and its `*Series` forms),
+//! `alias`, `aliasByNode`, `aliasByMetric`, `scale`, `offset`, `absolute`. Any other name is
+//! refused by name.
+
+mod alias;
+mod combine;
+pub mod series;
+mod transform;
+
+use std::collections::HashMap;
+
+pub use series::{Consolidation, Series};
+
+use crate::target::{Call, Expr, Number};
+
+/// Why a target could not be evaluated: a 400 for the request's author.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    #[error("unknown function {0}(); see docs/graphite.md for the functions Strata has")]
+    UnknownFunction(String),
+    #[error("{function}(): {message}")]
+    BadArgument { function: String, message: String },
+    #[error("{0}")]
+    Fetch(String),
+    #[error("template() is not supported yet")]
+    Template,
+}
+
+/// What evaluation needs from the server: the request's range and its series.
+pub struct Context<'f> {
+    /// Epoch seconds.
+    pub from: i64,
+    pub until: i64,
+    /// The request's `xFilesFactor` (graphite-web's `DEFAULT_XFILES_FACTOR` when absent, 0).
+    pub x_files_factor: f64,
+    /// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written).
+    fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
+    fetched: HashMap<String, Vec<Series>>,
+}
+
+impl std::fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("from", &self.from).field("until", &self.until).finish_non_exhaustive()
+    }
+}
+
+impl<'f> Context<'f> {
+    pub fn new(
+        from: i64,
+        until: i64,
+        x_files_factor: f64,
+        fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
+    ) -> Context<'f> {
+        Context { from, until, x_files_factor, fetch, fetched: HashMap::new() }
+    }
+
+    fn fetch(&mut self, path_expression: &str) -> Result<Vec<Series>, EvalError> {
+        if let Some(s) = self.fetched.get(path_expression) {
+            return Ok(s.clone());
+        }
+        let s = (self.fetch)(path_expression)?;
+        self.fetched.insert(path_expression.to_owned(), s.clone());
+        Ok(s)
+    }
+}
+
+/// The series a target names.
+pub fn evaluate(expr: &Expr, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+    match eval(expr, cx)? {
+        Arg::Series(s) => Ok(s),
+        _ => Err(EvalError::Fetch("the target is a value, not a series".into())),
+    }
+}
+
+/// An evaluated argument.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Arg {
+    Series(Vec<Series>),
+    String(String),
+    Number(Number),
+    Bool(bool),
+    None,
+}
+
+fn eval(expr: &Expr, cx: &mut Context<'_>) -> Result<Arg, EvalError> {
+    Ok(match expr {
+        Expr::Path(p) => Arg::Series(cx.fetch(p)?),
+        Expr::Call(c) if c.name == "seriesByTag" => Arg::Series(cx.fetch(&c.raw)?),
+        Expr::Call(c) => Arg::Series(call(c, cx)?),
+        Expr::Template { .. } => return Err(EvalError::Template),
+        Expr::String(s) => Arg::String(s.clone()),
+        Expr::Number(n) => Arg::Number(*n),
+        Expr::Bool(b) => Arg::Bool(*b),
+        Expr::None => Arg::None,
+    })
+}
+
+/// The functions implemented, by graphite-web's names (aliases included).
+pub const FUNCTIONS: &[&str] = &[
+    "absolute",
+    "aggregate",
+    "alias",
+    "aliasByMetric",
+    "aliasByNode",
+    "avg",
+    "averageSeries",
+    "diffSeries",
+    "maxSeries",
+    "minSeries",
+    "multiplySeries",
+    "offset",
+    "rangeOfSeries",
+    "scale",
+    "stddevSeries",
+    "sum",
+    "sumSeries",
+    "total",
+];
+
+fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+    if !FUNCTIONS.contains(&c.name.as_str()) {
+        return Err(EvalError::UnknownFunction(c.name.clone()));
+    }
+    let mut args = Args { function: &c.name, positional: Vec::new(), keyword: Vec::new() };
+    for a in &c.args {
+        args.positional.push(eval(a, cx)?);
+    }
+    for (k, v) in &c.kwargs {
+        args.keyword.push((k.clone(), eval(v, cx)?));
+    }
+    match c.name.as_str() {
+        "aggregate" => combine::aggregate_call(cx, args),
+        "sumSeries" | "sum" | "total" => combine::series_form(cx, args, "sum"),
+        "averageSeries" | "avg" => combine::series_form(cx, args, "average"),
+        "minSeries" => combine::series_form(cx, args, "min"),
+        "maxSeries" => combine::series_form(cx, args, "max"),
+        "diffSeries" => combine::series_form(cx, args, "diff"),
+        "stddevSeries" => combine::series_form(cx, args, "stddev"),
+        "rangeOfSeries" => combine::series_form(cx, args, "rangeOf"),
+        "multiplySeries" => combine::multiply_series(cx, args),
+        "alias" => alias::alias(args),
+        "aliasByNode" => alias::alias_by_node(args),
+        "aliasByMetric" => alias::alias_by_metric(args),
+        "scale" => transform::scale(args),
+        "offset" => transform::offset(args),
+        "absolute" => transform::absolute(args),
+        other => Err(EvalError::UnknownFunction(other.to_owned())),
+    }
+}
+
+/// A call's evaluated arguments, taken by position or name as graphite-web's parameter
+/// declarations allow.
+pub(crate) struct Args<'c> {
+    function: &'c str,
+    positional: Vec<Arg>,
+    keyword: Vec<(String, Arg)>,
+}
+
+impl Args<'_> {
+    pub(crate) fn error(&self, message: impl Into<String>) -> EvalError {
+        EvalError::BadArgument { function: self.function.to_owned(), message: message.into() }
+    }
+
+    /// The argument at `index` or named `name`, taken out (`None` when absent).
+    pub(crate) fn take(&mut self, index: usize, name: &str) -> Option<Arg> {
+        if let Some(i) = self.keyword.iter().position(|(k, _)| k == name) {
+            return Some(self.keyword.remove(i).1);
+        }
+        self.positional.get_mut(index).map(|a| std::mem::replace(a, Arg::None)).filter(|a| *a != Arg::None)
+    }
+
+    pub(crate) fn series(&mut self, index: usize, name: &str) -> Result<Vec<Series>, EvalError> {
+        match self.take(index, name) {
+            Some(Arg::Series(s)) => Ok(s),
+            Some(other) => Err(self.error(format!("{name} must be a series list, not {}", describe(&other)))),
+            None => Err(self.error(format!("missing {name}"))),
+        }
+    }
+
+    /// Every positional argument from `from` on, each a series list (`*seriesLists`).
+    pub(crate) fn series_rest(&mut self, from: usize, name: &str) -> Result<Vec<Vec<Series>>, EvalError> {
+        let rest: Vec<Arg> = self.positional.drain(from.min(self.positional.len())..).collect();
+        rest.into_iter()
+            .map(|a| match a {
+                Arg::Series(s) => Ok(s),
+                other => Err(self.error(format!("{name} must be series lists, not {}", describe(&other)))),
+            })
+            .collect()
+    }
+
+    pub(crate) fn number(&mut self, index: usize, name: &str) -> Result<Option<Number>, EvalError> {
+        match self.take(index, name) {
+            None => Ok(None),
+            Some(Arg::Number(n)) => Ok(Some(n)),
+            Some(other) => Err(self.error(format!("{name} must be a number, not {}", describe(&other)))),
+        }
+    }
+
+    pub(crate) fn required_number(&mut self, index: usize, name: &str) -> Result<Number, EvalError> {
+        self.number(index, name)?.ok_or_else(|| self.error(format!("missing {name}")))
+    }
+
+    pub(crate) fn string(&mut self, index: usize, name: &str) -> Result<Option<String>, EvalError> {
+        match self.take(index, name) {
+            None => Ok(None),
+            Some(Arg::String(s)) => Ok(Some(s)),
+            Some(other) => Err(self.error(format!("{name} must be a string, not {}", describe(&other)))),
+        }
+    }
+
+    /// Refuses what is left: arguments the function does not take.
+    pub(crate) fn finish(self) -> Result<(), EvalError> {
+        if let Some((k, _)) = self.keyword.first() {
+            return Err(self.error(format!("unexpected argument {k}=")));
+        }
+        if self.positional.iter().any(|a| *a != Arg::None) {
+            return Err(self.error("too many arguments"));
+        }
+        Ok(())
+    }
+}
+
+fn describe(a: &Arg) -> &'static str {
+    match a {
+        Arg::Series(_) => "a series list",
+        Arg::String(_) => "a string",
+        Arg::Number(_) => "a number",
+        Arg::Bool(_) => "a boolean",
+        Arg::None => "None",
+    }
+}
+
+/// Python's `"%g" % v`: six significant digits, trailing zeros dropped, an exponent below 1e-4
+/// and from 1e6 (graphite-web names series with it: `scale(a,0.5)`).
+pub fn py_g(v: f64) -> String {
+    if v.is_nan() {
+        return "nan".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    let sci = format!("{v:.5e}");
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    if (-4..6).contains(&exp) {
+        trim(&format!("{v:.*}", (5 - exp) as usize))
+    } else {
+        format!("{}e{}{:02}", trim(mantissa), if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::target::parse;
+
+fn fetched(name: &str, step: i64, values: &[Option<f64>]) -> Series {
+    let tags = BTreeMap::from([("name".to_owned(), name.to_owned())]);
+    let end = 100 + step * values.len() as i64;
+    Series::fetched(name.to_owned(), tags, (100, end, step), values.to_vec(), String::new(), 0.0)
+}
+
+/// Evaluates `target` over a store of named series; a glob `x.*` matches names starting `x.`.
+fn run(target: &str, store: &[Series]) -> Result<Vec<Series>, EvalError> {
+    let mut fetches = Vec::new();
+    let mut fetch = |pe: &str| -> Result<Vec<Series>, EvalError> {
+        fetches.push(pe.to_owned());
+        let prefix = pe.strip_suffix('*');
+        Ok(store
+            .iter()
+            .filter(|s| prefix.map_or(s.name == pe, |p| s.name.starts_with(p)))
+            .map(|s| Series { path_expression: pe.to_owned(), ..s.clone() })
+            .collect())
+    };
+    let mut cx = Context::new(100, 200, 0.0, &mut fetch);
+    let out = evaluate(&parse(target).unwrap(), &mut cx);
+    drop(cx);
+    assert!(
+        fetches.len() == fetches.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        "fetched twice: {fetches:?}"
+    );
+    out
+}
+
+fn store() -> Vec<Series> {
+    vec![
+        fetched("a.x", 10, &[Some(1.0), None, Some(3.0), Some(-4.0)]),
+        fetched("a.y", 10, &[Some(10.0), Some(20.0), None, None]),
+        fetched("b.z", 20, &[Some(5.0), None]),
+    ]
+}
+
+#[test]
+fn aggregations_name_and_fold_like_graphite_web() {
+    let s = &run("sumSeries(a.*)", &store()).unwrap()[0];
+    assert_eq!(s.name, "sumSeries(a.*)");
+    assert_eq!(s.values, [Some(11.0), Some(20.0), Some(3.0), Some(-4.0)]);
+    assert_eq!(s.tags.get("aggregatedBy").map(String::as_str), Some("sum"));
+    let s = &run("averageSeries(a.*)", &store()).unwrap()[0];
+    assert_eq!(s.values, [Some(5.5), Some(20.0), Some(3.0), Some(-4.0)]);
+    // Several lists: names joined; steps brought to their least common multiple (20 s), each
+    // series averaging its own points.
+    let s = &run("sumSeries(a.x, b.z)", &store()).unwrap()[0];
+    assert_eq!((s.name.as_str(), s.step), ("sumSeries(a.x,b.z)", 20));
+    assert_eq!(s.values, [Some(6.0), Some(-0.5)]);
+    let s = &run("aggregate(a.*, 'diffSeries')", &store()).unwrap()[0];
+    assert_eq!((s.name.as_str(), s.values[0]), ("diffSeries(a.*)", Some(-9.0)));
+    let s = &run("aggregate(a.*, 'max', 0.6)", &store()).unwrap()[0];
+    assert_eq!(s.values, [Some(10.0), None, None, None]);
+    let s = &run("multiplySeries(a.*)", &store()).unwrap()[0];
+    assert_eq!(s.values, [Some(10.0), None, None, None]);
+    assert_eq!(run("multiplySeries(a.x)", &store()).unwrap()[0].name, "a.x");
+    assert_eq!(run("sumSeries(nothing)", &store()).unwrap(), []);
+}
+
+#[test]
+fn aliases_and_transforms() {
+    let names = |t: &str| run(t, &store()).unwrap().into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names("alias(a.*, 'x')"), ["x", "x"]);
+    assert_eq!(names("aliasByNode(a.*, 1)"), ["x", "y"]);
+    assert_eq!(names("aliasByNode(a.*, -1, 0)"), ["x.a", "y.a"]);
+    assert_eq!(names("aliasByNode(sumSeries(a.*), 0)"), ["a"]);
+    assert_eq!(names("aliasByNode(a.x, 'name')"), ["a.x"]);
+    assert_eq!(names("aliasByMetric(scale(a.x, 2))"), ["x"]);
+    assert_eq!(names("scale(a.x, 0.5)"), ["scale(a.x,0.5)"]);
+    assert_eq!(names("offset(a.x, -10)"), ["offset(a.x,-10)"]);
+    assert_eq!(names("a.x | absolute() | scale(1e7)"), ["scale(absolute(a.x),1e+07)"]);
+    let s = &run("offset(scale(a.x, 2), 1)", &store()).unwrap()[0];
+    assert_eq!(s.values, [Some(3.0), None, Some(7.0), Some(-7.0)]);
+    assert_eq!(s.tags.get("scale").map(String::as_str), Some("2.0"));
+}
+
+#[test]
+fn bad_calls_are_named() {
+    let err = |t: &str| run(t, &store()).unwrap_err().to_string();
+    assert!(err("nosuch(a.x)").contains("unknown function nosuch()"));
+    assert!(err("scale(a.x)").contains("scale(): missing factor"));
+    assert!(err("scale(a.x, 'two')").contains("factor must be a number"));
+    assert!(err("alias(a.x, 'n', 3)").contains("too many arguments"));
+    assert!(err("aggregate(a.x, 'mode')").contains("Unsupported aggregation function: mode"));
+    assert!(err("sumSeries(a.x, 3)").contains("must be series lists"));
+    assert!(err("scale(a.x, factr=2)").contains("missing factor"));
+}
+
+#[test]
+fn percent_g_as_python_writes_it() {
+    for (v, want) in [
+        (10.0, "10"),
+        (0.5, "0.5"),
+        (-10.0, "-10"),
+        (1e7, "1e+07"),
+        (123456.0, "123456"),
+        (1234567.0, "1.23457e+06"),
+        (0.0001, "0.0001"),
+        (0.00001, "1e-05"),
+        (1.0 / 3.0, "0.333333"),
+        (0.0, "0"),
+    ] {
+        assert_eq!(py_g(v), want, "{v}");
+    }
+}
