@@ -30,6 +30,8 @@ pub enum EvalError {
     Fetch(String),
     #[error("template() is not supported yet")]
     Template,
+    #[error("the target's path expressions name more than {0} series in all (counted once per use)")]
+    TooManySeries(usize),
 }
 
 /// What evaluation needs from the server: the request's range and its series.
@@ -42,6 +44,10 @@ pub struct Context<'f> {
     /// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written).
     fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
     fetched: HashMap<String, Vec<Series>>,
+    /// Series handed to calls so far, and the most allowed: a path expression used many times
+    /// is fetched once but copied per use.
+    handed_out: usize,
+    max_series: usize,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -51,21 +57,30 @@ impl std::fmt::Debug for Context<'_> {
 }
 
 impl<'f> Context<'f> {
+    /// `max_series`: the most series all uses of path expressions may name together.
     pub fn new(
         from: i64,
         until: i64,
         x_files_factor: f64,
+        max_series: usize,
         fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
     ) -> Context<'f> {
-        Context { from, until, x_files_factor, fetch, fetched: HashMap::new() }
+        Context { from, until, x_files_factor, fetch, fetched: HashMap::new(), handed_out: 0, max_series }
     }
 
     fn fetch(&mut self, path_expression: &str) -> Result<Vec<Series>, EvalError> {
-        if let Some(s) = self.fetched.get(path_expression) {
-            return Ok(s.clone());
+        let s = match self.fetched.get(path_expression) {
+            Some(s) => s.clone(),
+            None => {
+                let s = (self.fetch)(path_expression)?;
+                self.fetched.insert(path_expression.to_owned(), s.clone());
+                s
+            }
+        };
+        self.handed_out += s.len();
+        if self.handed_out > self.max_series {
+            return Err(EvalError::TooManySeries(self.max_series));
         }
-        let s = (self.fetch)(path_expression)?;
-        self.fetched.insert(path_expression.to_owned(), s.clone());
         Ok(s)
     }
 }

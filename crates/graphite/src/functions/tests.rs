@@ -21,7 +21,7 @@ fn run(target: &str, store: &[Series]) -> Result<Vec<Series>, EvalError> {
             .map(|s| Series { path_expression: pe.to_owned(), ..s.clone() })
             .collect())
     };
-    let mut cx = Context::new(100, 200, 0.0, &mut fetch);
+    let mut cx = Context::new(100, 200, 0.0, 10, &mut fetch);
     let out = evaluate(&parse(target).unwrap(), &mut cx);
     drop(cx);
     assert!(
@@ -89,6 +89,8 @@ fn bad_calls_are_named() {
     assert!(err("aggregate(a.x, 'mode')").contains("Unsupported aggregation function: mode"));
     assert!(err("sumSeries(a.x, 3)").contains("must be series lists"));
     assert!(err("scale(a.x, factr=2)").contains("missing factor"));
+    // Fetched once, but every use counts against the limit (10 here).
+    assert!(err("sumSeries(a.*, a.*, a.*, a.*, a.*, a.*)").contains("more than 10 series"));
 }
 
 #[test]

@@ -507,7 +507,9 @@ pub(super) async fn render(
                         let fetched = fetch(&selection, pe).map_err(|e| functions::EvalError::Fetch(e.message))?;
                         Ok(fetched.into_iter().map(into_function_series).collect())
                     };
-                    let mut cx = functions::Context::new(from, until, x_files_factor, &mut fetch_expression);
+                    let max_series = st2.limits.max_query_series;
+                    let mut cx =
+                        functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression);
                     let evaluated = functions::evaluate(expr, &mut cx)
                         .map_err(|e| ApiError::bad_data(format!("target {:?}: {e}", target.text)))?;
                     evaluated.into_iter().map(from_function_series).collect()
