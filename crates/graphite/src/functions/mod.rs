@@ -4,14 +4,15 @@
 //! argument otherwise), and the results carry graphite-web's names and tags
 //! (`sumSeries(servers.*.cpu)`, `scale(a.b,10)`).
 //!
-//! Implemented so far (`FUNCTIONS`): the aggregations (`aggregate` and its `*Series` forms),
-//! `alias`, `aliasByNode`, `aliasByMetric`, `scale`, `offset`, `absolute`. Any other name is
-//! refused by name.
+//! Implemented so far (`FUNCTIONS`, listed in `docs/graphite.md`): the aggregations
+//! (`combine`), the aliases (`alias`), point-by-point transforms and derivatives (`transform`),
+//! and the filters and sorts (`filter`). Any other name is refused by name.
 
 mod alias;
 mod combine;
+mod filter;
 pub mod series;
-mod transform;
+pub(crate) mod transform;
 
 use std::collections::HashMap;
 
@@ -123,19 +124,51 @@ pub const FUNCTIONS: &[&str] = &[
     "alias",
     "aliasByMetric",
     "aliasByNode",
-    "avg",
+    "averageAbove",
+    "averageBelow",
     "averageSeries",
+    "avg",
+    "currentAbove",
+    "currentBelow",
+    "derivative",
     "diffSeries",
+    "exclude",
+    "filterSeries",
+    "grep",
+    "highest",
+    "highestAverage",
+    "highestCurrent",
+    "highestMax",
+    "integral",
+    "keepLastValue",
+    "limit",
+    "lowest",
+    "lowestAverage",
+    "lowestCurrent",
+    "maximumAbove",
+    "maximumBelow",
     "maxSeries",
+    "minimumAbove",
+    "minimumBelow",
     "minSeries",
     "multiplySeries",
+    "nonNegativeDerivative",
     "offset",
+    "perSecond",
     "rangeOfSeries",
+    "removeAboveValue",
+    "removeBelowValue",
     "scale",
+    "sortBy",
+    "sortByMaxima",
+    "sortByMinima",
+    "sortByName",
+    "sortByTotal",
     "stddevSeries",
     "sum",
     "sumSeries",
     "total",
+    "transformNull",
 ];
 
 fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
@@ -165,6 +198,36 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "scale" => transform::scale(args),
         "offset" => transform::offset(args),
         "absolute" => transform::absolute(args),
+        "derivative" => transform::derivative(args),
+        "nonNegativeDerivative" => transform::non_negative_derivative(args),
+        "perSecond" => transform::per_second(args),
+        "integral" => transform::integral(args),
+        "keepLastValue" => transform::keep_last_value(args),
+        "transformNull" => transform::transform_null(args),
+        "removeBelowValue" => transform::remove_value(args, true),
+        "removeAboveValue" => transform::remove_value(args, false),
+        "highest" => filter::highest(args, true, None),
+        "lowest" => filter::highest(args, false, None),
+        "highestCurrent" => filter::highest(args, true, Some("current")),
+        "highestMax" => filter::highest(args, true, Some("max")),
+        "highestAverage" => filter::highest(args, true, Some("average")),
+        "lowestCurrent" => filter::highest(args, false, Some("current")),
+        "lowestAverage" => filter::highest(args, false, Some("average")),
+        "filterSeries" => filter::filter_series(args, None),
+        "currentAbove" => filter::filter_series(args, Some(("last", ">"))),
+        "currentBelow" => filter::filter_series(args, Some(("last", "<="))),
+        "averageAbove" => filter::filter_series(args, Some(("average", ">"))),
+        "averageBelow" => filter::filter_series(args, Some(("average", "<="))),
+        "maximumAbove" => filter::filter_series(args, Some(("max", ">"))),
+        "maximumBelow" => filter::filter_series(args, Some(("max", "<="))),
+        "minimumAbove" => filter::filter_series(args, Some(("min", ">"))),
+        "minimumBelow" => filter::filter_series(args, Some(("min", "<="))),
+        "limit" => filter::limit(args),
+        "exclude" => filter::grep(args, false),
+        "grep" => filter::grep(args, true),
+        "sortByName" => filter::sort_by_name(args),
+        "sortBy" => filter::sort_by(args),
+        "sortByMaxima" | "sortByMinima" | "sortByTotal" => filter::sort_by_fixed(args, &c.name),
         other => Err(EvalError::UnknownFunction(other.to_owned())),
     }
 }

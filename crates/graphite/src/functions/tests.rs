@@ -110,3 +110,47 @@ fn percent_g_as_python_writes_it() {
         assert_eq!(py_g(v), want, "{v}");
     }
 }
+
+#[test]
+fn counters_wrap_at_the_bounds_given() {
+    let counter = vec![fetched("c", 10, &[Some(5.0), Some(8.0), Some(2.0), None, Some(4.0), Some(300.0)])];
+    let values = |t: &str| run(t, &counter).unwrap()[0].values.clone();
+    // A reset is a gap without bounds; with maxValue the counter wrapped past it; a value past
+    // the bounds is a gap and forgets the previous value.
+    assert_eq!(values("nonNegativeDerivative(c)"), [None, Some(3.0), None, None, None, Some(296.0)]);
+    assert_eq!(values("nonNegativeDerivative(c, 9)"), [None, Some(3.0), Some(4.0), None, None, None]);
+    assert_eq!(values("nonNegativeDerivative(c, minValue=1)"), [None, Some(3.0), Some(1.0), None, None, Some(296.0)]);
+    assert_eq!(values("perSecond(c)"), [None, Some(0.3), None, None, None, Some(29.6)]);
+    assert_eq!(run("perSecond(c)", &counter).unwrap()[0].name, "perSecond(c)");
+    assert_eq!(values("integral(c)"), [Some(5.0), Some(13.0), Some(15.0), None, Some(19.0), Some(319.0)]);
+    assert_eq!(transform::py_round(2.675, 2), 2.67);
+    assert_eq!(transform::py_round(1.0 / 3.0, 6), 0.333333);
+}
+
+#[test]
+fn gaps_filled_and_series_chosen_as_graphite_web_does() {
+    let gappy = vec![
+        fetched("g.b", 10, &[Some(1.0), None, None, Some(4.0), None]),
+        fetched("g.a10", 10, &[Some(7.0), Some(8.0), Some(9.0), Some(1.0), Some(2.0)]),
+        fetched("g.a9", 10, &[None, None, None, None, None]),
+    ];
+    let values = |t: &str| run(t, &gappy).unwrap()[0].values.clone();
+    assert_eq!(values("keepLastValue(g.b)"), [Some(1.0), Some(1.0), Some(1.0), Some(4.0), Some(4.0)]);
+    assert_eq!(values("keepLastValue(g.b, 1)"), [Some(1.0), None, None, Some(4.0), Some(4.0)]);
+    assert_eq!(values("transformNull(g.b, -1)"), [Some(1.0), Some(-1.0), Some(-1.0), Some(4.0), Some(-1.0)]);
+    assert_eq!(run("transformNull(g.b, -1)", &gappy).unwrap()[0].name, "transformNull(g.b,-1)");
+    let names = |t: &str| run(t, &gappy).unwrap().into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names("sortByName(g.*)"), ["g.a10", "g.a9", "g.b"]);
+    assert_eq!(names("sortByName(g.*, true)"), ["g.a9", "g.a10", "g.b"]);
+    // A summary that is a gap sorts lowest; ties keep their order.
+    assert_eq!(names("highestCurrent(g.*, 3)"), ["g.b", "g.a10", "g.a9"]);
+    assert_eq!(names("lowest(g.*, 2)"), ["g.a9", "g.b"]);
+    assert_eq!(names("currentBelow(g.*, 2)"), ["g.a10", "g.a9"]);
+    assert_eq!(names("exclude(g.*, 'a\\d+')"), ["g.b"]);
+    assert_eq!(names("limit(grep(g.*, 'a'), 1)"), ["g.a10"]);
+    assert!(run("filterSeries(g.*, 'max', '~', 1)", &gappy)
+        .unwrap_err()
+        .to_string()
+        .contains("Unsupported operator: ~"));
+    assert!(run("grep(g.*, '(')", &gappy).unwrap_err().to_string().contains("pattern"));
+}

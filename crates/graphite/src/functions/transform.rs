@@ -59,3 +59,242 @@ pub(crate) fn absolute(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     }
     Ok(series)
 }
+
+/// A copy of `s` under `name` with `values`, as graphite-web's `series.copy(name=, values=)`:
+/// its path expression becomes the name, and `tag` is set (on the original's tags too in
+/// graphite-web, which shares them; the original is not returned).
+fn derive(s: &Series, name: String, values: Vec<Option<f64>>, tag: &str) -> Series {
+    let mut tags = s.tags.clone();
+    tags.insert(tag.to_owned(), "1".to_owned());
+    Series { path_expression: name.clone(), name, values, values_per_point: 1, tags, ..s.clone() }
+}
+
+/// `derivative(seriesList)`: the change from the previous point (a gap next to a gap).
+pub(crate) fn derivative(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    args.finish()?;
+    Ok(series
+        .iter()
+        .map(|s| {
+            let mut prev = None;
+            let values = s
+                .points()
+                .into_iter()
+                .map(|v| {
+                    let d = match (prev, v) {
+                        (Some(p), Some(x)) => Some(x - p),
+                        _ => None,
+                    };
+                    prev = v;
+                    d
+                })
+                .collect();
+            derive(s, format!("derivative({})", s.name), values, "derivative")
+        })
+        .collect())
+}
+
+/// graphite-web's `_nonNegativeDelta`: the increase from `prev`, a counter wrap when bounds
+/// are given, a gap on a reset without them; the new `prev`.
+fn non_negative_delta(
+    val: Option<f64>,
+    prev: Option<f64>,
+    max: Option<f64>,
+    min: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let Some(v) = val else { return (None, None) };
+    if max.is_some_and(|m| v > m) || min.is_some_and(|m| v < m) {
+        return (None, None);
+    }
+    let Some(p) = prev else { return (None, Some(v)) };
+    if v >= p {
+        return (Some(v - p), Some(v));
+    }
+    if let Some(m) = max {
+        return (Some(m + 1.0 + v - p - min.unwrap_or(0.0)), Some(v));
+    }
+    if let Some(m) = min {
+        return (Some(v - m), Some(v));
+    }
+    (None, Some(v))
+}
+
+fn bounds(args: &mut Args<'_>) -> Result<(Option<f64>, Option<f64>), EvalError> {
+    let max = args.number(1, "maxValue")?.map(Number::as_f64);
+    let min = args.number(2, "minValue")?.map(Number::as_f64);
+    Ok((max, min))
+}
+
+/// `nonNegativeDerivative(seriesList, maxValue=None, minValue=None)`.
+pub(crate) fn non_negative_derivative(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let (max, min) = bounds(&mut args)?;
+    args.finish()?;
+    Ok(series
+        .iter()
+        .map(|s| {
+            let mut prev = None;
+            let values = s
+                .points()
+                .into_iter()
+                .map(|v| {
+                    let (d, p) = non_negative_delta(v, prev, max, min);
+                    prev = p;
+                    d
+                })
+                .collect();
+            derive(s, format!("nonNegativeDerivative({})", s.name), values, "nonNegativeDerivative")
+        })
+        .collect())
+}
+
+/// `perSecond(seriesList, maxValue=None, minValue=None)`: the non-negative delta over the step,
+/// rounded to six decimals as graphite-web rounds it.
+pub(crate) fn per_second(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let (max, min) = bounds(&mut args)?;
+    args.finish()?;
+    Ok(series
+        .iter()
+        .map(|s| {
+            let mut prev = None;
+            let step = s.step as f64;
+            let values = s
+                .points()
+                .into_iter()
+                .map(|v| {
+                    let (d, p) = non_negative_delta(v, prev, max, min);
+                    prev = p;
+                    d.map(|d| py_round(d / step, 6))
+                })
+                .collect();
+            derive(s, format!("perSecond({})", s.name), values, "perSecond")
+        })
+        .collect())
+}
+
+/// Python's `round(x, digits)`: the decimal nearest the exact value, back to the nearest float.
+pub(crate) fn py_round(x: f64, digits: usize) -> f64 {
+    if !x.is_finite() {
+        return x;
+    }
+    format!("{x:.digits$}").parse().unwrap_or(x)
+}
+
+/// `integral(seriesList)`: the running sum (a gap stays a gap and adds nothing).
+pub(crate) fn integral(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    args.finish()?;
+    Ok(series
+        .iter()
+        .map(|s| {
+            let mut current = 0.0;
+            let values = s
+                .points()
+                .into_iter()
+                .map(|v| {
+                    v.map(|x| {
+                        current += x;
+                        current
+                    })
+                })
+                .collect();
+            derive(s, format!("integral({})", s.name), values, "integral")
+        })
+        .collect())
+}
+
+/// `keepLastValue(seriesList, limit=inf)`: runs of at most `limit` gaps after a value take it.
+pub(crate) fn keep_last_value(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let limit = args.number(1, "limit")?.map_or(f64::INFINITY, Number::as_f64);
+    args.finish()?;
+    for s in &mut series {
+        s.name = format!("keepLastValue({})", s.name);
+        s.path_expression = s.name.clone();
+        let (mut gaps, mut last) = (0usize, None);
+        let n = s.values.len();
+        for i in 0..=n {
+            let v = if i < n { s.values[i] } else { Some(f64::NAN) };
+            match v {
+                None => gaps += 1,
+                Some(x) => {
+                    if gaps > 0 && gaps as f64 <= limit {
+                        if let Some(l) = last {
+                            s.values[i - gaps..i].fill(Some(l));
+                        }
+                    }
+                    gaps = 0;
+                    last = Some(x);
+                }
+            }
+        }
+    }
+    Ok(series)
+}
+
+/// `transformNull(seriesList, default=0, referenceSeries=None)`: gaps become `default`, or with
+/// reference series only where one of them has a value.
+pub(crate) fn transform_null(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let given = args.number(1, "default")?;
+    let default = given.map_or(0.0, Number::as_f64);
+    // A given default went through graphite-web's float parameter check (`-1.0`); the
+    // declared one is the int 0.
+    let default_tag = given.map_or_else(|| "0".to_owned(), |_| py_float(default));
+    let reference = match args.take(2, "referenceSeries") {
+        None => None,
+        Some(super::Arg::Series(r)) => Some(r),
+        Some(_) => return Err(args.error("referenceSeries must be a series list")),
+    };
+    args.finish()?;
+    // Per point: whether any reference series has a value there (an empty list: none).
+    let defaults: Option<Vec<bool>> = reference.filter(|r| !r.is_empty()).map(|r| {
+        let columns: Vec<Vec<Option<f64>>> = r.iter().map(Series::points).collect();
+        let len = columns.iter().map(Vec::len).max().unwrap_or(0);
+        (0..len).map(|i| columns.iter().any(|c| c.get(i).copied().flatten().is_some())).collect()
+    });
+    for s in &mut series {
+        s.tags.insert("transformNull".into(), default_tag.clone());
+        let suffix = if defaults.is_some() {
+            s.tags.insert("referenceSeries".into(), "1".into());
+            ",referenceSeries"
+        } else {
+            ""
+        };
+        s.name = format!("transformNull({},{}{suffix})", s.name, py_g(default));
+        s.path_expression = s.name.clone();
+        let points = s.points();
+        let len = defaults.as_ref().map_or(points.len(), |d| d.len().max(points.len()));
+        s.values = (0..len)
+            .map(|i| {
+                let v = points.get(i).copied().flatten();
+                let d = match &defaults {
+                    Some(d) => d.get(i).copied().unwrap_or(false).then_some(default),
+                    None => Some(default),
+                };
+                v.or(d)
+            })
+            .collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// `removeBelowValue(seriesList, n)` and `removeAboveValue`: values past `n` become gaps.
+pub(crate) fn remove_value(mut args: Args<'_>, below: bool) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let n = args.required_number(1, "n")?.as_f64();
+    args.finish()?;
+    let what = if below { "removeBelowValue" } else { "removeAboveValue" };
+    for s in &mut series {
+        s.name = format!("{what}({}, {})", s.name, py_g(n));
+        s.path_expression = s.name.clone();
+        for v in &mut s.values {
+            if v.is_some_and(|x| if below { x < n } else { x > n }) {
+                *v = None;
+            }
+        }
+    }
+    Ok(series)
+}
