@@ -51,7 +51,7 @@ pub(crate) fn alias_by_metric(mut args: Args<'_>) -> Result<Vec<Series>, EvalErr
 }
 
 /// graphite-web's `aggKey`: the nodes (or tags) of a series joined by dots.
-fn agg_key(s: &Series, nodes: &[Arg]) -> String {
+pub(crate) fn agg_key(s: &Series, nodes: &[Arg]) -> String {
     let path = if s.name.ends_with(')') { first_path_expression(&s.name) } else { None };
     let path = path.as_deref().unwrap_or(&s.name);
     let parts: Vec<&str> = path.split(';').next().unwrap_or("").split('.').collect();

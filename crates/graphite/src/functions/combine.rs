@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Args, Context, EvalError, Series};
+use super::{Arg, Args, Context, EvalError, Series};
+use crate::target::Number;
 
 /// An aggregation function, by graphite-web's names (`aggFuncs` and their aliases).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,4 +201,209 @@ pub(crate) fn multiply_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Resul
         return Ok(lists.remove(0));
     }
     Ok(aggregate(cx, lists.into_iter().flatten().collect(), "multiply", AggFunc::Multiply, None))
+}
+
+/// `divideSeries(dividendSeriesList, divisorSeries)`: each dividend over the one divisor, the
+/// pair brought to a common step; no divisor makes every dividend all gaps.
+pub(crate) fn divide_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut dividends = args.series(0, "dividendSeriesList")?;
+    let divisors = args.series(1, "divisorSeries")?;
+    args.finish()?;
+    if divisors.is_empty() {
+        for s in &mut dividends {
+            s.name = format!("divideSeries({},MISSING)", s.name);
+            s.path_expression = s.name.clone();
+            s.values.fill(None);
+        }
+        return Ok(dividends);
+    }
+    if divisors.len() > 1 {
+        return Err(EvalError::BadArgument {
+            function: "divideSeries".into(),
+            message: format!("divideSeries second argument must reference exactly 1 series (got {})", divisors.len()),
+        });
+    }
+    Ok(dividends
+        .into_iter()
+        .map(|dividend| {
+            let name = format!("divideSeries({},{})", dividend.name, divisors[0].name);
+            let mut both = [dividend, divisors[0].clone()];
+            let (start, end, step) = normalize(&mut both).expect("two series");
+            let (a, b) = (both[0].points(), both[1].points());
+            let values = (0..a.len().max(b.len()))
+                .map(|i| {
+                    let (x, y) = (a.get(i).copied().flatten(), b.get(i).copied().flatten());
+                    match (x, y) {
+                        (Some(x), Some(y)) if y != 0.0 => Some(x / y),
+                        _ => None,
+                    }
+                })
+                .collect();
+            Series::derived(name, (start, end, step), values, cx.x_files_factor)
+        })
+        .collect())
+}
+
+/// `constantLine(value)`: three points across the request's range, named by the value.
+pub(crate) fn constant_line(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let value = args.required_number(0, "value")?.as_f64();
+    args.finish()?;
+    Ok(vec![constant(cx, &crate::render::py_float(value), value)])
+}
+
+fn constant(cx: &Context<'_>, name: &str, value: f64) -> Series {
+    let (start, end) = (cx.from, cx.until);
+    let step = ((end - start) as f64 / 2.0) as i64;
+    let mut s = Series::derived(name.to_owned(), (start, end, step), vec![Some(value); 3], cx.x_files_factor);
+    s.path_expression = format!("constantLine({name})");
+    s
+}
+
+/// `countSeries(*seriesLists)`: how many series there are, at every point (a constant 0 line
+/// for none).
+pub(crate) fn count_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series: Vec<Series> = args.series_rest(0, "seriesLists")?.into_iter().flatten().collect();
+    args.finish()?;
+    let Some((start, end, step)) = normalize(&mut series) else {
+        let mut zero = constant(cx, "0", 0.0);
+        zero.path_expression = "countSeries()".into();
+        return Ok(vec![zero]);
+    };
+    let name = format!("countSeries({})", path_expressions(&series));
+    let len = series.iter().map(|s| s.points().len()).max().unwrap_or(0);
+    let n = series.len() as f64;
+    Ok(vec![Series::derived(name, (start, end, step), vec![Some(n); len], cx.x_files_factor)])
+}
+
+/// Groups in first-seen order by `key`, each aggregated by `callback` (an aggregation, or a
+/// `*Series` function's name) and named by its key.
+fn group_by(
+    cx: &mut Context<'_>,
+    series: Vec<Series>,
+    callback: &str,
+    key: impl Fn(&Series) -> String,
+    function: &str,
+) -> Result<Vec<Series>, EvalError> {
+    let bad = || EvalError::BadArgument {
+        function: function.into(),
+        message: format!("Unsupported aggregation function: {callback}"),
+    };
+    // graphite-web calls the series function of that name when there is one (`sum` is
+    // `sumSeries`), else `aggregate` with it: the same values and names either way.
+    let (func_name, legacy_multiply) = match callback {
+        "sumSeries" | "sum" | "total" => ("sum", false),
+        "averageSeries" | "avg" => ("average", false),
+        "minSeries" => ("min", false),
+        "maxSeries" => ("max", false),
+        "diffSeries" => ("diff", false),
+        "stddevSeries" => ("stddev", false),
+        "rangeOfSeries" => ("rangeOf", false),
+        "multiplySeries" => ("multiply", true),
+        other => (other, false),
+    };
+    let func = AggFunc::parse(func_name).ok_or_else(bad)?;
+    let mut keys: Vec<String> = Vec::new();
+    let mut groups: std::collections::HashMap<String, Vec<Series>> = std::collections::HashMap::new();
+    for s in series {
+        let k = key(&s);
+        if !groups.contains_key(&k) {
+            keys.push(k.clone());
+        }
+        groups.entry(k).or_default().push(s);
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        let group = groups.remove(&k).expect("every key has its group");
+        let aggregated =
+            if legacy_multiply && group.len() == 1 { group } else { aggregate(cx, group, func_name, func, None) };
+        if let Some(mut s) = aggregated.into_iter().next() {
+            s.name = k;
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// `groupByNode(seriesList, nodeNum, callback='average')` and `groupByNodes(seriesList,
+/// callback, *nodes)`: series grouped by the given nodes (or tags) of their names.
+pub(crate) fn group_by_nodes(cx: &mut Context<'_>, mut args: Args<'_>, single: bool) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let (callback, nodes) = if single {
+        let node = args.take(1, "nodeNum").ok_or_else(|| args.error("missing nodeNum"))?;
+        let callback = args.string(2, "callback")?.unwrap_or_else(|| "average".into());
+        (callback, vec![node])
+    } else {
+        let callback = args.string(1, "callback")?.ok_or_else(|| args.error("missing callback"))?;
+        let nodes: Vec<Arg> = args.positional.drain(2.min(args.positional.len())..).collect();
+        (callback, nodes)
+    };
+    if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
+        return Err(args.error("nodes must be node numbers or tag names"));
+    }
+    let function = if single { "groupByNode" } else { "groupByNodes" };
+    args.finish()?;
+    group_by(cx, series, &callback, |s| super::alias::agg_key(s, &nodes), function)
+}
+
+/// `aggregateWithWildcards(seriesList, func, *positions)` and the `sum`/`average`/`multiply`
+/// `SeriesWithWildcards` forms: series grouped by their names without the given nodes.
+pub(crate) fn with_wildcards(
+    cx: &mut Context<'_>,
+    mut args: Args<'_>,
+    fixed: Option<&str>,
+) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let (func, from) = match fixed {
+        Some(f) => (f.to_owned(), 1),
+        None => (args.string(1, "func")?.ok_or_else(|| args.error("missing func"))?, 2),
+    };
+    let rest: Vec<Arg> = args.positional.drain(from.min(args.positional.len())..).collect();
+    let positions: Vec<i64> = rest
+        .into_iter()
+        .map(|a| match a {
+            Arg::Number(Number::Int(i)) => Ok(i),
+            _ => Err(args.error("positions must be whole numbers")),
+        })
+        .collect::<Result<_, _>>()?;
+    let function = match fixed {
+        Some("sum") => "sumSeriesWithWildcards",
+        Some("average") => "averageSeriesWithWildcards",
+        Some(_) => "multiplySeriesWithWildcards",
+        None => "aggregateWithWildcards",
+    };
+    args.finish()?;
+    let key = |s: &Series| -> String {
+        s.name
+            .split('.')
+            .enumerate()
+            .filter(|(i, _)| !positions.contains(&(*i as i64)))
+            .map(|(_, p)| p)
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    // Always `aggregate` here, never the legacy single-series `multiplySeries`.
+    let name = if func == "multiply" { "multiply" } else { func.as_str() };
+    let agg = AggFunc::parse(name.strip_suffix("Series").unwrap_or(name)).ok_or_else(|| EvalError::BadArgument {
+        function: function.into(),
+        message: format!("Unsupported aggregation function: {func}"),
+    })?;
+    let mut keys: Vec<String> = Vec::new();
+    let mut groups: std::collections::HashMap<String, Vec<Series>> = std::collections::HashMap::new();
+    for s in series {
+        let k = key(&s);
+        if !groups.contains_key(&k) {
+            keys.push(k.clone());
+        }
+        groups.entry(k).or_default().push(s);
+    }
+    let agg_name = name.strip_suffix("Series").unwrap_or(name).to_owned();
+    Ok(keys
+        .into_iter()
+        .filter_map(|k| {
+            let group = groups.remove(&k).expect("every key has its group");
+            let mut s = aggregate(cx, group, &agg_name, agg, None).into_iter().next()?;
+            s.name = k;
+            Some(s)
+        })
+        .collect())
 }

@@ -154,3 +154,24 @@ fn gaps_filled_and_series_chosen_as_graphite_web_does() {
         .contains("Unsupported operator: ~"));
     assert!(run("grep(g.*, '(')", &gappy).unwrap_err().to_string().contains("pattern"));
 }
+
+#[test]
+fn groups_quotients_and_shifts() {
+    let values = |t: &str| run(t, &store()).unwrap().into_iter().map(|s| (s.name, s.values)).collect::<Vec<_>>();
+    assert_eq!(
+        values("groupByNode(a.*, 0, 'sum')"),
+        [("a".to_owned(), vec![Some(11.0), Some(20.0), Some(3.0), Some(-4.0)])]
+    );
+    assert_eq!(values("sumSeriesWithWildcards(a.*, 1)"), values("groupByNode(a.*, 0, 'sum')"));
+    assert_eq!(values("divideSeries(a.x, a.y)")[0].1, [Some(0.1), None, None, None]);
+    assert_eq!(values("divideSeries(a.x, nothing)")[0], ("divideSeries(a.x,MISSING)".to_owned(), vec![None; 4]));
+    assert!(run("divideSeries(a.x, a.*)", &store()).unwrap_err().to_string().contains("exactly 1 series (got 2)"));
+    assert_eq!(values("delay(a.x, 1)")[0].1, [None, Some(1.0), None, Some(3.0)]);
+    assert_eq!(values("delay(a.x, -1)")[0].1, [None, Some(3.0), Some(-4.0), None]);
+    assert!(values("delay(a.x, 0)")[0].1.is_empty(), "graphite-web's series[:-0]");
+    assert_eq!(values("invert(a.x)")[0].1, [Some(1.0), None, Some(1.0 / 3.0), Some(-0.25)]);
+    assert_eq!(values("squareRoot(a.x)")[0].1, [Some(1.0), None, Some(3f64.sqrt()), None]);
+    assert_eq!(values("countSeries(a.*)")[0].1, [Some(2.0); 4]);
+    assert_eq!(values("countSeries()")[0], ("0".to_owned(), vec![Some(0.0); 3]));
+    assert_eq!(values("constantLine(1.5)")[0], ("1.5".to_owned(), vec![Some(1.5); 3]));
+}

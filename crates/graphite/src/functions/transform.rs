@@ -298,3 +298,114 @@ pub(crate) fn remove_value(mut args: Args<'_>, below: bool) -> Result<Vec<Series
     }
     Ok(series)
 }
+
+/// Applies `f` to every point of every series, renaming them `what(name)` with the tag
+/// `what=1` (graphite-web's in-place transforms).
+fn map_points(
+    mut args: Args<'_>,
+    what: &str,
+    f: impl Fn(Option<f64>) -> Option<f64>,
+) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert(what.to_owned(), "1".into());
+        rename(s, format!("{what}({})", s.name));
+        s.values = s.points().into_iter().map(&f).collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// Python's `math.pow` as graphite-web's `safePow` calls it: a domain error (a negative base
+/// to a fractional power, zero to a negative one) or an overflow is a gap.
+fn safe_pow(v: Option<f64>, e: f64) -> Option<f64> {
+    let v = v?;
+    let r = v.powf(e);
+    (!r.is_nan() && (r.is_finite() || !v.is_finite())).then_some(r)
+}
+
+pub(crate) fn invert(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    map_points(args, "invert", |v| safe_pow(v, -1.0))
+}
+
+pub(crate) fn square_root(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    map_points(args, "squareRoot", |v| safe_pow(v, 0.5))
+}
+
+/// `isNonNull(seriesList)`: 1 where there is a value, 0 in a gap.
+pub(crate) fn is_non_null(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    map_points(args, "isNonNull", |v| Some(if v.is_some() { 1.0 } else { 0.0 }))
+}
+
+/// `changed(seriesList)`: 1 where the value differs from the last value seen, else 0 (the
+/// first point, and gaps, are 0).
+pub(crate) fn changed(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    args.finish()?;
+    for s in &mut series {
+        rename(s, format!("changed({})", s.name));
+        let mut previous: Option<f64> = None;
+        s.values = s
+            .points()
+            .into_iter()
+            .map(|v| {
+                Some(match (previous, v) {
+                    (None, v) => {
+                        previous = v;
+                        0.0
+                    }
+                    (Some(p), Some(x)) if p != x => {
+                        previous = Some(x);
+                        1.0
+                    }
+                    _ => 0.0,
+                })
+            })
+            .collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// `offsetToZero(seriesList)`: the series' minimum subtracted from every value.
+pub(crate) fn offset_to_zero(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    args.finish()?;
+    for s in &mut series {
+        let points = s.points();
+        let minimum = super::combine::AggFunc::Min.apply(&points);
+        s.tags.insert("offsetToZero".into(), minimum.map_or_else(|| "None".to_owned(), py_float));
+        rename(s, format!("offsetToZero({})", s.name));
+        s.values = points.into_iter().map(|v| Some(v? - minimum?)).collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// `delay(seriesList, steps)`: every value moved `steps` points later (earlier if negative),
+/// gaps filling in. As in graphite-web, `delay(x, 0)` leaves no values at all.
+pub(crate) fn delay(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let steps = args.required_number(1, "steps")?;
+    let Number::Int(steps) = steps else { return Err(args.error("steps must be a whole number")) };
+    args.finish()?;
+    Ok(series
+        .iter()
+        .map(|s| {
+            let points = s.points();
+            let len = points.len() as i64;
+            let values: Vec<Option<f64>> = if steps < 0 {
+                let k = (-steps).min(len) as usize;
+                points[k..].iter().copied().chain(std::iter::repeat_n(None, k)).collect()
+            } else {
+                // Python's `series[:-steps]`: with steps 0, nothing.
+                let keep = if steps == 0 { 0 } else { (len - steps).max(0) as usize };
+                std::iter::repeat_n(None, steps.min(len) as usize).chain(points[..keep].iter().copied()).collect()
+            };
+            let mut out = derive(s, format!("delay({},{steps})", s.name), values, "delay");
+            out.tags.insert("delay".into(), steps.to_string());
+            out
+        })
+        .collect())
+}
