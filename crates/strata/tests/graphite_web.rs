@@ -281,6 +281,11 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
         ("offsetToZero(servers.*.*.load)", &t0.to_string(), None),
         ("delay(servers.dc1.host-1.load, 2)", &t0.to_string(), None),
         ("delay(servers.dc1.host-1.load, -3)", &t0.to_string(), None),
+        ("summarize(servers.*.*.load, '10min')", &t0.to_string(), None),
+        ("summarize(servers.dc1.*.load, '1h', 'max')", &two_days, None),
+        ("summarize(servers.dc2.*.load, '7min', 'average', true)", &t0.to_string(), None),
+        ("summarize(servers.dc1.host-1.load, '30s', 'last')", &t0.to_string(), None),
+        ("summarize(servers.*.*.load, '1d', 'count')", &two_days, None),
     ] {
         let mut params = json!({"target": target, "from": from, "until": until, "format": "json"});
         if let Some((k, v)) = extra {

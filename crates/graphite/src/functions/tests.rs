@@ -175,3 +175,20 @@ fn groups_quotients_and_shifts() {
     assert_eq!(values("countSeries()")[0], ("0".to_owned(), vec![Some(0.0); 3]));
     assert_eq!(values("constantLine(1.5)")[0], ("1.5".to_owned(), vec![Some(1.5); 3]));
 }
+
+#[test]
+fn summarize_buckets_and_refuses_what_it_cannot_do() {
+    let s = &run("summarize(a.x, '20s')", &store()).unwrap()[0];
+    assert_eq!(s.name, "summarize(a.x, \"20s\", \"sum\")");
+    // Buckets aligned to 20 s from 100: [100,120) [120,140) [140,160).
+    assert_eq!((s.start, s.end, s.step), (100, 160, 20));
+    assert_eq!(s.values, [Some(1.0), Some(-1.0), None]);
+    let err = |t: &str| run(t, &store()).unwrap_err().to_string();
+    assert!(err("summarize(a.x, 'soon')").contains("not a positive interval"));
+    assert!(err("summarize(a.x, '-1h')").contains("not a positive interval"));
+    assert!(err("summarize(a.x, '1h', 'sumSeries')").contains("Unsupported aggregation function"));
+    assert_eq!(transform::time_offset("1h30min"), Some(5400));
+    assert_eq!(transform::time_offset("-2d"), Some(-172_800));
+    assert_eq!(transform::time_offset("1mon"), Some(2_592_000));
+    assert_eq!(transform::time_offset("5m"), None);
+}

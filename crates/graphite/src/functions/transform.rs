@@ -409,3 +409,129 @@ pub(crate) fn delay(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
         })
         .collect())
 }
+
+/// Most points `summarize` may make for one series: a one-second interval over years would
+/// otherwise fill memory.
+const SUMMARIZE_POINTS_MAX: i64 = 1_000_000;
+
+/// graphite-web's `parseTimeOffset` (for function arguments such as `summarize`'s interval):
+/// `[+-]` then number-unit pairs (`1h30min`); units `s`, `min`, `h`, `d`, `w`, `mon` (30 days),
+/// `y` (365 days) by their prefixes. Seconds; `None` if malformed.
+pub(crate) fn time_offset(s: &str) -> Option<i64> {
+    let (sign, mut rest) = match s.as_bytes().first()? {
+        b'+' => (1, &s[1..]),
+        b'-' => (-1, &s[1..]),
+        c if c.is_ascii_digit() => (1, s),
+        _ => return None,
+    };
+    let mut total = 0i64;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let n: i64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let letters = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit = &rest[..letters];
+        rest = &rest[letters..];
+        let seconds = if unit.starts_with('s') {
+            1
+        } else if unit.starts_with("min") {
+            60
+        } else if unit.starts_with('h') {
+            3600
+        } else if unit.starts_with('d') {
+            86_400
+        } else if unit.starts_with('w') {
+            7 * 86_400
+        } else if unit.starts_with("mon") {
+            30 * 86_400
+        } else if unit.starts_with('y') {
+            365 * 86_400
+        } else {
+            return None;
+        };
+        total = total.checked_add(n.checked_mul(seconds)?)?;
+    }
+    Some(sign * total)
+}
+
+/// `summarize(seriesList, intervalString, func='sum', alignToFrom=False)`: the points in each
+/// interval (aligned to multiples of it, or to the series' start) folded into one, as
+/// graphite-web's `_summarizeValues` folds them: a bucket also takes the last point at or
+/// before its start, and is a gap unless its present points reach the series' xFilesFactor of
+/// the points an interval holds.
+pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let interval_string = args.string(1, "intervalString")?.ok_or_else(|| args.error("missing intervalString"))?;
+    let func_name = args.string(2, "func")?.unwrap_or_else(|| "sum".into());
+    let align_to_from = match args.take(3, "alignToFrom") {
+        None => false,
+        Some(super::Arg::Bool(b)) => b,
+        Some(_) => return Err(args.error("alignToFrom must be true or false")),
+    };
+    let func = super::combine::AggFunc::parse(&func_name)
+        .ok_or_else(|| args.error(format!("Unsupported aggregation function: {func_name}")))?;
+    let interval = time_offset(&interval_string).filter(|i| *i > 0).ok_or_else(|| {
+        args.error(format!("intervalString {interval_string:?} is not a positive interval such as \"1h\""))
+    })?;
+    args.finish()?;
+    let mut out = Vec::with_capacity(series.len());
+    for s in &series {
+        let (new_start, mut new_end) = if align_to_from {
+            (s.start, s.end)
+        } else {
+            (s.start - s.start.rem_euclid(interval), s.end - s.end.rem_euclid(interval) + interval)
+        };
+        if (new_end - new_start) / interval > SUMMARIZE_POINTS_MAX {
+            return Err(EvalError::BadArgument {
+                function: "summarize".into(),
+                message: format!("an interval of {interval_string} makes more than {SUMMARIZE_POINTS_MAX} points"),
+            });
+        }
+        let step = s.step * s.values_per_point.max(1) as i64;
+        let timestamps: Vec<i64> = (s.start..s.end).step_by(step.max(1) as usize).collect();
+        let points = s.points();
+        let n = timestamps.len().min(points.len());
+        let per_interval = interval as f64 / step as f64;
+        let mut values = Vec::new();
+        let (mut i, mut t) = (0usize, new_start);
+        while t < new_end {
+            let mut first = i;
+            let mut present = 0usize;
+            while i < n && timestamps[i] < t + interval {
+                if timestamps[i] <= t {
+                    first = i;
+                }
+                if timestamps[i] >= t && points[i].is_some() {
+                    present += 1;
+                }
+                i += 1;
+            }
+            let enough = present > 0 && per_interval != 0.0 && present as f64 / per_interval >= s.x_files_factor;
+            values.push(if enough { func.apply(&points[first..i]) } else { None });
+            t += interval;
+        }
+        if align_to_from {
+            new_end = t;
+        }
+        let name = format!(
+            "summarize({}, \"{interval_string}\", \"{func_name}\"{})",
+            s.name,
+            if align_to_from { ", true" } else { "" }
+        );
+        let mut tags = s.tags.clone();
+        tags.insert("summarize".into(), interval_string.clone());
+        tags.insert("summarizeFunction".into(), func_name.clone());
+        out.push(Series {
+            path_expression: name.clone(),
+            name,
+            start: new_start,
+            end: new_end,
+            step: interval,
+            values,
+            values_per_point: 1,
+            tags,
+            ..s.clone()
+        });
+    }
+    Ok(out)
+}
