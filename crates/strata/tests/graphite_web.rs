@@ -286,6 +286,18 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
         ("summarize(servers.dc2.*.load, '7min', 'average', true)", &t0.to_string(), None),
         ("summarize(servers.dc1.host-1.load, '30s', 'last')", &t0.to_string(), None),
         ("summarize(servers.*.*.load, '1d', 'count')", &two_days, None),
+        ("aliasByTags(servers.dc1.*.load, 'name')", &t0.to_string(), None),
+        ("aliasSub(servers.*.*.load, 'servers\\.(dc\\d)\\.host-(\\d+)', '\\2 in \\g<1>')", &t0.to_string(), None),
+        ("pow(servers.dc1.host-1.load, 0.5)", &t0.to_string(), None),
+        ("log(servers.dc1.*.load)", &t0.to_string(), None),
+        ("log(offset(servers.dc1.host-1.load, -30), 2)", &t0.to_string(), None),
+        ("scaleToSeconds(servers.dc2.*.load, 1)", &t0.to_string(), None),
+        ("nPercentile(servers.*.*.load, 95)", &t0.to_string(), None),
+        ("percentileOfSeries(servers.*.*.load, 50)", &t0.to_string(), None),
+        ("percentileOfSeries(servers.*.*.load, 75, true)", &t0.to_string(), None),
+        ("removeEmptySeries(removeAboveValue(servers.*.*.load, 30))", &t0.to_string(), None),
+        ("unique(servers.dc1.*.load, servers.dc1.host-1.load, servers.dc2.*.load)", &t0.to_string(), None),
+        ("color(lineWidth(alpha(servers.dc1.*.load, 0.5), 2), 'red')", &t0.to_string(), None),
     ] {
         let mut params = json!({"target": target, "from": from, "until": until, "format": "json"});
         if let Some((k, v)) = extra {

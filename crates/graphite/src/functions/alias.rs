@@ -97,3 +97,77 @@ fn first_path_expression(name: &str) -> Option<String> {
         }
     }
 }
+
+/// `aliasByTags(seriesList, *tags)`: `aliasByNode` with tag names (or nodes).
+pub(crate) fn alias_by_tags(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    alias_by_node(args)
+}
+
+/// `aliasSub(seriesList, search, replace)`: the name with every match of `search` replaced,
+/// as Python's `re.sub` does (`\1` and `\g<name>` in the replacement). The pattern is Rust's
+/// regex syntax, which lacks lookaround and backreferences in the pattern.
+pub(crate) fn alias_sub(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let search = args.string(1, "search")?.ok_or_else(|| args.error("missing search"))?;
+    let replace = args.string(2, "replace")?.ok_or_else(|| args.error("missing replace"))?;
+    args.finish()?;
+    let re = regex::RegexBuilder::new(&search)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| EvalError::BadArgument { function: "aliasSub".into(), message: format!("search: {e}") })?;
+    let replacement = python_replacement(&replace);
+    for s in &mut series {
+        s.name = re.replace_all(&s.name, replacement.as_str()).into_owned();
+    }
+    Ok(series)
+}
+
+/// A Python `re.sub` replacement in the `regex` crate's syntax: `\1` and `\g<1>`/`\g<name>` become
+/// `${1}`/`${name}`, `\\` a backslash, `\n` and `\t` their characters, `$` is escaped.
+fn python_replacement(py: &str) -> String {
+    let mut out = String::new();
+    let mut chars = py.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '$' => out.push_str("$$"),
+            '\\' => match chars.peek().copied() {
+                Some(d) if d.is_ascii_digit() => {
+                    let mut group = String::new();
+                    while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                        group.push(d);
+                        chars.next();
+                        if group.len() == 2 {
+                            break;
+                        }
+                    }
+                    out.push_str(&format!("${{{group}}}"));
+                }
+                Some('g') => {
+                    chars.next();
+                    if chars.peek() == Some(&'<') {
+                        chars.next();
+                        let name: String = chars.by_ref().take_while(|c| *c != '>').collect();
+                        out.push_str(&format!("${{{name}}}"));
+                    } else {
+                        out.push_str("\\g");
+                    }
+                }
+                Some('n') => {
+                    chars.next();
+                    out.push('\n');
+                }
+                Some('t') => {
+                    chars.next();
+                    out.push('\t');
+                }
+                Some('\\') => {
+                    chars.next();
+                    out.push('\\');
+                }
+                _ => out.push('\\'),
+            },
+            c => out.push(c),
+        }
+    }
+    out
+}

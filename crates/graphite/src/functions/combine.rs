@@ -407,3 +407,58 @@ pub(crate) fn with_wildcards(
         })
         .collect())
 }
+
+/// `percentileOfSeries(seriesList, n, interpolate=False)`: the n-th percentile across the
+/// series at each point.
+pub(crate) fn percentile_of_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let n = args.required_number(1, "n")?.as_f64();
+    let interpolate = match args.take(2, "interpolate") {
+        None => false,
+        Some(Arg::Bool(b)) => b,
+        Some(_) => return Err(args.error("interpolate must be true or false")),
+    };
+    args.finish()?;
+    if n <= 0.0 {
+        return Err(EvalError::BadArgument {
+            function: "percentileOfSeries".into(),
+            message: "The requested percent is required to be greater than 0".into(),
+        });
+    }
+    let Some(first) = series.first() else { return Ok(Vec::new()) };
+    let name = format!("percentileOfSeries({},{})", first.path_expression, super::py_g(n));
+    let (start, end, step) = normalize(&mut series).expect("some series");
+    let columns: Vec<Vec<Option<f64>>> = series.iter().map(Series::points).collect();
+    let len = columns.iter().map(Vec::len).max().unwrap_or(0);
+    let values = (0..len)
+        .map(|i| {
+            let row: Vec<Option<f64>> = columns.iter().map(|c| c.get(i).copied().flatten()).collect();
+            super::transform::percentile(&row, n, interpolate)
+        })
+        .collect();
+    Ok(vec![Series::derived(name, (start, end, step), values, cx.x_files_factor)])
+}
+
+/// `removeEmptySeries(seriesList, xFilesFactor=None)`: series with no values (or fewer than
+/// the factor's share).
+pub(crate) fn remove_empty_series(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let xff = args.number(1, "xFilesFactor")?.map_or(0.0, Number::as_f64);
+    args.finish()?;
+    Ok(series
+        .into_iter()
+        .filter(|s| {
+            let points = s.points();
+            let present = points.iter().filter(|v| v.is_some()).count();
+            present > 0 && present as f64 / points.len() as f64 >= xff
+        })
+        .collect())
+}
+
+/// `unique(*seriesLists)`: the first series of each name.
+pub(crate) fn unique(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let lists = args.series_rest(0, "seriesLists")?;
+    args.finish()?;
+    let mut seen = std::collections::HashSet::new();
+    Ok(lists.into_iter().flatten().filter(|s| seen.insert(s.name.clone())).collect())
+}

@@ -192,3 +192,19 @@ fn summarize_buckets_and_refuses_what_it_cannot_do() {
     assert_eq!(transform::time_offset("1mon"), Some(2_592_000));
     assert_eq!(transform::time_offset("5m"), None);
 }
+
+#[test]
+fn percentiles_and_python_replacements() {
+    let p = |v: &[f64], n: f64, i: bool| transform::percentile(&v.iter().map(|x| Some(*x)).collect::<Vec<_>>(), n, i);
+    assert_eq!(p(&[4.0, 1.0, 3.0, 2.0], 50.0, false), Some(3.0));
+    assert_eq!(p(&[4.0, 1.0, 3.0, 2.0], 50.0, true), Some(2.5));
+    assert_eq!(p(&[1.0, 2.0], 100.0, false), Some(2.0));
+    assert_eq!(p(&[1.0, 2.0], 150.0, false), Some(2.0), "past the end: the largest, not a panic");
+    assert_eq!(p(&[], 50.0, false), None);
+    let names = |t: &str| run(t, &store()).unwrap().into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names(r"aliasSub(a.x, '(\w)\.(\w)', '\2-\1 $0 \g<1>')"), ["x-a $0 a"]);
+    assert!(run("aliasSub(a.x, '(?<=a)x', 'y')", &store()).unwrap_err().to_string().contains("search"));
+    assert!(run("log(a.x, 1)", &store()).unwrap_err().to_string().contains("no logarithm"));
+    assert!(run("color(a.x)", &store()).unwrap_err().to_string().contains("missing theColor"));
+    assert_eq!(names("unique(a.x, a.*)"), ["a.x", "a.y"]);
+}

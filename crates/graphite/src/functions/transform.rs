@@ -535,3 +535,127 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     }
     Ok(out)
 }
+
+/// `pow(seriesList, factor)`.
+pub(crate) fn pow(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let f = args.required_number(1, "factor")?.as_f64();
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert("pow".into(), py_float(f));
+        rename(s, format!("pow({},{})", s.name, py_g(f)));
+        s.values = s.points().into_iter().map(|v| safe_pow(v, f)).collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// `log(seriesList, base=10)` (graphite-web's `logarithm`, registered as `log`): values not
+/// above 0 are gaps.
+pub(crate) fn logarithm(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let base = match args.number(1, "base")? {
+        None => 10,
+        Some(Number::Int(b)) => b,
+        Some(_) => return Err(args.error("base must be a whole number")),
+    };
+    args.finish()?;
+    if base <= 0 || base == 1 {
+        return Err(EvalError::BadArgument {
+            function: "log".into(),
+            message: format!("base {base} has no logarithm"),
+        });
+    }
+    let b = base as f64;
+    Ok(series
+        .iter()
+        .map(|s| {
+            // Python's math.log(x, base): log(x) / log(base).
+            let values = s.points().into_iter().map(|v| v.filter(|x| *x > 0.0).map(|x| x.ln() / b.ln())).collect();
+            let mut out = derive(s, format!("log({}, {base})", s.name), values, "log");
+            out.tags.insert("log".into(), base.to_string());
+            out
+        })
+        .collect())
+}
+
+/// `scaleToSeconds(seriesList, seconds)`: values per step turned into values per `seconds`,
+/// rounded to six decimals.
+pub(crate) fn scale_to_seconds(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let seconds = args.required_number(1, "seconds")?.as_f64();
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert("scaleToSeconds".into(), py_float(seconds));
+        rename(s, format!("scaleToSeconds({},{})", s.name, seconds.trunc() as i64));
+        let factor = seconds / s.step as f64;
+        for v in s.values.iter_mut().flatten() {
+            *v = py_round(*v * factor, 6);
+        }
+    }
+    Ok(series)
+}
+
+/// graphite-web's `_getPercentile` of the present points: the nearest rank, or with
+/// `interpolate` the value between the two ranks around the fractional one.
+pub(crate) fn percentile(points: &[Option<f64>], n: f64, interpolate: bool) -> Option<f64> {
+    let mut sorted: Vec<f64> = points.iter().flatten().copied().collect();
+    if sorted.is_empty() {
+        return None;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let fractional = n / 100.0 * (sorted.len() + 1) as f64;
+    let mut rank = fractional.trunc() as usize;
+    let fraction = fractional - rank as f64;
+    if !interpolate {
+        rank += fraction.ceil() as usize;
+    }
+    let mut p = if rank == 0 {
+        sorted[0]
+    } else if rank > sorted.len() {
+        // Past the end (n above 100): the largest (graphite-web fails here).
+        sorted[sorted.len() - 1]
+    } else {
+        sorted[rank - 1]
+    };
+    if interpolate && rank < sorted.len() {
+        p += fraction * (sorted[rank] - p);
+    }
+    Some(p)
+}
+
+/// `nPercentile(seriesList, n)`: each series' n-th percentile as a constant line.
+pub(crate) fn n_percentile(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    let n = args.required_number(1, "n")?.as_f64();
+    args.finish()?;
+    if n == 0.0 {
+        return Err(EvalError::BadArgument {
+            function: "nPercentile".into(),
+            message: "The requested percent is required to be greater than 0".into(),
+        });
+    }
+    Ok(series
+        .iter()
+        .filter_map(|s| {
+            let points = s.points();
+            let p = percentile(&points, n, false)?;
+            let count = ((s.end - s.start) / s.step.max(1)).max(0) as usize;
+            let mut out =
+                derive(s, format!("nPercentile({}, {})", s.name, py_g(n)), vec![Some(p); count], "nPercentile");
+            out.tags.insert("nPercentile".into(), py_float(n));
+            Some(out)
+        })
+        .collect())
+}
+
+/// Graph options that change neither names nor values (`color`, `lineWidth`, `alpha`):
+/// nothing a data answer shows, so the series pass through once the arguments check.
+pub(crate) fn graph_option(mut args: Args<'_>, option: &str) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
+    if args.take(1, option).is_none() {
+        return Err(args.error(format!("missing {option}")));
+    }
+    args.finish()?;
+    Ok(series)
+}
