@@ -178,6 +178,9 @@ impl ApiError {
     fn bad_data(m: impl Into<String>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, kind: "bad_data", message: m.into() }
     }
+    fn not_found(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, kind: "not_found", message: m.into() }
+    }
     fn execution(m: impl Into<String>) -> Self {
         ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, kind: "execution", message: m.into() }
     }
@@ -261,6 +264,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/metrics/index.json", get(graphite_api::index_json))
+        .route("/functions", get(graphite_api::functions))
+        .route("/functions/", get(graphite_api::functions))
+        .route("/functions/{name}", get(graphite_api::function_details))
+        .route("/graphite/functions", get(graphite_api::functions))
+        .route("/graphite/functions/{name}", get(graphite_api::function_details))
         .route("/render", get(graphite_api::render).post(graphite_api::render))
         .route("/render/", get(graphite_api::render).post(graphite_api::render))
         .route("/graphite/render", get(graphite_api::render).post(graphite_api::render))

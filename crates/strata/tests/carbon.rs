@@ -395,6 +395,19 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     assert!(code == 400 && body.contains("holtWintersForecast() is not supported yet"), "{code} {body}");
     let (code, body) = http(srv.port, "GET", "/render?target=scale(pickled.path,'x')", &[], b"");
     assert!(code == 400 && body.contains("scale(): factor must be a number"), "{code} {body}");
+    // The function catalog, as Grafana reads it.
+    // keepLastValue's infinite default is written 1e9999, as graphite-web writes it: JavaScript
+    // reads infinity, serde_json refuses it.
+    let catalog = |path: &str| -> serde_json::Value {
+        let (code, body) = http(srv.port, "GET", path, &[], b"");
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains(r#""default":1e9999"#), "{body}");
+        serde_json::from_str(&body.replace("1e9999", "null")).unwrap()
+    };
+    assert_eq!(catalog("/functions")["sumSeries"]["group"], "Combine");
+    assert_eq!(catalog("/functions?grouped=1")["Transform"]["summarize"]["name"], "summarize");
+    let (code, body) = http(srv.port, "GET", "/functions/holtWintersForecast", &[], b"");
+    assert!(code == 404 && body.contains("Function not found"), "{code} {body}");
     // A target that does not parse is refused with where and what.
     let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*", &[], b"");
     assert!(code == 400 && body.contains("at position 13"), "{code} {body}");

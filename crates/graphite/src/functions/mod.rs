@@ -9,6 +9,7 @@
 //! and the filters and sorts (`filter`). Any other name is refused by name.
 
 mod alias;
+pub mod catalog;
 mod combine;
 mod filter;
 pub mod series;

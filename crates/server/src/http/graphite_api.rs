@@ -564,6 +564,22 @@ fn graphite_series_name(labels: &Labels) -> Option<(String, Vec<(String, String)
     Some((name, tags))
 }
 
+/// `/functions`: the render functions Strata evaluates, with their parameters as graphite-web
+/// lists them (Grafana's Graphite data source reads this); `grouped=1` by group, `group=` one.
+pub(super) async fn functions(RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let grouped = p.get("grouped").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    Ok(json_bytes(functions::catalog::list(grouped, p.get("group")).into_bytes()))
+}
+
+/// `/functions/<name>`: one function's entry; 404 for one Strata does not have.
+pub(super) async fn function_details(axum::extract::Path(name): axum::extract::Path<String>) -> ApiResult {
+    match functions::catalog::details(&name) {
+        Some(v) => Ok(json_bytes(v.into_bytes())),
+        None => Err(ApiError::not_found(format!("Function not found: {name}"))),
+    }
+}
+
 /// A fetched series as the functions take it.
 fn into_function_series(s: RenderSeries) -> FnSeries {
     let tags = s.tags.into_iter().collect();
