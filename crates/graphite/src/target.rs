@@ -165,14 +165,19 @@ impl<'s> Parser<'s> {
 
     /// The identifier at the cursor if `(` follows it (optionally after spaces).
     fn identifier_before_paren(&self) -> Option<&'s str> {
+        self.identifier_then('(')
+    }
+
+    /// The identifier (letters, digits, `_`; not starting with a digit) at the cursor, if
+    /// `next` follows it, optionally after spaces.
+    fn identifier_then(&self, next: char) -> Option<&'s str> {
         let rest = self.rest();
         let b = rest.as_bytes();
         if !b.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_') {
             return None;
         }
         let len = b.iter().take_while(|c| c.is_ascii_alphanumeric() || **c == b'_').count();
-        let after = rest[len..].trim_start();
-        after.starts_with('(').then(|| &rest[..len])
+        rest[len..].trim_start().starts_with(next).then(|| &rest[..len])
     }
 
     fn call(&mut self) -> Result<Call, ParseError> {
@@ -249,13 +254,7 @@ impl<'s> Parser<'s> {
 
     /// `name` if the cursor is at `name =` (a keyword argument).
     fn keyword_name(&self) -> Option<&'s str> {
-        let rest = self.rest();
-        let b = rest.as_bytes();
-        if !b.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_') {
-            return None;
-        }
-        let len = b.iter().take_while(|c| c.is_ascii_alphanumeric() || **c == b'_').count();
-        rest[len..].trim_start().starts_with('=').then(|| &rest[..len])
+        self.identifier_then('=')
     }
 
     fn argument(&mut self, literal: bool) -> Result<Expr, ParseError> {

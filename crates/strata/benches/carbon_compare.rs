@@ -50,36 +50,9 @@ const RENDER: &str = "servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system}";
 
 const SCHEMAS: &str = "[default]\npattern = .*\nretentions = 10s:1d\n";
 
-fn metrics() -> Vec<String> {
-    let mut m = Vec::new();
-    for cpu in 0..8 {
-        for k in ["user", "system", "idle", "iowait"] {
-            m.push(format!("cpu.cpu{cpu}.{k}"));
-        }
-    }
-    for k in ["free", "used", "cached", "buffers"] {
-        m.push(format!("mem.{k}"));
-    }
-    for k in ["1", "5", "15"] {
-        m.push(format!("load.{k}"));
-    }
-    for eth in 0..4 {
-        for k in ["rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors"] {
-            m.push(format!("net.eth{eth}.{k}"));
-        }
-    }
-    for dev in ["sda", "sdb", "sdc", "sdd", "sde", "sdf", "sdg", "sdh"] {
-        for k in ["reads", "writes", "read_bytes", "write_bytes", "io_time"] {
-            m.push(format!("disk.{dev}.{k}"));
-        }
-    }
-    m.push("uptime".into());
-    m
-}
-
 /// `n` paths, host by host, each host in every data centre.
 fn paths(n: usize) -> Vec<String> {
-    let metrics = metrics();
+    let metrics = common::host_metrics();
     let mut out = Vec::with_capacity(n);
     'all: for h in 0.. {
         for dc in 0..5 {

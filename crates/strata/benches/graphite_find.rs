@@ -18,6 +18,8 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use strata_graphite::find::find as reference_find;
 use strata_graphite::glob::Glob;
 use strata_model::{Labels, METRIC_NAME};
@@ -32,38 +34,10 @@ const QUERIES: [&str; 4] = [
     "servers.*.host-00042.{cpu,mem}.*",
 ];
 
-fn metrics() -> Vec<String> {
-    let mut m = Vec::new();
-    for cpu in 0..8 {
-        for k in ["user", "system", "idle", "iowait"] {
-            m.push(format!("cpu.cpu{cpu}.{k}"));
-        }
-    }
-    for k in ["free", "used", "cached", "buffers"] {
-        m.push(format!("mem.{k}"));
-    }
-    for k in ["1", "5", "15"] {
-        m.push(format!("load.{k}"));
-    }
-    for eth in 0..4 {
-        for k in ["rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors"] {
-            m.push(format!("net.eth{eth}.{k}"));
-        }
-    }
-    for dev in ["sda", "sdb", "sdc", "sdd", "sde", "sdf", "sdg", "sdh"] {
-        for k in ["reads", "writes", "read_bytes", "write_bytes", "io_time"] {
-            m.push(format!("disk.{dev}.{k}"));
-        }
-    }
-    m.push("uptime".into());
-    assert_eq!(m.len(), 100);
-    m
-}
-
 /// `n` paths; `irregular`: each host lacks a pseudo-random fifth of the metrics (as real
 /// hosts differ), so hosts share no subtree and the tries cannot fold them together.
 fn paths(n: usize, irregular: bool) -> Vec<String> {
-    let metrics = metrics();
+    let metrics = common::host_metrics();
     let per_host = if irregular { metrics.len() * 4 / 5 } else { metrics.len() };
     let hosts = n.div_ceil(5 * per_host);
     let mut out = Vec::with_capacity(n);

@@ -302,18 +302,8 @@ fn group_by(
         other => (other, false),
     };
     let func = AggFunc::parse(func_name).ok_or_else(bad)?;
-    let mut keys: Vec<String> = Vec::new();
-    let mut groups: std::collections::HashMap<String, Vec<Series>> = std::collections::HashMap::new();
-    for s in series {
-        let k = key(&s);
-        if !groups.contains_key(&k) {
-            keys.push(k.clone());
-        }
-        groups.entry(k).or_default().push(s);
-    }
-    let mut out = Vec::with_capacity(keys.len());
-    for k in keys {
-        let group = groups.remove(&k).expect("every key has its group");
+    let mut out = Vec::new();
+    for (k, group) in groups_in_order(series, key) {
         let aggregated =
             if legacy_multiply && group.len() == 1 { group } else { aggregate(cx, group, func_name, func, None) };
         if let Some(mut s) = aggregated.into_iter().next() {
@@ -322,6 +312,24 @@ fn group_by(
         }
     }
     Ok(out)
+}
+
+/// `series` grouped by `key`, the groups in the order their first series came (graphite-web
+/// keeps the keys' first-seen order).
+fn groups_in_order(series: Vec<Series>, key: impl Fn(&Series) -> String) -> Vec<(String, Vec<Series>)> {
+    let mut out: Vec<(String, Vec<Series>)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for s in series {
+        let k = key(&s);
+        match index.get(&k) {
+            Some(&i) => out[i].1.push(s),
+            None => {
+                index.insert(k.clone(), out.len());
+                out.push((k, vec![s]));
+            }
+        }
+    }
+    out
 }
 
 /// `groupByNode(seriesList, nodeNum, callback='average')` and `groupByNodes(seriesList,
@@ -387,20 +395,10 @@ pub(crate) fn with_wildcards(
         function: function.into(),
         message: format!("Unsupported aggregation function: {func}"),
     })?;
-    let mut keys: Vec<String> = Vec::new();
-    let mut groups: std::collections::HashMap<String, Vec<Series>> = std::collections::HashMap::new();
-    for s in series {
-        let k = key(&s);
-        if !groups.contains_key(&k) {
-            keys.push(k.clone());
-        }
-        groups.entry(k).or_default().push(s);
-    }
     let agg_name = name.strip_suffix("Series").unwrap_or(name).to_owned();
-    Ok(keys
+    Ok(groups_in_order(series, key)
         .into_iter()
-        .filter_map(|k| {
-            let group = groups.remove(&k).expect("every key has its group");
+        .filter_map(|(k, group)| {
             let mut s = aggregate(cx, group, &agg_name, agg, None).into_iter().next()?;
             s.name = k;
             Some(s)

@@ -12,38 +12,30 @@ fn rename(s: &mut Series, name: String) {
     s.path_expression = s.name.clone();
 }
 
-fn factor(args: &mut Args<'_>) -> Result<Number, EvalError> {
-    args.required_number(1, "factor")
+/// `what(seriesList, factor)`: every present value through `op` with the factor; the name is
+/// `what(name,factor)` (`%g`), the tag the factor as a float.
+fn with_factor(mut args: Args<'_>, what: &str, op: impl Fn(f64, f64) -> f64) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let f = args.required_number(1, "factor")?.as_f64();
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert(what.to_owned(), py_float(f));
+        rename(s, format!("{what}({},{})", s.name, py_g(f)));
+        for v in s.values.iter_mut().flatten() {
+            *v = op(*v, f);
+        }
+    }
+    Ok(series)
 }
 
 /// `scale(seriesList, factor)`: every value times the factor.
-pub(crate) fn scale(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    let mut series = args.series(0, "seriesList")?;
-    let f = factor(&mut args)?;
-    args.finish()?;
-    for s in &mut series {
-        s.tags.insert("scale".into(), py_float(f.as_f64()));
-        rename(s, format!("scale({},{})", s.name, py_g(f.as_f64())));
-        for v in s.values.iter_mut().flatten() {
-            *v *= f.as_f64();
-        }
-    }
-    Ok(series)
+pub(crate) fn scale(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    with_factor(args, "scale", |v, f| v * f)
 }
 
 /// `offset(seriesList, factor)`: the factor added to every value.
-pub(crate) fn offset(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    let mut series = args.series(0, "seriesList")?;
-    let f = factor(&mut args)?;
-    args.finish()?;
-    for s in &mut series {
-        s.tags.insert("offset".into(), py_float(f.as_f64()));
-        rename(s, format!("offset({},{})", s.name, py_g(f.as_f64())));
-        for v in s.values.iter_mut().flatten() {
-            *v += f.as_f64();
-        }
-    }
-    Ok(series)
+pub(crate) fn offset(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    with_factor(args, "offset", |v, f| v + f)
 }
 
 /// `absolute(seriesList)`.

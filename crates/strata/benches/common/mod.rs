@@ -239,3 +239,33 @@ pub fn wait_idle(pid: u32, max: Duration) {
         last = now;
     }
 }
+
+/// The 100 metrics of a host in the Graphite benchmarks' path trees: cpu per core, memory,
+/// load, network per interface, disk per device, uptime.
+pub fn host_metrics() -> Vec<String> {
+    let mut m = Vec::new();
+    for cpu in 0..8 {
+        for k in ["user", "system", "idle", "iowait"] {
+            m.push(format!("cpu.cpu{cpu}.{k}"));
+        }
+    }
+    for k in ["free", "used", "cached", "buffers"] {
+        m.push(format!("mem.{k}"));
+    }
+    for k in ["1", "5", "15"] {
+        m.push(format!("load.{k}"));
+    }
+    for eth in 0..4 {
+        for k in ["rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors"] {
+            m.push(format!("net.eth{eth}.{k}"));
+        }
+    }
+    for dev in ["sda", "sdb", "sdc", "sdd", "sde", "sdf", "sdg", "sdh"] {
+        for k in ["reads", "writes", "read_bytes", "write_bytes", "io_time"] {
+            m.push(format!("disk.{dev}.{k}"));
+        }
+    }
+    m.push("uptime".into());
+    assert_eq!(m.len(), 100);
+    m
+}
