@@ -36,7 +36,7 @@ filterSeries FilterSeries seriesList:seriesList! func:aggFunc! operator:string! 
 grep FilterSeries seriesList:seriesList! pattern:string!
 groupByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! callback:aggOrSeriesFunc="average"
 groupByNodes Combine seriesList:seriesList! callback:aggOrSeriesFunc! nodes:nodeOrTag*
-highest FilterSeries seriesList:seriesList! n:integer!=1 func:aggFunc="average"
+highest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 highestAverage FilterSeries seriesList:seriesList! n:integer!
 highestCurrent FilterSeries seriesList:seriesList! n:integer!
 highestMax FilterSeries seriesList:seriesList! n:integer!
@@ -47,7 +47,7 @@ keepLastValue Transform seriesList:seriesList! limit:intOrInf="__inf__"
 limit FilterSeries seriesList:seriesList! n:integer!
 lineWidth Graph seriesList:seriesList! width:float!
 log Transform seriesList:seriesList! base:integer=10
-lowest FilterSeries seriesList:seriesList! n:integer!=1 func:aggFunc="average"
+lowest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 lowestAverage FilterSeries seriesList:seriesList! n:integer!
 lowestCurrent FilterSeries seriesList:seriesList! n:integer!
 maximumAbove FilterSeries seriesList:seriesList! n:float!
