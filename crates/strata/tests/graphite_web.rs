@@ -264,6 +264,8 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
         ("divideSeries(servers.dc1.*.load, servers.dc2.host-1.load)", &t0.to_string(), None),
         ("divideSeries(servers.dc1.host-1.load, no.such.path)", &t0.to_string(), None),
         ("constantLine(42)", &t0.to_string(), None),
+        ("threshold(7.5)", &t0.to_string(), None),
+        ("threshold(7.5, 'limit', 'red')", &t0.to_string(), None),
         ("countSeries(servers.*.*.load)", &t0.to_string(), None),
         ("countSeries(servers.dc1.*.load, servers.dc2.*.load)", &two_days, None),
         ("groupByNode(servers.*.*.load, 1, 'sum')", &t0.to_string(), None),

@@ -83,6 +83,7 @@ sumSeries Combine seriesLists:seriesList!*
 sumSeriesWithWildcards Combine seriesList:seriesList! position:node*
 summarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignToFrom:boolean=false
 total Combine seriesLists:seriesList!*
+threshold Graph value:float! label:string color:string
 transformNull Transform seriesList:seriesList! default:float=0 referenceSeries:seriesList
 unique FilterSeries seriesLists:seriesList!*
 "#;

@@ -251,6 +251,20 @@ pub(crate) fn constant_line(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<
     Ok(vec![constant(cx, &crate::render::py_float(value), value)])
 }
 
+/// `threshold(value, label=None, color=None)`: `constantLine`, named `label` when given (the
+/// color only matters to graphs).
+pub(crate) fn threshold(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let value = args.required_number(0, "value")?.as_f64();
+    let label = args.string(1, "label")?;
+    let _color = args.string(2, "color")?;
+    args.finish()?;
+    let mut line = constant(cx, &crate::render::py_float(value), value);
+    if let Some(label) = label.filter(|l| !l.is_empty()) {
+        line.name = label;
+    }
+    Ok(vec![line])
+}
+
 fn constant(cx: &Context<'_>, name: &str, value: f64) -> Series {
     let (start, end) = (cx.from, cx.until);
     let step = ((end - start) as f64 / 2.0) as i64;
