@@ -45,7 +45,11 @@ pub struct Context<'f> {
     pub x_files_factor: f64,
     /// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written).
     fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
-    fetched: HashMap<String, Vec<Series>>,
+    /// Path expressions fetched and still to be used again, with how many uses remain (only
+    /// an expression used more than once is kept, and the last use takes it without a copy).
+    fetched: HashMap<String, (usize, Vec<Series>)>,
+    /// Uses of each path expression in the target being evaluated.
+    uses: HashMap<String, usize>,
     /// Series handed to calls so far, and the most allowed: a path expression used many times
     /// is fetched once but copied per use.
     handed_out: usize,
@@ -67,15 +71,46 @@ impl<'f> Context<'f> {
         max_series: usize,
         fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
     ) -> Context<'f> {
-        Context { from, until, x_files_factor, fetch, fetched: HashMap::new(), handed_out: 0, max_series }
+        Context {
+            from,
+            until,
+            x_files_factor,
+            fetch,
+            fetched: HashMap::new(),
+            uses: HashMap::new(),
+            handed_out: 0,
+            max_series,
+        }
+    }
+
+    /// Counts the uses of every path expression in `expr` (graphite-web's
+    /// `extractPathExpressions`, with multiplicity).
+    fn count_uses(&mut self, expr: &Expr) {
+        match expr {
+            Expr::Path(p) => *self.uses.entry(p.clone()).or_default() += 1,
+            Expr::Call(c) if c.name == "seriesByTag" => *self.uses.entry(c.raw.clone()).or_default() += 1,
+            Expr::Call(c) => {
+                for a in c.args.iter().chain(c.kwargs.iter().map(|(_, v)| v)) {
+                    self.count_uses(a);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn fetch(&mut self, path_expression: &str) -> Result<Vec<Series>, EvalError> {
-        let s = match self.fetched.get(path_expression) {
-            Some(s) => s.clone(),
+        let s = match self.fetched.remove(path_expression) {
+            Some((1, s)) => s,
+            Some((left, s)) => {
+                self.fetched.insert(path_expression.to_owned(), (left - 1, s.clone()));
+                s
+            }
             None => {
                 let s = (self.fetch)(path_expression)?;
-                self.fetched.insert(path_expression.to_owned(), s.clone());
+                let uses = self.uses.get(path_expression).copied().unwrap_or(1);
+                if uses > 1 {
+                    self.fetched.insert(path_expression.to_owned(), (uses - 1, s.clone()));
+                }
                 s
             }
         };
@@ -89,6 +124,7 @@ impl<'f> Context<'f> {
 
 /// The series a target names.
 pub fn evaluate(expr: &Expr, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+    cx.count_uses(expr);
     match eval(expr, cx)? {
         Arg::Series(s) => Ok(s),
         _ => Err(EvalError::Fetch("the target is a value, not a series".into())),
@@ -229,8 +265,8 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "offset" => transform::offset(args),
         "absolute" => transform::absolute(args),
         "derivative" => transform::derivative(args),
-        "nonNegativeDerivative" => transform::non_negative_derivative(args),
-        "perSecond" => transform::per_second(args),
+        "nonNegativeDerivative" => transform::non_negative(args, false),
+        "perSecond" => transform::non_negative(args, true),
         "integral" => transform::integral(args),
         "keepLastValue" => transform::keep_last_value(args),
         "transformNull" => transform::transform_null(args),

@@ -104,26 +104,11 @@ impl Series {
         }
     }
 
-    /// A series a function made: its tags are `{name}` unless given.
-    pub fn derived(
-        name: String,
-        (start, end, step): (i64, i64, i64),
-        values: Vec<Option<f64>>,
-        x_files_factor: f64,
-    ) -> Series {
+    /// A series a function made (graphite-web's `TimeSeries(name, ...)`): its tags are just
+    /// `name`, its path expression the name.
+    pub fn derived(name: String, range: (i64, i64, i64), values: Vec<Option<f64>>, x_files_factor: f64) -> Series {
         let tags = BTreeMap::from([("name".to_owned(), name.clone())]);
-        Series {
-            path_expression: name.clone(),
-            name,
-            start,
-            end,
-            step,
-            values,
-            consolidation: Consolidation::Average,
-            values_per_point: 1,
-            x_files_factor,
-            tags,
-        }
+        Series::fetched(name.clone(), tags, range, values, name, x_files_factor)
     }
 
     /// The values as graphite-web iterates them: every `values_per_point` stored values folded

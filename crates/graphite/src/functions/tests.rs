@@ -60,6 +60,9 @@ fn aggregations_name_and_fold_like_graphite_web() {
     assert_eq!(s.values, [Some(10.0), None, None, None]);
     assert_eq!(run("multiplySeries(a.x)", &store()).unwrap()[0].name, "a.x");
     assert_eq!(run("sumSeries(nothing)", &store()).unwrap(), []);
+    // One path expression used twice: fetched once (`run` checks), each use sees the same data.
+    let s = &run("sumSeries(a.x, scale(a.x, 2), a.x)", &store()).unwrap()[0];
+    assert_eq!(s.values, [Some(4.0), None, Some(12.0), Some(-16.0)]);
 }
 
 #[test]

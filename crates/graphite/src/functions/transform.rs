@@ -111,45 +111,19 @@ fn non_negative_delta(
     (None, Some(v))
 }
 
-fn bounds(args: &mut Args<'_>) -> Result<(Option<f64>, Option<f64>), EvalError> {
+/// `nonNegativeDerivative(seriesList, maxValue=None, minValue=None)` and `perSecond` (the same
+/// delta over the step, rounded to six decimals as graphite-web rounds it).
+pub(crate) fn non_negative(mut args: Args<'_>, per_second: bool) -> Result<Vec<Series>, EvalError> {
+    let series = args.series(0, "seriesList")?;
     let max = args.number(1, "maxValue")?.map(Number::as_f64);
     let min = args.number(2, "minValue")?.map(Number::as_f64);
-    Ok((max, min))
-}
-
-/// `nonNegativeDerivative(seriesList, maxValue=None, minValue=None)`.
-pub(crate) fn non_negative_derivative(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    let series = args.series(0, "seriesList")?;
-    let (max, min) = bounds(&mut args)?;
     args.finish()?;
+    let what = if per_second { "perSecond" } else { "nonNegativeDerivative" };
     Ok(series
         .iter()
         .map(|s| {
             let mut prev = None;
-            let values = s
-                .points()
-                .into_iter()
-                .map(|v| {
-                    let (d, p) = non_negative_delta(v, prev, max, min);
-                    prev = p;
-                    d
-                })
-                .collect();
-            derive(s, format!("nonNegativeDerivative({})", s.name), values, "nonNegativeDerivative")
-        })
-        .collect())
-}
-
-/// `perSecond(seriesList, maxValue=None, minValue=None)`: the non-negative delta over the step,
-/// rounded to six decimals as graphite-web rounds it.
-pub(crate) fn per_second(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    let series = args.series(0, "seriesList")?;
-    let (max, min) = bounds(&mut args)?;
-    args.finish()?;
-    Ok(series
-        .iter()
-        .map(|s| {
-            let mut prev = None;
+            // graphite-web divides by the stored step even when points are consolidated.
             let step = s.step as f64;
             let values = s
                 .points()
@@ -157,10 +131,14 @@ pub(crate) fn per_second(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
                 .map(|v| {
                     let (d, p) = non_negative_delta(v, prev, max, min);
                     prev = p;
-                    d.map(|d| py_round(d / step, 6))
+                    if per_second {
+                        d.map(|d| py_round(d / step, 6))
+                    } else {
+                        d
+                    }
                 })
                 .collect();
-            derive(s, format!("perSecond({})", s.name), values, "perSecond")
+            derive(s, format!("{what}({})", s.name), values, what)
         })
         .collect())
 }

@@ -168,9 +168,15 @@ impl<'h> Appender<'h> {
         }
         let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
             .map_err(AppendError::InvalidLabels)?;
+        self.append_labels(&labels, t, st, v)
+    }
+
+    /// Appends a float to the series with `labels` (validated, created if needed) and returns it.
+    fn append_labels(&mut self, labels: &Labels, t: i64, st: i64, v: f64) -> Result<Arc<MemSeries>, AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
+        // Before creating the series, so that a stream of too-old samples creates nothing.
         self.check_too_old(t)?;
-        let (series, _) = self.head.get_or_create(&labels)?;
+        let (series, _) = self.head.get_or_create(labels)?;
         self.push(series.clone(), t, st, PendingValue::Float(v))?;
         Ok(series)
     }
@@ -179,23 +185,13 @@ impl<'h> Appender<'h> {
     /// and again (a scrape cache) keeps it and uses `append_to`, which skips the lookup by
     /// reference.
     pub fn append_handle(&mut self, labels: &Labels, t: i64, v: f64) -> Result<Arc<MemSeries>, AppendError> {
-        labels.validate().map_err(AppendError::InvalidLabels)?;
-        // Before creating the series, so that a stream of too-old samples creates nothing.
-        self.check_too_old(t)?;
-        let (series, _) = self.head.get_or_create(labels)?;
-        self.push(series.clone(), t, 0, PendingValue::Float(v))?;
-        Ok(series)
+        self.append_labels(labels, t, 0, v)
     }
 
     /// `append` of a sample with a start time `st` (when its counter started counting, as
     /// OpenMetrics `_created` or OTLP give it; 0: none).
     pub fn append_with_start(&mut self, labels: &Labels, t: i64, st: i64, v: f64) -> Result<SeriesRef, AppendError> {
-        labels.validate().map_err(AppendError::InvalidLabels)?;
-        self.check_too_old(t)?;
-        let (series, _) = self.head.get_or_create(labels)?;
-        let r = series.series_ref;
-        self.push(series, t, st, PendingValue::Float(v))?;
-        Ok(r)
+        self.append_labels(labels, t, st, v).map(|s| s.series_ref)
     }
 
     /// Appends a native histogram to the series with `labels`, creating it if needed. The
