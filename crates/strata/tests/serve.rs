@@ -326,6 +326,18 @@ fn query_limits_are_enforced_with_prometheus_errors() {
     assert!(body.contains("too many samples"), "{body}");
     let (status, body) = http(srv.port, "GET", "/api/v1/query?query=lim%7Bi%3D%220%22%7D", &[], b"");
     assert_eq!(status, 200, "a query within the limits still answers: {body}");
+    // Graphite functions: a fetch past the limit answers as the limit, not as a bad target;
+    // one path expression used three times counts three times.
+    let render = |target: &str| http(srv.port, "GET", &format!("/render?from=-10min&target={target}"), &[], b"");
+    let (status, body) = render("sumSeries(lim)");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains(r#""errorType":"execution""#) && body.contains("more than 2 series"), "{body}");
+    let one = "seriesByTag(%27i%3D0%27)";
+    let (status, body) = render(&format!("sumSeries({one})"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = render(&format!("sumSeries({one},{one},{one})"));
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("more than 2 series in all"), "{body}");
 }
 
 #[test]

@@ -502,17 +502,33 @@ pub(super) async fn render(
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {
+                    // A fetch's own error (a limit, the deadline) is answered as it is, not as a
+                    // mistake in the target.
+                    let mut fetch_error: Option<ApiError> = None;
                     let mut fetch_expression = |pe: &str| -> Result<Vec<FnSeries>, functions::EvalError> {
-                        let selection = selection_of(pe).map_err(|e| functions::EvalError::Fetch(e.message))?;
-                        let fetched = fetch(&selection, pe).map_err(|e| functions::EvalError::Fetch(e.message))?;
-                        Ok(fetched.into_iter().map(into_function_series).collect())
+                        let fetched = selection_of(pe).and_then(|selection| fetch(&selection, pe));
+                        match fetched {
+                            Ok(fetched) => Ok(fetched.into_iter().map(into_function_series).collect()),
+                            Err(e) => {
+                                let message = e.message.clone();
+                                fetch_error = Some(e);
+                                Err(functions::EvalError::Fetch(message))
+                            }
+                        }
                     };
                     let max_series = st2.limits.max_query_series;
                     let mut cx =
                         functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression);
-                    let evaluated = functions::evaluate(expr, &mut cx)
-                        .map_err(|e| ApiError::bad_data(format!("target {:?}: {e}", target.text)))?;
-                    evaluated.into_iter().map(from_function_series).collect()
+                    let evaluated = functions::evaluate(expr, &mut cx);
+                    drop(cx);
+                    match evaluated {
+                        Ok(evaluated) => evaluated.into_iter().map(from_function_series).collect(),
+                        Err(_) if fetch_error.is_some() => return Err(fetch_error.expect("checked")),
+                        Err(e @ functions::EvalError::TooManySeries(_)) => {
+                            return Err(ApiError::execution(format!("target {:?}: {e}", target.text)))
+                        }
+                        Err(e) => return Err(ApiError::bad_data(format!("target {:?}: {e}", target.text))),
+                    }
                 }
                 selection => fetch(selection, &target.text)?,
             };
