@@ -16,6 +16,7 @@ aliasByNode Alias seriesList:seriesList! nodes:nodeOrTag!*
 aliasByTags Alias seriesList:seriesList! tags:nodeOrTag!*
 aliasSub Alias seriesList:seriesList! search:string! replace:string!
 alpha Graph seriesList:seriesList! alpha:float!
+areaBetween Graph seriesList:seriesList!
 averageAbove FilterSeries seriesList:seriesList! n:float!
 averageBelow FilterSeries seriesList:seriesList! n:float!
 averageSeries Combine seriesLists:seriesList!*
@@ -32,6 +33,7 @@ derivative Transform seriesList:seriesList!
 diffSeries Combine seriesLists:seriesList!*
 divideSeries Combine dividendSeriesList:seriesList! divisorSeries:seriesList!
 exclude FilterSeries seriesList:seriesList! pattern:string!
+exponentialMovingAverage Calculate seriesList:seriesList! windowSize:intOrInterval!
 filterSeries FilterSeries seriesList:seriesList! func:aggFunc! operator:string! threshold:float!
 grep FilterSeries seriesList:seriesList! pattern:string!
 groupByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! callback:aggOrSeriesFunc="average"
@@ -40,6 +42,10 @@ highest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 highestAverage FilterSeries seriesList:seriesList! n:integer!
 highestCurrent FilterSeries seriesList:seriesList! n:integer!
 highestMax FilterSeries seriesList:seriesList! n:integer!
+holtWintersAberration Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
+holtWintersConfidenceArea Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
+holtWintersConfidenceBands Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
+holtWintersForecast Calculate seriesList:seriesList! bootstrapInterval:interval="7d" seasonality:interval="1d"
 integral Transform seriesList:seriesList!
 invert Transform seriesList:seriesList!
 isNonNull Transform seriesList:seriesList!
@@ -56,6 +62,12 @@ maxSeries Combine seriesLists:seriesList!*
 minimumAbove FilterSeries seriesList:seriesList! n:float!
 minimumBelow FilterSeries seriesList:seriesList! n:float!
 minSeries Combine seriesLists:seriesList!*
+movingAverage Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
+movingMax Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
+movingMedian Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
+movingMin Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
+movingSum Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
+movingWindow Calculate seriesList:seriesList! windowSize:intOrInterval! func:aggFunc="average" xFilesFactor:float
 multiplySeries Combine seriesLists:seriesList!*
 multiplySeriesWithWildcards Combine seriesList:seriesList! position:node*
 nonNegativeDerivative Transform seriesList:seriesList! maxValue:float minValue:float
@@ -79,11 +91,13 @@ sortByTotal Sorting seriesList:seriesList!
 squareRoot Transform seriesList:seriesList!
 stddevSeries Combine seriesLists:seriesList!*
 sum Combine seriesLists:seriesList!*
+summarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignToFrom:boolean=false
 sumSeries Combine seriesLists:seriesList!*
 sumSeriesWithWildcards Combine seriesList:seriesList! position:node*
-summarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignToFrom:boolean=false
-total Combine seriesLists:seriesList!*
 threshold Graph value:float! label:string color:string
+timeShift Transform seriesList:seriesList! timeShift:interval! resetEnd:boolean=true alignDst:boolean=false
+timeStack Transform seriesList:seriesList! timeShiftUnit:interval="1d" timeShiftStart:integer=0 timeShiftEnd:integer=7
+total Combine seriesLists:seriesList!*
 transformNull Transform seriesList:seriesList! default:float=0 referenceSeries:seriesList
 unique FilterSeries seriesLists:seriesList!*
 "#;

@@ -14,6 +14,7 @@ mod combine;
 mod filter;
 pub mod series;
 pub(crate) mod transform;
+mod window;
 
 use std::collections::HashMap;
 
@@ -36,15 +37,24 @@ pub enum EvalError {
     TooManySeries(usize),
 }
 
+/// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written) over
+/// `[from, until]`, epoch seconds.
+pub type Fetch<'f> = dyn FnMut(&str, i64, i64) -> Result<Vec<Series>, EvalError> + 'f;
+
 /// What evaluation needs from the server: the request's range and its series.
 pub struct Context<'f> {
-    /// Epoch seconds.
+    /// The range being evaluated, epoch seconds: the request's, or the shifted or widened one
+    /// a function such as `timeShift` or `movingAverage` evaluates its argument over.
     pub from: i64,
     pub until: i64,
+    /// The request's range: path expressions are fetched once per use over it, and afresh
+    /// over any other.
+    requested: (i64, i64),
     /// The request's `xFilesFactor` (graphite-web's `DEFAULT_XFILES_FACTOR` when absent, 0).
     pub x_files_factor: f64,
-    /// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written).
-    fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
+    /// Fetches a path expression (a glob, or a `seriesByTag(...)` call as written) over
+    /// `[from, until]`.
+    fetch: &'f mut Fetch<'f>,
     /// Path expressions fetched and still to be used again, with how many uses remain (only
     /// an expression used more than once is kept, and the last use takes it without a copy).
     fetched: HashMap<String, (usize, Vec<Series>)>,
@@ -54,6 +64,9 @@ pub struct Context<'f> {
     /// is fetched once but copied per use.
     handed_out: usize,
     max_series: usize,
+    /// Graphite's own time zone (graphite-web's `TIME_ZONE`), whose daylight-saving time
+    /// `timeShift(..., alignDST=true)` follows.
+    time_zone: jiff::tz::TimeZone,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -69,18 +82,31 @@ impl<'f> Context<'f> {
         until: i64,
         x_files_factor: f64,
         max_series: usize,
-        fetch: &'f mut dyn FnMut(&str) -> Result<Vec<Series>, EvalError>,
+        fetch: &'f mut Fetch<'f>,
     ) -> Context<'f> {
         Context {
             from,
             until,
+            requested: (from, until),
             x_files_factor,
             fetch,
             fetched: HashMap::new(),
             uses: HashMap::new(),
             handed_out: 0,
             max_series,
+            time_zone: jiff::tz::TimeZone::UTC,
         }
+    }
+
+    /// Sets Graphite's own time zone (UTC unless set).
+    pub fn with_time_zone(mut self, time_zone: jiff::tz::TimeZone) -> Context<'f> {
+        self.time_zone = time_zone;
+        self
+    }
+
+    /// Whether daylight-saving time is in effect at epoch second `t` in Graphite's time zone.
+    fn is_dst(&self, t: i64) -> bool {
+        jiff::Timestamp::from_second(t).is_ok_and(|ts| self.time_zone.to_offset_info(ts).dst().is_dst())
     }
 
     /// Counts the uses of every path expression in `expr` (graphite-web's
@@ -99,6 +125,10 @@ impl<'f> Context<'f> {
     }
 
     fn fetch(&mut self, path_expression: &str) -> Result<Vec<Series>, EvalError> {
+        if (self.from, self.until) != self.requested {
+            let s = (self.fetch)(path_expression, self.from, self.until)?;
+            return self.hand_out(s);
+        }
         let s = match self.fetched.remove(path_expression) {
             Some((1, s)) => s,
             Some((left, s)) => {
@@ -106,7 +136,7 @@ impl<'f> Context<'f> {
                 s
             }
             None => {
-                let s = (self.fetch)(path_expression)?;
+                let s = (self.fetch)(path_expression, self.from, self.until)?;
                 let uses = self.uses.get(path_expression).copied().unwrap_or(1);
                 if uses > 1 {
                     self.fetched.insert(path_expression.to_owned(), (uses - 1, s.clone()));
@@ -114,11 +144,28 @@ impl<'f> Context<'f> {
                 s
             }
         };
+        self.hand_out(s)
+    }
+
+    fn hand_out(&mut self, s: Vec<Series>) -> Result<Vec<Series>, EvalError> {
         self.handed_out += s.len();
         if self.handed_out > self.max_series {
             return Err(EvalError::TooManySeries(self.max_series));
         }
         Ok(s)
+    }
+
+    /// `expr` evaluated again over `[from, until]` (graphite-web's `evaluateTarget` over a
+    /// copy of the request context with other times and nothing prefetched).
+    pub(crate) fn evaluate_over(&mut self, expr: &Expr, from: i64, until: i64) -> Result<Vec<Series>, EvalError> {
+        let saved = (self.from, self.until);
+        (self.from, self.until) = (from, until);
+        let evaluated = eval(expr, self);
+        (self.from, self.until) = saved;
+        match evaluated? {
+            Arg::Series(s) => Ok(s),
+            other => Err(EvalError::Fetch(format!("the first argument is {}, not a series list", describe(&other)))),
+        }
     }
 }
 
@@ -165,6 +212,7 @@ pub const FUNCTIONS: &[&str] = &[
     "aliasByTags",
     "aliasSub",
     "alpha",
+    "areaBetween",
     "averageAbove",
     "averageBelow",
     "averageSeries",
@@ -181,6 +229,7 @@ pub const FUNCTIONS: &[&str] = &[
     "diffSeries",
     "divideSeries",
     "exclude",
+    "exponentialMovingAverage",
     "filterSeries",
     "grep",
     "groupByNode",
@@ -189,6 +238,10 @@ pub const FUNCTIONS: &[&str] = &[
     "highestAverage",
     "highestCurrent",
     "highestMax",
+    "holtWintersAberration",
+    "holtWintersConfidenceArea",
+    "holtWintersConfidenceBands",
+    "holtWintersForecast",
     "integral",
     "invert",
     "isNonNull",
@@ -205,6 +258,12 @@ pub const FUNCTIONS: &[&str] = &[
     "minimumAbove",
     "minimumBelow",
     "minSeries",
+    "movingAverage",
+    "movingMax",
+    "movingMedian",
+    "movingMin",
+    "movingSum",
+    "movingWindow",
     "multiplySeries",
     "multiplySeriesWithWildcards",
     "nonNegativeDerivative",
@@ -232,6 +291,8 @@ pub const FUNCTIONS: &[&str] = &[
     "sumSeries",
     "sumSeriesWithWildcards",
     "threshold",
+    "timeShift",
+    "timeStack",
     "total",
     "transformNull",
     "unique",
@@ -248,7 +309,22 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
     for (k, v) in &c.kwargs {
         args.keyword.push((k.clone(), eval(v, cx)?));
     }
+    let first = || window::first_argument(&c.args, &c.name);
     match c.name.as_str() {
+        "movingWindow" => window::moving(cx, args, &first()?, None),
+        "movingAverage" => window::moving(cx, args, &first()?, Some("average")),
+        "movingMedian" => window::moving(cx, args, &first()?, Some("median")),
+        "movingSum" => window::moving(cx, args, &first()?, Some("sum")),
+        "movingMin" => window::moving(cx, args, &first()?, Some("min")),
+        "movingMax" => window::moving(cx, args, &first()?, Some("max")),
+        "exponentialMovingAverage" => window::exponential_moving_average(cx, args, &first()?),
+        "timeShift" => window::time_shift(cx, args, &first()?),
+        "timeStack" => window::time_stack(cx, args, &first()?),
+        "holtWintersForecast" => window::holt_winters_forecast(cx, args, &first()?),
+        "holtWintersConfidenceBands" => window::holt_winters_confidence_bands(cx, args, &first()?),
+        "holtWintersAberration" => window::holt_winters_aberration(cx, args, &first()?),
+        "holtWintersConfidenceArea" => window::holt_winters_confidence_area(cx, args, &first()?),
+        "areaBetween" => window::area_between(args),
         "aggregate" => combine::aggregate_call(cx, args),
         "sumSeries" | "sum" | "total" => combine::series_form(cx, args, "sum"),
         "averageSeries" | "avg" => combine::series_form(cx, args, "average"),

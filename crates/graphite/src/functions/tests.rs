@@ -12,7 +12,7 @@ fn fetched(name: &str, step: i64, values: &[Option<f64>]) -> Series {
 /// Evaluates `target` over a store of named series; a glob `x.*` matches names starting `x.`.
 fn run(target: &str, store: &[Series]) -> Result<Vec<Series>, EvalError> {
     let mut fetches = Vec::new();
-    let mut fetch = |pe: &str| -> Result<Vec<Series>, EvalError> {
+    let mut fetch = |pe: &str, _from: i64, _until: i64| -> Result<Vec<Series>, EvalError> {
         fetches.push(pe.to_owned());
         let prefix = pe.strip_suffix('*');
         Ok(store
@@ -210,4 +210,101 @@ fn percentiles_and_python_replacements() {
     assert!(run("log(a.x, 1)", &store()).unwrap_err().to_string().contains("no logarithm"));
     assert!(run("color(a.x)", &store()).unwrap_err().to_string().contains("missing theColor"));
     assert_eq!(names("unique(a.x, a.*)"), ["a.x", "a.y"]);
+}
+
+/// Evaluates `target` over `[from, until]` against series stored from 0 at 10 s: a fetch
+/// answers, as whisper does, the intervals from the first after `from` to the first after
+/// `until`. Returns the series and the ranges fetched.
+fn run_ranged(
+    target: &str,
+    from: i64,
+    until: i64,
+    values: &[(&str, Vec<Option<f64>>)],
+) -> (Vec<Series>, Vec<(i64, i64)>) {
+    let mut ranges = Vec::new();
+    let mut fetch = |pe: &str, from: i64, until: i64| -> Result<Vec<Series>, EvalError> {
+        ranges.push((from, until));
+        let (lo, hi) = (from - from.rem_euclid(10) + 10, until - until.rem_euclid(10) + 10);
+        Ok(values
+            .iter()
+            .filter(|(name, _)| pe.strip_suffix('*').map_or(*name == pe, |p| name.starts_with(p)))
+            .map(|(name, v)| {
+                let at = |t: i64| v.get((t / 10) as usize).copied().flatten();
+                let vals = (lo..hi).step_by(10).map(at).collect();
+                let tags = BTreeMap::from([("name".to_owned(), name.to_string())]);
+                Series::fetched(name.to_string(), tags, (lo, hi, 10), vals, pe.to_owned(), 0.0)
+            })
+            .collect())
+    };
+    let mut cx = Context::new(from, until, 0.0, 100, &mut fetch);
+    let out = evaluate(&parse(target).unwrap(), &mut cx).unwrap();
+    drop(cx);
+    (out, ranges)
+}
+
+#[test]
+fn moving_windows_fetch_the_window_before_the_range() {
+    // A ramp 0, 1, 2, ... at 0, 10, 20 s, with a gap at 150 s.
+    let ramp: Vec<Option<f64>> = (0..100).map(|i| (i != 15).then_some(i as f64)).collect();
+    let data = [("a.x", ramp.clone())];
+    let (out, ranges) = run_ranged("movingAverage(a.x, 3)", 100, 200, &data);
+    // Evaluated over the request's range first (for the step), then 3 steps earlier.
+    assert_eq!(ranges, [(100, 200), (70, 200)]);
+    let s = &out[0];
+    assert_eq!((s.name.as_str(), s.start, s.end), ("movingAverage(a.x,3)", 110, 210));
+    assert_eq!(s.tags["movingAverage"], "3");
+    // The point at 110 s averages 80, 90 and 100 s (not itself); the gap leaves two values.
+    assert_eq!(&s.values[..7], [Some(9.0), Some(10.0), Some(11.0), Some(12.0), Some(13.0), Some(13.5), Some(15.0)]);
+    assert_eq!(s.values.len(), 10);
+    let (out, ranges) = run_ranged("movingMax(a.x, '30s', 1)", 100, 200, &data);
+    assert_eq!(ranges[1], (70, 200));
+    assert_eq!(out[0].name, "movingMax(a.x,\"30s\")");
+    // xFilesFactor 1: a window with the gap in it is a gap.
+    assert_eq!(&out[0].values[5..9], [None, None, None, Some(18.0)]);
+    let (out, _) = run_ranged("movingWindow(a.x, 2, 'median')", 100, 200, &data);
+    assert_eq!(out[0].name, "movingMedian(a.x,2)");
+    assert_eq!(out[0].values[0], Some(9.5));
+    let (out, _) = run_ranged("exponentialMovingAverage(a.x, 3)", 100, 200, &data);
+    assert_eq!(out[0].name, "exponentialMovingAverage(a.x,3)");
+    // Seeded with the average of the first window (80, 90, 100 s), then c = 0.5 with 11, 12.
+    assert_eq!(&out[0].values[..3], [Some(9.0), Some(10.0), Some(11.0)]);
+    assert_eq!(out[0].values.len(), 11);
+}
+
+#[test]
+fn time_shifts_lay_earlier_data_over_the_range() {
+    let ramp: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64)).collect();
+    let data = [("a.x", ramp)];
+    let (out, ranges) = run_ranged("timeShift(a.x, '50s')", 500, 600, &data);
+    assert_eq!(ranges, [(500, 600), (450, 550)]);
+    let s = &out[0];
+    assert_eq!((s.name.as_str(), s.start, s.end), ("timeShift(a.x, \"-50s\")", 510, 610));
+    assert_eq!(s.values[0], Some(46.0));
+    let (out, ranges) = run_ranged("timeStack(a.x, '100s', 1, 3)", 500, 600, &data);
+    assert_eq!(ranges, [(500, 600), (400, 500), (300, 400)]);
+    let firsts: Vec<_> = out.iter().map(|s| (s.name.as_str(), s.start, s.values[0])).collect();
+    assert_eq!(firsts, [("timeShift(a.x, -100s, 1)", 510, Some(41.0)), ("timeShift(a.x, -100s, 2)", 510, Some(31.0))]);
+}
+
+#[test]
+fn holt_winters_follows_a_steady_series_and_flags_a_jump() {
+    let mut flat: Vec<Option<f64>> = vec![Some(5.0); 100];
+    flat[95] = Some(50.0);
+    let data = [("a.x", flat)];
+    let (out, ranges) = run_ranged("holtWintersForecast(a.x, '300s', '100s')", 800, 990, &data);
+    assert_eq!(ranges, [(800, 990), (500, 990)]);
+    assert_eq!(out[0].name, "holtWintersForecast(a.x)");
+    assert_eq!(out[0].start, 810);
+    assert!(out[0].values[..14].iter().all(|v| (v.unwrap() - 5.0).abs() < 1e-9), "{:?}", out[0].values);
+    let (bands, _) = run_ranged("holtWintersConfidenceBands(a.x, 3, '300s', '100s')", 800, 990, &data);
+    let names: Vec<_> = bands.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["holtWintersConfidenceLower(a.x)", "holtWintersConfidenceUpper(a.x)"]);
+    let (aberration, _) = run_ranged("holtWintersAberration(a.x, 3, '300s', '100s')", 800, 990, &data);
+    let a = &aberration[0].values;
+    // The jump (45 above the forecast) widens the band by 3 × 0.1 × 45 at once.
+    assert_eq!(a[14], Some(31.5), "the jump at 950 s is above the band: {a:?}");
+    assert_eq!(a[0], Some(0.0));
+    let (area, _) = run_ranged("holtWintersConfidenceArea(a.x, 3, '300s', '100s')", 800, 990, &data);
+    assert_eq!(area.len(), 2);
+    assert_eq!(area[0].name, "holtWintersConfidenceArea(a.x)");
 }

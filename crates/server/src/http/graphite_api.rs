@@ -466,6 +466,7 @@ pub(super) async fn render(
             .ok_or_else(|| ApiError::bad_data(format!("xFilesFactor={s:?} is not a number from 0 to 1")))?,
     };
     let schemas = st.graphite_schemas.lock().clone();
+    let graphite_time_zone = st.graphite_time_zone.lock().clone();
     let db = db(&st)?;
     let st2 = st.clone();
     let (mut series, requested) = run_query(&st, move |stopper| {
@@ -474,10 +475,17 @@ pub(super) async fn render(
         let (mut out, mut requested) = (Vec::new(), Vec::new());
         for target in &targets {
             let (from, until) = (target.from, target.until);
-            let (mint, maxt) = (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
-            let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
-            // The series a glob or a tag selection names, as whisper would answer for them.
-            let fetch = |selection: &Selection, path_expression: &str| -> Result<Vec<RenderSeries>, ApiError> {
+            // The series a glob or a tag selection names over `[from, until]` (the target's
+            // range, or the one a function such as `timeShift` asks for), as whisper would
+            // answer for them.
+            let fetch = |selection: &Selection,
+                         path_expression: &str,
+                         from: i64,
+                         until: i64|
+             -> Result<Vec<RenderSeries>, ApiError> {
+                let (mint, maxt) =
+                    (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
+                let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
                 let mut selected = match selection {
                     // The `__name__` regex is answered by walking the names indexes.
                     Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
@@ -505,20 +513,22 @@ pub(super) async fn render(
                     // A fetch's own error (a limit, the deadline) is answered as it is, not as a
                     // mistake in the target.
                     let mut fetch_error: Option<ApiError> = None;
-                    let mut fetch_expression = |pe: &str| -> Result<Vec<FnSeries>, functions::EvalError> {
-                        let fetched = selection_of(pe).and_then(|selection| fetch(&selection, pe));
-                        match fetched {
-                            Ok(fetched) => Ok(fetched.into_iter().map(into_function_series).collect()),
-                            Err(e) => {
-                                let message = e.message.clone();
-                                fetch_error = Some(e);
-                                Err(functions::EvalError::Fetch(message))
+                    let mut fetch_expression =
+                        |pe: &str, from: i64, until: i64| -> Result<Vec<FnSeries>, functions::EvalError> {
+                            let fetched = selection_of(pe).and_then(|selection| fetch(&selection, pe, from, until));
+                            match fetched {
+                                Ok(fetched) => Ok(fetched.into_iter().map(into_function_series).collect()),
+                                Err(e) => {
+                                    let message = e.message.clone();
+                                    fetch_error = Some(e);
+                                    Err(functions::EvalError::Fetch(message))
+                                }
                             }
-                        }
-                    };
+                        };
                     let max_series = st2.limits.max_query_series;
                     let mut cx =
-                        functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression);
+                        functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression)
+                            .with_time_zone(graphite_time_zone.clone());
                     let evaluated = functions::evaluate(expr, &mut cx);
                     drop(cx);
                     match evaluated {
@@ -530,7 +540,7 @@ pub(super) async fn render(
                         Err(e) => return Err(ApiError::bad_data(format!("target {:?}: {e}", target.text))),
                     }
                 }
-                selection => fetch(selection, &target.text)?,
+                selection => fetch(selection, &target.text, from, until)?,
             };
             requested.extend(series.iter().map(|_| (from, until)));
             out.extend(series);
