@@ -195,15 +195,7 @@ mod tests {
     use super::*;
 
     fn series() -> Series {
-        Series {
-            name: "a.b".into(),
-            tags: vec![],
-            start: 60,
-            end: 240,
-            step: 60,
-            values: vec![Some(1.5), None, Some(-2.0)],
-            path_expression: "a.*".into(),
-        }
+        Series::new("a.b".into(), vec![], (60, 240, 60), vec![Some(1.5), None, Some(-2.0)], "a.*".into(), 0.0)
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::fmt::Write;
 
+use crate::functions::series::{consolidate, Consolidation};
 use crate::schema::Policy;
 
 /// A series as graphite-web's `TimeSeries`: values at `start`, `start + step`, … before `end`.
@@ -26,6 +27,12 @@ pub struct Series {
     /// The target that selected the series (a glob, `seriesByTag(...)`): graphite-web groups a
     /// cluster server's series by it.
     pub path_expression: String,
+    /// How many of `values` make one point (1 unless a function or `maxDataPoints` set it),
+    /// how they fold, and the share of them that must be present (graphite-web's
+    /// `valuesPerPoint`, `consolidationFunc`, `xFilesFactor`).
+    pub values_per_point: usize,
+    pub consolidation: Consolidation,
+    pub x_files_factor: f64,
 }
 
 /// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
@@ -95,32 +102,60 @@ pub fn fetch(
 }
 
 impl Series {
+    /// A series as fetched: one value per point, averaging if later consolidated.
+    pub fn new(
+        name: String,
+        tags: Vec<(String, String)>,
+        (start, end, step): (i64, i64, i64),
+        values: Vec<Option<f64>>,
+        path_expression: String,
+        x_files_factor: f64,
+    ) -> Series {
+        Series {
+            name,
+            tags,
+            start,
+            end,
+            step,
+            values,
+            path_expression,
+            values_per_point: 1,
+            consolidation: Consolidation::Average,
+            x_files_factor,
+        }
+    }
+
     /// graphite-web's `maxDataPoints` for the JSON format: when the series has more points
     /// than that over `time_range` seconds, its start is nudged so consolidation bands stay put
-    /// from one refresh to the next, and every `ceil(points / max)` values become their
-    /// average (ignoring `None`). Returns the step the points are then apart (also `step`).
-    pub fn consolidate(&mut self, max_data_points: usize, time_range: i64) -> i64 {
-        let points = time_range / self.step;
-        if max_data_points == 0 || (max_data_points as i64) >= points {
-            return self.step;
+    /// from one refresh to the next, and every `ceil(points / max)` values become one point
+    /// (by the series' consolidation function); a maximum of 1 folds the whole series.
+    pub fn consolidate(&mut self, max_data_points: usize, time_range: i64) {
+        if max_data_points == 1 {
+            self.values_per_point = self.values.len();
+            return;
         }
-        let per_point = (points as f64 / max_data_points as f64).ceil() as usize;
+        let points = time_range as f64 / self.step as f64;
+        if max_data_points == 0 || max_data_points as f64 >= points {
+            return;
+        }
+        let per_point = (points / max_data_points as f64).ceil() as usize;
         let seconds_per_point = per_point as i64 * self.step;
         let nudge = seconds_per_point + self.start.rem_euclid(self.step) - self.start.rem_euclid(seconds_per_point);
         self.start += nudge;
         // graphite-web drops one value fewer than the nudge spans (its `range(1, n)`).
         let lose = ((nudge / self.step) as usize).saturating_sub(1).min(self.values.len());
         self.values.drain(..lose);
-        self.values = self
-            .values
-            .chunks(per_point)
-            .map(|c| {
-                let known: Vec<f64> = c.iter().flatten().copied().collect();
-                (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64)
-            })
-            .collect();
-        self.step = seconds_per_point;
-        seconds_per_point
+        self.values_per_point = per_point;
+    }
+
+    /// The values folded into points (`values_per_point` of them each), the step widened to
+    /// match: what every format writes.
+    pub fn fold_points(&mut self) {
+        if self.values_per_point > 1 {
+            self.values = consolidate(&self.values, self.values_per_point, self.consolidation, self.x_files_factor);
+            self.step *= self.values_per_point as i64;
+        }
+        self.values_per_point = 1;
     }
 
     /// The timestamps graphite-web pairs with the values: `start`, `start + step`, … up to
@@ -157,14 +192,22 @@ pub fn py_float(v: f64) -> String {
 }
 
 /// graphite-web's `format=json`: `[{"target", "tags", "datapoints": [[value, ts], …]}]`, with
-/// `maxDataPoints` applied over `time_range`.
-pub fn to_json(series: &mut [Series], max_data_points: Option<usize>, time_range: i64) -> String {
+/// `maxDataPoints` applied over the span from the earliest start to the latest end.
+pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String {
+    // graphite-web answers no series at all when every series is empty (its `any(data)`).
+    if series.iter().all(|s| s.values.is_empty()) {
+        return "[]".into();
+    }
+    // The range maxDataPoints spreads over is the series' own, not the request's.
+    let time_range =
+        series.iter().map(|s| s.end).max().unwrap_or(0) - series.iter().map(|s| s.start).min().unwrap_or(0);
     let mut out = String::from("[");
     for (i, s) in series.iter_mut().enumerate() {
-        let step = match max_data_points {
-            Some(m) => s.consolidate(m, time_range),
-            None => s.step,
-        };
+        if let Some(m) = max_data_points {
+            s.consolidate(m, time_range);
+        }
+        s.fold_points();
+        let step = s.step;
         if i > 0 {
             out.push_str(", ");
         }
@@ -362,37 +405,44 @@ mod tests {
 
     #[test]
     fn max_data_points_consolidates_as_graphite_web() {
-        let mut s = Series {
-            name: "a".into(),
-            tags: vec![],
-            start: 600,
-            end: 1200,
-            step: 60,
-            values: (0..10).map(|i| Some(i as f64)).collect(),
-            path_expression: "a".into(),
-        };
-        let step = s.consolidate(5, 600);
+        let values = (0..10).map(|i| Some(i as f64)).collect();
+        let s = Series::new("a".into(), vec![], (600, 1200, 60), values, "a".into(), 0.0);
+        let mut t = s.clone();
+        t.consolidate(5, 600);
+        t.fold_points();
         // 10 points, at most 5: two per point, 120 s apart; nudge = 120 + 0 - 0 = 120, one
         // value dropped.
-        assert_eq!((step, s.start), (120, 720));
-        assert_eq!(s.values, [Some(1.5), Some(3.5), Some(5.5), Some(7.5), Some(9.0)]);
+        assert_eq!((t.step, t.start), (120, 720));
+        assert_eq!(t.values, [Some(1.5), Some(3.5), Some(5.5), Some(7.5), Some(9.0)]);
         assert_eq!(
-            to_json(&mut [s], None, 600),
+            to_json(&mut [s.clone()], Some(5)),
             r#"[{"target": "a", "tags": {}, "datapoints": [[1.5, 720], [3.5, 840], [5.5, 960], [7.5, 1080], [9.0, 1200]]}]"#
         );
+        // consolidateBy's function and the series' xFilesFactor decide each point.
+        let mut m = s.clone();
+        (m.consolidation, m.values[3]) = (Consolidation::Max, None);
+        // The point at 840 s folds 3 (now a gap) and 4.
+        assert!(to_json(&mut [m.clone()], Some(5)).contains("[2.0, 720], [4.0, 840]"));
+        m.x_files_factor = 1.0;
+        assert!(to_json(&mut [m.clone()], Some(5)).contains("[null, 840]"));
+        // A maximum of 1 folds the whole series; no series with values answers no series.
+        assert!(to_json(&mut [s.clone()], Some(1)).contains("[[4.5, 600]]"));
+        let mut empty = s;
+        empty.values.clear();
+        assert_eq!(to_json(&mut [empty], None), "[]");
     }
 
     #[test]
     fn formats_as_graphite_web_writes_them() {
-        let s = Series {
-            name: "a.b".into(),
-            tags: vec![("name".into(), "a.b".into())],
-            start: 1_700_000_040,
-            end: 1_700_000_160,
-            step: 60,
-            values: vec![Some(1.0), None],
-            path_expression: "a.*".into(),
-        };
+        let tags = vec![("name".into(), "a.b".into())];
+        let s = Series::new(
+            "a.b".into(),
+            tags,
+            (1_700_000_040, 1_700_000_160, 60),
+            vec![Some(1.0), None],
+            "a.*".into(),
+            0.0,
+        );
         assert_eq!(to_raw(std::slice::from_ref(&s)), "a.b,1700000040,1700000160,60|1.0,None\n");
         let utc = jiff::tz::TimeZone::UTC;
         assert_eq!(
@@ -406,7 +456,7 @@ mod tests {
         assert!(pickled.starts_with(b"\x80\x02](}(X\x04\x00\x00\x00nameX\x03\x00\x00\x00a.b"), "{pickled:?}");
         assert!(pickled.ends_with(b"ue."), "{pickled:?}");
         assert_eq!(
-            to_json(&mut [s], None, 120),
+            to_json(&mut [s], None),
             r#"[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 1700000040], [null, 1700000100]]}]"#
         );
         assert_eq!(py_float(1e20), "1e+20");

@@ -391,8 +391,8 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     let json: serde_json::Value =
         serde_json::from_str(&render(&format!("target={}&from=-10min", form_encode("seriesByTag('dc=eu')")))).unwrap();
     assert_eq!(json[0]["target"], "pickled.path;dc=eu");
-    let (code, body) = http(srv.port, "GET", "/render?target=holtWintersForecast(a.*)", &[], b"");
-    assert!(code == 400 && body.contains("holtWintersForecast() is not supported yet"), "{code} {body}");
+    let (code, body) = http(srv.port, "GET", "/render?target=events('deploy')", &[], b"");
+    assert!(code == 400 && body.contains("events() is not supported yet"), "{code} {body}");
     let (code, body) = http(srv.port, "GET", "/render?target=scale(pickled.path,'x')", &[], b"");
     assert!(code == 400 && body.contains("scale(): factor must be a number"), "{code} {body}");
     // The function catalog, as Grafana reads it.
@@ -406,7 +406,7 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
     };
     assert_eq!(catalog("/functions")["sumSeries"]["group"], "Combine");
     assert_eq!(catalog("/functions?grouped=1")["Transform"]["summarize"]["name"], "summarize");
-    let (code, body) = http(srv.port, "GET", "/functions/holtWintersForecast", &[], b"");
+    let (code, body) = http(srv.port, "GET", "/functions/events", &[], b"");
     assert!(code == 404 && body.contains("Function not found"), "{code} {body}");
     // A target that does not parse is refused with where and what.
     let (code, body) = http(srv.port, "GET", "/render?target=sumSeries(a.*", &[], b"");

@@ -77,13 +77,7 @@ impl std::fmt::Debug for Context<'_> {
 
 impl<'f> Context<'f> {
     /// `max_series`: the most series all uses of path expressions may name together.
-    pub fn new(
-        from: i64,
-        until: i64,
-        x_files_factor: f64,
-        max_series: usize,
-        fetch: &'f mut Fetch<'f>,
-    ) -> Context<'f> {
+    pub fn new(from: i64, until: i64, x_files_factor: f64, max_series: usize, fetch: &'f mut Fetch<'f>) -> Context<'f> {
         Context {
             from,
             until,

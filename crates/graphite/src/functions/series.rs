@@ -115,32 +115,38 @@ impl Series {
     /// into one (a gap unless enough are present: more than none, and at least
     /// `x_files_factor` of them), the last group possibly shorter.
     pub fn points(&self) -> Vec<Option<f64>> {
-        let per = self.values_per_point.max(1);
-        if per == 1 {
-            return self.values.clone();
-        }
-        let mut buf = Vec::with_capacity(per);
-        self.values
-            .chunks(per)
-            .map(|group| {
-                buf.clear();
-                let mut present = 0;
-                for v in group {
-                    match v {
-                        Some(x) => {
-                            buf.push(*x);
-                            present += 1;
-                        }
-                        None if self.consolidation == Consolidation::AvgZero => buf.push(0.0),
-                        None => {}
-                    }
-                }
-                // graphite-web divides by the full group size, even for a short last group.
-                (present > 0 && present as f64 / per as f64 >= self.x_files_factor)
-                    .then(|| self.consolidation.fold(&buf))
-            })
-            .collect()
+        consolidate(&self.values, self.values_per_point, self.consolidation, self.x_files_factor)
     }
+}
+
+/// Every `per` values folded into one as graphite-web's `TimeSeries` iterates them: a gap
+/// unless enough are present (more than none, and at least `x_files_factor` of `per`), the
+/// last group possibly shorter.
+pub fn consolidate(values: &[Option<f64>], per: usize, how: Consolidation, x_files_factor: f64) -> Vec<Option<f64>> {
+    let per = per.max(1);
+    if per == 1 {
+        return values.to_vec();
+    }
+    let mut buf = Vec::with_capacity(per);
+    values
+        .chunks(per)
+        .map(|group| {
+            buf.clear();
+            let mut present = 0;
+            for v in group {
+                match v {
+                    Some(x) => {
+                        buf.push(*x);
+                        present += 1;
+                    }
+                    None if how == Consolidation::AvgZero => buf.push(0.0),
+                    None => {}
+                }
+            }
+            // graphite-web divides by the full group size, even for a short last group.
+            (present > 0 && present as f64 / per as f64 >= x_files_factor).then(|| how.fold(&buf))
+        })
+        .collect()
 }
 
 #[cfg(test)]

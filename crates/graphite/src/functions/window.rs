@@ -330,12 +330,7 @@ impl HoltWinters {
 
     /// The series over the range widened by the bootstrap interval, each with its forecast and
     /// deviation over the request's range.
-    fn analyse(
-        &self,
-        cx: &mut Context<'_>,
-        first: &Expr,
-        function: &str,
-    ) -> Result<Vec<Analysed>, EvalError> {
+    fn analyse(&self, cx: &mut Context<'_>, first: &Expr, function: &str) -> Result<Vec<Analysed>, EvalError> {
         let preview_list = cx.evaluate_over(first, cx.from - self.bootstrap, cx.until)?;
         preview_list
             .into_iter()

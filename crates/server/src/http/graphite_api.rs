@@ -433,7 +433,7 @@ pub(super) async fn render(
         ),
     };
     let mut targets = Vec::new();
-    let (from, until) = match &v3_request {
+    match &v3_request {
         Some(request) => {
             for m in &request.metrics {
                 check(m.start_time, m.stop_time)?;
@@ -445,8 +445,6 @@ pub(super) async fn render(
                     until: m.stop_time,
                 });
             }
-            let from = request.metrics.iter().map(|m| m.start_time).min().unwrap_or(now);
-            (from, request.metrics.iter().map(|m| m.stop_time).max().unwrap_or(now))
         }
         None => {
             let (from, until) = (at("from", "-24h")?, at("until", "now")?);
@@ -454,9 +452,8 @@ pub(super) async fn render(
             for t in p.all("target").into_iter().filter(|t| !t.is_empty()) {
                 targets.push(Target { text: t.to_owned(), selection: selection_of(t)?, from, until });
             }
-            (from, until)
         }
-    };
+    }
     let x_files_factor = match p.get("xFilesFactor").filter(|s| !s.is_empty()) {
         None => 0.0,
         Some(s) => s
@@ -503,7 +500,8 @@ pub(super) async fn render(
                         strata_graphite::render::fetch(&samples, &policy, from, until, now)
                     {
                         let path_expression = path_expression.to_owned();
-                        out.push(RenderSeries { name, tags, start, end, step, values, path_expression });
+                        let range = (start, end, step);
+                        out.push(RenderSeries::new(name, tags, range, values, path_expression, x_files_factor));
                     }
                 }
                 Ok(out)
@@ -548,13 +546,17 @@ pub(super) async fn render(
         Ok((out, requested))
     })
     .await?;
+    if format != "json" {
+        // Only JSON applies maxDataPoints; the others write the points as functions left them.
+        series.iter_mut().for_each(RenderSeries::fold_points);
+    }
     let (body, content_type) = match format.as_str() {
         "csv" => (to_csv(&series, &tz).into_bytes(), "text/csv"),
         "raw" => (to_raw(&series).into_bytes(), "text/plain"),
         "pickle" => (to_pickle(&series), "application/pickle"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
         "carbonapi_v3_pb" => (carbonapi::render_v3(&series, &requested), "application/x-protobuf"),
-        _ => (to_json(&mut series, max_data_points, until - from).into_bytes(), "application/json"),
+        _ => (to_json(&mut series, max_data_points).into_bytes(), "application/json"),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
@@ -609,22 +611,23 @@ pub(super) async fn function_details(axum::extract::Path(name): axum::extract::P
 /// A fetched series as the functions take it.
 fn into_function_series(s: RenderSeries) -> FnSeries {
     let tags = s.tags.into_iter().collect();
-    FnSeries::fetched(s.name, tags, (s.start, s.end, s.step), s.values, s.path_expression, 0.0)
+    FnSeries::fetched(s.name, tags, (s.start, s.end, s.step), s.values, s.path_expression, s.x_files_factor)
 }
 
-/// A function's result as the formats write it: its points (consolidated if the function left
-/// several values per point).
+/// A function's result as the formats write it, still with its values per point and how they
+/// fold (`maxDataPoints` may change the former, `consolidateBy` set the latter).
 fn from_function_series(s: FnSeries) -> RenderSeries {
-    let values = s.points();
-    let step = s.step * s.values_per_point.max(1) as i64;
     RenderSeries {
         tags: s.tags.into_iter().collect(),
         name: s.name,
         start: s.start,
         end: s.end,
-        step,
-        values,
+        step: s.step,
+        values: s.values,
         path_expression: s.path_expression,
+        values_per_point: s.values_per_point,
+        consolidation: s.consolidation,
+        x_files_factor: s.x_files_factor,
     }
 }
 

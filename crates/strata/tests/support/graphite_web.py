@@ -16,7 +16,7 @@ os.makedirs(scratch + '/log', exist_ok=True)
 with open(scratch + '/strata_gw_settings.py', 'w') as f:
     f.write('SECRET_KEY = "strata-test"\n')
     f.write('STORAGE_DIR = %r\nLOG_DIR = %r\nINDEX_FILE = %r\n' % (scratch, scratch + '/log', scratch + '/index'))
-    f.write('LOG_ROTATION = False\nDEFAULT_XFILES_FACTOR = 0\n')
+    f.write('LOG_ROTATION = False\nDEFAULT_XFILES_FACTOR = 0\nTIME_ZONE = "UTC"\n')
     f.write('DATABASES = {"default": {"NAME": %r, "ENGINE": "django.db.backends.sqlite3"}}\n' % (scratch + '/graphite.db'))
     if os.environ.get('GW_CLUSTER'):
         f.write('CLUSTER_SERVERS = [%r]\nSTANDARD_DIRS = []\nWHISPER_DIR = %r\n' % (os.environ['GW_CLUSTER'], scratch + '/none'))
@@ -45,9 +45,14 @@ if os.environ.get('GW_SERVE'):
 
 from django.test import Client  # noqa: E402
 
-client = Client()
+# An exception in graphite-web answers 500 with its text, as its server would answer.
+client = Client(raise_request_exception=False)
 out = []
 for path, params in json.load(sys.stdin):
     r = client.get(path, params)
-    out.append([r.status_code, r.get('Content-Type', ''), r.content.decode('utf-8', 'replace')])
+    if r.status_code == 500 and getattr(r, 'exc_info', None):
+        body = '%s: %s' % (r.exc_info[0].__name__, r.exc_info[1])
+    else:
+        body = r.content.decode('utf-8', 'replace')
+    out.append([r.status_code, r.get('Content-Type', ''), body])
 print(json.dumps(out))
