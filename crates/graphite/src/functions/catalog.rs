@@ -17,15 +17,19 @@ aliasByTags Alias seriesList:seriesList! tags:nodeOrTag!*
 aliasSub Alias seriesList:seriesList! search:string! replace:string!
 alpha Graph seriesList:seriesList! alpha:float!
 areaBetween Graph seriesList:seriesList!
+asPercent Combine seriesList:seriesList! total:any nodes:nodeOrTag*
 averageAbove FilterSeries seriesList:seriesList! n:float!
 averageBelow FilterSeries seriesList:seriesList! n:float!
 averageSeries Combine seriesLists:seriesList!*
 averageSeriesWithWildcards Combine seriesList:seriesList! position:node*
 avg Combine seriesLists:seriesList!*
+cactiStyle Special seriesList:seriesList! system:string units:string
 changed Special seriesList:seriesList!
 color Graph seriesList:seriesList! theColor:string!
+consolidateBy Special seriesList:seriesList! consolidationFunc:string!
 constantLine Special value:float!
 countSeries Combine seriesLists:seriesList*
+cumulative Special seriesList:seriesList!
 currentAbove FilterSeries seriesList:seriesList! n:float!
 currentBelow FilterSeries seriesList:seriesList! n:float!
 delay Transform seriesList:seriesList! steps:integer!
@@ -50,6 +54,7 @@ integral Transform seriesList:seriesList!
 invert Transform seriesList:seriesList!
 isNonNull Transform seriesList:seriesList!
 keepLastValue Transform seriesList:seriesList! limit:intOrInf="__inf__"
+legendValue Alias seriesList:seriesList! valuesTypes:string*
 limit FilterSeries seriesList:seriesList! n:integer!
 lineWidth Graph seriesList:seriesList! width:float!
 log Transform seriesList:seriesList! base:integer=10
@@ -74,6 +79,7 @@ nonNegativeDerivative Transform seriesList:seriesList! maxValue:float minValue:f
 nPercentile Calculate seriesList:seriesList! n:float!
 offset Transform seriesList:seriesList! factor:float!
 offsetToZero Transform seriesList:seriesList!
+pct Combine seriesList:seriesList! total:any nodes:nodeOrTag*
 percentileOfSeries Combine seriesList:seriesList! n:float! interpolate:boolean=false
 perSecond Transform seriesList:seriesList! maxValue:float minValue:float
 pow Transform seriesList:seriesList! factor:float!
@@ -83,6 +89,7 @@ removeBelowValue FilterData seriesList:seriesList! n:float!
 removeEmptySeries FilterSeries seriesList:seriesList! xFilesFactor:float
 scale Transform seriesList:seriesList! factor:float!
 scaleToSeconds Transform seriesList:seriesList! seconds:float!
+setXFilesFactor Special seriesList:seriesList! xFilesFactor:float!
 sortBy Sorting seriesList:seriesList! func:aggFunc="average" reverse:boolean=false
 sortByMaxima Sorting seriesList:seriesList!
 sortByMinima Sorting seriesList:seriesList!
@@ -100,6 +107,7 @@ timeStack Transform seriesList:seriesList! timeShiftUnit:interval="1d" timeShift
 total Combine seriesLists:seriesList!*
 transformNull Transform seriesList:seriesList! default:float=0 referenceSeries:seriesList
 unique FilterSeries seriesLists:seriesList!*
+xFilesFactor Special seriesList:seriesList! xFilesFactor:float!
 "#;
 
 /// graphite-web's names of its groups (the table writes them without spaces).

@@ -95,7 +95,7 @@ impl AggFunc {
 }
 
 /// Least common multiple, as graphite-web's `lcm`.
-fn lcm(a: i64, b: i64) -> i64 {
+pub(crate) fn lcm(a: i64, b: i64) -> i64 {
     fn gcd(a: i64, b: i64) -> i64 {
         if b == 0 {
             a
@@ -112,7 +112,7 @@ fn lcm(a: i64, b: i64) -> i64 {
 
 /// graphite-web's `normalize`: every series consolidated to the common step; the common
 /// `(start, end, step)`. `None` for no series.
-fn normalize(series: &mut [Series]) -> Option<(i64, i64, i64)> {
+pub(crate) fn normalize(series: &mut [Series]) -> Option<(i64, i64, i64)> {
     let step = series.iter().map(|s| s.step).reduce(lcm)?;
     for s in series.iter_mut() {
         s.values_per_point = (step / s.step.max(1)) as usize;

@@ -13,6 +13,7 @@ pub mod catalog;
 mod combine;
 mod filter;
 pub mod series;
+mod special;
 pub(crate) mod transform;
 mod window;
 
@@ -207,15 +208,19 @@ pub const FUNCTIONS: &[&str] = &[
     "aliasSub",
     "alpha",
     "areaBetween",
+    "asPercent",
     "averageAbove",
     "averageBelow",
     "averageSeries",
     "averageSeriesWithWildcards",
     "avg",
+    "cactiStyle",
     "changed",
     "color",
+    "consolidateBy",
     "constantLine",
     "countSeries",
+    "cumulative",
     "currentAbove",
     "currentBelow",
     "delay",
@@ -240,6 +245,7 @@ pub const FUNCTIONS: &[&str] = &[
     "invert",
     "isNonNull",
     "keepLastValue",
+    "legendValue",
     "limit",
     "lineWidth",
     "log",
@@ -264,6 +270,7 @@ pub const FUNCTIONS: &[&str] = &[
     "nPercentile",
     "offset",
     "offsetToZero",
+    "pct",
     "percentileOfSeries",
     "perSecond",
     "pow",
@@ -273,6 +280,7 @@ pub const FUNCTIONS: &[&str] = &[
     "removeEmptySeries",
     "scale",
     "scaleToSeconds",
+    "setXFilesFactor",
     "sortBy",
     "sortByMaxima",
     "sortByMinima",
@@ -290,6 +298,7 @@ pub const FUNCTIONS: &[&str] = &[
     "total",
     "transformNull",
     "unique",
+    "xFilesFactor",
 ];
 
 fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
@@ -319,6 +328,12 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "holtWintersAberration" => window::holt_winters_aberration(cx, args, &first()?),
         "holtWintersConfidenceArea" => window::holt_winters_confidence_area(cx, args, &first()?),
         "areaBetween" => window::area_between(args),
+        "asPercent" | "pct" => special::as_percent(cx, args),
+        "legendValue" => special::legend_value(args),
+        "cactiStyle" => special::cacti_style(args),
+        "consolidateBy" => special::consolidate_by(args, None),
+        "cumulative" => special::consolidate_by(args, Some("sum")),
+        "setXFilesFactor" | "xFilesFactor" => special::set_x_files_factor(cx, args),
         "aggregate" => combine::aggregate_call(cx, args),
         "sumSeries" | "sum" | "total" => combine::series_form(cx, args, "sum"),
         "averageSeries" | "avg" => combine::series_form(cx, args, "average"),
