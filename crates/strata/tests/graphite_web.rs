@@ -369,6 +369,52 @@ const TARGETS: &[(&str, Range, Option<Param>)] = &[
     ("sumSeries(setXFilesFactor(servers.*.*.load, 1))", Recent, None),
     ("averageSeries(servers.*.*.load)", Recent, Some(("maxDataPoints", "1"))),
     ("servers.*.*.load", TwoDays, Some(("maxDataPoints", "45"))),
+    // Statistics, and functions that evaluate new targets.
+    ("stdev(servers.dc1.host-1.load, 5)", Recent, None),
+    ("stdev(servers.*.*.load, 10, 0.5)", Recent, None),
+    ("stdev(counters.app-2.requests, 4, 1)", TwoDays, None),
+    ("linearRegression(servers.dc1.host-1.load)", Recent, None),
+    ("linearRegression(counters.*.requests, '{t0}')", Recent, None),
+    ("linearRegression(servers.dc1.*.load, '{t0}', '{t1}')", Recent, None),
+    ("mostDeviant(servers.*.*.load, 2)", Recent, None),
+    ("mostDeviant(counters.*.requests, 5)", TwoDays, None),
+    ("hitcount(counters.*.requests, '10min')", Recent, None),
+    ("hitcount(servers.dc1.*.load, '7min', true)", Recent, None),
+    ("hitcount(perSecond(counters.app-1.requests), '1h')", TwoDays, None),
+    ("hitcount(servers.dc2.host-1.load, '45s')", Recent, None),
+    ("smartSummarize(servers.*.*.load, '10min')", Recent, None),
+    ("smartSummarize(counters.*.requests, '1h', 'max', 'hours')", Recent, None),
+    ("smartSummarize(servers.dc1.*.load, '30min', 'avg', 'minutes')", Recent, None),
+    ("smartSummarize(servers.*.*.load, '1d', 'sum', 'days')", TwoDays, None),
+    ("useSeriesAbove(counters.app-1.requests, 100, 'app-1', 'app-2')", Recent, None),
+    ("applyByNode(servers.*.*.load, 1, 'sumSeries(%.*.load)')", Recent, None),
+    ("applyByNode(servers.*.*.load, 2, 'scale(%.load, 2)', '%.doubled')", Recent, None),
+    ("groupByTags(servers.*.*.load, 'sumSeries', 'name')", Recent, None),
+    ("groupByTags(servers.dc1.*.load, 'max', 'name')", TwoDays, None),
+    ("powSeries(servers.dc1.host-1.load, servers.dc1.host-2.load)", Recent, None),
+    ("powSeries(scale(servers.dc1.*.load, 0.01))", Recent, None),
+    ("minMax(servers.*.*.load)", Recent, None),
+    ("minMax(counters.*.requests)", TwoDays, None),
+    ("interpolate(servers.*.*.load)", Recent, None),
+    ("interpolate(counters.app-2.requests, 2)", Recent, None),
+    ("exp(scale(servers.dc1.host-1.load, 0.01))", Recent, None),
+    ("logit(scale(servers.dc1.*.load, 0.001))", Recent, None),
+    ("sigmoid(offset(servers.dc1.host-2.load, -50))", Recent, None),
+    ("add(servers.*.*.load, 2.5)", Recent, None),
+    ("add(counters.*.requests, -7)", Recent, None),
+    ("round(servers.*.*.load)", Recent, None),
+    ("round(scale(servers.dc1.*.load, 0.333), 2)", Recent, None),
+    ("round(counters.*.requests, -2)", Recent, None),
+    ("secondYAxis(servers.dc1.*.load)", Recent, None),
+    ("drawAsInfinite(changed(counters.*.requests))", Recent, None),
+    ("dashed(servers.dc2.*.load)", Recent, None),
+    ("dashed(servers.dc2.*.load, 2.5)", Recent, None),
+    ("identity('the time')", Recent, None),
+    ("time('t', 300)", TwoDays, None),
+    ("timeFunction('t')", Recent, None),
+    ("sin('wave', 2, 120)", Recent, None),
+    ("sinFunction('wave')", Recent, None),
+    ("aliasByNode(sin('a.b'), 1)", Recent, None),
 ];
 
 /// Targets graphite-web 1.1.8 fails on itself, with why; Strata must answer them (200), and
@@ -380,6 +426,11 @@ const KNOWN_WRONG: &[(&str, Range, &str)] = &[
         "with maxValue, any gap fails under Python 3 (None > maxValue)",
     ),
     ("perSecond(servers.*.*.load, 1000, 0)", Recent, "with maxValue or minValue, any gap fails under Python 3"),
+    (
+        "useSeriesAbove(servers.*.*.load, 100, 'load', 'load')",
+        Recent,
+        "max() of a series with gaps fails under Python 3",
+    ),
 ];
 
 /// The range a target is rendered over: the recent 150 minutes (the 1-minute archive) or the
@@ -565,6 +616,8 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
             Range::Recent => t0.to_string(),
             Range::TwoDays => two_days.clone(),
         };
+        // Dates in targets: the data's first minute and an hour later.
+        let target = target.replace("{t0}", &t0.to_string()).replace("{t1}", &(t0 + 3600).to_string());
         let mut params = json!({"target": target, "from": from, "until": until, "format": "json"});
         if let Some((k, v)) = extra {
             params[k] = json!(v);

@@ -124,7 +124,7 @@ pub(crate) fn alias_sub(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
 
 /// A Python `re.sub` replacement in the `regex` crate's syntax: `\1` and `\g<1>`/`\g<name>` become
 /// `${1}`/`${name}`, `\\` a backslash, `\n` and `\t` their characters, `$` is escaped.
-fn python_replacement(py: &str) -> String {
+pub(crate) fn python_replacement(py: &str) -> String {
     let mut out = String::new();
     let mut chars = py.chars().peekable();
     while let Some(c) = chars.next() {

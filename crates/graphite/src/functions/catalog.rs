@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 const TABLE: &str = r#"
 absolute Transform seriesList:seriesList!
+add Transform seriesList:seriesList! constant:float!
 aggregate Combine seriesList:seriesList! func:aggFunc! xFilesFactor:float
 aggregateWithWildcards Combine seriesList:seriesList! func:aggFunc! position:node*
 alias Alias seriesList:seriesList! newName:string!
@@ -16,6 +17,7 @@ aliasByNode Alias seriesList:seriesList! nodes:nodeOrTag!*
 aliasByTags Alias seriesList:seriesList! tags:nodeOrTag!*
 aliasSub Alias seriesList:seriesList! search:string! replace:string!
 alpha Graph seriesList:seriesList! alpha:float!
+applyByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! templateFunction:string! newName:string
 areaBetween Graph seriesList:seriesList!
 asPercent Combine seriesList:seriesList! total:any nodes:nodeOrTag*
 averageAbove FilterSeries seriesList:seriesList! n:float!
@@ -32,32 +34,41 @@ countSeries Combine seriesLists:seriesList*
 cumulative Special seriesList:seriesList!
 currentAbove FilterSeries seriesList:seriesList! n:float!
 currentBelow FilterSeries seriesList:seriesList! n:float!
+dashed Graph seriesList:seriesList! dashLength:float=5
 delay Transform seriesList:seriesList! steps:integer!
 derivative Transform seriesList:seriesList!
 diffSeries Combine seriesLists:seriesList!*
 divideSeries Combine dividendSeriesList:seriesList! divisorSeries:seriesList!
+drawAsInfinite Graph seriesList:seriesList!
 exclude FilterSeries seriesList:seriesList! pattern:string!
+exp Transform seriesList:seriesList!
 exponentialMovingAverage Calculate seriesList:seriesList! windowSize:intOrInterval!
 filterSeries FilterSeries seriesList:seriesList! func:aggFunc! operator:string! threshold:float!
 grep FilterSeries seriesList:seriesList! pattern:string!
 groupByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! callback:aggOrSeriesFunc="average"
 groupByNodes Combine seriesList:seriesList! callback:aggOrSeriesFunc! nodes:nodeOrTag*
+groupByTags Combine seriesList:seriesList! callback:aggOrSeriesFunc! tags:tag!*
 highest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 highestAverage FilterSeries seriesList:seriesList! n:integer!
 highestCurrent FilterSeries seriesList:seriesList! n:integer!
 highestMax FilterSeries seriesList:seriesList! n:integer!
+hitcount Transform seriesList:seriesList! intervalString:interval! alignToInterval:boolean=false
 holtWintersAberration Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
 holtWintersConfidenceArea Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
 holtWintersConfidenceBands Calculate seriesList:seriesList! delta:integer=3 bootstrapInterval:interval="7d" seasonality:interval="1d"
 holtWintersForecast Calculate seriesList:seriesList! bootstrapInterval:interval="7d" seasonality:interval="1d"
+identity Calculate name:string!
 integral Transform seriesList:seriesList!
+interpolate Transform seriesList:seriesList! limit:intOrInf="__inf__"
 invert Transform seriesList:seriesList!
 isNonNull Transform seriesList:seriesList!
 keepLastValue Transform seriesList:seriesList! limit:intOrInf="__inf__"
 legendValue Alias seriesList:seriesList! valuesTypes:string*
 limit FilterSeries seriesList:seriesList! n:integer!
+linearRegression Calculate seriesList:seriesList! startSourceAt:date endSourceAt:date
 lineWidth Graph seriesList:seriesList! width:float!
 log Transform seriesList:seriesList! base:integer=10
+logit Transform seriesList:seriesList!
 lowest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 lowestAverage FilterSeries seriesList:seriesList! n:integer!
 lowestCurrent FilterSeries seriesList:seriesList! n:integer!
@@ -66,7 +77,9 @@ maximumBelow FilterSeries seriesList:seriesList! n:float!
 maxSeries Combine seriesLists:seriesList!*
 minimumAbove FilterSeries seriesList:seriesList! n:float!
 minimumBelow FilterSeries seriesList:seriesList! n:float!
+minMax Transform seriesList:seriesList!
 minSeries Combine seriesLists:seriesList!*
+mostDeviant FilterSeries seriesList:seriesList! n:integer!
 movingAverage Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
 movingMax Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
 movingMedian Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
@@ -83,13 +96,20 @@ pct Combine seriesList:seriesList! total:any nodes:nodeOrTag*
 percentileOfSeries Combine seriesList:seriesList! n:float! interpolate:boolean=false
 perSecond Transform seriesList:seriesList! maxValue:float minValue:float
 pow Transform seriesList:seriesList! factor:float!
+powSeries Combine seriesLists:seriesList!*
 rangeOfSeries Combine seriesLists:seriesList!*
 removeAboveValue FilterData seriesList:seriesList! n:float!
 removeBelowValue FilterData seriesList:seriesList! n:float!
 removeEmptySeries FilterSeries seriesList:seriesList! xFilesFactor:float
+round Transform seriesList:seriesList! precision:integer=0
 scale Transform seriesList:seriesList! factor:float!
 scaleToSeconds Transform seriesList:seriesList! seconds:float!
+secondYAxis Graph seriesList:seriesList!
 setXFilesFactor Special seriesList:seriesList! xFilesFactor:float!
+sigmoid Transform seriesList:seriesList!
+sin Transform name:string! amplitude:integer=1 step:integer=60
+sinFunction Transform name:string! amplitude:integer=1 step:integer=60
+smartSummarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignTo:string
 sortBy Sorting seriesList:seriesList! func:aggFunc="average" reverse:boolean=false
 sortByMaxima Sorting seriesList:seriesList!
 sortByMinima Sorting seriesList:seriesList!
@@ -97,16 +117,20 @@ sortByName Sorting seriesList:seriesList! natural:boolean=false reverse:boolean=
 sortByTotal Sorting seriesList:seriesList!
 squareRoot Transform seriesList:seriesList!
 stddevSeries Combine seriesLists:seriesList!*
+stdev Calculate seriesList:seriesList! points:integer! windowTolerance:float=0.1
 sum Combine seriesLists:seriesList!*
 summarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignToFrom:boolean=false
 sumSeries Combine seriesLists:seriesList!*
 sumSeriesWithWildcards Combine seriesList:seriesList! position:node*
 threshold Graph value:float! label:string color:string
+time Transform name:string! step:integer=60
+timeFunction Transform name:string! step:integer=60
 timeShift Transform seriesList:seriesList! timeShift:interval! resetEnd:boolean=true alignDst:boolean=false
 timeStack Transform seriesList:seriesList! timeShiftUnit:interval="1d" timeShiftStart:integer=0 timeShiftEnd:integer=7
 total Combine seriesLists:seriesList!*
 transformNull Transform seriesList:seriesList! default:float=0 referenceSeries:seriesList
 unique FilterSeries seriesLists:seriesList!*
+useSeriesAbove FilterSeries seriesList:seriesList! value:float! search:string! replace:string!
 xFilesFactor Special seriesList:seriesList! xFilesFactor:float!
 "#;
 
@@ -145,6 +169,9 @@ fn entries() -> impl Iterator<Item = (&'static str, &'static str, Vec<Value>)> {
                 }
                 if pname == "operator" {
                     v["options"] = json!(["!=", "<", "<=", "=", ">", ">="]);
+                }
+                if pname == "consolidationFunc" {
+                    v["options"] = json!(["sum", "average", "avg", "avg_zero", "min", "max", "first", "last"]);
                 }
                 v
             })

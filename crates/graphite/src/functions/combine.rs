@@ -291,7 +291,7 @@ pub(crate) fn count_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<V
 
 /// Groups in first-seen order by `key`, each aggregated by `callback` (an aggregation, or a
 /// `*Series` function's name) and named by its key.
-fn group_by(
+pub(crate) fn group_by(
     cx: &mut Context<'_>,
     series: Vec<Series>,
     callback: &str,

@@ -9,9 +9,11 @@
 //! and the filters and sorts (`filter`). Any other name is refused by name.
 
 mod alias;
+mod calculate;
 pub mod catalog;
 mod combine;
 mod filter;
+mod generate;
 pub mod series;
 mod special;
 pub(crate) mod transform;
@@ -65,9 +67,12 @@ pub struct Context<'f> {
     /// is fetched once but copied per use.
     handed_out: usize,
     max_series: usize,
-    /// Graphite's own time zone (graphite-web's `TIME_ZONE`), whose daylight-saving time
-    /// `timeShift(..., alignDST=true)` follows.
-    time_zone: jiff::tz::TimeZone,
+    /// The request's time zone (`tz`, else Graphite's own), in which functions align to days
+    /// and hours and read dates, and whose daylight-saving time `timeShift(...,
+    /// alignDST=true)` follows (graphite-web follows its server's zone there).
+    pub(crate) time_zone: jiff::tz::TimeZone,
+    /// The request's `now`, epoch seconds, for dates in arguments (`linearRegression`).
+    pub(crate) now: i64,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -90,13 +95,50 @@ impl<'f> Context<'f> {
             handed_out: 0,
             max_series,
             time_zone: jiff::tz::TimeZone::UTC,
+            now: until,
         }
     }
 
-    /// Sets Graphite's own time zone (UTC unless set).
+    /// Sets the request's time zone (UTC unless set).
     pub fn with_time_zone(mut self, time_zone: jiff::tz::TimeZone) -> Context<'f> {
         self.time_zone = time_zone;
         self
+    }
+
+    /// Sets the request's `now` (`until` unless set).
+    pub fn with_now(mut self, now: i64) -> Context<'f> {
+        self.now = now;
+        self
+    }
+
+    /// Epoch second `t` floored to the start of its `unit` (`"years"`, `"months"`,
+    /// `"weeks"` with an optional ISO weekday digit, `"days"`, `"hours"`, `"minutes"`,
+    /// `"seconds"`, by graphite-web's `getUnitString` prefixes) in the request's time zone,
+    /// keeping `t`'s UTC offset as graphite-web's `datetime(..., tzinfo=s.tzinfo)` does.
+    pub(crate) fn floor_to_unit(&self, t: i64, unit: &str) -> Option<i64> {
+        let zoned = jiff::Timestamp::from_second(t).ok()?.to_zoned(self.time_zone.clone());
+        let dt = zoned.datetime();
+        let day = jiff::civil::DateTime::from(dt.date());
+        let floored = if unit.starts_with('s') {
+            dt.with().subsec_nanosecond(0).build().ok()?
+        } else if unit.starts_with("min") {
+            dt.with().second(0).subsec_nanosecond(0).build().ok()?
+        } else if unit.starts_with('h') {
+            dt.with().minute(0).second(0).subsec_nanosecond(0).build().ok()?
+        } else if unit.starts_with('d') {
+            day
+        } else if unit.starts_with('w') {
+            let target = unit.chars().last().and_then(|c| c.to_digit(10)).unwrap_or(1) as i64;
+            let back = (i64::from(dt.date().weekday().to_monday_one_offset()) - target).rem_euclid(7);
+            day.checked_sub(jiff::Span::new().days(back)).ok()?
+        } else if unit.starts_with("mon") {
+            jiff::civil::DateTime::from(dt.date().first_of_month())
+        } else if unit.starts_with('y') {
+            jiff::civil::date(dt.year(), 1, 1).at(0, 0, 0, 0)
+        } else {
+            return None;
+        };
+        Some(zoned.offset().to_timestamp(floored).ok()?.as_second())
     }
 
     /// Whether daylight-saving time is in effect at epoch second `t` in Graphite's time zone.
@@ -199,6 +241,7 @@ fn eval(expr: &Expr, cx: &mut Context<'_>) -> Result<Arg, EvalError> {
 /// The functions implemented, by graphite-web's names (aliases included).
 pub const FUNCTIONS: &[&str] = &[
     "absolute",
+    "add",
     "aggregate",
     "aggregateWithWildcards",
     "alias",
@@ -207,6 +250,7 @@ pub const FUNCTIONS: &[&str] = &[
     "aliasByTags",
     "aliasSub",
     "alpha",
+    "applyByNode",
     "areaBetween",
     "asPercent",
     "averageAbove",
@@ -223,32 +267,41 @@ pub const FUNCTIONS: &[&str] = &[
     "cumulative",
     "currentAbove",
     "currentBelow",
+    "dashed",
     "delay",
     "derivative",
     "diffSeries",
     "divideSeries",
+    "drawAsInfinite",
     "exclude",
+    "exp",
     "exponentialMovingAverage",
     "filterSeries",
     "grep",
     "groupByNode",
     "groupByNodes",
+    "groupByTags",
     "highest",
     "highestAverage",
     "highestCurrent",
     "highestMax",
+    "hitcount",
     "holtWintersAberration",
     "holtWintersConfidenceArea",
     "holtWintersConfidenceBands",
     "holtWintersForecast",
+    "identity",
     "integral",
+    "interpolate",
     "invert",
     "isNonNull",
     "keepLastValue",
     "legendValue",
     "limit",
+    "linearRegression",
     "lineWidth",
     "log",
+    "logit",
     "lowest",
     "lowestAverage",
     "lowestCurrent",
@@ -257,7 +310,9 @@ pub const FUNCTIONS: &[&str] = &[
     "maxSeries",
     "minimumAbove",
     "minimumBelow",
+    "minMax",
     "minSeries",
+    "mostDeviant",
     "movingAverage",
     "movingMax",
     "movingMedian",
@@ -274,13 +329,20 @@ pub const FUNCTIONS: &[&str] = &[
     "percentileOfSeries",
     "perSecond",
     "pow",
+    "powSeries",
     "rangeOfSeries",
     "removeAboveValue",
     "removeBelowValue",
     "removeEmptySeries",
+    "round",
     "scale",
     "scaleToSeconds",
+    "secondYAxis",
     "setXFilesFactor",
+    "sigmoid",
+    "sin",
+    "sinFunction",
+    "smartSummarize",
     "sortBy",
     "sortByMaxima",
     "sortByMinima",
@@ -288,16 +350,20 @@ pub const FUNCTIONS: &[&str] = &[
     "sortByTotal",
     "squareRoot",
     "stddevSeries",
+    "stdev",
     "sum",
     "summarize",
     "sumSeries",
     "sumSeriesWithWildcards",
     "threshold",
+    "time",
+    "timeFunction",
     "timeShift",
     "timeStack",
     "total",
     "transformNull",
     "unique",
+    "useSeriesAbove",
     "xFilesFactor",
 ];
 
@@ -328,6 +394,28 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "holtWintersAberration" => window::holt_winters_aberration(cx, args, &first()?),
         "holtWintersConfidenceArea" => window::holt_winters_confidence_area(cx, args, &first()?),
         "areaBetween" => window::area_between(args),
+        "stdev" => calculate::stdev(args),
+        "linearRegression" => calculate::linear_regression(cx, args, &first()?),
+        "mostDeviant" => calculate::most_deviant(args),
+        "hitcount" => calculate::hitcount(cx, args, &first()?),
+        "smartSummarize" => calculate::smart_summarize(cx, args, &first()?),
+        "useSeriesAbove" => calculate::use_series_above(cx, args),
+        "applyByNode" => calculate::apply_by_node(cx, args),
+        "groupByTags" => calculate::group_by_tags(cx, args),
+        "powSeries" => calculate::pow_series(cx, args),
+        "minMax" => calculate::min_max(args),
+        "interpolate" => calculate::interpolate(args),
+        "exp" => transform::exp(args),
+        "logit" => transform::logit(args),
+        "sigmoid" => transform::sigmoid(args),
+        "add" => transform::add(args),
+        "round" => transform::round(args),
+        "secondYAxis" => transform::renaming_graph_option(args, "secondYAxis"),
+        "drawAsInfinite" => transform::renaming_graph_option(args, "drawAsInfinite"),
+        "dashed" => transform::renaming_graph_option(args, "dashed"),
+        "identity" => generate::identity(cx, args),
+        "timeFunction" | "time" => generate::time_function(cx, args),
+        "sinFunction" | "sin" => generate::sin_function(cx, args),
         "asPercent" | "pct" => special::as_percent(cx, args),
         "legendValue" => special::legend_value(args),
         "cactiStyle" => special::cacti_style(args),
@@ -491,6 +579,14 @@ fn describe(a: &Arg) -> &'static str {
         Arg::Number(_) => "a number",
         Arg::Bool(_) => "a boolean",
         Arg::None => "None",
+    }
+}
+
+/// Python's `str` of a parsed number argument: `5`, `5.0`.
+pub(crate) fn number_str(n: Number) -> String {
+    match n {
+        Number::Int(i) => i.to_string(),
+        Number::Float(f) => crate::render::py_float(f),
     }
 }
 

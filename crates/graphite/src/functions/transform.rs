@@ -457,29 +457,7 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
                 message: format!("an interval of {interval_string} makes more than {SUMMARIZE_POINTS_MAX} points"),
             });
         }
-        let step = s.step * s.values_per_point.max(1) as i64;
-        let timestamps: Vec<i64> = (s.start..s.end).step_by(step.max(1) as usize).collect();
-        let points = s.points();
-        let n = timestamps.len().min(points.len());
-        let per_interval = interval as f64 / step as f64;
-        let mut values = Vec::new();
-        let (mut i, mut t) = (0usize, new_start);
-        while t < new_end {
-            let mut first = i;
-            let mut present = 0usize;
-            while i < n && timestamps[i] < t + interval {
-                if timestamps[i] <= t {
-                    first = i;
-                }
-                if timestamps[i] >= t && points[i].is_some() {
-                    present += 1;
-                }
-                i += 1;
-            }
-            let enough = present > 0 && per_interval != 0.0 && present as f64 / per_interval >= s.x_files_factor;
-            values.push(if enough { func.apply(&points[first..i]) } else { None });
-            t += interval;
-        }
+        let (values, t) = summarize_values(s, func, interval, new_start, new_end);
         if align_to_from {
             new_end = t;
         }
@@ -504,6 +482,43 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
         });
     }
     Ok(out)
+}
+
+/// graphite-web's `_summarizeValues`: the points of `s` in buckets of `interval` from
+/// `new_start` until `new_end`, each folded by `func`; with the end of the last bucket. A bucket
+/// also takes the last point at or before its start, and is a gap unless its present points
+/// reach the series' xFilesFactor of the points an interval holds.
+pub(crate) fn summarize_values(
+    s: &Series,
+    func: super::combine::AggFunc,
+    interval: i64,
+    new_start: i64,
+    new_end: i64,
+) -> (Vec<Option<f64>>, i64) {
+    let step = s.step * s.values_per_point.max(1) as i64;
+    let timestamps: Vec<i64> = (s.start..s.end).step_by(step.max(1) as usize).collect();
+    let points = s.points();
+    let n = timestamps.len().min(points.len());
+    let per_interval = interval as f64 / step as f64;
+    let mut values = Vec::new();
+    let (mut i, mut t) = (0usize, new_start);
+    while t < new_end {
+        let mut first = i;
+        let mut present = 0usize;
+        while i < n && timestamps[i] < t + interval {
+            if timestamps[i] <= t {
+                first = i;
+            }
+            if timestamps[i] >= t && points[i].is_some() {
+                present += 1;
+            }
+            i += 1;
+        }
+        let enough = present > 0 && per_interval != 0.0 && present as f64 / per_interval >= s.x_files_factor;
+        values.push(if enough { func.apply(&points[first..i]) } else { None });
+        t += interval;
+    }
+    (values, t)
 }
 
 /// `pow(seriesList, factor)`.
@@ -627,5 +642,113 @@ pub(crate) fn graph_option(mut args: Args<'_>, option: &str) -> Result<Vec<Serie
         return Err(args.error(format!("missing {option}")));
     }
     args.finish()?;
+    Ok(series)
+}
+
+/// A point-by-point function named `what(name)` with tag `what` = `tag`.
+fn pointwise(
+    mut args: Args<'_>,
+    what: &str,
+    tag: &str,
+    op: impl Fn(f64) -> Option<f64>,
+) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert(what.to_owned(), tag.to_owned());
+        rename(s, format!("{what}({})", s.name));
+        s.values = s.points().into_iter().map(|v| v.and_then(&op)).collect();
+        s.values_per_point = 1;
+    }
+    Ok(series)
+}
+
+/// `exp(seriesList)`: e to the power of each value.
+pub(crate) fn exp(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    pointwise(args, "exp", "e", |v| Some(v.exp()))
+}
+
+/// `logit(seriesList)`: `log(x / (1 - x))`, a gap outside 0 < x < 1 (and at 1).
+pub(crate) fn logit(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    pointwise(args, "logit", "logit", |v| {
+        // Python raises (and graphite-web answers a gap) for a zero divisor or a log of a
+        // non-positive number.
+        let q = if 1.0 - v == 0.0 { return None } else { v / (1.0 - v) };
+        (q > 0.0).then(|| q.ln())
+    })
+}
+
+/// `sigmoid(seriesList)`: `1 / (1 + exp(-x))`.
+pub(crate) fn sigmoid(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    pointwise(args, "sigmoid", "sigmoid", |v| Some(1.0 / (1.0 + (-v).exp())))
+}
+
+/// `add(seriesList, constant)`: the constant added to each value; named with the constant
+/// truncated to an integer, as graphite-web's `%d` writes it.
+pub(crate) fn add(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let constant = args.required_number(1, "constant")?.as_f64();
+    args.finish()?;
+    for s in &mut series {
+        s.tags.insert("add".into(), py_float(constant));
+        rename(s, format!("add({},{})", s.name, constant.trunc() as i64));
+        for v in s.values.iter_mut().flatten() {
+            *v += constant;
+        }
+    }
+    Ok(series)
+}
+
+/// `round(seriesList, precision=None)`: each value rounded to `precision` decimals (tens,
+/// hundreds... when negative), halves to even as Python rounds.
+pub(crate) fn round(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let precision = args.number(1, "precision")?.map(|n| n.as_f64() as i64);
+    args.finish()?;
+    if precision.is_some_and(|p| p.abs() > 300) {
+        return Err(args_error("round", "precision must be from -300 to 300"));
+    }
+    for s in &mut series {
+        s.tags.insert("round".into(), precision.unwrap_or(0).to_string());
+        let name = match precision {
+            None => format!("round({})", s.name),
+            Some(p) => format!("round({},{p})", s.name),
+        };
+        rename(s, name);
+        let p = precision.unwrap_or(0);
+        for v in s.values.iter_mut().flatten() {
+            *v = if p >= 0 {
+                py_round(*v, p as usize)
+            } else {
+                let m = 10f64.powi(-p as i32);
+                (*v / m).round_ties_even() * m
+            };
+        }
+    }
+    Ok(series)
+}
+
+fn args_error(function: &str, message: &str) -> EvalError {
+    EvalError::BadArgument { function: function.to_owned(), message: message.to_owned() }
+}
+
+/// `secondYAxis`, `drawAsInfinite` (graph options that rename: `secondYAxis(a.b)`) and
+/// `dashed(seriesList, dashLength=5)` (`dashed(a.b, 5)`): the data unchanged.
+pub(crate) fn renaming_graph_option(mut args: Args<'_>, what: &str) -> Result<Vec<Series>, EvalError> {
+    let mut series = args.series(0, "seriesList")?;
+    let dash = if what == "dashed" { Some(args.number(1, "dashLength")?.unwrap_or(Number::Int(5))) } else { None };
+    args.finish()?;
+    for s in &mut series {
+        match dash {
+            Some(d) => {
+                s.tags.insert(what.to_owned(), super::number_str(d));
+                s.name = format!("dashed({}, {})", s.name, py_g(d.as_f64()));
+            }
+            None => {
+                s.tags.insert(what.to_owned(), "1".into());
+                s.name = format!("{what}({})", s.name);
+            }
+        }
+    }
     Ok(series)
 }

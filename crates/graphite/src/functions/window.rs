@@ -7,8 +7,7 @@
 
 use super::combine::AggFunc;
 use super::transform::{py_round, time_offset};
-use super::{Arg, Args, Context, EvalError, Series};
-use crate::render::py_float;
+use super::{number_str, Arg, Args, Context, EvalError, Series};
 use crate::target::{Expr, Number};
 
 /// A window or shift argument (`ParamTypes.intOrInterval`): a number of points or an interval
@@ -62,14 +61,6 @@ impl WindowSize {
             WindowSize::Interval(s, _) => s.clone(),
             WindowSize::Points(n) => number_str(*n),
         }
-    }
-}
-
-/// Python's `str` of a parsed number: `5`, `5.0`.
-fn number_str(n: Number) -> String {
-    match n {
-        Number::Int(i) => i.to_string(),
-        Number::Float(f) => py_float(f),
     }
 }
 

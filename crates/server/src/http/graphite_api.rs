@@ -463,9 +463,9 @@ pub(super) async fn render(
             .ok_or_else(|| ApiError::bad_data(format!("xFilesFactor={s:?} is not a number from 0 to 1")))?,
     };
     let schemas = st.graphite_schemas.lock().clone();
-    let graphite_time_zone = st.graphite_time_zone.lock().clone();
     let db = db(&st)?;
     let st2 = st.clone();
+    let request_tz = tz.clone();
     let (mut series, requested) = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
@@ -526,7 +526,8 @@ pub(super) async fn render(
                     let max_series = st2.limits.max_query_series;
                     let mut cx =
                         functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression)
-                            .with_time_zone(graphite_time_zone.clone());
+                            .with_time_zone(request_tz.clone())
+                            .with_now(now);
                     let evaluated = functions::evaluate(expr, &mut cx);
                     drop(cx);
                     match evaluated {
