@@ -415,6 +415,39 @@ const TARGETS: &[(&str, Range, Option<Param>)] = &[
     ("sin('wave', 2, 120)", Recent, None),
     ("sinFunction('wave')", Recent, None),
     ("aliasByNode(sin('a.b'), 1)", Recent, None),
+    // Whole lists: grouping, pairing, map and reduce, percentile filters, lines, stacks.
+    ("group(servers.dc1.*.load, counters.*.requests)", Recent, None),
+    ("fallbackSeries(no.such.*, constantLine(1))", Recent, None),
+    ("fallbackSeries(servers.dc2.*.load, constantLine(1))", Recent, None),
+    ("sumSeriesLists(servers.dc1.host-{1,2}.load, servers.dc1.host-{2,3}.load)", Recent, None),
+    ("diffSeriesLists(counters.*.requests, servers.dc1.host-{1,2}.load)", Recent, None),
+    ("multiplySeriesLists(servers.dc1.host-1.load, servers.dc2.host-1.load)", TwoDays, None),
+    ("aggregateSeriesLists(servers.dc1.host-{1,2}.load, servers.dc1.host-{2,3}.load, 'max')", Recent, None),
+    ("aggregateSeriesLists(servers.dc1.host-{1,2}.load, servers.dc1.host-{2,3}.load, 'average', 0.6)", Recent, None),
+    ("divideSeriesLists(counters.*.requests, servers.dc1.host-{1,2}.load)", Recent, None),
+    ("weightedAverage(servers.dc1.*.load, servers.dc1.*.load)", Recent, None),
+    ("reduceSeries(mapSeries(servers.dc1.*.load, 1), 'divideSeries', 2, 'host-1', 'host-2')", Recent, None),
+    ("reduceSeries(mapSeries(counters.*.requests, 0), 'asPercent', 1, 'app-1', 'app-2')", Recent, None),
+    ("removeAbovePercentile(servers.*.*.load, 50)", Recent, None),
+    ("removeBelowPercentile(counters.*.requests, 25.5)", Recent, None),
+    ("removeBetweenPercentile(group(counters.app-1.requests, scale(counters.app-1.requests, 2), offset(counters.app-1.requests, 500)), 30)", Recent, None),
+    ("averageOutsidePercentile(servers.*.*.load, 30)", Recent, None),
+    ("averageOutsidePercentile(servers.*.*.load, 90)", TwoDays, None),
+    ("aggregateLine(servers.*.*.load)", Recent, None),
+    ("aggregateLine(counters.*.requests, 'max', true)", Recent, None),
+    ("aggregateLine(servers.dc1.*.load, 'median')", TwoDays, None),
+    ("stacked(servers.*.*.load)", Recent, None),
+    ("stacked(servers.dc1.*.load, 'mystack')", Recent, None),
+    ("timeSlice(servers.*.*.load, '{t0}', '{t1}')", Recent, None),
+    ("timeSlice(counters.*.requests, '{t1}', '{t2}')", Recent, None),
+    ("substr(servers.*.*.load, 1)", Recent, None),
+    ("substr(aliasByNode(servers.*.*.load, 0, 1, 2), 1, 2)", Recent, None),
+    ("substr(scale(servers.dc1.*.load, 2), -2)", Recent, None),
+    ("aliasQuery(counters.app-1.requests, 'app-1', 'app-2', 'app two at %d')", Recent, None),
+    ("aliasQuery(servers.dc1.host-1.load, 'host-1', 'host-2', '%.2f load')", Recent, None),
+    ("aliasQuery(servers.dc1.host-{1,3}.load, 'host-[0-9]', 'host-2', '%08.1f MHz')", Recent, None),
+    ("aliasQuery(servers.dc1.host-3.load, 'host-3', 'host-1', 'at %-9s|')", Recent, None),
+    ("aliasQuery(counters.app-2.requests, 'app-2', 'app-1', '%+g %%')", Recent, None),
 ];
 
 /// Targets graphite-web 1.1.8 fails on itself, with why; Strata must answer them (200), and
@@ -616,8 +649,11 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
             Range::Recent => t0.to_string(),
             Range::TwoDays => two_days.clone(),
         };
-        // Dates in targets: the data's first minute and an hour later.
-        let target = target.replace("{t0}", &t0.to_string()).replace("{t1}", &(t0 + 3600).to_string());
+        // Dates in targets: the data's first minute, an hour and an hour and a half later.
+        let target = target
+            .replace("{t0}", &t0.to_string())
+            .replace("{t1}", &(t0 + 3600).to_string())
+            .replace("{t2}", &(t0 + 5400).to_string());
         let mut params = json!({"target": target, "from": from, "until": until, "format": "json"});
         if let Some((k, v)) = extra {
             params[k] = json!(v);

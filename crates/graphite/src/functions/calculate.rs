@@ -273,7 +273,7 @@ pub(crate) fn smart_summarize(
 }
 
 /// Evaluates target text (a series' new name, a filled-in template) as a target of its own.
-fn evaluate_text(cx: &mut Context<'_>, text: &str, function: &str) -> Result<Vec<Series>, EvalError> {
+pub(crate) fn evaluate_text(cx: &mut Context<'_>, text: &str, function: &str) -> Result<Vec<Series>, EvalError> {
     let expr = target::parse(text).map_err(|e| bad(function, format!("{text:?}: {e}")))?;
     cx.count_uses(&expr);
     match eval(&expr, cx)? {

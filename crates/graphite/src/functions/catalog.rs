@@ -10,11 +10,14 @@ const TABLE: &str = r#"
 absolute Transform seriesList:seriesList!
 add Transform seriesList:seriesList! constant:float!
 aggregate Combine seriesList:seriesList! func:aggFunc! xFilesFactor:float
+aggregateLine Calculate seriesList:seriesList! func:aggFunc="average" keepStep:boolean=false
+aggregateSeriesLists Combine seriesListFirstPos:seriesList! seriesListSecondPos:seriesList! func:aggFunc! xFilesFactor:float
 aggregateWithWildcards Combine seriesList:seriesList! func:aggFunc! position:node*
 alias Alias seriesList:seriesList! newName:string!
 aliasByMetric Alias seriesList:seriesList!
 aliasByNode Alias seriesList:seriesList! nodes:nodeOrTag!*
 aliasByTags Alias seriesList:seriesList! tags:nodeOrTag!*
+aliasQuery Alias seriesList:seriesList! search:string! replace:string! newName:string!
 aliasSub Alias seriesList:seriesList! search:string! replace:string!
 alpha Graph seriesList:seriesList! alpha:float!
 applyByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! templateFunction:string! newName:string
@@ -22,6 +25,7 @@ areaBetween Graph seriesList:seriesList!
 asPercent Combine seriesList:seriesList! total:any nodes:nodeOrTag*
 averageAbove FilterSeries seriesList:seriesList! n:float!
 averageBelow FilterSeries seriesList:seriesList! n:float!
+averageOutsidePercentile FilterSeries seriesList:seriesList! n:float!
 averageSeries Combine seriesLists:seriesList!*
 averageSeriesWithWildcards Combine seriesList:seriesList! position:node*
 avg Combine seriesLists:seriesList!*
@@ -38,13 +42,17 @@ dashed Graph seriesList:seriesList! dashLength:float=5
 delay Transform seriesList:seriesList! steps:integer!
 derivative Transform seriesList:seriesList!
 diffSeries Combine seriesLists:seriesList!*
+diffSeriesLists Combine seriesListFirstPos:seriesList! seriesListSecondPos:seriesList!
 divideSeries Combine dividendSeriesList:seriesList! divisorSeries:seriesList!
+divideSeriesLists Combine dividendSeriesList:seriesList! divisorSeriesList:seriesList!
 drawAsInfinite Graph seriesList:seriesList!
 exclude FilterSeries seriesList:seriesList! pattern:string!
 exp Transform seriesList:seriesList!
 exponentialMovingAverage Calculate seriesList:seriesList! windowSize:intOrInterval!
+fallbackSeries Special seriesList:seriesList! fallback:seriesList!
 filterSeries FilterSeries seriesList:seriesList! func:aggFunc! operator:string! threshold:float!
 grep FilterSeries seriesList:seriesList! pattern:string!
+group Combine seriesLists:seriesList*
 groupByNode Combine seriesList:seriesList! nodeNum:nodeOrTag! callback:aggOrSeriesFunc="average"
 groupByNodes Combine seriesList:seriesList! callback:aggOrSeriesFunc! nodes:nodeOrTag*
 groupByTags Combine seriesList:seriesList! callback:aggOrSeriesFunc! tags:tag!*
@@ -72,6 +80,8 @@ logit Transform seriesList:seriesList!
 lowest FilterSeries seriesList:seriesList! n:integer! func:aggFunc="average"
 lowestAverage FilterSeries seriesList:seriesList! n:integer!
 lowestCurrent FilterSeries seriesList:seriesList! n:integer!
+map Combine seriesList:seriesList! mapNodes:nodeOrTag!*
+mapSeries Combine seriesList:seriesList! mapNodes:nodeOrTag!*
 maximumAbove FilterSeries seriesList:seriesList! n:float!
 maximumBelow FilterSeries seriesList:seriesList! n:float!
 maxSeries Combine seriesLists:seriesList!*
@@ -87,6 +97,7 @@ movingMin Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFacto
 movingSum Calculate seriesList:seriesList! windowSize:intOrInterval! xFilesFactor:float
 movingWindow Calculate seriesList:seriesList! windowSize:intOrInterval! func:aggFunc="average" xFilesFactor:float
 multiplySeries Combine seriesLists:seriesList!*
+multiplySeriesLists Combine seriesListFirstPos:seriesList! seriesListSecondPos:seriesList!
 multiplySeriesWithWildcards Combine seriesList:seriesList! position:node*
 nonNegativeDerivative Transform seriesList:seriesList! maxValue:float minValue:float
 nPercentile Calculate seriesList:seriesList! n:float!
@@ -97,9 +108,16 @@ percentileOfSeries Combine seriesList:seriesList! n:float! interpolate:boolean=f
 perSecond Transform seriesList:seriesList! maxValue:float minValue:float
 pow Transform seriesList:seriesList! factor:float!
 powSeries Combine seriesLists:seriesList!*
+randomWalk Special name:string! step:integer=60
+randomWalkFunction Special name:string! step:integer=60
 rangeOfSeries Combine seriesLists:seriesList!*
+reduce Combine seriesLists:seriesLists! reduceFunction:string! reduceNode:node! reduceMatchers:string!*
+reduceSeries Combine seriesLists:seriesLists! reduceFunction:string! reduceNode:node! reduceMatchers:string!*
+removeAbovePercentile FilterData seriesList:seriesList! n:float!
 removeAboveValue FilterData seriesList:seriesList! n:float!
+removeBelowPercentile FilterData seriesList:seriesList! n:float!
 removeBelowValue FilterData seriesList:seriesList! n:float!
+removeBetweenPercentile FilterSeries seriesList:seriesList! n:float!
 removeEmptySeries FilterSeries seriesList:seriesList! xFilesFactor:float
 round Transform seriesList:seriesList! precision:integer=0
 scale Transform seriesList:seriesList! factor:float!
@@ -116,21 +134,26 @@ sortByMinima Sorting seriesList:seriesList!
 sortByName Sorting seriesList:seriesList! natural:boolean=false reverse:boolean=false
 sortByTotal Sorting seriesList:seriesList!
 squareRoot Transform seriesList:seriesList!
+stacked Graph seriesLists:seriesList! stack:string
 stddevSeries Combine seriesLists:seriesList!*
 stdev Calculate seriesList:seriesList! points:integer! windowTolerance:float=0.1
+substr Special seriesList:seriesList! start:node=0 stop:node=0
 sum Combine seriesLists:seriesList!*
 summarize Transform seriesList:seriesList! intervalString:interval! func:aggFunc="sum" alignToFrom:boolean=false
 sumSeries Combine seriesLists:seriesList!*
+sumSeriesLists Combine seriesListFirstPos:seriesList! seriesListSecondPos:seriesList!
 sumSeriesWithWildcards Combine seriesList:seriesList! position:node*
 threshold Graph value:float! label:string color:string
 time Transform name:string! step:integer=60
 timeFunction Transform name:string! step:integer=60
 timeShift Transform seriesList:seriesList! timeShift:interval! resetEnd:boolean=true alignDst:boolean=false
+timeSlice Transform seriesList:seriesList! startSliceAt:date! endSliceAt:date="now"
 timeStack Transform seriesList:seriesList! timeShiftUnit:interval="1d" timeShiftStart:integer=0 timeShiftEnd:integer=7
 total Combine seriesLists:seriesList!*
 transformNull Transform seriesList:seriesList! default:float=0 referenceSeries:seriesList
 unique FilterSeries seriesLists:seriesList!*
 useSeriesAbove FilterSeries seriesList:seriesList! value:float! search:string! replace:string!
+weightedAverage Combine seriesListAvg:seriesList! seriesListWeight:seriesList! nodes:nodeOrTag*
 xFilesFactor Special seriesList:seriesList! xFilesFactor:float!
 "#;
 
@@ -262,7 +285,7 @@ mod tests {
         assert_eq!(s["params"][1], json!({"name": "intervalString", "type": "interval", "required": true}));
         assert_eq!(details_value("sumSeries").unwrap()["params"][0]["multiple"], true);
         assert_eq!(list_value(true, None)["Filter Series"]["limit"]["group"], "Filter Series");
-        assert_eq!(list_value(false, Some("Alias")).as_object().unwrap().len(), 5);
+        assert_eq!(list_value(false, Some("Alias")).as_object().unwrap().len(), 7);
         assert!(details("nosuch").is_none());
         let keep = details("keepLastValue").unwrap();
         assert!(keep.contains(r#""default":1e9999"#), "{keep}");

@@ -265,7 +265,7 @@ pub(crate) fn threshold(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<
     Ok(vec![line])
 }
 
-fn constant(cx: &Context<'_>, name: &str, value: f64) -> Series {
+pub(crate) fn constant(cx: &Context<'_>, name: &str, value: f64) -> Series {
     let (start, end) = (cx.from, cx.until);
     let step = ((end - start) as f64 / 2.0) as i64;
     let mut s = Series::derived(name.to_owned(), (start, end, step), vec![Some(value); 3], cx.x_files_factor);

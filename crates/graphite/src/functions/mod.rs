@@ -14,6 +14,7 @@ pub mod catalog;
 mod combine;
 mod filter;
 mod generate;
+mod lists;
 pub mod series;
 mod special;
 pub(crate) mod transform;
@@ -73,6 +74,8 @@ pub struct Context<'f> {
     pub(crate) time_zone: jiff::tz::TimeZone,
     /// The request's `now`, epoch seconds, for dates in arguments (`linearRegression`).
     pub(crate) now: i64,
+    /// `stacked`'s running totals by stack name, kept across calls in the request.
+    pub(crate) stacks: HashMap<String, Vec<f64>>,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -96,6 +99,7 @@ impl<'f> Context<'f> {
             max_series,
             time_zone: jiff::tz::TimeZone::UTC,
             now: until,
+            stacks: HashMap::new(),
         }
     }
 
@@ -211,6 +215,10 @@ pub fn evaluate(expr: &Expr, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalEr
     cx.count_uses(expr);
     match eval(expr, cx)? {
         Arg::Series(s) => Ok(s),
+        Arg::SeriesLists(_) => Err(EvalError::BadArgument {
+            function: "mapSeries".into(),
+            message: "gives lists of series, which only reduceSeries() takes".into(),
+        }),
         _ => Err(EvalError::Fetch("the target is a value, not a series".into())),
     }
 }
@@ -219,6 +227,8 @@ pub fn evaluate(expr: &Expr, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalEr
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Arg {
     Series(Vec<Series>),
+    /// `mapSeries`' groups, for `reduceSeries`.
+    SeriesLists(Vec<Vec<Series>>),
     String(String),
     Number(Number),
     Bool(bool),
@@ -229,6 +239,9 @@ fn eval(expr: &Expr, cx: &mut Context<'_>) -> Result<Arg, EvalError> {
     Ok(match expr {
         Expr::Path(p) => Arg::Series(cx.fetch(p)?),
         Expr::Call(c) if c.name == "seriesByTag" => Arg::Series(cx.fetch(&c.raw)?),
+        Expr::Call(c) if c.name == "mapSeries" || c.name == "map" => {
+            Arg::SeriesLists(lists::map_series(evaluate_args(c, cx)?)?)
+        }
         Expr::Call(c) => Arg::Series(call(c, cx)?),
         Expr::Template { .. } => return Err(EvalError::Template),
         Expr::String(s) => Arg::String(s.clone()),
@@ -243,11 +256,14 @@ pub const FUNCTIONS: &[&str] = &[
     "absolute",
     "add",
     "aggregate",
+    "aggregateLine",
+    "aggregateSeriesLists",
     "aggregateWithWildcards",
     "alias",
     "aliasByMetric",
     "aliasByNode",
     "aliasByTags",
+    "aliasQuery",
     "aliasSub",
     "alpha",
     "applyByNode",
@@ -255,6 +271,7 @@ pub const FUNCTIONS: &[&str] = &[
     "asPercent",
     "averageAbove",
     "averageBelow",
+    "averageOutsidePercentile",
     "averageSeries",
     "averageSeriesWithWildcards",
     "avg",
@@ -271,13 +288,17 @@ pub const FUNCTIONS: &[&str] = &[
     "delay",
     "derivative",
     "diffSeries",
+    "diffSeriesLists",
     "divideSeries",
+    "divideSeriesLists",
     "drawAsInfinite",
     "exclude",
     "exp",
     "exponentialMovingAverage",
+    "fallbackSeries",
     "filterSeries",
     "grep",
+    "group",
     "groupByNode",
     "groupByNodes",
     "groupByTags",
@@ -305,6 +326,8 @@ pub const FUNCTIONS: &[&str] = &[
     "lowest",
     "lowestAverage",
     "lowestCurrent",
+    "map",
+    "mapSeries",
     "maximumAbove",
     "maximumBelow",
     "maxSeries",
@@ -320,6 +343,7 @@ pub const FUNCTIONS: &[&str] = &[
     "movingSum",
     "movingWindow",
     "multiplySeries",
+    "multiplySeriesLists",
     "multiplySeriesWithWildcards",
     "nonNegativeDerivative",
     "nPercentile",
@@ -330,9 +354,16 @@ pub const FUNCTIONS: &[&str] = &[
     "perSecond",
     "pow",
     "powSeries",
+    "randomWalk",
+    "randomWalkFunction",
     "rangeOfSeries",
+    "reduce",
+    "reduceSeries",
+    "removeAbovePercentile",
     "removeAboveValue",
+    "removeBelowPercentile",
     "removeBelowValue",
+    "removeBetweenPercentile",
     "removeEmptySeries",
     "round",
     "scale",
@@ -349,25 +380,31 @@ pub const FUNCTIONS: &[&str] = &[
     "sortByName",
     "sortByTotal",
     "squareRoot",
+    "stacked",
     "stddevSeries",
     "stdev",
+    "substr",
     "sum",
     "summarize",
     "sumSeries",
+    "sumSeriesLists",
     "sumSeriesWithWildcards",
     "threshold",
     "time",
     "timeFunction",
     "timeShift",
+    "timeSlice",
     "timeStack",
     "total",
     "transformNull",
     "unique",
     "useSeriesAbove",
+    "weightedAverage",
     "xFilesFactor",
 ];
 
-fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+/// A call's arguments, evaluated.
+fn evaluate_args<'c>(c: &'c Call, cx: &mut Context<'_>) -> Result<Args<'c>, EvalError> {
     if !FUNCTIONS.contains(&c.name.as_str()) {
         return Err(EvalError::UnknownFunction(c.name.clone()));
     }
@@ -378,8 +415,24 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
     for (k, v) in &c.kwargs {
         args.keyword.push((k.clone(), eval(v, cx)?));
     }
-    let first = || window::first_argument(&c.args, &c.name);
-    match c.name.as_str() {
+    Ok(args)
+}
+
+fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+    let args = evaluate_args(c, cx)?;
+    dispatch(&c.name, args, cx, &c.args)
+}
+
+/// Calls function `name` with evaluated `args`; `raw_args` are its arguments as written, which
+/// the functions that evaluate their first argument again over other times need.
+pub(crate) fn dispatch(
+    name: &str,
+    args: Args<'_>,
+    cx: &mut Context<'_>,
+    raw_args: &[Expr],
+) -> Result<Vec<Series>, EvalError> {
+    let first = || window::first_argument(raw_args, name);
+    match name {
         "movingWindow" => window::moving(cx, args, &first()?, None),
         "movingAverage" => window::moving(cx, args, &first()?, Some("average")),
         "movingMedian" => window::moving(cx, args, &first()?, Some("median")),
@@ -394,6 +447,25 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "holtWintersAberration" => window::holt_winters_aberration(cx, args, &first()?),
         "holtWintersConfidenceArea" => window::holt_winters_confidence_area(cx, args, &first()?),
         "areaBetween" => window::area_between(args),
+        "group" => lists::group(args),
+        "fallbackSeries" => lists::fallback_series(args),
+        "aggregateSeriesLists" => lists::aggregate_series_lists(cx, args, None),
+        "sumSeriesLists" => lists::aggregate_series_lists(cx, args, Some("sum")),
+        "diffSeriesLists" => lists::aggregate_series_lists(cx, args, Some("diff")),
+        "multiplySeriesLists" => lists::aggregate_series_lists(cx, args, Some("multiply")),
+        "divideSeriesLists" => lists::divide_series_lists(cx, args),
+        "weightedAverage" => lists::weighted_average(cx, args),
+        "reduceSeries" | "reduce" => lists::reduce_series(cx, args),
+        "removeAbovePercentile" => lists::remove_percentile(args, true),
+        "removeBelowPercentile" => lists::remove_percentile(args, false),
+        "removeBetweenPercentile" => lists::remove_between_percentile(args),
+        "averageOutsidePercentile" => lists::average_outside_percentile(args),
+        "aggregateLine" => lists::aggregate_line(cx, args),
+        "stacked" => lists::stacked(cx, args),
+        "timeSlice" => lists::time_slice(cx, args),
+        "substr" => lists::substr(args),
+        "aliasQuery" => lists::alias_query(cx, args),
+        "randomWalk" | "randomWalkFunction" => lists::random_walk(cx, args),
         "stdev" => calculate::stdev(args),
         "linearRegression" => calculate::linear_regression(cx, args, &first()?),
         "mostDeviant" => calculate::most_deviant(args),
@@ -495,7 +567,11 @@ fn call(c: &Call, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
         "grep" => filter::grep(args, true),
         "sortByName" => filter::sort_by_name(args),
         "sortBy" => filter::sort_by(args),
-        "sortByMaxima" | "sortByMinima" | "sortByTotal" => filter::sort_by_fixed(args, &c.name),
+        "sortByMaxima" | "sortByMinima" | "sortByTotal" => filter::sort_by_fixed(args, name),
+        "mapSeries" | "map" => Err(EvalError::BadArgument {
+            function: name.to_owned(),
+            message: "gives lists of series, which only reduceSeries() takes".into(),
+        }),
         other => Err(EvalError::UnknownFunction(other.to_owned())),
     }
 }
@@ -575,6 +651,7 @@ impl Args<'_> {
 fn describe(a: &Arg) -> &'static str {
     match a {
         Arg::Series(_) => "a series list",
+        Arg::SeriesLists(_) => "lists of series",
         Arg::String(_) => "a string",
         Arg::Number(_) => "a number",
         Arg::Bool(_) => "a boolean",

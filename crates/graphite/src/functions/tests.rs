@@ -308,3 +308,38 @@ fn holt_winters_follows_a_steady_series_and_flags_a_jump() {
     assert_eq!(area.len(), 2);
     assert_eq!(area[0].name, "holtWintersConfidenceArea(a.x)");
 }
+
+#[test]
+fn list_functions_refuse_what_graphite_web_cannot_answer() {
+    let err = |t: &str| run(t, &store()).unwrap_err().to_string();
+    assert!(err("mapSeries(a.*, 0)").contains("only reduceSeries() takes"));
+    assert!(err("reduceSeries(mapSeries(a.*, 0), 'sumSeries', 1, 'x', 'q')").contains("no series matches q"));
+    assert!(err("sumSeriesLists(a.*, b.z)").contains("equal length"));
+    assert!(err("asPercent(a.*, group(b.z, b.z, b.z))").contains("asPercent second argument"));
+    assert!(err("consolidateBy(a.x, 'mean')").contains("Invalid consolidation function"));
+    assert!(err("aliasQuery(a.x, 'x', 'y', '%d %d')").contains("not enough arguments"));
+    let names = |t: &str| run(t, &store()).unwrap().into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names("reduceSeries(mapSeries(a.*, 0), 'diffSeries', 1, 'y', 'x')"), ["a.reduce.diffSeries"]);
+    let s = &run("reduceSeries(mapSeries(a.*, 0), 'diffSeries', 1, 'y', 'x')", &store()).unwrap()[0];
+    // diffSeries takes the first present value of a row as the minuend.
+    assert_eq!(s.values, [Some(9.0), Some(20.0), Some(3.0), Some(-4.0)]);
+    // The stack's running total carries from one stacked() call to the next in a request.
+    let s = run("group(stacked(a.x), stacked(a.x))", &store()).unwrap();
+    assert_eq!(s[1].values, [Some(2.0), None, Some(6.0), Some(-8.0)]);
+    let walk = &run("randomWalk('w', 10)", &store()).unwrap()[0];
+    assert_eq!((walk.values.len(), walk.values[0]), (10, Some(0.0)));
+    assert!(walk.values.windows(2).all(|w| (w[1].unwrap() - w[0].unwrap()).abs() <= 0.5));
+}
+
+#[test]
+fn python_percent_formats_one_number() {
+    let f = |fmt: &str, v: f64| lists::py_percent_format(fmt, v).unwrap();
+    assert_eq!(f("%d MHz", 99.9), "99 MHz");
+    assert_eq!(f("%08.1f", -3.25), "-00003.2");
+    assert_eq!(f("[%-6s]", 2.5), "[2.5   ]");
+    assert_eq!(f("%+g %%", 1e20), "+1e+20 %");
+    assert_eq!(f("%.3e", 12345.678), "1.235e+04");
+    assert_eq!(f("%x", 255.0), "ff");
+    assert!(lists::py_percent_format("no conversion", 1.0).is_err());
+    assert!(lists::py_percent_format("%q", 1.0).is_err());
+}
