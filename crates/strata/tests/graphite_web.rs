@@ -448,6 +448,12 @@ const TARGETS: &[(&str, Range, Option<Param>)] = &[
     ("aliasQuery(servers.dc1.host-{1,3}.load, 'host-[0-9]', 'host-2', '%08.1f MHz')", Recent, None),
     ("aliasQuery(servers.dc1.host-3.load, 'host-3', 'host-1', 'at %-9s|')", Recent, None),
     ("aliasQuery(counters.app-2.requests, 'app-2', 'app-1', '%+g %%')", Recent, None),
+    // Templates: keyword and positional variables, a number argument, the request's values.
+    ("template(servers.$dc.*.load, dc='dc1')", Recent, None),
+    ("template(sumSeries(servers.$1.*.load), 'dc2')", Recent, None),
+    ("template(scale(servers.dc1.host-1.load, $f), f=2)", Recent, None),
+    ("template(servers.$dc.host-1.load, dc='dc1')", Recent, Some(("template[dc]", "dc2"))),
+    ("template(aliasByNode(servers.dc1.$h.load, $n), h='host-3', n=2)", Recent, None),
 ];
 
 /// Targets graphite-web 1.1.8 fails on itself, with why; Strata must answer them (200), and

@@ -123,6 +123,7 @@ round Transform seriesList:seriesList! precision:integer=0
 scale Transform seriesList:seriesList! factor:float!
 scaleToSeconds Transform seriesList:seriesList! seconds:float!
 secondYAxis Graph seriesList:seriesList!
+seriesByTag Special tagExpressions:string!*
 setXFilesFactor Special seriesList:seriesList! xFilesFactor:float!
 sigmoid Transform seriesList:seriesList!
 sin Transform name:string! amplitude:integer=1 step:integer=60

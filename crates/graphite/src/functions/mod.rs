@@ -4,9 +4,13 @@
 //! argument otherwise), and the results carry graphite-web's names and tags
 //! (`sumSeries(servers.*.cpu)`, `scale(a.b,10)`).
 //!
-//! Implemented so far (`FUNCTIONS`, listed in `docs/graphite.md`): the aggregations
-//! (`combine`), the aliases (`alias`), point-by-point transforms and derivatives (`transform`),
-//! and the filters and sorts (`filter`). Any other name is refused by name.
+//! `FUNCTIONS` (listed in `docs/graphite.md`): graphite-web 1.1.8's list but `events`. By
+//! family: the aggregations (`combine`), the aliases (`alias`), point-by-point transforms and
+//! derivatives (`transform`), filters and sorts (`filter`), functions that evaluate their
+//! argument again over other times (`window`), statistics and functions that evaluate new
+//! targets (`calculate`), whole-list functions (`lists`), percentages, legends and
+//! consolidation settings (`special`), generators (`generate`), and `template` expansion. Any
+//! other name is refused by name.
 
 mod alias;
 mod calculate;
@@ -17,6 +21,7 @@ mod generate;
 mod lists;
 pub mod series;
 mod special;
+mod template;
 pub(crate) mod transform;
 mod window;
 
@@ -35,8 +40,8 @@ pub enum EvalError {
     BadArgument { function: String, message: String },
     #[error("{0}")]
     Fetch(String),
-    #[error("template() is not supported yet")]
-    Template,
+    #[error("template(): {0}")]
+    Template(String),
     #[error("the target's path expressions name more than {0} series in all (counted once per use)")]
     TooManySeries(usize),
 }
@@ -76,6 +81,8 @@ pub struct Context<'f> {
     pub(crate) now: i64,
     /// `stacked`'s running totals by stack name, kept across calls in the request.
     pub(crate) stacks: HashMap<String, Vec<f64>>,
+    /// The request's `template[name]=value` parameters, which override a template's own.
+    template: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -100,12 +107,19 @@ impl<'f> Context<'f> {
             time_zone: jiff::tz::TimeZone::UTC,
             now: until,
             stacks: HashMap::new(),
+            template: Vec::new(),
         }
     }
 
     /// Sets the request's time zone (UTC unless set).
     pub fn with_time_zone(mut self, time_zone: jiff::tz::TimeZone) -> Context<'f> {
         self.time_zone = time_zone;
+        self
+    }
+
+    /// Sets the request's `template[name]=value` parameters.
+    pub fn with_template(mut self, template: Vec<(String, String)>) -> Context<'f> {
+        self.template = template;
         self
     }
 
@@ -212,6 +226,8 @@ impl<'f> Context<'f> {
 
 /// The series a target names.
 pub fn evaluate(expr: &Expr, cx: &mut Context<'_>) -> Result<Vec<Series>, EvalError> {
+    let expanded = template::expand(expr, &cx.template)?;
+    let expr = &expanded;
     cx.count_uses(expr);
     match eval(expr, cx)? {
         Arg::Series(s) => Ok(s),
@@ -243,7 +259,7 @@ fn eval(expr: &Expr, cx: &mut Context<'_>) -> Result<Arg, EvalError> {
             Arg::SeriesLists(lists::map_series(evaluate_args(c, cx)?)?)
         }
         Expr::Call(c) => Arg::Series(call(c, cx)?),
-        Expr::Template { .. } => return Err(EvalError::Template),
+        Expr::Template { .. } => return Err(EvalError::Template("not expanded".into())),
         Expr::String(s) => Arg::String(s.clone()),
         Expr::Number(n) => Arg::Number(*n),
         Expr::Bool(b) => Arg::Bool(*b),
@@ -369,6 +385,7 @@ pub const FUNCTIONS: &[&str] = &[
     "scale",
     "scaleToSeconds",
     "secondYAxis",
+    "seriesByTag",
     "setXFilesFactor",
     "sigmoid",
     "sin",
@@ -568,6 +585,11 @@ pub(crate) fn dispatch(
         "sortByName" => filter::sort_by_name(args),
         "sortBy" => filter::sort_by(args),
         "sortByMaxima" | "sortByMinima" | "sortByTotal" => filter::sort_by_fixed(args, name),
+        // Answered by the tag index where it is written (`eval`), never called by name.
+        "seriesByTag" => Err(EvalError::BadArgument {
+            function: name.to_owned(),
+            message: "selects series where it is written; it cannot be called by name".into(),
+        }),
         "mapSeries" | "map" => Err(EvalError::BadArgument {
             function: name.to_owned(),
             message: "gives lists of series, which only reduceSeries() takes".into(),

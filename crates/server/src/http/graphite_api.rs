@@ -366,8 +366,7 @@ fn selection_of(t: &str) -> Result<Selection, ApiError> {
             "the Graphite function {}() is not supported yet (docs/graphite.md lists those that are)",
             call.name
         ))),
-        e @ Expr::Call(_) => Ok(Selection::Functions(e)),
-        Expr::Template { .. } => Err(bad("template() is not supported yet".into())),
+        e @ (Expr::Call(_) | Expr::Template { .. }) => Ok(Selection::Functions(e)),
         _ => Err(bad("a value, not a series".into())),
     }
 }
@@ -462,6 +461,11 @@ pub(super) async fn render(
             .filter(|v| (0.0..=1.0).contains(v))
             .ok_or_else(|| ApiError::bad_data(format!("xFilesFactor={s:?} is not a number from 0 to 1")))?,
     };
+    // `template[name]=value`: values for the targets' `template(...)` variables.
+    let template: Vec<(String, String)> =
+        p.0.iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("template[")?.strip_suffix(']')?.to_owned(), v.clone())))
+            .collect();
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
     let st2 = st.clone();
@@ -527,7 +531,8 @@ pub(super) async fn render(
                     let mut cx =
                         functions::Context::new(from, until, x_files_factor, max_series, &mut fetch_expression)
                             .with_time_zone(request_tz.clone())
-                            .with_now(now);
+                            .with_now(now)
+                            .with_template(template.clone());
                     let evaluated = functions::evaluate(expr, &mut cx);
                     drop(cx);
                     match evaluated {
