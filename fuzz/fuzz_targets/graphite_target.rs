@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(expr) = parse(text) else { return };
     let store = store();
-    let mut fetch = |pe: &str| -> Result<Vec<Series>, EvalError> {
+    let mut fetch = |pe: &str, _from: i64, _until: i64| -> Result<Vec<Series>, EvalError> {
         Ok(store.iter().filter(|s| pe == "*" || s.name.starts_with(pe)).cloned().collect())
     };
     let mut cx = Context::new(0, 100, 0.0, 1000, &mut fetch);

@@ -503,7 +503,11 @@ pub(crate) fn py_percent_format(fmt: &str, value: f64) -> Result<String, String>
                 p.push(d);
                 chars.next();
             }
-            precision = Some(p.parse().unwrap_or(0));
+            precision = Some(p.parse().unwrap_or(usize::MAX));
+        }
+        // A name is a legend: a huge width or precision is a mistake, not a request for memory.
+        if width.len() > 4 || precision.is_some_and(|p| p > 100) {
+            return Err("width or precision too large (at most 9999 and 100)".into());
         }
         let conversion = chars.next().ok_or("incomplete format")?;
         if conversion == '%' {
@@ -514,7 +518,19 @@ pub(crate) fn py_percent_format(fmt: &str, value: f64) -> Result<String, String>
             return Err("not enough arguments for format string".into());
         }
         used = true;
+        let integral = matches!(conversion, 'd' | 'i' | 'u' | 'x' | 'X' | 'o');
+        if !value.is_finite() && integral {
+            return Err(format!("cannot convert {} to an integer", crate::render::py_float(value)));
+        }
         let body = match conversion {
+            _ if !value.is_finite() && conversion != 'r' && conversion != 's' => {
+                let text = crate::render::py_float(value);
+                if conversion.is_ascii_uppercase() {
+                    text.to_uppercase()
+                } else {
+                    text
+                }
+            }
             'd' | 'i' | 'u' => format!("{}", value.trunc() as i64),
             'f' | 'F' => format!("{value:.*}", precision.unwrap_or(6)),
             'e' | 'E' => {

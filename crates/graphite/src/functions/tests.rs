@@ -342,4 +342,11 @@ fn python_percent_formats_one_number() {
     assert_eq!(f("%x", 255.0), "ff");
     assert!(lists::py_percent_format("no conversion", 1.0).is_err());
     assert!(lists::py_percent_format("%q", 1.0).is_err());
+    // Found by the fuzzer: a width of 10^17 asked for that much memory.
+    assert!(lists::py_percent_format("%0000598478350481679246r", 1.0).is_err());
+    assert!(lists::py_percent_format("%.999f", 1.0).is_err());
+    // Found by the fuzzer: infinities have no exponent; Python writes them as words.
+    assert_eq!(f("%2e", f64::INFINITY), "inf");
+    assert_eq!(f("%G", f64::NEG_INFINITY), "-INF");
+    assert!(lists::py_percent_format("%d", f64::NAN).is_err());
 }

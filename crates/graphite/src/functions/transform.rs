@@ -421,8 +421,13 @@ pub(crate) fn time_offset(s: &str) -> Option<i64> {
         };
         total = total.checked_add(n.checked_mul(seconds)?)?;
     }
-    Some(sign * total)
+    // Beyond a few thousand years an offset means nothing, and epoch arithmetic with it could
+    // overflow.
+    (total <= TIME_OFFSET_MAX).then_some(sign * total)
 }
+
+/// The longest offset `time_offset` reads, seconds (about 3000 years).
+const TIME_OFFSET_MAX: i64 = 100_000_000_000;
 
 /// `summarize(seriesList, intervalString, func='sum', alignToFrom=False)`: the points in each
 /// interval (aligned to multiples of it, or to the series' start) folded into one, as

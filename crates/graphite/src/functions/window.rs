@@ -35,7 +35,7 @@ impl WindowSize {
     fn preview_seconds(&self, series: &[Series]) -> i64 {
         match self {
             WindowSize::Interval(_, seconds) => *seconds,
-            WindowSize::Points(n) => series.iter().map(|s| s.step).max().unwrap_or(1) * n.as_f64() as i64,
+            WindowSize::Points(n) => series.iter().map(|s| s.step).max().unwrap_or(1).saturating_mul(n.as_f64() as i64),
         }
     }
 
@@ -95,7 +95,16 @@ pub(crate) fn moving(
         return Ok(Vec::new());
     }
     let preview = window.preview_seconds(&series);
-    let preview_list = cx.evaluate_over(first, cx.from - preview, cx.until)?;
+    let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(preview), cx.until)?;
+    // Each point folds its whole window, as graphite-web does (sums in its order): bound the
+    // work so one request cannot hold a thread for minutes.
+    let work: usize = preview_list.iter().map(|s| s.values.len().saturating_mul(window.points(s.step))).sum();
+    if work > MOVING_WINDOW_WORK_MAX {
+        return Err(args_error(
+            &format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]),
+            format!("windows of {} over these series fold more than {MOVING_WINDOW_WORK_MAX} values", window.in_tag()),
+        ));
+    }
     let tag_name = format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]);
     let mut window_values = Vec::new();
     Ok(preview_list
@@ -113,9 +122,16 @@ pub(crate) fn moving(
                 .collect();
             s.tags.insert(tag_name.clone(), window.in_tag());
             let name = format!("{tag_name}({},{})", s.name, window.in_name());
-            Series { name, start: s.start + preview, values, values_per_point: 1, ..s }
+            Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
         })
         .collect())
+}
+
+/// Most values one moving-window call folds in all (points × window, over its series).
+const MOVING_WINDOW_WORK_MAX: usize = 500_000_000;
+
+fn args_error(function: &str, message: String) -> EvalError {
+    EvalError::BadArgument { function: function.to_owned(), message }
 }
 
 /// `exponentialMovingAverage(seriesList, windowSize)`: `ema = c·value + (1−c)·ema` with
@@ -139,7 +155,7 @@ pub(crate) fn exponential_moving_average(
             WindowSize::Points(n) => n.as_f64() as i64,
         } as f64
             + 1.0);
-    let preview_list = cx.evaluate_over(first, cx.from - preview, cx.until)?;
+    let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(preview), cx.until)?;
     Ok(preview_list
         .into_iter()
         .map(|mut s| {
@@ -155,7 +171,7 @@ pub(crate) fn exponential_moving_average(
             }
             s.tags.insert("exponentialMovingAverage".into(), window.in_tag());
             let name = format!("exponentialMovingAverage({},{})", s.name, window.in_name());
-            Series { name, start: s.start + preview, values, values_per_point: 1, ..s }
+            Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
         })
         .collect())
 }
@@ -190,7 +206,7 @@ pub(crate) fn time_shift(cx: &mut Context<'_>, mut args: Args<'_>, first: &Expr)
     let align_dst = bool_argument(&mut args, 3, "alignDst", false)?;
     args.finish()?;
     let Some(base) = series.first() else { return Ok(Vec::new()) };
-    let (mut from, mut until) = (cx.from + shift, cx.until + shift);
+    let (mut from, mut until) = (cx.from.saturating_add(shift), cx.until.saturating_add(shift));
     if align_dst {
         let dst = |t: i64| cx.is_dst(t);
         let (request_dst, shifted_dst) = ((dst(cx.from), dst(cx.until)), (dst(from), dst(until)));
@@ -322,7 +338,7 @@ impl HoltWinters {
     /// The series over the range widened by the bootstrap interval, each with its forecast and
     /// deviation over the request's range.
     fn analyse(&self, cx: &mut Context<'_>, first: &Expr, function: &str) -> Result<Vec<Analysed>, EvalError> {
-        let preview_list = cx.evaluate_over(first, cx.from - self.bootstrap, cx.until)?;
+        let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(self.bootstrap), cx.until)?;
         preview_list
             .into_iter()
             .map(|mut s| {
@@ -359,7 +375,7 @@ impl HoltWinters {
             let (lower, upper) = (band(-1.0), band(1.0));
             s.tags.insert("holtWintersConfidenceUpper".into(), "1".into());
             s.tags.insert("holtWintersConfidenceLower".into(), "1".into());
-            let start = s.start + self.bootstrap;
+            let start = s.start.saturating_add(self.bootstrap);
             for (what, values) in [("Lower", lower), ("Upper", upper)] {
                 let name = format!("holtWintersConfidence{what}({})", s.name);
                 out.push(Series { name, start, values, values_per_point: 1, ..s.clone() });
@@ -386,7 +402,7 @@ pub(crate) fn holt_winters_forecast(
             Series {
                 path_expression: name.clone(),
                 name,
-                start: s.start + hw.bootstrap,
+                start: s.start.saturating_add(hw.bootstrap),
                 values: forecast,
                 values_per_point: 1,
                 ..s
