@@ -23,6 +23,11 @@
 //!   wsgiref, a connection per request as it speaks HTTP/1.0);
 //! - **render**: `/render?format=json` of a 108-path glob over the last hour (VictoriaMetrics'
 //!   open-source build has no `/render`).
+//! - with `--render-day`: before the ingest (and not counted in it), those 108 paths get a day
+//!   of points 10 s apart up to where the ingest's points begin, and the render stage renders
+//!   the glob over the last 24 hours alone and through `sumSeries`, `groupByNode(..., 2,
+//!   'sum')`, `summarize(..., '1h', 'max')` and `highestCurrent(..., 10)` (Graphite's issue's
+//!   benchmark; graphite-web over whisper is the peer).
 //!
 //! Heavy: not a test. Run the two shapes of the Graphite issue: `-- --paths 20000 --points 60`
 //! and `-- --paths 1000000 --points 10 --servers strata,victoria-metrics` (carbon-cache creates
@@ -47,6 +52,49 @@ const FINDS: [&str; 4] = [
 
 /// 9 hosts x 6 cores x 2 = 108 paths (every shape has hosts 0 to 8).
 const RENDER: &str = "servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system}";
+
+/// The paths `RENDER` names.
+fn render_paths() -> Vec<String> {
+    let mut out = Vec::new();
+    for h in 0..9 {
+        for c in 0..6 {
+            for m in ["user", "system"] {
+                out.push(format!("servers.dc0.host-{h:05}.cpu.cpu{c}.{m}"));
+            }
+        }
+    }
+    out
+}
+
+/// With `--render-day`: the functions rendered over the day of `RENDER`'s paths.
+const RENDER_FUNCTIONS: [&str; 5] = [
+    RENDER,
+    "sumSeries(servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system})",
+    "groupByNode(servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system}, 2, 'sum')",
+    "summarize(servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system}, '1h', 'max')",
+    "highestCurrent(servers.dc0.host-0000[0-8].cpu.cpu[0-5].{user,system}, 10)",
+];
+
+/// A day of `RENDER`'s paths, 10 s apart, ending before `end`; one buffer.
+fn render_day_lines(end: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let steps = 8640;
+    for i in 0..steps {
+        let t = end - 10 * (steps - i) as i64;
+        for (p, name) in render_paths().iter().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // A daily wave per path with noise: CPU seconds.
+            let v = 50.0
+                + 40.0 * ((t as f64 / 86_400.0 + p as f64 / 108.0) * std::f64::consts::TAU).sin()
+                + (x % 1000) as f64 / 100.0;
+            out.extend_from_slice(format!("{name} {v:.2} {t}\n").as_bytes());
+        }
+    }
+    out
+}
 
 const SCHEMAS: &str = "[default]\npattern = .*\nretentions = 10s:1d\n";
 
@@ -319,6 +367,7 @@ fn main() {
     let points: usize = arg("--points").map_or(60, |s| s.parse().unwrap());
     let connections: usize = arg("--connections").map_or(4, |s| s.parse().unwrap());
     let deadline_s: u64 = arg("--deadline").map_or(600, |s| s.parse().unwrap());
+    let render_day = args.iter().any(|a| a == "--render-day");
     let servers: Vec<String> = arg("--servers")
         .unwrap_or_else(|| "strata,victoria-metrics,carbon-cache".into())
         .split(',')
@@ -347,6 +396,22 @@ fn main() {
             continue;
         };
         let pid = srv.child.id();
+        // The day of the rendered paths, first: older than every ingested point.
+        let day_points = if render_day {
+            let day = render_day_lines(now - 10 * points as i64 - 10);
+            let mut s = TcpStream::connect(("127.0.0.1", srv.carbon)).unwrap();
+            for chunk in day.chunks(64 * 1024) {
+                s.write_all(chunk).unwrap();
+            }
+            drop(s);
+            let day_points = (108 * 8640) as f64;
+            if !wait_stored(&srv, day_points, 108, Instant::now() + Duration::from_secs(deadline_s)) {
+                println!("{name}: the day of the rendered paths was not stored within {deadline_s} s");
+            }
+            day_points
+        } else {
+            0.0
+        };
         let (cpu0, _) = proc_usage(pid);
         let t0 = Instant::now();
         let senders: Vec<_> = lines
@@ -365,7 +430,7 @@ fn main() {
         for s in senders {
             s.join().unwrap();
         }
-        let done = wait_stored(&srv, total, n_paths as u64, t0 + Duration::from_secs(deadline_s));
+        let done = wait_stored(&srv, day_points + total, n_paths as u64, t0 + Duration::from_secs(deadline_s));
         let wall = t0.elapsed().as_secs_f64();
         let (cpu1, rss) = proc_usage(pid);
         let mut report = format!("{name}\n");
@@ -418,18 +483,21 @@ fn main() {
                     None => report += &format!("  find     {q:<40} failed\n"),
                 }
             }
-            let render = format!("/render?format=json&from=-1h&until=now&target={}", urlencode(RENDER));
-            match latency(srv.http, &render, reps / 4, keep_alive) {
-                Some((p50, p90, body)) => {
-                    report += &format!(
-                        "  render   {RENDER:<40} p50 {:>8.3} ms  p90 {:>8.3} ms  ({} series)\n",
+            let (targets, from): (&[&str], &str) =
+                if render_day { (&RENDER_FUNCTIONS, "-24h") } else { (&[RENDER], "-1h") };
+            for target in targets {
+                let render = format!("/render?format=json&from={from}&until=now&target={}", urlencode(target));
+                match latency(srv.http, &render, (reps / 4).max(5), keep_alive) {
+                    Some((p50, p90, body)) => report += &format!(
+                        "  render   {target:<40} from {from}  p50 {:>8.3} ms  p90 {:>8.3} ms  ({} series, {} points)\n",
                         ms(p50),
                         ms(p90),
-                        body.matches("\"target\"").count()
-                    )
+                        body.matches("\"target\"").count(),
+                        body.matches("], [").count() + body.matches("\"target\"").count()
+                    ),
+                    // VictoriaMetrics serves /render only in its enterprise build.
+                    None => report += &format!("  render   {target:<40} not served\n"),
                 }
-                // VictoriaMetrics serves /render only in its enterprise build.
-                None => report += &format!("  render   {RENDER:<40} not served\n"),
             }
         }
         print!("{report}");

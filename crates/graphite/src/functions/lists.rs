@@ -545,7 +545,7 @@ pub(crate) fn py_percent_format(fmt: &str, value: f64) -> Result<String, String>
                 }
             }
             'g' | 'G' => {
-                let s = py_g_precision(value, precision.unwrap_or(6));
+                let s = super::py_g_precision(value, precision.unwrap_or(6));
                 if conversion == 'G' {
                     s.to_uppercase()
                 } else {
@@ -588,29 +588,6 @@ pub(crate) fn py_percent_format(fmt: &str, value: f64) -> Result<String, String>
         return Err("not all arguments converted during string formatting".into());
     }
     Ok(out)
-}
-
-/// Python's `%.<p>g`.
-fn py_g_precision(v: f64, p: usize) -> String {
-    let p = p.max(1);
-    if !v.is_finite() {
-        return py_g(v);
-    }
-    let sci = format!("{v:.*e}", p - 1);
-    let (mantissa, exp) = sci.split_once('e').expect("an exponent");
-    let exp: i32 = exp.parse().expect("an integer exponent");
-    let trim = |s: &str| -> String {
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_owned()
-        } else {
-            s.to_owned()
-        }
-    };
-    if exp >= -4 && exp < p as i32 {
-        trim(&format!("{v:.*}", (p as i32 - 1 - exp).max(0) as usize))
-    } else {
-        format!("{}e{}{:02}", trim(mantissa), if exp < 0 { '-' } else { '+' }, exp.abs())
-    }
 }
 
 /// `aliasQuery(seriesList, search, replace, newName)`: each series named by `newName`

@@ -692,13 +692,20 @@ pub(crate) fn number_str(n: Number) -> String {
 /// Python's `"%g" % v`: six significant digits, trailing zeros dropped, an exponent below 1e-4
 /// and from 1e6 (graphite-web names series with it: `scale(a,0.5)`).
 pub fn py_g(v: f64) -> String {
+    py_g_precision(v, 6)
+}
+
+/// Python's `"%.<p>g" % v`: `p` significant digits (at least 1), trailing zeros dropped, an
+/// exponent below 1e-4 and from 10^p.
+pub(crate) fn py_g_precision(v: f64, p: usize) -> String {
     if v.is_nan() {
         return "nan".into();
     }
     if v.is_infinite() {
         return if v > 0.0 { "inf".into() } else { "-inf".into() };
     }
-    let sci = format!("{v:.5e}");
+    let p = p.max(1);
+    let sci = format!("{v:.*e}", p - 1);
     let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
     let exp: i32 = exp.parse().expect("an integer exponent");
     let trim = |s: &str| -> String {
@@ -708,8 +715,8 @@ pub fn py_g(v: f64) -> String {
             s.to_owned()
         }
     };
-    if (-4..6).contains(&exp) {
-        trim(&format!("{v:.*}", (5 - exp) as usize))
+    if exp >= -4 && exp < p as i32 {
+        trim(&format!("{v:.*}", (p as i32 - 1 - exp) as usize))
     } else {
         format!("{}e{}{:02}", trim(mantissa), if exp < 0 { '-' } else { '+' }, exp.abs())
     }

@@ -323,6 +323,15 @@ struct HoltWinters {
 }
 
 impl HoltWinters {
+    /// A Holt-Winters call's arguments: the series list (evaluated over the request's range)
+    /// and the rest.
+    fn arguments(mut args: Args<'_>, with_delta: bool) -> Result<(Vec<Series>, HoltWinters), EvalError> {
+        let series = args.series(0, "seriesList")?;
+        let hw = HoltWinters::take(&mut args, with_delta)?;
+        args.finish()?;
+        Ok((series, hw))
+    }
+
     fn take(args: &mut Args<'_>, with_delta: bool) -> Result<HoltWinters, EvalError> {
         let offset = usize::from(with_delta);
         let delta = if with_delta { args.number(1, "delta")?.map_or(3.0, Number::as_f64) } else { 3.0 };
@@ -388,12 +397,10 @@ impl HoltWinters {
 /// `holtWintersForecast(seriesList, bootstrapInterval='7d', seasonality='1d')`.
 pub(crate) fn holt_winters_forecast(
     cx: &mut Context<'_>,
-    mut args: Args<'_>,
+    args: Args<'_>,
     first: &Expr,
 ) -> Result<Vec<Series>, EvalError> {
-    args.series(0, "seriesList")?;
-    let hw = HoltWinters::take(&mut args, false)?;
-    args.finish()?;
+    let (_, hw) = HoltWinters::arguments(args, false)?;
     Ok(hw
         .analyse(cx, first, "holtWintersForecast")?
         .into_iter()
@@ -415,12 +422,10 @@ pub(crate) fn holt_winters_forecast(
 /// the forecast minus and plus `delta` deviations, lower band first.
 pub(crate) fn holt_winters_confidence_bands(
     cx: &mut Context<'_>,
-    mut args: Args<'_>,
+    args: Args<'_>,
     first: &Expr,
 ) -> Result<Vec<Series>, EvalError> {
-    args.series(0, "seriesList")?;
-    let hw = HoltWinters::take(&mut args, true)?;
-    args.finish()?;
+    let (_, hw) = HoltWinters::arguments(args, true)?;
     hw.bands(cx, first, "holtWintersConfidenceBands")
 }
 
@@ -428,12 +433,10 @@ pub(crate) fn holt_winters_confidence_bands(
 /// band or below the lower one, 0 inside them or where the point is a gap.
 pub(crate) fn holt_winters_aberration(
     cx: &mut Context<'_>,
-    mut args: Args<'_>,
+    args: Args<'_>,
     first: &Expr,
 ) -> Result<Vec<Series>, EvalError> {
-    let series = args.series(0, "seriesList")?;
-    let hw = HoltWinters::take(&mut args, true)?;
-    args.finish()?;
+    let (series, hw) = HoltWinters::arguments(args, true)?;
     let bands = hw.bands(cx, first, "holtWintersAberration")?;
     let band = |name: String| bands.iter().find(|b| b.name == name).map(|b| &b.values);
     Ok(series
@@ -466,12 +469,10 @@ pub(crate) fn holt_winters_aberration(
 /// them (one series only, as graphite-web's `areaBetween` requires).
 pub(crate) fn holt_winters_confidence_area(
     cx: &mut Context<'_>,
-    mut args: Args<'_>,
+    args: Args<'_>,
     first: &Expr,
 ) -> Result<Vec<Series>, EvalError> {
-    args.series(0, "seriesList")?;
-    let hw = HoltWinters::take(&mut args, true)?;
-    args.finish()?;
+    let (_, hw) = HoltWinters::arguments(args, true)?;
     let bands = hw.bands(cx, first, "holtWintersConfidenceArea")?;
     let mut area = area_between_pair(bands, "holtWintersConfidenceArea")?;
     for s in &mut area {
