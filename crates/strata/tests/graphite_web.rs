@@ -660,7 +660,10 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
             .replace("{t0}", &t0.to_string())
             .replace("{t1}", &(t0 + 3600).to_string())
             .replace("{t2}", &(t0 + 5400).to_string());
-        let mut params = json!({"target": target, "from": from, "until": until, "format": "json"});
+        // One `now` for both (a range reaching past it is clamped to it, and the two answer
+        // seconds apart).
+        let mut params =
+            json!({"target": target, "from": from, "until": until, "now": now_s.to_string(), "format": "json"});
         if let Some((k, v)) = extra {
             params[k] = json!(v);
         }
