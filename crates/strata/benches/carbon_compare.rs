@@ -488,13 +488,15 @@ fn main() {
             for target in targets {
                 let render = format!("/render?format=json&from={from}&until=now&target={}", urlencode(target));
                 match latency(srv.http, &render, (reps / 4).max(5), keep_alive) {
-                    Some((p50, p90, body)) => report += &format!(
+                    Some((p50, p90, body)) => {
+                        report += &format!(
                         "  render   {target:<40} from {from}  p50 {:>8.3} ms  p90 {:>8.3} ms  ({} series, {} points)\n",
                         ms(p50),
                         ms(p90),
                         body.matches("\"target\"").count(),
                         body.matches("], [").count() + body.matches("\"target\"").count()
-                    ),
+                    )
+                    }
                     // VictoriaMetrics serves /render only in its enterprise build.
                     None => report += &format!("  render   {target:<40} not served\n"),
                 }
