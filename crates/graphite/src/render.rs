@@ -168,26 +168,34 @@ impl Series {
 /// A float as Python's `repr` writes it (`1.0`, `0.5`, `1e+20`), which graphite-web's formats
 /// carry.
 pub fn py_float(v: f64) -> String {
+    let mut out = String::new();
+    write_py_float(&mut out, v);
+    out
+}
+
+/// `py_float` appended to `out` (the JSON writer's loop: no string per value).
+pub fn write_py_float(out: &mut String, v: f64) {
     if v.is_nan() {
-        return "nan".into();
+        out.push_str("nan");
+        return;
     }
     if v.is_infinite() {
-        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+        out.push_str(if v > 0.0 { "inf" } else { "-inf" });
+        return;
     }
-    let exp = if v == 0.0 { 0 } else { v.abs().log10().floor() as i32 };
-    if (-4..16).contains(&exp) {
-        let s = format!("{v}");
-        if s.contains('.') {
-            s
-        } else {
-            format!("{s}.0")
+    // Python writes plain digits for a decimal exponent from -4 to 15.
+    if v == 0.0 || (1e-4..1e16).contains(&v.abs()) {
+        let at = out.len();
+        let _ = write!(out, "{v}");
+        if !out[at..].contains('.') {
+            out.push_str(".0");
         }
     } else {
         // Shortest digits, in Python's exponent style: `1e+20`, `1.5e-07`.
         let s = format!("{v:e}");
         let (mantissa, e) = s.split_once('e').expect("{:e} has an exponent");
         let e: i32 = e.parse().expect("an integer exponent");
-        format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+        let _ = write!(out, "{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
     }
 }
 
@@ -227,7 +235,9 @@ pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String 
             }
             match v {
                 Some(v) if v.is_finite() => {
-                    let _ = write!(out, "[{}, {t}]", py_float(*v));
+                    out.push('[');
+                    write_py_float(&mut out, *v);
+                    let _ = write!(out, ", {t}]");
                 }
                 // JSON has no infinities or NaN; graphite-web writes them as they come, which
                 // JSON parsers refuse.
@@ -463,5 +473,11 @@ mod tests {
         assert_eq!(py_float(1.5e-7), "1.5e-07");
         assert_eq!(py_float(0.1), "0.1");
         assert_eq!(py_float(-3.0), "-3.0");
+        // Where Python switches to an exponent, on the exact values around it.
+        assert_eq!(py_float(9_999_999_999_999_998.0), "9999999999999998.0");
+        assert_eq!(py_float(1e16), "1e+16");
+        assert_eq!(py_float(0.0001), "0.0001");
+        assert_eq!(py_float(0.000_099_99), "9.999e-05");
+        assert_eq!(py_float(-0.0), "-0.0");
     }
 }

@@ -233,6 +233,15 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         assert_eq!(values.iter().filter(|v| **v != "None").count(), POINTS, "{line}");
         assert_eq!(values, want, "{line}");
     }
+    // All 50 paths: read on several threads, answered in path order with their own values.
+    let raw = render("target=servers.dc1.*.cpu.user&from=-1h&format=raw");
+    let lines: Vec<&str> = raw.lines().collect();
+    assert_eq!(lines.len(), PATHS, "{raw}");
+    for (p, line) in lines.iter().enumerate() {
+        assert!(line.starts_with(&format!("servers.dc1.host-{p:05}.cpu.user,")), "{line}");
+        let last = line.rsplit(',').find(|v| *v != "None").unwrap();
+        assert_eq!(last, format!("{}.0", p * 1000 + POINTS - 1), "{line}");
+    }
     // `tz`: absolute times are read, and CSV times written, in the request's zone.
     let target = "target=servers.dc1.host-00000.cpu.user";
     let csv_minutes = |tz: &str| -> Vec<i64> {

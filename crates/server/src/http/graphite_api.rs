@@ -495,20 +495,30 @@ pub(super) async fn render(
                 };
                 // By path, as graphite-web lists a glob's series (label order puts tags first).
                 selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
-                let mut out = Vec::new();
-                for s in selected {
-                    let Some((name, tags)) = graphite_series_name(&s.labels) else { continue };
+                // Each series decoded and laid on its schema's intervals.
+                let read = |s: &strata_tsdb::querier::Series| -> Option<RenderSeries> {
+                    let (name, tags) = graphite_series_name(&s.labels)?;
                     let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
                     let policy = schemas.policy(&name);
-                    if let Some((start, end, step, values)) =
-                        strata_graphite::render::fetch(&samples, &policy, from, until, now)
-                    {
-                        let path_expression = path_expression.to_owned();
-                        let range = (start, end, step);
-                        out.push(RenderSeries::new(name, tags, range, values, path_expression, x_files_factor));
-                    }
+                    let (start, end, step, values) =
+                        strata_graphite::render::fetch(&samples, &policy, from, until, now)?;
+                    let path_expression = path_expression.to_owned();
+                    Some(RenderSeries::new(name, tags, (start, end, step), values, path_expression, x_files_factor))
+                };
+                // Spread over the cores when there are enough series to pay for the threads, in
+                // contiguous runs so the order stays the path order.
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                if threads == 1 || selected.len() < PARALLEL_READ_MIN {
+                    return Ok(selected.iter().filter_map(read).collect());
                 }
-                Ok(out)
+                let run = selected.len().div_ceil(threads);
+                Ok(std::thread::scope(|scope| {
+                    let readers: Vec<_> = selected
+                        .chunks(run)
+                        .map(|chunk| scope.spawn(|| chunk.iter().filter_map(read).collect::<Vec<_>>()))
+                        .collect();
+                    readers.into_iter().flat_map(|r| r.join().expect("a render reader panicked")).collect()
+                }))
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {
@@ -566,6 +576,9 @@ pub(super) async fn render(
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
+
+/// Fewest series a fetch spreads over several threads.
+const PARALLEL_READ_MIN: usize = 32;
 
 /// Past `until`, the seconds of samples a render reads: whisper answers the interval after
 /// `until`, up to a day long for the coarsest archives in use.
