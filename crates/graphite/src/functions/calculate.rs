@@ -197,6 +197,10 @@ pub(crate) fn hitcount(cx: &mut Context<'_>, mut args: Args<'_>, first: &Expr) -
             let start_time = s.start + i as i64 * step;
             let (start_bucket, start_mod) =
                 ((start_time - new_start).div_euclid(interval), (start_time - new_start).rem_euclid(interval));
+            // A value past the series' end (a function may leave one) has no bucket.
+            if start_bucket >= buckets_len {
+                continue;
+            }
             let end_time = start_time + step;
             let (mut end_bucket, mut end_mod) =
                 ((end_time - new_start).div_euclid(interval), (end_time - new_start).rem_euclid(interval));

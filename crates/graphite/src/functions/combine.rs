@@ -267,7 +267,9 @@ pub(crate) fn threshold(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<
 
 pub(crate) fn constant(cx: &Context<'_>, name: &str, value: f64) -> Series {
     let (start, end) = (cx.from, cx.until);
-    let step = ((end - start) as f64 / 2.0) as i64;
+    // At least a second: a one-second range would make a step of 0, which no later function
+    // could divide by.
+    let step = (((end - start) as f64 / 2.0) as i64).max(1);
     let mut s = Series::derived(name.to_owned(), (start, end, step), vec![Some(value); 3], cx.x_files_factor);
     s.path_expression = format!("constantLine({name})");
     s

@@ -326,6 +326,12 @@ fn list_functions_refuse_what_graphite_web_cannot_answer() {
     // The stack's running total carries from one stacked() call to the next in a request.
     let s = run("group(stacked(a.x), stacked(a.x))", &store()).unwrap();
     assert_eq!(s[1].values, [Some(2.0), None, Some(6.0), Some(-8.0)]);
+    // A series with values past its end (timeShift keeps the request's end, whatever the shifted
+    // range held) counts the hits inside it and no others, without a panic.
+    let mut past_end = fetched("p.q", 10, &[Some(1.0); 6]);
+    past_end.end = 120;
+    let hits = &run("hitcount(p.q, '20s')", &[past_end]).unwrap()[0];
+    assert_eq!(hits.values, [Some(20.0)], "1 hit/s over the 20 s inside the end");
     let walk = &run("randomWalk('w', 10)", &store()).unwrap()[0];
     assert_eq!((walk.values.len(), walk.values[0]), (10, Some(0.0)));
     assert!(walk.values.windows(2).all(|w| (w[1].unwrap() - w[0].unwrap()).abs() <= 0.5));
