@@ -454,6 +454,9 @@ const TARGETS: &[(&str, Range, Option<Param>)] = &[
     ("template(scale(servers.dc1.host-1.load, $f), f=2)", Recent, None),
     ("template(servers.$dc.host-1.load, dc='dc1')", Recent, Some(("template[dc]", "dc2"))),
     ("template(aliasByNode(servers.dc1.$h.load, $n), h='host-3', n=2)", Recent, None),
+    // Aliases graphite-web registers under second names.
+    ("avg(servers.dc1.*.load, counters.app-1.requests)", Recent, None),
+    ("reduce(map(servers.dc1.*.load, 1), 'asPercent', 2, 'host-2', 'host-3')", Recent, None),
 ];
 
 /// Targets graphite-web 1.1.8 fails on itself, with why; Strata must answer them (200), and
