@@ -715,10 +715,9 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
         if want.as_array().is_some_and(Vec::is_empty) {
             report.empty.push(target.to_owned());
         }
-        if let (200, None) = (over_strata[i].0, difference(&want, &normalized(&over_strata[i].1), "")) {
-        } else {
-            let d = difference(&want, &normalized(&over_strata[i].1), "");
-            report.failures.push(format!("graphite-web over Strata, {what}: {} {d:?}", over_strata[i].0));
+        match (over_strata[i].0, difference(&want, &normalized(&over_strata[i].1), "")) {
+            (200, None) => {}
+            (status, d) => report.failures.push(format!("graphite-web over Strata, {what}: {status} {d:?}")),
         }
         let direct = strata(srv.port, path.trim_end_matches('/'), params);
         let outcome = match (direct.0, difference(&want, &normalized(&direct.1), "")) {

@@ -19,14 +19,9 @@ pub(crate) fn alias(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
 /// from its first path expression.
 pub(crate) fn alias_by_node(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
-    let nodes: Vec<Arg> = args.positional.drain(1.min(args.positional.len())..).collect();
+    let nodes = args.nodes_rest(1, "nodes")?;
     if nodes.is_empty() {
         return Err(args.error("missing nodes"));
-    }
-    for n in &nodes {
-        if !matches!(n, Arg::Number(_) | Arg::String(_)) {
-            return Err(args.error("nodes must be node numbers or tag names"));
-        }
     }
     args.finish()?;
     for s in &mut series {

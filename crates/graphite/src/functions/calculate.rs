@@ -355,14 +355,7 @@ pub(crate) fn apply_by_node(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<
 pub(crate) fn group_by_tags(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let series = args.series(0, "seriesList")?;
     let callback = args.string(1, "callback")?.ok_or_else(|| args.error("missing callback"))?;
-    let rest: Vec<Arg> = args.positional.drain(2.min(args.positional.len())..).collect();
-    let mut tags = Vec::new();
-    for a in rest {
-        match a {
-            Arg::String(t) => tags.push(t),
-            _ => return Err(args.error("tags must be strings")),
-        }
-    }
+    let tags = args.strings_rest(2, "tags")?;
     args.finish()?;
     if tags.is_empty() {
         return Err(bad("groupByTags", "no tags specified"));
@@ -429,8 +422,7 @@ pub(crate) fn min_max(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
     args.finish()?;
     for s in &mut series {
-        s.name = format!("minMax({})", s.name);
-        s.path_expression = s.name.clone();
+        super::transform::rename(s, format!("minMax({})", s.name));
         let points = s.points();
         let min = AggFunc::Min.apply(&points).unwrap_or(0.0);
         let max = AggFunc::Max.apply(&points).unwrap_or(0.0);
@@ -454,8 +446,7 @@ pub(crate) fn interpolate(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> 
     };
     args.finish()?;
     for s in &mut series {
-        s.name = format!("interpolate({})", s.name);
-        s.path_expression = s.name.clone();
+        super::transform::rename(s, format!("interpolate({})", s.name));
         let mut v = s.points();
         let mut gaps = 0usize;
         for i in 1..v.len() {

@@ -211,8 +211,7 @@ pub(crate) fn divide_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<
     args.finish()?;
     if divisors.is_empty() {
         for s in &mut dividends {
-            s.name = format!("divideSeries({},MISSING)", s.name);
-            s.path_expression = s.name.clone();
+            super::transform::rename(s, format!("divideSeries({},MISSING)", s.name));
             s.values.fill(None);
         }
         return Ok(dividends);
@@ -358,11 +357,10 @@ pub(crate) fn group_by_nodes(cx: &mut Context<'_>, mut args: Args<'_>, single: b
         (callback, vec![node])
     } else {
         let callback = args.string(1, "callback")?.ok_or_else(|| args.error("missing callback"))?;
-        let nodes: Vec<Arg> = args.positional.drain(2.min(args.positional.len())..).collect();
-        (callback, nodes)
+        (callback, args.nodes_rest(2, "nodes")?)
     };
     if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
-        return Err(args.error("nodes must be node numbers or tag names"));
+        return Err(args.error("nodeNum must be a node number or a tag name"));
     }
     let function = if single { "groupByNode" } else { "groupByNodes" };
     args.finish()?;

@@ -106,10 +106,7 @@ pub(crate) fn divide_series_lists(cx: &mut Context<'_>, mut args: Args<'_>) -> R
 pub(crate) fn weighted_average(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let averages = args.series(0, "seriesListAvg")?;
     let weights = args.series(1, "seriesListWeight")?;
-    let nodes: Vec<Arg> = args.positional.drain(2.min(args.positional.len())..).collect();
-    if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
-        return Err(args.error("nodes must be node numbers or tag names"));
-    }
+    let nodes = args.nodes_rest(2, "nodes")?;
     args.finish()?;
     if averages.len() != weights.len() {
         return Err(bad(
@@ -192,10 +189,7 @@ pub(crate) fn weighted_average(cx: &mut Context<'_>, mut args: Args<'_>) -> Resu
 /// `reduceSeries`.
 pub(crate) fn map_series(mut args: Args<'_>) -> Result<Vec<Vec<Series>>, EvalError> {
     let series = args.series(0, "seriesList")?;
-    let nodes: Vec<Arg> = args.positional.drain(1.min(args.positional.len())..).collect();
-    if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
-        return Err(args.error("mapNodes must be node numbers or tag names"));
-    }
+    let nodes = args.nodes_rest(1, "mapNodes")?;
     args.finish()?;
     let mut out: Vec<(String, Vec<Series>)> = Vec::new();
     for s in series {
@@ -220,14 +214,7 @@ pub(crate) fn reduce_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<
     };
     let function = args.string(1, "reduceFunction")?.ok_or_else(|| args.error("missing reduceFunction"))?;
     let node = args.required_number(2, "reduceNode")?.as_f64() as i64;
-    let rest: Vec<Arg> = args.positional.drain(3.min(args.positional.len())..).collect();
-    let mut matchers = Vec::new();
-    for a in rest {
-        match a {
-            Arg::String(m) => matchers.push(m),
-            _ => return Err(args.error("reduceMatchers must be strings")),
-        }
-    }
+    let matchers = args.strings_rest(3, "reduceMatchers")?;
     args.finish()?;
     let mut keyed: Vec<(String, Vec<Option<Series>>)> = Vec::new();
     for s in lists.into_iter().flatten() {
@@ -264,15 +251,14 @@ pub(crate) fn reduce_series(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<
 }
 
 /// `removeAbovePercentile(seriesList, n)` and `removeBelowPercentile`: values above (below)
-/// the series' n-th percentile become gaps (below also turns every gap... into a gap).
+/// the series' n-th percentile become gaps.
 pub(crate) fn remove_percentile(mut args: Args<'_>, above: bool) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
     let n = args.required_number(1, "n")?.as_f64();
     args.finish()?;
     let what = if above { "removeAbovePercentile" } else { "removeBelowPercentile" };
     for s in &mut series {
-        s.name = format!("{what}({}, {})", s.name, py_g(n));
-        s.path_expression = s.name.clone();
+        super::transform::rename(s, format!("{what}({}, {})", s.name, py_g(n)));
         let points = s.points();
         // graphite-web skips a series whose nPercentile has no points.
         let Some(p) = percentile(&points, n, false).filter(|_| (s.end - s.start) / s.step.max(1) > 0) else { continue };

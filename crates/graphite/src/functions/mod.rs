@@ -638,6 +638,28 @@ impl Args<'_> {
             .collect()
     }
 
+    /// Every positional argument from `from` on, each a string (`*tags`, `*valueTypes`).
+    pub(crate) fn strings_rest(&mut self, from: usize, name: &str) -> Result<Vec<String>, EvalError> {
+        let rest: Vec<Arg> = self.positional.drain(from.min(self.positional.len())..).collect();
+        rest.into_iter()
+            .map(|a| match a {
+                Arg::String(s) => Ok(s),
+                other => Err(self.error(format!("{name} must be strings, not {}", describe(&other)))),
+            })
+            .collect()
+    }
+
+    /// Every positional argument from `from` on, each a node number or a tag name (`*nodes`).
+    pub(crate) fn nodes_rest(&mut self, from: usize, name: &str) -> Result<Vec<Arg>, EvalError> {
+        let rest: Vec<Arg> = self.positional.drain(from.min(self.positional.len())..).collect();
+        match rest.iter().find(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
+            Some(other) => {
+                Err(self.error(format!("{name} must be node numbers or tag names, not {}", describe(other))))
+            }
+            None => Ok(rest),
+        }
+    }
+
     pub(crate) fn number(&mut self, index: usize, name: &str) -> Result<Option<Number>, EvalError> {
         match self.take(index, name) {
             None => Ok(None),

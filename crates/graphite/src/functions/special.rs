@@ -51,10 +51,7 @@ fn total_of(mut group: Vec<Series>, x_files_factor: f64) -> Series {
 pub(crate) fn as_percent(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
     let total = args.take(1, "total");
-    let nodes: Vec<Arg> = args.positional.drain(2.min(args.positional.len())..).collect();
-    if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
-        return Err(args.error("nodes must be node numbers or tag names"));
-    }
+    let nodes = args.nodes_rest(2, "nodes")?;
     args.finish()?;
     let xff = cx.x_files_factor;
     // graphite-web normalizes first, and has nothing to answer for no series.
@@ -239,14 +236,7 @@ fn format_units(v: f64, system: &str, units: Option<&str>) -> (f64, String) {
 /// name (`a.b (avg: 5.0)`), or with a last `si`/`binary` in columns with unit prefixes.
 pub(crate) fn legend_value(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
-    let rest: Vec<Arg> = args.positional.drain(1.min(args.positional.len())..).collect();
-    let mut types = Vec::new();
-    for a in rest {
-        match a {
-            Arg::String(s) => types.push(s),
-            _ => return Err(args.error("valuesTypes must be strings")),
-        }
-    }
+    let mut types = args.strings_rest(1, "valuesTypes")?;
     args.finish()?;
     let system = match types.last().map(String::as_str) {
         Some(s @ ("si" | "binary")) => {
@@ -348,8 +338,7 @@ pub(crate) fn consolidate_by(mut args: Args<'_>, fixed: Option<&str>) -> Result<
     for s in &mut series {
         s.consolidation = how;
         s.tags.insert("consolidateBy".into(), func.clone());
-        s.name = format!("consolidateBy({},\"{func}\")", s.name);
-        s.path_expression = s.name.clone();
+        super::transform::rename(s, format!("consolidateBy({},\"{func}\")", s.name));
     }
     Ok(series)
 }

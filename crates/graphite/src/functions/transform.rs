@@ -7,20 +7,27 @@ use super::{py_g, Args, EvalError, Series};
 use crate::render::py_float;
 use crate::target::Number;
 
-fn rename(s: &mut Series, name: String) {
+/// Names a series a function made: graphite-web sets its path expression to the new name too.
+pub(crate) fn rename(s: &mut Series, name: String) {
     s.name = name;
     s.path_expression = s.name.clone();
 }
 
-/// `what(seriesList, factor)`: every present value through `op` with the factor; the name is
-/// `what(name,factor)` (`%g`), the tag the factor as a float.
-fn with_factor(mut args: Args<'_>, what: &str, op: impl Fn(f64, f64) -> f64) -> Result<Vec<Series>, EvalError> {
+/// `what(seriesList, <param>)`: every present value through `op` with the number; the name is
+/// `what(name,number)` with the number as `in_name` writes it, the tag the number as a float.
+fn with_factor(
+    mut args: Args<'_>,
+    what: &str,
+    param: &str,
+    in_name: fn(f64) -> String,
+    op: impl Fn(f64, f64) -> f64,
+) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
-    let f = args.required_number(1, "factor")?.as_f64();
+    let f = args.required_number(1, param)?.as_f64();
     args.finish()?;
     for s in &mut series {
         s.tags.insert(what.to_owned(), py_float(f));
-        rename(s, format!("{what}({},{})", s.name, py_g(f)));
+        rename(s, format!("{what}({},{})", s.name, in_name(f)));
         for v in s.values.iter_mut().flatten() {
             *v = op(*v, f);
         }
@@ -30,12 +37,12 @@ fn with_factor(mut args: Args<'_>, what: &str, op: impl Fn(f64, f64) -> f64) -> 
 
 /// `scale(seriesList, factor)`: every value times the factor.
 pub(crate) fn scale(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    with_factor(args, "scale", |v, f| v * f)
+    with_factor(args, "scale", "factor", py_g, |v, f| v * f)
 }
 
 /// `offset(seriesList, factor)`: the factor added to every value.
 pub(crate) fn offset(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    with_factor(args, "offset", |v, f| v + f)
+    with_factor(args, "offset", "factor", py_g, |v, f| v + f)
 }
 
 /// `absolute(seriesList)`.
@@ -180,8 +187,7 @@ pub(crate) fn keep_last_value(mut args: Args<'_>) -> Result<Vec<Series>, EvalErr
     let limit = args.number(1, "limit")?.map_or(f64::INFINITY, Number::as_f64);
     args.finish()?;
     for s in &mut series {
-        s.name = format!("keepLastValue({})", s.name);
-        s.path_expression = s.name.clone();
+        rename(s, format!("keepLastValue({})", s.name));
         let (mut gaps, mut last) = (0usize, None);
         let n = s.values.len();
         for i in 0..=n {
@@ -232,8 +238,7 @@ pub(crate) fn transform_null(mut args: Args<'_>) -> Result<Vec<Series>, EvalErro
         } else {
             ""
         };
-        s.name = format!("transformNull({},{}{suffix})", s.name, py_g(default));
-        s.path_expression = s.name.clone();
+        rename(s, format!("transformNull({},{}{suffix})", s.name, py_g(default)));
         let points = s.points();
         let len = defaults.as_ref().map_or(points.len(), |d| d.len().max(points.len()));
         s.values = (0..len)
@@ -258,8 +263,7 @@ pub(crate) fn remove_value(mut args: Args<'_>, below: bool) -> Result<Vec<Series
     args.finish()?;
     let what = if below { "removeBelowValue" } else { "removeAboveValue" };
     for s in &mut series {
-        s.name = format!("{what}({}, {})", s.name, py_g(n));
-        s.path_expression = s.name.clone();
+        rename(s, format!("{what}({}, {})", s.name, py_g(n)));
         for v in &mut s.values {
             if v.is_some_and(|x| if below { x < n } else { x > n }) {
                 *v = None;
@@ -690,18 +694,8 @@ pub(crate) fn sigmoid(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
 
 /// `add(seriesList, constant)`: the constant added to each value; named with the constant
 /// truncated to an integer, as graphite-web's `%d` writes it.
-pub(crate) fn add(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
-    let mut series = args.series(0, "seriesList")?;
-    let constant = args.required_number(1, "constant")?.as_f64();
-    args.finish()?;
-    for s in &mut series {
-        s.tags.insert("add".into(), py_float(constant));
-        rename(s, format!("add({},{})", s.name, constant.trunc() as i64));
-        for v in s.values.iter_mut().flatten() {
-            *v += constant;
-        }
-    }
-    Ok(series)
+pub(crate) fn add(args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    with_factor(args, "add", "constant", |c| (c.trunc() as i64).to_string(), |v, c| v + c)
 }
 
 /// `round(seriesList, precision=None)`: each value rounded to `precision` decimals (tens,

@@ -255,8 +255,8 @@ pub(crate) fn time_stack(cx: &mut Context<'_>, mut args: Args<'_>, first: &Expr)
         for mut s in cx.evaluate_over(first, cx.from.saturating_add(delta), cx.until.saturating_add(delta))? {
             s.tags.insert("timeShiftUnit".into(), unit_text.clone());
             s.tags.insert("timeShift".into(), shift.to_string());
-            s.name = format!("timeShift({}, {unit_text}, {shift})", s.name);
-            s.path_expression = s.name.clone();
+            let name = format!("timeShift({}, {unit_text}, {shift})", s.name);
+            super::transform::rename(&mut s, name);
             (s.start, s.end) = (base.start, base.end);
             out.push(s);
         }
