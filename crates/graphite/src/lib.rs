@@ -6,11 +6,12 @@
 //! (`find`), retention schemas (`schema`), Graphite's time syntax (`attime`), tag expressions
 //! (`tagexpr`), what a render answers for stored points (`render`) and graphite-web's cluster
 //! format, Python pickles (`pickle`), the target language (`target`) and the render functions
-//! evaluated over it (`functions`, the first of graphite-web's library).
+//! evaluated over it (`functions`, graphite-web's library), and the events store (`events`).
 
 pub mod attime;
 pub mod carbon;
 pub mod carbonapi;
+pub mod events;
 pub mod find;
 pub mod functions;
 pub mod glob;

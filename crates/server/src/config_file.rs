@@ -110,6 +110,7 @@ pub struct GraphiteSection {
     pub storage_schemas: Option<String>,
     pub storage_aggregation: Option<String>,
     pub time_zone: Option<String>,
+    pub events_max: Option<usize>,
 }
 
 /// A listen address as Prometheus' and carbon's flags take it: `host:port`, or `:port` for

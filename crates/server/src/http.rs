@@ -126,6 +126,8 @@ pub struct AppState {
     /// The zone `/render` reads days and clock times in and writes CSV times in, unless a
     /// request names its own `tz` (`--graphite.time-zone`; graphite-web's `TIME_ZONE`).
     pub graphite_time_zone: Mutex<strata_graphite::attime::TimeZone>,
+    /// Graphite's events (`/events/`, `events(...)`), set once the database is open.
+    pub graphite_events: OnceLock<Arc<GraphiteEvents>>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
 }
@@ -152,6 +154,7 @@ impl AppState {
             external_labels: Mutex::new(Vec::new()),
             graphite_schemas: Mutex::new(Arc::default()),
             graphite_time_zone: Mutex::new(strata_graphite::attime::TimeZone::UTC),
+            graphite_events: OnceLock::new(),
             metadata: Mutex::new(HashMap::new()),
         })
     }
@@ -269,6 +272,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/functions/{name}", get(graphite_api::function_details))
         .route("/graphite/functions", get(graphite_api::functions))
         .route("/graphite/functions/{name}", get(graphite_api::function_details))
+        .route("/events", get(graphite_events::events).post(graphite_events::events))
+        .route("/events/", get(graphite_events::events).post(graphite_events::events))
+        .route("/graphite/events", get(graphite_events::events).post(graphite_events::events))
+        .route("/graphite/events/", get(graphite_events::events).post(graphite_events::events))
+        .route("/events/get_data", get(graphite_events::get_data))
+        .route("/graphite/events/get_data", get(graphite_events::get_data))
+        .route("/events/{id}", get(graphite_events::event))
+        .route("/events/{id}/", get(graphite_events::event))
+        .route("/graphite/events/{id}", get(graphite_events::event))
+        .route("/graphite/events/{id}/", get(graphite_events::event))
         .route("/render", get(graphite_api::render).post(graphite_api::render))
         .route("/render/", get(graphite_api::render).post(graphite_api::render))
         .route("/graphite/render", get(graphite_api::render).post(graphite_api::render))
@@ -359,6 +372,7 @@ fn handler_name(path: &str) -> &'static str {
         "/metrics/index.json" | "/graphite/metrics/index.json" => "graphite_index",
         p if p.starts_with("/tags") || p.starts_with("/graphite/tags") => "graphite_tags",
         "/render" | "/render/" | "/graphite/render" => "graphite_render",
+        p if p.starts_with("/events") || p.starts_with("/graphite/events") => "graphite_events",
         "/-/ready" | "/-/healthy" => "health",
         "/-/reload" | "/-/quit" => "lifecycle",
         "/api/v1/targets" | "/api/v1/targets/metadata" => "targets",
@@ -1588,6 +1602,8 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
 }
 
 mod graphite_api;
+mod graphite_events;
+pub use graphite_events::GraphiteEvents;
 mod scrape_api;
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use strata_promql::parser::{MAX_DEPTH_DEFAULT, QUERY_THREAD_STACK_BYTES};
 use strata_server::carbon::{CarbonConfig, CarbonListeners, Window};
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
 use strata_server::config_file::{default_config_text, parse_listen_address, ConfigFile};
-use strata_server::http::{router, ApiSwitches, AppState, Limits, Reloader};
+use strata_server::http::{router, ApiSwitches, AppState, GraphiteEvents, Limits, Reloader};
 use strata_server::scrape::config::Job;
 use strata_server::scrape::ScrapeManager;
 use strata_server::web::auth::{authenticate, Authenticator};
@@ -134,6 +134,10 @@ pub struct ServeArgs {
     /// writes CSV times in, unless a request names its own `tz` (graphite-web's TIME_ZONE) [default: UTC].
     #[arg(long = "graphite.time-zone")]
     graphite_time_zone: Option<String>,
+    /// Most Graphite events (`/events/`) kept; beyond it a post is refused (507) until older
+    /// ones pass the retention [default: 100000].
+    #[arg(long = "graphite.events-max")]
+    graphite_events_max: Option<String>,
     /// How far behind a series' newest point a carbon point is still taken; a point at a stored
     /// timestamp replaces its value (whisper's last write wins); `0` refuses late points [default: 1d].
     #[arg(long = "carbon.out-of-order-window")]
@@ -174,6 +178,8 @@ struct Settings {
     carbon: CarbonConfig,
     schemas: Schemas,
     time_zone: strata_graphite::attime::TimeZone,
+    /// `--graphite.events-max`.
+    events_max: usize,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -452,8 +458,18 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         "UTC",
         strata_graphite::attime::time_zone,
     )?;
+    let events_max = pick(
+        &mut flags,
+        "graphite.events-max",
+        args.graphite_events_max.clone(),
+        file.graphite.events_max.map(|n| n.to_string()),
+        "100000",
+        parse_count,
+    )?;
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    Ok((Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone }, yaml))
+    let settings =
+        Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone, events_max };
+    Ok((settings, yaml))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {
@@ -471,7 +487,18 @@ fn parse_depth(s: &str) -> Result<u32, String> {
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (
-        Settings { storage: cfg, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone },
+        Settings {
+            storage: cfg,
+            limits,
+            connections,
+            flags,
+            jobs,
+            external_labels,
+            carbon,
+            schemas,
+            time_zone,
+            events_max,
+        },
         yaml,
     ) = settings(&args)?;
     let web_config = match &args.web_config_file {
@@ -513,6 +540,8 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 let db = Arc::new(
                     Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| format!("cannot open the data directory: {e}"))?,
                 );
+                let events = GraphiteEvents::open(&cfg.data_dir.join("graphite"), events_max, cfg.retention_ms)?;
+                let _ = state.graphite_events.set(Arc::new(events));
                 let seed = {
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -731,3 +731,113 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
     assert!(report.failures.is_empty(), "Strata differs from graphite-web:\n{}", report.failures.join("\n"));
     drop(carbon);
 }
+
+/// Graphite's events: the same events posted to graphite-web (its Django database) and to
+/// Strata, then listed by `/events/get_data` and counted by `events(...)` in `/render`, answer
+/// for answer. graphite-web over Strata as a cluster server reads its own database for events,
+/// so only Strata's own answers are compared.
+#[test]
+fn events_are_stored_listed_and_rendered_as_graphite_web_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("data"), &[]);
+    let now_s = support::now_ms() / 1000;
+    let t0 = now_s - now_s.rem_euclid(60) - 7200;
+    let posts = [
+        json!({"what": "deploy app v1", "tags": ["deploy", "app"], "when": t0 + 100, "data": "v1"}),
+        json!({"what": "deploy db", "tags": "deploy db", "when": t0 + 100}),
+        json!({"what": "outage", "tags": "outage, \"on call\"", "when": t0 as f64 + 1000.7, "data": "paged"}),
+        json!({"what": "untagged", "when": t0 + 2000}),
+        json!({"what": "deploy app v2", "tags": ["deploy", "app"], "when": t0 as f64 + 3000.25}),
+        json!({"what": "old deploy", "tags": ["deploy"], "when": t0 - 86_400}),
+        // Refused by both: tags neither a list nor a string.
+        json!({"what": "bad", "tags": 3, "when": t0}),
+    ];
+    let mut requests: Vec<Value> = posts.iter().map(|e| json!(["/events/", {}, e.to_string()])).collect();
+    let (from, until) = (t0.to_string(), (t0 + 3600).to_string());
+    let gets = [
+        json!({}),
+        json!({"from": from, "until": (t0 + 2500).to_string()}),
+        json!({"tags": "deploy"}),
+        json!({"tags": "deploy app"}),
+        json!({"tags": "app db", "set": "union"}),
+        json!({"tags": "deploy app", "set": "intersection"}),
+        json!({"tags": "on call", "set": "union", "from": from}),
+        json!({"tags": "outage"}),
+        json!({"from": "-3d", "until": "now"}),
+    ];
+    requests.extend(gets.iter().map(|p| json!(["/events/get_data", p])));
+    let renders = [
+        ("events('*')", None),
+        ("events('deploy')", Some(("maxDataPoints", "60"))),
+        ("events('deploy', 'app')", None),
+        ("drawAsInfinite(events('outage'))", None),
+        ("summarize(events('*'), '10min', 'sum')", None),
+        ("events('no-such-tag')", None),
+        ("aliasByNode(events('deploy'), 0)", None),
+    ];
+    for (target, extra) in renders {
+        let mut params =
+            json!({"target": target, "from": from, "until": until, "now": now_s.to_string(), "format": "json"});
+        if let Some((k, v)) = extra {
+            params[k] = json!(v);
+        }
+        requests.push(json!(["/render/", params]));
+    }
+    let env =
+        [("GW_WHISPER", dir.path().join("none").display().to_string()), ("GW_CARBONLINK", "127.0.0.1:1".to_owned())];
+    std::fs::create_dir_all(dir.path().join("none")).unwrap();
+    let reference = graphite_web(&dir.path().join("gw"), &env, &Value::Array(requests.clone()));
+
+    let mut failures = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let (path, params) = (request[0].as_str().unwrap(), &request[1]);
+        let got = match request.get(2).and_then(Value::as_str) {
+            Some(body) => {
+                let (status, text) =
+                    http(srv.port, "POST", path, &[("Content-Type", "application/json")], body.as_bytes());
+                (status, Value::String(text))
+            }
+            None => strata(srv.port, path.trim_end_matches('/'), params),
+        };
+        let want = &reference[i];
+        if request.get(2).is_some() {
+            // Posts: the status only (graphite-web's error text is its own).
+            if got.0 != want.0 {
+                failures.push(format!("{request}: status {} where graphite-web answers {}", got.0, want.0));
+            }
+            continue;
+        }
+        if want.0 != 200 {
+            failures.push(format!("{request}: graphite-web answers {} {}", want.0, want.1));
+            continue;
+        }
+        if let Some(d) = difference(&normalized(&want.1), &normalized(&got.1), "") {
+            failures.push(format!("{request}: {} {d}", got.0));
+        }
+    }
+    assert!(failures.is_empty(), "Strata differs from graphite-web:\n{}", failures.join("\n"));
+    // Something was compared: the deploys of the last three days listed, the five events of
+    // the hour counted.
+    assert_eq!(reference[posts.len() + 2].1.as_array().map(Vec::len), Some(4));
+    let counted: f64 = reference[posts.len() + gets.len()].1[0]["datapoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p[0].as_f64())
+        .sum();
+    assert_eq!(counted, 5.0);
+
+    // Acknowledged events survive a SIGKILL; JSONP; one event by id.
+    let mut srv = srv;
+    srv.kill();
+    let srv = Server::start(&dir.path().join("data"), &[]);
+    let (_, all) = http(srv.port, "GET", "/events/get_data", &[], b"");
+    assert_eq!(serde_json::from_str::<Value>(&all).unwrap(), reference[posts.len()].1);
+    let (status, body) = http(srv.port, "GET", "/events/get_data?tags=outage&jsonp=show", &[], b"");
+    assert_eq!(status, 200);
+    assert!(body.starts_with("show([{") && body.contains("\"what\":\"outage\""), "{body}");
+    let (status, body) = http(srv.port, "GET", "/events/3", &[], b"");
+    assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()["what"].clone()), (200, json!("outage")));
+    assert_eq!(http(srv.port, "GET", "/events/99/", &[], b"").0, 404);
+    assert_eq!(http(srv.port, "GET", "/events/get_data?jsonp=alert(1)", &[], b"").0, 400);
+}

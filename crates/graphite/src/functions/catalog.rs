@@ -46,6 +46,7 @@ diffSeriesLists Combine seriesListFirstPos:seriesList! seriesListSecondPos:serie
 divideSeries Combine dividendSeriesList:seriesList! divisorSeries:seriesList!
 divideSeriesLists Combine dividendSeriesList:seriesList! divisorSeriesList:seriesList!
 drawAsInfinite Graph seriesList:seriesList!
+events Special tags:string!*
 exclude FilterSeries seriesList:seriesList! pattern:string!
 exp Transform seriesList:seriesList!
 exponentialMovingAverage Calculate seriesList:seriesList! windowSize:intOrInterval!

@@ -1,7 +1,8 @@
 //! Series made from nothing but the request's range: `identity`, `timeFunction` (`time`),
-//! `sinFunction` (`sin`), one point per step from the range's start, as graphite-web makes them.
+//! `sinFunction` (`sin`), one point per step from the range's start, as graphite-web makes them;
+//! and `events`, the server's events counted per second.
 
-use super::{Args, Context, EvalError, Series};
+use super::{Args, Consolidation, Context, EvalError, Series};
 use crate::target::Number;
 
 /// Most points a generated series may have.
@@ -22,13 +23,19 @@ fn name_and_step(args: &mut Args<'_>, step_index: Option<usize>) -> Result<(Stri
 
 /// The times from the range's start, `step` apart, before its end.
 fn times(cx: &Context<'_>, step: i64, function: &str) -> Result<Vec<i64>, EvalError> {
+    check_points(cx, step, function)?;
+    Ok((cx.from..cx.until).step_by(step as usize).collect())
+}
+
+/// Refuses a range with more than `POINTS_MAX` points `step` apart.
+fn check_points(cx: &Context<'_>, step: i64, function: &str) -> Result<(), EvalError> {
     if (cx.until - cx.from) / step > POINTS_MAX {
         return Err(EvalError::BadArgument {
             function: function.to_owned(),
             message: format!("a step of {step} s makes more than {POINTS_MAX} points"),
         });
     }
-    Ok((cx.from..cx.until).step_by(step as usize).collect())
+    Ok(())
 }
 
 /// `identity(name)`: each point's value is its time.
@@ -56,4 +63,32 @@ pub(crate) fn sin_function(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<V
     args.finish()?;
     let values = times(cx, step, "sinFunction")?.into_iter().map(|t| Some((t as f64).sin() * amplitude)).collect();
     Ok(vec![Series::derived(name, (cx.from, cx.until, step), values, cx.x_files_factor)])
+}
+
+/// `events(*tags)`: how many of the server's events with all the tags (`"*"` alone: every
+/// event) fall in each second of the range, a gap where none does; named `events("a", "b")`
+/// and consolidated by sum, as graphite-web makes it (to be drawn with `drawAsInfinite`). An
+/// event at the range's very end, which graphite-web fails on, falls outside the series.
+pub(crate) fn events(cx: &mut Context<'_>, mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
+    let tags = args.strings_rest(0, "tags")?;
+    args.finish()?;
+    let error = |message: String| EvalError::BadArgument { function: "events".to_owned(), message };
+    if tags.is_empty() {
+        return Err(error("needs a tag, or \"*\" for every event".to_owned()));
+    }
+    let source = cx.events.ok_or_else(|| error("this server keeps no events".to_owned()))?;
+    let name = format!("events(\"{}\")", tags.join("\", \""));
+    let (start, end) = (cx.from, cx.until);
+    check_points(cx, 1, "events")?;
+    let points = (end - start).max(0) as usize;
+    let selected = (tags != ["*"]).then_some(&tags[..]);
+    let mut values: Vec<Option<f64>> = vec![None; points];
+    for t in source(selected, start, end) {
+        if let Some(v) = usize::try_from(t - start).ok().and_then(|i| values.get_mut(i)) {
+            *v = Some(v.unwrap_or(0.0) + 1.0);
+        }
+    }
+    let mut s = Series::derived(name, (start, end, 1), values, cx.x_files_factor);
+    s.consolidation = Consolidation::Sum;
+    Ok(vec![s])
 }

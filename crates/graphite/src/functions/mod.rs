@@ -4,7 +4,7 @@
 //! argument otherwise), and the results carry graphite-web's names and tags
 //! (`sumSeries(servers.*.cpu)`, `scale(a.b,10)`).
 //!
-//! `FUNCTIONS` (listed in `docs/graphite.md`): graphite-web 1.1.8's list but `events`. By
+//! `FUNCTIONS` (listed in `docs/graphite.md`): graphite-web 1.1.8's whole list. By
 //! family: the aggregations (`combine`), the aliases (`alias`), point-by-point transforms and
 //! derivatives (`transform`), filters and sorts (`filter`), functions that evaluate their
 //! argument again over other times (`window`), statistics and functions that evaluate new
@@ -50,6 +50,10 @@ pub enum EvalError {
 /// `[from, until]`, epoch seconds.
 pub type Fetch<'f> = dyn FnMut(&str, i64, i64) -> Result<Vec<Series>, EvalError> + 'f;
 
+/// The epoch seconds of the events (`crate::events`) with all of the tags (every event for
+/// `None`) from `from` to `until`, both included, for `events(...)`.
+pub type EventTimes<'f> = dyn Fn(Option<&[String]>, i64, i64) -> Vec<i64> + 'f;
+
 /// What evaluation needs from the server: the request's range and its series.
 pub struct Context<'f> {
     /// The range being evaluated, epoch seconds: the request's, or the shifted or widened one
@@ -83,6 +87,8 @@ pub struct Context<'f> {
     pub(crate) stacks: HashMap<String, Vec<f64>>,
     /// The request's `template[name]=value` parameters, which override a template's own.
     template: Vec<(String, String)>,
+    /// The server's events, if it keeps them.
+    pub(crate) events: Option<&'f EventTimes<'f>>,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -108,7 +114,14 @@ impl<'f> Context<'f> {
             now: until,
             stacks: HashMap::new(),
             template: Vec::new(),
+            events: None,
         }
+    }
+
+    /// Sets where `events(...)` finds events (without it, `events` is refused by name).
+    pub fn with_events(mut self, events: &'f EventTimes<'f>) -> Context<'f> {
+        self.events = Some(events);
+        self
     }
 
     /// Sets the request's time zone (UTC unless set).
@@ -308,6 +321,7 @@ pub const FUNCTIONS: &[&str] = &[
     "divideSeries",
     "divideSeriesLists",
     "drawAsInfinite",
+    "events",
     "exclude",
     "exp",
     "exponentialMovingAverage",
@@ -511,6 +525,7 @@ pub(crate) fn dispatch(
         "consolidateBy" => special::consolidate_by(args, None),
         "cumulative" => special::consolidate_by(args, Some("sum")),
         "setXFilesFactor" | "xFilesFactor" => special::set_x_files_factor(cx, args),
+        "events" => generate::events(cx, args),
         "aggregate" => combine::aggregate_call(cx, args),
         "sumSeries" | "sum" | "total" => combine::series_form(cx, args, "sum"),
         "averageSeries" | "avg" => combine::series_form(cx, args, "average"),

@@ -356,3 +356,40 @@ fn python_percent_formats_one_number() {
     assert_eq!(f("%G", f64::NEG_INFINITY), "-INF");
     assert!(lists::py_percent_format("%d", f64::NAN).is_err());
 }
+
+#[test]
+fn events_count_the_servers_events_per_second() {
+    // Events at 110 (deploy web), 110 (deploy), 150 (outage) and at the range's end, 200.
+    let stored: [(i64, &[&str]); 4] =
+        [(110, &["deploy", "web"]), (110, &["deploy"]), (150, &["outage"]), (200, &["deploy"])];
+    let times = |tags: Option<&[String]>, from: i64, until: i64| -> Vec<i64> {
+        stored
+            .iter()
+            .filter(|(t, has)| {
+                (from..=until).contains(t) && tags.is_none_or(|want| want.iter().all(|w| has.contains(&w.as_str())))
+            })
+            .map(|(t, _)| *t)
+            .collect()
+    };
+    let eval = |target: &str, with_events: bool| {
+        let mut fetch = |_: &str, _: i64, _: i64| -> Result<Vec<Series>, EvalError> { Ok(Vec::new()) };
+        let mut cx = Context::new(100, 200, 0.0, 10, &mut fetch);
+        if with_events {
+            cx = cx.with_events(&times);
+        }
+        evaluate(&parse(target).unwrap(), &mut cx)
+    };
+    let all = &eval("events('*')", true).unwrap()[0];
+    assert_eq!(
+        (all.name.as_str(), all.start, all.end, all.step, all.values.len()),
+        ("events(\"*\")", 100, 200, 1, 100)
+    );
+    assert_eq!((all.values[10], all.values[50], all.values[11]), (Some(2.0), Some(1.0), None));
+    assert_eq!(all.consolidation, Consolidation::Sum);
+    let deploys = &eval("events('deploy', 'web')", true).unwrap()[0];
+    assert_eq!(deploys.name, "events(\"deploy\", \"web\")");
+    assert_eq!(deploys.values.iter().flatten().sum::<f64>(), 1.0);
+    assert!(eval("events()", true).unwrap_err().to_string().contains("needs a tag"));
+    assert!(eval("events(1)", true).unwrap_err().to_string().contains("strings"));
+    assert!(eval("events('*')", false).unwrap_err().to_string().contains("keeps no events"));
+}

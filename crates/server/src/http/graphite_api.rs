@@ -470,6 +470,7 @@ pub(super) async fn render(
     let db = db(&st)?;
     let st2 = st.clone();
     let request_tz = tz.clone();
+    let events = st.graphite_events.get().cloned();
     let (mut series, requested) = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let execution = |e: &dyn std::fmt::Display| ApiError::execution(e.to_string());
@@ -522,6 +523,9 @@ pub(super) async fn render(
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {
+                    let event_times = |tags: Option<&[String]>, from: i64, until: i64| -> Vec<i64> {
+                        events.as_ref().map_or_else(Vec::new, |e| e.times(tags, from, until))
+                    };
                     // A fetch's own error (a limit, the deadline) is answered as it is, not as a
                     // mistake in the target.
                     let mut fetch_error: Option<ApiError> = None;
@@ -543,6 +547,9 @@ pub(super) async fn render(
                             .with_time_zone(request_tz.clone())
                             .with_now(now)
                             .with_template(template.clone());
+                    if events.is_some() {
+                        cx = cx.with_events(&event_times);
+                    }
                     let evaluated = functions::evaluate(expr, &mut cx);
                     drop(cx);
                     match evaluated {

@@ -2,7 +2,7 @@
 
 Serves requests through Django's test client (no web server needed) and prints the answers as
 JSON: [[status, content type, body text], ...]. Reads a JSON list of [path, {param: value}]
-from stdin. Environment: GW_DIR (a scratch directory), and either GW_CLUSTER (host:port of a
+(a GET) or [path, {param: value}, body text] (a POST of a JSON body) from stdin. Environment: GW_DIR (a scratch directory), and either GW_CLUSTER (host:port of a
 cluster server, here Strata) or GW_WHISPER (a whisper directory, here carbon-cache's) with
 GW_CARBONLINK (carbon-cache's cache query port, for points not yet written). With GW_SERVE (a
 port), serves HTTP on 127.0.0.1 instead, one request at a time, until killed (benches/carbon_compare.rs).
@@ -10,6 +10,7 @@ port), serves HTTP on 127.0.0.1 instead, one request at a time, until killed (be
 import json
 import os
 import sys
+from urllib.parse import urlencode
 
 scratch = os.environ['GW_DIR']
 os.makedirs(scratch + '/log', exist_ok=True)
@@ -48,8 +49,12 @@ from django.test import Client  # noqa: E402
 # An exception in graphite-web answers 500 with its text, as its server would answer.
 client = Client(raise_request_exception=False)
 out = []
-for path, params in json.load(sys.stdin):
-    r = client.get(path, params)
+for request in json.load(sys.stdin):
+    path, params = request[0], request[1]
+    if len(request) > 2:
+        r = client.post(path + '?' + urlencode(params), data=request[2], content_type='application/json')
+    else:
+        r = client.get(path, params)
     if r.status_code == 500 and getattr(r, 'exc_info', None):
         body = '%s: %s' % (r.exc_info[0].__name__, r.exc_info[1])
     else:
