@@ -134,6 +134,50 @@ pub(crate) fn path_expressions(series: &[Series]) -> String {
     seen.join(",")
 }
 
+/// Rows read across the columns at a time: a block of them is gathered column by column
+/// (each column read in order, the block staying in cache) before each row is folded.
+const ROWS_PER_BLOCK: usize = 32;
+
+/// `fold(row)` for each row `i` of the columns (the `i`-th value of each, a gap past a
+/// column's end), as many rows as the longest column; row ranges spread over the cores when
+/// the columns hold enough points. Each row is folded whole, in column order, so the result
+/// is the same however the rows are spread.
+pub(crate) fn fold_rows<C: AsRef<[Option<f64>]> + Sync>(
+    columns: &[C],
+    fold: impl Fn(&[Option<f64>]) -> Option<f64> + Sync,
+) -> Vec<Option<f64>> {
+    let len = columns.iter().map(|c| c.as_ref().len()).max().unwrap_or(0);
+    let width = columns.len();
+    let fold_range = |rows: std::ops::Range<usize>| -> Vec<Option<f64>> {
+        let mut out = Vec::with_capacity(rows.len());
+        let mut block = vec![None; ROWS_PER_BLOCK * width];
+        let mut first = rows.start;
+        while first < rows.end {
+            let n = ROWS_PER_BLOCK.min(rows.end - first);
+            for (c, column) in columns.iter().enumerate() {
+                let column = column.as_ref();
+                for r in 0..n {
+                    block[r * width + c] = column.get(first + r).copied().flatten();
+                }
+            }
+            out.extend((0..n).map(|r| fold(&block[r * width..(r + 1) * width])));
+            first += n;
+        }
+        out
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads <= 1 || len.saturating_mul(width) < super::PARALLEL_POINTS_MIN {
+        return fold_range(0..len);
+    }
+    let run = len.div_ceil(threads);
+    let fold_range = &fold_range;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> =
+            (0..len).step_by(run).map(|start| scope.spawn(move || fold_range(start..(start + run).min(len)))).collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
 /// graphite-web's `aggregate(seriesList, func, xFilesFactor)` over the series of every list.
 pub(crate) fn aggregate(
     cx: &Context<'_>,
@@ -145,18 +189,12 @@ pub(crate) fn aggregate(
     let Some((start, end, step)) = normalize(&mut series) else { return Vec::new() };
     let xff = x_files_factor.unwrap_or(cx.x_files_factor);
     let name = format!("{func_name}Series({})", path_expressions(&series));
-    let columns: Vec<Vec<Option<f64>>> = series.iter().map(Series::points).collect();
-    let len = columns.iter().map(Vec::len).max().unwrap_or(0);
-    let mut row = Vec::with_capacity(columns.len());
-    let values = (0..len)
-        .map(|i| {
-            row.clear();
-            row.extend(columns.iter().map(|c| c.get(i).copied().flatten()));
-            let present = row.iter().filter(|v| v.is_some()).count();
-            // xffValues: some present, and at least the factor's share.
-            (present > 0 && present as f64 / row.len() as f64 >= xff).then(|| func.apply(&row)).flatten()
-        })
-        .collect();
+    let columns: Vec<std::borrow::Cow<'_, [Option<f64>]>> = series.iter().map(Series::points_cow).collect();
+    let values = fold_rows(&columns, |row| {
+        let present = row.iter().filter(|v| v.is_some()).count();
+        // xffValues: some present, and at least the factor's share.
+        (present > 0 && present as f64 / row.len() as f64 >= xff).then(|| func.apply(row)).flatten()
+    });
     // The tags every series shares, then `name` (unless shared) and `aggregatedBy`.
     let mut tags: BTreeMap<String, String> = series[0].tags.clone();
     for s in &series[1..] {

@@ -280,6 +280,60 @@ fn eval(expr: &Expr, cx: &mut Context<'_>) -> Result<Arg, EvalError> {
     })
 }
 
+/// Fewest points, over all the series a call works on, for which it spreads the work over the
+/// cores: below it, starting threads costs more than it saves.
+pub(crate) const PARALLEL_POINTS_MIN: usize = 1 << 18;
+
+/// Something a function works on, by how many points it holds.
+pub(crate) trait Points {
+    fn points_held(&self) -> usize;
+}
+
+impl Points for Series {
+    fn points_held(&self) -> usize {
+        self.values.len()
+    }
+}
+
+impl Points for &Series {
+    fn points_held(&self) -> usize {
+        self.values.len()
+    }
+}
+
+impl Points for &mut Series {
+    fn points_held(&self) -> usize {
+        self.values.len()
+    }
+}
+
+/// `f` over each item, in order: on one thread, or, when the items hold
+/// `PARALLEL_POINTS_MIN` points or more, over the cores in contiguous runs. Each item's result
+/// is what one thread would compute (nothing is re-associated across items).
+pub(crate) fn per_series<T: Points + Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let points: usize = items.iter().map(Points::points_held).sum();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 || points < PARALLEL_POINTS_MIN {
+        return items.into_iter().map(f).collect();
+    }
+    let run = items.len().div_ceil(threads);
+    let mut runs: Vec<Vec<T>> = Vec::with_capacity(threads);
+    let mut rest = items.into_iter();
+    loop {
+        let chunk: Vec<T> = rest.by_ref().take(run).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        runs.push(chunk);
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> =
+            runs.into_iter().map(|chunk| scope.spawn(move || chunk.into_iter().map(f).collect::<Vec<R>>())).collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
 /// The functions implemented, by graphite-web's names (aliases included).
 pub const FUNCTIONS: &[&str] = &[
     "absolute",

@@ -117,6 +117,14 @@ impl Series {
     pub fn points(&self) -> Vec<Option<f64>> {
         consolidate(&self.values, self.values_per_point, self.consolidation, self.x_files_factor)
     }
+
+    /// `points()`, borrowed where nothing is folded.
+    pub fn points_cow(&self) -> std::borrow::Cow<'_, [Option<f64>]> {
+        match self.values_per_point {
+            0 | 1 => std::borrow::Cow::Borrowed(&self.values),
+            _ => std::borrow::Cow::Owned(self.points()),
+        }
+    }
 }
 
 /// Every `per` values folded into one as graphite-web's `TimeSeries` iterates them: a gap

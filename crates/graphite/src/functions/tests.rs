@@ -393,3 +393,84 @@ fn events_count_the_servers_events_per_second() {
     assert!(eval("events(1)", true).unwrap_err().to_string().contains("strings"));
     assert!(eval("events('*')", false).unwrap_err().to_string().contains("keeps no events"));
 }
+
+proptest::proptest! {
+    /// `py_round`'s fast way gives the float Python's `round` gives (its decimal text parsed),
+    /// also on values a hair from a half.
+    #[test]
+    fn py_round_fast_way_agrees_with_the_decimal_text(
+        mantissa in -1e7f64..1e7,
+        exponent in -12i32..12,
+        digits in 0usize..12,
+        nudge in -4i64..=4,
+    ) {
+        let x = mantissa * 10f64.powi(exponent);
+        let near_half = ((x * 10f64.powi(digits as i32)).trunc() + 0.5) / 10f64.powi(digits as i32);
+        let near_half = f64::from_bits((near_half.to_bits() as i64 + nudge) as u64);
+        for v in [x, near_half, -near_half] {
+            proptest::prop_assert_eq!(
+                transform::py_round(v, digits).to_bits(),
+                transform::py_round_by_text(v, digits).to_bits(),
+                "round({}, {})", v, digits
+            );
+        }
+    }
+}
+
+/// Calls over enough points to spread over the cores answer exactly as over each series alone
+/// (which stays on one thread), and an aggregation as the plain fold in series order.
+#[test]
+fn spread_over_the_cores_the_answers_are_the_same() {
+    let points = 8192;
+    let big: Vec<Series> = (0..64)
+        .map(|i| {
+            let mut count = 0.0;
+            let values: Vec<Option<f64>> = (0..points)
+                .map(|k| {
+                    count = if (k + i) % 997 == 0 { 1.0 } else { count + ((k * 37 + i * 11) % 90) as f64 / 7.0 };
+                    ((k * 7 + i) % 13 != 0).then_some(count)
+                })
+                .collect();
+            fetched(&format!("big.host-{i:02}"), 10, &values)
+        })
+        .collect();
+    assert!(big.len() * points >= PARALLEL_POINTS_MIN && points < PARALLEL_POINTS_MIN);
+    let eval = |target: &str| {
+        let mut fetch = |pe: &str, _: i64, _: i64| -> Result<Vec<Series>, EvalError> {
+            let prefix = pe.strip_suffix('*');
+            Ok(big.iter().filter(|s| prefix.map_or(s.name == pe, |p| s.name.starts_with(p))).cloned().collect())
+        };
+        let mut cx = Context::new(100, 100 + 10 * points as i64, 0.0, usize::MAX, &mut fetch);
+        evaluate(&parse(target).unwrap(), &mut cx).unwrap()
+    };
+    for f in [
+        "nonNegativeDerivative(%)",
+        "perSecond(%)",
+        "derivative(%)",
+        "integral(%)",
+        "keepLastValue(%, 3)",
+        "summarize(%, '1h', 'max')",
+        "movingAverage(%, 5)",
+        "exponentialMovingAverage(%, 5)",
+        "squareRoot(%)",
+        "exp(scale(%, 0.001))",
+    ] {
+        let together = eval(&f.replace('%', "big.*"));
+        let alone: Vec<Series> = big.iter().flat_map(|s| eval(&f.replace('%', &s.name))).collect();
+        assert_eq!(together.len(), alone.len(), "{f}");
+        for (t, a) in together.iter().zip(&alone) {
+            assert_eq!(
+                t.values.iter().map(|v| v.map(f64::to_bits)).collect::<Vec<_>>(),
+                a.values.iter().map(|v| v.map(f64::to_bits)).collect::<Vec<_>>(),
+                "{f}: {}",
+                t.name
+            );
+        }
+    }
+    let sum = &eval("sumSeries(big.*)")[0];
+    for (i, v) in sum.values.iter().enumerate() {
+        let present: Vec<f64> = big.iter().filter_map(|s| s.values[i]).collect();
+        let want = (!present.is_empty()).then(|| present.iter().fold(0.0, |a, b| a + b));
+        assert_eq!(v.map(f64::to_bits), want.map(f64::to_bits), "sumSeries at {i}");
+    }
+}

@@ -3,7 +3,7 @@
 //! `%g` writes it) and records itself in the tags (the factor as the float graphite-web's
 //! parameter check made of it: `10.0`).
 
-use super::{py_g, Args, EvalError, Series};
+use super::{per_series, py_g, Args, EvalError, Series};
 use crate::render::py_float;
 use crate::target::Number;
 
@@ -72,25 +72,22 @@ fn derive(s: &Series, name: String, values: Vec<Option<f64>>, tag: &str) -> Seri
 pub(crate) fn derivative(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let series = args.series(0, "seriesList")?;
     args.finish()?;
-    Ok(series
-        .iter()
-        .map(|s| {
-            let mut prev = None;
-            let values = s
-                .points()
-                .into_iter()
-                .map(|v| {
-                    let d = match (prev, v) {
-                        (Some(p), Some(x)) => Some(x - p),
-                        _ => None,
-                    };
-                    prev = v;
-                    d
-                })
-                .collect();
-            derive(s, format!("derivative({})", s.name), values, "derivative")
-        })
-        .collect())
+    Ok(per_series(series.iter().collect(), |s| {
+        let mut prev = None;
+        let values = s
+            .points_cow()
+            .iter()
+            .map(|&v| {
+                let d = match (prev, v) {
+                    (Some(p), Some(x)) => Some(x - p),
+                    _ => None,
+                };
+                prev = v;
+                d
+            })
+            .collect();
+        derive(s, format!("derivative({})", s.name), values, "derivative")
+    }))
 }
 
 /// graphite-web's `_nonNegativeDelta`: the increase from `prev`, a counter wrap when bounds
@@ -126,28 +123,25 @@ pub(crate) fn non_negative(mut args: Args<'_>, per_second: bool) -> Result<Vec<S
     let min = args.number(2, "minValue")?.map(Number::as_f64);
     args.finish()?;
     let what = if per_second { "perSecond" } else { "nonNegativeDerivative" };
-    Ok(series
-        .iter()
-        .map(|s| {
-            let mut prev = None;
-            // graphite-web divides by the stored step even when points are consolidated.
-            let step = s.step as f64;
-            let values = s
-                .points()
-                .into_iter()
-                .map(|v| {
-                    let (d, p) = non_negative_delta(v, prev, max, min);
-                    prev = p;
-                    if per_second {
-                        d.map(|d| py_round(d / step, 6))
-                    } else {
-                        d
-                    }
-                })
-                .collect();
-            derive(s, format!("{what}({})", s.name), values, what)
-        })
-        .collect())
+    Ok(per_series(series.iter().collect(), |s| {
+        let mut prev = None;
+        // graphite-web divides by the stored step even when points are consolidated.
+        let step = s.step as f64;
+        let values = s
+            .points_cow()
+            .iter()
+            .map(|&v| {
+                let (d, p) = non_negative_delta(v, prev, max, min);
+                prev = p;
+                if per_second {
+                    d.map(|d| py_round(d / step, 6))
+                } else {
+                    d
+                }
+            })
+            .collect();
+        derive(s, format!("{what}({})", s.name), values, what)
+    }))
 }
 
 /// Python's `round(x, digits)`: the decimal nearest the exact value, back to the nearest float.
@@ -155,6 +149,26 @@ pub(crate) fn py_round(x: f64, digits: usize) -> f64 {
     if !x.is_finite() {
         return x;
     }
+    // The fast way, where it gives the same float: `x · 10^digits` is computed within half an
+    // ulp of the exact product, so unless that lands near a half the nearest integer `k` is the
+    // exact product's too; and `k / 10^digits`, one correctly rounded division of exact
+    // operands, is the float nearest the decimal, as parsing it would give.
+    if digits <= 22 {
+        let scale = 10f64.powi(digits as i32);
+        let y = x * scale;
+        if y.abs() < 4_503_599_627_370_496.0 {
+            let distance_from_half = ((y - y.trunc()).abs() - 0.5).abs();
+            if distance_from_half > 4.0 * f64::EPSILON * y.abs().max(1.0) {
+                return y.round() / scale;
+            }
+        }
+    }
+    format!("{x:.digits$}").parse().unwrap_or(x)
+}
+
+/// `py_round`'s slow way alone, which the fast one must always agree with.
+#[cfg(test)]
+pub(crate) fn py_round_by_text(x: f64, digits: usize) -> f64 {
     format!("{x:.digits$}").parse().unwrap_or(x)
 }
 
@@ -162,23 +176,20 @@ pub(crate) fn py_round(x: f64, digits: usize) -> f64 {
 pub(crate) fn integral(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
     let series = args.series(0, "seriesList")?;
     args.finish()?;
-    Ok(series
-        .iter()
-        .map(|s| {
-            let mut current = 0.0;
-            let values = s
-                .points()
-                .into_iter()
-                .map(|v| {
-                    v.map(|x| {
-                        current += x;
-                        current
-                    })
+    Ok(per_series(series.iter().collect(), |s| {
+        let mut current = 0.0;
+        let values = s
+            .points_cow()
+            .iter()
+            .map(|&v| {
+                v.map(|x| {
+                    current += x;
+                    current
                 })
-                .collect();
-            derive(s, format!("integral({})", s.name), values, "integral")
-        })
-        .collect())
+            })
+            .collect();
+        derive(s, format!("integral({})", s.name), values, "integral")
+    }))
 }
 
 /// `keepLastValue(seriesList, limit=inf)`: runs of at most `limit` gaps after a value take it.
@@ -186,7 +197,7 @@ pub(crate) fn keep_last_value(mut args: Args<'_>) -> Result<Vec<Series>, EvalErr
     let mut series = args.series(0, "seriesList")?;
     let limit = args.number(1, "limit")?.map_or(f64::INFINITY, Number::as_f64);
     args.finish()?;
-    for s in &mut series {
+    per_series(series.iter_mut().collect(), |s| {
         rename(s, format!("keepLastValue({})", s.name));
         let (mut gaps, mut last) = (0usize, None);
         let n = s.values.len();
@@ -205,7 +216,7 @@ pub(crate) fn keep_last_value(mut args: Args<'_>) -> Result<Vec<Series>, EvalErr
                 }
             }
         }
-    }
+    });
     Ok(series)
 }
 
@@ -278,16 +289,16 @@ pub(crate) fn remove_value(mut args: Args<'_>, below: bool) -> Result<Vec<Series
 fn map_points(
     mut args: Args<'_>,
     what: &str,
-    f: impl Fn(Option<f64>) -> Option<f64>,
+    f: impl Fn(Option<f64>) -> Option<f64> + Sync,
 ) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
     args.finish()?;
-    for s in &mut series {
+    per_series(series.iter_mut().collect(), |s| {
         s.tags.insert(what.to_owned(), "1".into());
         rename(s, format!("{what}({})", s.name));
-        s.values = s.points().into_iter().map(&f).collect();
+        s.values = s.points_cow().iter().map(|&v| f(v)).collect();
         s.values_per_point = 1;
-    }
+    });
     Ok(series)
 }
 
@@ -453,8 +464,7 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
         args.error(format!("intervalString {interval_string:?} is not a positive interval such as \"1h\""))
     })?;
     args.finish()?;
-    let mut out = Vec::with_capacity(series.len());
-    for s in &series {
+    per_series(series.iter().collect(), |s| {
         let (new_start, mut new_end) = if align_to_from {
             (s.start, s.end)
         } else {
@@ -478,7 +488,7 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
         let mut tags = s.tags.clone();
         tags.insert("summarize".into(), interval_string.clone());
         tags.insert("summarizeFunction".into(), func_name.clone());
-        out.push(Series {
+        Ok(Series {
             path_expression: name.clone(),
             name,
             start: new_start,
@@ -488,9 +498,10 @@ pub(crate) fn summarize(mut args: Args<'_>) -> Result<Vec<Series>, EvalError> {
             values_per_point: 1,
             tags,
             ..s.clone()
-        });
-    }
-    Ok(out)
+        })
+    })
+    .into_iter()
+    .collect()
 }
 
 /// graphite-web's `_summarizeValues`: the points of `s` in buckets of `interval` from
@@ -659,16 +670,16 @@ fn pointwise(
     mut args: Args<'_>,
     what: &str,
     tag: &str,
-    op: impl Fn(f64) -> Option<f64>,
+    op: impl Fn(f64) -> Option<f64> + Sync,
 ) -> Result<Vec<Series>, EvalError> {
     let mut series = args.series(0, "seriesList")?;
     args.finish()?;
-    for s in &mut series {
+    per_series(series.iter_mut().collect(), |s| {
         s.tags.insert(what.to_owned(), tag.to_owned());
         rename(s, format!("{what}({})", s.name));
-        s.values = s.points().into_iter().map(|v| v.and_then(&op)).collect();
+        s.values = s.points_cow().iter().map(|v| v.and_then(&op)).collect();
         s.values_per_point = 1;
-    }
+    });
     Ok(series)
 }
 

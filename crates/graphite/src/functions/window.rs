@@ -7,7 +7,7 @@
 
 use super::combine::AggFunc;
 use super::transform::{py_round, time_offset};
-use super::{number_str, Arg, Args, Context, EvalError, Series};
+use super::{number_str, per_series, Arg, Args, Context, EvalError, Series};
 use crate::target::{Expr, Number};
 
 /// A window or shift argument (`ParamTypes.intOrInterval`): a number of points or an interval
@@ -106,25 +106,22 @@ pub(crate) fn moving(
         ));
     }
     let tag_name = format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]);
-    let mut window_values = Vec::new();
-    Ok(preview_list
-        .into_iter()
-        .map(|mut s| {
-            let points = window.points(s.step);
-            let xff = x_files_factor.unwrap_or(s.x_files_factor);
-            let values = (points..s.values.len().max(points))
-                .map(|i| {
-                    window_values.clear();
-                    window_values.extend(s.values[i - points..i].iter().flatten().map(|v| Some(*v)));
-                    let present = window_values.len();
-                    (present > 0 && present as f64 / points as f64 >= xff).then(|| func.apply(&window_values)).flatten()
-                })
-                .collect();
-            s.tags.insert(tag_name.clone(), window.in_tag());
-            let name = format!("{tag_name}({},{})", s.name, window.in_name());
-            Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
-        })
-        .collect())
+    Ok(per_series(preview_list, |mut s| {
+        let points = window.points(s.step);
+        let mut window_values = Vec::with_capacity(points);
+        let xff = x_files_factor.unwrap_or(s.x_files_factor);
+        let values = (points..s.values.len().max(points))
+            .map(|i| {
+                window_values.clear();
+                window_values.extend(s.values[i - points..i].iter().flatten().map(|v| Some(*v)));
+                let present = window_values.len();
+                (present > 0 && present as f64 / points as f64 >= xff).then(|| func.apply(&window_values)).flatten()
+            })
+            .collect();
+        s.tags.insert(tag_name.clone(), window.in_tag());
+        let name = format!("{tag_name}({},{})", s.name, window.in_name());
+        Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
+    }))
 }
 
 /// Most values one moving-window call folds in all (points × window, over its series).
@@ -156,24 +153,21 @@ pub(crate) fn exponential_moving_average(
         } as f64
             + 1.0);
     let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(preview), cx.until)?;
-    Ok(preview_list
-        .into_iter()
-        .map(|mut s| {
-            let points = window.points(s.step).min(s.values.len());
-            let seed = AggFunc::Average.apply(&s.values[..points]).unwrap_or(0.0);
-            let mut ema = seed;
-            let mut values = vec![Some(py_round(ema, 6))];
-            for v in &s.values[points..] {
-                values.push(v.map(|v| {
-                    ema = constant * v + (1.0 - constant) * ema;
-                    py_round(ema, 6)
-                }));
-            }
-            s.tags.insert("exponentialMovingAverage".into(), window.in_tag());
-            let name = format!("exponentialMovingAverage({},{})", s.name, window.in_name());
-            Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
-        })
-        .collect())
+    Ok(per_series(preview_list, |mut s| {
+        let points = window.points(s.step).min(s.values.len());
+        let seed = AggFunc::Average.apply(&s.values[..points]).unwrap_or(0.0);
+        let mut ema = seed;
+        let mut values = vec![Some(py_round(ema, 6))];
+        for v in &s.values[points..] {
+            values.push(v.map(|v| {
+                ema = constant * v + (1.0 - constant) * ema;
+                py_round(ema, 6)
+            }));
+        }
+        s.tags.insert("exponentialMovingAverage".into(), window.in_tag());
+        let name = format!("exponentialMovingAverage({},{})", s.name, window.in_name());
+        Series { name, start: s.start.saturating_add(preview), values, values_per_point: 1, ..s }
+    }))
 }
 
 /// An interval argument with graphite-web's default sign for shifts: a bare `1d` means back.
@@ -348,25 +342,24 @@ impl HoltWinters {
     /// deviation over the request's range.
     fn analyse(&self, cx: &mut Context<'_>, first: &Expr, function: &str) -> Result<Vec<Analysed>, EvalError> {
         let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(self.bootstrap), cx.until)?;
-        preview_list
-            .into_iter()
-            .map(|mut s| {
-                let season_length = self.seasonality.div_euclid(s.step.max(1));
-                if season_length < 2 {
-                    return Err(EvalError::BadArgument {
-                        function: function.to_owned(),
-                        message: format!("seasonality must span at least two points of {} s", s.step),
-                    });
-                }
-                let (mut predictions, mut deviations) = holt_winters_analysis(&s.points(), season_length as usize);
-                s.tags.insert("holtWintersForecast".into(), "1".into());
-                s.tags.insert("holtWintersDeviation".into(), "1".into());
-                let skip = (self.bootstrap.div_euclid(s.step.max(1)).max(0) as usize).min(predictions.len());
-                predictions.drain(..skip);
-                deviations.drain(..skip);
-                Ok((s, predictions, deviations))
-            })
-            .collect()
+        per_series(preview_list, |mut s| {
+            let season_length = self.seasonality.div_euclid(s.step.max(1));
+            if season_length < 2 {
+                return Err(EvalError::BadArgument {
+                    function: function.to_owned(),
+                    message: format!("seasonality must span at least two points of {} s", s.step),
+                });
+            }
+            let (mut predictions, mut deviations) = holt_winters_analysis(&s.points(), season_length as usize);
+            s.tags.insert("holtWintersForecast".into(), "1".into());
+            s.tags.insert("holtWintersDeviation".into(), "1".into());
+            let skip = (self.bootstrap.div_euclid(s.step.max(1)).max(0) as usize).min(predictions.len());
+            predictions.drain(..skip);
+            deviations.drain(..skip);
+            Ok((s, predictions, deviations))
+        })
+        .into_iter()
+        .collect()
     }
 
     /// The lower and upper confidence bands, named and tagged as graphite-web does (both
