@@ -363,7 +363,7 @@ fn selection_of(t: &str) -> Result<Selection, ApiError> {
             Ok(Selection::Tags(matchers))
         }
         Expr::Call(call) if !functions::FUNCTIONS.contains(&call.name.as_str()) => Err(bad(format!(
-            "the Graphite function {}() is not supported yet (docs/graphite.md lists those that are)",
+            "{}() is not a Graphite function (docs/graphite.md lists the functions Strata has)",
             call.name
         ))),
         e @ (Expr::Call(_) | Expr::Template { .. }) => Ok(Selection::Functions(e)),
