@@ -37,6 +37,8 @@ pub struct StorageConfig {
     pub wal_fsync: WalFsync,
     pub wal_fsync_interval: Duration,
     pub wal_segment_bytes: u64,
+    /// WAL records compressed with zstd where it pays.
+    pub wal_compression: bool,
     /// Blocks entirely older than this behind the newest sample are deleted (0: never).
     pub retention_ms: i64,
     /// Oldest blocks are deleted while blocks and WAL exceed this (0: no limit).
@@ -54,6 +56,7 @@ impl Default for StorageConfig {
             wal_fsync: WalFsync::Interval,
             wal_fsync_interval: FSYNC_INTERVAL_DEFAULT,
             wal_segment_bytes: SEGMENT_BYTES_DEFAULT,
+            wal_compression: true,
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             out_of_order_window_ms: 0,
@@ -69,7 +72,7 @@ impl StorageConfig {
         };
         DbOptions {
             head: HeadOptions {
-                wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes },
+                wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes, compression: self.wal_compression },
                 out_of_order: OutOfOrder { window_ms: self.out_of_order_window_ms, replace: false },
                 ..Default::default()
             },

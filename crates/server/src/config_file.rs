@@ -67,6 +67,7 @@ pub struct StorageSection {
     pub retention: Option<String>,
     pub retention_size: Option<String>,
     pub wal_fsync: Option<String>,
+    pub wal_compression: Option<bool>,
     /// Prometheus' `storage.tsdb.out_of_order_time_window`.
     pub out_of_order_time_window: Option<String>,
 }

@@ -58,7 +58,7 @@ fn main() {
 
     let mut opts = DbOptions {
         head: HeadOptions {
-            wal: WalOptions { fsync: FsyncPolicy::Always, segment_bytes: 16 << 20 },
+            wal: WalOptions { fsync: FsyncPolicy::Always, segment_bytes: 16 << 20, compression: true },
             ..Default::default()
         },
         ..Default::default()

@@ -245,7 +245,7 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
     let opts = DbOptions {
         head: HeadOptions {
             chunk_range_ms: RANGE,
-            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always },
+            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
             ..HeadOptions::default()
         },
         retention_ms: RETENTION,
@@ -377,7 +377,7 @@ fn samples_of_a_failed_commit_are_cut_into_a_block_once_a_later_commit_acknowled
     let opts = DbOptions {
         head: HeadOptions {
             chunk_range_ms: RANGE,
-            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always },
+            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
             ..HeadOptions::default()
         },
         retention_ms: 0,
@@ -417,7 +417,7 @@ fn a_block_whose_deletion_the_disk_refuses_stays_listed_and_deletions_reach_it()
     fs.create_dir_all(Path::new("/data")).unwrap();
     let head = HeadOptions {
         chunk_range_ms: RANGE,
-        wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always },
+        wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
         ..HeadOptions::default()
     };
     let keep_all = DbOptions { head, retention_ms: 100 * RANGE, retention_bytes: 0, compact_interval: None };

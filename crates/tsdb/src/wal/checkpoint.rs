@@ -98,6 +98,7 @@ pub(super) fn write_checkpoint(
     last: u64,
     keep: impl Fn(SeriesRef) -> bool,
     mint: i64,
+    compression: bool,
 ) -> Result<CheckpointStats> {
     // The newest checkpoint at or before `last` replaces every segment up to its index; those
     // segments may still be there (their removal failed or was interrupted) and must not be
@@ -131,7 +132,7 @@ pub(super) fn write_checkpoint(
     fs.create_dir_all(&tmp_dir).map_err(io_err("create directory", &tmp_dir))?;
     let out_path = segment_path(&tmp_dir, 0);
     let out = fs.create(&out_path).map_err(io_err("create", &out_path))?;
-    let mut buf = segment_header().to_vec();
+    let mut buf = segment_header(compression).to_vec();
     let mut stats = CheckpointStats { path: final_dir.clone(), ..Default::default() };
     let mut series: Vec<RefSeries> = Vec::new();
     let mut samples: Vec<RefSample> = Vec::new();
@@ -172,38 +173,38 @@ pub(super) fn write_checkpoint(
                 Record::Histograms(v) => {
                     // Written through, after the series they refer to. Their order against the
                     // float samples still buffered does not matter: replay merges late samples.
-                    write_series(&mut series, &mut body, &mut buf);
+                    write_series(&mut series, &mut body, &mut buf, compression);
                     let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
-                    write_items(&kept, record::encode_histograms, &mut body, &mut buf);
+                    write_items(&kept, record::encode_histograms, &mut body, &mut buf, compression);
                 }
                 Record::OutOfOrderSamples(v) => {
                     // Written through in log order (a later write of a timestamp must replay
                     // after an earlier one); their order against buffered in-order samples does
                     // not matter, the overlay wins over in-order samples whatever the order.
-                    write_series(&mut series, &mut body, &mut buf);
+                    write_series(&mut series, &mut body, &mut buf, compression);
                     let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
-                    write_items(&kept, record::encode_out_of_order_samples, &mut body, &mut buf);
+                    write_items(&kept, record::encode_out_of_order_samples, &mut body, &mut buf, compression);
                 }
                 Record::Tombstones(v) => {
                     // Tombstones must follow the series they refer to.
-                    write_series(&mut series, &mut body, &mut buf);
+                    write_series(&mut series, &mut body, &mut buf, compression);
                     let kept: Vec<_> = v.into_iter().filter(|t| keep(t.series) && t.maxt >= mint).collect();
                     stats.tombstones_kept += kept.len() as u64;
                     if !kept.is_empty() {
                         body.clear();
                         record::encode_tombstones(&kept, &mut body);
-                        frame_record(&body, &mut buf);
+                        frame_record(&body, compression, &mut buf);
                     }
                 }
             }
             // Series before samples: a series record always precedes samples that use it.
             if series.len() >= SERIES_PER_RECORD || !samples.is_empty() {
-                write_series(&mut series, &mut body, &mut buf);
+                write_series(&mut series, &mut body, &mut buf, compression);
             }
             if samples.len() >= SAMPLES_PER_RECORD {
                 body.clear();
                 record::encode_samples(&samples, &mut body);
-                frame_record(&body, &mut buf);
+                frame_record(&body, compression, &mut buf);
                 samples.clear();
             }
             if let Err(e) = flush(&mut buf, &out, false) {
@@ -214,11 +215,11 @@ pub(super) fn write_checkpoint(
             return Err(e);
         }
     }
-    write_series(&mut series, &mut body, &mut buf);
+    write_series(&mut series, &mut body, &mut buf, compression);
     if !samples.is_empty() {
         body.clear();
         record::encode_samples(&samples, &mut body);
-        frame_record(&body, &mut buf);
+        frame_record(&body, compression, &mut buf);
     }
     flush(&mut buf, &out, true)?;
     out.sync_data().map_err(io_err("fsync", &out_path))?;
@@ -239,24 +240,30 @@ fn kept_of<T>(items: Vec<T>, keep: impl Fn(&T) -> bool, stats: &mut CheckpointSt
 }
 
 /// Frames a record of `items` (if any), encoded by `encode`, into `buf`.
-fn write_items<T>(items: &[T], encode: fn(&[T], &mut Vec<u8>), body: &mut Vec<u8>, buf: &mut Vec<u8>) {
+fn write_items<T>(
+    items: &[T],
+    encode: fn(&[T], &mut Vec<u8>),
+    body: &mut Vec<u8>,
+    buf: &mut Vec<u8>,
+    compression: bool,
+) {
     if items.is_empty() {
         return;
     }
     body.clear();
     encode(items, body);
-    frame_record(body, buf);
+    frame_record(body, compression, buf);
 }
 
 /// Frames a series record of `series` (if any) into `buf` and empties `series`: series records
 /// go out before the first record that refers to them.
-fn write_series(series: &mut Vec<RefSeries>, body: &mut Vec<u8>, buf: &mut Vec<u8>) {
+fn write_series(series: &mut Vec<RefSeries>, body: &mut Vec<u8>, buf: &mut Vec<u8>, compression: bool) {
     if series.is_empty() {
         return;
     }
     body.clear();
     record::encode_series(series.iter().map(|s| (s.series, &s.labels)), body);
-    frame_record(body, buf);
+    frame_record(body, compression, buf);
     series.clear();
 }
 

@@ -64,11 +64,13 @@ impl Default for FsyncPolicy {
 pub struct WalOptions {
     pub segment_bytes: u64,
     pub fsync: FsyncPolicy,
+    /// Records compressed with zstd where it pays (`docs/format/wal.md`); on by default.
+    pub compression: bool,
 }
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::default() }
+        WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::default(), compression: true }
     }
 }
 
@@ -151,7 +153,7 @@ impl Wal {
         assert!(opts.segment_bytes > SEGMENT_HEADER_BYTES, "segment size must exceed the header");
         let outcome = replay(&*fs, dir, apply)?;
         let index = outcome.next_segment;
-        let file = create_segment(&*fs, dir, index)?;
+        let file = create_segment(&*fs, dir, index, opts.compression)?;
         let wal = Arc::new(Wal {
             fs,
             dir: dir.to_owned(),
@@ -212,7 +214,7 @@ impl Wal {
     pub fn buffer(&self, record: &[u8]) -> Result<()> {
         check_record_size(record)?;
         let mut w = self.writer.lock();
-        frame_record(record, &mut w.pending);
+        frame_record(record, self.opts.compression, &mut w.pending);
         if w.pending.len() >= PENDING_BYTES_MAX {
             self.write_locked(&mut w, Vec::new(), 0)?;
         }
@@ -228,7 +230,7 @@ impl Wal {
         // Frame and checksum outside the lock.
         let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + 8).sum());
         for r in records {
-            frame_record(r, &mut buf);
+            frame_record(r, self.opts.compression, &mut buf);
         }
         let mut w = self.writer.lock();
         self.write_locked(&mut w, buf, records.len())
@@ -328,7 +330,7 @@ impl Wal {
         w.unsynced.clear();
         // A failure here leaves the old segment, whole and fsynced, as the one to append to.
         let next = w.index + 1;
-        w.file = create_segment(&*self.fs, &self.dir, next)?;
+        w.file = create_segment(&*self.fs, &self.dir, next, self.opts.compression)?;
         w.index = next;
         w.segment_bytes = SEGMENT_HEADER_BYTES;
         w.synced_bytes = SEGMENT_HEADER_BYTES;
@@ -452,7 +454,8 @@ impl Wal {
         mint: i64,
     ) -> Result<CheckpointStats> {
         assert!(last_segment < self.current_segment(), "cannot checkpoint the segment being written");
-        let stats = checkpoint::write_checkpoint(&*self.fs, &self.dir, last_segment, keep, mint)?;
+        let stats =
+            checkpoint::write_checkpoint(&*self.fs, &self.dir, last_segment, keep, mint, self.opts.compression)?;
         checkpoint::remove_replaced(&*self.fs, &self.dir, last_segment)?;
         Ok(stats)
     }
@@ -490,18 +493,19 @@ fn spawn_syncer(wal: Weak<Wal>, stop: Arc<(Mutex<bool>, Condvar)>, every: Durati
 
 /// Refuses records the reader would take for corruption (a label set of tens of MiB).
 fn check_record_size(record: &[u8]) -> Result<()> {
-    if record.len() > segment::RECORD_BYTES_MAX as usize {
+    // The frame adds its encoding byte to the record.
+    if record.len() >= segment::RECORD_BYTES_MAX as usize {
         return Err(Error::RecordTooLarge { bytes: record.len(), limit: segment::RECORD_BYTES_MAX });
     }
     Ok(())
 }
 
 /// Creates segment `index` with its header and makes its directory entry durable.
-fn create_segment(fs: &dyn Vfs, dir: &Path, index: u64) -> Result<Arc<dyn AppendFile>> {
+fn create_segment(fs: &dyn Vfs, dir: &Path, index: u64, compression: bool) -> Result<Arc<dyn AppendFile>> {
     let path = segment_path(dir, index);
     let f = fs.create(&path).map_err(io_err("create segment", &path))?;
     let made = f
-        .write_all(&segment_header())
+        .write_all(&segment_header(compression))
         .map_err(io_err("write header of", &path))
         .and_then(|()| f.sync_data().map_err(io_err("fsync", &path)))
         .and_then(|()| fs.fsync_dir(dir).map_err(io_err("fsync directory", dir)));

@@ -1,9 +1,12 @@
 //! One WAL segment file: an 8-byte header, then framed records back to back.
 //!
 //! Frame: `[body length u32 LE][CRC32C u32 LE][body]`, where the CRC covers the four length bytes
-//! and the body, so a flipped bit in either is caught. Records never span segments. Byte layout
-//! in `docs/format/wal.md`.
+//! and the body, so a flipped bit in either is caught. In a version-2 segment the body is an
+//! encoding byte and the record, as it is or zstd-compressed; in a version-1 segment (written
+//! before compression) the body is the record. Records never span segments. Byte layout in
+//! `docs/format/wal.md`.
 
+use std::cell::RefCell;
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -11,8 +14,13 @@ use crate::vfs::Vfs;
 
 /// `"STWL"`: Strata write-ahead log.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"STWL";
-pub const SEGMENT_VERSION: u8 = 1;
-/// Magic (4) + version (1) + reserved (3).
+/// The version written: frames with an encoding byte.
+pub const SEGMENT_VERSION: u8 = 2;
+/// The first version (records as they are), still read.
+pub const SEGMENT_VERSION_1: u8 = 1;
+/// Header flag: the writer compressed its frames' records (when it paid).
+pub const FLAG_ZSTD: u8 = 0x01;
+/// Magic (4) + version (1) + flags (1) + reserved (2).
 pub const SEGMENT_HEADER_BYTES: u64 = 8;
 /// Length (4) + CRC (4).
 pub const FRAME_HEADER_BYTES: u64 = 8;
@@ -21,10 +29,23 @@ pub const RECORD_BYTES_MAX: u32 = 64 << 20;
 /// Digits of a segment's file name.
 const SEGMENT_NAME_DIGITS: usize = 8;
 
-pub fn segment_header() -> [u8; SEGMENT_HEADER_BYTES as usize] {
+/// A version-2 frame's first body byte: how the record follows.
+const ENCODING_PLAIN: u8 = 0;
+const ENCODING_ZSTD: u8 = 1;
+/// Records shorter than this are framed as they are: a series record or a small commit saves
+/// a few bytes at most, for a compressor call.
+const COMPRESS_MIN_BYTES: usize = 256;
+/// zstd's level for frames. Measured on the node-exporter recording × 100 by remote write
+/// (35.7M samples, 11.5 bytes per sample as records): level 1 gives 4.07 bytes per sample in
+/// 36 ms of CPU per million samples, level 3 4.10, level 6 3.66 at three times the CPU, snappy
+/// 6.1.
+const ZSTD_LEVEL: i32 = 1;
+
+pub fn segment_header(compression: bool) -> [u8; SEGMENT_HEADER_BYTES as usize] {
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
     h[..4].copy_from_slice(&SEGMENT_MAGIC);
     h[4] = SEGMENT_VERSION;
+    h[5] = if compression { FLAG_ZSTD } else { 0 };
     h
 }
 
@@ -44,14 +65,61 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
     name.parse().ok()
 }
 
-/// Appends a framed record to `buf`.
-pub fn frame_record(body: &[u8], buf: &mut Vec<u8>) {
-    assert!(body.len() <= RECORD_BYTES_MAX as usize, "record of {} bytes exceeds RECORD_BYTES_MAX", body.len());
-    let len = (body.len() as u32).to_le_bytes();
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&len), body);
+thread_local! {
+    /// One compressor per writing thread, kept: creating one costs more than a frame.
+    static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// `record` compressed, when compression is on, the record is long enough and it pays.
+fn compressed(record: &[u8], compression: bool) -> Option<Vec<u8>> {
+    if !compression || record.len() < COMPRESS_MIN_BYTES {
+        return None;
+    }
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+        }
+        let packed = cell.as_mut()?.compress(record).ok()?;
+        (packed.len() < record.len()).then_some(packed)
+    })
+}
+
+/// Appends `record` framed for a version-2 segment to `buf`: compressed when `compression` is
+/// on and it pays, as it is otherwise.
+pub fn frame_record(record: &[u8], compression: bool, buf: &mut Vec<u8>) {
+    assert!(record.len() < RECORD_BYTES_MAX as usize, "record of {} bytes exceeds RECORD_BYTES_MAX", record.len());
+    let packed = compressed(record, compression);
+    let (encoding, payload) = match &packed {
+        Some(p) => (ENCODING_ZSTD, p.as_slice()),
+        None => (ENCODING_PLAIN, record),
+    };
+    let len = ((payload.len() + 1) as u32).to_le_bytes();
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(&len), &[encoding]), payload);
+    buf.reserve(FRAME_HEADER_BYTES as usize + 1 + payload.len());
     buf.extend_from_slice(&len);
     buf.extend_from_slice(&crc.to_le_bytes());
-    buf.extend_from_slice(body);
+    buf.push(encoding);
+    buf.extend_from_slice(payload);
+}
+
+/// Appends `record` framed for a version-1 segment (tests of reading old logs).
+#[cfg(test)]
+pub fn frame_record_v1(record: &[u8], buf: &mut Vec<u8>) {
+    let len = (record.len() as u32).to_le_bytes();
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&len), record);
+    buf.extend_from_slice(&len);
+    buf.extend_from_slice(&crc.to_le_bytes());
+    buf.extend_from_slice(record);
+}
+
+/// A version-1 segment header (tests of reading old logs).
+#[cfg(test)]
+pub fn segment_header_v1() -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+    h[..4].copy_from_slice(&SEGMENT_MAGIC);
+    h[4] = SEGMENT_VERSION_1;
+    h
 }
 
 /// Where and why reading a segment stopped early.
@@ -76,9 +144,15 @@ pub struct SegmentReader {
     path: PathBuf,
     file_len: u64,
     offset: u64,
+    /// The segment's version, once its header is read.
+    version: u8,
     /// Start of the record last returned.
     pub record_offset: u64,
+    /// The record last returned (decompressed).
     pub body: Vec<u8>,
+    /// The frame body last read, before decoding.
+    frame: Vec<u8>,
+    decompressor: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 impl std::fmt::Debug for SegmentReader {
@@ -97,8 +171,11 @@ impl SegmentReader {
             path: path.to_owned(),
             file_len,
             offset: 0,
+            version: 0,
             record_offset: 0,
             body: Vec::new(),
+            frame: Vec::new(),
+            decompressor: None,
         })
     }
 
@@ -121,9 +198,10 @@ impl SegmentReader {
             if h[..4] != SEGMENT_MAGIC {
                 return Ok(self.corrupt("bad magic"));
             }
-            if h[4] != SEGMENT_VERSION {
+            if h[4] != SEGMENT_VERSION && h[4] != SEGMENT_VERSION_1 {
                 return Ok(self.corrupt(format!("unknown segment version {}", h[4])));
             }
+            self.version = h[4];
             self.offset = SEGMENT_HEADER_BYTES;
         }
         let left = self.file_len - self.offset;
@@ -143,19 +221,58 @@ impl SegmentReader {
         if len as u64 > left - FRAME_HEADER_BYTES {
             return Ok(self.corrupt(format!("torn record: length {len} but {} bytes left", left - FRAME_HEADER_BYTES)));
         }
-        self.body.clear();
-        self.body.resize(len as usize, 0);
-        self.r.read_exact(&mut self.body)?;
-        let got = crc32c::crc32c_append(crc32c::crc32c(&fh[..4]), &self.body);
+        self.frame.clear();
+        self.frame.resize(len as usize, 0);
+        self.r.read_exact(&mut self.frame)?;
+        let got = crc32c::crc32c_append(crc32c::crc32c(&fh[..4]), &self.frame);
         if got != crc {
             return Ok(self.corrupt(format!("checksum mismatch: stored {crc:#010x}, computed {got:#010x}")));
         }
         if len == 0 {
             return Ok(self.corrupt("empty record"));
         }
+        if let Err(why) = self.decode_frame() {
+            return Ok(self.corrupt(why));
+        }
         self.record_offset = self.offset;
         self.offset += FRAME_HEADER_BYTES + len as u64;
         Ok(Frame::Record)
+    }
+
+    /// The record of the frame just read, into `body`.
+    fn decode_frame(&mut self) -> Result<(), String> {
+        if self.version == SEGMENT_VERSION_1 {
+            std::mem::swap(&mut self.body, &mut self.frame);
+            return Ok(());
+        }
+        let (encoding, payload) = (self.frame[0], &self.frame[1..]);
+        self.body.clear();
+        match encoding {
+            ENCODING_PLAIN if payload.is_empty() => Err("empty record".to_owned()),
+            ENCODING_PLAIN => {
+                self.body.extend_from_slice(payload);
+                Ok(())
+            }
+            ENCODING_ZSTD => {
+                // The frame says how long the record is; never more than a record may be.
+                let size = match zstd::zstd_safe::get_frame_content_size(payload) {
+                    Ok(Some(n)) if n > 0 && n <= u64::from(RECORD_BYTES_MAX) => n as usize,
+                    Ok(Some(n)) => return Err(format!("compressed record of {n} bytes")),
+                    _ => return Err("compressed record without a readable size".to_owned()),
+                };
+                if self.decompressor.is_none() {
+                    self.decompressor = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
+                }
+                let d = self.decompressor.as_mut().expect("set above");
+                self.body.reserve(size);
+                let n = d.decompress_to_buffer(payload, &mut self.body).map_err(|e| format!("zstd: {e}"))?;
+                if n != size {
+                    return Err(format!("compressed record gave {n} bytes where its frame says {size}"));
+                }
+                Ok(())
+            }
+            other => Err(format!("unknown record encoding {other}")),
+        }
     }
 }
 
@@ -166,14 +283,20 @@ mod tests {
     /// The header and frame layout of docs/format/wal.md.
     #[test]
     fn doc_layout_bytes() {
-        assert_eq!(segment_header(), [b'S', b'T', b'W', b'L', 1, 0, 0, 0]);
+        assert_eq!(segment_header(true), [b'S', b'T', b'W', b'L', 2, 1, 0, 0]);
+        assert_eq!(segment_header(false), [b'S', b'T', b'W', b'L', 2, 0, 0, 0]);
+        // A short record is framed as it is, even with compression on.
         let mut buf = Vec::new();
-        frame_record(&[2], &mut buf);
-        assert_eq!(buf.len() as u64, FRAME_HEADER_BYTES + 1);
-        assert_eq!(&buf[..4], &1u32.to_le_bytes());
-        let crc = crc32c::crc32c(&[1, 0, 0, 0, 2]);
-        assert_eq!(&buf[4..8], &crc.to_le_bytes());
-        assert_eq!(buf[8], 2);
+        frame_record(&[2], true, &mut buf);
+        assert_eq!(buf, [2, 0, 0, 0, 0xbe, 0xac, 0x9d, 0x6d, 0, 2]);
+        assert_eq!(&buf[4..8], &crc32c::crc32c(&[2, 0, 0, 0, 0, 2]).to_le_bytes());
+        // A long one is compressed: encoding byte 1, then a zstd frame.
+        let record: Vec<u8> = std::iter::once(2).chain(std::iter::repeat_n(0, 999)).collect();
+        let mut buf = Vec::new();
+        frame_record(&record, true, &mut buf);
+        assert!(buf.len() < 40, "{}", buf.len());
+        assert_eq!(buf[8], 1);
+        assert_eq!(&buf[9..13], &[0x28, 0xb5, 0x2f, 0xfd], "zstd's magic number");
         assert_eq!(segment_name(42), "00000042");
         assert_eq!(parse_segment_name("00000042"), Some(42));
         assert_eq!(parse_segment_name("checkpoint.00000042"), None);

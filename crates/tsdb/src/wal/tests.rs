@@ -6,7 +6,12 @@ use std::io::{Seek, SeekFrom};
 use strata_model::Labels;
 
 fn opts() -> WalOptions {
-    WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::Always }
+    WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::Always, compression: true }
+}
+
+/// `opts()` without compression: frames at offsets a test can compute.
+fn opts_plain() -> WalOptions {
+    WalOptions { compression: false, ..opts() }
 }
 
 /// Opens the WAL in `dir` and returns it with every replayed record.
@@ -29,7 +34,7 @@ fn rec(i: u8, len: usize) -> Vec<u8> {
 /// Segment 0 holding three records; returns their offsets and lengths.
 fn three_records(dir: &Path) -> Vec<Vec<u8>> {
     let recs = vec![rec(1, 10), rec(2, 300), rec(3, 40)];
-    let (wal, got, _) = open_collect(dir, opts());
+    let (wal, got, _) = open_collect(dir, opts_plain());
     assert!(got.is_empty());
     for r in &recs {
         wal.commit(&[r]).unwrap();
@@ -49,11 +54,12 @@ fn write_at(f: &mut File, off: u64, bytes: &[u8]) {
     f.write_all(bytes).unwrap();
 }
 
-/// Offsets of the frames of `three_records` in segment 0.
+/// Offsets of the frames of `three_records` in segment 0 (each body an encoding byte and the
+/// record).
 const R1: u64 = SEGMENT_HEADER_BYTES;
-const R2: u64 = R1 + 8 + 10;
-const R3: u64 = R2 + 8 + 300;
-const END: u64 = R3 + 8 + 40;
+const R2: u64 = R1 + 8 + 1 + 10;
+const R3: u64 = R2 + 8 + 1 + 300;
+const END: u64 = R3 + 8 + 1 + 40;
 
 struct Case {
     name: &'static str,
@@ -81,7 +87,7 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "length off by one",
-        damage: |f, _| write_at(f, R2, &301u32.to_le_bytes()),
+        damage: |f, _| write_at(f, R2, &302u32.to_le_bytes()),
         survivors: 1,
         cut_at: Some(R2),
     },
@@ -103,7 +109,7 @@ fn corruption_cases() {
         let dir = tmp.path();
         let recs = three_records(dir);
         // A newer, intact segment after the damaged one must be dropped with the cut.
-        std::fs::write(segment_path(dir, 1), segment_header()).unwrap();
+        std::fs::write(segment_path(dir, 1), segment_header(false)).unwrap();
         modify(&segment_path(dir, 0), case.damage);
 
         let (wal, got, outcome) = open_collect(dir, opts());
@@ -131,7 +137,8 @@ fn corruption_cases() {
 #[test]
 fn segments_roll_at_the_size_limit_and_replay_in_order() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = WalOptions { segment_bytes: 1000, fsync: FsyncPolicy::Interval(Duration::from_millis(5)) };
+    let o =
+        WalOptions { segment_bytes: 1000, fsync: FsyncPolicy::Interval(Duration::from_millis(5)), compression: true };
     let (wal, _, _) = open_collect(tmp.path(), o);
     let recs: Vec<Vec<u8>> = (0..50u8).map(|i| rec(i, 100 + i as usize)).collect();
     for r in &recs {
@@ -165,7 +172,7 @@ fn oversized_records_are_refused_not_written() {
 #[test]
 fn a_missing_segment_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always };
+    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always, compression: true };
     let (wal, _, _) = open_collect(tmp.path(), o);
     for i in 0..10 {
         wal.commit(&[&rec(i, 150)]).unwrap();
@@ -274,13 +281,16 @@ mod garbage {
         /// open finds the log clean.
         #[test]
         fn replay_of_arbitrary_segment_bytes(
-            good in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..50), 0..5),
+            good in prop::collection::vec((prop::collection::vec(any::<u8>(), 1..50), 0usize..600), 0..5),
+            compression in any::<bool>(),
             tail in prop::collection::vec(any::<u8>(), 0..200),
         ) {
             let tmp = tempfile::tempdir().unwrap();
-            let mut bytes = segment_header().to_vec();
+            let mut bytes = segment_header(compression).to_vec();
+            // Each record some random bytes and a run of zeros: long ones are compressed.
+            let good: Vec<Vec<u8>> = good.into_iter().map(|(mut r, zeros)| { r.resize(r.len() + zeros, 0); r }).collect();
             for r in &good {
-                frame_record(r, &mut bytes);
+                frame_record(r, compression, &mut bytes);
             }
             bytes.extend_from_slice(&tail);
             std::fs::write(segment_path(tmp.path(), 0), &bytes).unwrap();
@@ -292,5 +302,92 @@ mod garbage {
             prop_assert_eq!(again, got);
             prop_assert_eq!(outcome.cut, None);
         }
+    }
+}
+
+/// Compressed frames read back as the records written, across segments and a checkpoint, and
+/// take a fraction of the bytes.
+#[test]
+fn compressed_records_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let labels = Labels::from_pairs([("__name__", "up"), ("job", "node")]);
+    let mut series = Vec::new();
+    encode_series([(SeriesRef(1), &labels)], &mut series);
+    let samples: Vec<RefSample> =
+        (0..2000).map(|i| RefSample { series: SeriesRef(1), t: 1000 + i * 15_000, st: 0, v: (i % 7) as f64 }).collect();
+    let mut body = Vec::new();
+    encode_samples(&samples, &mut body);
+    let (wal, _, _) = open_collect(tmp.path(), WalOptions { segment_bytes: 20_000, ..opts() });
+    wal.commit(&[&series]).unwrap();
+    for _ in 0..20 {
+        wal.commit(&[&body]).unwrap();
+    }
+    let written = wal.stats.bytes_written.load(Ordering::Relaxed);
+    assert!(written < 20 * body.len() as u64 / 2, "{written} bytes for {} of records", 20 * body.len());
+    wal.close().unwrap();
+    drop(wal);
+    let (wal, got, outcome) = open_collect(tmp.path(), opts());
+    assert_eq!(outcome.cut, None);
+    assert_eq!(got.len(), 21);
+    assert!(got[1..].iter().all(|r| *r == body));
+    // Through a checkpoint, compressed too.
+    let last = wal.roll().unwrap() - 1;
+    wal.checkpoint(last, |_| true, i64::MIN).unwrap();
+    drop(wal);
+    let (_, again, _) = open_collect(tmp.path(), opts());
+    assert_eq!(decode_all(&again), decode_all(&got));
+}
+
+fn decode_all(records: &[Vec<u8>]) -> Vec<RefSample> {
+    let mut out = Vec::new();
+    for r in records {
+        if let Ok(crate::record::Record::Samples(s)) = crate::record::decode(r) {
+            out.extend(s);
+        }
+    }
+    out
+}
+
+/// Segments written before compression (version 1: no encoding byte) are still read, and a log
+/// that holds both kinds replays in order.
+#[test]
+fn version_1_segments_are_still_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = [rec(1, 10), rec(2, 3000), rec(3, 40)];
+    let mut bytes = segment::segment_header_v1().to_vec();
+    for r in &records {
+        segment::frame_record_v1(r, &mut bytes);
+    }
+    std::fs::write(segment_path(tmp.path(), 0), &bytes).unwrap();
+    let (wal, got, outcome) = open_collect(tmp.path(), opts());
+    assert_eq!((got, outcome.cut), (records.to_vec(), None));
+    wal.commit(&[&rec(4, 5000)]).unwrap();
+    wal.close().unwrap();
+    drop(wal);
+    let (_, got, _) = open_collect(tmp.path(), opts());
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[3], rec(4, 5000));
+}
+
+/// A frame whose checksum holds but whose compressed record does not decode, or whose encoding
+/// byte is unknown, ends the log there like any damaged frame.
+#[test]
+fn undecodable_frames_are_cut() {
+    for (encoding, payload) in [(1u8, b"not zstd at all".to_vec()), (7u8, vec![2, 0, 0])] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut bytes = segment_header(true).to_vec();
+        frame_record(&rec(1, 10), true, &mut bytes);
+        let cut_at = bytes.len() as u64;
+        let mut body = vec![encoding];
+        body.extend_from_slice(&payload);
+        let len = (body.len() as u32).to_le_bytes();
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&len), &body);
+        bytes.extend_from_slice(&len);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes.extend_from_slice(&body);
+        std::fs::write(segment_path(tmp.path(), 0), &bytes).unwrap();
+        let (_, got, outcome) = open_collect(tmp.path(), opts());
+        assert_eq!(got, vec![rec(1, 10)], "encoding {encoding}");
+        assert_eq!(outcome.cut.map(|c| c.1), Some(cut_at), "encoding {encoding}");
     }
 }
