@@ -6,7 +6,8 @@
 //! Then, for each server found on the PATH (`strata` from this build, Debian's `prometheus`
 //! with `--web.enable-remote-write-receiver`, Debian's `victoria-metrics`), starts it on a
 //! fresh data directory, sends every request over CONNECTIONS keep-alive connections, and
-//! reports samples/s, server CPU seconds per million samples (from /proc) and peak RSS.
+//! reports samples/s, server CPU seconds per million samples (from /proc), peak RSS and the
+//! bytes per sample of its data directory right after ingest.
 //! With `INGEST_TARGET_PORT=N` it only sends to a server already listening there (profiling).
 
 use std::io::Write;
@@ -127,7 +128,10 @@ fn main() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    println!("{:<18} {:>12} {:>14} {:>16} {:>12}", "server", "seconds", "samples/s", "CPU s/M samples", "peak RSS MiB");
+    println!(
+        "{:<18} {:>12} {:>14} {:>16} {:>12} {:>14}",
+        "server", "seconds", "samples/s", "CPU s/M samples", "peak RSS MiB", "disk B/sample"
+    );
     for name in ["strata", "prometheus", "victoria-metrics"] {
         let Some(mut peer) = start(name, &tmp.path().join(name), &[]) else {
             println!("{name:<18} not found on the PATH; skipped");
@@ -136,15 +140,38 @@ fn main() {
         let (cpu0, _) = proc_usage(peer.child.id());
         let took = send_all(peer.port, peer.write_path, &requests);
         let (cpu1, rss) = proc_usage(peer.child.id());
+        // The data directory right after ingest (what a crash would leave to replay):
+        // VictoriaMetrics flushed first (it buffers up to a second), then a second for the
+        // others' page cache to reach their files' sizes.
+        if name == "victoria-metrics" {
+            common::get(peer.port, "/internal/force_flush");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let disk = dir_bytes(&tmp.path().join(name));
         println!(
-            "{:<18} {:>12.2} {:>14.0} {:>16.2} {:>12.0}",
+            "{:<18} {:>12.2} {:>14.0} {:>16.2} {:>12.0} {:>14.2}",
             peer.name,
             took.as_secs_f64(),
             samples as f64 / took.as_secs_f64(),
             (cpu1 - cpu0) / (samples as f64 / 1e6),
-            rss as f64 / (1 << 20) as f64
+            rss as f64 / (1 << 20) as f64,
+            disk as f64 / samples as f64
         );
         let _ = peer.child.kill();
         let _ = peer.child.wait();
     }
+}
+
+/// Bytes of the files under `dir`, recursively.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+                Ok(_) => e.metadata().map_or(0, |m| m.len()),
+                Err(_) => 0,
+            })
+            .sum()
+    })
 }
