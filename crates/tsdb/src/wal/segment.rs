@@ -179,6 +179,23 @@ impl SegmentReader {
         })
     }
 
+    /// A reader over a segment's bytes in memory (the fuzz target; `path` only names it in
+    /// messages).
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Self {
+        let file_len = bytes.len() as u64;
+        SegmentReader {
+            r: BufReader::new(Box::new(io::Cursor::new(bytes))),
+            path: path.to_owned(),
+            file_len,
+            offset: 0,
+            version: 0,
+            record_offset: 0,
+            body: Vec::new(),
+            frame: Vec::new(),
+            decompressor: None,
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
