@@ -138,6 +138,10 @@ pub(crate) fn path_expressions(series: &[Series]) -> String {
 /// (each column read in order, the block staying in cache) before each row is folded.
 const ROWS_PER_BLOCK: usize = 32;
 
+/// Rows of one task when the rows are spread over the cores: small enough that the tasks
+/// divide evenly between the threads (`spread` gives each a contiguous run of them).
+const ROWS_PER_TASK: usize = 512;
+
 /// `fold(row)` for each row `i` of the columns (the `i`-th value of each, a gap past a
 /// column's end), as many rows as the longest column; row ranges spread over the cores when
 /// the columns hold enough points. Each row is folded whole, in column order, so the result
@@ -165,17 +169,11 @@ pub(crate) fn fold_rows<C: AsRef<[Option<f64>]> + Sync>(
         }
         out
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads <= 1 || len.saturating_mul(width) < super::PARALLEL_POINTS_MIN {
+    if len.saturating_mul(width) < super::PARALLEL_POINTS_MIN {
         return fold_range(0..len);
     }
-    let run = len.div_ceil(threads);
-    let fold_range = &fold_range;
-    std::thread::scope(|scope| {
-        let workers: Vec<_> =
-            (0..len).step_by(run).map(|start| scope.spawn(move || fold_range(start..(start + run).min(len)))).collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-    })
+    let tasks: Vec<_> = (0..len).step_by(ROWS_PER_TASK).map(|s| s..(s + ROWS_PER_TASK).min(len)).collect();
+    super::spread(tasks, fold_range).into_iter().flatten().collect()
 }
 
 /// graphite-web's `aggregate(seriesList, func, xFilesFactor)` over the series of every list.
@@ -391,15 +389,15 @@ pub(crate) fn group_by_nodes(cx: &mut Context<'_>, mut args: Args<'_>, single: b
     let series = args.series(0, "seriesList")?;
     let (callback, nodes) = if single {
         let node = args.take(1, "nodeNum").ok_or_else(|| args.error("missing nodeNum"))?;
+        if !matches!(node, Arg::Number(_) | Arg::String(_)) {
+            return Err(args.error("nodeNum must be a node number or a tag name"));
+        }
         let callback = args.string(2, "callback")?.unwrap_or_else(|| "average".into());
         (callback, vec![node])
     } else {
         let callback = args.string(1, "callback")?.ok_or_else(|| args.error("missing callback"))?;
         (callback, args.nodes_rest(2, "nodes")?)
     };
-    if nodes.iter().any(|n| !matches!(n, Arg::Number(_) | Arg::String(_))) {
-        return Err(args.error("nodeNum must be a node number or a tag name"));
-    }
     let function = if single { "groupByNode" } else { "groupByNodes" };
     args.finish()?;
     group_by(cx, series, &callback, |s| super::alias::agg_key(s, &nodes), function)

@@ -308,12 +308,22 @@ impl Points for &mut Series {
 }
 
 /// `f` over each item, in order: on one thread, or, when the items hold
-/// `PARALLEL_POINTS_MIN` points or more, over the cores in contiguous runs. Each item's result
-/// is what one thread would compute (nothing is re-associated across items).
+/// `PARALLEL_POINTS_MIN` points or more, over the cores (`spread`). Each item's result is what
+/// one thread would compute (nothing is re-associated across items).
 pub(crate) fn per_series<T: Points + Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let points: usize = items.iter().map(Points::points_held).sum();
+    if points < PARALLEL_POINTS_MIN {
+        return items.into_iter().map(f).collect();
+    }
+    spread(items, f)
+}
+
+/// `f` over each item, the items split into one contiguous run per core, the results in the
+/// items' order; a worker's panic goes on in the caller. For callers that have judged the work
+/// worth the threads.
+pub fn spread<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
-    if threads <= 1 || points < PARALLEL_POINTS_MIN {
+    if threads <= 1 {
         return items.into_iter().map(f).collect();
     }
     let run = items.len().div_ceil(threads);

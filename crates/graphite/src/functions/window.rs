@@ -96,16 +96,16 @@ pub(crate) fn moving(
     }
     let preview = window.preview_seconds(&series);
     let preview_list = cx.evaluate_over(first, cx.from.saturating_sub(preview), cx.until)?;
+    let tag_name = format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]);
     // Each point folds its whole window, as graphite-web does (sums in its order): bound the
     // work so one request cannot hold a thread for minutes.
     let work: usize = preview_list.iter().map(|s| s.values.len().saturating_mul(window.points(s.step))).sum();
     if work > MOVING_WINDOW_WORK_MAX {
         return Err(args_error(
-            &format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]),
+            &tag_name,
             format!("windows of {} over these series fold more than {MOVING_WINDOW_WORK_MAX} values", window.in_tag()),
         ));
     }
-    let tag_name = format!("moving{}{}", func_name[..1].to_uppercase(), &func_name[1..]);
     Ok(per_series(preview_list, |mut s| {
         let points = window.points(s.step);
         let mut window_values = Vec::with_capacity(points);

@@ -508,18 +508,10 @@ pub(super) async fn render(
                 };
                 // Spread over the cores when there are enough series to pay for the threads, in
                 // contiguous runs so the order stays the path order.
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-                if threads == 1 || selected.len() < PARALLEL_READ_MIN {
+                if selected.len() < PARALLEL_READ_MIN {
                     return Ok(selected.iter().filter_map(read).collect());
                 }
-                let run = selected.len().div_ceil(threads);
-                Ok(std::thread::scope(|scope| {
-                    let readers: Vec<_> = selected
-                        .chunks(run)
-                        .map(|chunk| scope.spawn(|| chunk.iter().filter_map(read).collect::<Vec<_>>()))
-                        .collect();
-                    readers.into_iter().flat_map(|r| r.join().expect("a render reader panicked")).collect()
-                }))
+                Ok(functions::spread(selected.iter().collect(), read).into_iter().flatten().collect())
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {

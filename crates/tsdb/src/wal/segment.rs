@@ -166,25 +166,19 @@ impl SegmentReader {
     /// first `next` call, so the caller handles it like any torn segment.
     pub fn open(fs: &dyn Vfs, path: &Path) -> io::Result<Self> {
         let (f, file_len) = fs.open_read(path)?;
-        Ok(SegmentReader {
-            r: BufReader::with_capacity(1 << 20, f),
-            path: path.to_owned(),
-            file_len,
-            offset: 0,
-            version: 0,
-            record_offset: 0,
-            body: Vec::new(),
-            frame: Vec::new(),
-            decompressor: None,
-        })
+        Ok(SegmentReader::over(path, BufReader::with_capacity(1 << 20, f), file_len))
     }
 
     /// A reader over a segment's bytes in memory (the fuzz target; `path` only names it in
     /// messages).
     pub fn from_bytes(path: &Path, bytes: Vec<u8>) -> Self {
         let file_len = bytes.len() as u64;
+        SegmentReader::over(path, BufReader::new(Box::new(io::Cursor::new(bytes))), file_len)
+    }
+
+    fn over(path: &Path, r: BufReader<Box<dyn Read + Send>>, file_len: u64) -> Self {
         SegmentReader {
-            r: BufReader::new(Box::new(io::Cursor::new(bytes))),
+            r,
             path: path.to_owned(),
             file_len,
             offset: 0,
