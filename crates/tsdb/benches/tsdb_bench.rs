@@ -1,5 +1,6 @@
 //! Storage benchmarks, run with `cargo bench -p strata-tsdb --bench tsdb_bench [-- GROUP…]`.
-//! Groups: `chunks` (encode/decode on the node-exporter recording), `append` (1M series from
+//! Groups: `chunks` (bytes/sample and encode/decode speed of each chunk encoding on the
+//! node-exporter recording, the same with jittered timestamps, and gauges with many decimals), `append` (1M series from
 //! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
 //! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
 //! replaced every 15 minutes: query latency over blocks). Each figure is the median of several runs; the machine is
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use strata_model::{Labels, MatchOp, Matcher, Sample, SeriesRef};
-use strata_tsdb::chunkenc::{ChunkIterator, XorAppender};
+use strata_tsdb::chunkenc::{dense, ChunkIterator, XorAppender};
 use strata_tsdb::head::{Head, HeadOptions};
 use strata_tsdb::querier::Querier;
 use strata_tsdb::wal::{FsyncPolicy, WalOptions};
@@ -82,74 +83,138 @@ fn load_recording() -> Vec<Vec<Sample>> {
     series.into_values().collect()
 }
 
-fn encode(samples: &[Sample], per_chunk: usize) -> Vec<Vec<u8>> {
-    samples
-        .chunks(per_chunk)
-        .map(|c| {
-            let mut a = XorAppender::new();
-            for s in c {
-                a.append(s.t, s.v);
-            }
-            a.into_bytes()
+fn encode_xor(samples: &[Sample]) -> Vec<u8> {
+    let mut a = XorAppender::new();
+    for s in samples {
+        a.append(s.t, s.v);
+    }
+    a.into_bytes()
+}
+
+/// A chunk encoder: samples in, chunk bytes out.
+type Encoder = fn(&[Sample]) -> Vec<u8>;
+
+fn encode(samples: &[Sample], per_chunk: usize, enc: Encoder) -> Vec<Vec<u8>> {
+    samples.chunks(per_chunk).map(enc).collect()
+}
+
+/// A small deterministic generator (xorshift), so every run measures the same data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The recording with every timestamp moved by up to ±`ms` (as a real scrape loop jitters),
+/// kept strictly increasing.
+fn jittered(rec: &[Vec<Sample>], ms: i64) -> Vec<Vec<Sample>> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    rec.iter()
+        .map(|s| {
+            let mut prev = i64::MIN;
+            s.iter()
+                .map(|x| {
+                    let t = (x.t + (rng.next() % (2 * ms as u64 + 1)) as i64 - ms).max(prev + 1);
+                    prev = t;
+                    Sample::new(t, x.v)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Gauges printed with many decimals (temperatures, ratios, latencies in seconds): a random walk
+/// per series, each value rounded to 2–6 decimals as an exporter formats it.
+fn decimal_gauges(rec: &[Vec<Sample>]) -> Vec<Vec<Sample>> {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    rec.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let decimals = 2 + (i % 5) as i32;
+            let scale = 10f64.powi(decimals);
+            let mut x = (rng.next() % 10_000) as f64;
+            s.iter()
+                .map(|p| {
+                    x += ((rng.next() % 2001) as f64 - 1000.0) / 997.0;
+                    Sample::new(p.t, (x * scale).round() / scale)
+                })
+                .collect()
         })
         .collect()
 }
 
 fn bench_chunks() {
     let rec = load_recording();
-    let total: usize = rec.iter().map(Vec::len).sum();
-    println!("chunks: node-exporter recording, {} series, {total} samples", rec.len());
-    for per_chunk in [120usize, 240] {
-        let chunks: Vec<Vec<u8>> = rec.iter().flat_map(|s| encode(s, per_chunk)).collect();
-        let bytes: usize = chunks.iter().map(Vec::len).sum();
-        println!(
-            "  {per_chunk} samples/chunk: {:.3} bytes/sample ({bytes} bytes in {} chunks)",
-            bytes as f64 / total as f64,
-            chunks.len()
-        );
-    }
-    let mut enc = Vec::new();
-    let mut dec = Vec::new();
-    let mut dec_batch = Vec::new();
-    let chunks: Vec<Vec<u8>> = rec.iter().flat_map(|s| encode(s, 120)).collect();
-    for _ in 0..7 {
-        let t0 = Instant::now();
-        let mut n = 0;
-        for s in &rec {
-            n += encode(s, 120).len();
+    let sets = [
+        ("node-exporter recording", rec.clone()),
+        ("same, timestamps jittered ±5 ms", jittered(&rec, 5)),
+        ("gauges with 2-6 decimals", decimal_gauges(&rec)),
+    ];
+    let encodings: [(&str, Encoder); 2] = [("xor", encode_xor), ("dense", dense::encode)];
+    for (name, data) in &sets {
+        let total: usize = data.iter().map(Vec::len).sum();
+        println!("chunks: {name}, {} series, {total} samples", data.len());
+        for (enc_name, enc) in encodings {
+            for per_chunk in [120usize, 240, 480] {
+                let chunks: Vec<Vec<u8>> = data.iter().flat_map(|s| encode(s, per_chunk, enc)).collect();
+                let bytes: usize = chunks.iter().map(Vec::len).sum();
+                println!(
+                    "  {enc_name:5} {per_chunk} samples/chunk: {:.3} bytes/sample ({bytes} bytes in {} chunks)",
+                    bytes as f64 / total as f64,
+                    chunks.len()
+                );
+            }
         }
-        std::hint::black_box(n);
-        enc.push(total as f64 / t0.elapsed().as_secs_f64());
-        let t0 = Instant::now();
-        let mut sum = 0u64;
-        for _ in 0..10 {
-            for c in &chunks {
-                let mut it = ChunkIterator::new(&c[..]).unwrap();
-                while let Some(s) = it.next() {
-                    sum = sum.wrapping_add(s.t as u64 ^ s.v.to_bits());
+        for (enc_name, enc) in encodings {
+            let per_chunk = if enc_name == "xor" { 120 } else { 240 };
+            let (mut encode_rate, mut next_rate, mut batch_rate) = (Vec::new(), Vec::new(), Vec::new());
+            let chunks: Vec<Vec<u8>> = data.iter().flat_map(|s| encode(s, per_chunk, enc)).collect();
+            for _ in 0..7 {
+                let t0 = Instant::now();
+                let mut n = 0;
+                for s in data {
+                    n += encode(s, per_chunk, enc).len();
                 }
+                std::hint::black_box(n);
+                encode_rate.push(total as f64 / t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                let mut sum = 0u64;
+                for _ in 0..10 {
+                    for c in &chunks {
+                        let mut it = ChunkIterator::new(&c[..]).unwrap();
+                        while let Some(s) = it.next() {
+                            sum = sum.wrapping_add(s.t as u64 ^ s.v.to_bits());
+                        }
+                    }
+                }
+                std::hint::black_box(sum);
+                next_rate.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                let mut buf = Vec::with_capacity(512);
+                for _ in 0..10 {
+                    for c in &chunks {
+                        buf.clear();
+                        ChunkIterator::new(&c[..]).unwrap().decode_into(&mut buf);
+                        sum = sum.wrapping_add(buf.len() as u64);
+                    }
+                }
+                std::hint::black_box(sum);
+                batch_rate.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
             }
+            println!(
+                "  {enc_name:5} {per_chunk}/chunk: encode {:.1}, decode next() {:.1}, decode whole chunk {:.1} M samples/s \
+                 (medians of 7, one thread)",
+                median(encode_rate) / 1e6,
+                median(next_rate) / 1e6,
+                median(batch_rate) / 1e6
+            );
         }
-        std::hint::black_box(sum);
-        dec.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
-        let t0 = Instant::now();
-        let mut buf = Vec::with_capacity(256);
-        for _ in 0..10 {
-            for c in &chunks {
-                buf.clear();
-                ChunkIterator::new(&c[..]).unwrap().decode_into(&mut buf);
-                sum = sum.wrapping_add(buf.len() as u64);
-            }
-        }
-        std::hint::black_box(sum);
-        dec_batch.push(10.0 * total as f64 / t0.elapsed().as_secs_f64());
     }
-    println!("  encode: {:.1} M samples/s (median of 7, one thread)", median(enc) / 1e6);
-    println!("  decode, next() per sample: {:.1} M samples/s (median of 7, one thread)", median(dec) / 1e6);
-    println!(
-        "  decode, whole chunk (decode_into): {:.1} M samples/s (median of 7, one thread)",
-        median(dec_batch) / 1e6
-    );
 }
 
 /// 1M label sets: each of the 20k real sets × 50 values of an extra `replica` label.

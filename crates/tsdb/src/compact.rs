@@ -15,9 +15,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, SymbolInterner};
-use crate::chunkenc::{
-    by_rank, decode_merged, Encoding, TypedSample, XorAppender, CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK,
-};
+use crate::chunkenc::{by_rank, decode_merged, dense, Encoding, TypedSample};
 use crate::error::{Error, Result};
 use crate::head::series::SeriesState;
 use crate::head::symbols::PackedLabels;
@@ -27,26 +25,11 @@ use crate::vfs::Vfs;
 
 /// Longest block compaction produces, whatever the retention: 31 days.
 pub const BLOCK_RANGE_MAX_MS: i64 = 31 * 24 * 3600 * 1000;
-/// Samples per chunk that compaction re-encodes a series' chunks into when they are small
-/// (head chunks hold about 120): bigger chunks store fewer headers and first samples. Measured
-/// on the node-exporter recording with `cargo bench -p strata --bench storage_compare`.
+/// Samples per chunk of the float chunks blocks store (dense chunks; head chunks hold 120):
+/// bigger chunks store fewer headers and first samples. 240 → 480 saves another 5% on the
+/// node-exporter recording (`cargo bench -p strata-tsdb --bench tsdb_bench -- chunks`) but
+/// doubles what a point lookup decodes.
 pub const COMPACTED_SAMPLES_PER_CHUNK: usize = 240;
-/// Byte cap of a compacted chunk, so that a noisy series does not make huge ones.
-const COMPACTED_CHUNK_BYTES: usize = 2 * CHUNK_BYTES_TARGET;
-
-/// How `write_series` sizes the chunks it re-encodes.
-#[derive(Clone, Copy, Debug)]
-struct Chunking {
-    samples: usize,
-    bytes: usize,
-    /// Re-encode even clean chunks when they average under 3/4 of `samples`.
-    merge_small: bool,
-}
-
-/// Head blocks keep the head's chunks as they are.
-const HEAD_CHUNKING: Chunking = Chunking { samples: SAMPLES_PER_CHUNK, bytes: CHUNK_BYTES_TARGET, merge_small: false };
-const COMPACTED_CHUNKING: Chunking =
-    Chunking { samples: COMPACTED_SAMPLES_PER_CHUNK, bytes: COMPACTED_CHUNK_BYTES, merge_small: true };
 
 /// A block whose tombstones cover at least this share of its series is rewritten.
 const TOMBSTONE_REWRITE_RATIO: f64 = 0.05;
@@ -125,7 +108,7 @@ pub fn write_head_block(
             .collect();
         // Late chunks come after the in-order ones.
         inputs.sort_by_key(|c| c.mint);
-        if let Err(e) = write_series(&mut w, &labels, &inputs, deleted, mint, maxt, HEAD_CHUNKING, &mut scratch) {
+        if let Err(e) = write_series(&mut w, &labels, &inputs, deleted, mint, maxt, &mut scratch) {
             w.abort();
             return Err(e);
         }
@@ -160,12 +143,13 @@ struct Scratch {
     encoded: Vec<(i64, i64, Vec<u8>)>,
 }
 
-/// Writes one series: its chunks as they are when they neither overlap each other, nor stick out
-/// of `[mint, maxt)`, nor hold deleted samples, nor (when merging small ones) are small;
-/// otherwise decoded, merged (of each timestamp the sample of the highest-ranked chunk kept),
-/// filtered and re-encoded.
+/// Writes one series. Float samples are stored as dense chunks of
+/// `COMPACTED_SAMPLES_PER_CHUNK`: dense chunks are copied as they are when they neither overlap
+/// each other, nor stick out of `[mint, maxt)`, nor hold deleted samples, nor are small; any
+/// other float chunks (the head's XOR chunks, older blocks' ones) are decoded, merged (of each
+/// timestamp the sample of the highest-ranked chunk kept), filtered and re-encoded. Histograms
+/// and samples with start times keep their own encodings (`rewrite_typed`).
 /// A series left with no sample is skipped.
-#[allow(clippy::too_many_arguments, reason = "one call per series from two writers; a struct would only rename them")]
 fn write_series(
     w: &mut BlockWriter,
     labels: &Labels,
@@ -173,21 +157,21 @@ fn write_series(
     deleted: &[(i64, i64)],
     mint: i64,
     maxt: i64,
-    chunking: Chunking,
     scratch: &mut Scratch,
 ) -> Result<()> {
     let overlapping = chunks.windows(2).any(|p| p[1].mint <= p[0].maxt);
     let clipped = chunks.iter().any(|c| c.mint < mint || c.maxt >= maxt);
     let hit = chunks.iter().any(|c| deleted.iter().any(|&(a, b)| a <= c.maxt && c.mint <= b));
-    let small = chunking.merge_small && chunks.len() > 1 && {
+    let encoding = |c: &ChunkInput<'_>| c.data.first().and_then(|&b| Encoding::from_byte(b).ok());
+    let all_dense = chunks.iter().all(|c| encoding(c) == Some(Encoding::Dense));
+    let small = chunks.len() > 1 && {
         let total: usize = chunks.iter().map(|c| crate::chunkenc::num_samples(c.data).unwrap_or(0)).sum();
-        total * 4 < chunks.len() * chunking.samples * 3
+        total * 4 < chunks.len() * COMPACTED_SAMPLES_PER_CHUNK * 3
     };
-    if !overlapping && !clipped && !hit && !small {
+    if all_dense && !overlapping && !clipped && !hit && !small {
         return if chunks.is_empty() { Ok(()) } else { w.add_series(labels, chunks) };
     }
-    // Plain float chunks take the fast path; histograms and start times keep their kind.
-    if chunks.iter().any(|c| c.data.first() != Some(&(Encoding::Xor as u8))) {
+    if !chunks.iter().all(|c| matches!(encoding(c), Some(Encoding::Xor | Encoding::Dense))) {
         return rewrite_typed(w, labels, chunks, deleted, mint, maxt);
     }
     let samples = &mut scratch.samples;
@@ -198,17 +182,9 @@ fn write_series(
         return Ok(());
     }
     scratch.encoded.clear();
-    let mut app = XorAppender::new();
-    let mut first_t = samples[0].t;
-    for s in samples.iter() {
-        if app.num_samples() >= chunking.samples || app.bytes().len() >= chunking.bytes {
-            let done = std::mem::take(&mut app);
-            scratch.encoded.push((first_t, done.last_t(), done.into_bytes()));
-            first_t = s.t;
-        }
-        app.append(s.t, s.v);
+    for part in samples.chunks(COMPACTED_SAMPLES_PER_CHUNK) {
+        scratch.encoded.push((part[0].t, part[part.len() - 1].t, dense::encode(part)));
     }
-    scratch.encoded.push((first_t, app.last_t(), app.into_bytes()));
     let inputs: Vec<ChunkInput<'_>> =
         scratch.encoded.iter().map(|(a, b, d)| ChunkInput { mint: *a, maxt: *b, data: d, rank: 0 }).collect();
     w.add_series(labels, &inputs)
@@ -336,7 +312,7 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
                 let bytes = data.chunks.chunk(m.chunk).map_err(|e| blocks[*i].corrupt(e.to_string()))?;
                 inputs.push(ChunkInput { mint: m.mint, maxt: m.maxt, data: bytes, rank: blocks[*i].meta().seq });
             }
-            write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, COMPACTED_CHUNKING, &mut scratch)?;
+            write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, &mut scratch)?;
             for &i in &from {
                 let c = cursors[i].as_mut().expect("open");
                 if c.advance()? {

@@ -135,6 +135,19 @@ impl Series {
                             return Err(e.clone());
                         }
                     }
+                    ChunkIterator::Dense(mut it) => {
+                        if let Some(e) = it.err() {
+                            return Err(e.clone());
+                        }
+                        while let Some(s) = it.next() {
+                            if s.t > maxt {
+                                return Ok(());
+                            }
+                            if keep(s.t) {
+                                f(TypedSample::float(s.t, s.v));
+                            }
+                        }
+                    }
                     ChunkIterator::Histogram(mut it) => {
                         while let Some((t, h)) = it.next() {
                             if t > maxt {

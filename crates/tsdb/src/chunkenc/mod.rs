@@ -5,10 +5,12 @@
 //! [sample count u16 BE][encoding-specific body]`; see `docs/format/chunks.md`.
 
 pub mod bstream;
+pub mod dense;
 pub mod histogram;
 pub mod start_time;
 pub mod xor;
 
+pub use dense::DenseIterator;
 pub use histogram::{HistogramAppender, HistogramIterator, Layout};
 pub use start_time::StartTimeWriter;
 use strata_model::{FloatHistogram, Sample};
@@ -87,6 +89,9 @@ pub enum Encoding {
     XorWithStartTimes = 3,
     /// A histogram chunk followed by its samples' start times (`start_time`).
     HistogramWithStartTimes = 4,
+    /// Float samples as blocks store them: integer-coded timestamps, decimal values as scaled
+    /// integers, the rest XOR-coded (`dense`).
+    Dense = 5,
 }
 
 impl Encoding {
@@ -96,6 +101,7 @@ impl Encoding {
             2 => Ok(Encoding::Histogram),
             3 => Ok(Encoding::XorWithStartTimes),
             4 => Ok(Encoding::HistogramWithStartTimes),
+            5 => Ok(Encoding::Dense),
             other => Err(ChunkError::UnknownEncoding(other)),
         }
     }
@@ -176,6 +182,7 @@ pub fn decode_merged<'a, S: DecodedSample>(
 pub enum ChunkIterator<B> {
     Xor(XorIterator<B>),
     Histogram(HistogramIterator<B>),
+    Dense(DenseIterator),
 }
 
 impl<B: AsRef<[u8]>> ChunkIterator<B> {
@@ -196,6 +203,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
                 let column = start_time::StartTimeReader::new(d)?;
                 Ok(ChunkIterator::Histogram(HistogramIterator::new(data).with_start_times(column)))
             }
+            Encoding::Dense => Ok(ChunkIterator::Dense(DenseIterator::new(d))),
         }
     }
 
@@ -204,6 +212,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match self {
             ChunkIterator::Xor(x) => x.next().map(|s| TypedSample::float(s.t, s.v).with_start(x.start())),
             ChunkIterator::Histogram(h) => h.next().map(|(t, v)| TypedSample::histogram(t, v).with_start(h.start())),
+            ChunkIterator::Dense(d) => d.next().map(|s| TypedSample::float(s.t, s.v)),
         }
     }
 
@@ -223,6 +232,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match self {
             ChunkIterator::Xor(x) => x.next(),
             ChunkIterator::Histogram(h) => h.refuse_float_read(),
+            ChunkIterator::Dense(d) => d.next(),
         }
     }
 
@@ -234,6 +244,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
             ChunkIterator::Histogram(h) => {
                 h.refuse_float_read::<()>();
             }
+            ChunkIterator::Dense(d) => d.decode_into(out),
         }
     }
 
@@ -241,6 +252,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match self {
             ChunkIterator::Xor(x) => x.seek(t),
             ChunkIterator::Histogram(h) => h.refuse_float_read(),
+            ChunkIterator::Dense(d) => d.seek(t),
         }
     }
 
@@ -248,6 +260,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match self {
             ChunkIterator::Xor(x) => x.num_samples(),
             ChunkIterator::Histogram(h) => h.num_samples(),
+            ChunkIterator::Dense(d) => d.num_samples(),
         }
     }
 
@@ -256,6 +269,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
         match self {
             ChunkIterator::Xor(x) => x.err(),
             ChunkIterator::Histogram(h) => h.err(),
+            ChunkIterator::Dense(d) => d.err(),
         }
     }
 }

@@ -175,6 +175,7 @@ impl SeriesState {
         })?;
         match ChunkIterator::new(&chunk[..]).ok()? {
             ChunkIterator::Xor(mut it) => it.seek(t).filter(|s| s.t == t).map(|s| s.v),
+            ChunkIterator::Dense(mut it) => it.seek(t).filter(|s| s.t == t).map(|s| s.v),
             ChunkIterator::Histogram(_) => None,
         }
     }

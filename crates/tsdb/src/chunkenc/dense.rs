@@ -1,0 +1,471 @@
+//! The dense chunk (encoding 0x05): how blocks store float samples.
+//!
+//! The head appends one sample at a time, so it needs an encoding that is valid after every
+//! append (XOR). A block's chunks are written once, whole, and read many times; knowing every
+//! sample up front, the encoder picks per chunk the representation that is smallest:
+//!
+//! - **Timestamps** as integers: usually their deltas as the chunk's smallest delta plus a
+//!   bit-packed residual of a fixed width per chunk, so an exact scrape grid costs nothing per
+//!   sample and a jitter of a few milliseconds a few bits; a missed scrape is an exception
+//!   (patched frame of reference, PFOR), not a wider field for every sample.
+//! - **Values** that are decimal numbers (what exporters print: `1234.56`, `0.25`, byte
+//!   counts) as scaled integers `i / 10^e`, coded like the timestamps: raw, as deltas (counters)
+//!   or as deltas of deltas, whichever is smallest, with a common factor taken out (memory sizes
+//!   that are multiples of 4096). A value that is not such a number (NaN, the stale marker, ±Inf,
+//!   -0.0, more than 15 significant digits) is an exception stored as its raw 64 bits.
+//! - **Other values** (results of arithmetic, `0.1 + 0.2`) Gorilla XOR-coded as in the XOR
+//!   chunk, when that is smaller.
+//!
+//! Decoding `i / 10^e` is exact: a decimal `d` with at most 15 significant digits parses to the
+//! double nearest `d`, and IEEE division of the exact integer `i` by the exact `10^e` also
+//! rounds `i / 10^e = d` to the nearest double; the encoder still checks every value bit for bit
+//! and makes any that does not come back an exception, so every bit pattern round-trips.
+//!
+//! The byte layout is in `docs/format/chunks.md`.
+
+use super::bstream::{BitReader, BitWriter};
+use super::xor::{read_xor, write_xor, NO_WINDOW};
+use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use strata_model::Sample;
+
+/// Largest decimal exponent `e` of a scaled value `i / 10^e` (10^18 and every smaller power of
+/// ten are exact doubles).
+pub const DECIMAL_EXPONENT_MAX: usize = 18;
+
+const POW10: [f64; DECIMAL_EXPONENT_MAX + 1] =
+    [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18];
+
+/// Integers up to 2^53 in magnitude are exact doubles; scaled values stay below.
+const EXACT_INT_MAX: f64 = 9_007_199_254_740_992.0;
+
+/// Value section modes.
+const VALUES_DECIMAL: u8 = 0;
+const VALUES_XOR: u8 = 1;
+
+/// Integer columns code their values raw (0), as deltas (1) or as deltas of deltas (2).
+const ORDER_MAX: usize = 2;
+
+/// Encodes `samples` (at least one, at most `SAMPLES_MAX`, timestamps strictly increasing) as a
+/// dense chunk.
+pub fn encode(samples: &[Sample]) -> Vec<u8> {
+    assert!(!samples.is_empty() && samples.len() <= SAMPLES_MAX, "a dense chunk holds 1..={SAMPLES_MAX} samples");
+    debug_assert!(samples.windows(2).all(|p| p[0].t < p[1].t), "timestamps must increase");
+    let mut header = Vec::with_capacity(samples.len() * 2 + 32);
+    header.extend_from_slice(&[Encoding::Dense as u8]);
+    header.extend_from_slice(&(samples.len() as u16).to_be_bytes());
+    let mut w = BitWriter::with_bytes(header);
+    let times: Vec<i64> = samples.iter().map(|s| s.t).collect();
+    write_ints(&mut w, &times);
+
+    let mut xor = w.clone();
+    match decimal_values(samples) {
+        Some(dec) => {
+            write_decimal_values(&mut w, &dec);
+            write_xor_values(&mut xor, samples);
+            if w.bytes().len() <= xor.bytes().len() {
+                w.into_bytes()
+            } else {
+                xor.into_bytes()
+            }
+        }
+        None => {
+            write_xor_values(&mut xor, samples);
+            xor.into_bytes()
+        }
+    }
+}
+
+/// Values as scaled integers `ints[j] / 10^exponent`, and the ones that are not (by index, raw).
+struct Decimal {
+    exponent: u8,
+    ints: Vec<i64>,
+    exceptions: Vec<(usize, u64)>,
+}
+
+/// The smallest `e` with `v == round(v · 10^e) / 10^e`, bit for bit; `None` for values that
+/// are no such decimal (non-finite, -0.0, too many digits).
+fn decimal_exponent(v: f64) -> Option<usize> {
+    if !v.is_finite() || v.to_bits() == (-0.0f64).to_bits() {
+        return None;
+    }
+    for (e, p) in POW10.iter().enumerate() {
+        let scaled = v * p;
+        if scaled.abs() >= EXACT_INT_MAX {
+            return None;
+        }
+        if (scaled.round() / p).to_bits() == v.to_bits() {
+            return Some(e);
+        }
+    }
+    None
+}
+
+/// `v` scaled by `10^e` if it comes back bit for bit.
+fn scaled(v: f64, e: usize) -> Option<i64> {
+    if v.to_bits() == (-0.0f64).to_bits() {
+        return None;
+    }
+    let s = (v * POW10[e]).round();
+    (s.abs() < EXACT_INT_MAX && (s / POW10[e]).to_bits() == v.to_bits()).then_some(s as i64)
+}
+
+/// The chunk's values as decimals at the one exponent the most precise value needs, or `None`
+/// when under half of them are decimals (XOR is then smaller anyway).
+fn decimal_values(samples: &[Sample]) -> Option<Decimal> {
+    let exponent = samples.iter().filter_map(|s| decimal_exponent(s.v)).max()?;
+    let mut ints = Vec::with_capacity(samples.len());
+    let mut exceptions = Vec::new();
+    for (j, s) in samples.iter().enumerate() {
+        match scaled(s.v, exponent) {
+            Some(i) => ints.push(i),
+            None => {
+                exceptions.push((j, s.v.to_bits()));
+                // Repeat the previous integer so that deltas stay small around the exception.
+                ints.push(ints.last().copied().unwrap_or(0));
+            }
+        }
+    }
+    (exceptions.len() * 2 <= samples.len()).then_some(Decimal { exponent: exponent as u8, ints, exceptions })
+}
+
+fn write_decimal_values(w: &mut BitWriter, dec: &Decimal) {
+    w.write_bits(VALUES_DECIMAL as u64, 8);
+    w.write_bits(dec.exponent as u64, 8);
+    w.write_uvarint(dec.exceptions.len() as u64);
+    let mut prev = 0;
+    for &(j, bits) in &dec.exceptions {
+        w.write_uvarint((j - prev) as u64);
+        w.write_bits(bits, 64);
+        prev = j;
+    }
+    write_ints(w, &dec.ints);
+}
+
+fn write_xor_values(w: &mut BitWriter, samples: &[Sample]) {
+    w.write_bits(VALUES_XOR as u64, 8);
+    let first = samples[0].v.to_bits();
+    w.write_bits(first, 64);
+    let (mut prev, mut leading, mut trailing) = (first, NO_WINDOW, 0);
+    for s in &samples[1..] {
+        let bits = s.v.to_bits();
+        write_xor(w, prev, bits, &mut leading, &mut trailing);
+        prev = bits;
+    }
+}
+
+/// `xs` differenced `order` times (wrapping): the values the packed part of a column holds.
+fn residuals(xs: &[i64], order: usize) -> Vec<i64> {
+    let mut r = xs.to_vec();
+    for _ in 0..order {
+        for j in (1..r.len()).rev() {
+            r[j] = r[j].wrapping_sub(r[j - 1]);
+        }
+    }
+    r.split_off(order.min(r.len()))
+}
+
+/// The first `order` values a differenced column starts from: `x0`, then `x1 − x0`.
+fn column_heads(xs: &[i64], order: usize) -> Vec<i64> {
+    let mut heads = Vec::with_capacity(order);
+    if order >= 1 {
+        heads.push(xs[0]);
+    }
+    if order >= 2 {
+        heads.push(xs[1].wrapping_sub(xs[0]));
+    }
+    heads
+}
+
+/// A packed column's plan: offsets from the smallest residual, divided by their common factor,
+/// in `width` bits each, wider ones patched.
+struct Packed {
+    base: i64,
+    factor: u64,
+    width: u32,
+    offsets: Vec<u64>,
+    /// Estimated bits, to compare orders.
+    bits: usize,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn varint_bits(v: u64) -> usize {
+    8 * (((64 - v.leading_zeros()).max(1) as usize).div_ceil(7))
+}
+
+fn plan(res: &[i64]) -> Packed {
+    let base = res.iter().copied().min().unwrap_or(0);
+    let mut offsets: Vec<u64> = res.iter().map(|&r| r.wrapping_sub(base) as u64).collect();
+    let mut factor = 0;
+    for &o in &offsets {
+        factor = gcd(factor, o);
+        if factor == 1 {
+            break;
+        }
+    }
+    if factor > 1 {
+        offsets.iter_mut().for_each(|o| *o /= factor);
+    }
+    // Histogram of bit lengths, then the width with the fewest bits once exceptions (index and
+    // high bits, about a byte each plus the high bits' varint) are counted.
+    let mut lengths = [0usize; 65];
+    for &o in &offsets {
+        lengths[(64 - o.leading_zeros()) as usize] += 1;
+    }
+    let longest = lengths.iter().rposition(|&n| n > 0).unwrap_or(0);
+    let index_bits = if offsets.len() <= 128 { 8 } else { 16 };
+    let (mut width, mut best) = (longest, usize::MAX);
+    for w in 0..=longest {
+        let mut bits = offsets.len() * w;
+        for (len, &n) in lengths.iter().enumerate().take(longest + 1).skip(w + 1) {
+            bits += n * (index_bits + 8 * (len - w).div_ceil(7));
+        }
+        if bits < best {
+            (width, best) = (w, bits);
+        }
+    }
+    let overhead = varint_bits(((base << 1) ^ (base >> 63)) as u64) + varint_bits(factor) + 7 + 8;
+    Packed { base, factor, width: width as u32, offsets, bits: best + overhead }
+}
+
+/// Writes an integer column: the order (2 bits), its heads as zig-zag varints, then the packed
+/// residuals (see `docs/format/chunks.md`).
+fn write_ints(w: &mut BitWriter, xs: &[i64]) {
+    let (order, packed) = (0..=ORDER_MAX.min(xs.len().saturating_sub(1)))
+        .map(|k| {
+            let p = plan(&residuals(xs, k));
+            let head_bits: usize =
+                column_heads(xs, k).iter().map(|&h| varint_bits(((h << 1) ^ (h >> 63)) as u64)).sum();
+            (k, p, head_bits)
+        })
+        .min_by_key(|(_, p, head_bits)| p.bits + head_bits)
+        .map(|(k, p, _)| (k, p))
+        .expect("order 0 is always possible");
+    w.write_bits(order as u64, 2);
+    for h in column_heads(xs, order) {
+        w.write_varint(h);
+    }
+    w.write_varint(packed.base);
+    w.write_uvarint(packed.factor);
+    w.write_bits(packed.width as u64, 7);
+    let high = |o: u64| if packed.width >= 64 { 0 } else { o >> packed.width };
+    let exceptions = packed.offsets.iter().filter(|&&o| high(o) != 0).count();
+    w.write_uvarint(exceptions as u64);
+    let mask = if packed.width >= 64 { u64::MAX } else { (1u64 << packed.width) - 1 };
+    for &o in &packed.offsets {
+        w.write_bits(o & mask, packed.width);
+    }
+    let mut prev = 0;
+    for (j, &o) in packed.offsets.iter().enumerate() {
+        if high(o) != 0 {
+            w.write_uvarint((j - prev) as u64);
+            w.write_uvarint(high(o));
+            prev = j;
+        }
+    }
+}
+
+fn corrupt(what: &str) -> ChunkError {
+    ChunkError::Corrupt(format!("dense chunk: {what}"))
+}
+
+/// Reads an integer column of `n` values written by `write_ints` into `out`.
+fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
+    let ends = || corrupt("integer column ends early");
+    out.clear();
+    let order = r.read_bits(data, 2).ok_or_else(ends)? as usize;
+    if order > ORDER_MAX || order > n.saturating_sub(1) {
+        return Err(corrupt("integer column order out of range"));
+    }
+    let mut heads = [0i64; ORDER_MAX];
+    for h in heads.iter_mut().take(order) {
+        *h = r.read_varint(data).ok_or_else(ends)?;
+    }
+    let base = r.read_varint(data).ok_or_else(ends)?;
+    let factor = r.read_uvarint(data).ok_or_else(ends)?;
+    let width = r.read_bits(data, 7).ok_or_else(ends)? as u32;
+    if width > 64 {
+        return Err(corrupt("packed width over 64 bits"));
+    }
+    let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+    let m = n - order;
+    if exceptions > m {
+        return Err(corrupt("more exceptions than values"));
+    }
+    // Packed offsets first, in `out` (as u64 bits), then patched and turned into values.
+    out.reserve(n);
+    out.extend(heads.iter().take(order));
+    for _ in 0..m {
+        out.push(r.read_bits_unchecked(data, width) as i64);
+    }
+    if r.overran(data) {
+        return Err(ends());
+    }
+    let mut j = 0usize;
+    for x in 0..exceptions {
+        let gap = r.read_uvarint(data).ok_or_else(ends)? as usize;
+        j = if x == 0 {
+            gap
+        } else {
+            j.checked_add(gap).filter(|_| gap > 0).ok_or_else(|| corrupt("exception index"))?
+        };
+        if j >= m || width >= 64 {
+            return Err(corrupt("exception index out of range"));
+        }
+        let high = r.read_uvarint(data).ok_or_else(ends)?;
+        out[order + j] |= (high << width) as i64;
+    }
+    for o in &mut out[order..] {
+        *o = base.wrapping_add((*o as u64).wrapping_mul(factor) as i64);
+    }
+    // Undo the differencing: deltas of deltas into deltas (from the first delta), then values.
+    if order == 2 {
+        let mut d = out[1];
+        for x in &mut out[2..] {
+            d = d.wrapping_add(*x);
+            *x = d;
+        }
+    }
+    if order >= 1 {
+        let mut v = out[0];
+        for x in &mut out[1..] {
+            v = v.wrapping_add(*x);
+            *x = v;
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a whole dense chunk into `out` (appended). The header has been checked.
+fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+    let n = u16::from_be_bytes([data[1], data[2]]) as usize;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut r = BitReader::new(HEADER_BYTES);
+    let mut times = Vec::new();
+    read_ints(&mut r, data, n, &mut times)?;
+    if times.windows(2).any(|p| p[0] >= p[1]) {
+        return Err(corrupt("timestamps do not increase"));
+    }
+    let start = out.len();
+    let ends = || corrupt("value section ends early");
+    match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
+        VALUES_DECIMAL => {
+            let e = r.read_bits(data, 8).ok_or_else(ends)? as usize;
+            if e > DECIMAL_EXPONENT_MAX {
+                return Err(corrupt("decimal exponent over 18"));
+            }
+            let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+            if exceptions > n {
+                return Err(corrupt("more exceptions than values"));
+            }
+            let mut patches = Vec::with_capacity(exceptions);
+            let mut j = 0usize;
+            for x in 0..exceptions {
+                let gap = r.read_uvarint(data).ok_or_else(ends)? as usize;
+                j = if x == 0 {
+                    gap
+                } else {
+                    j.checked_add(gap).filter(|_| gap > 0).ok_or_else(|| corrupt("exception index"))?
+                };
+                if j >= n {
+                    return Err(corrupt("exception index out of range"));
+                }
+                patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
+            }
+            let mut ints = Vec::new();
+            read_ints(&mut r, data, n, &mut ints)?;
+            let p = POW10[e];
+            if e == 0 {
+                out.extend(times.iter().zip(&ints).map(|(&t, &i)| Sample { t, v: i as f64 }));
+            } else {
+                out.extend(times.iter().zip(&ints).map(|(&t, &i)| Sample { t, v: i as f64 / p }));
+            }
+            for (j, bits) in patches {
+                out[start + j].v = f64::from_bits(bits);
+            }
+        }
+        VALUES_XOR => {
+            let mut bits = r.read_bits(data, 64).ok_or_else(ends)?;
+            let (mut leading, mut trailing) = (0u8, 0u8);
+            out.reserve(n);
+            out.push(Sample { t: times[0], v: f64::from_bits(bits) });
+            for &t in &times[1..] {
+                if !read_xor(&mut r, data, &mut bits, &mut leading, &mut trailing) {
+                    return Err(corrupt("XOR value window over 64 bits"));
+                }
+                out.push(Sample { t, v: f64::from_bits(bits) });
+            }
+            if r.overran(data) {
+                return Err(ends());
+            }
+        }
+        other => return Err(corrupt(&format!("unknown value mode {other}"))),
+    }
+    // Stored chunks are sliced to their exact length: anything after the padding is damage.
+    if r.pos().div_ceil(8) != data.len() {
+        return Err(corrupt("bytes after the last sample"));
+    }
+    Ok(())
+}
+
+/// Iterates over a dense chunk. The chunk is decoded whole when the iterator is made (its
+/// columns are bit-packed, so decoding all of them at once is the fast way); a corrupt chunk
+/// yields no sample and reports its error from `err`.
+#[derive(Clone, Debug)]
+pub struct DenseIterator {
+    samples: Vec<Sample>,
+    pos: usize,
+    total: usize,
+    err: Option<ChunkError>,
+}
+
+impl DenseIterator {
+    /// The caller has checked the encoding byte and that the header is present.
+    pub(super) fn new(data: &[u8]) -> Self {
+        let total = u16::from_be_bytes([data[1], data[2]]) as usize;
+        let mut samples = Vec::new();
+        let err = decode(data, &mut samples).err();
+        if err.is_some() {
+            samples.clear();
+        }
+        DenseIterator { samples, pos: 0, total, err }
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.total
+    }
+
+    pub fn err(&self) -> Option<&ChunkError> {
+        self.err.as_ref()
+    }
+
+    #[inline]
+    #[allow(clippy::should_implement_trait, reason = "mirrors XorIterator::next; Iterator would hide seek")]
+    pub fn next(&mut self) -> Option<Sample> {
+        let s = self.samples.get(self.pos).copied()?;
+        self.pos += 1;
+        Some(s)
+    }
+
+    /// Appends every remaining sample to `out`.
+    pub fn decode_into(&mut self, out: &mut Vec<Sample>) {
+        out.extend_from_slice(&self.samples[self.pos..]);
+        self.pos = self.samples.len();
+    }
+
+    /// Advances to the first sample with timestamp ≥ `t`.
+    pub fn seek(&mut self, t: i64) -> Option<Sample> {
+        self.pos += self.samples[self.pos..].partition_point(|s| s.t < t);
+        self.next()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+use super::*;
+use crate::chunkenc::{ChunkIterator, XorAppender};
+use proptest::prelude::*;
+use strata_model::STALE_NAN_BITS;
+
+fn decode_all(bytes: &[u8]) -> Vec<Sample> {
+    let mut it = ChunkIterator::new(bytes).unwrap();
+    let mut out = Vec::new();
+    it.decode_into(&mut out);
+    assert_eq!(it.err(), None);
+    out
+}
+
+fn assert_round_trip(samples: &[Sample]) -> Vec<u8> {
+    let bytes = encode(samples);
+    assert_eq!(bytes[0], Encoding::Dense as u8);
+    let back = decode_all(&bytes);
+    assert_eq!(back.len(), samples.len());
+    for (a, b) in samples.iter().zip(&back) {
+        assert!(a.bit_eq(b), "{a:?} came back as {b:?}");
+    }
+    // `next` and `seek` agree with the whole-chunk decode.
+    let mut it = ChunkIterator::new(&bytes[..]).unwrap();
+    for s in samples {
+        assert!(it.next().unwrap().bit_eq(s));
+    }
+    assert!(it.next().is_none());
+    bytes
+}
+
+fn xor_bytes(samples: &[Sample]) -> usize {
+    let mut a = XorAppender::new();
+    for s in samples {
+        a.append(s.t, s.v);
+    }
+    a.into_bytes().len()
+}
+
+fn scrape(n: usize, v: impl Fn(usize) -> f64) -> Vec<Sample> {
+    (0..n).map(|j| Sample::new(1_795_332_570_000 + 10_000 * j as i64, v(j))).collect()
+}
+
+/// The `(mode, exponent)` bytes of a chunk whose time column is a regular grid: which value
+/// representation the encoder picked.
+fn value_mode(bytes: &[u8]) -> u8 {
+    let n = u16::from_be_bytes([bytes[1], bytes[2]]) as usize;
+    let mut r = BitReader::new(HEADER_BYTES);
+    let mut times = Vec::new();
+    read_ints(&mut r, bytes, n, &mut times).unwrap();
+    r.read_bits(bytes, 8).unwrap() as u8
+}
+
+#[test]
+fn constant_series_cost_a_few_bytes() {
+    let samples = scrape(240, |_| 42.0);
+    let bytes = assert_round_trip(&samples);
+    assert!(bytes.len() <= 24, "{} bytes", bytes.len());
+    assert_eq!(value_mode(&bytes), VALUES_DECIMAL);
+}
+
+#[test]
+fn decimal_counters_are_smaller_than_xor() {
+    // A CPU-seconds counter: two decimals, about 9.9 per 10 s.
+    let samples = scrape(240, |j| ((12_345_678 + j * 990 + (j * 7919) % 23) as f64) / 100.0);
+    let bytes = assert_round_trip(&samples);
+    assert_eq!(value_mode(&bytes), VALUES_DECIMAL);
+    assert!(bytes.len() * 3 < xor_bytes(&samples), "dense {} vs xor {}", bytes.len(), xor_bytes(&samples));
+}
+
+#[test]
+fn multiples_of_a_page_take_out_the_factor() {
+    let samples = scrape(240, |j| (1_000_000 + (j * 7919) % 1000) as f64 * 4096.0);
+    let bytes = assert_round_trip(&samples);
+    // 1000 distinct pages: 10 bits a value, not 22.
+    assert!(bytes.len() < 240 * 11 / 8 + 40, "{} bytes", bytes.len());
+}
+
+#[test]
+fn jittered_and_gapped_timestamps_round_trip_compactly() {
+    let mut t = 1_795_332_570_000i64;
+    let samples: Vec<Sample> = (0..240)
+        .map(|j| {
+            t += 10_000 + ((j * 7919) % 11) as i64 - 5 + if j == 100 { 20_000 } else { 0 };
+            Sample::new(t, 1.0)
+        })
+        .collect();
+    let bytes = assert_round_trip(&samples);
+    // About 5 bits per jittered delta, one exception for the missed scrapes.
+    assert!(bytes.len() < 240 * 5 / 8 + 40, "{} bytes", bytes.len());
+}
+
+#[test]
+fn special_values_are_exceptions_in_a_decimal_chunk() {
+    let specials = [f64::from_bits(STALE_NAN_BITS), f64::NAN, -0.0, f64::INFINITY, f64::NEG_INFINITY, 1e300, 0.1 + 0.2];
+    let samples = scrape(120, |j| if j % 17 == 3 { specials[j / 17 % specials.len()] } else { j as f64 / 4.0 });
+    let bytes = assert_round_trip(&samples);
+    assert_eq!(value_mode(&bytes), VALUES_DECIMAL);
+}
+
+#[test]
+fn computed_floats_fall_back_to_xor() {
+    let samples = scrape(120, |j| (j as f64 * 0.37).sin() / 3.0);
+    let bytes = assert_round_trip(&samples);
+    assert_eq!(value_mode(&bytes), VALUES_XOR);
+    assert!(bytes.len() <= xor_bytes(&samples) + 8);
+}
+
+#[test]
+fn extreme_timestamps_and_single_samples() {
+    assert_round_trip(&[Sample::new(i64::MIN, -0.0)]);
+    assert_round_trip(&[Sample::new(i64::MIN, 1.0), Sample::new(i64::MAX, 2.0)]);
+    assert_round_trip(&[Sample::new(i64::MIN, 1.0), Sample::new(0, 2.0), Sample::new(i64::MAX, 3.0)]);
+    assert_round_trip(&[Sample::new(-5, i64::MAX as f64), Sample::new(-4, i64::MIN as f64), Sample::new(7, 0.5)]);
+}
+
+#[test]
+fn seek_finds_the_first_sample_at_or_after() {
+    let samples = scrape(100, |j| j as f64);
+    let bytes = encode(&samples);
+    let mut it = ChunkIterator::new(&bytes[..]).unwrap();
+    assert_eq!(it.seek(samples[40].t - 1).unwrap().t, samples[40].t);
+    assert_eq!(it.seek(samples[40].t).unwrap().t, samples[41].t, "seek never goes back");
+    assert!(it.seek(samples[99].t + 1).is_none());
+}
+
+#[test]
+fn corrupt_chunks_report_an_error() {
+    let bytes = encode(&scrape(240, |j| j as f64 * 1.5));
+    for cut in HEADER_BYTES..bytes.len() {
+        let it = ChunkIterator::new(&bytes[..cut]).unwrap();
+        assert!(it.err().is_some(), "cut at {cut} of {}", bytes.len());
+    }
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    assert!(ChunkIterator::new(&trailing[..]).unwrap().err().is_some(), "bytes past the chunk's end");
+}
+
+fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
+    (
+        any::<i64>(),
+        prop::collection::vec(
+            prop_oneof![Just(10_000i64), 9_995i64..10_006, 1i64..20, 1i64..100_000, 1i64..i64::MAX],
+            0..300,
+        ),
+    )
+        .prop_map(|(start, gaps)| {
+            let mut t = start;
+            let mut out = vec![start];
+            for g in gaps {
+                match t.checked_add(g) {
+                    Some(n) => {
+                        t = n;
+                        out.push(t);
+                    }
+                    None => break,
+                }
+            }
+            out
+        })
+}
+
+fn value() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        any::<u64>().prop_map(f64::from_bits),
+        Just(f64::from_bits(STALE_NAN_BITS)),
+        Just(f64::NAN),
+        Just(-0.0),
+        Just(0.0),
+        Just(f64::INFINITY),
+        (-1_000_000i64..1_000_000, 0u32..10).prop_map(|(i, e)| i as f64 / 10f64.powi(e as i32)),
+        (0u64..1 << 40).prop_map(|i| (i * 4096) as f64),
+        any::<i64>().prop_map(|i| i as f64),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_bit_pattern_round_trips(times in increasing_times(), values in prop::collection::vec(value(), 300)) {
+        let samples: Vec<Sample> = times.iter().zip(&values).map(|(&t, &v)| Sample::new(t, v)).collect();
+        assert_round_trip(&samples);
+    }
+
+    #[test]
+    fn decimal_series_round_trip(
+        times in increasing_times(),
+        start in -1_000_000i64..1_000_000,
+        steps in prop::collection::vec(-50i64..500, 300),
+        e in 0i32..12,
+    ) {
+        let mut i = start;
+        let samples: Vec<Sample> = times
+            .iter()
+            .zip(&steps)
+            .map(|(&t, &d)| {
+                i += d;
+                Sample::new(t, i as f64 / 10f64.powi(e))
+            })
+            .collect();
+        assert_round_trip(&samples);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..400), count in any::<u16>()) {
+        let mut bytes = vec![Encoding::Dense as u8];
+        bytes.extend_from_slice(&count.to_be_bytes());
+        bytes.extend_from_slice(&body);
+        let mut it = ChunkIterator::new(&bytes[..]).unwrap();
+        let mut out = Vec::new();
+        it.decode_into(&mut out);
+        prop_assert!(out.len() <= count as usize);
+        prop_assert!(out.windows(2).all(|p| p[0].t < p[1].t));
+    }
+}
+
+/// The worked example of `docs/format/chunks.md`, byte for byte.
+#[test]
+fn doc_example_bytes() {
+    let samples = [
+        Sample::new(1000, 1.5),
+        Sample::new(2000, 2.5),
+        Sample::new(3000, 2.75),
+        Sample::new(4001, f64::from_bits(STALE_NAN_BITS)),
+    ];
+    let bytes = assert_round_trip(&samples);
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let expected = "05 00 04 74 03 f4 03 c0 40 80 10 00 20 10 37 ff 00 00 00 00 00 00 22 b0 08 64 18 00 96 80";
+    assert_eq!(hex.join(" "), expected);
+    let doc = include_str!("../../../../../docs/format/chunks.md");
+    assert!(doc.contains(expected), "docs/format/chunks.md shows other bytes");
+}
