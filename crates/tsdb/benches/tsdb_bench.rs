@@ -66,6 +66,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Samples per series of the node-exporter recording, in time order.
 fn load_recording() -> Vec<Vec<Sample>> {
+    load_recording_keyed().into_values().collect()
+}
+
+/// The recording by series (its text key, `name{labels}`).
+fn load_recording_keyed() -> BTreeMap<String, Vec<Sample>> {
     let f = std::fs::File::open(shared_data("node-exporter-600x10s.om.gz")).unwrap();
     let r = BufReader::new(flate2::read::GzDecoder::new(f));
     let mut series: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
@@ -80,7 +85,30 @@ fn load_recording() -> Vec<Vec<Sample>> {
         let v: f64 = v.parse().unwrap_or_else(|_| panic!("value {v:?}"));
         series.entry(key.to_string()).or_default().push(Sample::new(t, v));
     }
-    series.into_values().collect()
+    series
+}
+
+/// Where the bytes of dense chunks go: the metric names whose chunks take the most.
+fn dense_bytes_by_metric() {
+    let mut by_name: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for (key, samples) in load_recording_keyed() {
+        let name = key.split('{').next().unwrap().to_string();
+        let bytes: usize = encode(&samples, 240, dense::encode).iter().map(Vec::len).sum();
+        let e = by_name.entry(name).or_default();
+        e.0 += bytes;
+        e.1 += samples.len();
+    }
+    let total: usize = by_name.values().map(|v| v.0).sum();
+    let mut top: Vec<_> = by_name.into_iter().collect();
+    top.sort_by_key(|(_, (b, _))| std::cmp::Reverse(*b));
+    println!("  dense bytes by metric name (top 12 of {total} bytes):");
+    for (name, (bytes, n)) in top.iter().take(12) {
+        println!(
+            "    {name:50} {bytes:>7} bytes {:5.1}%  {:.2} B/sample",
+            100.0 * *bytes as f64 / total as f64,
+            *bytes as f64 / *n as f64
+        );
+    }
 }
 
 fn encode_xor(samples: &[Sample]) -> Vec<u8> {
@@ -159,6 +187,9 @@ fn bench_chunks() {
     for (name, data) in &sets {
         let total: usize = data.iter().map(Vec::len).sum();
         println!("chunks: {name}, {} series, {total} samples", data.len());
+        if name.starts_with("node-exporter") {
+            dense_bytes_by_metric();
+        }
         for (enc_name, enc) in encodings {
             for per_chunk in [120usize, 240, 480] {
                 let chunks: Vec<Vec<u8>> = data.iter().flat_map(|s| encode(s, per_chunk, enc)).collect();
