@@ -462,7 +462,11 @@ impl DenseIterator {
 
     /// Advances to the first sample with timestamp ≥ `t`.
     pub fn seek(&mut self, t: i64) -> Option<Sample> {
-        self.pos += self.samples[self.pos..].partition_point(|s| s.t < t);
+        // Readers mostly seek just past the last sample: try the next one before searching.
+        let rest = &self.samples[self.pos..];
+        if rest.first().is_some_and(|s| s.t < t) {
+            self.pos += 1 + rest[1..].partition_point(|s| s.t < t);
+        }
         self.next()
     }
 }
