@@ -39,6 +39,8 @@ pub struct StorageConfig {
     pub wal_segment_bytes: u64,
     /// WAL records compressed with zstd where it pays.
     pub wal_compression: bool,
+    /// Bytes of decompressed block chunk groups kept for queries (`GroupCache`).
+    pub chunk_cache_bytes: u64,
     /// Blocks entirely older than this behind the newest sample are deleted (0: never).
     pub retention_ms: i64,
     /// Oldest blocks are deleted while blocks and WAL exceed this (0: no limit).
@@ -57,6 +59,7 @@ impl Default for StorageConfig {
             wal_fsync_interval: FSYNC_INTERVAL_DEFAULT,
             wal_segment_bytes: SEGMENT_BYTES_DEFAULT,
             wal_compression: true,
+            chunk_cache_bytes: strata_tsdb::block::chunks::GROUP_CACHE_BYTES_DEFAULT as u64,
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             out_of_order_window_ms: 0,
@@ -65,6 +68,13 @@ impl Default for StorageConfig {
 }
 
 impl StorageConfig {
+    /// Opens the database with these options, and sizes the process' chunk group cache.
+    pub fn open_db(&self) -> strata_tsdb::Result<strata_tsdb::Db> {
+        strata_tsdb::block::GroupCache::global()
+            .set_budget(usize::try_from(self.chunk_cache_bytes).unwrap_or(usize::MAX));
+        strata_tsdb::Db::open(&self.data_dir, self.db_options())
+    }
+
     pub fn db_options(&self) -> DbOptions {
         let fsync = match self.wal_fsync {
             WalFsync::Interval => FsyncPolicy::Interval(self.wal_fsync_interval),

@@ -9,6 +9,7 @@
 //!   retention: 30d
 //!   retention_size: 500GB
 //!   wal_fsync: always
+//!   chunk_cache_size: 256MB
 //!   out_of_order_time_window: 30m
 //! limits:
 //!   write_max_body_size: 64MB
@@ -68,6 +69,8 @@ pub struct StorageSection {
     pub retention_size: Option<String>,
     pub wal_fsync: Option<String>,
     pub wal_compression: Option<bool>,
+    /// Memory for decompressed chunk groups, e.g. `64MB`.
+    pub chunk_cache_size: Option<String>,
     /// Prometheus' `storage.tsdb.out_of_order_time_window`.
     pub out_of_order_time_window: Option<String>,
 }

@@ -266,6 +266,26 @@ fn render_db(o: &mut String, db: &Db) {
             ),
         ],
     );
+    let (cache_bytes, cache_groups, hits, misses) = strata_tsdb::block::GroupCache::global().stats();
+    singles(
+        o,
+        &[
+            (
+                "strata_tsdb_chunk_cache_bytes",
+                "Bytes of decompressed block chunk groups held for queries (--storage.chunk-cache-size).",
+                "gauge",
+                cache_bytes as f64,
+            ),
+            ("strata_tsdb_chunk_cache_groups", "Decompressed chunk groups held.", "gauge", cache_groups as f64),
+            ("strata_tsdb_chunk_cache_hits_total", "Chunk reads served by a cached group.", "counter", hits as f64),
+            (
+                "strata_tsdb_chunk_cache_misses_total",
+                "Chunk reads that had to decompress their group.",
+                "counter",
+                misses as f64,
+            ),
+        ],
+    );
     if let Some((a, b)) = head.time_range() {
         singles(
             o,

@@ -17,7 +17,6 @@ use strata_server::scrape::ScrapeManager;
 use strata_server::web::auth::{authenticate, Authenticator};
 use strata_server::web::{self, ConnectionLimits, WebConfigFile};
 use strata_tsdb::head::OutOfOrder;
-use strata_tsdb::Db;
 
 /// Every setting has a default; the config file (`--config`) overrides the defaults, and a flag
 /// given on the command line overrides the file.
@@ -50,6 +49,10 @@ pub struct ServeArgs {
     /// "false"; segments written either way stay readable [default: true].
     #[arg(long = "storage.wal-compression")]
     wal_compression: Option<String>,
+    /// Memory kept for decompressed chunk groups of blocks, shared by every query (a group is
+    /// about 16 KiB); 0 decompresses a group at each read [default: 16MB].
+    #[arg(long = "storage.chunk-cache-size")]
+    chunk_cache_size: Option<String>,
     /// Largest request body accepted (compressed size for remote write and read) [default: 32MB].
     #[arg(long = "write.max-body-size")]
     max_body: Option<String>,
@@ -252,6 +255,8 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         "true",
         |s| s.parse::<bool>().map_err(|_| format!("expected true or false, got {s:?}")),
     )?;
+    let chunk_cache_bytes =
+        pick(f, "storage.chunk-cache-size", args.chunk_cache_size.clone(), st.chunk_cache_size, "16MB", size_or_zero)?;
     let ms = |s: &str| strata_model::parse_duration_ms(s).map(|v| Duration::from_millis(v.max(1) as u64));
     let limits = Limits {
         max_body_bytes: pick(
@@ -365,6 +370,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         data_dir: args.data_dir.clone(),
         wal_fsync,
         wal_compression,
+        chunk_cache_bytes,
         retention_ms: retention,
         retention_bytes: retention_size,
         out_of_order_window_ms,
@@ -551,7 +557,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             let (config_path, listen) = (args.config.clone(), args.listen);
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 let db = Arc::new(
-                    Db::open(&cfg.data_dir, cfg.db_options()).map_err(|e| format!("cannot open the data directory: {e}"))?,
+                    cfg.open_db().map_err(|e| format!("cannot open the data directory: {e}"))?,
                 );
                 let events = GraphiteEvents::open(&cfg.data_dir.join("graphite"), events_max, cfg.retention_ms)?;
                 let _ = state.graphite_events.set(Arc::new(events));

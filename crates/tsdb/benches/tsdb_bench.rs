@@ -3,7 +3,8 @@
 //! node-exporter recording, the same with jittered timestamps, and gauges with many decimals), `append` (1M series from
 //! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
 //! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
-//! replaced every 15 minutes: query latency over blocks). Each figure is the median of several runs; the machine is
+//! replaced every 15 minutes: query latency over blocks; `CACHE_BYTES=N` sets the chunk group
+//! cache's budget). Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare ratios from one run rather than absolute times across runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -546,6 +547,9 @@ fn build_churn_db(dir: &Path, churn: bool) -> usize {
 }
 
 fn bench_churn() {
+    if let Some(b) = std::env::var("CACHE_BYTES").ok().and_then(|v| v.parse().ok()) {
+        strata_tsdb::block::GroupCache::global().set_budget(b);
+    }
     let tmp = tempfile::tempdir().unwrap();
     let end = CHURN_DAYS * 24 * 3600 * 1000;
     let m = |op, n: &str, v: &str| Matcher::new(op, n, v).unwrap();

@@ -306,12 +306,16 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
                 }
             }
             chunk_refs.sort_by_key(|(_, m)| m.mint);
-            let mut inputs = Vec::with_capacity(chunk_refs.len());
+            let mut bytes = Vec::with_capacity(chunk_refs.len());
             for (i, m) in &chunk_refs {
                 let data = blocks[*i].data()?;
-                let bytes = data.chunks.chunk(m.chunk).map_err(|e| blocks[*i].corrupt(e.to_string()))?;
-                inputs.push(ChunkInput { mint: m.mint, maxt: m.maxt, data: bytes, rank: blocks[*i].meta().seq });
+                bytes.push(data.chunks.chunk(m.chunk).map_err(|e| blocks[*i].corrupt(e.to_string()))?);
             }
+            let inputs: Vec<ChunkInput<'_>> = chunk_refs
+                .iter()
+                .zip(&bytes)
+                .map(|((i, m), b)| ChunkInput { mint: m.mint, maxt: m.maxt, data: b, rank: blocks[*i].meta().seq })
+                .collect();
             write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, &mut scratch)?;
             for &i in &from {
                 let c = cursors[i].as_mut().expect("open");

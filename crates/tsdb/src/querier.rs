@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
 
-use crate::block::{Block, ChunkReader, ChunkRef, SymbolInterner};
+use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::Head;
@@ -38,9 +38,9 @@ pub enum ChunkData {
 
 impl ChunkData {
     /// The chunk's bytes; a block chunk is checked against its CRC here, when first touched.
-    pub fn bytes(&self) -> Result<&[u8], ChunkError> {
+    pub fn bytes(&self) -> Result<ChunkBytes<'_>, ChunkError> {
         match self {
-            ChunkData::Mem(d) => Ok(d),
+            ChunkData::Mem(d) => Ok(ChunkBytes::Mapped(d)),
             ChunkData::Block { reader, chunk } => reader.chunk(*chunk),
         }
     }
@@ -188,8 +188,9 @@ fn merge_typed(chunks: &[QueryChunk]) -> Result<Vec<TypedSample>, ChunkError> {
 
 /// The chunk (or merged group of overlapping chunks) being read.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant, reason = "one cursor per series being read, never stored in bulk")]
 enum Cursor<'a> {
-    Chunk(ChunkIterator<&'a [u8]>),
+    Chunk(ChunkIterator<ChunkBytes<'a>>),
     /// Samples of chunks that overlap in time (from overlapping blocks, or a block and the
     /// head), merged in time order with duplicate timestamps dropped; `pos` is the seek cursor.
     Merged {

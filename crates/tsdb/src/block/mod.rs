@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::RwLock;
 use strata_model::{Matcher, SeriesRef};
 
-pub use chunks::{ChunkReader, ChunkRef};
+pub use chunks::{ChunkBytes, ChunkReader, ChunkRef, GroupCache};
 pub use index::{ChunkMetaRef, IndexFile, MmapPostings, SymbolInterner};
 pub use meta::{BlockMeta, BlockStats, Compaction};
 pub use tombstones::Tombstones;

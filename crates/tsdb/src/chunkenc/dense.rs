@@ -341,15 +341,36 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     Ok(())
 }
 
+thread_local! {
+    /// The integer columns of the chunk being decoded, kept per thread so that decoding a
+    /// chunk allocates only its samples.
+    static COLUMNS: std::cell::RefCell<(Vec<i64>, Vec<i64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
 fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+    COLUMNS.with(|c| match c.try_borrow_mut() {
+        Ok(mut cols) => {
+            let (times, ints) = &mut *cols;
+            decode_with(data, out, times, ints)
+        }
+        // Only reentrancy could hold it; decode with fresh buffers then.
+        Err(_) => decode_with(data, out, &mut Vec::new(), &mut Vec::new()),
+    })
+}
+
+fn decode_with(
+    data: &[u8],
+    out: &mut Vec<Sample>,
+    times: &mut Vec<i64>,
+    ints: &mut Vec<i64>,
+) -> Result<(), ChunkError> {
     let n = u16::from_be_bytes([data[1], data[2]]) as usize;
     if n == 0 {
         return Ok(());
     }
     let mut r = BitReader::new(HEADER_BYTES);
-    let mut times = Vec::new();
-    read_ints(&mut r, data, n, &mut times)?;
+    read_ints(&mut r, data, n, times)?;
     if times.windows(2).any(|p| p[0] >= p[1]) {
         return Err(corrupt("timestamps do not increase"));
     }
@@ -379,13 +400,12 @@ fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
                 }
                 patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
             }
-            let mut ints = Vec::new();
-            read_ints(&mut r, data, n, &mut ints)?;
+            read_ints(&mut r, data, n, ints)?;
             let p = POW10[e];
             if e == 0 {
-                out.extend(times.iter().zip(&ints).map(|(&t, &i)| Sample { t, v: i as f64 }));
+                out.extend(times.iter().zip(ints.iter()).map(|(&t, &i)| Sample { t, v: i as f64 }));
             } else {
-                out.extend(times.iter().zip(&ints).map(|(&t, &i)| Sample { t, v: i as f64 / p }));
+                out.extend(times.iter().zip(ints.iter()).map(|(&t, &i)| Sample { t, v: i as f64 / p }));
             }
             for (j, bits) in patches {
                 out[start + j].v = f64::from_bits(bits);

@@ -161,8 +161,8 @@ pub fn by_rank<T>(chunks: &[T], rank: impl Fn(&T) -> u64) -> impl Iterator<Item 
 
 /// Decodes overlapping chunks into `out` as one run: sorted by time, and of the samples sharing
 /// a timestamp the one from the earliest chunk in `chunks` kept (the sort is stable).
-pub fn decode_merged<'a, S: DecodedSample>(
-    chunks: impl IntoIterator<Item = Result<&'a [u8], ChunkError>>,
+pub fn decode_merged<S: DecodedSample, B: AsRef<[u8]>>(
+    chunks: impl IntoIterator<Item = Result<B, ChunkError>>,
     out: &mut Vec<S>,
 ) -> Result<(), ChunkError> {
     for data in chunks {

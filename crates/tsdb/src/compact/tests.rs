@@ -254,10 +254,10 @@ fn a_corrupt_block_is_reported_then_set_aside_and_the_rest_stays_queryable() {
     drop(blocks);
     db.close().unwrap();
 
-    // Flip a byte inside the first chunk's data.
+    // Flip a byte inside the first chunk group (it starts at byte 32).
     let seg = victim.join("chunks/000001");
     let mut data = std::fs::read(&seg).unwrap();
-    data[12] ^= 0xff;
+    data[40] ^= 0xff;
     std::fs::write(&seg, data).unwrap();
 
     let db = Db::open(tmp.path(), opts(0)).unwrap();
