@@ -1,9 +1,10 @@
 //! On-disk size of persisted blocks, Strata against Prometheus, on the node-exporter recording
 //! replicated to N instances (an `instance` label per copy).
 //!
-//! `cargo bench -p strata --bench storage_compare [-- INSTANCES] [rotate] [jitter=MS]` (default
-//! 100 identical copies; `rotate` makes each copy read its values from another point of the
-//! recording, `jitter=5` moves every timestamp by up to ±5 ms). Writes the
+//! `cargo bench -p strata --bench storage_compare [-- INSTANCES] [rotate] [jitter=MS]
+//! [minutes=M]` (default 100 identical copies; `rotate` makes each copy read its values from
+//! another point of the recording, `jitter=5` moves every timestamp by up to ±5 ms, `minutes=20`
+//! keeps the first 20 minutes: many series with few samples each). Writes the
 //! replicated OpenMetrics file once, imports it with Strata (2 h blocks, then all blocks merged
 //! into one, as compaction ends up doing), and, if `promtool` is on the PATH (Debian's
 //! `prometheus` package), with `promtool tsdb create-blocks-from openmetrics` (2 h blocks), and
@@ -94,6 +95,8 @@ struct Variation {
     rotate: bool,
     /// Every timestamp moved by up to ± this many milliseconds, as a real scrape loop jitters.
     jitter_ms: i64,
+    /// Only the first this many minutes of the recording (0: all of it).
+    minutes: usize,
 }
 
 /// Splits a sample line into its series key, value and timestamp text.
@@ -147,6 +150,10 @@ fn write_replicated(out: &Path, instances: usize, var: Variation) -> u64 {
         for i in 0..instances {
             let inst = format!("instance=\"host-{i:05}:9100\"");
             for (l, &j) in lines.iter().zip(&places) {
+                // The recording scrapes every 10 s.
+                if var.minutes > 0 && j >= var.minutes * 6 {
+                    continue;
+                }
                 let (key, v, ts) = split_line(l);
                 let v = if var.rotate {
                     let vs = &values[key];
@@ -186,6 +193,7 @@ fn main() {
     let var = Variation {
         rotate: args.iter().any(|a| a == "rotate"),
         jitter_ms: args.iter().find_map(|a| a.strip_prefix("jitter=")?.parse().ok()).unwrap_or(0),
+        minutes: args.iter().find_map(|a| a.strip_prefix("minutes=")?.parse().ok()).unwrap_or(0),
     };
     println!("copies: {var:?}");
     let tmp = tempfile::tempdir().unwrap();
