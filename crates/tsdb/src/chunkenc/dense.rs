@@ -274,6 +274,20 @@ fn corrupt(what: &str) -> ChunkError {
     ChunkError::Corrupt(format!("dense chunk: {what}"))
 }
 
+/// Reads the index of exception number `x`, written as its distance from the previous one at
+/// `prev` (the first as the index itself; never 0 after it), and checks it is below `len`.
+fn read_exception_index(
+    r: &mut BitReader,
+    data: &[u8],
+    x: usize,
+    prev: usize,
+    len: usize,
+) -> Result<usize, ChunkError> {
+    let gap = r.read_uvarint(data).ok_or_else(|| corrupt("exception list ends early"))? as usize;
+    let j = if x == 0 { Some(gap) } else { prev.checked_add(gap).filter(|_| gap > 0) };
+    j.filter(|&j| j < len).ok_or_else(|| corrupt("exception index out of range"))
+}
+
 /// Reads an integer column of `n` values written by `write_ints` into `out`.
 fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
     let ends = || corrupt("integer column ends early");
@@ -306,17 +320,12 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     if r.overran(data) {
         return Err(ends());
     }
+    if exceptions > 0 && width >= 64 {
+        return Err(corrupt("exceptions in a 64-bit column"));
+    }
     let mut j = 0usize;
     for x in 0..exceptions {
-        let gap = r.read_uvarint(data).ok_or_else(ends)? as usize;
-        j = if x == 0 {
-            gap
-        } else {
-            j.checked_add(gap).filter(|_| gap > 0).ok_or_else(|| corrupt("exception index"))?
-        };
-        if j >= m || width >= 64 {
-            return Err(corrupt("exception index out of range"));
-        }
+        j = read_exception_index(r, data, x, j, m)?;
         let high = r.read_uvarint(data).ok_or_else(ends)?;
         out[order + j] |= (high << width) as i64;
     }
@@ -389,15 +398,7 @@ fn decode_with(
             let mut patches = Vec::with_capacity(exceptions);
             let mut j = 0usize;
             for x in 0..exceptions {
-                let gap = r.read_uvarint(data).ok_or_else(ends)? as usize;
-                j = if x == 0 {
-                    gap
-                } else {
-                    j.checked_add(gap).filter(|_| gap > 0).ok_or_else(|| corrupt("exception index"))?
-                };
-                if j >= n {
-                    return Err(corrupt("exception index out of range"));
-                }
+                j = read_exception_index(&mut r, data, x, j, n)?;
                 patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
             }
             read_ints(&mut r, data, n, ints)?;
