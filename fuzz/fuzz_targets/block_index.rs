@@ -6,21 +6,40 @@ use libfuzzer_sys::fuzz_target;
 use strata_tsdb::block::{IndexFile, SymbolInterner};
 use strata_tsdb::index::postings::Postings;
 
-/// The table of contents: 4 offsets and a CRC32C over them, at the end of the file.
-const TOC_BYTES: usize = 36;
+use strata_tsdb::block::index::{TOC_BYTES, TOC_BYTES_V1};
 
 fuzz_target!(|data: &[u8]| {
     let mut bytes = data.to_vec();
-    if bytes.len() >= TOC_BYTES {
+    // The table of contents (its size depends on the version byte) ends with a CRC32C.
+    let version_1 = bytes.get(4) == Some(&1);
+    let toc = if version_1 { TOC_BYTES_V1 } else { TOC_BYTES };
+    if bytes.len() >= toc {
         let n = bytes.len();
-        let crc = crc32c::crc32c(&bytes[n - TOC_BYTES..n - 4]);
+        let crc = crc32c::crc32c(&bytes[n - toc..n - 4]);
         bytes[n - 4..].copy_from_slice(&crc.to_be_bytes());
     }
     let Ok(ix) = IndexFile::from_bytes(std::path::Path::new("index"), bytes.into()) else { return };
     for name in ix.label_names() {
         for value in ix.label_values(name) {
             if let Ok(Some(mut p)) = ix.postings(name, value) {
-                while p.next().is_some() {}
+                let mut last = None;
+                while let Some(id) = p.next() {
+                    // Version 2 lists are increasing by construction (gaps + 1); version 1
+                    // lists are raw ids, whatever a damaged file holds.
+                    assert!(version_1 || last < Some(id), "postings go forward");
+                    last = Some(id);
+                }
+            }
+            // Seeking never goes back either.
+            if let Ok(Some(mut p)) = ix.postings(name, value) {
+                let mut target = strata_model::SeriesRef(0);
+                while let Some(id) = p.seek(target) {
+                    assert!(version_1 || id >= target, "seek went back");
+                    if id < target {
+                        break;
+                    }
+                    target = strata_model::SeriesRef(id.0 + 3);
+                }
             }
         }
     }

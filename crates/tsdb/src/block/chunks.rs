@@ -702,16 +702,8 @@ mod doc_example {
         let b = w.write(&[1, 0, 2, 0xbb, 0xcc]).unwrap();
         w.finish().unwrap();
         assert_eq!((a.0, b.0), (0x1_0000_0100, 0x1_0000_0101));
-        let data = std::fs::read(tmp.path().join("chunks/000001")).unwrap();
-        // The example: the lines of the code block after the marker, `OFFSET bytes… # note`.
-        let doc = include_str!("../../../../docs/format/block.md");
-        let block = doc.split("<!-- chunks-example -->").nth(1).expect("marker in the document");
-        let block = block.split("```").nth(1).expect("a code block after the marker");
-        let documented: Vec<u8> = block
-            .lines()
-            .flat_map(|l| l.split('#').next().unwrap().split_whitespace().skip(1))
-            .map(|h| u8::from_str_radix(h, 16).unwrap_or_else(|_| panic!("not a hex byte: {h}")))
-            .collect();
-        assert_eq!(documented, data);
+        let data: Vec<String> =
+            std::fs::read(tmp.path().join("chunks/000001")).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(data, crate::block::tests::doc_example_hex("block.md", "chunks-example"));
     }
 }

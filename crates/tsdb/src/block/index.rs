@@ -22,12 +22,21 @@ use crate::vfs::{AppendWriter, Vfs};
 
 /// "STIX": Strata index.
 pub const MAGIC: u32 = 0x5354_4958;
-pub const VERSION: u8 = 1;
+/// Version written: bit-packed postings, series entries 8-byte aligned with chunk times relative
+/// to a base time. Version 1 is still read.
+pub const VERSION: u8 = 2;
 pub const HEADER_BYTES: usize = 8;
 /// Series entries start at multiples of this; an id is the offset divided by it.
-pub const SERIES_ALIGN: u64 = 16;
-/// Table of contents: four u64 offsets and a CRC32C.
-pub const TOC_BYTES: usize = 4 * 8 + 4;
+pub const SERIES_ALIGN: u64 = 8;
+/// Version 1's series alignment.
+pub const SERIES_ALIGN_V1: u64 = 16;
+/// Table of contents: five u64 (the offsets of symbols, series, all postings and the postings
+/// table, then the base time) and a CRC32C.
+pub const TOC_BYTES: usize = 5 * 8 + 4;
+/// Version 1's table of contents: the four offsets and a CRC32C.
+pub const TOC_BYTES_V1: usize = 4 * 8 + 4;
+/// Series ids per block of a packed postings list.
+pub const POSTINGS_BLOCK: usize = 128;
 pub const INDEX_FILE: &str = "index";
 
 /// A chunk as the index describes it: its time range (inclusive) and where it is.
@@ -68,8 +77,8 @@ impl SymbolInterner {
     }
 }
 
-fn header() -> [u8; HEADER_BYTES] {
-    super::file_header(MAGIC, VERSION)
+fn header(version: u8) -> [u8; HEADER_BYTES] {
+    super::file_header(MAGIC, version)
 }
 
 /// Writes an index in one pass: symbols first (the caller knows them all up front), then series
@@ -85,6 +94,8 @@ pub struct IndexWriter {
     all: Vec<u32>,
     last: Option<Labels>,
     buf: Vec<u8>,
+    /// Chunk times of series entries are written relative to this: the first chunk's mint.
+    base_time: Option<i64>,
 }
 
 impl IndexWriter {
@@ -103,8 +114,9 @@ impl IndexWriter {
             all: Vec::new(),
             last: None,
             buf: Vec::new(),
+            base_time: None,
         };
-        w.write(&header())?;
+        w.write(&header(VERSION))?;
         let mut body = Vec::new();
         put_uvarint(&mut body, symbols.len() as u64);
         for (i, s) in symbols.iter().enumerate() {
@@ -164,7 +176,8 @@ impl IndexWriter {
             debug_assert!(c.mint <= c.maxt);
             match prev {
                 None => {
-                    put_varint(&mut body, c.mint);
+                    let base = *self.base_time.get_or_insert(c.mint);
+                    put_varint(&mut body, c.mint.wrapping_sub(base));
                     put_uvarint(&mut body, c.maxt.wrapping_sub(c.mint) as u64);
                     put_uvarint(&mut body, c.chunk.0);
                 }
@@ -192,10 +205,8 @@ impl IndexWriter {
 
     fn postings_list(&mut self, ids: &[u32]) -> Result<u64> {
         let at = self.pos;
-        let mut body = Vec::with_capacity(ids.len() * 4);
-        for id in ids {
-            body.extend_from_slice(&id.to_be_bytes());
-        }
+        let mut body = Vec::with_capacity(ids.len() * 2 + 16);
+        encode_postings(ids, &mut body);
         self.section(&body)?;
         Ok(at)
     }
@@ -219,7 +230,7 @@ impl IndexWriter {
         let table_at = self.pos;
         self.section(&table)?;
         let mut toc = Vec::with_capacity(TOC_BYTES);
-        for v in [HEADER_BYTES as u64, series, all_at, table_at] {
+        for v in [HEADER_BYTES as u64, series, all_at, table_at, self.base_time.unwrap_or(0) as u64] {
             toc.extend_from_slice(&v.to_be_bytes());
         }
         let crc = crc32c::crc32c(&toc);
@@ -249,6 +260,9 @@ pub struct IndexFile {
     symbols: Vec<(u32, u32)>,
     table: Vec<TableEntry>,
     all_postings: u64,
+    version: u8,
+    /// Chunk times of series entries are relative to it (version 2; 0 in version 1).
+    base_time: i64,
 }
 
 impl IndexFile {
@@ -264,16 +278,33 @@ impl IndexFile {
     /// Reads the index in `map` (the bytes of the file at `path`, named in errors).
     pub fn from_bytes(path: &Path, map: Bytes) -> Result<Self, String> {
         let fail = |what: &str| format!("{}: {what}", path.display());
-        if map.len() < HEADER_BYTES + TOC_BYTES || map[..HEADER_BYTES] != header() {
+        let version = match map.get(..HEADER_BYTES) {
+            Some(h) if h == header(1) => 1,
+            Some(h) if h == header(2) => 2,
+            Some(h) if h[..4] == MAGIC.to_be_bytes() => return Err(fail(&format!("unknown index version {}", h[4]))),
+            _ => return Err(fail("bad header or file too short")),
+        };
+        let toc_bytes = if version == 1 { TOC_BYTES_V1 } else { TOC_BYTES };
+        if map.len() < HEADER_BYTES + toc_bytes {
             return Err(fail("bad header or file too short"));
         }
-        let toc = &map[map.len() - TOC_BYTES..];
-        if crc32c::crc32c(&toc[..32]).to_be_bytes() != toc[32..] {
+        let toc = &map[map.len() - toc_bytes..];
+        let (fields, crc) = toc.split_at(toc_bytes - 4);
+        if crc32c::crc32c(fields).to_be_bytes() != crc {
             return Err(fail("table of contents checksum mismatch"));
         }
         let off = |i: usize| u64::from_be_bytes(toc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (symbols_at, _series_at, all_postings, table_at) = (off(0), off(1), off(2), off(3));
-        let mut ix = IndexFile { path: path.to_owned(), map, symbols: Vec::new(), table: Vec::new(), all_postings };
+        let base_time = if version == 1 { 0 } else { off(4) as i64 };
+        let mut ix = IndexFile {
+            path: path.to_owned(),
+            map,
+            symbols: Vec::new(),
+            table: Vec::new(),
+            all_postings,
+            version,
+            base_time,
+        };
 
         let (start, body) = ix.section(symbols_at).map_err(|e| fail(&format!("symbol table: {e}")))?;
         let mut d = Decoder::new(body);
@@ -357,7 +388,10 @@ impl IndexFile {
         interner: &mut SymbolInterner,
     ) -> Result<Labels, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
-        let at = (id.0 * SERIES_ALIGN) as usize;
+        let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
+        let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
+            return Err(fail("offset outside the file".into()));
+        };
         if at >= self.map.len() {
             return Err(fail("offset outside the file".into()));
         }
@@ -403,7 +437,7 @@ impl IndexFile {
         for _ in 0..n {
             let c = match prev {
                 None => {
-                    let mint = d.varint("chunk mint")?;
+                    let mint = self.base_time.wrapping_add(d.varint("chunk mint")?);
                     let maxt = mint.wrapping_add(d.uvarint("chunk span")? as i64);
                     ChunkMetaRef { mint, maxt, chunk: ChunkRef(d.uvarint("chunk ref")?) }
                 }
@@ -420,9 +454,24 @@ impl IndexFile {
     }
 
     fn postings_at(&self, at: u64) -> Result<MmapPostings, String> {
-        let (start, body) =
-            self.section(at).map_err(|e| format!("{}: postings list at byte {at}: {e}", self.path.display()))?;
-        Ok(MmapPostings { map: self.map.clone(), start, len: body.len() / 4, pos: 0 })
+        let fail = |e: String| format!("{}: postings list at byte {at}: {e}", self.path.display());
+        let (start, body) = self.section(at).map_err(fail)?;
+        if self.version == 1 {
+            return Ok(MmapPostings::Raw(RawPostings { map: self.map.clone(), start, len: body.len() / 4, pos: 0 }));
+        }
+        let mut d = Decoder::new(body);
+        let len = d.uvarint("postings count").map_err(|e| fail(e.to_string()))?;
+        // A block takes at least two bytes (first id and width) for at most 128 ids: a count
+        // the body cannot hold is damage.
+        if len > 64 * body.len() as u64 {
+            return Err(fail(format!("{len} series ids in {} bytes", body.len())));
+        }
+        Ok(MmapPostings::Packed(PackedPostings::new(
+            self.map.clone(),
+            start + d.offset(),
+            start + body.len(),
+            len as usize,
+        )))
     }
 
     /// Every series, in label order.
@@ -493,7 +542,7 @@ impl IndexFile {
         self.table
             .iter()
             .map(|e| {
-                let len = self.section(e.offset).map_or(0, |(_, b)| b.len() / 4);
+                let len = self.postings_at(e.offset).map_or(0, |p| p.len());
                 (self.symbol(e.name), self.symbol(e.value), len)
             })
             .collect()
@@ -521,9 +570,272 @@ fn checksum_ok(body: &[u8], crc: &[u8]) -> bool {
     cfg!(fuzzing) || crc32c::crc32c(body).to_be_bytes() == crc
 }
 
-/// A postings list read in place from the mapped index: `u32 BE` series ids.
+/// Writes a packed postings list (`docs/format/block.md`): the count, then blocks of up to
+/// `POSTINGS_BLOCK` ids, each its first id (as the distance from the previous block's first)
+/// and the gaps to the next ids, less one, bit-packed at the block's width.
+pub fn encode_postings(ids: &[u32], out: &mut Vec<u8>) {
+    debug_assert!(ids.windows(2).all(|p| p[0] < p[1]), "postings must be strictly increasing");
+    put_uvarint(out, ids.len() as u64);
+    let mut prev_first = 0u32;
+    for block in ids.chunks(POSTINGS_BLOCK) {
+        put_uvarint(out, (block[0] - prev_first) as u64);
+        prev_first = block[0];
+        let width = block.windows(2).map(|p| 32 - (p[1] - p[0] - 1).leading_zeros()).max().unwrap_or(0);
+        out.push(width as u8);
+        let (mut acc, mut bits) = (0u64, 0u32);
+        for p in block.windows(2) {
+            acc = (acc << width) | (p[1] - p[0] - 1) as u64;
+            bits += width;
+            while bits >= 8 {
+                bits -= 8;
+                out.push((acc >> bits) as u8);
+            }
+        }
+        if bits > 0 {
+            out.push((acc << (8 - bits)) as u8);
+        }
+    }
+}
+
+/// A postings list read in place from the mapped index.
 #[derive(Debug, Clone)]
-pub struct MmapPostings {
+pub enum MmapPostings {
+    /// Version 1: `u32 BE` series ids.
+    Raw(RawPostings),
+    /// Version 2: bit-packed blocks (`encode_postings`).
+    Packed(PackedPostings),
+}
+
+impl MmapPostings {
+    /// A packed list from `file`: one section (`len | body | crc`) at byte 0.
+    #[cfg(test)]
+    pub(crate) fn packed_for_tests(file: Bytes) -> Self {
+        let (start, body) = section_at(&file, 0).expect("a valid section");
+        let mut d = Decoder::new(body);
+        let len = d.uvarint("count").expect("a count") as usize;
+        let end = start + body.len();
+        let at = start + d.offset();
+        MmapPostings::Packed(PackedPostings::new(file, at, end, len))
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            MmapPostings::Raw(p) => p.len,
+            MmapPostings::Packed(p) => p.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Postings for MmapPostings {
+    fn next(&mut self) -> Option<SeriesRef> {
+        match self {
+            MmapPostings::Raw(p) => p.next(),
+            MmapPostings::Packed(p) => p.next(),
+        }
+    }
+
+    fn seek(&mut self, target: SeriesRef) -> Option<SeriesRef> {
+        match self {
+            MmapPostings::Raw(p) => p.seek(target),
+            MmapPostings::Packed(p) => p.seek(target),
+        }
+    }
+
+    fn at(&self) -> Option<SeriesRef> {
+        match self {
+            MmapPostings::Raw(p) => p.at(),
+            MmapPostings::Packed(p) => p.at(),
+        }
+    }
+}
+
+/// A packed postings list, decoded a block at a time. Seeking walks block headers (each names
+/// its first id) and decodes only the block that holds the target. A list cut short or
+/// otherwise malformed ends where the damage starts (its section's CRC has been checked, so
+/// that is only a writer bug or the fuzzer).
+#[derive(Debug, Clone)]
+pub struct PackedPostings {
+    map: Bytes,
+    end: usize,
+    len: usize,
+    /// The next block's header, its first id's base (the current block's first id), and how
+    /// many ids the blocks from there hold.
+    next_block: usize,
+    next_base: u32,
+    ids_left: usize,
+    /// The current block's ids and the position in them (index of the current id plus one).
+    ids: Vec<u32>,
+    pos: usize,
+    done: bool,
+}
+
+impl PackedPostings {
+    fn new(map: Bytes, start: usize, end: usize, len: usize) -> Self {
+        PackedPostings {
+            map,
+            end,
+            len,
+            next_block: start,
+            next_base: 0,
+            ids_left: len,
+            ids: Vec::new(),
+            pos: 0,
+            done: len == 0,
+        }
+    }
+
+    /// The next block's first id and where its packed gaps start, without entering it.
+    fn peek_block(&self) -> Option<(u32, usize, u32)> {
+        if self.ids_left == 0 || self.next_block >= self.end {
+            return None;
+        }
+        let mut d = Decoder::new(&self.map[self.next_block..self.end]);
+        let delta = u32::try_from(d.uvarint("block first").ok()?).ok()?;
+        let first = self.next_base.checked_add(delta)?;
+        let width = *d.bytes(1, "block width").ok()?.first()? as u32;
+        (width <= 32).then_some((first, self.next_block + d.offset(), width))
+    }
+
+    /// Moves to the next block; decodes its ids only when `decode` (else just skips its bytes).
+    fn enter_block(&mut self, decode: bool) -> bool {
+        let Some((first, data, width)) = self.peek_block() else {
+            self.done = true;
+            return false;
+        };
+        let n = self.ids_left.min(POSTINGS_BLOCK);
+        let bytes = ((n - 1) * width as usize).div_ceil(8);
+        if data + bytes > self.end {
+            self.done = true;
+            return false;
+        }
+        self.ids.clear();
+        self.ids.push(first);
+        if decode {
+            let packed = &self.map[data..data + bytes];
+            let (mut acc, mut bits, mut at) = (0u64, 0u32, 0usize);
+            let mask = if width == 32 { u32::MAX as u64 } else { (1u64 << width) - 1 };
+            let mut id = first;
+            for _ in 1..n {
+                while bits < width {
+                    acc = (acc << 8) | packed[at] as u64;
+                    at += 1;
+                    bits += 8;
+                }
+                bits -= width;
+                let gap = ((acc >> bits) & mask) as u32;
+                match id.checked_add(gap).and_then(|v| v.checked_add(1)) {
+                    Some(v) => id = v,
+                    None => {
+                        self.done = true;
+                        return false;
+                    }
+                }
+                self.ids.push(id);
+            }
+        }
+        self.next_block = data + bytes;
+        self.next_base = first;
+        self.ids_left -= n;
+        self.pos = 0;
+        true
+    }
+
+    /// Past the end: no current id.
+    fn finish(&mut self) -> Option<SeriesRef> {
+        self.done = true;
+        self.ids.clear();
+        self.pos = 0;
+        None
+    }
+
+    fn next(&mut self) -> Option<SeriesRef> {
+        if self.done {
+            return self.finish();
+        }
+        if self.pos >= self.ids.len() && !self.enter_block(true) {
+            return self.finish();
+        }
+        self.pos += 1;
+        Some(SeriesRef(self.ids[self.pos - 1] as u64))
+    }
+
+    fn seek(&mut self, target: SeriesRef) -> Option<SeriesRef> {
+        if let Some(cur) = self.at() {
+            if cur >= target {
+                return Some(cur);
+            }
+        }
+        if self.done {
+            return self.finish();
+        }
+        // Skip whole blocks while the next one starts at or before the target.
+        while let Some((first, _, _)) = self.peek_block() {
+            if (first as u64) > target.0 {
+                break;
+            }
+            let last_block = self.ids_left <= POSTINGS_BLOCK;
+            let after = self.peek_block_after();
+            if !last_block && after.is_some_and(|f| f as u64 <= target.0) {
+                self.enter_block(false);
+            } else {
+                break;
+            }
+        }
+        // The target is in the current block's rest or in the next block.
+        loop {
+            if self.pos < self.ids.len() {
+                let rest = &self.ids[self.pos..];
+                let i = rest.partition_point(|&id| (id as u64) < target.0);
+                if i < rest.len() {
+                    self.pos += i + 1;
+                    return Some(SeriesRef(self.ids[self.pos - 1] as u64));
+                }
+                self.pos = self.ids.len();
+            }
+            if !self.enter_block(true) {
+                return self.finish();
+            }
+        }
+    }
+
+    /// The first id of the block after the next one.
+    fn peek_block_after(&self) -> Option<u32> {
+        let (first, data, width) = self.peek_block()?;
+        let n = self.ids_left.min(POSTINGS_BLOCK);
+        let mut ahead = self.clone_header();
+        ahead.next_block = data + ((n - 1) * width as usize).div_ceil(8);
+        ahead.next_base = first;
+        ahead.ids_left = self.ids_left - n;
+        ahead.peek_block().map(|(f, _, _)| f)
+    }
+
+    /// The block walk's state without the decoded ids (cheap to copy for a look ahead).
+    fn clone_header(&self) -> PackedPostings {
+        PackedPostings {
+            map: self.map.clone(),
+            end: self.end,
+            len: self.len,
+            next_block: self.next_block,
+            next_base: self.next_base,
+            ids_left: self.ids_left,
+            ids: Vec::new(),
+            pos: 0,
+            done: self.done,
+        }
+    }
+
+    fn at(&self) -> Option<SeriesRef> {
+        self.pos.checked_sub(1).and_then(|i| self.ids.get(i)).map(|&id| SeriesRef(id as u64))
+    }
+}
+
+/// A version-1 postings list read in place: `u32 BE` series ids.
+#[derive(Debug, Clone)]
+pub struct RawPostings {
     map: Bytes,
     start: usize,
     len: usize,
@@ -531,23 +843,15 @@ pub struct MmapPostings {
     pos: usize,
 }
 
-impl MmapPostings {
+impl RawPostings {
     #[inline]
     fn get(&self, i: usize) -> SeriesRef {
         let at = self.start + i * 4;
         SeriesRef(u32::from_be_bytes(self.map[at..at + 4].try_into().expect("4 bytes")) as u64)
     }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
-impl Postings for MmapPostings {
+impl Postings for RawPostings {
     fn next(&mut self) -> Option<SeriesRef> {
         if self.pos < self.len {
             self.pos += 1;

@@ -252,3 +252,108 @@ fn name_regexes_use_the_blocks_names_file_and_old_blocks_without_one_still_answe
     let err = bad.data().unwrap_err().to_string();
     assert!(err.contains("names"), "{err}");
 }
+
+/// The version-1 example of `docs/format/block.md` as it was: such indexes still open and read.
+#[test]
+fn version_1_indexes_are_still_read() {
+    let hex = "53 54 49 58 01 00 00 00 00 00 00 05 02 01 61 01 62 f8 2a 91 84 00 00 00 00 00 00 00 00 00 00 00 \
+               0d 01 00 01 01 d0 0f e8 07 88 80 80 80 10 89 54 69 68 00 00 00 04 00 00 00 02 a9 5c 3b 30 \
+               00 00 00 04 00 00 00 02 a9 5c 3b 30 00 00 00 04 01 00 01 3e 1a 1b 8f 9e \
+               00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 20 00 00 00 00 00 00 00 32 00 00 00 00 00 00 00 4a \
+               7b 03 e0 4c";
+    let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let ix = index::IndexFile::from_bytes(Path::new("v1/index"), bytes::Bytes::from(bytes.clone())).unwrap();
+    let mut all = ix.all_postings().unwrap();
+    assert_eq!(all.len(), 1);
+    let id = crate::index::postings::Postings::next(&mut all).unwrap();
+    assert_eq!(id.0, 2);
+    let mut chunks = Vec::new();
+    let labels = ix.series(id, &mut chunks, &mut index::SymbolInterner::default()).unwrap();
+    assert_eq!(labels, Labels::from_pairs([("a", "b")]));
+    assert_eq!(chunks, [ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) }]);
+    assert_eq!(ix.pair_counts(), [("a", "b", 1)]);
+
+    let mut unknown = bytes;
+    unknown[4] = 7;
+    let err = index::IndexFile::from_bytes(Path::new("v7/index"), bytes::Bytes::from(unknown)).unwrap_err();
+    assert!(err.contains("unknown index version 7"), "{err}");
+}
+
+mod packed_postings {
+    use super::*;
+    use crate::index::postings::Postings;
+    use proptest::prelude::*;
+
+    fn list(ids: &[u32]) -> index::MmapPostings {
+        // A postings section as the index holds it: `len | body | crc`, read back through a file.
+        let mut body = Vec::new();
+        index::encode_postings(ids, &mut body);
+        let mut file = Vec::new();
+        file.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        file.extend_from_slice(&body);
+        file.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+        index::MmapPostings::packed_for_tests(bytes::Bytes::from(file))
+    }
+
+    fn ids() -> impl Strategy<Value = Vec<u32>> {
+        prop::collection::btree_set(prop_oneof![0u32..300, 0u32..100_000, any::<u32>()], 0..700)
+            .prop_map(|s| s.into_iter().collect())
+    }
+
+    proptest! {
+        #[test]
+        fn next_returns_every_id(ids in ids()) {
+            let mut p = list(&ids);
+            prop_assert_eq!(p.len(), ids.len());
+            let mut got = Vec::new();
+            while let Some(id) = p.next() {
+                got.push(id.0 as u32);
+            }
+            prop_assert_eq!(got, ids);
+            prop_assert_eq!(p.at(), None);
+            prop_assert_eq!(p.next(), None);
+        }
+
+        #[test]
+        fn seeks_match_a_model(ids in ids(), targets in prop::collection::vec(any::<u32>(), 1..40), steps in prop::collection::vec(0usize..3, 40)) {
+            let mut targets = targets;
+            targets.sort_unstable();
+            let mut p = list(&ids);
+            let mut cur: Option<u32> = None;
+            for (t, step) in targets.iter().zip(steps) {
+                // Interleave next() with seeks, as intersections do.
+                for _ in 0..step {
+                    let want = match cur {
+                        None => ids.first().copied(),
+                        Some(c) => ids.iter().copied().find(|&x| x > c),
+                    };
+                    if cur.is_some() || want.is_some() {
+                        let got = p.next().map(|s| s.0 as u32);
+                        prop_assert_eq!(got, want);
+                        cur = got;
+                        if got.is_none() { return Ok(()); }
+                    }
+                }
+                let floor = cur.map_or(*t, |c| c.max(*t));
+                let want = ids.iter().copied().find(|&x| x >= floor);
+                let got = p.seek(strata_model::SeriesRef(*t as u64)).map(|s| s.0 as u32);
+                prop_assert_eq!(got, want, "seek {} from {:?}", t, cur);
+                prop_assert_eq!(p.at().map(|s| s.0 as u32), want);
+                cur = got;
+                if got.is_none() { return Ok(()); }
+            }
+        }
+    }
+
+    #[test]
+    fn dense_runs_take_a_bit_or_less_per_id() {
+        let ids: Vec<u32> = (1000..11_000).collect();
+        let mut body = Vec::new();
+        index::encode_postings(&ids, &mut body);
+        assert!(body.len() < 300, "{} bytes for 10,000 consecutive ids", body.len());
+        let spread: Vec<u32> = (0..10_000).map(|i| i * 3000 + i % 7).collect();
+        body.clear();
+        index::encode_postings(&spread, &mut body);
+        assert!(body.len() < 10_000 * 2, "{} bytes for ids 3000 apart", body.len());
+    }
+}
