@@ -756,11 +756,18 @@ impl PackedPostings {
         if self.done {
             return self.finish();
         }
+        let prev = self.at();
         if self.pos >= self.ids.len() && !self.enter_block(true) {
             return self.finish();
         }
         self.pos += 1;
-        Some(SeriesRef(self.ids[self.pos - 1] as u64))
+        let id = SeriesRef(self.ids[self.pos - 1] as u64);
+        // A block whose first id does not pass the previous block's last is damage: end there,
+        // so that readers always see increasing ids.
+        if prev.is_some_and(|p| id <= p) {
+            return self.finish();
+        }
+        Some(id)
     }
 
     fn seek(&mut self, target: SeriesRef) -> Option<SeriesRef> {
