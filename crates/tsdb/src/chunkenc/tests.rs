@@ -28,24 +28,24 @@ fn assert_bit_equal(a: &[Sample], b: &[Sample]) {
 }
 
 /// Strictly increasing timestamps built from arbitrary positive gaps (wrapping allowed, since the
-/// head only requires each timestamp to exceed the previous one).
-fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
-    (any::<i64>(), prop::collection::vec(prop_oneof![1i64..20, 1i64..100_000, 1i64..i64::MAX], 0..300)).prop_map(
-        |(start, gaps)| {
-            let mut t = start;
-            let mut out = vec![start];
-            for g in gaps {
-                match t.checked_add(g) {
-                    Some(n) => {
-                        t = n;
-                        out.push(t);
-                    }
-                    None => break,
+/// head only requires each timestamp to exceed the previous one), scrape-like ones among them (an
+/// exact 10 s grid, and one jittered by a few milliseconds).
+pub(super) fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
+    let gap = prop_oneof![Just(10_000i64), 9_995i64..10_006, 1i64..20, 1i64..100_000, 1i64..i64::MAX];
+    (any::<i64>(), prop::collection::vec(gap, 0..300)).prop_map(|(start, gaps)| {
+        let mut t = start;
+        let mut out = vec![start];
+        for g in gaps {
+            match t.checked_add(g) {
+                Some(n) => {
+                    t = n;
+                    out.push(t);
                 }
+                None => break,
             }
-            out
-        },
-    )
+        }
+        out
+    })
 }
 
 fn interesting_f64() -> impl Strategy<Value = f64> {

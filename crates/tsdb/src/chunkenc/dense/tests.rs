@@ -1,4 +1,5 @@
 use super::*;
+use crate::chunkenc::tests::increasing_times;
 use crate::chunkenc::{ChunkIterator, XorAppender};
 use proptest::prelude::*;
 use strata_model::STALE_NAN_BITS;
@@ -133,30 +134,6 @@ fn corrupt_chunks_report_an_error() {
     let mut trailing = bytes.clone();
     trailing.push(0);
     assert!(ChunkIterator::new(&trailing[..]).unwrap().err().is_some(), "bytes past the chunk's end");
-}
-
-fn increasing_times() -> impl Strategy<Value = Vec<i64>> {
-    (
-        any::<i64>(),
-        prop::collection::vec(
-            prop_oneof![Just(10_000i64), 9_995i64..10_006, 1i64..20, 1i64..100_000, 1i64..i64::MAX],
-            0..300,
-        ),
-    )
-        .prop_map(|(start, gaps)| {
-            let mut t = start;
-            let mut out = vec![start];
-            for g in gaps {
-                match t.checked_add(g) {
-                    Some(n) => {
-                        t = n;
-                        out.push(t);
-                    }
-                    None => break,
-                }
-            }
-            out
-        })
 }
 
 fn value() -> impl Strategy<Value = f64> {
