@@ -20,6 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use super::checksum_ok;
 use crate::chunkenc::ChunkError;
 use crate::encoding::{put_uvarint, Decoder};
 use crate::error::{io_err, Error, Result};
@@ -515,12 +516,6 @@ impl ChunkReader {
     pub fn bytes(&self) -> u64 {
         self.segments.iter().map(|(m, _)| m.len() as u64).sum()
     }
-}
-
-/// Whether `crc` is the CRC32C of `body`. Under the fuzzer (`cfg(fuzzing)`) every entry
-/// passes, so that mutated bytes reach the decoding behind the checksum.
-fn checksum_ok(body: &[u8], crc: &[u8]) -> bool {
-    cfg!(fuzzing) || crc32c::crc32c(body).to_be_bytes() == crc
 }
 
 /// The `len uvarint | body | crc u32` entry at `start` of a segment: body and CRC bytes.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use strata_model::{Label, Labels, SeriesRef};
 
+use super::checksum_ok;
 use super::chunks::ChunkRef;
 use crate::encoding::{put_uvarint, put_varint, Decoder};
 use crate::error::{io_err, Error, Result};
@@ -561,13 +562,6 @@ fn section_at(data: &[u8], at: u64) -> Result<(usize, &[u8]), String> {
         return Err("checksum mismatch".into());
     }
     Ok((len_end, body))
-}
-
-/// Whether `crc` is the CRC32C of `body`. Under the fuzzer (`cfg(fuzzing)`, set by cargo-fuzz)
-/// every section passes: a mutated byte would otherwise fail its section's checksum and never
-/// reach the decoding behind it, which is what the `block_index` target is there to explore.
-fn checksum_ok(body: &[u8], crc: &[u8]) -> bool {
-    cfg!(fuzzing) || crc32c::crc32c(body).to_be_bytes() == crc
 }
 
 /// Writes a packed postings list (`docs/format/block.md`): the count, then blocks of up to
