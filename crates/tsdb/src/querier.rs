@@ -14,7 +14,7 @@ use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
 use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
-use crate::head::Head;
+use crate::head::{Head, HeadChunkBytes};
 use crate::index::name_dict::{dedup_or_flags, for_each_node, NamePattern};
 use crate::index::postings;
 
@@ -29,10 +29,10 @@ pub trait SampleIterator {
     fn err(&self) -> Option<&ChunkError>;
 }
 
-/// Where a selected chunk's bytes are: copied out of the head, or in a mapped block file.
+/// Where a selected chunk's bytes are: the head's (its open chunk copied), or in a block file.
 #[derive(Debug, Clone)]
 pub enum ChunkData {
-    Mem(Arc<[u8]>),
+    Mem(HeadChunkBytes),
     Block { reader: Arc<ChunkReader>, chunk: ChunkRef },
 }
 

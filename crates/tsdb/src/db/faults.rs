@@ -2,7 +2,7 @@
 //! deletions, head cuts, compactions, retention, clean closes, disk-full spells and crashes,
 //! checked against a model of what was acknowledged. What must hold, whatever the faults:
 //! - a sample whose commit returned `Ok` (fsync `Always`) is served after any crash and
-//!   reopen, unless retention dropped its block by its time or a deletion covered it;
+//!   reopen (whether its chunk was written out to a head chunk file or not), unless retention dropped its block by its time or a deletion covered it;
 //! - a sample a deletion that returned `Ok` covered is never served again (one whose deletion
 //!   failed may be, or not);
 //! - no sample is served twice, none that was never appended is served, and each has the value
@@ -62,6 +62,8 @@ struct Run {
     next: i64,
     /// What the successful compactions did, summed (to show the run reached them).
     done: CompactOutcome,
+    /// Successful rounds of `Db::shorten_wal` that wrote chunks out and checkpointed.
+    shortened: usize,
     log: Vec<String>,
 }
 
@@ -216,6 +218,24 @@ impl Run {
         }
     }
 
+    /// Writes head chunks out and checkpoints the log (when due).
+    fn shorten_wal(&mut self, db: &Db) {
+        match db.shorten_wal() {
+            Ok(did) => {
+                self.shortened += usize::from(did);
+                self.log.push(format!("shorten wal: {did}"));
+            }
+            Err(e) => {
+                assert!(
+                    !matches!(e, Error::BlockCorrupt { .. }),
+                    "a write fault became a corruption: {e}\n{}",
+                    self.context()
+                );
+                self.log.push(format!("shorten wal failed: {e}"));
+            }
+        }
+    }
+
     fn compact(&mut self, db: &Db) -> bool {
         match db.compact() {
             Ok(out) => {
@@ -238,7 +258,7 @@ impl Run {
     }
 }
 
-fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
+fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome, usize) {
     let fs = SimFs::new(seed);
     fs.create_dir_all(Path::new("/data")).unwrap();
     fs.fsync_dir(Path::new("/")).unwrap();
@@ -265,6 +285,7 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
         newest: i64::MIN,
         next: 1_000_000,
         done: CompactOutcome::default(),
+        shortened: 0,
         log: vec![format!("seed {seed}")],
     };
     let mut db = run.open();
@@ -273,9 +294,10 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
         match fs.random(100) {
             0..=56 => run.append(&db),
             57..=59 => run.delete(&db),
-            60..=71 => {
+            60..=67 => {
                 run.compact(&db);
             }
+            68..=71 => run.shorten_wal(&db),
             72..=75 => run.check(&db, false),
             76..=79 => {
                 let full = fs.random(2) == 0;
@@ -328,7 +350,7 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome) {
     fs.crash();
     let db = run.open();
     run.check(&db, true);
-    (fs.counts(), run.done)
+    (fs.counts(), run.done, run.shortened)
 }
 
 /// Seeds beyond the default range that once found a bug, run every time: 528 (a block whose
@@ -350,8 +372,10 @@ fn seeds() -> Vec<u64> {
 fn nothing_acknowledged_is_lost_through_cuts_compactions_retention_and_crashes_on_a_failing_disk() {
     let mut total = FaultCounts::default();
     let mut done = CompactOutcome::default();
+    let mut shortened = 0;
     for seed in seeds() {
-        let (c, d) = run_seed(seed);
+        let (c, d, s) = run_seed(seed);
+        shortened += s;
         done.head_blocks += d.head_blocks;
         done.compactions += d.compactions;
         done.retention_deleted += d.retention_deleted;
@@ -364,7 +388,8 @@ fn nothing_acknowledged_is_lost_through_cuts_compactions_retention_and_crashes_o
     // Worth something only if faults of every kind happened.
     assert!(total.write > 0 && total.fsync > 0 && total.read > 0 && total.namespace > 0 && total.crashes > 0);
     assert!(done.head_blocks > 0 && done.compactions > 0 && done.retention_deleted > 0, "{done:?}");
-    eprintln!("{} seeds: {total:?}, {done:?}", seeds().len());
+    assert!(shortened > 0, "no run wrote head chunks out");
+    eprintln!("{} seeds: {total:?}, {done:?}, {shortened} WAL shortenings", seeds().len());
 }
 
 /// Seed 23 found it: samples whose commit failed (disk full) stay in the head and go out

@@ -37,6 +37,7 @@ use crate::wal::{self, ReplayOutcome};
 
 pub const LOCK_FILE: &str = "lock";
 pub const WAL_DIR: &str = "wal";
+pub use crate::head::chunk_files::CHUNKS_HEAD_DIR;
 /// Suffix of a block directory set aside after failing its checks.
 pub const CORRUPT_SUFFIX: &str = ".corrupt";
 /// Suffix of a block directory being deleted (renamed first, so a crash never leaves half a
@@ -90,6 +91,8 @@ pub struct DbStats {
     pub compaction_nanos_total: AtomicU64,
     pub blocks_deleted_by_retention: AtomicU64,
     pub blocks_set_aside: AtomicU64,
+    /// Rounds of `shorten_wal`.
+    pub wal_shortenings: AtomicU64,
 }
 
 /// What one `compact` call did.
@@ -160,7 +163,8 @@ impl Db {
         remove_interrupted_snapshots(&*fs, dir)?;
         let blocks = open_blocks(&fs, dir)?;
         let started = Instant::now();
-        let (head, replay) = Head::open_on(fs.clone(), &dir.join(WAL_DIR), opts.head)?;
+        let chunks_dir = dir.join(CHUNKS_HEAD_DIR);
+        let (head, replay) = Head::open_with_chunk_files(fs.clone(), &dir.join(WAL_DIR), Some(&chunks_dir), opts.head)?;
         tracing::info!(
             dir = %dir.display(), blocks = blocks.len(), series = head.num_series(), records = replay.records,
             segments = replay.segments_read, elapsed_ms = started.elapsed().as_millis() as u64,
@@ -231,6 +235,12 @@ impl Db {
     /// Deletes samples in `[mint, maxt]` of the series matching `matchers`, in the head and in
     /// every block: hidden from queries at once, removed from disk by compaction or
     /// `clean_tombstones`. Returns the number of series affected (counted once per place).
+    /// Writes closed head chunks out and checkpoints the WAL if the log has grown enough since
+    /// the last checkpoint (the background thread calls it every second); returns whether it did.
+    pub fn shorten_wal(&self) -> Result<bool> {
+        self.inner.shorten_wal()
+    }
+
     pub fn delete(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<usize> {
         // Not while a compaction runs: it read its inputs' tombstones when it started, and its
         // output would bring back what is deleted now.
@@ -430,12 +440,53 @@ impl Inner {
                 self.stats.head_blocks_written.fetch_add(1, Ordering::Relaxed);
             }
             let (chunks, series) = head.truncate(end, epoch);
+            head.set_chunk_files_start(end)?;
             if let (Some(wal), Some(segment)) = (head.wal(), segment) {
-                let cp = wal.checkpoint(segment - 1, |r| head.series(r).is_some(), end)?;
+                // Written out first, so the checkpoint also drops what the chunk files hold.
+                head.persist_chunks()?;
+                let written = head.written_until();
+                let cp = wal.checkpoint(segment - 1, |r| written.get(&r).copied(), end)?;
                 tracing::info!(chunks, series, checkpoint = ?cp, "truncated head and write-ahead log");
+            }
+            let files = head.remove_chunk_files_before(end)?;
+            if files > 0 {
+                tracing::debug!(files, "removed head chunk files the cut made obsolete");
             }
         }
         Ok(written)
+    }
+
+    /// Writes closed head chunks out and checkpoints the WAL once the finished segments since the
+    /// last checkpoint are at least twice its size: the log then holds about what the head has
+    /// not written out yet (samples of open chunks, late samples), not the head's whole span,
+    /// and each checkpoint rewrites at most half as much as the log grew since the last one.
+    /// Returns whether it did.
+    fn shorten_wal(&self) -> Result<bool> {
+        let head = &self.head;
+        let Some(wal) = head.wal() else { return Ok(false) };
+        let usage = wal.usage()?;
+        if usage.finished_segments == 0 || usage.finished_segment_bytes < 2 * usage.checkpoint_bytes {
+            return Ok(false);
+        }
+        let _guard = self.compaction.lock();
+        let started = Instant::now();
+        let last = wal.current_segment() - 1;
+        let persisted = head.persist_chunks()?;
+        let written = head.written_until();
+        // No sample before the head's start is logged after the last cut's checkpoint (in
+        // order they are refused; late ones stay until a cut drops them): nothing to drop by time.
+        let cp = wal.checkpoint(last, |r| written.get(&r).copied(), i64::MIN)?;
+        self.stats.wal_shortenings.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            chunks = persisted.chunks,
+            chunk_file_bytes = persisted.file_bytes,
+            heap_bytes = persisted.heap_bytes,
+            samples_kept = cp.samples_kept,
+            samples_dropped = cp.samples_dropped,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "wrote closed head chunks out and checkpointed the write-ahead log"
+        );
+        Ok(true)
     }
 
     /// Merges `group` into one block, lists it in place of the inputs, deletes the inputs.
@@ -608,13 +659,16 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
                 {
                     let mut stopped = stop2.0.lock();
                     if !*stopped {
-                        stop2.1.wait_for(&mut stopped, every.min(NAMES_CHECK_INTERVAL));
+                        stop2.1.wait_for(&mut stopped, every.min(MAINTENANCE_CHECK_INTERVAL));
                     }
                     if *stopped {
                         return;
                     }
                 }
                 let Some(inner) = weak.upgrade() else { return };
+                if let Err(e) = inner.shorten_wal() {
+                    tracing::error!(error = %e, "writing head chunks out or checkpointing the write-ahead log failed; retrying");
+                }
                 if Instant::now() >= next_compaction {
                     if let Err(e) = inner.compact() {
                         inner.stats.compaction_failures.fetch_add(1, Ordering::Relaxed);
@@ -629,10 +683,11 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
     Background { stop, thread }
 }
 
-/// How often the background thread looks whether the head's names dictionary is due for a
-/// rebuild, between compactions: a burst of new paths (a Graphite installation starting to
-/// send) sits in the slower delta until then.
-const NAMES_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the background thread looks, between compactions, whether the WAL is due for a
+/// checkpoint (`shorten_wal`: a listing of the WAL directory) and the head's names dictionary
+/// for a rebuild (a burst of new paths, a Graphite installation starting to send, sits in the
+/// slower delta until then).
+const MAINTENANCE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Rebuilds the head's names dictionary if it is due (after a compaction, a head truncation
 /// has just removed series, if any).
@@ -830,6 +885,104 @@ mod tests {
         let listed: Vec<String> = db.blocks().iter().map(|b| b.ulid().to_owned()).collect();
         assert_eq!(listed, std::slice::from_ref(&e.ulid));
         assert!(!tmp.path().join(&a.ulid).exists());
+    }
+
+    /// Closed chunks leave the heap for chunk files and their samples leave the WAL; a reopen
+    /// serves every sample once, with late ones, histograms and a head cut in between.
+    #[test]
+    fn head_chunks_written_out_shorten_the_wal_and_survive_reopens() {
+        use crate::chunkenc::TypedValue;
+        use std::collections::BTreeMap;
+        use strata_model::{FloatHistogram, Labels, MatchOp};
+        let tmp = tempfile::tempdir().unwrap();
+        const RANGE: i64 = 3_600_000;
+        let opts = DbOptions {
+            head: HeadOptions {
+                chunk_range_ms: RANGE,
+                wal: crate::wal::WalOptions { segment_bytes: 16 << 10, ..Default::default() },
+                out_of_order: OutOfOrder { window_ms: 600_000, replace: false },
+                ..HeadOptions::default()
+            },
+            retention_ms: 0,
+            compact_interval: None,
+            ..Default::default()
+        };
+        let series = |i: usize| Labels::from_pairs([("__name__", "m".to_string()), ("i", i.to_string())]);
+        let hist = |t: i64| {
+            let mut h = FloatHistogram { count: t as f64, sum: 1.0, ..Default::default() };
+            h.hint = strata_model::CounterResetHint::Gauge;
+            h
+        };
+        let value = |i: usize, t: i64| (t / 1000) as f64 * 0.5 + i as f64;
+        let mut model: BTreeMap<(usize, i64), f64> = BTreeMap::new();
+        let append = |db: &Db, model: &mut BTreeMap<(usize, i64), f64>, from: i64, to: i64| {
+            for t in (from..to).step_by(15_000) {
+                let mut app = db.appender();
+                for i in 0..40 {
+                    app.append(&series(i), t, value(i, t)).unwrap();
+                    model.insert((i, t), value(i, t));
+                }
+                app.append_histogram(&series(99), t, hist(t)).unwrap();
+                app.commit().unwrap();
+            }
+        };
+        let check = |db: &Db, model: &BTreeMap<(usize, i64), f64>| {
+            let q = db.querier(i64::MIN, i64::MAX);
+            let got = q.select(&[Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()]).unwrap();
+            let mut served: BTreeMap<(usize, i64), f64> = BTreeMap::new();
+            let mut histograms = 0;
+            for s in got {
+                let i: usize = s.labels.get("i").unwrap().parse().unwrap();
+                for x in s.typed_samples().unwrap() {
+                    match x.value {
+                        TypedValue::Float(v) => assert!(served.insert((i, x.t), v).is_none(), "{i}@{} twice", x.t),
+                        TypedValue::Histogram(h) => {
+                            assert_eq!(h.count, x.t as f64);
+                            histograms += 1;
+                        }
+                    }
+                }
+            }
+            assert_eq!(&served, model);
+            assert_eq!(histograms, model.keys().filter(|(i, _)| *i == 1).count());
+        };
+        let db = Db::open(tmp.path(), opts).unwrap();
+        append(&db, &mut model, 0, 4_000_000);
+        // Late samples of one series, between the in-order ones.
+        let mut app = db.appender();
+        for t in (3_600_000..3_900_000).step_by(15_000) {
+            app.append(&series(0), t + 7, -1.0).unwrap();
+            model.insert((0, t + 7), -1.0);
+        }
+        app.commit().unwrap();
+        let before = db.head().heap_chunk_bytes();
+        assert!(db.shorten_wal().unwrap());
+        let (files, file_bytes) = db.head().chunk_files_usage();
+        assert_eq!(files, 1);
+        assert!(
+            db.head().heap_chunk_bytes() < before / 2,
+            "{} of {before} heap bytes left",
+            db.head().heap_chunk_bytes()
+        );
+        let usage = db.head().wal().unwrap().usage().unwrap();
+        // What is left of the log is about the open chunks: far less than the chunk files.
+        assert!(usage.checkpoint_bytes < file_bytes, "{usage:?}, chunk files {file_bytes}");
+        check(&db, &model);
+        db.close().unwrap();
+
+        let db = Db::open(tmp.path(), opts).unwrap();
+        check(&db, &model);
+        append(&db, &mut model, 4_000_000, 8_000_000);
+        db.shorten_wal().unwrap();
+        // A cut writes the first range into a block and drops the chunk files it made obsolete.
+        let out = db.compact().unwrap();
+        assert!(out.head_blocks >= 1, "{out:?}");
+        check(&db, &model);
+        db.close().unwrap();
+        let db = Db::open(tmp.path(), opts).unwrap();
+        check(&db, &model);
+        assert!(db.head().stats.chunks_written.load(Ordering::Relaxed) == 0);
+        db.close().unwrap();
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! same series logged in the opposite order from the one they reached memory in.
 
 mod appender;
+pub mod chunk_files;
 pub mod mem_postings;
 mod names;
 mod overlay;
@@ -28,9 +29,10 @@ use parking_lot::RwLock;
 use strata_model::{Labels, Matcher, SeriesRef, METRIC_NAME};
 
 pub use appender::{AppendError, Appender, CommitOutcome, OutOfOrder};
+use chunk_files::ChunkFiles;
 use mem_postings::MemPostings;
 use names::HeadNames;
-pub use series::{Appended, ChunkMeta, MemSeries, SampleError};
+pub use series::{Appended, ChunkMeta, HeadChunkBytes, MemSeries, SampleError};
 use symbols::{SymbolId, Symbols};
 
 use crate::chunkenc::TypedSample;
@@ -83,6 +85,8 @@ pub struct HeadStats {
     pub rejected_duplicate: AtomicU64,
     pub rejected_too_old: AtomicU64,
     pub chunks_created: AtomicU64,
+    /// Closed chunks written to head chunk files.
+    pub chunks_written: AtomicU64,
     /// Samples stored out of order (also counted in `samples_appended`).
     pub samples_appended_late: AtomicU64,
 }
@@ -130,6 +134,9 @@ pub struct Head {
     /// and a query at once): a waiting truncation would deadlock it.
     gc_gate: RwLock<()>,
     wal: Option<Arc<Wal>>,
+    /// Where closed chunks are written out of the heap (`persist_chunks`); `None` keeps them
+    /// on the heap (heads without a data directory, tests of the WAL alone).
+    chunk_files: Option<ChunkFiles>,
     tombstones: RwLock<U64Map<SeriesRef, Vec<(i64, i64)>>>,
     /// Metric names and their path nodes, for searches by pattern.
     names: HeadNames,
@@ -153,6 +160,7 @@ impl Head {
             cut_epoch: AtomicU64::new(0),
             gc_gate: RwLock::new(()),
             wal: None,
+            chunk_files: None,
             tombstones: RwLock::default(),
             names: HeadNames::new(!opts.backfill),
             stats: HeadStats::default(),
@@ -172,7 +180,24 @@ impl Head {
 
     /// `open` with the WAL on `fs`.
     pub fn open_on(fs: Arc<dyn crate::vfs::Vfs>, wal_dir: &Path, opts: HeadOptions) -> Result<(Head, ReplayOutcome)> {
+        Head::open_with_chunk_files(fs, wal_dir, None, opts)
+    }
+
+    /// `open_on` with closed chunks written to (and first read back from) head chunk files in
+    /// `chunks_dir` (`chunk_files`), as the data directory's head does.
+    pub fn open_with_chunk_files(
+        fs: Arc<dyn crate::vfs::Vfs>,
+        wal_dir: &Path,
+        chunks_dir: Option<&Path>,
+        opts: HeadOptions,
+    ) -> Result<(Head, ReplayOutcome)> {
         let mut head = Head::in_memory(opts);
+        let mut written = chunk_files::Loaded::new();
+        if let Some(dir) = chunks_dir {
+            let (files, loaded) = ChunkFiles::open(fs.clone(), dir)?;
+            head.chunk_files = Some(files);
+            written = loaded;
+        }
         // Names are collected once, after replay (`finish_replay`), not series by series.
         head.names = HeadNames::new(false);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, REPLAY_WORKERS_MAX);
@@ -184,7 +209,7 @@ impl Head {
                     (tx, scope.spawn(move || replay_worker(head, rx)))
                 })
                 .unzip();
-            let mut replay = Replay::new(head, senders);
+            let mut replay = Replay::new(head, senders, written);
             let opened = Wal::open_on(fs, wal_dir, opts.wal, |rec| replay.apply(rec));
             replay.finish();
             let shards: Vec<ReplayShard> = handles.into_iter().map(|h| h.join().expect("replay worker")).collect();
@@ -236,6 +261,87 @@ impl Head {
             None => None,
         };
         Ok((epoch, segment))
+    }
+
+    /// Writes every closed chunk not yet in a chunk file into a new one (floats re-encoded as
+    /// dense chunks where that is smaller) and points the series to the mapped copies, so their
+    /// bytes leave the heap and a WAL checkpoint may drop their samples. Not to be run
+    /// concurrently with itself or `truncate` (the database's maintenance lock orders them).
+    pub fn persist_chunks(&self) -> Result<PersistOutcome> {
+        let Some(files) = &self.chunk_files else { return Ok(PersistOutcome::default()) };
+        let mut w = files.writer()?;
+        let mut placed: Vec<(Arc<MemSeries>, i64, chunk_files::Placed)> = Vec::new();
+        let mut pending: Vec<ChunkMeta> = Vec::new();
+        let mut decoded: Vec<strata_model::Sample> = Vec::new();
+        let mut out = PersistOutcome::default();
+        for stripe in self.by_ref.iter() {
+            let series: Vec<Arc<MemSeries>> = stripe.read().values().cloned().collect();
+            for s in series {
+                pending.clear();
+                pending.extend(s.state.lock().unwritten_closed().cloned());
+                for c in &pending {
+                    out.heap_bytes += c.data.len() as u64;
+                    let dense = denser(&c.data, &mut decoded);
+                    let data = dense.as_deref().unwrap_or(&c.data);
+                    out.file_bytes += data.len() as u64;
+                    placed.push((s.clone(), c.mint, w.add(s.series_ref, c.mint, c.maxt, data)?));
+                }
+            }
+        }
+        let Some(mapped) = w.finish()? else { return Ok(out) };
+        for (s, mint, p) in placed {
+            if s.state.lock().set_written(mint, HeadChunkBytes::mapped(&mapped, p.start, p.len)) {
+                out.chunks += 1;
+            }
+        }
+        self.stats.chunks_written.fetch_add(out.chunks as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// For a WAL checkpoint: each series in the head and the newest timestamp its chunk files
+    /// hold (`i64::MIN` for none).
+    pub fn written_until(&self) -> U64Map<SeriesRef, i64> {
+        let mut out = U64Map::default();
+        for stripe in self.by_ref.iter() {
+            for (r, s) in stripe.read().iter() {
+                out.insert(*r, s.state.lock().written_until().unwrap_or(i64::MIN));
+            }
+        }
+        out
+    }
+
+    /// After `truncate(mint)`: records in the chunk files that chunks ending before `mint` are
+    /// obsolete (call it before the WAL checkpoint that drops their deletions).
+    pub fn set_chunk_files_start(&self, mint: i64) -> Result<()> {
+        match &self.chunk_files {
+            Some(f) => f.set_start(mint),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes the chunk files whose every chunk ends before `mint` (after `truncate(mint)`).
+    pub fn remove_chunk_files_before(&self, mint: i64) -> Result<usize> {
+        match &self.chunk_files {
+            Some(f) => f.remove_before(mint),
+            None => Ok(0),
+        }
+    }
+
+    /// Bytes of chunk data on the heap (closed chunks not written out, open chunks, late
+    /// samples), for the memory breakdown.
+    pub fn heap_chunk_bytes(&self) -> u64 {
+        let mut total = 0;
+        for stripe in self.by_ref.iter() {
+            for s in stripe.read().values() {
+                total += s.state.lock().heap_chunk_bytes() as u64;
+            }
+        }
+        total
+    }
+
+    /// Chunk files and their bytes.
+    pub fn chunk_files_usage(&self) -> (usize, u64) {
+        self.chunk_files.as_ref().map_or((0, 0), ChunkFiles::usage)
     }
 
     pub fn num_series(&self) -> u64 {
@@ -620,6 +726,31 @@ impl Head {
     }
 }
 
+/// What one `Head::persist_chunks` wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PersistOutcome {
+    pub chunks: usize,
+    /// Heap bytes the chunks held, and bytes they take in the file.
+    pub heap_bytes: u64,
+    pub file_bytes: u64,
+}
+
+/// A float chunk (XOR) re-encoded dense (`chunkenc::dense`) when that is smaller; `None` keeps
+/// the chunk as it is (other encodings, or no gain).
+fn denser(data: &[u8], scratch: &mut Vec<strata_model::Sample>) -> Option<Vec<u8>> {
+    use crate::chunkenc::{ChunkIterator, Encoding};
+    if data.first() != Some(&(Encoding::Xor as u8)) {
+        return None;
+    }
+    scratch.clear();
+    ChunkIterator::new(data).ok()?.decode_into(scratch);
+    if scratch.is_empty() {
+        return None;
+    }
+    let dense = crate::chunkenc::dense::encode(scratch);
+    (dense.len() < data.len()).then_some(dense)
+}
+
 /// Series counts for `strata` status output and `/api/v1/status/tsdb`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cardinality {
@@ -692,6 +823,8 @@ struct ReplayShard {
 /// workers by series reference, so each series is appended to by one worker, in log order.
 struct Replay<'a> {
     head: &'a Head,
+    /// Chunks of the head chunk files, handed to their series when the series is logged.
+    written: chunk_files::Loaded,
     /// A series logged twice under different references maps to the first.
     aliases: HashMap<SeriesRef, SeriesRef>,
     decoded: Vec<RefSample>,
@@ -700,9 +833,24 @@ struct Replay<'a> {
 }
 
 impl<'a> Replay<'a> {
-    fn new(head: &'a Head, senders: Vec<std::sync::mpsc::SyncSender<ReplayBatch>>) -> Self {
+    fn new(
+        head: &'a Head,
+        senders: Vec<std::sync::mpsc::SyncSender<ReplayBatch>>,
+        written: chunk_files::Loaded,
+    ) -> Self {
         let queues = senders.iter().map(|_| Vec::with_capacity(REPLAY_BATCH_SAMPLES)).collect();
-        Replay { head, aliases: HashMap::new(), decoded: Vec::new(), queues, senders }
+        Replay { head, written, aliases: HashMap::new(), decoded: Vec::new(), queues, senders }
+    }
+
+    /// Gives the series just created under `r` its chunks from the chunk files.
+    fn attach_written(&mut self, r: SeriesRef) {
+        let Some(chunks) = self.written.remove(&r) else { return };
+        let Some(series) = self.head.series(r) else { return };
+        if let (Some(first), Some(last)) = (chunks.first(), chunks.last()) {
+            self.head.note_time(first.mint);
+            self.head.note_time(last.maxt);
+        }
+        series.state.lock().attach_written(chunks);
     }
 
     fn resolve(&self, r: SeriesRef) -> SeriesRef {
@@ -733,8 +881,11 @@ impl<'a> Replay<'a> {
             _ => match record::decode(rec)? {
                 Record::Series(v) => {
                     for s in v {
-                        if let Some(existing) = self.head.replay_series(s.series, &s.labels) {
-                            self.aliases.insert(s.series, existing);
+                        match self.head.replay_series(s.series, &s.labels) {
+                            Some(existing) => {
+                                self.aliases.insert(s.series, existing);
+                            }
+                            None => self.attach_written(s.series),
                         }
                     }
                     Ok(())
@@ -790,6 +941,14 @@ impl<'a> Replay<'a> {
         for w in 0..self.queues.len() {
             self.flush(w);
         }
+        if !self.written.is_empty() {
+            let chunks: usize = self.written.values().map(Vec::len).sum();
+            tracing::warn!(
+                series = self.written.len(),
+                chunks,
+                "head chunk files hold chunks of series the write-ahead log no longer has; they are dropped"
+            );
+        }
     }
 }
 
@@ -805,6 +964,7 @@ fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> Rep
                         head,
                         s.series,
                         s.t,
+                        true,
                         |state| state.append_with_start(s.t, s.st, s.v, range),
                         || TypedSample::float(s.t, s.v).with_start(s.st),
                     );
@@ -817,6 +977,7 @@ fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> Rep
                         head,
                         s.series,
                         s.t,
+                        false,
                         |state| {
                             state.insert_late(s.t, s.v, epoch);
                             Ok(series::Appended::Sample { chunk_created: false })
@@ -832,6 +993,7 @@ fn replay_worker(head: &Head, rx: std::sync::mpsc::Receiver<ReplayBatch>) -> Rep
                         head,
                         series,
                         t,
+                        true,
                         |state| state.append_histogram_with_start(t, st, &h, range),
                         || TypedSample::histogram(t, h.clone()).with_start(st),
                     );
@@ -850,6 +1012,7 @@ impl ReplayShard {
         head: &Head,
         r: SeriesRef,
         t: i64,
+        in_order: bool,
         append: impl FnOnce(&mut series::SeriesState) -> Result<series::Appended, SampleError>,
         late: impl FnOnce() -> TypedSample,
     ) {
@@ -858,7 +1021,13 @@ impl ReplayShard {
             self.unknown_refs += 1;
             return;
         };
-        let res = append(&mut series.state.lock());
+        let mut state = series.state.lock();
+        if in_order && head.chunk_files.is_some() && state.written_until().is_some_and(|w| t <= w) {
+            // Logged before its chunk was written out: the chunk file has it.
+            return;
+        }
+        let res = append(&mut state);
+        drop(state);
         drop(stripe);
         match res {
             Ok(_) => {

@@ -12,8 +12,6 @@
 //! the parts of its epoch and older, then drops what of them lies before its end; samples that
 //! arrive during the cut carry a newer epoch and stay for the next one.
 
-use std::sync::Arc;
-
 use strata_model::Sample;
 
 use super::series::ChunkMeta;
@@ -47,6 +45,12 @@ pub(crate) struct Overlay {
 impl Overlay {
     pub(crate) fn is_empty(&self) -> bool {
         self.chunks.is_empty() && self.buffer.is_empty()
+    }
+
+    /// Heap bytes of its chunks and buffer.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.chunk.data.len()).sum::<usize>()
+            + self.buffer.capacity() * std::mem::size_of::<Sample>()
     }
 
     /// Stores `(t, v)`, written in cut epoch `epoch`; it replaces any earlier sample at `t`.
@@ -162,7 +166,7 @@ fn encode(samples: &[Sample]) -> ChunkMeta {
         app.append(s.t, s.v);
     }
     let (mint, maxt) = (samples[0].t, samples[samples.len() - 1].t);
-    ChunkMeta { mint, maxt, data: Arc::from(app.into_bytes()) }
+    ChunkMeta { mint, maxt, data: app.into_bytes().into() }
 }
 
 fn xor_iter(data: &[u8]) -> XorIterator<&[u8]> {

@@ -78,7 +78,61 @@ const OPEN_CHUNK_INITIAL_BYTES: usize = 32;
 pub struct ChunkMeta {
     pub mint: i64,
     pub maxt: i64,
-    pub data: Arc<[u8]>,
+    pub data: HeadChunkBytes,
+}
+
+/// A head chunk's bytes: on the heap, or in a mapped head chunk file (`chunk_files`) once
+/// written out. Either way a clone is a reference count, and the bytes never change.
+#[derive(Clone, Debug)]
+pub enum HeadChunkBytes {
+    Heap(Arc<[u8]>),
+    /// `len` bytes at `start` of a mapped file (offsets fit u32: files are far below 4 GiB).
+    Mapped {
+        file: Arc<bytes::Bytes>,
+        start: u32,
+        len: u32,
+    },
+}
+
+impl HeadChunkBytes {
+    /// `len` bytes at `start` of `file`.
+    pub fn mapped(file: &Arc<bytes::Bytes>, start: usize, len: usize) -> Self {
+        assert!(start + len <= file.len(), "chunk {start}+{len} outside a file of {} bytes", file.len());
+        let start = u32::try_from(start).expect("head chunk files stay below 4 GiB");
+        HeadChunkBytes::Mapped { file: file.clone(), start, len: len as u32 }
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, HeadChunkBytes::Mapped { .. })
+    }
+}
+
+impl From<Vec<u8>> for HeadChunkBytes {
+    fn from(v: Vec<u8>) -> Self {
+        HeadChunkBytes::Heap(Arc::from(v))
+    }
+}
+
+impl From<&[u8]> for HeadChunkBytes {
+    fn from(v: &[u8]) -> Self {
+        HeadChunkBytes::Heap(Arc::from(v))
+    }
+}
+
+impl std::ops::Deref for HeadChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            HeadChunkBytes::Heap(b) => b,
+            HeadChunkBytes::Mapped { file, start, len } => &file[*start as usize..(*start + *len) as usize],
+        }
+    }
+}
+
+impl AsRef<[u8]> for HeadChunkBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
 }
 
 #[derive(Debug, Default)]
@@ -258,10 +312,10 @@ impl SeriesState {
     }
 
     /// The open chunk's bytes, with its start-time column if it has one.
-    fn open_bytes(&self, a: &OpenChunk) -> Arc<[u8]> {
+    fn open_bytes(&self, a: &OpenChunk) -> HeadChunkBytes {
         match &self.open_starts {
-            Some(col) => Arc::from(start_time::join(a.bytes(), col)),
-            None => Arc::from(a.bytes()),
+            Some(col) => start_time::join(a.bytes(), col).into(),
+            None => a.bytes().into(),
         }
     }
 
@@ -463,6 +517,41 @@ impl SeriesState {
         dropped
     }
 
+    /// The newest timestamp of the chunks written to chunk files: every in-order sample up to
+    /// it is in those files (chunks are written oldest first, and in-order samples only grow).
+    pub fn written_until(&self) -> Option<i64> {
+        self.closed.iter().rev().find(|c| c.data.is_mapped()).map(|c| c.maxt)
+    }
+
+    /// Closed chunks not yet written to a chunk file, oldest first.
+    pub(crate) fn unwritten_closed(&self) -> impl Iterator<Item = &ChunkMeta> {
+        self.closed.iter().filter(|c| !c.data.is_mapped())
+    }
+
+    /// Points the closed chunk that starts at `mint` to its written copy; false if it is gone.
+    pub(crate) fn set_written(&mut self, mint: i64, data: HeadChunkBytes) -> bool {
+        match self.closed.iter_mut().find(|c| c.mint == mint && !c.data.is_mapped()) {
+            Some(c) => {
+                c.data = data;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives a series replay just created the chunks its chunk files hold (oldest first).
+    pub(crate) fn attach_written(&mut self, chunks: Vec<ChunkMeta>) {
+        debug_assert!(self.closed.is_empty() && self.open.is_none(), "attached to a series with samples");
+        debug_assert!(chunks.iter().all(|c| c.data.is_mapped()));
+        self.closed = chunks;
+    }
+
+    /// Heap bytes held by chunks (closed and open, late ones included), for the memory breakdown.
+    pub fn heap_chunk_bytes(&self) -> usize {
+        let closed: usize = self.closed.iter().filter(|c| !c.data.is_mapped()).map(|c| c.data.len()).sum();
+        closed + self.open.as_ref().map_or(0, |a| a.bytes().len()) + self.overlay.as_ref().map_or(0, |o| o.heap_bytes())
+    }
+
     pub fn num_chunks(&self) -> usize {
         self.closed.len() + usize::from(self.open.as_ref().is_some_and(|a| a.num_samples() > 0))
     }
@@ -470,16 +559,26 @@ impl SeriesState {
     /// Merges samples that arrived out of order during WAL replay. They were all accepted live
     /// (concurrent commits to one series may reach the log in another order than they reached
     /// memory), so the series is rebuilt from the union, sorted, with exact duplicates dropped.
+    ///
+    /// Chunks already written to a chunk file stay as they are: replay only hands samples after
+    /// them here (`written_until`), so only the chunks after them are rebuilt.
     pub fn merge_late(&mut self, late: &mut Vec<TypedSample>, chunk_range: i64) {
+        let written = self.closed.iter().rposition(|c| c.data.is_mapped()).map_or(0, |i| i + 1);
         let mut all: Vec<TypedSample> = Vec::new();
-        for c in self.chunks(i64::MIN, i64::MAX) {
+        for c in self.chunks(i64::MIN, i64::MAX).iter().skip(written) {
             ChunkIterator::new(&c.data[..]).expect("head chunks are valid").decode_typed_into(&mut all);
         }
         all.append(late);
         all.sort_by_key(|s| s.t);
         all.dedup_by(|b, a| a.t == b.t);
         let overlay = self.overlay.take();
-        *self = SeriesState { overlay, ..SeriesState::default() };
+        let mut closed = std::mem::take(&mut self.closed);
+        closed.truncate(written);
+        if let Some(last) = closed.last() {
+            let after = last.maxt;
+            all.retain(|s| s.t > after);
+        }
+        *self = SeriesState { overlay, closed, ..SeriesState::default() };
         for s in &all {
             self.append_typed(s, chunk_range).expect("sorted, deduplicated samples always append");
         }

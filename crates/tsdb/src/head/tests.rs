@@ -573,7 +573,7 @@ fn a_late_sample_written_while_its_range_is_cut_stays_in_the_head_and_the_wal() 
     let meta = crate::compact::write_head_block(&fs, &head, blocks.path(), 0, RANGE, cut).unwrap().unwrap();
     assert_eq!(meta.stats.num_samples, (RANGE / MINUTE) as u64);
     head.truncate(RANGE, epoch);
-    head.wal().unwrap().checkpoint(segment.unwrap() - 1, |r| head.series(r).is_some(), RANGE).unwrap();
+    head.wal().unwrap().checkpoint(segment.unwrap() - 1, |r| head.series(r).map(|_| i64::MIN), RANGE).unwrap();
     let in_head = |head: &Head| Querier::new(head, 0, RANGE - 1).select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap();
     assert_eq!(in_head(&head)[0].samples(), [strata_model::Sample { t: MINUTE, v: 2.0 }]);
     head.close().unwrap();

@@ -78,7 +78,7 @@ proptest::proptest! {
         // holds it when membership[k][j], with one chunk starting at 10 * (5 - j): later
         // sources hold older chunks, as blocks after the head do.
         let series_labels = |k: usize| Labels::from_pairs([("__name__", "s"), ("k", &format!("{k:03}"))]);
-        let chunk = |j: usize| QueryChunk { mint: 10 * (5 - j as i64), maxt: 10 * (5 - j as i64) + 5, data: ChunkData::Mem(Arc::from(vec![j as u8])), rank: 0 };
+        let chunk = |j: usize| QueryChunk { mint: 10 * (5 - j as i64), maxt: 10 * (5 - j as i64) + 5, data: ChunkData::Mem(vec![j as u8].into()), rank: 0 };
         let sources: Vec<Vec<Series>> = (0..5)
             .map(|j| {
                 membership

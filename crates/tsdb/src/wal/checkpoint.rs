@@ -3,8 +3,9 @@
 //! When the head drops its oldest data (it was persisted as a block), the segments holding it are
 //! mostly dead weight, but they also hold series records of series that are still alive. A
 //! checkpoint `checkpoint.N` rewrites segments `..=N` (and the previous checkpoint) keeping only
-//! the series the head still has, their samples at or after the new head start, and their
-//! tombstones; then the originals are removed. Protocol (crash-safe at every step):
+//! the series the head still has, their samples at or after the new head start that are not in
+//! the head's chunk files (`head::chunk_files`), and their tombstones; then the originals are
+//! removed. Checkpoints are thus also how the log stays short between head cuts. Protocol (crash-safe at every step):
 //! write `checkpoint.N.tmp/`, fsync it, rename to `checkpoint.N`, fsync `wal/`, then delete
 //! segments `<= N` and older checkpoints. Replay removes `*.tmp` and any segment `<= N` left.
 
@@ -96,10 +97,13 @@ pub(super) fn write_checkpoint(
     fs: &dyn Vfs,
     dir: &Path,
     last: u64,
-    keep: impl Fn(SeriesRef) -> bool,
+    keep_series: impl Fn(SeriesRef) -> Option<i64>,
     mint: i64,
     compression: bool,
 ) -> Result<CheckpointStats> {
+    let keep = |r: SeriesRef| keep_series(r).is_some();
+    // In-order samples the series' head chunk files hold are dropped too.
+    let keep_in_order = |r: SeriesRef, t: i64| t >= mint && keep_series(r).is_some_and(|written| t > written);
     // The newest checkpoint at or before `last` replaces every segment up to its index; those
     // segments may still be there (their removal failed or was interrupted) and must not be
     // read a second time.
@@ -162,7 +166,7 @@ pub(super) fn write_checkpoint(
                 }
                 Record::Samples(v) => {
                     for s in v {
-                        if keep(s.series) && s.t >= mint {
+                        if keep_in_order(s.series, s.t) {
                             stats.samples_kept += 1;
                             samples.push(s);
                         } else {
@@ -174,7 +178,7 @@ pub(super) fn write_checkpoint(
                     // Written through, after the series they refer to. Their order against the
                     // float samples still buffered does not matter: replay merges late samples.
                     write_series(&mut series, &mut body, &mut buf, compression);
-                    let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
+                    let kept = kept_of(v, |s| keep_in_order(s.series, s.t), &mut stats);
                     write_items(&kept, record::encode_histograms, &mut body, &mut buf, compression);
                 }
                 Record::OutOfOrderSamples(v) => {

@@ -74,6 +74,14 @@ impl Default for WalOptions {
     }
 }
 
+/// What `Wal::usage` found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalUsage {
+    pub checkpoint_bytes: u64,
+    pub finished_segments: usize,
+    pub finished_segment_bytes: u64,
+}
+
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
 pub struct WalStats {
@@ -194,6 +202,32 @@ impl Wal {
     /// Index of the segment being written.
     pub fn current_segment(&self) -> u64 {
         self.writer.lock().index
+    }
+
+    /// Bytes of the newest checkpoint and of the finished segments after it (the one being
+    /// written not counted): what a checkpoint now would rewrite.
+    pub fn usage(&self) -> Result<WalUsage> {
+        let current = self.current_segment();
+        let mut out = WalUsage::default();
+        let mut after = None;
+        for e in checkpoint::checkpoint_dir_entries(&*self.fs, &self.dir)? {
+            if let checkpoint::CheckpointEntry::Done(i, p) = e {
+                out.checkpoint_bytes = 0;
+                for s in list_segments(&*self.fs, &p)? {
+                    let sp = segment_path(&p, s);
+                    out.checkpoint_bytes += self.fs.file_len(&sp).map_err(io_err("stat", &sp))?;
+                }
+                after = Some(i);
+            }
+        }
+        for s in list_segments(&*self.fs, &self.dir)? {
+            if s < current && after.is_none_or(|a| s > a) {
+                let sp = segment_path(&self.dir, s);
+                out.finished_segment_bytes += self.fs.file_len(&sp).map_err(io_err("stat", &sp))?;
+                out.finished_segments += 1;
+            }
+        }
+        Ok(out)
     }
 
     /// Writes one commit's records and, under `Always`, waits until they are on stable storage.
@@ -445,12 +479,14 @@ impl Wal {
 
     /// Writes a checkpoint of all segments up to and including `last_segment` (which must be older
     /// than the one being written: call `roll` first), keeping the series for which `keep` is
-    /// true and only samples at or after `mint`, then deletes the segments and older checkpoints
-    /// it replaces. Crash-safe at every step: see `docs/design.md`.
+    /// `Some` and only samples at or after `mint`, then deletes the segments and older checkpoints
+    /// it replaces. `keep` gives the newest timestamp of the series' samples that are durable
+    /// elsewhere (head chunk files; `i64::MIN` for none): its in-order samples up to it go too.
+    /// Crash-safe at every step: see `docs/design.md`.
     pub fn checkpoint(
         &self,
         last_segment: u64,
-        keep: impl Fn(SeriesRef) -> bool,
+        keep: impl Fn(SeriesRef) -> Option<i64>,
         mint: i64,
     ) -> Result<CheckpointStats> {
         assert!(last_segment < self.current_segment(), "cannot checkpoint the segment being written");

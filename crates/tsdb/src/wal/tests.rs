@@ -240,7 +240,7 @@ fn checkpoint_keeps_live_series_and_recent_samples() {
     wal.commit(&[&samples_rec(&[(1, 40)])]).unwrap();
 
     // Drop series 2; keep samples from t=20 on.
-    let stats = wal.checkpoint(last, |r| r != SeriesRef(2), 20).unwrap();
+    let stats = wal.checkpoint(last, |r| (r != SeriesRef(2)).then_some(i64::MIN), 20).unwrap();
     assert_eq!((stats.series_kept, stats.series_dropped), (2, 1));
     assert_eq!((stats.samples_kept, stats.samples_dropped), (3, 3));
     assert!(!segment_path(dir, s0).exists() && !segment_path(dir, last).exists());
@@ -332,7 +332,7 @@ fn compressed_records_round_trip() {
     assert!(got[1..].iter().all(|r| *r == body));
     // Through a checkpoint, compressed too.
     let last = wal.roll().unwrap() - 1;
-    wal.checkpoint(last, |_| true, i64::MIN).unwrap();
+    wal.checkpoint(last, |_| Some(i64::MIN), i64::MIN).unwrap();
     drop(wal);
     let (_, again, _) = open_collect(tmp.path(), opts());
     assert_eq!(decode_all(&again), decode_all(&got));
