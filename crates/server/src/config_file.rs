@@ -9,6 +9,7 @@
 //!   retention: 30d
 //!   retention_size: 500GB
 //!   wal_fsync: always
+//!   wal_segment_size: 64MB
 //!   chunk_cache_size: 256MB
 //!   out_of_order_time_window: 30m
 //! limits:
@@ -69,6 +70,8 @@ pub struct StorageSection {
     pub retention_size: Option<String>,
     pub wal_fsync: Option<String>,
     pub wal_compression: Option<bool>,
+    /// WAL segment size, e.g. `64MB`.
+    pub wal_segment_size: Option<String>,
     /// Memory for decompressed chunk groups, e.g. `64MB`.
     pub chunk_cache_size: Option<String>,
     /// Prometheus' `storage.tsdb.out_of_order_time_window`.

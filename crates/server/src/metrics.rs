@@ -286,6 +286,48 @@ fn render_db(o: &mut String, db: &Db) {
             ),
         ],
     );
+    let (files, file_bytes) = head.chunk_files_usage();
+    singles(
+        o,
+        &[
+            (
+                "strata_tsdb_head_chunks_written_total",
+                "Closed head chunks written out of the heap into head chunk files.",
+                "counter",
+                load(&st.chunks_written),
+            ),
+            ("strata_tsdb_head_chunk_files", "Head chunk files (data/chunks_head).", "gauge", files as f64),
+            (
+                "strata_tsdb_head_chunk_files_bytes",
+                "Bytes of the head chunk files (mapped).",
+                "gauge",
+                file_bytes as f64,
+            ),
+            (
+                "strata_tsdb_wal_shortenings_total",
+                "Rounds that wrote head chunks out and checkpointed the WAL to drop their samples.",
+                "counter",
+                load(&db.stats().wal_shortenings),
+            ),
+        ],
+    );
+    let mem = head.memory();
+    family(
+        o,
+        "strata_tsdb_head_memory_bytes",
+        "Approximate heap bytes of the head, by part (series: structures, labels and maps; chunks: open chunks, closed ones not yet written out, late samples; chunk_index: per-series chunk handles).",
+        "gauge",
+    );
+    for (part, v) in [
+        ("series", mem.series),
+        ("chunks", mem.chunks),
+        ("chunk_index", mem.chunk_index),
+        ("symbols", mem.symbols),
+        ("postings", mem.postings),
+        ("names", mem.names),
+    ] {
+        let _ = writeln!(o, "strata_tsdb_head_memory_bytes{{part=\"{part}\"}} {v}");
+    }
     if let Some((a, b)) = head.time_range() {
         singles(
             o,
@@ -393,6 +435,11 @@ mod tests {
     fn output_is_valid_exposition_text() {
         let tmp = tempfile::tempdir().unwrap();
         let db = Db::open(tmp.path(), strata_tsdb::DbOptions { compact_interval: None, ..Default::default() }).unwrap();
+        let mut app = db.appender();
+        for t in 0..300 {
+            app.append(&strata_model::Labels::from_pairs([("__name__", "up")]), t * 15_000, 1.0).unwrap();
+        }
+        app.commit().unwrap();
         let m = ServerMetrics::default();
         m.observe_request("query", 200, Duration::from_millis(3));
         m.query_duration.observe(Duration::from_millis(30));
@@ -407,5 +454,13 @@ mod tests {
         assert!(text.contains("strata_http_requests_total{handler=\"query\",code=\"200\"} 1"));
         assert!(text.contains("strata_engine_query_duration_seconds_bucket{le=\"0.05\"} 1"));
         assert!(text.contains("strata_tsdb_samples_rejected_total{reason=\"too_old\"} 0"));
+        let memory = |part: &str| -> f64 {
+            let key = format!("strata_tsdb_head_memory_bytes{{part=\"{part}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("{key}\n{text}"));
+            line[key.len()..].parse().unwrap()
+        };
+        // One series of 300 samples: its chunks (about 1 byte a sample here) and its labels.
+        assert!((100.0..4000.0).contains(&memory("chunks")), "{}", memory("chunks"));
+        assert!(memory("series") > 0.0 && memory("symbols") > 0.0 && memory("postings") > 0.0);
     }
 }

@@ -34,6 +34,19 @@ pub fn render(s: &DbStatus) -> String {
         s.replay.segments_read,
         s.replay.checkpoint.map(|c| format!(" after checkpoint {c}")).unwrap_or_default()
     );
+    let m = &s.memory;
+    let _ = writeln!(
+        o,
+        "head memory:    {} bytes: series {}, chunks {}, chunk index {}, symbols {}, postings {}, names {}",
+        m.series + m.chunks + m.chunk_index + m.symbols + m.postings + m.names,
+        m.series,
+        m.chunks,
+        m.chunk_index,
+        m.symbols,
+        m.postings,
+        m.names
+    );
+    let _ = writeln!(o, "head chunks:    {} file(s), {} bytes (mapped, not heap)", s.chunk_files, m.chunk_files);
     let samples: u64 = s.blocks.iter().map(|b| b.stats.num_samples).sum();
     let _ = writeln!(o, "blocks:         {} holding {} samples in {} bytes", s.blocks.len(), samples, s.blocks_bytes);
     if let (Some(first), Some(last)) = (s.blocks.first(), s.blocks.last()) {
@@ -84,5 +97,9 @@ mod tests {
         assert!(text.contains("head series:    1"), "{text}");
         assert!(text.contains("1970-01-01T00:00:01.000Z .. 1970-01-01T00:00:02.000Z"), "{text}");
         assert!(text.contains("job=node"), "{text}");
+        assert!(
+            text.contains("head memory:") && text.contains(", chunks ") && text.contains("head chunks:    0 file(s)"),
+            "{text}"
+        );
     }
 }

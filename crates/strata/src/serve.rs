@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// "false"; segments written either way stay readable [default: true].
     #[arg(long = "storage.wal-compression")]
     wal_compression: Option<String>,
+    /// Size at which a WAL segment is closed and a new one started; closed segments are what a
+    /// checkpoint rewrites once closed head chunks are written out, so smaller segments keep
+    /// the WAL shorter [default: 32MB].
+    #[arg(long = "storage.wal-segment-size")]
+    wal_segment_size: Option<String>,
     /// Memory kept for decompressed chunk groups of blocks, shared by every query (a group is
     /// about 16 KiB); 0 decompresses a group at each read [default: 16MB].
     #[arg(long = "storage.chunk-cache-size")]
@@ -217,6 +222,15 @@ fn size_or_zero(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A WAL segment size: at least 64KiB (a segment must hold a few commits), at most 1GB.
+fn wal_segment_size(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    if !(64 << 10..=1 << 30).contains(&n) {
+        return Err(format!("{s:?} is outside 64KiB..1GB"));
+    }
+    Ok(n)
+}
+
 /// Flag, else file, else default; `parse` turns the chosen text into a value, and an error
 /// names the setting.
 fn pick<T>(
@@ -254,6 +268,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         st.wal_compression.map(|b| b.to_string()),
         "true",
         |s| s.parse::<bool>().map_err(|_| format!("expected true or false, got {s:?}")),
+    )?;
+    let wal_segment_bytes = pick(
+        f,
+        "storage.wal-segment-size",
+        args.wal_segment_size.clone(),
+        st.wal_segment_size,
+        "32MB",
+        wal_segment_size,
     )?;
     let chunk_cache_bytes =
         pick(f, "storage.chunk-cache-size", args.chunk_cache_size.clone(), st.chunk_cache_size, "16MB", size_or_zero)?;
@@ -370,6 +392,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         data_dir: args.data_dir.clone(),
         wal_fsync,
         wal_compression,
+        wal_segment_bytes,
         chunk_cache_bytes,
         retention_ms: retention,
         retention_bytes: retention_size,

@@ -300,4 +300,4 @@ impl IndexReader for BlockIndexQuery<'_> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

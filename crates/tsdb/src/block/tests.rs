@@ -216,7 +216,7 @@ fn index_bytes_match_the_format_document() {
 
 /// The bytes of the worked example after `<!-- marker -->` in `docs/format/<file>`: the first
 /// code block's lines, each an offset then hex bytes, then an optional `# comment`.
-pub(super) fn doc_example_hex(file: &str, marker: &str) -> Vec<String> {
+pub(crate) fn doc_example_hex(file: &str, marker: &str) -> Vec<String> {
     let path = format!("{}/../../docs/format/{file}", env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(&path).unwrap();
     let start = doc.find(&format!("<!-- {marker} -->")).expect("marker in the document");

@@ -118,6 +118,8 @@ struct Inner {
     leftovers: Mutex<Vec<PathBuf>>,
     replay: ReplayOutcome,
     stats: DbStats,
+    /// `HeadStats::chunks_written` when `shorten_wal` last checkpointed.
+    written_at_checkpoint: AtomicU64,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
     _lock: Box<dyn std::fmt::Debug + Send + Sync>,
 }
@@ -147,6 +149,9 @@ pub struct DbStatus {
     pub cardinality: Cardinality,
     pub blocks: Vec<crate::block::BlockMeta>,
     pub blocks_bytes: u64,
+    /// The head's heap by part, and its chunk files (`memory.chunk_files`).
+    pub memory: crate::head::HeadMemory,
+    pub chunk_files: usize,
 }
 
 impl Db {
@@ -180,6 +185,7 @@ impl Db {
             leftovers: Mutex::new(Vec::new()),
             replay,
             stats: DbStats::default(),
+            written_at_checkpoint: AtomicU64::new(0),
             _lock: lock,
         });
         let background = opts.compact_interval.map(|every| spawn_background(&inner, every));
@@ -332,6 +338,8 @@ impl Db {
             cardinality: head.cardinality(top),
             blocks_bytes: blocks.iter().map(|b| b.bytes()).sum(),
             blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
+            memory: head.memory(),
+            chunk_files: head.chunk_files_usage().0,
         })
     }
 
@@ -472,10 +480,17 @@ impl Inner {
         let started = Instant::now();
         let last = wal.current_segment() - 1;
         let persisted = head.persist_chunks()?;
+        let persist_ms = started.elapsed().as_millis() as u64;
+        let total = head.stats.chunks_written.load(Ordering::Relaxed);
+        if total == self.written_at_checkpoint.load(Ordering::Relaxed) {
+            // No chunk written out since the last checkpoint: it would keep every sample.
+            return Ok(false);
+        }
         let written = head.written_until();
         // No sample before the head's start is logged after the last cut's checkpoint (in
         // order they are refused; late ones stay until a cut drops them): nothing to drop by time.
         let cp = wal.checkpoint(last, |r| written.get(&r).copied(), i64::MIN)?;
+        self.written_at_checkpoint.store(total, Ordering::Relaxed);
         self.stats.wal_shortenings.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             chunks = persisted.chunks,
@@ -483,6 +498,7 @@ impl Inner {
             heap_bytes = persisted.heap_bytes,
             samples_kept = cp.samples_kept,
             samples_dropped = cp.samples_dropped,
+            persist_ms,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "wrote closed head chunks out and checkpointed the write-ahead log"
         );

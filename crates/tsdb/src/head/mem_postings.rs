@@ -50,6 +50,19 @@ pub struct MemPostings {
     inner: RwLock<Inner>,
 }
 
+impl MemPostings {
+    /// Approximate heap bytes: the packed lists and the maps holding them.
+    pub fn heap_bytes(&self) -> usize {
+        let r = self.inner.read();
+        let entry = std::mem::size_of::<(SymbolId, PackedPostings)>() + 1;
+        let mut total = r.all.data.capacity() + r.by_name.capacity() * (entry + 48);
+        for values in r.by_name.values() {
+            total += values.capacity() * entry + values.values().map(|p| p.data.capacity()).sum::<usize>();
+        }
+        total
+    }
+}
+
 /// A sorted, duplicate-free list of series references, delta-varint packed.
 #[derive(Debug, Default, Clone)]
 pub struct PackedPostings {

@@ -328,15 +328,32 @@ impl Head {
     }
 
     /// Bytes of chunk data on the heap (closed chunks not written out, open chunks, late
-    /// samples), for the memory breakdown.
+    /// samples).
     pub fn heap_chunk_bytes(&self) -> u64 {
-        let mut total = 0;
+        self.memory().chunks
+    }
+
+    /// Where the head's memory goes, approximately (heap bytes by part; a walk over every series:
+    /// for `/metrics` and `strata status`, not for hot paths).
+    pub fn memory(&self) -> HeadMemory {
+        let mut m = HeadMemory::default();
+        let series_fixed = std::mem::size_of::<MemSeries>() + 16;
         for stripe in self.by_ref.iter() {
-            for s in stripe.read().values() {
-                total += s.state.lock().heap_chunk_bytes() as u64;
+            let stripe = stripe.read();
+            // The by-reference map's entry, and the by-hash map's entry of the same series.
+            m.series += (stripe.capacity() * (8 + 8 + 1) * 2) as u64;
+            for s in stripe.values() {
+                m.series += (series_fixed + s.labels.as_bytes().len()) as u64;
+                let st = s.state.lock();
+                m.chunks += st.heap_chunk_bytes() as u64;
+                m.chunk_index += st.chunk_index_bytes() as u64;
             }
         }
-        total
+        m.symbols = self.symbols.heap_bytes() as u64;
+        m.postings = self.postings.heap_bytes() as u64;
+        m.names = self.names.stats().2 as u64;
+        m.chunk_files = self.chunk_files_usage().1;
+        m
     }
 
     /// Chunk files and their bytes.
@@ -724,6 +741,23 @@ impl Head {
             None => Ok(()),
         }
     }
+}
+
+/// The head's heap by part, in bytes (`Head::memory`); `chunk_files` is mapped, not heap: the
+/// kernel pages it in for reads and drops it under memory pressure.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HeadMemory {
+    /// Series structures, their packed labels and the two maps finding them.
+    pub series: u64,
+    /// Chunk bytes on the heap: open chunks, closed ones not yet written out, late samples.
+    pub chunks: u64,
+    /// The per-series lists of chunk handles (time range and pointer of each chunk).
+    pub chunk_index: u64,
+    pub symbols: u64,
+    pub postings: u64,
+    /// The dictionary of metric names and path nodes.
+    pub names: u64,
+    pub chunk_files: u64,
 }
 
 /// What one `Head::persist_chunks` wrote.

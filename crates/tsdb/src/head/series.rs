@@ -552,6 +552,12 @@ impl SeriesState {
         closed + self.open.as_ref().map_or(0, |a| a.bytes().len()) + self.overlay.as_ref().map_or(0, |o| o.heap_bytes())
     }
 
+    /// Heap bytes of the closed chunks' handles and the open chunk's appender state.
+    pub fn chunk_index_bytes(&self) -> usize {
+        self.closed.capacity() * std::mem::size_of::<ChunkMeta>()
+            + self.open_starts.as_ref().map_or(0, |_| std::mem::size_of::<StartTimeWriter>())
+    }
+
     pub fn num_chunks(&self) -> usize {
         self.closed.len() + usize::from(self.open.as_ref().is_some_and(|a| a.num_samples() > 0))
     }

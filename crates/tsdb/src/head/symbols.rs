@@ -161,6 +161,15 @@ impl Symbols {
     }
 
     /// Slots (live and free): the bound for ids, and the size of a `sweep` mark vector.
+    /// Approximate heap bytes: the strings, their map entries and the id table.
+    pub fn heap_bytes(&self) -> usize {
+        let r = self.inner.read();
+        // An Arc<str> allocation carries two counters; a map entry is a fat pointer and an id
+        // plus a control byte, at the map's capacity.
+        let strings: usize = r.strings.iter().map(|s| s.len() + 16).sum();
+        strings + r.ids.capacity() * (16 + 4 + 1) + r.strings.capacity() * 16 + r.free.capacity() * 4
+    }
+
     pub fn capacity(&self) -> usize {
         self.inner.read().strings.len()
     }

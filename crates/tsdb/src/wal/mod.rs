@@ -33,9 +33,13 @@ use crate::vfs::{AppendFile, OsFs, Vfs};
 use strata_model::SeriesRef;
 
 /// Default segment size. Big enough that rolls (each one an fsync and a new file) are rare, small
-/// enough that truncation frees space in useful steps. A segment exceeds it by at most one batch,
-/// because a commit's records are written to a single segment.
-pub const SEGMENT_BYTES_DEFAULT: u64 = 128 << 20;
+/// enough that checkpoints free space in useful steps: closed segments are what a checkpoint
+/// rewrites once the head has written its closed chunks out, so this is about how far the WAL
+/// runs ahead of the chunk files (a quarter of Prometheus' 128 MiB: the remote write of 100
+/// node exporters for 100 minutes left 4.7 bytes a sample on disk with 128 MiB, 1.5 with 32).
+/// A segment exceeds it by at most one batch, because a commit's records are written to a
+/// single segment.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 32 << 20;
 /// Default fsync interval of the `Interval` policy: the most a power loss can take.
 pub const FSYNC_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 

@@ -130,3 +130,17 @@ proptest! {
         }
     }
 }
+
+/// The worked example of `docs/format/chunks_head.md`: a file of one chunk, series 3, one float
+/// sample (1000 ms, 1.5) in an XOR chunk.
+#[test]
+fn doc_example_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (files, _) = open(tmp.path());
+    let mut app = crate::chunkenc::XorAppender::with_capacity(16);
+    app.append(1000, 1.5);
+    write(&files, &[(3, 1000, 1000, app.bytes().to_vec())]);
+    let bytes = std::fs::read(tmp.path().join(file_name(0))).unwrap();
+    let got: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(got, crate::block::tests::doc_example_hex("chunks_head.md", "chunks-head-example"), "{}", got.join(" "));
+}
