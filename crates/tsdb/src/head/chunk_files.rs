@@ -101,7 +101,8 @@ pub fn parse(bytes: &[u8]) -> (Vec<Entry>, Option<FileError>) {
             return (out, bad(format!("chunk of {len} bytes runs past the end of the file")));
         };
         let want = u32::from_le_bytes(crc_bytes.try_into().expect("4 bytes"));
-        if crc32c::crc32c(&bytes[pos..start + len]) != want {
+        // Under the fuzzer every checksum passes, so mutations reach the checks behind it.
+        if !cfg!(fuzzing) && crc32c::crc32c(&bytes[pos..start + len]) != want {
             return (out, bad("checksum mismatch".into()));
         }
         let (mint, maxt) = (u64_at(8) as i64, u64_at(16) as i64);
