@@ -1,6 +1,10 @@
 //! Remote-write ingestion, Strata against Prometheus and VictoriaMetrics, in one run.
 //!
-//! `cargo bench -p strata --bench ingest_compare [-- INSTANCES [CONNECTIONS]]` (defaults 100, 4).
+//! `cargo bench -p strata --bench ingest_compare [-- INSTANCES [CONNECTIONS] [minutes=M]
+//! [churn=PCT/MIN]]` (defaults 100, 4, the whole 100-minute recording, no churn).
+//! `minutes=M` keeps the recording's first M minutes; `churn=60/15` replaces 60% of the
+//! instances every 15 minutes (new `instance` values, as pods replaced by a rollout), so the
+//! head holds many more series than are alive at once.
 //! Pre-encodes remote-write requests (2,000 samples each, snappy) from the node-exporter
 //! recording replicated to INSTANCES `instance` values, re-stamped to end now, in scrape order.
 //! Then, for each server found on the PATH (`strata` from this build, Debian's `prometheus`
@@ -25,9 +29,13 @@ const SAMPLES_PER_REQUEST: usize = 2_000;
 
 /// Requests per connection (series are sharded over connections, as Prometheus' remote-write
 /// shards do, so each series' samples arrive in order), and the sample count.
-fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize) {
+fn build_requests(instances: usize, shards: usize, shape: Shape) -> (Vec<Vec<Vec<u8>>>, usize) {
     // Samples grouped by timestamp (a scrape), as a scraper would send them.
-    let by_time = read_recording();
+    let mut by_time = read_recording();
+    let first = by_time[0].0;
+    if let Some(m) = shape.minutes {
+        by_time.retain(|(t, _)| *t < first + m as i64 * 60_000);
+    }
     let last = by_time.last().unwrap().0;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let shift = now - 60_000 - last;
@@ -36,7 +44,14 @@ fn build_requests(instances: usize, shards: usize) -> (Vec<Vec<Vec<u8>>>, usize)
     let mut total = 0;
     for (t, samples) in &by_time {
         for i in 0..instances {
-            let instance = format!("host-{i:05}:9100");
+            let instance = match shape.churn {
+                // The first PCT% of the instances are replaced each period.
+                Some((pct, minutes)) if i * 100 < instances * pct => {
+                    let generation = (t - first) / (minutes as i64 * 60_000);
+                    format!("host-{i:05}-{generation}:9100")
+                }
+                _ => format!("host-{i:05}:9100"),
+            };
             for (pairs, v) in samples {
                 // By series, so each series' samples stay in one ordered stream.
                 let shard = {
@@ -101,10 +116,28 @@ fn send_all(port: u16, path: &str, requests: &Arc<Vec<Vec<Vec<u8>>>>) -> Duratio
     t0.elapsed()
 }
 
+/// Which part of the recording is sent, and how instances churn.
+#[derive(Clone, Copy, Default)]
+struct Shape {
+    minutes: Option<usize>,
+    /// (percent of instances replaced, every so many minutes).
+    churn: Option<(usize, usize)>,
+}
+
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<usize> = raw.iter().filter_map(|a| a.parse().ok()).collect();
     let instances = args.first().copied().unwrap_or(100);
     let connections = args.get(1).copied().unwrap_or(4);
+    let mut shape = Shape::default();
+    for a in &raw {
+        if let Some(m) = a.strip_prefix("minutes=") {
+            shape.minutes = Some(m.parse().expect("minutes=M"));
+        } else if let Some(c) = a.strip_prefix("churn=") {
+            let (pct, every) = c.split_once('/').expect("churn=PCT/MIN");
+            shape.churn = Some((pct.parse().expect("PCT"), every.parse().expect("MIN")));
+        }
+    }
     // The strata binary this bench drives must exist and be current.
     let built = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "strata", "--bin", "strata"])
@@ -113,7 +146,7 @@ fn main() {
         .unwrap();
     assert!(built.success());
     let t0 = Instant::now();
-    let (requests, samples) = build_requests(instances, connections.max(1));
+    let (requests, samples) = build_requests(instances, connections.max(1), shape);
     let bytes: usize = requests.iter().flatten().map(Vec::len).sum();
     println!(
         "{instances} instances: {samples} samples in {} requests ({bytes} bytes snappy), built in {:.1?}; {connections} connections",

@@ -251,7 +251,17 @@ impl ChunkFiles {
         let mut buf = Vec::with_capacity(WRITE_BUFFER_BYTES + CHUNK_BYTES_MAX.min(1 << 16));
         buf.extend_from_slice(&MAGIC);
         buf.extend_from_slice(&[VERSION, 0, 0, 0]);
-        Ok(FileWriter { files: self, index, tmp, file, buf, written: 0, placed: Vec::new(), maxt: i64::MIN })
+        Ok(FileWriter {
+            files: self,
+            index,
+            tmp,
+            file,
+            buf,
+            written: 0,
+            placed: Vec::new(),
+            maxt: i64::MIN,
+            finished: false,
+        })
     }
 
     /// Deletes the files whose every chunk ends before `mint`; returns how many went.
@@ -313,6 +323,18 @@ pub struct FileWriter<'a> {
     written: usize,
     placed: Vec<Placed>,
     maxt: i64,
+    /// Set once the file is named (or was removed because it was empty).
+    finished: bool,
+}
+
+impl Drop for FileWriter<'_> {
+    /// A writer given up on (a write failed) removes its temporary file, so that failing
+    /// rounds do not pile them up until the next open.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.files.fs.remove_file(&self.tmp);
+        }
+    }
 }
 
 impl FileWriter<'_> {
@@ -358,7 +380,7 @@ impl FileWriter<'_> {
     pub fn finish(mut self) -> Result<Option<Arc<Bytes>>> {
         let fs = &self.files.fs;
         if self.placed.is_empty() {
-            drop(self.file);
+            self.finished = true;
             fs.remove_file(&self.tmp).map_err(io_err("remove", &self.tmp))?;
             return Ok(None);
         }
@@ -366,14 +388,17 @@ impl FileWriter<'_> {
         self.file.sync_data().map_err(io_err("fsync", &self.tmp))?;
         let path = self.files.dir.join(file_name(self.index));
         fs.rename(&self.tmp, &path).map_err(io_err("rename to", &path))?;
+        self.finished = true;
+        // Listed from here on, so that a cut deletes it even if a later step fails (its chunks
+        // are then written again into another file; the copies are deduplicated at open).
+        let bytes = self.written as u64;
+        self.files.state.lock().files.insert(self.index, FileInfo { maxt: self.maxt, bytes });
         fs.fsync_dir(&self.files.dir).map_err(io_err("fsync directory", &self.files.dir))?;
         let mapped = fs.map(&path).map_err(io_err("map", &path))?;
         if mapped.len() != self.written {
             let e = std::io::Error::other(format!("{} bytes mapped, {} written", mapped.len(), self.written));
             return Err(io_err("map", &path)(e));
         }
-        let bytes = self.written as u64;
-        self.files.state.lock().files.insert(self.index, FileInfo { maxt: self.maxt, bytes });
         Ok(Some(Arc::new(mapped)))
     }
 }
