@@ -496,6 +496,7 @@ impl Inner {
             chunks = persisted.chunks,
             chunk_file_bytes = persisted.file_bytes,
             heap_bytes = persisted.heap_bytes,
+            idle_closed = persisted.idle_closed,
             samples_kept = cp.samples_kept,
             samples_dropped = cp.samples_dropped,
             persist_ms,
@@ -999,6 +1000,41 @@ mod tests {
         check(&db, &model);
         assert!(db.head().stats.chunks_written.load(Ordering::Relaxed) == 0);
         db.close().unwrap();
+    }
+
+    /// A series that stopped (a replaced pod) has its open chunk closed and written out with
+    /// the closed ones; if it comes back, it simply starts a new chunk.
+    #[test]
+    fn the_open_chunk_of_a_series_that_stopped_is_written_out_too() {
+        use strata_model::{Labels, MatchOp};
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
+        let l = |name: &str| Labels::from_pairs([("__name__", name)]);
+        let db = Db::open(tmp.path(), opts).unwrap();
+        let mut app = db.appender();
+        for t in (0..3_000_000).step_by(15_000) {
+            if t < 600_000 {
+                app.append(&l("stopped"), t, 1.0).unwrap();
+            }
+            app.append(&l("live"), t, 2.0).unwrap();
+        }
+        app.commit().unwrap();
+        let out = db.head().persist_chunks().unwrap();
+        assert_eq!(out.idle_closed, 1, "{out:?}");
+        let stopped =
+            db.head().series(db.head().postings_for(&[Matcher::equal("__name__", "stopped")]).next().unwrap());
+        let st = stopped.unwrap();
+        assert_eq!(st.state.lock().heap_chunk_bytes(), 0);
+        let mut app = db.appender();
+        app.append(&l("stopped"), 3_000_000, 3.0).unwrap();
+        app.commit().unwrap();
+        db.close().unwrap();
+        let db = Db::open(tmp.path(), opts).unwrap();
+        let q = db.querier(i64::MIN, i64::MAX);
+        let got = q.select(&[Matcher::new(MatchOp::RegexMatch, "__name__", ".+").unwrap()]).unwrap();
+        let counts: Vec<(String, usize)> =
+            got.iter().map(|s| (s.labels.get("__name__").unwrap().to_owned(), s.samples().len())).collect();
+        assert_eq!(counts, [("live".to_owned(), 200), ("stopped".to_owned(), 41)]);
     }
 
     #[test]

@@ -274,11 +274,15 @@ impl Head {
         let mut pending: Vec<ChunkMeta> = Vec::new();
         let mut decoded: Vec<strata_model::Sample> = Vec::new();
         let mut out = PersistOutcome::default();
+        let idle_before = self.max_time().saturating_sub(IDLE_CHUNK_MS);
         for stripe in self.by_ref.iter() {
             let series: Vec<Arc<MemSeries>> = stripe.read().values().cloned().collect();
             for s in series {
                 pending.clear();
-                pending.extend(s.state.lock().unwritten_closed().cloned());
+                let mut st = s.state.lock();
+                out.idle_closed += usize::from(st.close_if_idle(idle_before));
+                pending.extend(st.unwritten_closed().cloned());
+                drop(st);
                 for c in &pending {
                     out.heap_bytes += c.data.len() as u64;
                     let dense = denser(&c.data, &mut decoded);
@@ -760,10 +764,18 @@ pub struct HeadMemory {
     pub chunk_files: u64,
 }
 
+/// An open chunk whose newest sample is this far behind the head's newest is closed when
+/// chunks are written out (`persist_chunks`): its series most likely stopped (churn), and its
+/// samples would otherwise stay on the heap and in the WAL until the head is cut. Longer than
+/// any usual scrape or carbon interval (a series reporting every 10 minutes keeps its chunk).
+pub const IDLE_CHUNK_MS: i64 = 15 * 60 * 1000;
+
 /// What one `Head::persist_chunks` wrote.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PersistOutcome {
     pub chunks: usize,
+    /// Open chunks closed because their series was idle (`IDLE_CHUNK_MS`).
+    pub idle_closed: usize,
     /// Heap bytes the chunks held, and bytes they take in the file.
     pub heap_bytes: u64,
     pub file_bytes: u64,

@@ -523,6 +523,17 @@ impl SeriesState {
         self.closed.iter().rev().find(|c| c.data.is_mapped()).map(|c| c.maxt)
     }
 
+    /// Closes the open chunk if its newest sample is older than `before` (a series that stopped:
+    /// a replaced pod, a removed path), so that it is written out of the heap with the closed
+    /// ones; a later sample starts a new chunk. Returns whether it did.
+    pub(crate) fn close_if_idle(&mut self, before: i64) -> bool {
+        let idle = self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < before);
+        if idle {
+            self.close_open_chunk();
+        }
+        idle
+    }
+
     /// Closed chunks not yet written to a chunk file, oldest first.
     pub(crate) fn unwritten_closed(&self) -> impl Iterator<Item = &ChunkMeta> {
         self.closed.iter().filter(|c| !c.data.is_mapped())
