@@ -104,6 +104,15 @@ pub struct CompactOutcome {
     pub set_aside: usize,
 }
 
+/// Counters at the last WAL checkpoint: the samples it kept, and the head's appended and
+/// written-out sample counts then. Samples since are estimated to be in the log.
+#[derive(Debug, Default, Clone, Copy)]
+struct CheckpointMark {
+    kept: u64,
+    appended: u64,
+    written: u64,
+}
+
 #[derive(Debug)]
 struct Inner {
     fs: Arc<dyn Vfs>,
@@ -118,8 +127,8 @@ struct Inner {
     leftovers: Mutex<Vec<PathBuf>>,
     replay: ReplayOutcome,
     stats: DbStats,
-    /// `HeadStats::chunks_written` when `shorten_wal` last checkpointed.
-    written_at_checkpoint: AtomicU64,
+    /// What the WAL held at its last checkpoint, to judge whether the next one pays.
+    at_checkpoint: Mutex<CheckpointMark>,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
     _lock: Box<dyn std::fmt::Debug + Send + Sync>,
 }
@@ -185,7 +194,7 @@ impl Db {
             leftovers: Mutex::new(Vec::new()),
             replay,
             stats: DbStats::default(),
-            written_at_checkpoint: AtomicU64::new(0),
+            at_checkpoint: Mutex::new(CheckpointMark::default()),
             _lock: lock,
         });
         let background = opts.compact_interval.map(|every| spawn_background(&inner, every));
@@ -454,6 +463,7 @@ impl Inner {
                 head.persist_chunks()?;
                 let written = head.written_until();
                 let cp = wal.checkpoint(segment - 1, |r| written.get(&r).copied(), end)?;
+                self.mark_checkpoint(&cp);
                 tracing::info!(chunks, series, checkpoint = ?cp, "truncated head and write-ahead log");
             }
             let files = head.remove_chunk_files_before(end)?;
@@ -468,7 +478,18 @@ impl Inner {
     /// last checkpoint are at least twice its size: the log then holds about what the head has
     /// not written out yet (samples of open chunks, late samples), not the head's whole span,
     /// and each checkpoint rewrites at most half as much as the log grew since the last one.
-    /// Returns whether it did.
+    /// A checkpoint is skipped unless the chunks written out since the last one hold at least
+    /// half the samples the log holds (series of few samples each, all in open chunks, would
+    /// otherwise be rewritten for nothing). Returns whether it checkpointed.
+    fn mark_checkpoint(&self, cp: &wal::CheckpointStats) {
+        let st = &self.head.stats;
+        *self.at_checkpoint.lock() = CheckpointMark {
+            kept: cp.samples_kept,
+            appended: st.samples_appended.load(Ordering::Relaxed),
+            written: st.samples_written.load(Ordering::Relaxed),
+        };
+    }
+
     fn shorten_wal(&self) -> Result<bool> {
         let head = &self.head;
         let Some(wal) = head.wal() else { return Ok(false) };
@@ -481,16 +502,18 @@ impl Inner {
         let last = wal.current_segment() - 1;
         let persisted = head.persist_chunks()?;
         let persist_ms = started.elapsed().as_millis() as u64;
-        let total = head.stats.chunks_written.load(Ordering::Relaxed);
-        if total == self.written_at_checkpoint.load(Ordering::Relaxed) {
-            // No chunk written out since the last checkpoint: it would keep every sample.
+        let mark = *self.at_checkpoint.lock();
+        let appended = head.stats.samples_appended.load(Ordering::Relaxed);
+        let written = head.stats.samples_written.load(Ordering::Relaxed);
+        let in_log = mark.kept + appended.saturating_sub(mark.appended);
+        if written.saturating_sub(mark.written) * 2 < in_log {
             return Ok(false);
         }
         let written = head.written_until();
         // No sample before the head's start is logged after the last cut's checkpoint (in
         // order they are refused; late ones stay until a cut drops them): nothing to drop by time.
         let cp = wal.checkpoint(last, |r| written.get(&r).copied(), i64::MIN)?;
-        self.written_at_checkpoint.store(total, Ordering::Relaxed);
+        self.mark_checkpoint(&cp);
         self.stats.wal_shortenings.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             chunks = persisted.chunks,

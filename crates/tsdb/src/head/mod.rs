@@ -85,8 +85,9 @@ pub struct HeadStats {
     pub rejected_duplicate: AtomicU64,
     pub rejected_too_old: AtomicU64,
     pub chunks_created: AtomicU64,
-    /// Closed chunks written to head chunk files.
+    /// Closed chunks written to head chunk files, and the samples they hold.
     pub chunks_written: AtomicU64,
+    pub samples_written: AtomicU64,
     /// Samples stored out of order (also counted in `samples_appended`).
     pub samples_appended_late: AtomicU64,
 }
@@ -270,7 +271,7 @@ impl Head {
     pub fn persist_chunks(&self) -> Result<PersistOutcome> {
         let Some(files) = &self.chunk_files else { return Ok(PersistOutcome::default()) };
         let mut w = files.writer()?;
-        let mut placed: Vec<(Arc<MemSeries>, i64, chunk_files::Placed)> = Vec::new();
+        let mut placed: Vec<(Arc<MemSeries>, i64, chunk_files::Placed, u32)> = Vec::new();
         let mut pending: Vec<ChunkMeta> = Vec::new();
         let mut decoded: Vec<strata_model::Sample> = Vec::new();
         let mut out = PersistOutcome::default();
@@ -288,17 +289,20 @@ impl Head {
                     let dense = denser(&c.data, &mut decoded);
                     let data = dense.as_deref().unwrap_or(&c.data);
                     out.file_bytes += data.len() as u64;
-                    placed.push((s.clone(), c.mint, w.add(s.series_ref, c.mint, c.maxt, data)?));
+                    let samples = crate::chunkenc::num_samples(data).unwrap_or(0) as u32;
+                    placed.push((s.clone(), c.mint, w.add(s.series_ref, c.mint, c.maxt, data)?, samples));
                 }
             }
         }
         let Some(mapped) = w.finish()? else { return Ok(out) };
-        for (s, mint, p) in placed {
+        for (s, mint, p, samples) in placed {
             if s.state.lock().set_written(mint, HeadChunkBytes::mapped(&mapped, p.start, p.len)) {
                 out.chunks += 1;
+                out.samples += u64::from(samples);
             }
         }
         self.stats.chunks_written.fetch_add(out.chunks as u64, Ordering::Relaxed);
+        self.stats.samples_written.fetch_add(out.samples, Ordering::Relaxed);
         Ok(out)
     }
 
@@ -776,6 +780,8 @@ pub struct PersistOutcome {
     pub chunks: usize,
     /// Open chunks closed because their series was idle (`IDLE_CHUNK_MS`).
     pub idle_closed: usize,
+    /// Samples in the chunks written.
+    pub samples: u64,
     /// Heap bytes the chunks held, and bytes they take in the file.
     pub heap_bytes: u64,
     pub file_bytes: u64,
