@@ -247,15 +247,15 @@ impl Db {
         self.inner.compact()
     }
 
-    /// Deletes samples in `[mint, maxt]` of the series matching `matchers`, in the head and in
-    /// every block: hidden from queries at once, removed from disk by compaction or
-    /// `clean_tombstones`. Returns the number of series affected (counted once per place).
     /// Writes closed head chunks out and checkpoints the WAL if the log has grown enough since
     /// the last checkpoint (the background thread calls it every second); returns whether it did.
     pub fn shorten_wal(&self) -> Result<bool> {
         self.inner.shorten_wal()
     }
 
+    /// Deletes samples in `[mint, maxt]` of the series matching `matchers`, in the head and in
+    /// every block: hidden from queries at once, removed from disk by compaction or
+    /// `clean_tombstones`. Returns the number of series affected (counted once per place).
     pub fn delete(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<usize> {
         // Not while a compaction runs: it read its inputs' tombstones when it started, and its
         // output would bring back what is deleted now.
@@ -474,13 +474,7 @@ impl Inner {
         Ok(written)
     }
 
-    /// Writes closed head chunks out and checkpoints the WAL once the finished segments since the
-    /// last checkpoint are at least twice its size: the log then holds about what the head has
-    /// not written out yet (samples of open chunks, late samples), not the head's whole span,
-    /// and each checkpoint rewrites at most half as much as the log grew since the last one.
-    /// A checkpoint is skipped unless the chunks written out since the last one hold at least
-    /// half the samples the log holds (series of few samples each, all in open chunks, would
-    /// otherwise be rewritten for nothing). Returns whether it checkpointed.
+    /// Notes what a checkpoint kept and where the head's counters stood (`shorten_wal`).
     fn mark_checkpoint(&self, cp: &wal::CheckpointStats) {
         let st = &self.head.stats;
         *self.at_checkpoint.lock() = CheckpointMark {
@@ -490,6 +484,13 @@ impl Inner {
         };
     }
 
+    /// Writes closed head chunks out and checkpoints the WAL once the finished segments since the
+    /// last checkpoint are at least twice its size: the log then holds about what the head has
+    /// not written out yet (samples of open chunks, late samples), not the head's whole span,
+    /// and each checkpoint rewrites at most half as much as the log grew since the last one.
+    /// A checkpoint is skipped unless the chunks written out since the last one hold at least
+    /// half the samples the log holds (series of few samples each, all in open chunks, would
+    /// otherwise be rewritten for nothing). Returns whether it checkpointed.
     fn shorten_wal(&self) -> Result<bool> {
         let head = &self.head;
         let Some(wal) = head.wal() else { return Ok(false) };
