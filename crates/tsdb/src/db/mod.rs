@@ -624,8 +624,10 @@ impl Inner {
             doomed.extend(blocks.iter().filter(|b| b.meta().max_time <= cutoff).cloned());
         }
         if self.opts.retention_bytes > 0 {
+            // The head's disk counts too: its WAL and its chunk files.
             let mut total: u64 = blocks.iter().map(|b| b.bytes()).sum::<u64>()
-                + wal_dir_bytes(&*self.fs, &self.dir.join(WAL_DIR)).unwrap_or(0);
+                + wal_dir_bytes(&*self.fs, &self.dir.join(WAL_DIR)).unwrap_or(0)
+                + self.head.chunk_files_usage().1;
             total -= doomed.iter().map(|b| b.bytes()).sum::<u64>();
             for b in blocks.iter() {
                 if total <= self.opts.retention_bytes {
@@ -867,12 +869,7 @@ fn chrono_like_now() -> String {
 }
 
 fn wal_dir_bytes(fs: &dyn Vfs, wal_dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for &s in &wal::list_segments(fs, wal_dir)? {
-        let p = wal::segment::segment_path(wal_dir, s);
-        total += fs.file_len(&p).map_err(io_err("stat", &p))?;
-    }
-    Ok(total)
+    Ok(wal::segments_bytes(fs, wal_dir, |_| true)?.1)
 }
 
 /// Takes an exclusive, non-blocking lock on `dir/lock`.

@@ -5,7 +5,8 @@
 //! checkpoint `checkpoint.N` rewrites segments `..=N` (and the previous checkpoint) keeping only
 //! the series the head still has, their samples at or after the new head start that are not in
 //! the head's chunk files (`head::chunk_files`), and their tombstones; then the originals are
-//! removed. Checkpoints are thus also how the log stays short between head cuts. Protocol (crash-safe at every step):
+//! removed. Checkpoints are thus also how the log stays short between head cuts. Protocol
+//! (crash-safe at every step):
 //! write `checkpoint.N.tmp/`, fsync it, rename to `checkpoint.N`, fsync `wal/`, then delete
 //! segments `<= N` and older checkpoints. Replay removes `*.tmp` and any segment `<= N` left.
 

@@ -214,23 +214,17 @@ impl Wal {
         let current = self.current_segment();
         let mut out = WalUsage::default();
         let mut after = None;
-        for e in checkpoint::checkpoint_dir_entries(&*self.fs, &self.dir)? {
-            if let checkpoint::CheckpointEntry::Done(i, p) = e {
-                out.checkpoint_bytes = 0;
-                for s in list_segments(&*self.fs, &p)? {
-                    let sp = segment_path(&p, s);
-                    out.checkpoint_bytes += self.fs.file_len(&sp).map_err(io_err("stat", &sp))?;
-                }
-                after = Some(i);
-            }
+        let newest =
+            checkpoint::checkpoint_dir_entries(&*self.fs, &self.dir)?.into_iter().rev().find_map(|e| match e {
+                checkpoint::CheckpointEntry::Done(i, p) => Some((i, p)),
+                checkpoint::CheckpointEntry::Temporary(_) => None,
+            });
+        if let Some((i, p)) = newest {
+            out.checkpoint_bytes = segments_bytes(&*self.fs, &p, |_| true)?.1;
+            after = Some(i);
         }
-        for s in list_segments(&*self.fs, &self.dir)? {
-            if s < current && after.is_none_or(|a| s > a) {
-                let sp = segment_path(&self.dir, s);
-                out.finished_segment_bytes += self.fs.file_len(&sp).map_err(io_err("stat", &sp))?;
-                out.finished_segments += 1;
-            }
-        }
+        (out.finished_segments, out.finished_segment_bytes) =
+            segments_bytes(&*self.fs, &self.dir, |s| s < current && after.is_none_or(|a| s > a))?;
         Ok(out)
     }
 
@@ -556,6 +550,17 @@ fn create_segment(fs: &dyn Vfs, dir: &Path, index: u64, compression: bool) -> Re
         return Err(e);
     }
     Ok(f)
+}
+
+/// How many of the segments in `dir` `which` selects (by index), and their bytes.
+pub fn segments_bytes(fs: &dyn Vfs, dir: &Path, which: impl Fn(u64) -> bool) -> Result<(usize, u64)> {
+    let (mut n, mut total) = (0, 0);
+    for s in list_segments(fs, dir)?.into_iter().filter(|&s| which(s)) {
+        let p = segment_path(dir, s);
+        total += fs.file_len(&p).map_err(io_err("stat", &p))?;
+        n += 1;
+    }
+    Ok((n, total))
 }
 
 /// Segment indexes present in `dir`, ascending.
