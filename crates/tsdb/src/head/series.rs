@@ -135,18 +135,41 @@ impl AsRef<[u8]> for HeadChunkBytes {
     }
 }
 
+/// The chunk being appended to and what goes with it. Boxed in `SeriesState`: a series that
+/// stopped (its open chunk closed when idle, `close_if_idle`) then keeps one pointer instead of
+/// the appender; after churn such series outnumber the live ones in the head.
+#[derive(Debug)]
+struct Open {
+    chunk: OpenChunk,
+    /// The chunk's start-time column: present once a sample with a start time opened the
+    /// chunk (a chunk without start times pays one pointer).
+    starts: Option<Box<StartTimeWriter>>,
+    mint: i64,
+    /// The chunk is cut at the first sample at or after this time: the end of its block range
+    /// at first, then (once the chunk is a quarter full) an estimate that spreads the range's
+    /// remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
+    next_at: i64,
+}
+
+impl Open {
+    /// The chunk's bytes, with its start-time column if it has one.
+    fn bytes(&self) -> HeadChunkBytes {
+        match &self.starts {
+            Some(col) => start_time::join(self.chunk.bytes(), col).into(),
+            None => self.chunk.bytes().into(),
+        }
+    }
+
+    /// Whether it holds a sample in `[mint, maxt]`'s span.
+    fn overlaps(&self, mint: i64, maxt: i64) -> bool {
+        self.chunk.num_samples() > 0 && self.chunk.last_t() >= mint && self.mint <= maxt
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct SeriesState {
     closed: Vec<ChunkMeta>,
-    open: Option<OpenChunk>,
-    /// The open chunk's start-time column: present once a sample with a start time opened the
-    /// chunk (a series without start times pays one pointer).
-    open_starts: Option<Box<StartTimeWriter>>,
-    open_mint: i64,
-    /// The open chunk is cut at the first sample at or after this time: the end of its block
-    /// range at first, then (once the chunk is a quarter full) an estimate that spreads the
-    /// range's remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
-    next_at: i64,
+    open: Option<Box<Open>>,
     /// Set when head truncation removed the series from the head's indexes: a handle kept
     /// elsewhere (a scrape cache) must not append to it any more.
     pub(crate) removed: bool,
@@ -190,9 +213,17 @@ impl MemSeries {
 }
 
 impl SeriesState {
+    fn open_chunk(&self) -> Option<&OpenChunk> {
+        self.open.as_ref().map(|o| &o.chunk)
+    }
+
+    fn open_chunk_mut(&mut self) -> Option<&mut OpenChunk> {
+        self.open.as_mut().map(|o| &mut o.chunk)
+    }
+
     /// Timestamp of the newest sample, if any.
     pub fn max_time(&self) -> Option<i64> {
-        match &self.open {
+        match self.open_chunk() {
             Some(a) if a.num_samples() > 0 => Some(a.last_t()),
             _ => self.closed.last().map(|c| c.maxt),
         }
@@ -204,7 +235,7 @@ impl SeriesState {
             .closed
             .first()
             .map(|c| c.mint)
-            .or_else(|| self.open.as_ref().filter(|a| a.num_samples() > 0).map(|_| self.open_mint));
+            .or_else(|| self.open.as_ref().filter(|o| o.chunk.num_samples() > 0).map(|o| o.mint));
         let late = self.overlay.as_ref().and_then(|o| o.min_time());
         match (in_order, late) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -224,8 +255,8 @@ impl SeriesState {
             return Some(v);
         }
         let chunk = self.closed.iter().find(|c| c.mint <= t && t <= c.maxt).map(|c| c.data.clone()).or_else(|| {
-            let a = self.open.as_ref().filter(|_| self.open_overlaps(t, t))?;
-            Some(self.open_bytes(a))
+            let o = self.open.as_ref().filter(|o| o.overlaps(t, t))?;
+            Some(o.bytes())
         })?;
         match ChunkIterator::new(&chunk[..]).ok()? {
             ChunkIterator::Xor(mut it) => it.seek(t).filter(|s| s.t == t).map(|s| s.v),
@@ -245,7 +276,7 @@ impl SeriesState {
             return Err(SampleError::OutOfOrder { t, latest });
         }
         // Same timestamp: fine if it is the very same value (a retried write), else an error.
-        match &self.open {
+        match self.open_chunk() {
             Some(a) if a.num_samples() > 0 && same(a) => Ok(Appended::Same),
             _ => Err(SampleError::Duplicate { t }),
         }
@@ -268,7 +299,8 @@ impl SeriesState {
     /// Whether the open chunk must be cut before a sample at `t`, by size or time; also keeps
     /// the chunk-end estimate.
     fn cut_by_size_or_time(&mut self, t: i64) -> bool {
-        let Some(a) = &self.open else { return true };
+        let Some(o) = &mut self.open else { return true };
+        let a = &o.chunk;
         let n = a.num_samples();
         if a.is_full() {
             return true;
@@ -276,14 +308,14 @@ impl SeriesState {
         match a {
             OpenChunk::Xor(_) => {
                 if n == SAMPLES_PER_CHUNK / 4 {
-                    self.next_at = chunk_end_estimate(self.open_mint, a.last_t(), self.next_at);
+                    o.next_at = chunk_end_estimate(o.mint, a.last_t(), o.next_at);
                 }
                 // Twice the target: the rate rose since the estimate; cut, the next chunk
                 // estimates again.
-                n >= 2 * SAMPLES_PER_CHUNK || a.bytes().len() >= CHUNK_BYTES_TARGET || t >= self.next_at
+                n >= 2 * SAMPLES_PER_CHUNK || a.bytes().len() >= CHUNK_BYTES_TARGET || t >= o.next_at
             }
             OpenChunk::Histogram(_) => {
-                (n >= HISTOGRAM_CHUNK_MIN_SAMPLES && a.bytes().len() >= CHUNK_BYTES_TARGET) || t >= self.next_at
+                (n >= HISTOGRAM_CHUNK_MIN_SAMPLES && a.bytes().len() >= CHUNK_BYTES_TARGET) || t >= o.next_at
             }
         }
     }
@@ -292,30 +324,24 @@ impl SeriesState {
     /// column when its first sample has a start time (`st` ≠ 0).
     fn start_chunk(&mut self, t: i64, st: i64, chunk: OpenChunk, chunk_range: i64) {
         self.close_open_chunk();
-        self.open = Some(chunk);
-        self.open_starts = (st != 0).then(Box::default);
-        self.open_mint = t;
-        self.next_at = chunk_range_end(t, chunk_range);
+        self.open = Some(Box::new(Open {
+            chunk,
+            starts: (st != 0).then(Box::default),
+            mint: t,
+            next_at: chunk_range_end(t, chunk_range),
+        }));
     }
 
     /// Whether a sample with start time `st` needs a new chunk for it: the open chunk has no
     /// start-time column.
     fn cut_for_start_time(&self, st: i64) -> bool {
-        st != 0 && self.open_starts.is_none()
+        st != 0 && self.open.as_ref().is_none_or(|o| o.starts.is_none())
     }
 
     /// Records the start time of the sample just appended to the open chunk.
     fn push_start(&mut self, t: i64, st: i64) {
-        if let Some(col) = &mut self.open_starts {
+        if let Some(col) = self.open.as_mut().and_then(|o| o.starts.as_mut()) {
             col.push(t, st);
-        }
-    }
-
-    /// The open chunk's bytes, with its start-time column if it has one.
-    fn open_bytes(&self, a: &OpenChunk) -> HeadChunkBytes {
-        match &self.open_starts {
-            Some(col) => start_time::join(a.bytes(), col).into(),
-            None => a.bytes().into(),
         }
     }
 
@@ -330,18 +356,19 @@ impl SeriesState {
         if self.appendable(t, v)? == Appended::Same {
             return Ok(Appended::Same);
         }
-        if strata_model::is_stale_nan(v) && matches!(self.open, Some(OpenChunk::Histogram(_))) {
+        if strata_model::is_stale_nan(v) && matches!(self.open_chunk(), Some(OpenChunk::Histogram(_))) {
             // Staleness of a histogram series (a scrape target vanished): keep the chunk's kind.
             return self.append_histogram_with_start(t, st, &FloatHistogram::stale_marker(), chunk_range);
         }
-        let cut =
-            self.cut_by_size_or_time(t) || !matches!(self.open, Some(OpenChunk::Xor(_))) || self.cut_for_start_time(st);
+        let cut = self.cut_by_size_or_time(t)
+            || !matches!(self.open_chunk(), Some(OpenChunk::Xor(_)))
+            || self.cut_for_start_time(st);
         if cut {
             // Size the new chunk like the last one: regular series produce similar chunks.
             let bytes = self.closed.last().map_or(OPEN_CHUNK_INITIAL_BYTES, |c| c.data.len() + 8);
             self.start_chunk(t, st, OpenChunk::Xor(XorAppender::with_capacity(bytes)), chunk_range);
         }
-        match self.open.as_mut() {
+        match self.open_chunk_mut() {
             Some(OpenChunk::Xor(a)) => a.append(t, v),
             _ => unreachable!("an XOR chunk was just ensured"),
         }
@@ -377,7 +404,7 @@ impl SeriesState {
         match fit {
             HistogramFit::Append => {}
             HistogramFit::Recode(layout) => {
-                if let Some(OpenChunk::Histogram(a)) = &mut self.open {
+                if let Some(OpenChunk::Histogram(a)) = self.open_chunk_mut() {
                     **a = a.recode(layout);
                 }
             }
@@ -391,7 +418,7 @@ impl SeriesState {
                 );
             }
         }
-        match self.open.as_mut() {
+        match self.open_chunk_mut() {
             Some(OpenChunk::Histogram(a)) => a.append(t, h),
             _ => unreachable!("a histogram chunk was just ensured"),
         }
@@ -401,7 +428,7 @@ impl SeriesState {
 
     /// How `h` joins the open histogram chunk; `None` when there is none.
     fn histogram_fit(&self, h: &FloatHistogram) -> Option<HistogramFit> {
-        let Some(OpenChunk::Histogram(a)) = &self.open else { return None };
+        let Some(OpenChunk::Histogram(a)) = self.open_chunk() else { return None };
         if h.is_stale() {
             return Some(HistogramFit::Append);
         }
@@ -434,14 +461,18 @@ impl SeriesState {
     }
 
     fn close_open_chunk(&mut self) {
-        if let Some(a) = self.open.take() {
-            if a.num_samples() > 0 {
-                let maxt = a.last_t();
-                let data = self.open_bytes(&a);
-                self.closed.push(ChunkMeta { mint: self.open_mint, maxt, data });
+        if let Some(o) = self.open.take() {
+            if o.chunk.num_samples() > 0 {
+                let maxt = o.chunk.last_t();
+                let data = o.bytes();
+                if self.closed.len() == self.closed.capacity() {
+                    // Vec's first growth makes room for four (160 bytes), and a churned series
+                    // never holds more than one or two: grow by half, from one.
+                    self.closed.reserve_exact(self.closed.len() / 2 + 1);
+                }
+                self.closed.push(ChunkMeta { mint: o.mint, maxt, data });
             }
         }
-        self.open_starts = None;
     }
 
     /// Appends a sample of either kind.
@@ -470,8 +501,8 @@ impl SeriesState {
     /// chunk copied).
     fn each_in_order_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
         self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
-        if let Some(a) = self.open.as_ref().filter(|_| self.open_overlaps(mint, maxt)) {
-            f(ChunkMeta { mint: self.open_mint, maxt: a.last_t(), data: self.open_bytes(a) });
+        if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
+            f(ChunkMeta { mint: o.mint, maxt: o.chunk.last_t(), data: o.bytes() });
         }
     }
 
@@ -495,7 +526,7 @@ impl SeriesState {
     }
 
     fn open_overlaps(&self, mint: i64, maxt: i64) -> bool {
-        self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() >= mint && self.open_mint <= maxt)
+        self.open.as_ref().is_some_and(|o| o.overlaps(mint, maxt))
     }
 
     /// Drops in-order chunks that end before `mint`, and late samples before it written in cut
@@ -503,9 +534,11 @@ impl SeriesState {
     pub fn truncate_before(&mut self, mint: i64, max_epoch: u64) -> usize {
         let before = self.num_chunks();
         self.closed.retain(|c| c.maxt >= mint);
-        if self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
+        if self.closed.capacity() > 2 * self.closed.len() + 1 {
+            self.closed.shrink_to_fit();
+        }
+        if self.open_chunk().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
             self.open = None;
-            self.open_starts = None;
         }
         let mut dropped = before - self.num_chunks();
         if let Some(o) = &mut self.overlay {
@@ -527,7 +560,7 @@ impl SeriesState {
     /// a replaced pod, a removed path), so that it is written out of the heap with the closed
     /// ones; a later sample starts a new chunk. Returns whether it did.
     pub(crate) fn close_if_idle(&mut self, before: i64) -> bool {
-        let idle = self.open.as_ref().is_some_and(|a| a.num_samples() > 0 && a.last_t() < before);
+        let idle = self.open_chunk().is_some_and(|a| a.num_samples() > 0 && a.last_t() < before);
         if idle {
             self.close_open_chunk();
         }
@@ -560,17 +593,19 @@ impl SeriesState {
     /// Heap bytes held by chunks (closed and open, late ones included), for the memory breakdown.
     pub fn heap_chunk_bytes(&self) -> usize {
         let closed: usize = self.closed.iter().filter(|c| !c.data.is_mapped()).map(|c| c.data.len()).sum();
-        closed + self.open.as_ref().map_or(0, |a| a.bytes().len()) + self.overlay.as_ref().map_or(0, |o| o.heap_bytes())
+        closed + self.open_chunk().map_or(0, |a| a.bytes().len()) + self.overlay.as_ref().map_or(0, |o| o.heap_bytes())
     }
 
     /// Heap bytes of the closed chunks' handles and the open chunk's appender state.
     pub fn chunk_index_bytes(&self) -> usize {
         self.closed.capacity() * std::mem::size_of::<ChunkMeta>()
-            + self.open_starts.as_ref().map_or(0, |_| std::mem::size_of::<StartTimeWriter>())
+            + self.open.as_ref().map_or(0, |o| {
+                std::mem::size_of::<Open>() + o.starts.as_ref().map_or(0, |_| std::mem::size_of::<StartTimeWriter>())
+            })
     }
 
     pub fn num_chunks(&self) -> usize {
-        self.closed.len() + usize::from(self.open.as_ref().is_some_and(|a| a.num_samples() > 0))
+        self.closed.len() + usize::from(self.open_chunk().is_some_and(|a| a.num_samples() > 0))
     }
 
     /// Merges samples that arrived out of order during WAL replay. They were all accepted live
