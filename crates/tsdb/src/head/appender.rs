@@ -68,6 +68,45 @@ enum PendingValue {
     Histogram(Box<FloatHistogram>),
 }
 
+/// One pending sample: series, timestamp, start time (0: none), value, and whether it goes to
+/// the series' overlay (a late sample) rather than its in-order chunks.
+type Pending = (Arc<MemSeries>, i64, i64, PendingValue, bool);
+
+/// Buffers an appender fills, kept by each thread between its batches: a remote-write request
+/// is a few thousand samples, and growing these afresh per request faulted in new pages each
+/// time (and, under churn, left the allocator holding more than the head).
+#[derive(Default)]
+struct AppendBuffers {
+    pending: Vec<Pending>,
+    batch_max: U64Map<SeriesRef, i64>,
+    logged: Vec<RefSample>,
+}
+
+/// Most entries a thread's kept `AppendBuffers` vector may hold (larger ones, from a big
+/// import batch, are dropped after it).
+const APPEND_BUFFERS_KEPT_ENTRIES: usize = 1 << 15;
+
+thread_local! {
+    static APPEND_BUFFERS: std::cell::RefCell<AppendBuffers> = std::cell::RefCell::default();
+}
+
+impl AppendBuffers {
+    fn take() -> AppendBuffers {
+        APPEND_BUFFERS.with_borrow_mut(std::mem::take)
+    }
+
+    /// Keeps emptied buffers for the thread's next batch, unless they grew too large.
+    fn keep(mut self) {
+        self.pending.clear();
+        self.batch_max.clear();
+        self.logged.clear();
+        let largest = self.pending.capacity().max(self.batch_max.capacity()).max(self.logged.capacity());
+        if largest <= APPEND_BUFFERS_KEPT_ENTRIES {
+            APPEND_BUFFERS.with_borrow_mut(|b| *b = self);
+        }
+    }
+}
+
 /// A batch of appends. Dropping it without `commit` discards the samples (series created by it
 /// stay, empty, until the head garbage-collects them).
 #[derive(Debug)]
@@ -76,11 +115,11 @@ pub struct Appender<'h> {
     /// Keeps head truncation from removing series or raising the time limit under this batch.
     /// A thread must not hold two appenders at once (a waiting truncation would deadlock it).
     _gate: parking_lot::RwLockReadGuard<'h, ()>,
-    /// Series, timestamp, start time (0: none), value, and whether it goes to the series'
-    /// overlay (a late sample) rather than its in-order chunks.
-    pending: Vec<(Arc<MemSeries>, i64, i64, PendingValue, bool)>,
+    pending: Vec<Pending>,
     /// Newest pending in-order timestamp per series, to tell late samples within the batch.
     batch_max: U64Map<SeriesRef, i64>,
+    /// The thread's kept `logged` buffer, for the commit.
+    logged: Vec<RefSample>,
     /// Oldest timestamp taken in order.
     min_t: i64,
     out_of_order: OutOfOrder,
@@ -100,11 +139,13 @@ impl<'h> Appender<'h> {
         } else {
             i64::MAX
         };
+        let AppendBuffers { pending, batch_max, logged } = AppendBuffers::take();
         Appender {
             head,
             _gate: gate,
-            pending: Vec::new(),
-            batch_max: U64Map::default(),
+            pending,
+            batch_max,
+            logged,
             min_t: head.min_append_time(),
             out_of_order,
             late_min_t,
@@ -365,12 +406,13 @@ impl<'h> Appender<'h> {
         let head = self.head;
         let range = head.opts.chunk_range_ms;
         let mut out = CommitOutcome::default();
-        let mut logged: Vec<RefSample> = Vec::with_capacity(self.pending.len());
+        let mut logged = std::mem::take(&mut self.logged);
+        logged.reserve(self.pending.len());
         let mut logged_histograms: Vec<RefHistogram> = Vec::new();
         let mut logged_late: Vec<RefSample> = Vec::new();
         let (mut min_t, mut max_t) = (i64::MAX, i64::MIN);
-        let pending = std::mem::take(&mut self.pending);
-        for (series, t, st, v, late) in pending {
+        let mut pending = std::mem::take(&mut self.pending);
+        for (series, t, st, v, late) in pending.drain(..) {
             let res = {
                 let mut state = series.state.lock();
                 let store_late = |state: &mut SeriesState, f: f64| {
@@ -449,6 +491,7 @@ impl<'h> Appender<'h> {
         out.appended = logged.len() + logged_histograms.len() + logged_late.len();
         head.stats.samples_appended_late.fetch_add(logged_late.len() as u64, Ordering::Relaxed);
         head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);
+        AppendBuffers { pending, batch_max: std::mem::take(&mut self.batch_max), logged }.keep();
         Ok(out)
     }
 }
