@@ -188,11 +188,22 @@ pub enum DecodeError {
 /// Snappy-decompresses `body`, refusing to allocate more than `max_decompressed` bytes (judged
 /// from the length header, before decompressing).
 pub fn decompress(body: &[u8], max_decompressed: usize) -> Result<Vec<u8>, DecodeError> {
+    let mut out = Vec::new();
+    decompress_into(body, max_decompressed, &mut out)?;
+    Ok(out)
+}
+
+/// `decompress` into `out` (replacing what it held), reusing its capacity.
+pub fn decompress_into(body: &[u8], max_decompressed: usize, out: &mut Vec<u8>) -> Result<(), DecodeError> {
     let len = snap::raw::decompress_len(body).map_err(|e| DecodeError::Snappy(e.to_string()))?;
     if len > max_decompressed {
         return Err(DecodeError::BodyTooLarge { bytes: len, limit: max_decompressed });
     }
-    snap::raw::Decoder::new().decompress_vec(body).map_err(|e| DecodeError::Snappy(e.to_string()))
+    out.clear();
+    out.resize(len, 0);
+    let n = snap::raw::Decoder::new().decompress(body, out).map_err(|e| DecodeError::Snappy(e.to_string()))?;
+    out.truncate(n);
+    Ok(())
 }
 
 /// `decompress`, then decodes a protobuf message.
@@ -300,6 +311,57 @@ pub struct WriteBatch<'a> {
     pub series: Vec<SeriesSpan>,
     /// Metadata entries, decoded with prost (rare, small).
     pub metadata: Vec<MetricMetadata>,
+}
+
+impl WriteBatch<'_> {
+    /// Empties the batch but keeps its buffers, now free to borrow from another request's bytes:
+    /// the ingestion path decodes every request into the same few buffers instead of growing
+    /// fresh ones (each growth of a buffer this size faulted in new pages).
+    pub fn recycle<'b>(self) -> WriteBatch<'b> {
+        let WriteBatch {
+            mut labels,
+            mut samples,
+            mut histograms,
+            mut sample_starts,
+            mut histogram_starts,
+            mut series,
+            mut metadata,
+        } = self;
+        labels.clear();
+        samples.clear();
+        histograms.clear();
+        sample_starts.clear();
+        histogram_starts.clear();
+        series.clear();
+        metadata.clear();
+        WriteBatch {
+            labels: reborrow_empty(labels),
+            samples,
+            histograms,
+            sample_starts,
+            histogram_starts,
+            series,
+            metadata,
+        }
+    }
+
+    /// Bytes of buffer capacity held (for a caller that bounds what it keeps between requests).
+    pub fn capacity_bytes(&self) -> usize {
+        use std::mem::size_of_val;
+        self.labels.capacity() * size_of_val(&(&b""[..], &b""[..]))
+            + self.samples.capacity() * std::mem::size_of::<strata_model::Sample>()
+            + self.histograms.capacity() * std::mem::size_of::<(i64, strata_model::FloatHistogram)>()
+            + (self.sample_starts.capacity() + self.histogram_starts.capacity()) * 8
+            + self.series.capacity() * std::mem::size_of::<SeriesSpan>()
+            + self.metadata.capacity() * std::mem::size_of::<MetricMetadata>()
+    }
+}
+
+/// An empty vector of borrowed pairs, with its allocation, for pairs of another lifetime (the
+/// layouts are equal, so collecting in place reuses the allocation).
+pub fn reborrow_empty<'a, 'b, T: ?Sized>(v: Vec<(&'a T, &'a T)>) -> Vec<(&'b T, &'b T)> {
+    debug_assert!(v.is_empty());
+    v.into_iter().map(|_| unreachable!("emptied before")).collect()
 }
 
 /// One series of a `WriteBatch`: ranges into its `labels` and `samples`.
@@ -410,7 +472,12 @@ impl<'a> Wire<'a> {
 /// Reads a `prometheus.WriteRequest` in place (see `WriteBatch`). Field numbers and types as in
 /// `prompb`; unknown fields are skipped as protobuf requires.
 pub fn read_write_request(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
-    let mut out = WriteBatch::default();
+    read_write_request_into(raw, WriteBatch::default())
+}
+
+/// `read_write_request` into the buffers of `out` (an empty batch, `WriteBatch::recycle`).
+pub fn read_write_request_into<'a>(raw: &'a [u8], mut out: WriteBatch<'a>) -> Result<WriteBatch<'a>, DecodeError> {
+    debug_assert!(out.series.is_empty() && out.labels.is_empty(), "decoding into a batch that holds series");
     let mut w = Wire { buf: raw, pos: 0 };
     while let Some((field, wire)) = w.key()? {
         match (field, wire) {
@@ -569,6 +636,12 @@ fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), Decode
 /// `samples` in field 2, histograms in field 3, metadata in field 5). An out-of-range symbol
 /// reference or an odd number of references is a decoding error.
 pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> {
+    read_write_request_v2_into(raw, WriteBatch::default())
+}
+
+/// `read_write_request_v2` into the buffers of `out` (an empty batch, `WriteBatch::recycle`).
+pub fn read_write_request_v2_into<'a>(raw: &'a [u8], mut out: WriteBatch<'a>) -> Result<WriteBatch<'a>, DecodeError> {
+    debug_assert!(out.series.is_empty() && out.labels.is_empty(), "decoding into a batch that holds series");
     let mut symbols: Vec<&[u8]> = Vec::new();
     let mut series: Vec<&[u8]> = Vec::new();
     let mut w = Wire { buf: raw, pos: 0 };
@@ -579,7 +652,6 @@ pub fn read_write_request_v2(raw: &[u8]) -> Result<WriteBatch<'_>, DecodeError> 
             (_, wire) => w.skip(wire)?,
         }
     }
-    let mut out = WriteBatch::default();
     let sym = |r: u64, w: &Wire<'_>| -> Result<&[u8], DecodeError> {
         symbols.get(r as usize).copied().ok_or_else(|| w.err(&format!("symbol reference {r} out of range")))
     };
@@ -886,6 +958,23 @@ mod batch_tests {
                     prop_assert!(g.bit_eq(&e) && g.hint == e.hint, "{:?} vs {:?}", g, e);
                 }
             }
+        }
+
+        /// Decoding into a recycled batch (the buffers a thread keeps between requests) reads
+        /// exactly what decoding afresh does, with nothing of the earlier request left over,
+        /// in either protocol; and the recycled batch keeps its buffers.
+        #[test]
+        fn recycled_batch_reads_like_a_fresh_one(a in arb_request(), b in arb_request()) {
+            let (raw_a, raw_b) = (a.encode_to_vec(), b.encode_to_vec());
+            let first = read_write_request(&raw_a).unwrap();
+            let kept = first.labels.capacity();
+            let recycled = first.recycle();
+            prop_assert_eq!(recycled.labels.capacity(), kept);
+            let again = read_write_request_into(&raw_b, recycled).unwrap();
+            prop_assert_eq!(format!("{again:?}"), format!("{:?}", read_write_request(&raw_b).unwrap()));
+            let v2_raw = v2::request(&[(vec![("__name__", "up")], vec![(1, 2.0)])]).encode_to_vec();
+            let v2_again = read_write_request_v2_into(&v2_raw, again.recycle()).unwrap();
+            prop_assert_eq!(format!("{v2_again:?}"), format!("{:?}", read_write_request_v2(&v2_raw).unwrap()));
         }
 
         /// Arbitrary bytes give an error or a batch, never a panic.
