@@ -183,6 +183,7 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
+    purge_freed_memory_promptly();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -217,6 +218,24 @@ fn disable_transparent_huge_pages() {
 
 #[cfg(not(target_os = "linux"))]
 fn disable_transparent_huge_pages() {}
+
+/// mimalloc's option number for `purge_delay` (`mi_option_purge_delay` in v3's `mimalloc.h`;
+/// the `libmimalloc-sys` constants follow v2's numbering, hence our own).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Returns freed pages to the OS at once, unless `MIMALLOC_PURGE_DELAY` says otherwise.
+/// mimalloc waits a second by default, and under ingest with churn its arenas held far more
+/// than the live heap (200 instances, 60% replaced every 15 minutes: 490-530 MiB peak RSS for
+/// about 300 MiB live). Purging at once costs page faults only where large buffers are freed
+/// and grown again per request, which is why the ingest path keeps its buffers (remote write,
+/// appender): with them, peak RSS on that recording was 366-408 MiB purging at once against
+/// 423 MiB with the default delay, at the same CPU time within noise.
+fn purge_freed_memory_promptly() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets one integer option; mimalloc reads options atomically on each use.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
+}
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
