@@ -98,7 +98,11 @@ impl AppendBuffers {
     /// Keeps emptied buffers for the thread's next batch, unless they grew too large.
     fn keep(mut self) {
         self.pending.clear();
-        self.batch_max.clear();
+        // A hash map's clear rewrites all its control bytes even when it holds nothing, and
+        // small batches (a scrape, a carbon line) leave it empty.
+        if !self.batch_max.is_empty() {
+            self.batch_max.clear();
+        }
         self.logged.clear();
         let largest = self.pending.capacity().max(self.batch_max.capacity()).max(self.logged.capacity());
         if largest <= APPEND_BUFFERS_KEPT_ENTRIES {
