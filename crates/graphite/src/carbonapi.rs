@@ -176,7 +176,7 @@ pub fn render_v3(series: &[Series], requested: &[(i64, i64)]) -> Vec<u8> {
 fn glob_response(query: &str, nodes: &[Node]) -> GlobResponse {
     GlobResponse {
         name: query.to_owned(),
-        matches: nodes.iter().map(|n| GlobMatch { path: n.path.clone(), is_leaf: n.is_leaf }).collect(),
+        matches: nodes.iter().map(|n| GlobMatch { path: n.path.to_string(), is_leaf: n.is_leaf }).collect(),
     }
 }
 

@@ -8,16 +8,19 @@
 //! them all. The server answers finds from the names index instead (`strata_tsdb`'s
 //! `index::name_dict`); this is the reference that index is property-tested against.
 
+use std::borrow::Cow;
+
 use crate::glob::Glob;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Node {
-    /// The node's full path (`servers.dc1`).
-    pub path: String,
+pub struct Node<'a> {
+    /// The node's full path (`servers.dc1`): borrowed from the index that found it (a find
+    /// of ten thousand nodes allocates no string per node), or owned.
+    pub path: Cow<'a, str>,
     pub is_leaf: bool,
 }
 
-impl Node {
+impl Node<'_> {
     /// The last component (`dc1`), the node's name in graphite-web's answers.
     pub fn name(&self) -> &str {
         self.path.rsplit('.').next().unwrap_or(&self.path)
@@ -31,12 +34,12 @@ pub enum FindError {
 }
 
 /// The nodes `glob` matches among `paths` (sorted, unique), sorted by path; at most `limit`.
-pub fn find<S: AsRef<str>>(glob: &Glob, paths: &[S], limit: usize) -> Result<Vec<Node>, FindError> {
+pub fn find<S: AsRef<str>>(glob: &Glob, paths: &[S], limit: usize) -> Result<Vec<Node<'static>>, FindError> {
     let n = glob.components.len();
     let prefix = glob.literal_prefix();
     let start_at = prefix.trim_end_matches('.');
     let first = paths.partition_point(|p| p.as_ref() < start_at);
-    let mut out: Vec<Node> = Vec::new();
+    let mut out: Vec<Node<'static>> = Vec::new();
     for path in &paths[first..] {
         let path = path.as_ref();
         if !path.starts_with(start_at) {
@@ -66,13 +69,13 @@ pub fn find<S: AsRef<str>>(glob: &Glob, paths: &[S], limit: usize) -> Result<Vec
         }
         // Paths are sorted, but `a.b` (leaf), `a.b-c`, `a.b.x` (branch `a.b`) do not keep a
         // node's paths together: look the node up among the last ones found.
-        match out.binary_search_by(|x| x.path.as_str().cmp(node)) {
+        match out.binary_search_by(|x| (*x.path).cmp(node)) {
             Ok(i) => out[i].is_leaf |= is_leaf,
             Err(i) => {
                 if out.len() >= limit {
                     return Err(FindError::TooManyNodes(limit));
                 }
-                out.insert(i, Node { path: node.to_owned(), is_leaf });
+                out.insert(i, Node { path: Cow::Owned(node.to_owned()), is_leaf });
             }
         }
     }
@@ -97,7 +100,7 @@ mod tests {
 
     fn found(glob: &str) -> Vec<(String, bool)> {
         let g = Glob::parse(glob).unwrap();
-        find(&g, &PATHS, 100).unwrap().into_iter().map(|n| (n.path, n.is_leaf)).collect()
+        find(&g, &PATHS, 100).unwrap().into_iter().map(|n| (n.path.into_owned(), n.is_leaf)).collect()
     }
 
     fn nodes(list: &[(&str, bool)]) -> Vec<(String, bool)> {
@@ -160,7 +163,7 @@ mod tests {
                     }
                 }
             }
-            let want: Vec<Node> = want.into_iter().map(|(path, is_leaf)| Node { path, is_leaf }).collect();
+            let want: Vec<Node> = want.into_iter().map(|(path, is_leaf)| Node { path: path.into(), is_leaf }).collect();
             proptest::prop_assert_eq!(got, want);
         }
     }

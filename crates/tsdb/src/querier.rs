@@ -15,7 +15,7 @@ use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::{Head, HeadChunkBytes};
-use crate::index::name_dict::{dedup_or_flags, for_each_node, NamePattern};
+use crate::index::name_dict::{for_each_node, NamePattern, NodeSet};
 use crate::index::postings;
 
 /// A cursor over samples in time order.
@@ -646,8 +646,8 @@ impl<'a> Querier<'a> {
     /// and the blocks in range, each with its flags (`LEAF`, `BRANCH`) merged over the sources,
     /// sorted by node. Each source's names dictionary is walked; a block written before it had one is
     /// scanned. More than `limit` nodes is `TooManySeries`; the interrupt is asked as nodes come.
-    pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<Vec<(String, u8)>> {
-        let mut found = FoundNames { out: Vec::new(), limit, error: None, seen: 0, querier: self };
+    pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<NodeSet> {
+        let mut found = FoundNames { out: NodeSet::default(), limit, error: None, seen: 0, querier: self };
         if !self.head.search_names(pattern, |node, flags| found.add(node, flags)) {
             scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, |node, flags| found.add(node, flags));
         }
@@ -666,7 +666,7 @@ impl<'a> Querier<'a> {
         if let Some(e) = found.error {
             return Err(e);
         }
-        found.merge_repeats();
+        found.out.merge_repeats();
         if found.out.len() > limit {
             return Err(crate::Error::TooManySeries { limit });
         }
@@ -699,7 +699,7 @@ impl<'a> Querier<'a> {
 
 /// Nodes found by `find_names` so far (unsorted, possibly repeated), and why it stopped early.
 struct FoundNames<'q, 'a> {
-    out: Vec<(String, u8)>,
+    out: NodeSet,
     limit: usize,
     error: Option<crate::Error>,
     seen: usize,
@@ -714,28 +714,17 @@ impl FoundNames<'_, '_> {
             self.error = Some(e);
             return false;
         }
-        // Repeats are merged when the list reaches twice the limit, and at the end.
+        // A node can come from the head's dictionary and its delta, and from every block:
+        // repeats are merged when the set reaches twice the limit, and at the end.
         if self.out.len() >= self.limit.saturating_mul(2) {
-            self.merge_repeats();
+            self.out.merge_repeats();
             if self.out.len() >= self.limit {
                 self.error = Some(crate::Error::TooManySeries { limit: self.limit });
                 return false;
             }
         }
-        self.out.push((String::from_utf8_lossy(node).into_owned(), flags));
+        self.out.push(node, flags);
         true
-    }
-
-    /// Sorts the nodes (a reversed walk, or several sources, leave them out of order) and keeps
-    /// one entry per node with its flags merged: a node can come from the head's dictionary
-    /// and its delta, and from every block.
-    fn merge_repeats(&mut self) {
-        if self.out.is_sorted_by(|a, b| a.0 < b.0) {
-            return;
-        }
-        // Stable sort: it merges runs already in order (a dictionary's walk, then its delta's).
-        self.out.sort();
-        dedup_or_flags(&mut self.out);
     }
 }
 

@@ -16,6 +16,7 @@
 //! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
 //! every key sharing the dead prefix.
 
+use std::cell::RefCell;
 use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
@@ -177,43 +178,150 @@ struct Frame<'f, 'd> {
     key_len: usize,
     /// Index of the next transition to try, or of the next of the state's live bytes.
     next: usize,
+    /// The node starts a path component and its matches are being recorded for `Memo`: the
+    /// number of matches recorded when the walk entered it.
+    recording_from: Option<usize>,
+}
+
+/// Matches found under component starts, kept so that a subtree met again is answered by
+/// copying instead of walking it again. A minimized trie shares equal subtrees: every host
+/// under `servers.dc1.*` with the same metrics below it points at one node, and so does every
+/// host's `.dc1.servers` tail in the reversed trie; `*.*.*.net.eth0.rx_bytes` walks that tail
+/// once, not once per host. Only nodes reached by a `.` are looked up (a lookup costs about
+/// what a transition does, and component boundaries are where subtrees repeat).
+#[derive(Default)]
+struct Memo {
+    /// The keys of the matches recorded, back to back.
+    keys: Vec<u8>,
+    /// Per match recorded: where its key ends in `keys`, and its output.
+    found: Vec<(usize, u64)>,
+    /// Per (node, automaton state) walked whole: the matches recorded under it, and the key
+    /// length and output at the node.
+    subtrees: foldhash::HashMap<(fst::raw::CompiledAddr, StateID), Subtree>,
+    /// Frames on the walk's stack that are recording.
+    recording: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Subtree {
+    found: (usize, usize),
+    key_len: usize,
+    out: u64,
+}
+
+impl Memo {
+    /// Empty, keeping the buffers' capacity.
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.found.clear();
+        self.subtrees.clear();
+        self.recording = 0;
+    }
+
+    /// Records a match if a frame is recording.
+    fn record(&mut self, key: &[u8], out: u64) {
+        if self.recording > 0 {
+            self.keys.extend_from_slice(key);
+            self.found.push((self.keys.len(), out));
+        }
+    }
+
+    /// Visits again, under `key` with output `out`, the matches of a subtree walked before;
+    /// false when `visit` stops the walk.
+    fn replay(&mut self, sub: Subtree, key: &[u8], out: u64, visit: &mut impl FnMut(&[u8], u8) -> bool) -> bool {
+        for i in sub.found.0..sub.found.1 {
+            let begin = if i == 0 { 0 } else { self.found[i - 1].0 };
+            let (end, found_out) = self.found[i];
+            let start = self.keys.len();
+            self.keys.extend_from_slice(key);
+            self.keys.extend_from_within(begin + sub.key_len..end);
+            let value = found_out.wrapping_sub(sub.out).wrapping_add(out);
+            if !visit(&self.keys[start..], value as u8) {
+                return false;
+            }
+            if self.recording > 0 {
+                self.found.push((self.keys.len(), value));
+            } else {
+                self.keys.truncate(start);
+            }
+        }
+        true
+    }
 }
 
 /// Depth-first walk of `trie` together with `dfa`: a transition is followed only if the
 /// automaton stays alive on its byte. Where the automaton can go on with only a few bytes (a
 /// literal run, a short alternation) those are looked up in the node; elsewhere every
-/// transition of the node is tried. Visits keys in order.
+/// transition of the node is tried. Subtrees under a component start are walked once per
+/// automaton state (`Memo`). Visits keys in order.
 fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) {
     let start = start_state(&dfa.dfa);
-    let root = trie.root();
     let mut key: Vec<u8> = Vec::new();
-    if root.is_final() && dfa.matches_at_end(start) && !visit(&key, root.final_output().value() as u8) {
+    if trie.root().is_final() && dfa.matches_at_end(start) && !visit(&key, trie.root().final_output().value() as u8) {
         return;
     }
+    let mut memo = KEPT_MEMO.with(RefCell::take);
+    walk_with(trie, dfa, &mut memo, &mut key, start, visit);
+    memo.clear();
+    if memo.keys.capacity() <= MEMO_KEPT_BYTES_MAX {
+        KEPT_MEMO.with(|kept| kept.replace(memo));
+    }
+}
+
+/// A memo's buffers are kept for the thread's next walk up to this size: a find of thousands
+/// of nodes then writes into pages it already has instead of faulting in fresh ones.
+const MEMO_KEPT_BYTES_MAX: usize = 4 << 20;
+
+thread_local! {
+    static KEPT_MEMO: RefCell<Memo> = RefCell::default();
+}
+
+/// `walk` with the memo's buffers lent by the thread.
+fn walk_with(
+    trie: &fst::raw::Fst<Bytes>,
+    dfa: &CompiledDfa,
+    memo: &mut Memo,
+    key: &mut Vec<u8>,
+    start: StateID,
+    mut visit: impl FnMut(&[u8], u8) -> bool,
+) {
+    let root = trie.root();
     let live = dfa.live_bytes(start);
-    let mut stack = vec![Frame { node: root, state: start, live, out: fst::raw::Output::zero(), key_len: 0, next: 0 }];
+    let mut stack = vec![Frame {
+        node: root,
+        state: start,
+        live,
+        out: fst::raw::Output::zero(),
+        key_len: 0,
+        next: 0,
+        recording_from: None,
+    }];
     while let Some(top) = stack.last_mut() {
         let transition = match top.live {
-            Some(bytes) => {
-                let Some(&b) = bytes.get(top.next) else {
-                    stack.pop();
-                    continue;
-                };
-                top.next += 1;
-                match top.node.find_input(b) {
-                    Some(i) => top.node.transition(i),
-                    None => continue,
+            Some(bytes) => match bytes.get(top.next) {
+                Some(&b) => {
+                    top.next += 1;
+                    match top.node.find_input(b) {
+                        Some(i) => Some(top.node.transition(i)),
+                        None => continue,
+                    }
                 }
-            }
-            None => {
-                if top.next >= top.node.len() {
-                    stack.pop();
-                    continue;
-                }
-                let t = top.node.transition(top.next);
+                None => None,
+            },
+            None if top.next < top.node.len() => {
                 top.next += 1;
-                t
+                Some(top.node.transition(top.next - 1))
             }
+            None => None,
+        };
+        let Some(transition) = transition else {
+            let done = stack.pop().expect("the loop runs on a non-empty stack");
+            if let Some(first) = done.recording_from {
+                memo.recording -= 1;
+                let sub = Subtree { found: (first, memo.found.len()), key_len: done.key_len, out: done.out.value() };
+                memo.subtrees.insert((done.node.addr(), done.state), sub);
+            }
+            continue;
         };
         let state = dfa.dfa.next_state(top.state, transition.inp);
         if dfa.dfa.is_dead_state(state) {
@@ -223,10 +331,33 @@ fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[
         key.truncate(top.key_len);
         key.push(transition.inp);
         let node = trie.node(transition.addr);
-        if node.is_final() && dfa.matches_at_end(state) && !visit(&key, out.cat(node.final_output()).value() as u8) {
-            return;
+        let mut recording_from = None;
+        if transition.inp == b'.' {
+            if let Some(&sub) = memo.subtrees.get(&(node.addr(), state)) {
+                if !memo.replay(sub, key, out.value(), &mut visit) {
+                    return;
+                }
+                continue;
+            }
+            recording_from = Some(memo.found.len());
+            memo.recording += 1;
         }
-        stack.push(Frame { node, state, live: dfa.live_bytes(state), out, key_len: key.len(), next: 0 });
+        if node.is_final() && dfa.matches_at_end(state) {
+            let value = out.cat(node.final_output()).value();
+            if !visit(key, value as u8) {
+                return;
+            }
+            memo.record(key, value);
+        }
+        stack.push(Frame {
+            node,
+            state,
+            live: dfa.live_bytes(state),
+            out,
+            key_len: key.len(),
+            next: 0,
+            recording_from,
+        });
     }
 }
 
@@ -247,7 +378,7 @@ fn cmp_reversed(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 }
 
 /// Merges the flags of equal adjacent nodes (sorted input): one entry per node.
-pub fn dedup_or_flags<K: PartialEq>(nodes: &mut Vec<(K, u8)>) {
+fn dedup_or_flags<K: PartialEq>(nodes: &mut Vec<(K, u8)>) {
     nodes.dedup_by(|later, kept| {
         if later.0 == kept.0 {
             kept.1 |= later.1;
@@ -256,6 +387,137 @@ pub fn dedup_or_flags<K: PartialEq>(nodes: &mut Vec<(K, u8)>) {
             false
         }
     });
+}
+
+/// Nodes with their flags gathered from several searches (in any order, repeated), kept back
+/// to back in one buffer: a find of ten thousand nodes allocates a few times instead of once
+/// per node, and sorting compares slices of one buffer instead of chasing a pointer per key.
+#[derive(Debug, Default, Clone)]
+pub struct NodeSet {
+    bytes: Vec<u8>,
+    nodes: Vec<NodeEntry>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NodeEntry {
+    start: usize,
+    end: usize,
+    flags: u8,
+}
+
+impl NodeSet {
+    pub fn push(&mut self, node: &[u8], flags: u8) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(node);
+        self.nodes.push(NodeEntry { start, end: self.bytes.len(), flags });
+    }
+
+    /// Entries held, repeats included until `merge_repeats`.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn key(&self, e: &NodeEntry) -> &[u8] {
+        &self.bytes[e.start..e.end]
+    }
+
+    /// Sorts the nodes and keeps one entry per node with its flags merged. The bytes of dropped
+    /// repeats stay in the buffer until they outweigh the rest: then it is rewritten.
+    pub fn merge_repeats(&mut self) {
+        if self.nodes.windows(2).all(|w| self.key(&w[0]) < self.key(&w[1])) {
+            return;
+        }
+        let order = self.sorted_order();
+        let mut nodes: Vec<NodeEntry> = Vec::with_capacity(self.nodes.len());
+        for i in order {
+            let e = self.nodes[i];
+            match nodes.last_mut() {
+                Some(last) if self.bytes[last.start..last.end] == self.bytes[e.start..e.end] => last.flags |= e.flags,
+                _ => nodes.push(e),
+            }
+        }
+        self.nodes = nodes;
+        let live: usize = self.nodes.iter().map(|e| e.end - e.start).sum();
+        if self.bytes.len() > 2 * live {
+            let mut packed = Vec::with_capacity(live);
+            for e in &mut self.nodes {
+                let start = packed.len();
+                packed.extend_from_slice(&self.bytes[e.start..e.end]);
+                (e.start, e.end) = (start, packed.len());
+            }
+            self.bytes = packed;
+        }
+    }
+
+    /// The entries' indexes in key order. Keys are sorted eight bytes at a time: by the first
+    /// eight as one integer, then each run of keys that agree on them by the next eight, and
+    /// so on. Sorting integers beats comparing byte strings, and paths that share long
+    /// prefixes (`servers.dc1.host-…`) are told apart within a word or two.
+    fn sorted_order(&self) -> Vec<usize> {
+        let n = self.nodes.len();
+        if u32::try_from(n).is_err() {
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_unstable_by(|&a, &b| self.key(&self.nodes[a]).cmp(self.key(&self.nodes[b])));
+            return order;
+        }
+        // A word's key: its eight bytes (zero-padded), then how many of them the node has
+        // (so `a` sorts before `a\0`), then the entry's index; equal words with 8 bytes
+        // leave the run undecided.
+        let word_key = |i: u32, depth: usize| -> u128 {
+            let e = &self.nodes[i as usize];
+            let from = (e.start + depth).min(e.end);
+            let (word, len) = match self.bytes.get(from..from + 8) {
+                Some(eight) if from + 8 <= e.end => (u64::from_be_bytes(eight.try_into().expect("eight bytes")), 8),
+                _ => {
+                    let rest = &self.bytes[from..e.end];
+                    let mut word = [0u8; 8];
+                    for (w, b) in word.iter_mut().zip(rest) {
+                        *w = *b;
+                    }
+                    (u64::from_be_bytes(word), rest.len().min(8))
+                }
+            };
+            (u128::from(word) << 40) | ((len as u128) << 32) | u128::from(i)
+        };
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        // Runs still to sort: (start, end, depth), an explicit stack (paths can be long).
+        let mut runs = vec![(0, n, 0)];
+        let mut keys: Vec<u128> = Vec::new();
+        while let Some((start, end, depth)) = runs.pop() {
+            keys.clear();
+            keys.extend(order[start..end].iter().map(|&i| word_key(i, depth)));
+            // A word every key of the run shares (a common prefix) needs no sort.
+            if keys.iter().all(|k| k >> 32 == keys[0] >> 32) {
+                if keys[0] >> 32 & 0xff == 8 {
+                    runs.push((start, end, depth + 8));
+                }
+                continue;
+            }
+            keys.sort_unstable();
+            for (slot, k) in order[start..end].iter_mut().zip(&keys) {
+                *slot = *k as u32;
+            }
+            let mut i = 0;
+            while i < keys.len() {
+                let word = keys[i] >> 32;
+                let same = keys[i..].iter().take_while(|k| *k >> 32 == word).count();
+                if same > 1 && word & 0xff == 8 {
+                    runs.push((start + i, start + i + same, depth + 8));
+                }
+                i += same;
+            }
+        }
+        order.into_iter().map(|i| i as usize).collect()
+    }
+
+    /// The nodes in the order held (sorted after `merge_repeats`).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], u8)> {
+        self.nodes.iter().map(|e| (self.key(e), e.flags))
+    }
 }
 
 /// An fst map of `nodes` (sorted as they will be inserted: by bytes, or by reversed bytes).
@@ -515,36 +777,60 @@ impl NameDelta {
     }
 }
 
-/// The keys of `map` that `dfa` matches whole. A key on which the automaton dies after `i`
-/// bytes rules out every key starting with those `i + 1` bytes: the walk continues after them.
+/// Keys stepped over one by one, past a dead prefix, before the walk seeks instead.
+const STEPS_BEFORE_SEEK: usize = 8;
+
+/// The keys of `map` that `dfa` matches whole, in order. A key on which the automaton dies
+/// after `i` bytes rules out every key starting with those `i + 1` bytes: the walk steps over
+/// a few of them and seeks past the rest. The automaton resumes from the bytes a key shares
+/// with the previous one (neighbouring paths share most of theirs).
 fn search_sorted(map: &BTreeMap<Box<[u8]>, u8>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) {
-    let mut from: Vec<u8> = Vec::new();
-    loop {
-        let Some((key, &flags)) = map.range::<[u8], _>((Bound::Included(&from[..]), Bound::Unbounded)).next() else {
-            return;
-        };
-        match dfa.run(key) {
-            Ok(state) => {
-                if dfa.matches_at_end(state) && !visit(key, flags) {
+    let start = start_state(&dfa.dfa);
+    let mut keys = map.range::<[u8], _>(..);
+    // The previous key, and the automaton's state after each of its first bytes (`states[i]`
+    // after `i` bytes; as many as it lived through).
+    let mut prev: Vec<u8> = Vec::new();
+    let mut states: Vec<StateID> = vec![start];
+    // The prefix the automaton died on, and how many keys were stepped over past it.
+    let mut dead: Option<(Vec<u8>, usize)> = None;
+    while let Some((key, &flags)) = keys.next() {
+        if let Some((prefix, steps)) = &mut dead {
+            if key.starts_with(prefix) {
+                *steps += 1;
+                if *steps >= STEPS_BEFORE_SEEK {
+                    // Past every key starting with the prefix: drop trailing 0xff bytes, add one.
+                    while prefix.last() == Some(&0xff) {
+                        prefix.pop();
+                    }
+                    let Some(last) = prefix.last_mut() else { return };
+                    *last += 1;
+                    keys = map.range::<[u8], _>((Bound::Included(&prefix[..]), Bound::Unbounded));
+                    dead = None;
+                }
+                continue;
+            }
+            dead = None;
+        }
+        let shared = key.iter().zip(&prev).take_while(|(a, b)| a == b).count().min(states.len() - 1);
+        states.truncate(shared + 1);
+        let mut died = None;
+        for (i, &b) in key.iter().enumerate().skip(shared) {
+            let next = dfa.dfa.next_state(states[i], b);
+            if dfa.dfa.is_dead_state(next) {
+                died = Some(i);
+                break;
+            }
+            states.push(next);
+        }
+        prev.clear();
+        prev.extend_from_slice(key);
+        match died {
+            None => {
+                if dfa.matches_at_end(states[key.len()]) && !visit(key, flags) {
                     return;
                 }
-                // The next key: the smallest one greater than this.
-                from.clear();
-                from.extend_from_slice(key);
-                from.push(0);
             }
-            Err(i) => {
-                // Past every key starting with key[..=i]: drop trailing 0xff bytes, add one.
-                from.clear();
-                from.extend_from_slice(&key[..=i]);
-                while from.last() == Some(&0xff) {
-                    from.pop();
-                }
-                match from.last_mut() {
-                    Some(b) => *b += 1,
-                    None => return,
-                }
-            }
+            Some(i) => dead = Some((key[..=i].to_vec(), 0)),
         }
     }
 }
@@ -667,11 +953,137 @@ mod tests {
         assert!(matches!(NamePattern::new(r"\w{200}[^a]{100}"), Err(PatternError::TooComplex(_))));
     }
 
+    /// `hosts` hosts under two data centres with the given metrics each: host trees that
+    /// repeat (the trie shares them, the walk's memo replays them) and some that differ.
+    fn host_names(hosts: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for h in 0..hosts {
+            for dc in ["dc1", "dc2"] {
+                for m in ["cpu.user", "cpu.system", "net.eth0.rx", "net.eth0.tx", "net.eth1.rx", "load.1"] {
+                    // Every seventh host lacks eth1, every eleventh has a metric of its own.
+                    if m.contains("eth1") && h % 7 == 0 {
+                        continue;
+                    }
+                    out.push(format!("servers.{dc}.host-{h:03}.{m}"));
+                }
+                if h % 11 == 0 {
+                    out.push(format!("servers.{dc}.host-{h:03}.own.h{h}"));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn shared_subtrees_are_replayed_with_their_own_prefixes() {
+        let names = host_names(120);
+        let dict = NameDict::build(names.iter().map(String::as_str));
+        for re in [
+            r"[^.]*\.[^.]*\.[^.]*\.net\.eth1\.rx",
+            r"servers\.[^.]*\.[^.]*\.[^.]*",
+            r"[^.]*\.dc2\.[^.]*\.(cpu|own)\..*",
+            r".*\.rx",
+        ] {
+            let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
+            let mut want: BTreeMap<String, u8> = BTreeMap::new();
+            for n in &names {
+                for_each_node(n.as_bytes(), |node, flags| {
+                    let node = std::str::from_utf8(node).unwrap();
+                    if r.is_match(node) {
+                        *want.entry(node.to_owned()).or_default() |= flags;
+                    }
+                });
+            }
+            assert!(want.len() > 100, "{re}: {} nodes, too few to repeat a subtree", want.len());
+            for reversed in [false, true] {
+                let p = NamePattern::new(re).unwrap().walking(reversed);
+                let mut visits = Vec::new();
+                dict.search(&p, |k, f| {
+                    visits.push((String::from_utf8(k.to_vec()).unwrap(), f));
+                    true
+                });
+                let got: BTreeMap<String, u8> = visits.iter().cloned().collect();
+                assert_eq!(got.len(), visits.len(), "{re}: a node visited twice");
+                assert_eq!(got, want, "{re}, reversed {reversed}");
+                // Stopped after five visits, replayed or walked: exactly five.
+                let mut count = 0;
+                dict.search(&p, |_, _| {
+                    count += 1;
+                    count < 5
+                });
+                assert_eq!(count, 5, "{re}: the walk stops when told");
+            }
+        }
+    }
+
+    #[test]
+    fn a_delta_seeks_past_long_dead_runs() {
+        let base = NameDict::default();
+        let mut delta = NameDelta::default();
+        for n in host_names(40) {
+            delta.add(&base, None, &n);
+        }
+        // Most keys lie under a prefix the automaton dies on (every host's cpu and net).
+        for (re, count) in [(r"servers\.dc1\.[^.]*\.load\.1", 40), (r"servers\.dc2\.host-03[0-9]\.own\..*", 1)] {
+            for reversed in [false, true] {
+                let p = NamePattern::new(re).unwrap().walking(reversed);
+                let mut visits = Vec::new();
+                delta.search(&p, |k, _| {
+                    visits.push(String::from_utf8(k.to_vec()).unwrap());
+                    true
+                });
+                assert_eq!(visits.len(), count, "{re}, reversed {reversed}: {visits:?}");
+                assert!(visits.iter().all(|v| regex::Regex::new(&format!("^{re}$")).unwrap().is_match(v)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_set_sorts_merges_and_packs() {
+        let mut set = NodeSet::default();
+        for (k, f) in [("b", LEAF), ("a.b", BRANCH), ("a", BRANCH), ("a.b", LEAF), ("a\0", LEAF), ("a", BRANCH)] {
+            set.push(k.as_bytes(), f);
+        }
+        set.merge_repeats();
+        let got: Vec<(&[u8], u8)> = set.iter().collect();
+        assert_eq!(
+            got,
+            vec![(&b"a"[..], BRANCH), (&b"a\0"[..], LEAF), (&b"a.b"[..], LEAF | BRANCH), (&b"b"[..], LEAF)]
+        );
+        // Many repeats: the buffer is rewritten once they outweigh the nodes kept.
+        for _ in 0..10 {
+            set.push(b"a.b", LEAF);
+        }
+        set.merge_repeats();
+        assert_eq!(set.len(), 4);
+        assert!(set.bytes.len() <= 2 * (1 + 2 + 3 + 1), "{} bytes kept", set.bytes.len());
+    }
+
     proptest! {
         #[test]
         fn reversed_order_is_the_order_of_the_reversed_bytes(a in "[a-c.]{0,20}", b in "[a-c.]{0,20}") {
             let rev = |s: &str| s.bytes().rev().collect::<Vec<u8>>();
             prop_assert_eq!(cmp_reversed(a.as_bytes(), b.as_bytes()), rev(&a).cmp(&rev(&b)));
+        }
+
+        /// A node set holds what a map merging the flags of every node pushed would, in order.
+        #[test]
+        fn a_node_set_agrees_with_a_map(
+            pushes in proptest::collection::vec(("(servers\\.dc[12]\\.host-0{0,12}[0-9]|[ab\\x00\\xff]{0,3})", 1u8..4), 0..200),
+            merge_every in 1usize..60,
+        ) {
+            let mut set = NodeSet::default();
+            let mut want: BTreeMap<Vec<u8>, u8> = BTreeMap::new();
+            for (i, (k, f)) in pushes.iter().enumerate() {
+                set.push(k.as_bytes(), *f);
+                *want.entry(k.as_bytes().to_vec()).or_default() |= f;
+                if i % merge_every == 0 {
+                    set.merge_repeats();
+                }
+            }
+            set.merge_repeats();
+            let got: Vec<(Vec<u8>, u8)> = set.iter().map(|(k, f)| (k.to_vec(), f)).collect();
+            prop_assert_eq!(got, want.into_iter().collect::<Vec<_>>());
         }
 
         /// Either direction, dictionary or delta: exactly the nodes the `regex` crate matches.
@@ -698,8 +1110,13 @@ mod tests {
             let dict = NameDict::build(names.iter().map(String::as_str));
             for reversed in [false, true] {
             let p = NamePattern::new(&re).unwrap().walking(reversed);
-            let mut got: BTreeMap<String, u8> = BTreeMap::new();
-            dict.search(&p, |k, f| { got.insert(String::from_utf8(k.to_vec()).unwrap(), f); true });
+            let mut visits: Vec<(String, u8)> = Vec::new();
+            dict.search(&p, |k, f| { visits.push((String::from_utf8(k.to_vec()).unwrap(), f)); true });
+            if !reversed {
+                prop_assert!(visits.is_sorted_by(|a, b| a.0 < b.0), "a forward walk visits in order: {:?}", visits);
+            }
+            let got: BTreeMap<String, u8> = visits.iter().cloned().collect();
+            prop_assert_eq!(got.len(), visits.len(), "a node visited twice: {:?}", visits);
             prop_assert_eq!(&got, &want);
             // Half in a base dictionary, half in a delta: their union.
             let base = NameDict::build(names[..split].iter().map(String::as_str));
@@ -709,8 +1126,16 @@ mod tests {
             }
             let mut got: BTreeMap<String, u8> = BTreeMap::new();
             base.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
-            delta.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
+            let mut delta_visits: Vec<String> = Vec::new();
+            delta.search(&p, |k, f| {
+                delta_visits.push(String::from_utf8(k.to_vec()).unwrap());
+                *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f;
+                true
+            });
             prop_assert_eq!(&got, &want);
+            if !reversed {
+                prop_assert!(delta_visits.is_sorted_by(|a, b| a < b), "a delta's forward walk visits in order");
+            }
             for n in &names {
                 prop_assert_eq!(p.is_match(n.as_bytes()), r.is_match(n));
             }
