@@ -309,6 +309,12 @@ fn render_db(o: &mut String, db: &Db) {
                 "counter",
                 load(&db.stats().wal_shortenings),
             ),
+            (
+                "strata_tsdb_head_chunk_write_passes_total",
+                "Passes over the head writing closed chunks out to shorten the WAL, checkpointed or not.",
+                "counter",
+                load(&db.stats().chunk_write_passes),
+            ),
         ],
     );
     let mem = head.memory();

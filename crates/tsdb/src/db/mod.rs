@@ -93,6 +93,8 @@ pub struct DbStats {
     pub blocks_set_aside: AtomicU64,
     /// Rounds of `shorten_wal`.
     pub wal_shortenings: AtomicU64,
+    /// Passes over the head writing closed chunks out for `shorten_wal`, checkpoint or not.
+    pub chunk_write_passes: AtomicU64,
 }
 
 /// What one `compact` call did.
@@ -129,6 +131,11 @@ struct Inner {
     stats: DbStats,
     /// What the WAL held at its last checkpoint, to judge whether the next one pays.
     at_checkpoint: Mutex<CheckpointMark>,
+    /// The last finished WAL segment when `shorten_wal` last wrote chunks out but found too
+    /// little written to checkpoint: it waits for the next segment before looking again (a
+    /// pass reads every series; series of few samples each, as carbon paths are at first,
+    /// kept it rescanning a million of them every second).
+    persisted_without_checkpoint: Mutex<Option<u64>>,
     /// Held for the lifetime of the `Db`; the kernel releases it if the process dies.
     _lock: Box<dyn std::fmt::Debug + Send + Sync>,
 }
@@ -195,6 +202,7 @@ impl Db {
             replay,
             stats: DbStats::default(),
             at_checkpoint: Mutex::new(CheckpointMark::default()),
+            persisted_without_checkpoint: Mutex::new(None),
             _lock: lock,
         });
         let background = opts.compact_interval.map(|every| spawn_background(&inner, every));
@@ -501,13 +509,18 @@ impl Inner {
         let _guard = self.compaction.lock();
         let started = Instant::now();
         let last = wal.current_segment() - 1;
+        if self.persisted_without_checkpoint.lock().is_some_and(|at| at >= last) {
+            return Ok(false);
+        }
         let persisted = head.persist_chunks()?;
+        self.stats.chunk_write_passes.fetch_add(1, Ordering::Relaxed);
         let persist_ms = started.elapsed().as_millis() as u64;
         let mark = *self.at_checkpoint.lock();
         let appended = head.stats.samples_appended.load(Ordering::Relaxed);
         let written = head.stats.samples_written.load(Ordering::Relaxed);
         let in_log = mark.kept + appended.saturating_sub(mark.appended);
         if written.saturating_sub(mark.written) * 2 < in_log {
+            *self.persisted_without_checkpoint.lock() = Some(last);
             return Ok(false);
         }
         let written = head.written_until();
@@ -1020,6 +1033,44 @@ mod tests {
         let db = Db::open(tmp.path(), opts).unwrap();
         check(&db, &model);
         assert!(db.head().stats.chunks_written.load(Ordering::Relaxed) == 0);
+        db.close().unwrap();
+    }
+
+    /// Series of few samples each (carbon paths at first) leave nothing closed to write out:
+    /// the pass that found so is not repeated until the log has finished another segment.
+    #[test]
+    fn a_pass_that_could_not_checkpoint_waits_for_the_next_segment() {
+        use strata_model::Labels;
+        let tmp = tempfile::tempdir().unwrap();
+        let wal = crate::wal::WalOptions { segment_bytes: 64 << 10, ..Default::default() };
+        let head = HeadOptions { wal, ..Default::default() };
+        let opts = DbOptions { compact_interval: None, retention_ms: 0, head, ..Default::default() };
+        let db = Db::open(tmp.path(), opts).unwrap();
+        let passes = || db.stats().chunk_write_passes.load(Ordering::Relaxed);
+        let mut next_series = 0;
+        let mut fill_segments = |db: &Db, segments: u64| {
+            let wal = db.head().wal().unwrap();
+            let until = wal.current_segment() + segments;
+            while wal.current_segment() < until {
+                let mut app = db.appender();
+                for _ in 0..500 {
+                    let l = Labels::from_pairs([("__name__", format!("servers.host-{next_series}.load").as_str())]);
+                    app.append(&l, 1000, 1.0).unwrap();
+                    next_series += 1;
+                }
+                app.commit().unwrap();
+            }
+        };
+        fill_segments(&db, 3);
+        assert!(!db.shorten_wal().unwrap(), "nothing closed: no checkpoint");
+        assert_eq!(passes(), 1);
+        for _ in 0..3 {
+            assert!(!db.shorten_wal().unwrap());
+        }
+        assert_eq!(passes(), 1, "no new segment, no new pass");
+        fill_segments(&db, 1);
+        assert!(!db.shorten_wal().unwrap());
+        assert_eq!(passes(), 2, "a segment later, one more pass");
         db.close().unwrap();
     }
 
