@@ -287,6 +287,7 @@ fn render_db(o: &mut String, db: &Db) {
         ],
     );
     let (files, file_bytes) = head.chunk_files_usage();
+    let (names_dict, names_delta, _) = head.names_stats();
     singles(
         o,
         &[
@@ -314,6 +315,18 @@ fn render_db(o: &mut String, db: &Db) {
                 "Passes over the head writing closed chunks out to shorten the WAL, checkpointed or not.",
                 "counter",
                 load(&db.stats().chunk_write_passes),
+            ),
+            (
+                "strata_tsdb_head_names_dictionary_nodes",
+                "Metric names and path nodes in the head's names dictionary (what finds and name regexes walk).",
+                "gauge",
+                names_dict as f64,
+            ),
+            (
+                "strata_tsdb_head_names_delta_nodes",
+                "Names and path nodes created since the dictionary was last built (searched more slowly until the next rebuild).",
+                "gauge",
+                names_delta as f64,
             ),
         ],
     );

@@ -710,10 +710,15 @@ impl Head {
     }
 
     /// Rebuilds the dictionary of metric names if it has fallen behind (many names created
-    /// since the last build, or series removed); returns whether it did. Takes about a second
-    /// per million names: for a background thread.
+    /// since the last build, or series removed) and the pause after the last rebuild is over;
+    /// returns whether it did. Takes about a second per million names: for a background thread.
     pub fn maintain_names(&self) -> bool {
-        if !self.names.wants_rebuild() {
+        self.maintain_names_at(std::time::Instant::now())
+    }
+
+    /// `maintain_names` as of `now` (tests step past the pause after a rebuild).
+    pub(crate) fn maintain_names_at(&self, now: std::time::Instant) -> bool {
+        if !self.names.wants_rebuild(now) {
             return false;
         }
         self.rebuild_names();

@@ -441,14 +441,27 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
     head.rebuild_names();
     assert_eq!(head.names_stats().1, 0);
     assert_eq!(by_dictionary_and_by_scan(&head, r".*\.net\.eth0\.rx_bytes").0.len(), 40);
-    // Truncation removes dc1's series; the next maintenance drops their names.
+    // Truncation removes dc1's series; the next maintenance drops their names, once the
+    // pause after the last rebuild is over.
     head.truncate(1500, u64::MAX);
     let before = head.names_stats().0;
-    assert!(head.maintain_names());
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    assert!(head.maintain_names_at(later));
     assert!(head.names_stats().0 < before);
     let (found, scanned) = by_dictionary_and_by_scan(&head, r".*\.cpu\.user");
     assert_eq!((found.len(), &found), (20, &scanned));
-    assert!(!head.maintain_names(), "nothing changed since");
+    assert!(!head.maintain_names_at(later + std::time::Duration::from_secs(3600)), "nothing changed since");
+    // Due again, but within the pause after a rebuild: it waits.
+    let mut app = head.appender();
+    for p in paths(3) {
+        app.append(&l(&[("__name__", &p)]), 3000, 3.0).unwrap();
+    }
+    app.commit().unwrap();
+    let during = std::time::Instant::now();
+    head.rebuild_names();
+    head.truncate(2500, u64::MAX);
+    assert!(!head.maintain_names_at(during), "a rebuild before the pause after the last is over waits");
+    assert!(head.maintain_names_at(during + std::time::Duration::from_secs(3600)));
 }
 
 const WINDOW: OutOfOrder = OutOfOrder { window_ms: 3_600_000, replace: false };
