@@ -15,6 +15,7 @@ pub mod events;
 pub mod find;
 pub mod functions;
 pub mod glob;
+pub mod msgpack;
 pub mod path;
 pub mod pickle;
 pub mod render;

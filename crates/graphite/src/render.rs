@@ -333,6 +333,24 @@ pub fn to_pickle(series: &[Series]) -> Vec<u8> {
     p.finish()
 }
 
+/// graphite-web's `format=msgpack`: the pickle format's dicts, in MessagePack.
+pub fn to_msgpack(series: &[Series]) -> Vec<u8> {
+    let mut p = crate::msgpack::Packer::new();
+    p.array(series.len());
+    for s in series {
+        p.map(9);
+        p.str("name").str(&s.name);
+        p.str("start").int(s.start).str("end").int(s.end).str("step").int(s.step);
+        p.str("values").array(s.values.len());
+        for v in &s.values {
+            p.opt_float(*v);
+        }
+        p.str("pathExpression").str(&s.path_expression);
+        p.str("valuesPerPoint").int(1).str("consolidationFunc").str("average").str("xFilesFactor").float(0.0);
+    }
+    p.finish()
+}
+
 /// graphite-web's `format=raw`: `name,start,end,step|v1,v2,None,…` per series.
 pub fn to_raw(series: &[Series]) -> String {
     let mut out = String::new();
@@ -465,6 +483,16 @@ mod tests {
         let pickled = to_pickle(std::slice::from_ref(&s));
         assert!(pickled.starts_with(b"\x80\x02](}(X\x04\x00\x00\x00nameX\x03\x00\x00\x00a.b"), "{pickled:?}");
         assert!(pickled.ends_with(b"ue."), "{pickled:?}");
+        // MessagePack: the dict graphite-web's `TimeSeries.getInfo()` gives, key for key.
+        let packed: serde_json::Value = rmp_serde::from_slice(&to_msgpack(std::slice::from_ref(&s))).unwrap();
+        assert_eq!(
+            packed,
+            serde_json::json!([{
+                "name": "a.b", "start": 1_700_000_040, "end": 1_700_000_160, "step": 60,
+                "values": [1.0, null], "pathExpression": "a.*", "valuesPerPoint": 1,
+                "consolidationFunc": "average", "xFilesFactor": 0.0,
+            }])
+        );
         assert_eq!(
             to_json(&mut [s], None),
             r#"[{"target": "a.b", "tags": {"name": "a.b"}, "datapoints": [[1.0, 1700000040], [null, 1700000100]]}]"#

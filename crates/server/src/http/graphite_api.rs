@@ -1,10 +1,12 @@
 //! Graphite's HTTP API, as graphite-web serves it (also under `/graphite/`, and with the
 //! trailing slash graphite-web's cluster requests carry): `/metrics/find` in graphite-web's
-//! `treejson` (its default, what Grafana's Graphite data source reads), `completer`, `json` and
-//! `pickle` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints, and `/render`
-//! of paths, globs, `seriesByTag` and functions over them in the `json`, `csv`, `raw` and `pickle`
-//! formats (`pickle` is what graphite-web reads from the servers in its `CLUSTER_SERVERS`). Paths are the `__name__` of stored series (`docs/graphite.md`); reads go through
-//! the same slots, deadline and limits as PromQL's.
+//! `treejson` (its default, what Grafana's Graphite data source reads), `completer`, `json`,
+//! `pickle` and `msgpack` formats, `/metrics/expand`, `/metrics/index.json`, the tag endpoints,
+//! and `/render` of paths, globs, `seriesByTag` and functions over them in the `json`, `csv`,
+//! `raw`, `pickle` and `msgpack` formats (`pickle`, or `msgpack` when configured so, is what
+//! graphite-web reads from the servers in its `CLUSTER_SERVERS`). Paths are the `__name__` of
+//! stored series (`docs/graphite.md`); reads go through the same slots, deadline and limits as
+//! PromQL's.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{to_csv, to_json, to_pickle, to_raw, Series as RenderSeries};
+use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries};
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_graphite::target::{self, Expr};
 use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
@@ -96,11 +98,11 @@ pub(super) async fn find(
         p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "treejson" }).to_owned();
     if !matches!(
         format.as_str(),
-        "treejson" | "completer" | "json" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
+        "treejson" | "completer" | "json" | "pickle" | "msgpack" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
     ) {
         return Err(ApiError::bad_data(format!(
             "format {format:?} is not supported: use treejson (the default), completer, json, pickle, \
-             protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
+             msgpack, protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
     let (from, until) = match &v3_request {
@@ -129,6 +131,9 @@ pub(super) async fn find(
         "completer" => json_bytes(completer(&nodes, wildcards)),
         "json" => json_bytes(nodes_json(&nodes, interval())),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
+        "msgpack" => {
+            ([(header::CONTENT_TYPE, "application/x-msgpack")], msgpack_nodes(&nodes, interval())).into_response()
+        }
         "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(query, &nodes)),
         _ => json_bytes(tree_json(&nodes, query, wildcards)),
     })
@@ -209,6 +214,21 @@ fn pickle_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
         p.end();
     }
     p.end();
+    p.finish()
+}
+
+/// graphite-web's find `format=msgpack`: the pickle format's dicts, intervals as
+/// `[start, end]` arrays, in MessagePack.
+fn msgpack_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
+    let mut p = strata_graphite::msgpack::Packer::new();
+    p.array(nodes.len());
+    for n in nodes {
+        p.map(if n.is_leaf { 3 } else { 2 });
+        p.str("path").str(&n.path).str("is_leaf").bool(n.is_leaf);
+        if n.is_leaf {
+            p.str("intervals").array(1).array(2).int(start).int(end);
+        }
+    }
     p.finish()
 }
 
@@ -399,11 +419,11 @@ pub(super) async fn render(
     let format = p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "json" }).to_owned();
     if !matches!(
         format.as_str(),
-        "json" | "csv" | "raw" | "pickle" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
+        "json" | "csv" | "raw" | "pickle" | "msgpack" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
     ) {
         return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported: use json (the default here), csv, raw, pickle, protobuf \
-             (carbonapi_v2_pb) or carbonapi_v3_pb"
+            "format {format:?} is not supported: use json (the default here), csv, raw, pickle, msgpack, \
+             protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
     let tz = match p.get("tz").filter(|s| !s.is_empty()) {
@@ -576,6 +596,7 @@ pub(super) async fn render(
         "csv" => (to_csv(&series, &tz).into_bytes(), "text/csv"),
         "raw" => (to_raw(&series).into_bytes(), "text/plain"),
         "pickle" => (to_pickle(&series), "application/pickle"),
+        "msgpack" => (to_msgpack(&series), "application/x-msgpack"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
         "carbonapi_v3_pb" => (carbonapi::render_v3(&series, &requested), "application/x-protobuf"),
         _ => (to_json(&mut series, max_data_points).into_bytes(), "application/json"),
@@ -873,6 +894,14 @@ mod tests {
             ])
         );
         assert_eq!(parse(tree_json(&[node("top", true)], "t*", false))[0]["id"], "top");
+        let packed: Value = rmp_serde::from_slice(&msgpack_nodes(&nodes[..2], (10, 20))).unwrap();
+        assert_eq!(
+            packed,
+            json!([
+                {"path": "a.b\"c", "is_leaf": false},
+                {"path": "a.d\\\n", "is_leaf": true, "intervals": [[10, 20]]},
+            ])
+        );
         assert_eq!(
             parse(nodes_json(&nodes[..2], (10, 20))),
             json!([
