@@ -22,6 +22,9 @@ fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
     let (status, body) =
         http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
     assert_eq!(status, 204, "{body}");
+    // The log goes to a file here: plain text, no terminal colour codes.
+    let log = srv.log_text();
+    assert!(log.contains("INFO") && !log.contains('\x1b'), "{log}");
 
     let check = |port: u16| {
         let q = format!(
