@@ -116,8 +116,11 @@ pub struct AppState {
     pub config_yaml: Mutex<String>,
     /// Set once the database is open and scraping runs.
     pub scrape: OnceLock<Arc<crate::scrape::ScrapeManager>>,
-    /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary.
+    /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary. Run it
+    /// through `reload_config`, which keeps `last_reload`.
     pub reloader: OnceLock<Reloader>,
+    /// Whether the last reload applied, and when one last did (the start until then).
+    last_reload: Mutex<LastReload>,
     /// `global.external_labels`: added to `/federate` output, as Prometheus does (replaced by a
     /// reload).
     pub external_labels: Mutex<Vec<(String, String)>>,
@@ -151,6 +154,7 @@ impl AppState {
             config_yaml: Mutex::new(config_yaml),
             scrape: OnceLock::new(),
             reloader: OnceLock::new(),
+            last_reload: Mutex::new(LastReload { success: true, applied_at: std::time::SystemTime::now() }),
             external_labels: Mutex::new(Vec::new()),
             graphite_schemas: Mutex::new(Arc::default()),
             graphite_time_zone: Mutex::new(strata_graphite::attime::TimeZone::UTC),
@@ -158,6 +162,38 @@ impl AppState {
             metadata: Mutex::new(HashMap::new()),
         })
     }
+}
+
+impl AppState {
+    /// Reads the configuration again and applies it (`POST /-/reload`, SIGHUP), noting the
+    /// outcome for `/api/v1/status/runtimeinfo` and `/metrics`; `Err` says why it was not
+    /// applied (the running configuration stays).
+    pub fn reload_config(&self) -> Result<(), String> {
+        let outcome = match self.reloader.get() {
+            Some(r) => (r.0)(),
+            None => Err("configuration reload is not available yet: the server is still starting".into()),
+        };
+        let mut last = self.last_reload.lock();
+        last.success = outcome.is_ok();
+        if outcome.is_ok() {
+            last.applied_at = std::time::SystemTime::now();
+        }
+        outcome
+    }
+
+    /// Whether the last reload applied, and when the configuration was last applied.
+    pub fn last_reload(&self) -> LastReload {
+        *self.last_reload.lock()
+    }
+}
+
+/// The outcome of configuration reloads (Prometheus' `reloadConfigSuccess`, `lastConfigTime`).
+#[derive(Debug, Clone, Copy)]
+pub struct LastReload {
+    pub success: bool,
+    /// When the running configuration was applied: at start, or by the last reload that
+    /// succeeded.
+    pub applied_at: std::time::SystemTime,
 }
 
 /// What `/-/reload` runs: reads the configuration again and applies it, or says why not.
@@ -398,7 +434,11 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.metrics.render(st.db.get().map(|d| &**d), st.scrape.get().map(|s| &**s));
+    let mut text = st.metrics.render(st.db.get().map(|d| &**d), st.scrape.get().map(|s| &**s));
+    let reload = st.last_reload();
+    let applied = reload.applied_at.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    crate::metrics::render_config_reload(&mut text, reload.success, applied);
+    crate::process::read().render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -1426,12 +1466,15 @@ async fn buildinfo() -> Response {
 
 async fn runtimeinfo(State(st): State<Arc<AppState>>) -> ApiResult {
     let db = db(&st)?;
-    let started = st.started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let epoch_ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let started = epoch_ms(st.started);
+    let reload = st.last_reload();
     Ok(success(json!({
         "startTime": crate::status::format_ms(started),
         "CWD": std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
-        "reloadConfigSuccess": true,
-        "lastConfigTime": crate::status::format_ms(started),
+        "reloadConfigSuccess": reload.success,
+        "lastConfigTime": crate::status::format_ms(epoch_ms(reload.applied_at)),
         "corruptionCount": db.stats().blocks_set_aside.load(Ordering::Relaxed),
         "goroutineCount": 0,
         "GOMAXPROCS": std::thread::available_parallelism().map_or(1, |n| n.get()),

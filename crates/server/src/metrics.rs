@@ -232,6 +232,27 @@ fn singles(o: &mut String, rows: &[(&str, &str, &str, f64)]) {
     }
 }
 
+/// The outcome of configuration reloads, as Prometheus' `prometheus_config_last_reload_*`.
+pub fn render_config_reload(o: &mut String, success: bool, applied_at_seconds: f64) {
+    singles(
+        o,
+        &[
+            (
+                "strata_config_last_reload_successful",
+                "Whether the last configuration reload applied (1) or was refused (0).",
+                "gauge",
+                f64::from(u8::from(success)),
+            ),
+            (
+                "strata_config_last_reload_success_timestamp_seconds",
+                "When the running configuration was applied (at start, or by the last reload that applied).",
+                "gauge",
+                applied_at_seconds,
+            ),
+        ],
+    );
+}
+
 fn render_db(o: &mut String, db: &Db) {
     let head = db.head();
     let st = &head.stats;

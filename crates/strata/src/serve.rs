@@ -694,11 +694,7 @@ async fn reload_on_sighup(state: Arc<AppState>) {
     };
     while hup.recv().await.is_some() {
         let st = state.clone();
-        let res = tokio::task::spawn_blocking(move || match st.reloader.get() {
-            Some(r) => (r.0)(),
-            None => Err("the server is still starting".into()),
-        })
-        .await;
+        let res = tokio::task::spawn_blocking(move || st.reload_config()).await;
         match res {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

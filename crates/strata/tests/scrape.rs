@@ -226,12 +226,23 @@ fn vanished_series_are_stale_and_reloads_keep_unchanged_targets_running() {
     assert_eq!(status, 500);
     assert!(body.contains("multiple scrape configs with job name \"t\""), "{body}");
     assert_eq!(targets(p)["activeTargets"].as_array().unwrap().len(), 2);
+    // ... and said so where Prometheus says it.
+    let runtime = |p| {
+        serde_json::from_str::<serde_json::Value>(&http(p, "GET", "/api/v1/status/runtimeinfo", &[], b"").1).unwrap()
+    };
+    assert_eq!(runtime(p)["data"]["reloadConfigSuccess"], false);
+    let (_, metrics) = http(p, "GET", "/metrics", &[], b"");
+    assert!(metrics.contains("\nstrata_config_last_reload_successful 0\n"), "{metrics}");
+    assert!(metrics.contains("\nprocess_cpu_seconds_total "), "{metrics}");
+    let applied_before = runtime(p)["data"]["lastConfigTime"].clone();
 
     // SIGHUP reloads too: job u goes, and its series are marked stale.
     std::fs::write(&config, format!("scrape_configs:\n{job_t}")).unwrap();
     // SAFETY: sends a signal to our own child process.
     unsafe { libc::kill(srv.pid(), libc::SIGHUP) };
     wait_for(&srv, 10, "job u gone", || targets(p)["activeTargets"].as_array().unwrap().len() == 1);
+    assert_eq!(runtime(p)["data"]["reloadConfigSuccess"], true);
+    assert_ne!(runtime(p)["data"]["lastConfigTime"], applied_before, "a reload that applied moves the time");
     wait_for(&srv, 10, "job u stale", || query(p, "up{job=\"u\"}").is_empty());
     assert!(query(p, "a{job=\"u\"}").is_empty());
     assert_eq!(value(p, "a{job=\"t\"}"), Some(1.0));

@@ -158,11 +158,7 @@ pub(super) async fn reload(State(st): State<Arc<AppState>>) -> Result<Response, 
         return Ok(refused);
     }
     let st2 = st.clone();
-    let res = blocking(move || match st2.reloader.get() {
-        Some(r) => (r.0)(),
-        None => Err("configuration reload is not available yet: the server is still starting".into()),
-    })
-    .await?;
+    let res = blocking(move || st2.reload_config()).await?;
     Ok(match res {
         Ok(()) => (StatusCode::OK, "").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed to reload config: {e}\n")).into_response(),
