@@ -745,13 +745,13 @@ fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
 /// slower delta until then).
 const MAINTENANCE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Rebuilds the head's names dictionary if it is due (after a compaction, a head truncation
-/// has just removed series, if any).
+/// Rebuilds the head's names dictionary, or folds new names into it, if due (after a
+/// compaction, a head truncation has just removed series, if any).
 fn maintain_names(inner: &Inner) {
     let started = Instant::now();
     if inner.head.maintain_names() {
         let (nodes, _, bytes) = inner.head.names_stats();
-        tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary");
+        tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary or folded new names in");
     }
 }
 

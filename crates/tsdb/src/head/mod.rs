@@ -710,19 +710,27 @@ impl Head {
     }
 
     /// Rebuilds the dictionary of metric names if it has fallen behind (many names created
-    /// since the last build, or series removed) and the pause after the last rebuild is over;
-    /// returns whether it did. Takes about a second per million names: for a background thread.
+    /// since the last build, or series removed) and the pause after the last rebuild is over,
+    /// or meanwhile folds the names created since into a smaller dictionary of recent ones;
+    /// returns whether it did either. A rebuild takes about a second per million names: for a
+    /// background thread.
     pub fn maintain_names(&self) -> bool {
         self.maintain_names_at(std::time::Instant::now())
     }
 
     /// `maintain_names` as of `now` (tests step past the pause after a rebuild).
     pub(crate) fn maintain_names_at(&self, now: std::time::Instant) -> bool {
-        if !self.names.wants_rebuild(now) {
-            return false;
+        match self.names.wanted(now) {
+            None => false,
+            Some(names::NamesMaintenance::Rebuild) => {
+                self.rebuild_names();
+                true
+            }
+            Some(names::NamesMaintenance::Fold) => {
+                self.names.fold_delta();
+                true
+            }
         }
-        self.rebuild_names();
-        true
     }
 
     /// Rebuilds the dictionary of metric names from the head's names now (`maintain_names`

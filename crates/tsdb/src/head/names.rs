@@ -40,7 +40,10 @@ struct Inner {
     /// holds, so it is dropped whole when the new dictionary is installed (sorting out which
     /// nodes of a million-node delta the new dictionary holds took the lock for a second, and
     /// every series creation waited), and searched until then.
-    frozen: Option<NameDelta>,
+    frozen: Option<Arc<NameDelta>>,
+    /// Nodes folded out of the delta while a rebuild had to wait (`fold_delta`): a second,
+    /// smaller dictionary, searched as fast as the first, emptied by the next rebuild.
+    recent: Arc<NameDict>,
     /// False while the WAL is replayed: names are not collected one by one then.
     collecting: bool,
     /// Series were removed: the dictionary may hold names no series has any more.
@@ -63,8 +66,8 @@ impl HeadNames {
     pub fn add(&self, name: &str) {
         let mut g = self.inner.write();
         if g.collecting {
-            let Inner { dict, delta, frozen, .. } = &mut *g;
-            delta.add(dict, frozen.as_ref(), name);
+            let Inner { dict, recent, delta, frozen, .. } = &mut *g;
+            delta.add(&[dict, recent], frozen.as_deref(), name);
         }
     }
 
@@ -73,17 +76,50 @@ impl HeadNames {
         self.inner.write().stale = true;
     }
 
-    /// Whether maintenance should rebuild the dictionary (never while not collecting: replay
-    /// ends with a rebuild of its own, and backfill heads are not searched by name).
-    /// `now`: a rebuild is due only once the pause after the last one is over
-    /// (`REBUILD_PAUSE_FACTOR`).
-    pub fn wants_rebuild(&self, now: Instant) -> bool {
+    /// What maintenance should do now, if anything (never while not collecting: replay ends
+    /// with a rebuild of its own, and backfill heads are not searched by name). A rebuild is
+    /// due once the delta holds a sixteenth of the dictionaries' nodes or series were
+    /// removed, and waits for the pause after the last one (`REBUILD_PAUSE_FACTOR`) unless
+    /// the delta and the recent dictionary outgrew the main one; while it waits, a delta that
+    /// reached half the recent dictionary is folded into it.
+    pub fn wanted(&self, now: Instant) -> Option<NamesMaintenance> {
         let g = self.inner.read();
-        let due = g.collecting && (g.stale || g.delta.len() > DELTA_NODES_MIN.max(g.dict.len() / DELTA_SHARE_DIVISOR));
-        // A delta grown past the dictionary waits no longer: rebuilds then at least double
-        // the dictionary, so they cost about twice the final build in all.
-        let outgrown = g.delta.len() > g.dict.len();
-        due && (outgrown || g.last_build.is_none_or(|(ended, took)| now >= ended + took * REBUILD_PAUSE_FACTOR))
+        let indexed = g.dict.len() + g.recent.len();
+        let big_delta = g.delta.len() > DELTA_NODES_MIN.max(indexed / DELTA_SHARE_DIVISOR);
+        if !g.collecting || !(g.stale || big_delta) {
+            return None;
+        }
+        // Past the main dictionary, a rebuild at least doubles it: rebuilds cost about twice
+        // the final build in all.
+        let outgrown = g.delta.len() + g.recent.len() > g.dict.len();
+        if outgrown || g.last_build.is_none_or(|(ended, took)| now >= ended + took * REBUILD_PAUSE_FACTOR) {
+            return Some(NamesMaintenance::Rebuild);
+        }
+        // Folds each at least add half again to the recent dictionary: they cost about three
+        // times its final build in all.
+        (big_delta && g.delta.len() >= g.recent.len() / 2).then_some(NamesMaintenance::Fold)
+    }
+
+    /// Folds the delta into the recent dictionary: built from the two outside the lock (the
+    /// delta frozen meanwhile, searched and consulted as during a rebuild), then installed.
+    /// Costs about the recent dictionary's size, where a rebuild costs the head's.
+    pub fn fold_delta(&self) {
+        let (recent, frozen) = {
+            let mut g = self.inner.write();
+            if g.frozen.is_some() {
+                // A rebuild is running; it covers the delta.
+                return;
+            }
+            let frozen = Arc::new(std::mem::take(&mut g.delta));
+            g.frozen = Some(frozen.clone());
+            (g.recent.clone(), frozen)
+        };
+        let folded = Arc::new(recent.union(&frozen));
+        let mut g = self.inner.write();
+        let frozen = g.frozen.take();
+        g.recent = folded;
+        drop(g);
+        drop(frozen);
     }
 
     /// A build is about to read the head's names: removals until now are covered by it (one
@@ -93,7 +129,7 @@ impl HeadNames {
         g.stale = false;
         g.build_started = Some(Instant::now());
         if g.frozen.is_none() {
-            g.frozen = Some(std::mem::take(&mut g.delta));
+            g.frozen = Some(Arc::new(std::mem::take(&mut g.delta)));
         }
     }
 
@@ -106,13 +142,15 @@ impl HeadNames {
         let now = Instant::now();
         g.last_build = g.build_started.take().map(|started| (now, now.saturating_duration_since(started)));
         g.dict = Arc::new(dict);
+        // The build read every name the head had: the recent dictionary's too.
+        let recent = std::mem::take(&mut g.recent);
         g.collecting = true;
         drop(g);
         // Freed outside the lock.
-        drop(frozen);
+        drop((frozen, recent));
     }
 
-    /// `NameDict::search` over the dictionary and the delta; a node in both is visited twice
+    /// `NameDict::search` over the dictionaries and the delta; a node in both is visited twice
     /// (with the flags each has). False, visiting nothing, while names are not collected (the
     /// caller scans the postings' values instead).
     pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) -> bool {
@@ -121,11 +159,15 @@ impl HeadNames {
             return false;
         }
         let mut go_on = true;
-        g.dict.search(pattern, |k, f| {
-            go_on = visit(k, f);
-            go_on
-        });
-        for delta in g.frozen.iter().chain([&g.delta]) {
+        for dict in [&g.dict, &g.recent] {
+            if go_on && !dict.is_empty() {
+                dict.search(pattern, |k, f| {
+                    go_on = visit(k, f);
+                    go_on
+                });
+            }
+        }
+        for delta in g.frozen.as_deref().into_iter().chain([&g.delta]) {
             if go_on {
                 delta.search(pattern, |k, f| {
                     go_on = visit(k, f);
@@ -136,9 +178,19 @@ impl HeadNames {
         true
     }
 
-    /// Nodes in the dictionary and the delta, and the dictionary's bytes.
+    /// Nodes in the dictionaries (main and recent) and the delta, and the dictionaries' bytes.
     pub fn stats(&self) -> (usize, usize, usize) {
         let g = self.inner.read();
-        (g.dict.len(), g.delta.len() + g.frozen.as_ref().map_or(0, NameDelta::len), g.dict.bytes())
+        let delta = g.delta.len() + g.frozen.as_ref().map_or(0, |f| f.len());
+        (g.dict.len() + g.recent.len(), delta, g.dict.bytes() + g.recent.bytes())
     }
+}
+
+/// What `HeadNames::wanted` asks maintenance for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NamesMaintenance {
+    /// A new dictionary from the head's names (`Head::rebuild_names`).
+    Rebuild,
+    /// The delta folded into the recent dictionary (`HeadNames::fold_delta`).
+    Fold,
 }

@@ -464,6 +464,45 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
     assert!(head.maintain_names_at(during + std::time::Duration::from_secs(3600)));
 }
 
+/// While a rebuild waits, a burst of new names is folded into the recent dictionary: found
+/// as before, the delta emptied; the next rebuild takes everything back into one dictionary.
+#[test]
+fn a_burst_of_names_is_folded_while_a_rebuild_waits() {
+    let head = Head::in_memory(HeadOptions::default());
+    let add = |from: usize, to: usize| {
+        let mut app = head.appender();
+        for h in from..to {
+            for m in ["cpu.user", "net.eth0.rx_bytes"] {
+                app.append(&l(&[("__name__", &format!("servers.dc1.host-{h:05}.{m}"))]), 1000, 1.0).unwrap();
+            }
+        }
+        app.commit().unwrap();
+    };
+    add(0, 4000);
+    let during = std::time::Instant::now();
+    head.rebuild_names();
+    add(4000, 5500);
+    let (indexed, delta, _) = head.names_stats();
+    assert!(delta > 4096 && delta * 2 < indexed, "{indexed} {delta}");
+    assert!(head.maintain_names_at(during), "folded while the rebuild waits");
+    assert_eq!(head.names_stats(), (indexed + delta, 0, head.names_stats().2));
+    for re in [r".*\.rx_bytes", r"servers\.dc1\.host-0(39|41)..\..*", r"servers\.dc1\.host-05499\..*"] {
+        let (found, scanned) = by_dictionary_and_by_scan(&head, re);
+        assert_eq!(found, scanned, "{re}");
+        assert!(!found.is_empty(), "{re}");
+    }
+    // A small delta is neither folded nor rebuilt for.
+    add(5500, 5510);
+    assert!(!head.maintain_names_at(during));
+    // Past the pause: one dictionary again, with every name.
+    add(5510, 7000);
+    assert!(head.maintain_names_at(during + std::time::Duration::from_secs(3600)));
+    let (indexed, delta, _) = head.names_stats();
+    assert_eq!(delta, 0);
+    assert_eq!(by_dictionary_and_by_scan(&head, r".*\.cpu\.user").0.len(), 7000);
+    assert!(indexed > 14_000, "{indexed}");
+}
+
 const WINDOW: OutOfOrder = OutOfOrder { window_ms: 3_600_000, replace: false };
 const MINUTE: i64 = 60_000;
 

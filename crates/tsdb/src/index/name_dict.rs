@@ -90,14 +90,40 @@ impl NameDict {
         }
         nodes.sort();
         dedup_or_flags(&mut nodes);
+        NameDict::from_nodes(nodes)
+    }
+
+    /// The dictionary of `nodes`: sorted, one entry per node, with its flags.
+    fn from_nodes<K: AsRef<[u8]> + Clone + Send + Sync>(nodes: Vec<(K, u8)>) -> NameDict {
+        debug_assert!(nodes.windows(2).all(|w| w[0].0.as_ref() < w[1].0.as_ref()), "nodes sorted and unique");
         let mut by_reversed = nodes.clone();
         let (forward, reversed) = std::thread::scope(|scope| {
-            let forward = scope.spawn(|| build_map(nodes.iter().copied(), false));
-            by_reversed.sort_unstable_by(|a, b| cmp_reversed(a.0, b.0));
-            let reversed = build_map(by_reversed.iter().copied(), true);
+            let forward = scope.spawn(|| build_map(nodes.iter().map(|(k, f)| (k.as_ref(), *f)), false));
+            by_reversed.sort_unstable_by(|a, b| cmp_reversed(a.0.as_ref(), b.0.as_ref()));
+            let reversed = build_map(by_reversed.iter().map(|(k, f)| (k.as_ref(), *f)), true);
             (forward.join().expect("the forward trie's build does not panic"), reversed)
         });
         NameDict { forward, reversed }
+    }
+
+    /// This dictionary with the nodes of `delta` added (flags merged): a build over both,
+    /// costing about their size, not the head's.
+    pub fn union(&self, delta: &NameDelta) -> NameDict {
+        let mut nodes: Vec<(Vec<u8>, u8)> = Vec::with_capacity(self.len() + delta.len());
+        let mut ours = self.forward.stream();
+        let mut theirs = delta.forward.iter().peekable();
+        while let Some((k, v)) = ours.next() {
+            while let Some((dk, &df)) = theirs.next_if(|(dk, _)| &dk[..] < k) {
+                nodes.push((dk.to_vec(), df));
+            }
+            let mut flags = v as u8;
+            if let Some((_, &df)) = theirs.next_if(|(dk, _)| &dk[..] == k) {
+                flags |= df;
+            }
+            nodes.push((k.to_vec(), flags));
+        }
+        nodes.extend(theirs.map(|(dk, &df)| (dk.to_vec(), df)));
+        NameDict::from_nodes(nodes)
     }
 
     /// A dictionary from the two serialized tries (`as_bytes`); `Err` names what is wrong.
@@ -726,14 +752,16 @@ impl NameDelta {
     /// delta already has with its flag: every ancestor of a known node is known as a branch (a
     /// name brings all its nodes), so a new path under a known host costs one or two lookups,
     /// not one per component in two ordered maps.
-    /// `frozen`: another delta known beside `base` (the one a running rebuild reads).
-    pub fn add(&mut self, base: &NameDict, frozen: Option<&NameDelta>, name: &str) {
+    /// `bases`: the dictionaries searched beside the delta; `frozen`: another delta known
+    /// beside them (the one a running rebuild reads).
+    pub fn add(&mut self, bases: &[&NameDict], frozen: Option<&NameDelta>, name: &str) {
         let name = name.as_bytes();
         let (mut end, mut flags) = (name.len(), LEAF);
         loop {
             let node = &name[..end];
             let has = |have: u8| have & flags == flags;
-            if base.get(node).is_some_and(has) || frozen.is_some_and(|d| d.forward.get(node).copied().is_some_and(has))
+            if bases.iter().any(|b| b.get(node).is_some_and(has))
+                || frozen.is_some_and(|d| d.forward.get(node).copied().is_some_and(has))
             {
                 return;
             }
@@ -911,9 +939,9 @@ mod tests {
         let base = NameDict::build(NAMES[..3].iter().copied());
         let mut delta = NameDelta::default();
         for n in &NAMES[3..] {
-            delta.add(&base, None, n);
+            delta.add(&[&base], None, n);
         }
-        delta.add(&base, None, "a.b"); // already there: nothing added
+        delta.add(&[&base], None, "a.b"); // already there: nothing added
         assert!(!delta.forward.contains_key(&b"a.b"[..]));
         assert_eq!(
             found_in_delta(&delta, r"[^.]*\.[^.]*\.[^.]*\.cpu"),
@@ -930,9 +958,9 @@ mod tests {
         );
         // Known in a frozen delta (a rebuild's): not added again.
         let mut next = NameDelta::default();
-        next.add(&base, Some(&delta), "servers.dc1.host-1.cpu");
+        next.add(&[&base], Some(&delta), "servers.dc1.host-1.cpu");
         assert!(next.is_empty());
-        next.add(&base, Some(&delta), "servers.dc1.host-1.disk");
+        next.add(&[&base], Some(&delta), "servers.dc1.host-1.disk");
         assert_eq!(next.len(), 1);
     }
 
@@ -1017,11 +1045,26 @@ mod tests {
     }
 
     #[test]
+    fn a_union_holds_the_nodes_of_both_with_their_flags_merged() {
+        let names = host_names(30);
+        let (first, second) = names.split_at(names.len() / 2);
+        let base = NameDict::build(first.iter().map(String::as_str));
+        let mut delta = NameDelta::default();
+        for n in second.iter().chain(["servers", "a.b.c"].iter().map(|s| s.to_string()).collect::<Vec<_>>().iter()) {
+            delta.add(&[&base], None, n);
+        }
+        let union = base.union(&delta);
+        let whole = NameDict::build(names.iter().map(String::as_str).chain(["servers", "a.b.c"]));
+        assert_eq!(found(&union, ".*"), found(&whole, ".*"));
+        assert_eq!(union.get(b"servers"), Some(LEAF | BRANCH), "a branch that became a leaf too");
+    }
+
+    #[test]
     fn a_delta_seeks_past_long_dead_runs() {
         let base = NameDict::default();
         let mut delta = NameDelta::default();
         for n in host_names(40) {
-            delta.add(&base, None, &n);
+            delta.add(&[&base], None, &n);
         }
         // Most keys lie under a prefix the automaton dies on (every host's cpu and net).
         for (re, count) in [(r"servers\.dc1\.[^.]*\.load\.1", 40), (r"servers\.dc2\.host-03[0-9]\.own\..*", 1)] {
@@ -1122,7 +1165,7 @@ mod tests {
             let base = NameDict::build(names[..split].iter().map(String::as_str));
             let mut delta = NameDelta::default();
             for n in &names[split..] {
-                delta.add(&base, None, n);
+                delta.add(&[&base], None, n);
             }
             let mut got: BTreeMap<String, u8> = BTreeMap::new();
             base.search(&p, |k, f| { *got.entry(String::from_utf8(k.to_vec()).unwrap()).or_default() |= f; true });
