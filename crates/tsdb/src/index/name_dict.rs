@@ -981,6 +981,21 @@ mod tests {
         assert!(matches!(NamePattern::new(r"\w{200}[^a]{100}"), Err(PatternError::TooComplex(_))));
     }
 
+    /// Every node of `names` the `regex` crate matches whole, with its flags merged.
+    fn nodes_matching(names: &[String], re: &str) -> BTreeMap<String, u8> {
+        let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
+        let mut want: BTreeMap<String, u8> = BTreeMap::new();
+        for n in names {
+            for_each_node(n.as_bytes(), |node, flags| {
+                let node = std::str::from_utf8(node).unwrap();
+                if r.is_match(node) {
+                    *want.entry(node.to_owned()).or_default() |= flags;
+                }
+            });
+        }
+        want
+    }
+
     /// `hosts` hosts under two data centres with the given metrics each: host trees that
     /// repeat (the trie shares them, the walk's memo replays them) and some that differ.
     fn host_names(hosts: usize) -> Vec<String> {
@@ -1012,16 +1027,7 @@ mod tests {
             r"[^.]*\.dc2\.[^.]*\.(cpu|own)\..*",
             r".*\.rx",
         ] {
-            let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
-            let mut want: BTreeMap<String, u8> = BTreeMap::new();
-            for n in &names {
-                for_each_node(n.as_bytes(), |node, flags| {
-                    let node = std::str::from_utf8(node).unwrap();
-                    if r.is_match(node) {
-                        *want.entry(node.to_owned()).or_default() |= flags;
-                    }
-                });
-            }
+            let want = nodes_matching(&names, re);
             assert!(want.len() > 100, "{re}: {} nodes, too few to repeat a subtree", want.len());
             for reversed in [false, true] {
                 let p = NamePattern::new(re).unwrap().walking(reversed);
@@ -1141,15 +1147,7 @@ mod tests {
         ) {
             let split = split.min(names.len());
             let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
-            let mut want: BTreeMap<String, u8> = BTreeMap::new();
-            for n in &names {
-                for_each_node(n.as_bytes(), |node, flags| {
-                    let node = std::str::from_utf8(node).unwrap();
-                    if r.is_match(node) {
-                        *want.entry(node.to_owned()).or_default() |= flags;
-                    }
-                });
-            }
+            let want = nodes_matching(&names, &re);
             let dict = NameDict::build(names.iter().map(String::as_str));
             for reversed in [false, true] {
             let p = NamePattern::new(&re).unwrap().walking(reversed);
