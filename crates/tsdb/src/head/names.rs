@@ -1,11 +1,13 @@
-//! The head's dictionary of metric names (`index::name_dict`): a built dictionary plus the
-//! nodes of names created since (a `NameDelta`), both searched by one pattern.
+//! The head's dictionary of metric names (`index::name_dict`): a built dictionary, a smaller
+//! one of names folded in since, and the nodes of names created since (a `NameDelta`), all
+//! searched by one pattern.
 //!
 //! Building costs about a second per million names, so it is not done per new name: the delta
 //! takes them (a sorted map, searched with the same skip-ahead walk), and maintenance rebuilds
 //! the dictionary once the delta has grown past a share of it or series have been removed
-//! (`wants_rebuild`). While the WAL is replayed nothing is collected; the dictionary is built
-//! once at the end.
+//! (`wanted`), at most a tenth of the time; while a rebuild waits, the delta is folded into the
+//! recent dictionary, a build costing only their size. While the WAL is replayed nothing is
+//! collected; the dictionary is built once at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,15 +18,16 @@ use crate::index::name_dict::{NameDelta, NameDict, NamePattern};
 
 /// A delta smaller than this never asks for a rebuild.
 const DELTA_NODES_MIN: usize = 4096;
-/// Past `DELTA_NODES_MIN`, a rebuild is wanted once the delta holds this share of the
-/// dictionary's node count: rebuilds then cost amortized O(1) per node added.
+/// Past `DELTA_NODES_MIN`, a rebuild (or a fold) is wanted once the delta holds this share of
+/// the dictionaries' node count.
 const DELTA_SHARE_DIVISOR: usize = 16;
 /// After a rebuild, the next one waits this many times as long as it took (unless the delta
 /// outgrew the dictionary): while a burst of new paths arrives (a Graphite installation
 /// starting to send a million), rebuilds take at most a tenth of a core instead of rebuilding
 /// the whole dictionary every time the delta reached a sixteenth of it (about 17 times the
-/// final build's work, a fifth of the CPU time of carbon ingest at a million new paths). The
-/// delta, searched meanwhile, is only slower: a find walking it seeks per dead prefix.
+/// final build's work, a fifth of the CPU time of carbon ingest at a million new paths).
+/// Meanwhile the delta is folded into the recent dictionary (`fold_delta`): a delta searched
+/// as a sorted map seeks per prefix the automaton rules out, far slower than a trie.
 const REBUILD_PAUSE_FACTOR: u32 = 9;
 
 #[derive(Debug)]
