@@ -289,14 +289,22 @@ fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[
     let mut memo = KEPT_MEMO.with(RefCell::take);
     walk_with(trie, dfa, &mut memo, &mut key, start, visit);
     memo.clear();
-    if memo.keys.capacity() <= MEMO_KEPT_BYTES_MAX {
+    if memo.keys.capacity() <= MEMO_KEPT_BYTES_MAX && memo.subtrees.capacity() <= MEMO_KEPT_SUBTREES_MAX {
         KEPT_MEMO.with(|kept| kept.replace(memo));
     }
 }
 
-/// A memo's buffers are kept for the thread's next walk up to this size: a find of thousands
+/// A memo's buffers are kept for the thread's next walk up to these sizes: a find of thousands
 /// of nodes then writes into pages it already has instead of faulting in fresh ones.
 const MEMO_KEPT_BYTES_MAX: usize = 4 << 20;
+const MEMO_KEPT_SUBTREES_MAX: usize = 1 << 16;
+
+/// Subtrees one walk remembers at most (about 48 bytes each). A walk through many distinct
+/// subtrees that match little (`*.*.*.nothing` over ten million irregular paths) would
+/// otherwise hold an entry per trie node it entered at a component start; past this it walks
+/// new subtrees without recording them (replays of those recorded go on). Tests run with a
+/// small cap, so that the larger of them walk both ways.
+const MEMO_SUBTREES_MAX: usize = if cfg!(test) { 4 } else { 1 << 18 };
 
 thread_local! {
     static KEPT_MEMO: RefCell<Memo> = RefCell::default();
@@ -365,8 +373,10 @@ fn walk_with(
                 }
                 continue;
             }
-            recording_from = Some(memo.found.len());
-            memo.recording += 1;
+            if memo.subtrees.len() < MEMO_SUBTREES_MAX {
+                recording_from = Some(memo.found.len());
+                memo.recording += 1;
+            }
         }
         if node.is_final() && dfa.matches_at_end(state) {
             let value = out.cat(node.final_output()).value();
