@@ -438,7 +438,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let reload = st.last_reload();
     let applied = reload.applied_at.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     crate::metrics::render_config_reload(&mut text, reload.success, applied);
-    crate::process::read().render(&mut text);
+    crate::metrics::render_process(&mut text, &crate::process::read());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 

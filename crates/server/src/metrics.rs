@@ -253,6 +253,11 @@ pub fn render_config_reload(o: &mut String, success: bool, applied_at_seconds: f
     );
 }
 
+/// The `process_*` families `/proc/self` gave (`crate::process`).
+pub fn render_process(o: &mut String, stats: &crate::process::ProcessStats) {
+    singles(o, &stats.families());
+}
+
 fn render_db(o: &mut String, db: &Db) {
     let head = db.head();
     let st = &head.stats;

@@ -80,10 +80,10 @@ pub fn read() -> ProcessStats {
 }
 
 impl ProcessStats {
-    /// The families known, in the text exposition format.
-    pub fn render(&self, o: &mut String) {
-        use std::fmt::Write;
-        let rows = [
+    /// The families known, as `(name, help, type, value)`, in the order Prometheus' clients
+    /// export them.
+    pub fn families(&self) -> Vec<(&'static str, &'static str, &'static str, f64)> {
+        [
             (
                 "process_cpu_seconds_total",
                 "Total user and system CPU time spent in seconds.",
@@ -106,12 +106,10 @@ impl ProcessStats {
             ),
             ("process_open_fds", "Number of open file descriptors.", "gauge", self.open_fds),
             ("process_max_fds", "Maximum number of open file descriptors.", "gauge", self.max_fds),
-        ];
-        for (name, help, kind, value) in rows {
-            if let Some(v) = value {
-                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-            }
-        }
+        ]
+        .into_iter()
+        .filter_map(|(name, help, kind, value)| Some((name, help, kind, value?)))
+        .collect()
     }
 }
 
@@ -149,9 +147,7 @@ mod tests {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         // Started before now, and not before the test run began (a generous hour).
         assert!(s.start_time_seconds.is_some_and(|t| t <= now + 1.0 && t > now - 3600.0), "{s:?}");
-        let mut o = String::new();
-        s.render(&mut o);
-        assert!(o.contains("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total "), "{o}");
-        assert!(o.contains("\nprocess_resident_memory_bytes "), "{o}");
+        let names: Vec<&str> = s.families().iter().map(|f| f.0).collect();
+        assert!(names.contains(&"process_cpu_seconds_total") && names.contains(&"process_open_fds"), "{names:?}");
     }
 }

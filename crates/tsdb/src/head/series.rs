@@ -529,6 +529,11 @@ impl SeriesState {
         self.open.as_ref().is_some_and(|o| o.overlaps(mint, maxt))
     }
 
+    /// Whether the open chunk holds samples, all before `t`.
+    fn open_ends_before(&self, t: i64) -> bool {
+        self.open_chunk().is_some_and(|a| a.num_samples() > 0 && a.last_t() < t)
+    }
+
     /// Drops in-order chunks that end before `mint`, and late samples before it written in cut
     /// epochs up to `max_epoch`; returns how many chunks went.
     pub fn truncate_before(&mut self, mint: i64, max_epoch: u64) -> usize {
@@ -537,7 +542,7 @@ impl SeriesState {
         if self.closed.capacity() > 2 * self.closed.len() + 1 {
             self.closed.shrink_to_fit();
         }
-        if self.open_chunk().is_some_and(|a| a.num_samples() > 0 && a.last_t() < mint) {
+        if self.open_ends_before(mint) {
             self.open = None;
         }
         let mut dropped = before - self.num_chunks();
@@ -560,7 +565,7 @@ impl SeriesState {
     /// a replaced pod, a removed path), so that it is written out of the heap with the closed
     /// ones; a later sample starts a new chunk. Returns whether it did.
     pub(crate) fn close_if_idle(&mut self, before: i64) -> bool {
-        let idle = self.open_chunk().is_some_and(|a| a.num_samples() > 0 && a.last_t() < before);
+        let idle = self.open_ends_before(before);
         if idle {
             self.close_open_chunk();
         }
