@@ -13,6 +13,7 @@ pub mod error;
 pub mod fsutil;
 pub mod index;
 pub mod record;
+pub mod rollup;
 pub mod vfs;
 pub mod wal;
 

@@ -7,6 +7,7 @@
 pub mod bstream;
 pub mod dense;
 pub mod histogram;
+pub mod rollup;
 pub mod start_time;
 pub mod xor;
 
@@ -92,6 +93,8 @@ pub enum Encoding {
     /// Float samples as blocks store them: integer-coded timestamps, decimal values as scaled
     /// integers, the rest XOR-coded (`dense`).
     Dense = 5,
+    /// A run of rollup buckets of one series, one dense chunk per aggregate (`rollup`).
+    Rollup = 6,
 }
 
 impl Encoding {
@@ -102,6 +105,7 @@ impl Encoding {
             3 => Ok(Encoding::XorWithStartTimes),
             4 => Ok(Encoding::HistogramWithStartTimes),
             5 => Ok(Encoding::Dense),
+            6 => Ok(Encoding::Rollup),
             other => Err(ChunkError::UnknownEncoding(other)),
         }
     }
@@ -123,6 +127,9 @@ pub enum ChunkError {
     /// A float-only reader met a histogram chunk (it must read typed samples instead).
     #[error("chunk holds native histograms; this reader handles float samples only")]
     HistogramChunk,
+    /// A sample reader met a rollup chunk (aggregates, read with `rollup::decode`).
+    #[error("chunk holds rollup aggregates, not samples")]
+    RollupChunk,
 }
 
 /// A sample kind a whole chunk can be decoded into: float samples (histogram chunks refused)
@@ -204,6 +211,7 @@ impl<B: AsRef<[u8]>> ChunkIterator<B> {
                 Ok(ChunkIterator::Histogram(HistogramIterator::new(data).with_start_times(column)))
             }
             Encoding::Dense => Ok(ChunkIterator::Dense(DenseIterator::new(d))),
+            Encoding::Rollup => Err(ChunkError::RollupChunk),
         }
     }
 

@@ -1,0 +1,264 @@
+//! One rollup interval's aggregates of one series, and how samples become them.
+//!
+//! A bucket of interval `I` ending at `end` (a multiple of `I`) holds the samples with
+//! `end - I < t <= end`: left-open and right-closed like PromQL's range windows `(t - r, t]`, so
+//! a window whose ends and length are multiples of `I` is exactly a run of whole buckets.
+//!
+//! The aggregates form a monoid over time: two buckets of the same interval whose samples do
+//! not interleave (every sample of the first before every sample of the second) combine into the
+//! bucket their samples together would make (`Bucket::append`), bit for bit for count, min, max,
+//! first, last, changes and resets, and up to float rounding for the sum and the counter reset
+//! correction (added in a different order). That is what lets a bucket cut by a block boundary be finished when the next
+//! block is rolled up or read, and a coarse window be answered from its buckets.
+
+use strata_model::{is_stale_nan, Sample};
+
+/// Aggregates of the samples of one series in `(end - interval, end]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bucket {
+    /// The bucket's end (inclusive), a multiple of the interval.
+    pub end: i64,
+    /// Samples in the bucket (at least 1).
+    pub count: u64,
+    pub sum: f64,
+    /// Smallest and largest value as PromQL's `min_over_time`/`max_over_time` pick them: a NaN
+    /// is replaced by any number that follows it.
+    pub min: f64,
+    pub max: f64,
+    /// The first and last sample, with their own timestamps (rates extrapolate from them).
+    pub first: Sample,
+    pub last: Sample,
+    /// The sum of the values just before each drop: what PromQL adds to `last - first` to
+    /// account for counter resets, so `increase()` gives the bucket's counter increase exactly
+    /// as `increase`/`rate` compute it before extrapolating (NaN samples included).
+    pub reset_correction: f64,
+    /// Samples whose value differs from the previous one (`changes`), and drops (`resets`).
+    pub changes: u64,
+    pub resets: u64,
+}
+
+/// What a step from `prev` to `next` adds to the reset correction: `prev` if the value drops.
+fn correction(prev: f64, next: f64) -> f64 {
+    if next < prev {
+        prev
+    } else {
+        0.0
+    }
+}
+
+/// Whether two consecutive values count as a change for `changes` (NaN to NaN is none).
+fn changed(prev: f64, next: f64) -> bool {
+    prev != next && !(prev.is_nan() && next.is_nan())
+}
+
+fn min_of(a: f64, b: f64) -> f64 {
+    if b < a || a.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
+fn max_of(a: f64, b: f64) -> f64 {
+    if b > a || a.is_nan() {
+        b
+    } else {
+        a
+    }
+}
+
+/// The end of the bucket of `interval` that holds timestamp `t`: the smallest multiple of
+/// `interval` at or after `t`.
+pub fn bucket_end(t: i64, interval: i64) -> i64 {
+    debug_assert!(interval > 0);
+    let q = t.div_euclid(interval);
+    if t.rem_euclid(interval) == 0 {
+        t
+    } else {
+        (q + 1).saturating_mul(interval)
+    }
+}
+
+impl Bucket {
+    /// A bucket of one sample.
+    pub fn of(s: Sample, interval: i64) -> Bucket {
+        Bucket {
+            end: bucket_end(s.t, interval),
+            count: 1,
+            sum: s.v,
+            min: s.v,
+            max: s.v,
+            first: s,
+            last: s,
+            reset_correction: 0.0,
+            changes: 0,
+            resets: 0,
+        }
+    }
+
+    /// The counter increase from the first sample to the last, resets accounted, not
+    /// extrapolated: `last - first + reset_correction`, as PromQL's `increase` starts.
+    pub fn increase(&self) -> f64 {
+        self.last.v - self.first.v + self.reset_correction
+    }
+
+    /// Adds a sample later than every sample in the bucket (and inside it).
+    pub fn push(&mut self, s: Sample) {
+        debug_assert!(s.t > self.last.t);
+        let prev = self.last.v;
+        self.count += 1;
+        self.sum += s.v;
+        self.min = min_of(self.min, s.v);
+        self.max = max_of(self.max, s.v);
+        self.reset_correction += correction(prev, s.v);
+        self.changes += changed(prev, s.v) as u64;
+        self.resets += (s.v < prev) as u64;
+        self.last = s;
+    }
+
+    /// Combines `next`, whose samples all follow this bucket's, into this one (same `end`, or
+    /// `end` taken from `next` when a coarser bucket is built from finer ones).
+    pub fn append(&mut self, next: &Bucket) {
+        debug_assert!(next.first.t > self.last.t, "appended bucket must follow");
+        let prev = self.last.v;
+        self.end = self.end.max(next.end);
+        self.count += next.count;
+        self.sum += next.sum;
+        self.min = min_of(self.min, next.min);
+        self.max = max_of(self.max, next.max);
+        self.reset_correction += correction(prev, next.first.v) + next.reset_correction;
+        self.changes += changed(prev, next.first.v) as u64 + next.changes;
+        self.resets += (next.first.v < prev) as u64 + next.resets;
+        self.last = next.last;
+    }
+
+    /// Combines two buckets of the same `end` whose samples may interleave (data backfilled
+    /// into a range whose raw samples are gone): count, sum, min and max as if the samples were
+    /// one set (a sample present in both counts twice), first and last by time (`self` winning
+    /// a tie), and the reset corrections, changes and resets of both added: an approximation,
+    /// since the order of samples across the two is not known.
+    pub fn absorb(&mut self, other: &Bucket) {
+        debug_assert_eq!(self.end, other.end);
+        if other.first.t > self.last.t {
+            self.append(other);
+            return;
+        }
+        if other.last.t < self.first.t {
+            let mut b = *other;
+            b.append(self);
+            *self = b;
+            return;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+        self.min = min_of(self.min, other.min);
+        self.max = max_of(self.max, other.max);
+        if other.first.t < self.first.t {
+            self.first = other.first;
+        }
+        if other.last.t > self.last.t {
+            self.last = other.last;
+        }
+        self.reset_correction += other.reset_correction;
+        self.changes += other.changes;
+        self.resets += other.resets;
+    }
+}
+
+/// Turns one series' samples (in time order) into buckets of `interval`, appending to `out`;
+/// a bucket whose samples continue in the next call is finished by `finish` or by more samples.
+/// Stale markers are skipped: they end a series for PromQL's lookback, they are not values.
+#[derive(Debug)]
+pub struct Aggregator {
+    interval: i64,
+    open: Option<Bucket>,
+}
+
+impl Aggregator {
+    pub fn new(interval: i64) -> Aggregator {
+        assert!(interval > 0, "rollup interval must be positive");
+        Aggregator { interval, open: None }
+    }
+
+    pub fn interval(&self) -> i64 {
+        self.interval
+    }
+
+    /// Adds samples later than every sample added before, pushing each bucket they close.
+    pub fn add(&mut self, samples: &[Sample], out: &mut Vec<Bucket>) {
+        for &s in samples {
+            if is_stale_nan(s.v) {
+                continue;
+            }
+            match &mut self.open {
+                Some(b) if s.t <= b.end => b.push(s),
+                open => {
+                    if let Some(done) = open.take() {
+                        out.push(done);
+                    }
+                    *open = Some(Bucket::of(s, self.interval));
+                }
+            }
+        }
+    }
+
+    /// Pushes the open bucket, if any.
+    pub fn finish(&mut self, out: &mut Vec<Bucket>) {
+        out.extend(self.open.take());
+    }
+}
+
+/// The buckets of `samples` (in time order) at `interval`.
+pub fn aggregate(samples: &[Sample], interval: i64) -> Vec<Bucket> {
+    let mut out = Vec::new();
+    let mut agg = Aggregator::new(interval);
+    agg.add(samples, &mut out);
+    agg.finish(&mut out);
+    out
+}
+
+/// Merges two runs of buckets (each sorted by `end`) into one: buckets of the same `end`
+/// combined by `Bucket::absorb`, which is exact when their samples do not interleave.
+pub fn merge_runs(a: &[Bucket], b: &[Bucket], out: &mut Vec<Bucket>) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].end.cmp(&b[j].end) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                let mut m = a[i];
+                m.absorb(&b[j]);
+                out.push(m);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+}
+
+/// Coarsens buckets (sorted by `end`) to `interval`, a multiple of theirs.
+pub fn coarsen(buckets: &[Bucket], interval: i64, out: &mut Vec<Bucket>) {
+    let mut open: Option<Bucket> = None;
+    for b in buckets {
+        let end = bucket_end(b.end, interval);
+        match &mut open {
+            Some(o) if o.end == end => o.append(b),
+            _ => {
+                out.extend(open.take());
+                open = Some(Bucket { end, ..*b });
+            }
+        }
+    }
+    out.extend(open);
+}
+
+#[cfg(test)]
+mod tests;

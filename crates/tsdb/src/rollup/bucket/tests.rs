@@ -1,0 +1,170 @@
+use proptest::prelude::*;
+use strata_model::{Sample, STALE_NAN_BITS};
+
+use super::*;
+
+/// Aggregates computed the way PromQL computes them over a window's samples: increase as
+/// `last - first` plus the value before each drop, min/max skipping a leading NaN.
+fn reference(samples: &[Sample], end: i64) -> Bucket {
+    let first = samples[0];
+    let last = samples[samples.len() - 1];
+    let mut reset_correction = 0.0;
+    let (mut changes, mut resets) = (0, 0);
+    for p in samples.windows(2) {
+        if p[1].v < p[0].v {
+            reset_correction += p[0].v;
+            resets += 1;
+        }
+        if p[1].v != p[0].v && !(p[1].v.is_nan() && p[0].v.is_nan()) {
+            changes += 1;
+        }
+    }
+    let mut min = first.v;
+    let mut max = first.v;
+    for s in &samples[1..] {
+        if s.v < min || min.is_nan() {
+            min = s.v;
+        }
+        if s.v > max || max.is_nan() {
+            max = s.v;
+        }
+    }
+    Bucket {
+        end,
+        count: samples.len() as u64,
+        sum: samples.iter().map(|s| s.v).sum(),
+        min,
+        max,
+        first,
+        last,
+        reset_correction,
+        changes,
+        resets,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn assert_equivalent(got: &Bucket, want: &Bucket) {
+    assert_eq!(got.end, want.end);
+    assert_eq!(got.count, want.count);
+    assert_eq!((got.changes, got.resets), (want.changes, want.resets), "{got:?} vs {want:?}");
+    assert_eq!(got.first.t, want.first.t);
+    assert_eq!(got.last.t, want.last.t);
+    for (g, w) in [(got.first.v, want.first.v), (got.last.v, want.last.v), (got.min, want.min), (got.max, want.max)] {
+        assert_eq!(g.to_bits(), w.to_bits(), "{got:?} vs {want:?}");
+    }
+    assert!(close(got.sum, want.sum), "sum {got:?} vs {want:?}");
+    assert!(close(got.reset_correction, want.reset_correction), "reset correction {got:?} vs {want:?}");
+    assert!(close(got.increase(), want.increase()), "increase {got:?} vs {want:?}");
+}
+
+/// Samples with increasing, jittered timestamps: counters that reset, gauges, some NaN.
+fn samples() -> impl Strategy<Value = Vec<Sample>> {
+    prop::collection::vec((1i64..40_000, 0u8..10, -50i64..1000), 1..300).prop_map(|steps| {
+        let mut t = 1_700_000_000_000i64;
+        let mut counter = 0.0;
+        steps
+            .into_iter()
+            .map(|(dt, kind, x)| {
+                t += dt;
+                let v = match kind {
+                    0 => f64::NAN,
+                    1 => {
+                        counter = x.max(0) as f64;
+                        counter
+                    }
+                    2..=6 => {
+                        counter += x.max(0) as f64 / 8.0;
+                        counter
+                    }
+                    _ => x as f64 * 0.25,
+                };
+                Sample { t, v }
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn bucket_ends_are_right_closed() {
+    assert_eq!(bucket_end(0, 60), 0);
+    assert_eq!(bucket_end(1, 60), 60);
+    assert_eq!(bucket_end(60, 60), 60);
+    assert_eq!(bucket_end(61, 60), 120);
+    assert_eq!(bucket_end(-1, 60), 0);
+    assert_eq!(bucket_end(-60, 60), -60);
+    assert_eq!(bucket_end(-61, 60), -60);
+}
+
+#[test]
+fn stale_markers_are_not_values() {
+    let stale = f64::from_bits(STALE_NAN_BITS);
+    let got = aggregate(&[Sample { t: 10, v: 1.0 }, Sample { t: 20, v: stale }, Sample { t: 30, v: 3.0 }], 60);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].count, 2);
+    assert_eq!(got[0].sum, 4.0);
+    assert_eq!(got[0].last, Sample { t: 30, v: 3.0 });
+}
+
+proptest! {
+    /// Every bucket equals the reference computed over exactly the samples of its interval.
+    #[test]
+    fn buckets_match_the_reference(samples in samples(), interval in prop::sample::select(vec![1_000i64, 15_000, 60_000, 300_000, 3_600_000])) {
+        let got = aggregate(&samples, interval);
+        let mut i = 0;
+        for b in &got {
+            let n = samples[i..].partition_point(|s| s.t <= b.end);
+            prop_assert!(n > 0);
+            prop_assert!(samples[i].t > b.end - interval);
+            assert_equivalent(b, &reference(&samples[i..i + n], b.end));
+            i += n;
+        }
+        prop_assert_eq!(i, samples.len());
+    }
+
+    /// Aggregating in two parts (a block boundary anywhere, even inside a bucket) and merging
+    /// gives what aggregating at once gives; so does coarsening fine buckets.
+    #[test]
+    fn parts_and_coarsening_compose(samples in samples(), cut in any::<prop::sample::Index>(), fine in prop::sample::select(vec![1_000i64, 15_000, 60_000])) {
+        let coarse = fine * 5;
+        let whole = aggregate(&samples, coarse);
+        let at = cut.index(samples.len() + 1);
+        let (a, b) = (aggregate(&samples[..at], coarse), aggregate(&samples[at..], coarse));
+        let mut merged = Vec::new();
+        merge_runs(&a, &b, &mut merged);
+        prop_assert_eq!(merged.len(), whole.len());
+        for (g, w) in merged.iter().zip(&whole) {
+            assert_equivalent(g, w);
+        }
+        let mut coarsened = Vec::new();
+        coarsen(&aggregate(&samples, fine), coarse, &mut coarsened);
+        prop_assert_eq!(coarsened.len(), whole.len());
+        for (g, w) in coarsened.iter().zip(&whole) {
+            assert_equivalent(g, w);
+        }
+    }
+
+    /// Interleaved parts (backfill into rolled-up time): count, sum, min, max, first and last
+    /// are those of the union.
+    #[test]
+    fn absorbing_interleaved_parts_keeps_the_exact_aggregates(samples in samples(), picks in prop::collection::vec(any::<bool>(), 300)) {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (s, pick) in samples.iter().zip(picks.iter().cycle()) {
+            if *pick { a.push(*s) } else { b.push(*s) }
+        }
+        let interval = 60_000;
+        let mut merged = Vec::new();
+        merge_runs(&aggregate(&a, interval), &aggregate(&b, interval), &mut merged);
+        let whole = aggregate(&samples, interval);
+        prop_assert_eq!(merged.len(), whole.len());
+        for (g, w) in merged.iter().zip(&whole) {
+            prop_assert_eq!((g.end, g.count, g.first.t, g.last.t), (w.end, w.count, w.first.t, w.last.t));
+            prop_assert!(close(g.sum, w.sum));
+            prop_assert!(g.min.to_bits() == w.min.to_bits() || (g.min.is_nan() && w.min.is_nan()) || g.min == w.min);
+            prop_assert!(g.max.to_bits() == w.max.to_bits() || (g.max.is_nan() && w.max.is_nan()) || g.max == w.max);
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! Rollup tiers: each series' samples aggregated per interval (count, sum, min, max, first,
+//! last, counter increase, changes, resets), so that long ranges are read from a few buckets
+//! instead of every sample. See `docs/rollups.md` for the design and `docs/format/rollup.md`
+//! for the bytes.
+
+pub mod bucket;
+
+pub use bucket::{aggregate, bucket_end, coarsen, merge_runs, Aggregator, Bucket};
