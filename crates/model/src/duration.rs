@@ -51,9 +51,42 @@ pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
     Ok(total)
 }
 
+/// Formats milliseconds as a Prometheus duration, largest units first (`90000` → `1m30s`,
+/// `0` → `0s`); `parse_duration_ms` reads it back. Negative durations get a leading `-`.
+pub fn format_duration_ms(ms: i64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    if ms < 0 {
+        out.push('-');
+    }
+    let mut rest = ms.unsigned_abs();
+    for (unit, size) in UNITS {
+        let size = size as u64;
+        if rest >= size {
+            out.push_str(&format!("{}{unit}", rest / size));
+            rest %= size;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatted_durations_read_back() {
+        for ms in
+            [1, 999, 1000, 60_000, 90_000, 300_000, 3_600_000, 86_400_000, 90 * 86_400_000, 2 * 365 * 86_400_000 + 1]
+        {
+            assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Ok(ms), "{}", format_duration_ms(ms));
+        }
+        assert_eq!(format_duration_ms(300_000), "5m");
+        assert_eq!(format_duration_ms(90_000), "1m30s");
+        assert_eq!(format_duration_ms(2 * 365 * 86_400_000), "2y");
+    }
 
     #[test]
     fn prometheus_durations() {

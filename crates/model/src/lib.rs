@@ -13,7 +13,7 @@ pub mod labels;
 pub mod matcher;
 pub mod selector;
 
-pub use duration::parse_duration_ms;
+pub use duration::{format_duration_ms, parse_duration_ms};
 pub use histogram::{kahan_inc, CounterResetHint, FloatHistogram, HistogramError};
 pub use labels::{pairs_are_canonical, stable_hash_pairs, Label, Labels, LabelsBuilder, LabelsError, METRIC_NAME};
 pub use matcher::{MatchOp, Matcher, MatcherError};

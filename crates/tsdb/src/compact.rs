@@ -226,17 +226,18 @@ fn chunk_err(labels: &Labels, e: crate::chunkenc::ChunkError) -> Error {
 }
 
 /// One input block's series, read in label order.
-struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     block: &'a Block,
     postings: MmapPostings,
-    labels: Labels,
-    metas: Vec<ChunkMetaRef>,
-    id: u64,
+    pub(crate) labels: Labels,
+    pub(crate) metas: Vec<ChunkMetaRef>,
+    /// The series' reference in the block (its tombstones' key).
+    pub(crate) id: u64,
     interner: SymbolInterner,
 }
 
 impl<'a> Cursor<'a> {
-    fn open(block: &'a Block) -> Result<Option<Cursor<'a>>> {
+    pub(crate) fn open(block: &'a Block) -> Result<Option<Cursor<'a>>> {
         let postings = block.data()?.index.all_postings().map_err(|e| block.corrupt(e))?;
         let mut c = Cursor {
             block,
@@ -250,7 +251,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Reads the next series; false at the end.
-    fn advance(&mut self) -> Result<bool> {
+    pub(crate) fn advance(&mut self) -> Result<bool> {
         let Some(id) = self.postings.next() else { return Ok(false) };
         let data = self.block.data()?;
         self.labels = data.index.series(id, &mut self.metas, &mut self.interner).map_err(|e| self.block.corrupt(e))?;
@@ -264,15 +265,26 @@ impl<'a> Cursor<'a> {
 /// output is durable. Returns `None` if nothing survives (every sample deleted). The output
 /// goes to the disk the first input is on.
 pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<BlockMeta>> {
+    let mut scratch = Scratch::default();
+    merge_series(parent, blocks, None, |w, labels, inputs, deleted, mint, maxt| {
+        write_series(w, labels, inputs, deleted, mint, maxt, &mut scratch)
+    })
+}
+
+/// Walks the series of `blocks` in label order, each series once with its chunks from every
+/// block that has it (by start time), and lets `write` write it into one new block in `parent`
+/// (a rollup tier's when `rollup_interval` is set), given the series' deleted intervals and the
+/// output's range. Lineage, level and write sequence as compaction's.
+pub(crate) fn merge_series(
+    parent: &Path,
+    blocks: &[Arc<Block>],
+    rollup_interval: Option<i64>,
+    mut write: impl FnMut(&mut BlockWriter, &Labels, &[ChunkInput<'_>], &[(i64, i64)], i64, i64) -> Result<()>,
+) -> Result<Option<BlockMeta>> {
     assert!(!blocks.is_empty());
     let mint = blocks.iter().map(|b| b.meta().min_time).min().expect("not empty");
     let maxt = blocks.iter().map(|b| b.meta().max_time).max().expect("not empty");
-    let mut symbols: BTreeSet<&str> = BTreeSet::new();
-    for b in blocks {
-        let ix = &b.data()?.index;
-        symbols.extend((0..ix.num_symbols() as u32).map(|i| ix.symbol(i)));
-    }
-    let symbols: Vec<Arc<str>> = symbols.into_iter().map(Arc::from).collect();
+    let symbols = all_symbols(blocks.iter().map(|b| &**b))?;
     let stones: Vec<_> = blocks.iter().map(|b| b.tombstones()).collect();
 
     let mut cursors: Vec<Option<Cursor<'_>>> = Vec::with_capacity(blocks.len());
@@ -286,8 +298,10 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
     }
 
     let mut w = BlockWriter::create(blocks[0].fs(), parent, &symbols)?;
+    if let Some(interval) = rollup_interval {
+        w.set_rollup_interval(interval);
+    }
     let result = (|| -> Result<()> {
-        let mut scratch = Scratch::default();
         let mut chunk_refs: Vec<(usize, ChunkMetaRef)> = Vec::new();
         let mut deleted: Vec<(i64, i64)> = Vec::new();
         while let Some(Reverse((labels, first))) = heap.pop() {
@@ -316,7 +330,7 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
                 .zip(&bytes)
                 .map(|((i, m), b)| ChunkInput { mint: m.mint, maxt: m.maxt, data: b, rank: blocks[*i].meta().seq })
                 .collect();
-            write_series(&mut w, &labels, &inputs, &deleted, mint, maxt, &mut scratch)?;
+            write(&mut w, &labels, &inputs, &deleted, mint, maxt)?;
             for &i in &from {
                 let c = cursors[i].as_mut().expect("open");
                 if c.advance()? {
@@ -339,6 +353,16 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
     let parents = blocks.iter().map(|b| b.ulid().to_owned()).collect();
     let seq = blocks.iter().map(|b| b.meta().seq).max().unwrap_or(0);
     w.finish(mint, maxt, Compaction { level, sources, parents }, seq)
+}
+
+/// Every label string of `blocks`, sorted and unique: the symbol table of their merge.
+pub(crate) fn all_symbols<'a>(blocks: impl IntoIterator<Item = &'a Block>) -> Result<Vec<Arc<str>>> {
+    let mut symbols: BTreeSet<&str> = BTreeSet::new();
+    for b in blocks {
+        let ix = &b.data()?.index;
+        symbols.extend((0..ix.num_symbols() as u32).map(|i| ix.symbol(i)));
+    }
+    Ok(symbols.into_iter().map(Arc::from).collect())
 }
 
 /// The next set of blocks to compact, if any. `blocks` is sorted by start time.

@@ -59,6 +59,9 @@ pub enum Error {
     },
     #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: u32 },
+    /// A read asked for a rollup tier that is not configured.
+    #[error("no rollup tier of interval {interval_ms} ms is configured")]
+    NoSuchTier { interval_ms: i64 },
 }
 
 /// Why a reader stopped a selection (see `Querier::interrupt`).

@@ -94,6 +94,11 @@ impl Series {
         Ok(out)
     }
 
+    /// The deleted intervals (inclusive) in this series' blocks and head.
+    pub fn deleted_intervals(&self) -> &[(i64, i64)] {
+        &self.deleted
+    }
+
     /// Whether a deletion covers `t`.
     fn deleted(&self, t: i64) -> bool {
         self.deleted.iter().any(|&(a, b)| a <= t && t <= b)
@@ -363,6 +368,8 @@ pub struct Querier<'a> {
     max_chunks: usize,
     /// Chunks found so far by this querier's selections (sources run on several threads).
     chunks_found: std::sync::atomic::AtomicUsize,
+    /// False: `select` reads the blocks only (a rollup tier's, which the head has no part of).
+    read_head: bool,
 }
 
 impl std::fmt::Debug for Querier<'_> {
@@ -406,7 +413,14 @@ impl<'a> Querier<'a> {
             interrupt: None,
             max_chunks: usize::MAX,
             chunks_found: std::sync::atomic::AtomicUsize::new(0),
+            read_head: true,
         }
+    }
+
+    /// Makes `select` read the blocks only, not the head (a rollup tier's blocks).
+    pub fn without_head(mut self) -> Self {
+        self.read_head = false;
+        self
     }
 
     /// Makes `select` fail with `TooManyChunks` rather than hold more than `n` chunk
@@ -539,6 +553,9 @@ impl<'a> Querier<'a> {
     }
 
     fn select_head(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
+        if !self.read_head {
+            return Ok(Vec::new());
+        }
         // Series found here may be removed by a truncation before their labels are resolved;
         // the gate keeps their symbols alive until then.
         let _gate = self.head.read_gate();

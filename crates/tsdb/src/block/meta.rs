@@ -27,6 +27,17 @@ pub struct BlockMeta {
     /// rewrite of a point replaces the older value. 0 in blocks written before it existed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
+    /// Set in the blocks of a rollup tier (under `rollups/<interval>/`): their chunks hold
+    /// buckets of this interval (`chunkenc::rollup`), not samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollup: Option<RollupMeta>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollupMeta {
+    /// The buckets' interval in milliseconds.
+    pub interval_ms: i64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -78,6 +89,9 @@ impl BlockMeta {
         meta.compaction.sources.dedup();
         if meta.version != META_VERSION {
             return Err(format!("{}: unsupported block version {}", path.display(), meta.version));
+        }
+        if meta.rollup.is_some_and(|r| r.interval_ms <= 0) {
+            return Err(format!("{}: rollup interval is not positive", path.display()));
         }
         if meta.min_time >= meta.max_time {
             return Err(format!("{}: empty time range {}..{}", path.display(), meta.min_time, meta.max_time));

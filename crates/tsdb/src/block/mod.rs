@@ -29,7 +29,7 @@ use strata_model::{Matcher, SeriesRef};
 
 pub use chunks::{ChunkBytes, ChunkReader, ChunkRef, GroupCache};
 pub use index::{ChunkMetaRef, IndexFile, MmapPostings, SymbolInterner};
-pub use meta::{BlockMeta, BlockStats, Compaction};
+pub use meta::{BlockMeta, BlockStats, Compaction, RollupMeta};
 pub use tombstones::Tombstones;
 pub use writer::{BlockWriter, ChunkInput};
 

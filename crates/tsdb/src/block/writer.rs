@@ -9,7 +9,7 @@ use ulid::Ulid;
 
 use super::chunks::ChunkWriter;
 use super::index::{ChunkMetaRef, IndexWriter, INDEX_FILE};
-use super::meta::{BlockMeta, BlockStats, Compaction, META_VERSION};
+use super::meta::{BlockMeta, BlockStats, Compaction, RollupMeta, META_VERSION};
 use super::tombstones;
 use crate::chunkenc;
 use crate::error::{io_err, Error, Result};
@@ -44,6 +44,10 @@ pub struct BlockWriter {
     /// Distinct `__name__` values, for the `names` file (series come in label order, so a
     /// name's series mostly follow each other; the rest is deduplicated at the end).
     names: Vec<Box<str>>,
+    /// Set for a rollup tier's block (`BlockMeta::rollup`).
+    rollup: Option<RollupMeta>,
+    /// Keep the block even with no series (a rollup tier's record that a raw block was rolled up).
+    keep_empty: bool,
 }
 
 impl BlockWriter {
@@ -69,7 +73,21 @@ impl BlockWriter {
             stats: BlockStats::default(),
             metas: Vec::new(),
             names: Vec::new(),
+            rollup: None,
+            keep_empty: false,
         })
+    }
+
+    /// Marks the block as one of a rollup tier of `interval_ms`: its chunks hold buckets.
+    pub fn set_rollup_interval(&mut self, interval_ms: i64) {
+        assert!(interval_ms > 0);
+        self.rollup = Some(RollupMeta { interval_ms });
+    }
+
+    /// Keeps the block even if no series is added: a rollup tier's block records that a raw
+    /// block was rolled up, whether or not any of its series had a float sample.
+    pub fn keep_if_empty(&mut self) {
+        self.keep_empty = true;
     }
 
     /// Adds a series (in label order) with its chunks (in time order, not empty).
@@ -96,7 +114,7 @@ impl BlockWriter {
     }
 
     /// Finishes the block covering `[min_time, max_time)` and renames it into place. A block with
-    /// no series is not kept: returns `None`. On error nothing is left under the block's name
+    /// no series is not kept (unless `keep_if_empty`): returns `None`. On error nothing is left under the block's name
     /// nor, as far as the disk lets us remove it, in its temporary directory: the caller keeps
     /// the data (in the head, in the input blocks) and tries again later.
     /// `seq` is the block's place in write order (`BlockMeta::seq`).
@@ -111,7 +129,7 @@ impl BlockWriter {
             compaction.sources.push(self.ulid.to_string());
         }
         let (fs, tmp, parent, ulid) = (self.fs, self.tmp, self.parent, self.ulid);
-        if self.stats.num_series == 0 {
+        if self.stats.num_series == 0 && !self.keep_empty {
             drop((self.chunks, self.index));
             fs.remove_dir_all(&tmp).map_err(io_err("remove", &tmp))?;
             return Ok(None);
@@ -124,6 +142,7 @@ impl BlockWriter {
             compaction,
             version: META_VERSION,
             seq,
+            rollup: self.rollup,
         };
         let (chunks, index, names) = (self.chunks, self.index, self.names);
         let written = (|| {

@@ -18,6 +18,7 @@ fn opts(retention_ms: i64) -> DbOptions {
         retention_ms,
         retention_bytes: 0,
         compact_interval: None,
+        rollups: Vec::new(),
     }
 }
 
@@ -176,7 +177,7 @@ fn retention_drops_whole_blocks_only() {
 fn retention_by_size_drops_oldest_blocks_first() {
     let tmp = tempfile::tempdir().unwrap();
     let mut o = opts(0);
-    let db = Db::open(tmp.path(), o).unwrap();
+    let db = Db::open(tmp.path(), o.clone()).unwrap();
     append_x(&db, (0..20 * RANGE).step_by(10));
     db.compact().unwrap();
     let before = db.blocks();
@@ -541,7 +542,7 @@ fn late_writes_match_a_model(rules: crate::head::OutOfOrder) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let tmp = tempfile::tempdir().unwrap();
     let options = DbOptions { head: HeadOptions { out_of_order: rules, ..opts(0).head }, ..opts(0) };
-    let mut db = Db::open(tmp.path(), options).unwrap();
+    let mut db = Db::open(tmp.path(), options.clone()).unwrap();
     let mut model = Model::new();
     let series: Vec<Labels> = (0..12).map(|i| Labels::from_pairs([("__name__", format!("late.m{i}"))])).collect();
     let (mut late, mut refused) = (0, 0);
@@ -610,7 +611,7 @@ fn late_writes_match_a_model(rules: crate::head::OutOfOrder) {
         }
         if round % 60 == 59 {
             db.close().unwrap();
-            db = Db::open(tmp.path(), options).unwrap();
+            db = Db::open(tmp.path(), options.clone()).unwrap();
             check(&db, &model, &mut rng, round * 100);
         }
     }

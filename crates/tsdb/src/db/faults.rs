@@ -83,7 +83,7 @@ impl Run {
         // With faults still on: opening may fail (a read, a replay's fsync), and must work
         // when tried again.
         for attempt in 0.. {
-            match Db::open_on(Arc::new(self.fs.clone()), self.dir, self.opts) {
+            match Db::open_on(Arc::new(self.fs.clone()), self.dir, self.opts.clone()) {
                 Ok(db) => {
                     self.log.push(format!("opened: {} blocks", db.blocks().len()));
                     return db;
@@ -271,6 +271,7 @@ fn run_seed(seed: u64) -> (FaultCounts, CompactOutcome, usize) {
         retention_ms: RETENTION,
         retention_bytes: 0,
         compact_interval: None,
+        rollups: Vec::new(),
     };
     let rates = FaultRates { write: 0.02, fsync: 0.02, read: 0.02, namespace: 0.02 };
     let mut run = Run {
@@ -408,6 +409,7 @@ fn samples_of_a_failed_commit_are_cut_into_a_block_once_a_later_commit_acknowled
         retention_ms: 0,
         retention_bytes: 0,
         compact_interval: None,
+        rollups: Vec::new(),
     };
     let db = Db::open_on(Arc::new(fs.clone()), Path::new("/data"), opts).unwrap();
     let l = labels(0);
@@ -445,8 +447,9 @@ fn a_block_whose_deletion_the_disk_refuses_stays_listed_and_deletions_reach_it()
         wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
         ..HeadOptions::default()
     };
-    let keep_all = DbOptions { head, retention_ms: 100 * RANGE, retention_bytes: 0, compact_interval: None };
-    let db = Db::open_on(Arc::new(fs.clone()), Path::new("/data"), keep_all).unwrap();
+    let keep_all =
+        DbOptions { head, retention_ms: 100 * RANGE, retention_bytes: 0, compact_interval: None, ..Default::default() };
+    let db = Db::open_on(Arc::new(fs.clone()), Path::new("/data"), keep_all.clone()).unwrap();
     for t in (0..30 * RANGE).step_by(50) {
         let mut app = db.appender();
         app.append(&labels(0), t, value(0, t)).unwrap();
@@ -462,7 +465,7 @@ fn a_block_whose_deletion_the_disk_refuses_stays_listed_and_deletions_reach_it()
     db.close().unwrap();
 
     // Retention would now delete the oldest blocks, but every rename fails.
-    let expiring = DbOptions { retention_ms: 3 * RANGE, ..keep_all };
+    let expiring = DbOptions { retention_ms: 3 * RANGE, ..keep_all.clone() };
     let db = Db::open_on(Arc::new(fs.clone()), Path::new("/data"), expiring).unwrap();
     fs.set_rates(FaultRates { namespace: 1.0, ..FaultRates::default() });
     let r = db.compact();

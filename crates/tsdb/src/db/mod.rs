@@ -8,7 +8,8 @@
 //! ├── wal/                 segments and checkpoints of the head
 //! ├── 01J…/                a block (see `block`)
 //! ├── 01J….tmp/            a block being written; removed on open if a crash left it
-//! └── 01J….corrupt/        a block that failed its checks, set aside for an operator
+//! ├── 01J….corrupt/        a block that failed its checks, set aside for an operator
+//! └── rollups/5m/01J…/     a rollup tier's blocks, one directory per tier (see `rollups`)
 //! ```
 //!
 //! Consistency: the block list is swapped as a whole (`Arc<Vec>`), a new block is added before
@@ -32,6 +33,7 @@ use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
 use crate::head::{Appender, Cardinality, Head, HeadOptions, OutOfOrder};
 use crate::querier::{BlockList, Querier};
+use crate::rollup::RollupTier;
 use crate::vfs::{OsFs, Vfs};
 use crate::wal::{self, ReplayOutcome};
 
@@ -47,7 +49,7 @@ pub const RETENTION_DEFAULT_MS: i64 = 15 * 24 * 3600 * 1000;
 /// Where `Db::snapshot` writes, inside the data directory.
 pub const SNAPSHOTS_DIR: &str = "snapshots";
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DbOptions {
     pub head: HeadOptions,
     /// Blocks entirely older than this (behind the newest sample) are deleted; 0 keeps all.
@@ -57,6 +59,8 @@ pub struct DbOptions {
     /// How often the background thread cuts, compacts and applies retention; `None` runs no
     /// thread (tests and tools call `compact` themselves).
     pub compact_interval: Option<Duration>,
+    /// Rollup tiers, finest first (`rollup::check_tiers`); empty: none.
+    pub rollups: Vec<RollupTier>,
 }
 
 impl Default for DbOptions {
@@ -66,6 +70,7 @@ impl Default for DbOptions {
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             compact_interval: Some(Duration::from_secs(60)),
+            rollups: Vec::new(),
         }
     }
 }
@@ -95,6 +100,12 @@ pub struct DbStats {
     pub wal_shortenings: AtomicU64,
     /// Passes over the head writing closed chunks out for `shorten_wal`, checkpoint or not.
     pub chunk_write_passes: AtomicU64,
+    /// Rollup tier blocks written from raw blocks, tier merges, tier blocks deleted by their
+    /// tier's retention, and series left out of rollups for holding native histograms.
+    pub rollup_blocks_written: AtomicU64,
+    pub rollup_compactions: AtomicU64,
+    pub rollup_blocks_deleted_by_retention: AtomicU64,
+    pub rollup_histogram_series_skipped: AtomicU64,
 }
 
 /// What one `compact` call did.
@@ -104,6 +115,9 @@ pub struct CompactOutcome {
     pub compactions: usize,
     pub retention_deleted: usize,
     pub set_aside: usize,
+    /// Raw blocks rolled up (into every tier that lacked them), and tier merges.
+    pub rolled_up: usize,
+    pub rollup_compactions: usize,
 }
 
 /// Counters at the last WAL checkpoint: the samples it kept, and the head's appended and
@@ -122,6 +136,8 @@ struct Inner {
     opts: DbOptions,
     head: Head,
     blocks: BlockList,
+    /// The rollup tiers, finest first, as configured.
+    tiers: Vec<rollups::Tier>,
     /// One compaction, head cut or retention pass at a time.
     compaction: Mutex<()>,
     /// `.tmp-for-deletion` directories whose removal failed (the block they held is gone from
@@ -168,6 +184,8 @@ pub struct DbStatus {
     /// The head's heap by part, and its chunk files (`memory.chunk_files`).
     pub memory: crate::head::HeadMemory,
     pub chunk_files: usize,
+    /// The rollup tiers, finest first.
+    pub tiers: Vec<TierStatus>,
 }
 
 impl Db {
@@ -182,7 +200,8 @@ impl Db {
         create_dir_all(&*fs, dir)?;
         let lock = lock_dir(&*fs, dir)?;
         remove_interrupted_snapshots(&*fs, dir)?;
-        let blocks = open_blocks(&fs, dir)?;
+        let blocks = open_blocks(&fs, dir, None)?;
+        let tiers = rollups::open_tiers(&fs, dir, &opts.rollups)?;
         let started = Instant::now();
         let chunks_dir = dir.join(CHUNKS_HEAD_DIR);
         let (head, replay) = Head::open_with_chunk_files(fs.clone(), &dir.join(WAL_DIR), Some(&chunks_dir), opts.head)?;
@@ -197,6 +216,7 @@ impl Db {
             opts,
             head,
             blocks: RwLock::new(Arc::new(blocks)),
+            tiers,
             compaction: Mutex::new(()),
             leftovers: Mutex::new(Vec::new()),
             replay,
@@ -205,7 +225,7 @@ impl Db {
             persisted_without_checkpoint: Mutex::new(None),
             _lock: lock,
         });
-        let background = opts.compact_interval.map(|every| spawn_background(&inner, every));
+        let background = inner.opts.compact_interval.map(|every| spawn_background(&inner, every));
         Ok(Db { inner, background: Mutex::new(background) })
     }
 
@@ -272,6 +292,7 @@ impl Db {
         for b in self.blocks().iter() {
             n += b.delete(matchers, mint, maxt).inspect_err(|e| b.mark_corrupt_if(e))?;
         }
+        n += self.inner.delete_in_tiers(matchers, mint, maxt)?;
         Ok(n)
     }
 
@@ -315,6 +336,7 @@ impl Db {
         for b in self.blocks().iter() {
             link_tree(fs, b.dir(), &tmp.join(b.ulid()))?;
         }
+        inner.link_tiers(&tmp)?;
         if !skip_head {
             if let Some((min, max)) = inner.head.time_range() {
                 let cut = compact::HeadCut { seq: inner.next_seq(), ..compact::HeadCut::ALL };
@@ -357,6 +379,7 @@ impl Db {
             blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
             memory: head.memory(),
             chunk_files: head.chunk_files_usage().0,
+            tiers: self.inner.tier_status(),
         })
     }
 
@@ -415,7 +438,9 @@ impl Inner {
                 }
             }
         }
-        out.retention_deleted = self.apply_retention()?;
+        out.rolled_up = self.roll_up_settled(&ranges)?;
+        out.rollup_compactions = self.compact_tiers(&ranges)?;
+        out.retention_deleted = self.apply_retention()? + self.apply_tier_retention()?;
         Ok(out)
     }
 
@@ -584,6 +609,11 @@ impl Inner {
     /// back in the list, so deletions keep reaching it and the next round tries again; the
     /// error still reaches the caller.
     fn delete_unlisted(&self, b: &Arc<Block>) -> Result<()> {
+        self.delete_unlisted_from(&self.blocks, b)
+    }
+
+    /// `delete_unlisted` for a block of `list` (the raw blocks or a rollup tier's).
+    fn delete_unlisted_from(&self, list: &BlockList, b: &Arc<Block>) -> Result<()> {
         match delete_block_dir(&*self.fs, b.dir()) {
             Ok(None) => Ok(()),
             Ok(Some(leftover)) => {
@@ -592,7 +622,7 @@ impl Inner {
             }
             Err(e) => {
                 tracing::warn!(block = %b.dir().display(), error = %e, "could not delete a block; it stays listed until a later round can");
-                self.swap_blocks(&[], Some(b.clone()));
+                swap_in(list, &[], Some(b.clone()));
                 Err(e)
             }
         }
@@ -608,17 +638,13 @@ impl Inner {
         }
     }
 
-    /// Replaces `remove` by `add` in the block list, atomically for readers.
+    /// Replaces `remove` by `add` in the raw block list, atomically for readers.
     fn swap_blocks(&self, remove: &[Arc<Block>], add: Option<Arc<Block>>) {
-        let mut w = self.blocks.write();
-        let mut next: Vec<Arc<Block>> =
-            w.iter().filter(|b| !remove.iter().any(|r| Arc::ptr_eq(r, b))).cloned().collect();
-        next.extend(add);
-        next.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
-        *w = Arc::new(next);
+        swap_in(&self.blocks, remove, add);
     }
 
-    /// Deletes whole blocks outside the retention window (by time, then by size), oldest first.
+    /// Deletes whole blocks outside the retention window (by time, then by size), oldest first,
+    /// each once every rollup tier holds its data (rolled up here if a tier lacks it).
     fn apply_retention(&self) -> Result<usize> {
         let blocks = self.blocks.read().clone();
         if blocks.is_empty() {
@@ -653,6 +679,8 @@ impl Inner {
                 doomed.push(b.clone());
             }
         }
+        // Not before every rollup tier holds the block's data.
+        doomed.retain(|b| self.rolled_up_for_deletion(b));
         if doomed.is_empty() {
             return Ok(0);
         }
@@ -689,18 +717,31 @@ impl Inner {
 
     /// Moves blocks flagged corrupt out of the list and renames their directories.
     fn set_aside_corrupt(&self) -> usize {
-        let blocks = self.blocks.read().clone();
-        let bad: Vec<Arc<Block>> = blocks.iter().filter(|b| b.is_corrupt()).cloned().collect();
-        if bad.is_empty() {
-            return 0;
+        // Tier blocks too: a raw block still on disk is then rolled up again.
+        let mut n = 0;
+        for list in std::iter::once(&self.blocks).chain(self.tiers.iter().map(|t| &t.blocks)) {
+            let bad: Vec<Arc<Block>> = list.read().iter().filter(|b| b.is_corrupt()).cloned().collect();
+            if bad.is_empty() {
+                continue;
+            }
+            swap_in(list, &bad, None);
+            for b in &bad {
+                set_aside(&*self.fs, b.dir(), "failed a checksum or bounds check on read");
+            }
+            n += bad.len();
         }
-        self.swap_blocks(&bad, None);
-        for b in &bad {
-            set_aside(&*self.fs, b.dir(), "failed a checksum or bounds check on read");
-        }
-        self.stats.blocks_set_aside.fetch_add(bad.len() as u64, Ordering::Relaxed);
-        bad.len()
+        self.stats.blocks_set_aside.fetch_add(n as u64, Ordering::Relaxed);
+        n
     }
+}
+
+/// Replaces `remove` by `add` in `list`, atomically for readers; the list stays sorted by start.
+fn swap_in(list: &BlockList, remove: &[Arc<Block>], add: Option<Arc<Block>>) {
+    let mut w = list.write();
+    let mut next: Vec<Arc<Block>> = w.iter().filter(|b| !remove.iter().any(|r| Arc::ptr_eq(r, b))).cloned().collect();
+    next.extend(add);
+    next.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+    *w = Arc::new(next);
 }
 
 fn spawn_background(inner: &Arc<Inner>, every: Duration) -> Background {
@@ -771,7 +812,10 @@ fn remove_interrupted_snapshots(fs: &dyn Vfs, dir: &Path) -> Result<()> {
 /// aside blocks whose files are missing or fail their checks, removes blocks a compaction
 /// already replaced. A failing disk fails the open (the blocks are fine; the disk may be too,
 /// later): it never sets a block aside.
-fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Vec<Arc<Block>>> {
+///
+/// `rollup`: the interval of the tier whose directory this is (`None`: raw blocks). A block of
+/// another kind is left alone, loudly: it was put there by hand or by another version.
+fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path, rollup: Option<i64>) -> Result<Vec<Arc<Block>>> {
     let mut blocks = Vec::new();
     let mut entries = fs.list(dir).map_err(io_err("list", dir))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -786,6 +830,12 @@ fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path) -> Result<Vec<Arc<Block>>> {
             continue;
         }
         match Block::open_on(fs, &path) {
+            Ok(b) if b.meta().rollup.map(|r| r.interval_ms) != rollup => {
+                tracing::error!(
+                    block = %path.display(), rollup = ?b.meta().rollup, expected = ?rollup,
+                    "a block of another kind (raw or another rollup interval) is in this directory; it is not read"
+                );
+            }
             Ok(b) => blocks.push(Arc::new(b)),
             Err(Error::BlockCorrupt { reason, .. }) => set_aside(&**fs, &path, &reason),
             Err(e) => return Err(e),
@@ -897,6 +947,9 @@ fn lock_dir(fs: &dyn Vfs, dir: &Path) -> Result<Box<dyn std::fmt::Debug + Send +
     })
 }
 
+mod rollups;
+pub use rollups::{RollupSeries, TierStatus, ROLLUPS_DIR};
+
 #[cfg(test)]
 mod faults;
 
@@ -997,7 +1050,7 @@ mod tests {
             assert_eq!(&served, model);
             assert_eq!(histograms, model.keys().filter(|(i, _)| *i == 1).count());
         };
-        let db = Db::open(tmp.path(), opts).unwrap();
+        let db = Db::open(tmp.path(), opts.clone()).unwrap();
         append(&db, &mut model, 0, 4_000_000);
         // Late samples of one series, between the in-order ones.
         let mut app = db.appender();
@@ -1021,7 +1074,7 @@ mod tests {
         check(&db, &model);
         db.close().unwrap();
 
-        let db = Db::open(tmp.path(), opts).unwrap();
+        let db = Db::open(tmp.path(), opts.clone()).unwrap();
         check(&db, &model);
         append(&db, &mut model, 4_000_000, 8_000_000);
         db.shorten_wal().unwrap();
@@ -1082,7 +1135,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
         let l = |name: &str| Labels::from_pairs([("__name__", name)]);
-        let db = Db::open(tmp.path(), opts).unwrap();
+        let db = Db::open(tmp.path(), opts.clone()).unwrap();
         let mut app = db.appender();
         for t in (0..3_000_000).step_by(15_000) {
             if t < 600_000 {

@@ -244,6 +244,24 @@ pub fn merge_runs(a: &[Bucket], b: &[Bucket], out: &mut Vec<Bucket>) {
     out.extend_from_slice(&b[j..]);
 }
 
+/// Sorts buckets of one series gathered from several places (tier blocks side by side, each
+/// with partial buckets at its edges) by end, and combines those of the same end in time order
+/// (`Bucket::absorb`: exact where their samples do not interleave).
+pub fn coalesce(buckets: &mut Vec<Bucket>) {
+    buckets.sort_by_key(|b| (b.end, b.first.t));
+    let mut kept = 0;
+    for i in 0..buckets.len() {
+        if kept > 0 && buckets[kept - 1].end == buckets[i].end {
+            let b = buckets[i];
+            buckets[kept - 1].absorb(&b);
+        } else {
+            buckets[kept] = buckets[i];
+            kept += 1;
+        }
+    }
+    buckets.truncate(kept);
+}
+
 /// Coarsens buckets (sorted by `end`) to `interval`, a multiple of theirs.
 pub fn coarsen(buckets: &[Bucket], interval: i64, out: &mut Vec<Bucket>) {
     let mut open: Option<Bucket> = None;

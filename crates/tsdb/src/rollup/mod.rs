@@ -4,5 +4,8 @@
 //! for the bytes.
 
 pub mod bucket;
+pub mod tier;
+pub mod write;
 
-pub use bucket::{aggregate, bucket_end, coarsen, merge_runs, Aggregator, Bucket};
+pub use bucket::{aggregate, bucket_end, coalesce, coarsen, merge_runs, Aggregator, Bucket};
+pub use tier::{check_tiers, parse_tiers, RollupTier};

@@ -1,0 +1,436 @@
+//! Rollup tiers in the data directory: which raw blocks are rolled up and when, the tiers' own
+//! compaction and retention.
+//!
+//! ```text
+//! data/rollups/
+//! ├── 5m/01J…/     a tier's block: the buckets of one raw block's range (or, merged, several)
+//! └── 1h/01J…/
+//! ```
+//!
+//! Rules, each keeping "every sample is in raw data or in every tier, exactly once":
+//! - A raw block is rolled up once it is **settled**: it overlaps no other raw block and its
+//!   window in the largest compaction range has closed (a newer block starts after it), so
+//!   compaction will not merge it again; or when retention is about to delete it. One read of
+//!   the raw block writes a block for every tier that lacks it, with the raw block's range and
+//!   lineage (level, sources, write sequence).
+//! - A tier **holds** a raw block when every source of the raw block is among its blocks'
+//!   sources. A tier block whose sources a newer rolled-up raw block includes (late data merged
+//!   into a range already rolled up) is replaced by the new one, as compaction replaces inputs.
+//! - Tier blocks are merged only once none of their sources is a raw block any more (raw data
+//!   deleted by retention): until then each stays one raw block's rollup, so late data replaces
+//!   it exactly. Merged blocks span the tier's compaction ranges (×3 from the largest raw range,
+//!   up to 31 days or a tenth of the tier's retention).
+//! - Raw retention deletes a block only once every tier holds it; a tier's retention deletes
+//!   its blocks older than the tier's retention behind the newest sample.
+//!
+//! A crash at any point leaves whole blocks: a tier block not yet listed is found at open (a
+//! replaced one, by lineage, removed), and raw data is deleted only after the tiers' blocks
+//! are durable.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use strata_model::{Labels, Matcher};
+
+use super::{open_blocks, swap_in, Db, Inner};
+use crate::block::{Block, BlockMeta};
+use crate::chunkenc::rollup::{decode, ColumnSet};
+use crate::compact::{self, BLOCK_RANGE_MAX_MS};
+use crate::error::Error;
+use crate::error::Result;
+use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::querier::{BlockList, Querier};
+use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
+use crate::rollup::{bucket_end, coalesce, merge_runs, Aggregator, Bucket, RollupTier};
+use crate::vfs::Vfs;
+
+/// The directory of the rollup tiers, inside the data directory.
+pub const ROLLUPS_DIR: &str = "rollups";
+
+/// One configured tier and its blocks.
+#[derive(Debug)]
+pub(crate) struct Tier {
+    pub(crate) spec: RollupTier,
+    pub(crate) dir: PathBuf,
+    pub(crate) blocks: BlockList,
+}
+
+/// What `strata status` and `/metrics` show of a tier.
+#[derive(Debug, Clone)]
+pub struct TierStatus {
+    pub tier: RollupTier,
+    pub blocks: Vec<BlockMeta>,
+    pub bytes: u64,
+}
+
+fn tier_sources(blocks: &[Arc<Block>]) -> HashSet<String> {
+    blocks.iter().flat_map(|b| b.meta().compaction.sources.iter().cloned()).collect()
+}
+
+fn corrupt_tier(tier: &Tier, labels: &Labels, e: crate::chunkenc::ChunkError) -> Error {
+    Error::BlockCorrupt { block: tier.dir.clone(), reason: format!("series {labels}: {e}") }
+}
+
+/// Two label-sorted lists as one; a series in both gets its buckets merged.
+fn merge_by_labels(a: Vec<RollupSeries>, b: Vec<RollupSeries>) -> Vec<RollupSeries> {
+    let mut out = Vec::with_capacity(a.len().max(b.len()));
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (None, None) => return out,
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (Some(x), Some(y)) => match x.labels.cmp(&y.labels) {
+                std::cmp::Ordering::Less => a.next(),
+                std::cmp::Ordering::Greater => b.next(),
+                std::cmp::Ordering::Equal => {
+                    let (x, y) = (a.next().expect("peeked"), b.next().expect("peeked"));
+                    let mut buckets = Vec::with_capacity(x.buckets.len() + y.buckets.len());
+                    merge_runs(&x.buckets, &y.buckets, &mut buckets);
+                    Some(RollupSeries { labels: x.labels, buckets })
+                }
+            },
+        };
+        out.extend(next);
+    }
+}
+
+impl Tier {
+    /// Every raw source this tier's blocks hold.
+    fn sources(&self) -> HashSet<String> {
+        tier_sources(&self.blocks.read())
+    }
+
+    /// The tier's compaction ranges: ×3 from the largest raw range, up to 31 days or a tenth
+    /// of its retention.
+    fn ranges(&self, raw_ranges: &[i64]) -> Vec<i64> {
+        let base = *raw_ranges.last().expect("at least one range");
+        let mut max = BLOCK_RANGE_MAX_MS;
+        if self.spec.retention_ms > 0 {
+            max = max.min(self.spec.retention_ms / 10);
+        }
+        compact::ranges(base, max.max(base))
+    }
+}
+
+/// One series' buckets as a tier serves them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupSeries {
+    pub labels: Labels,
+    /// Sorted by end, each end once.
+    pub buckets: Vec<Bucket>,
+}
+
+impl Db {
+    /// The configured rollup tiers, finest first.
+    pub fn rollup_tiers(&self) -> Vec<RollupTier> {
+        self.inner.tiers.iter().map(|t| t.spec).collect()
+    }
+
+    /// The buckets of the tier of `interval_ms` whose ends fall in `[bucket_end(mint),
+    /// bucket_end(maxt)]`, for the series matching `matchers`, sorted by labels. Each bucket
+    /// aggregates all its samples: those the tier holds are read from its blocks, the rest
+    /// (raw blocks not rolled up yet, the head) are aggregated from raw samples as they are
+    /// read, so the answer does not depend on how far rollup has got. Deleted buckets (any a
+    /// deletion touches) are left out. `Error::NoSuchTier` if no tier has that interval.
+    pub fn rollup_select(
+        &self,
+        interval_ms: i64,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+    ) -> Result<Vec<RollupSeries>> {
+        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.interval_ms == interval_ms) else {
+            return Err(Error::NoSuchTier { interval_ms });
+        };
+        self.inner.select_buckets(tier, matchers, mint, maxt)
+    }
+}
+
+fn holds(sources: &HashSet<String>, b: &Block) -> bool {
+    b.meta().compaction.sources.iter().all(|s| sources.contains(s))
+}
+
+/// Opens the configured tiers' directories (created if missing). Tier directories on disk that
+/// are not configured are left alone, with a warning: a configuration change never deletes data.
+pub(super) fn open_tiers(fs: &Arc<dyn Vfs>, dir: &Path, tiers: &[RollupTier]) -> Result<Vec<Tier>> {
+    let root = dir.join(ROLLUPS_DIR);
+    if let Ok(entries) = fs.list(&root) {
+        for e in entries.iter().filter(|e| e.is_dir) {
+            if !tiers.iter().any(|t| t.dir_name() == e.name) {
+                tracing::warn!(dir = %root.join(&e.name).display(), "a rollup tier directory that is not configured; left alone and not read");
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(tiers.len());
+    for t in tiers {
+        let tier_dir = root.join(t.dir_name());
+        create_dir_all(&**fs, &tier_dir)?;
+        let blocks = open_blocks(fs, &tier_dir, Some(t.interval_ms))?;
+        out.push(Tier { spec: *t, dir: tier_dir, blocks: RwLock::new(Arc::new(blocks)) });
+    }
+    Ok(out)
+}
+
+impl Inner {
+    /// Rolls up every settled raw block some tier lacks. Returns how many raw blocks were.
+    pub(super) fn roll_up_settled(&self, raw_ranges: &[i64]) -> Result<usize> {
+        if self.tiers.is_empty() {
+            return Ok(0);
+        }
+        let raw = self.blocks.read().clone();
+        let Some(newest_start) = raw.iter().map(|b| b.meta().min_time).max() else { return Ok(0) };
+        let top = *raw_ranges.last().expect("at least one range");
+        let mut n = 0;
+        for (i, b) in raw.iter().enumerate() {
+            let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
+            let overlapped =
+                raw.iter().enumerate().any(|(j, o)| j != i && o.meta().min_time < maxt && mint < o.meta().max_time);
+            let window_end = mint.div_euclid(top).saturating_add(1).saturating_mul(top);
+            if overlapped || window_end > newest_start {
+                continue;
+            }
+            n += self.roll_up(b)? as usize;
+        }
+        Ok(n)
+    }
+
+    /// Writes `raw`'s rollup for every tier that lacks it; true if any did.
+    fn roll_up(&self, raw: &Arc<Block>) -> Result<bool> {
+        let needing: Vec<&Tier> = self.tiers.iter().filter(|t| !holds(&t.sources(), raw)).collect();
+        if needing.is_empty() {
+            return Ok(false);
+        }
+        let started = std::time::Instant::now();
+        let targets: Vec<Target<'_>> = needing.iter().map(|t| Target { tier: t.spec, dir: &t.dir }).collect();
+        let rolled = roll_up_block(raw, &targets).inspect_err(|e| raw.mark_corrupt_if(e))?;
+        self.stats.rollup_histogram_series_skipped.fetch_add(rolled.histogram_series, Ordering::Relaxed);
+        for (t, meta) in needing.iter().zip(rolled.blocks) {
+            // Rollups of raw blocks this one has absorbed (late data merged in) are replaced.
+            let mine = &raw.meta().compaction.sources;
+            let replaced: Vec<Arc<Block>> = t
+                .blocks
+                .read()
+                .iter()
+                .filter(|r| r.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok()))
+                .cloned()
+                .collect();
+            let block = Arc::new(Block::written(&self.fs, &t.dir.join(&meta.ulid), meta));
+            swap_in(&t.blocks, &replaced, Some(block));
+            self.stats.rollup_blocks_written.fetch_add(1, Ordering::Relaxed);
+            for r in &replaced {
+                self.delete_unlisted_from(&t.blocks, r)?;
+            }
+        }
+        tracing::info!(
+            raw = raw.ulid(),
+            tiers = needing.len(),
+            histogram_series_skipped = rolled.histogram_series,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "rolled up a raw block"
+        );
+        Ok(true)
+    }
+
+    /// Whether retention may delete raw block `b`: every tier holds it, rolling it up first
+    /// if one does not. A failed rollup keeps the block (and is logged).
+    pub(super) fn rolled_up_for_deletion(&self, b: &Arc<Block>) -> bool {
+        match self.roll_up(b) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(block = b.ulid(), error = %e, "could not roll up a block retention would delete; it is kept");
+                false
+            }
+        }
+    }
+
+    /// Merges each tier's blocks whose raw blocks are all gone, as compaction merges raw ones.
+    pub(super) fn compact_tiers(&self, raw_ranges: &[i64]) -> Result<usize> {
+        if self.tiers.is_empty() {
+            return Ok(0);
+        }
+        let raw_sources: HashSet<String> =
+            self.blocks.read().iter().flat_map(|b| b.meta().compaction.sources.iter().cloned()).collect();
+        let mut n = 0;
+        for t in &self.tiers {
+            let ranges = t.ranges(raw_ranges);
+            loop {
+                let blocks = t.blocks.read().clone();
+                let settled: Vec<Arc<Block>> = blocks
+                    .iter()
+                    .filter(|b| !b.meta().compaction.sources.iter().any(|s| raw_sources.contains(s)))
+                    .cloned()
+                    .collect();
+                let Some(group) = compact::plan(&settled, &ranges) else { break };
+                let started = std::time::Instant::now();
+                let meta = merge_tier_blocks(&t.dir, t.spec.interval_ms, &group).inspect_err(|e| {
+                    for b in &group {
+                        b.mark_corrupt_if(e);
+                    }
+                })?;
+                let out = meta.as_ref().map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m.clone())));
+                swap_in(&t.blocks, &group, out);
+                for b in &group {
+                    self.delete_unlisted_from(&t.blocks, b)?;
+                }
+                self.stats.rollup_compactions.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    tier = %t.spec, inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
+                    elapsed_ms = started.elapsed().as_millis() as u64, "compacted rollup blocks"
+                );
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes tier blocks entirely older than their tier's retention behind the newest sample.
+    pub(super) fn apply_tier_retention(&self) -> Result<usize> {
+        let mut newest = self.head.time_range().map(|r| r.1);
+        for list in std::iter::once(&self.blocks).chain(self.tiers.iter().map(|t| &t.blocks)) {
+            let last = list.read().iter().map(|b| b.meta().max_time - 1).max();
+            newest = newest.max(last);
+        }
+        let Some(newest) = newest else { return Ok(0) };
+        let mut gone = 0;
+        for t in self.tiers.iter().filter(|t| t.spec.retention_ms > 0) {
+            let cutoff = newest.saturating_sub(t.spec.retention_ms);
+            let doomed: Vec<Arc<Block>> =
+                t.blocks.read().iter().filter(|b| b.meta().max_time <= cutoff).cloned().collect();
+            if doomed.is_empty() {
+                continue;
+            }
+            swap_in(&t.blocks, &doomed, None);
+            for b in &doomed {
+                tracing::info!(tier = %t.spec, ulid = b.ulid(), min_time = b.meta().min_time, max_time = b.meta().max_time, "rollup retention deletes block");
+                self.delete_unlisted_from(&t.blocks, b)?;
+                gone += 1;
+            }
+        }
+        self.stats.rollup_blocks_deleted_by_retention.fetch_add(gone as u64, Ordering::Relaxed);
+        Ok(gone)
+    }
+
+    fn select_buckets(&self, tier: &Tier, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<RollupSeries>> {
+        let interval = tier.spec.interval_ms;
+        let (first_end, last_end) = (bucket_end(mint, interval), bucket_end(maxt, interval));
+        // Every sample of those buckets.
+        let (lo, hi) = (first_end - interval + 1, last_end);
+        let raw = self.blocks.read().clone();
+        let stored = tier.blocks.read().clone();
+        let held = tier_sources(&stored);
+        // Raw blocks the tier does not hold are read raw, and so are held ones whose time they
+        // overlap (late data not merged yet): their samples interleave, and only raw samples
+        // aggregate exactly then.
+        let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b)).collect();
+        let overlap =
+            |a: &Block, b: &Block| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time;
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for i in 0..raw.len() {
+                if !read_raw[i] && (0..raw.len()).any(|j| read_raw[j] && overlap(&raw[i], &raw[j])) {
+                    read_raw[i] = true;
+                    grew = true;
+                }
+            }
+        }
+        let unheld_raw: Vec<Arc<Block>> =
+            raw.iter().zip(&read_raw).filter(|(_, r)| **r).map(|(b, _)| b.clone()).collect();
+        // A tier block some of whose raw data is read raw (merged with late samples since, or
+        // overlapped by them) is left out: that raw data is read instead.
+        let unheld_sources: HashSet<&str> =
+            unheld_raw.iter().flat_map(|b| b.meta().compaction.sources.iter().map(String::as_str)).collect();
+        let fresh: Vec<Arc<Block>> = stored
+            .iter()
+            .filter(|r| !r.meta().compaction.sources.iter().any(|s| unheld_sources.contains(s.as_str())))
+            .cloned()
+            .collect();
+
+        let fresh: BlockList = RwLock::new(Arc::new(fresh));
+        let mut from_tier = Vec::new();
+        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).without_head().select(matchers)? {
+            let mut buckets = Vec::new();
+            for c in &s.chunks {
+                let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+                decode(&bytes, ColumnSet::ALL, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+            }
+            buckets.retain(|b| {
+                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, interval)
+            });
+            coalesce(&mut buckets);
+            if !buckets.is_empty() {
+                from_tier.push(RollupSeries { labels: s.labels, buckets });
+            }
+        }
+
+        let unheld: BlockList = RwLock::new(Arc::new(unheld_raw));
+        let mut from_raw = Vec::new();
+        for s in Querier::with_blocks(&self.head, &unheld, lo, hi).select(matchers)? {
+            let mut agg = Aggregator::new(interval);
+            let mut buckets = Vec::new();
+            let mut one = [strata_model::Sample { t: 0, v: 0.0 }];
+            s.visit(|x| {
+                if let crate::chunkenc::TypedValue::Float(v) = x.value {
+                    one[0] = strata_model::Sample { t: x.t, v };
+                    agg.add(&one, &mut buckets);
+                }
+            })
+            .map_err(|e| Error::BlockCorrupt {
+                block: Default::default(),
+                reason: format!("series {}: {e}", s.labels),
+            })?;
+            agg.finish(&mut buckets);
+            if !buckets.is_empty() {
+                from_raw.push(RollupSeries { labels: s.labels, buckets });
+            }
+        }
+        Ok(merge_by_labels(from_tier, from_raw))
+    }
+
+    pub(super) fn tier_status(&self) -> Vec<TierStatus> {
+        self.tiers
+            .iter()
+            .map(|t| {
+                let blocks = t.blocks.read().clone();
+                TierStatus {
+                    tier: t.spec,
+                    bytes: blocks.iter().map(|b| b.bytes()).sum(),
+                    blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Applies a deletion to every tier's blocks too (a bucket any deleted interval touches is
+    /// dropped by readers and tier merges).
+    pub(super) fn delete_in_tiers(&self, matchers: &[strata_model::Matcher], mint: i64, maxt: i64) -> Result<usize> {
+        let mut n = 0;
+        for t in &self.tiers {
+            for b in t.blocks.read().clone().iter() {
+                n += b.delete(matchers, mint, maxt).inspect_err(|e| b.mark_corrupt_if(e))?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Hard-links every tier's blocks into `to/rollups/<tier>/` (a snapshot).
+    pub(super) fn link_tiers(&self, to: &Path) -> Result<()> {
+        for t in &self.tiers {
+            let dir = to.join(ROLLUPS_DIR).join(t.spec.dir_name());
+            create_dir_all(&*self.fs, &dir)?;
+            for b in t.blocks.read().iter() {
+                super::link_tree(&*self.fs, b.dir(), &dir.join(b.ulid()))?;
+            }
+            fsync_dir(&*self.fs, &dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,142 @@
+//! Rollup tiers as configured: an interval and how long its buckets are kept.
+
+use std::fmt;
+
+use strata_model::{format_duration_ms, parse_duration_ms};
+
+/// Shortest rollup interval: finer than a scrape interval is no rollup.
+pub const INTERVAL_MIN_MS: i64 = 1000;
+/// At most this many tiers (each costs a pass per rolled-up block and a block list).
+pub const TIERS_MAX: usize = 8;
+
+/// One tier: buckets of `interval_ms`, deleted once older than `retention_ms` behind the
+/// newest sample (0: kept forever).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RollupTier {
+    pub interval_ms: i64,
+    pub retention_ms: i64,
+}
+
+impl RollupTier {
+    /// The tier's directory name under `rollups/`: its interval as a duration (`5m`, `1h`).
+    pub fn dir_name(&self) -> String {
+        format_duration_ms(self.interval_ms)
+    }
+}
+
+impl fmt::Display for RollupTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keep = if self.retention_ms == 0 { "forever".into() } else { format_duration_ms(self.retention_ms) };
+        write!(f, "{}:{keep}", format_duration_ms(self.interval_ms))
+    }
+}
+
+/// Parses tiers written as Graphite writes retentions, `interval:retention` separated by
+/// commas (`5m:90d,1h:2y`; retention `0` or `forever` keeps the tier's buckets forever); an
+/// empty string is no tier. Checked as whisper checks its archives, against the raw retention
+/// `raw_retention_ms` (0 = forever): intervals increase from tier to tier and each divides the
+/// next, and each tier is kept longer than the raw data and the finer tiers (forever only after
+/// forever), so that the coarser the data, the further back it reaches. The error names the
+/// offending tier.
+pub fn parse_tiers(s: &str, raw_retention_ms: i64) -> Result<Vec<RollupTier>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tiers: Vec<RollupTier> = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (interval, retention) = part
+            .split_once(':')
+            .ok_or_else(|| format!("rollup tier {part:?}: expected interval:retention, e.g. 5m:90d"))?;
+        let interval_ms = parse_duration_ms(interval.trim()).map_err(|e| format!("rollup tier {part:?}: {e}"))?;
+        let retention_ms = match retention.trim() {
+            "forever" => 0,
+            r => parse_duration_ms(r).map_err(|e| format!("rollup tier {part:?}: {e}"))?,
+        };
+        tiers.push(RollupTier { interval_ms, retention_ms });
+    }
+    check_tiers(&tiers, raw_retention_ms)?;
+    Ok(tiers)
+}
+
+/// The rules `parse_tiers` states, for tiers built in code.
+pub fn check_tiers(tiers: &[RollupTier], raw_retention_ms: i64) -> Result<(), String> {
+    if tiers.len() > TIERS_MAX {
+        return Err(format!("{} rollup tiers configured; at most {TIERS_MAX}", tiers.len()));
+    }
+    // Kept forever sorts last.
+    let span = |ms: i64| if ms == 0 { i64::MAX } else { ms };
+    let mut finer_interval = 0;
+    let mut finer_keep = span(raw_retention_ms);
+    let mut finer_name = "raw data".to_string();
+    for t in tiers {
+        if t.interval_ms < INTERVAL_MIN_MS {
+            return Err(format!(
+                "rollup tier {t}: interval under the minimum of {}",
+                format_duration_ms(INTERVAL_MIN_MS)
+            ));
+        }
+        if t.retention_ms < 0 || (t.retention_ms > 0 && t.retention_ms < t.interval_ms) {
+            return Err(format!("rollup tier {t}: retention shorter than its interval"));
+        }
+        if finer_interval > 0 && (t.interval_ms <= finer_interval || t.interval_ms % finer_interval != 0) {
+            return Err(format!(
+                "rollup tier {t}: its interval must be a multiple of the previous tier's ({}), larger",
+                format_duration_ms(finer_interval)
+            ));
+        }
+        // Longer than the finer data, as whisper's archives must be; forever after forever.
+        let keep = span(t.retention_ms);
+        if keep <= finer_keep && !(keep == i64::MAX && finer_keep == i64::MAX) {
+            return Err(format!("rollup tier {t}: must be kept longer than {finer_name}"));
+        }
+        finer_interval = t.interval_ms;
+        finer_keep = span(t.retention_ms);
+        finer_name = format!("the {} tier", format_duration_ms(t.interval_ms));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i64 = 86_400_000;
+
+    #[test]
+    fn graphite_style_tiers() {
+        let tiers = parse_tiers("5m:90d, 1h:2y", 15 * DAY).unwrap();
+        assert_eq!(
+            tiers,
+            vec![
+                RollupTier { interval_ms: 300_000, retention_ms: 90 * DAY },
+                RollupTier { interval_ms: 3_600_000, retention_ms: 730 * DAY }
+            ]
+        );
+        assert_eq!(tiers[0].dir_name(), "5m");
+        assert_eq!(tiers[1].to_string(), "1h:2y");
+        assert_eq!(parse_tiers("", 15 * DAY).unwrap(), vec![]);
+        assert_eq!(parse_tiers("1h:forever", 15 * DAY).unwrap()[0].retention_ms, 0);
+    }
+
+    #[test]
+    fn wrong_tiers_are_named() {
+        for (spec, want) in [
+            ("5m", "expected interval:retention"),
+            ("5x:90d", "invalid duration"),
+            ("500ms:90d", "under the minimum"),
+            ("5m:1m", "shorter than its interval"),
+            ("1h:90d,5m:2y", "multiple of the previous"),
+            ("5m:90d,7m:2y", "multiple of the previous"),
+            ("5m:10d", "kept longer than raw data"),
+            ("5m:90d,1h:30d", "kept longer than the 5m tier"),
+            ("5m:forever,1h:2y", "kept longer than the 5m tier"),
+        ] {
+            let err = parse_tiers(spec, 15 * DAY).unwrap_err();
+            assert!(err.contains(want), "{spec}: {err}");
+        }
+        assert!(parse_tiers("5m:90d", 0).unwrap_err().contains("kept longer than raw data"));
+        assert_eq!(parse_tiers("5m:forever,1h:forever", 0).unwrap().len(), 2);
+    }
+}
