@@ -166,6 +166,3 @@ pub fn merge_tier_blocks(parent: &Path, interval_ms: i64, blocks: &[Arc<Block>])
 pub fn deleted_touches(deleted: &[(i64, i64)], b: &Bucket, interval_ms: i64) -> bool {
     deleted.iter().any(|&(lo, hi)| lo <= b.end && hi > b.end - interval_ms)
 }
-
-#[cfg(test)]
-mod tests;
