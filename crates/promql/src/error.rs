@@ -45,6 +45,10 @@ pub enum EvalError {
     /// The storage failed (corrupt block, too many series).
     #[error("{0}")]
     Storage(String),
+    /// A rollup tier cannot answer this query after all (it found native histograms): the
+    /// engine evaluates it again on raw data. Never returned by `Engine`'s entry points.
+    #[error("rollup tier cannot answer the query: {0}")]
+    RollupUnsuitable(&'static str),
 }
 
 pub fn exec(msg: impl Into<String>) -> EvalError {

@@ -49,6 +49,8 @@ pub struct StorageConfig {
     /// imports (Prometheus' `out_of_order_time_window`); 0, the default as in Prometheus,
     /// refuses late samples. Carbon has its own (`CarbonConfig::window`).
     pub out_of_order_window_ms: i64,
+    /// Rollup tiers, finest first (`--storage.rollup-tiers`); none by default.
+    pub rollup_tiers: Vec<strata_tsdb::rollup::RollupTier>,
 }
 
 impl Default for StorageConfig {
@@ -63,6 +65,7 @@ impl Default for StorageConfig {
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             out_of_order_window_ms: 0,
+            rollup_tiers: Vec::new(),
         }
     }
 }
@@ -88,6 +91,7 @@ impl StorageConfig {
             },
             retention_ms: self.retention_ms,
             retention_bytes: self.retention_bytes,
+            rollups: self.rollup_tiers.clone(),
             ..Default::default()
         }
     }

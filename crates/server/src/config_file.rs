@@ -12,6 +12,7 @@
 //!   wal_segment_size: 64MB
 //!   chunk_cache_size: 256MB
 //!   out_of_order_time_window: 30m
+//!   rollup_tiers: 5m:90d,1h:2y
 //! limits:
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
@@ -76,6 +77,8 @@ pub struct StorageSection {
     pub chunk_cache_size: Option<String>,
     /// Prometheus' `storage.tsdb.out_of_order_time_window`.
     pub out_of_order_time_window: Option<String>,
+    /// Rollup tiers, `interval:retention` by commas (`5m:90d,1h:2y`; `docs/rollups.md`).
+    pub rollup_tiers: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]

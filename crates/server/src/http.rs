@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_model::{parse_selector, FloatHistogram, Labels, MatchOp, Matcher, Sample};
 use strata_promql::ast::ValueType;
-use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput};
+use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput, SourceResolution};
 use strata_tsdb::chunkenc::TypedValue;
 use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
@@ -1092,19 +1092,44 @@ struct QueryStorage {
     parallelism: usize,
 }
 
+/// A storage error as the engine reports it: a stop, a limit, or a failure.
+fn read_error(e: strata_tsdb::Error) -> EvalError {
+    use strata_tsdb::error::Stop;
+    match e {
+        strata_tsdb::Error::Stopped(Stop::Timeout) => EvalError::Timeout("series selection"),
+        strata_tsdb::Error::Stopped(Stop::Canceled) => EvalError::Canceled("series selection"),
+        strata_tsdb::Error::TooManyChunks { .. } => EvalError::TooManySamples("series selection"),
+        e => EvalError::Storage(e.to_string()),
+    }
+}
+
 impl strata_promql::Storage for QueryStorage {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
-        use strata_tsdb::error::Stop;
         let stop = || self.stopper.stop();
         limited_querier(&self.db, &self.limits, &stop, mint, maxt)
             .parallelism(self.parallelism)
             .select(matchers)
-            .map_err(|e| match e {
-                strata_tsdb::Error::Stopped(Stop::Timeout) => EvalError::Timeout("series selection"),
-                strata_tsdb::Error::Stopped(Stop::Canceled) => EvalError::Canceled("series selection"),
-                strata_tsdb::Error::TooManyChunks { .. } => EvalError::TooManySamples("series selection"),
-                e => EvalError::Storage(e.to_string()),
-            })
+            .map_err(read_error)
+    }
+
+    fn rollup_tiers(&self) -> Vec<strata_tsdb::rollup::RollupTier> {
+        self.db.rollup_tiers()
+    }
+
+    fn select_rollup(
+        &self,
+        interval_ms: i64,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+    ) -> Result<strata_tsdb::db::RollupSelection, EvalError> {
+        let stop = || self.stopper.stop();
+        let limits = strata_tsdb::querier::ReadLimits {
+            max_series: self.limits.max_query_series,
+            max_chunks: self.limits.max_query_samples.saturating_add(self.limits.max_query_series.saturating_mul(2)),
+            interrupt: Some(&stop),
+        };
+        self.db.rollup_select(interval_ms, matchers, mint, maxt, &limits).map_err(read_error)
     }
 }
 
@@ -1245,18 +1270,28 @@ impl http_body::Body for ChunkedBody {
     }
 }
 
+/// `max_source_resolution` (Thanos' name): `auto` (default) lets the planner answer from the
+/// coarsest rollup tier that gives the raw answer, `raw` (or `0s`) reads raw samples only, a
+/// duration allows tiers up to that interval.
+fn source_resolution(p: &Params) -> Result<SourceResolution, ApiError> {
+    SourceResolution::parse(p.get("max_source_resolution").unwrap_or(""))
+        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"max_source_resolution\": {e}")))
+}
+
 /// Runs one PromQL evaluation in a query slot, with the limits, deadline and a cancel flag
 /// raised if the client goes away, and renders the result.
 async fn evaluate(
     st: &Arc<AppState>,
     query: String,
     headers: &HeaderMap,
+    resolution: SourceResolution,
     run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
 ) -> ApiResult {
     let db = db(st)?;
     let st2 = st.clone();
     let out = run_query(st, move |stopper| {
-        let engine = engine(&st2, stopper.deadline);
+        let mut engine = engine(&st2, stopper.deadline);
+        engine.opts.max_source_resolution = resolution;
         let flag = stopper.canceled.clone();
         let storage = QueryStorage { db, limits: st2.limits.clone(), stopper, parallelism: engine.opts.parallelism };
         run(&engine, &storage, &flag).map_err(eval_error)
@@ -1277,7 +1312,8 @@ async fn query(
         p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
-    evaluate(&st, q, &headers, move |engine, storage, cancel| {
+    let resolution = source_resolution(&p)?;
+    evaluate(&st, q, &headers, resolution, move |engine, storage, cancel| {
         engine.instant_with_cancel(storage, &expr, t, Some(cancel))
     })
     .await
@@ -1320,7 +1356,8 @@ async fn query_range(
             expr.value_type().name()
         )));
     }
-    evaluate(&st, q, &headers, move |engine, storage, cancel| {
+    let resolution = source_resolution(&p)?;
+    evaluate(&st, q, &headers, resolution, move |engine, storage, cancel| {
         engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
     })
     .await

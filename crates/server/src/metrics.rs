@@ -467,8 +467,60 @@ fn render_db(o: &mut String, db: &Db) {
                 "counter",
                 load(&d.blocks_set_aside),
             ),
+            (
+                "strata_tsdb_rollup_blocks_written_total",
+                "Rollup tier blocks written from raw blocks.",
+                "counter",
+                load(&d.rollup_blocks_written),
+            ),
+            (
+                "strata_tsdb_rollup_compactions_total",
+                "Merges of rollup tier blocks.",
+                "counter",
+                load(&d.rollup_compactions),
+            ),
+            (
+                "strata_tsdb_rollup_retention_blocks_deleted_total",
+                "Rollup tier blocks deleted by their tier's retention.",
+                "counter",
+                load(&d.rollup_blocks_deleted_by_retention),
+            ),
+            (
+                "strata_tsdb_rollup_histogram_series_skipped_total",
+                "Series left out of rollups because they hold native histograms.",
+                "counter",
+                load(&d.rollup_histogram_series_skipped),
+            ),
         ],
     );
+    render_tiers(o, &db.tier_status());
+}
+
+/// Each rollup tier's blocks, bytes and time range, labelled by its interval.
+fn render_tiers(o: &mut String, tiers: &[strata_tsdb::db::TierStatus]) {
+    if tiers.is_empty() {
+        return;
+    }
+    type Value = fn(&strata_tsdb::db::TierStatus) -> f64;
+    let rows: [(&str, &str, Value); 5] = [
+        ("strata_tsdb_rollup_tier_blocks", "Blocks of the rollup tier.", |t| t.blocks.len() as f64),
+        ("strata_tsdb_rollup_tier_bytes", "Bytes of the rollup tier's blocks.", |t| t.bytes as f64),
+        ("strata_tsdb_rollup_tier_retention_seconds", "How long the tier keeps its buckets (0: forever).", |t| {
+            t.tier.retention_ms as f64 / 1e3
+        }),
+        ("strata_tsdb_rollup_tier_min_time_seconds", "Start of the tier's oldest block (NaN: no block).", |t| {
+            t.blocks.iter().map(|b| b.min_time).min().map_or(f64::NAN, |ms| ms as f64 / 1e3)
+        }),
+        ("strata_tsdb_rollup_tier_max_time_seconds", "End of the tier's newest block (NaN: no block).", |t| {
+            t.blocks.iter().map(|b| b.max_time).max().map_or(f64::NAN, |ms| ms as f64 / 1e3)
+        }),
+    ];
+    for (name, help, value) in rows {
+        family(o, name, help, "gauge");
+        for t in tiers {
+            let _ = writeln!(o, "{name}{{tier=\"{}\"}} {}", t.tier.dir_name(), value(t));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,21 @@ pub fn render(s: &DbStatus) -> String {
     if let (Some(first), Some(last)) = (s.blocks.first(), s.blocks.last()) {
         let _ = writeln!(o, "blocks range:   {} .. {}", format_ms(first.min_time), format_ms(last.max_time));
     }
+    for t in &s.tiers {
+        let samples: u64 = t.blocks.iter().map(|b| b.stats.num_samples).sum();
+        let range = match (t.blocks.iter().map(|b| b.min_time).min(), t.blocks.iter().map(|b| b.max_time).max()) {
+            (Some(a), Some(b)) => format!(", {} .. {}", format_ms(a), format_ms(b)),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            o,
+            "rollup {:<8} {} block(s) holding {} buckets in {} bytes{range}",
+            format!("{}:", t.tier),
+            t.blocks.len(),
+            samples,
+            t.bytes
+        );
+    }
     if let Some((seg, off, why)) = &s.replay.cut {
         let _ = writeln!(o, "wal repaired:   cut segment {seg} at byte {off} ({why})");
     }

@@ -102,6 +102,8 @@ fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::E
         compact_interval: None,
         retention_ms: 0,
         retention_bytes: 0,
+        // The tiers on disk, kept forever: a tool never deletes data.
+        rollups: strata_tsdb::db::discover_tiers(&strata_tsdb::vfs::OsFs, data_dir),
         ..StorageConfig::default().db_options()
     };
     Ok(Db::open(data_dir, opts)?)
@@ -248,7 +250,8 @@ fn purge_freed_memory_promptly() {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Status { data_dir, wal_fsync, top } => {
-            let cfg = StorageConfig { data_dir, wal_fsync, ..Default::default() };
+            let rollup_tiers = strata_tsdb::db::discover_tiers(&strata_tsdb::vfs::OsFs, &data_dir);
+            let cfg = StorageConfig { data_dir, wal_fsync, rollup_tiers, ..Default::default() };
             let db = Db::open(&cfg.data_dir, cfg.db_options())?;
             print!("{}", strata_server::status::render(&db.status(top)?));
             db.close()?;

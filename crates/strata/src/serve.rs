@@ -45,6 +45,12 @@ pub struct ServeArgs {
     /// is refused as a duplicate [default: 0, late samples refused].
     #[arg(long = "storage.out-of-order-time-window")]
     out_of_order_time_window: Option<String>,
+    /// Rollup tiers, `interval:retention` separated by commas as Graphite writes retentions
+    /// (`5m:90d,1h:2y`): each series is also kept as per-interval aggregates for that long,
+    /// which long-range queries read instead of raw samples (see docs/rollups.md) [default:
+    /// none].
+    #[arg(long = "storage.rollup-tiers")]
+    rollup_tiers: Option<String>,
     /// WAL fsync policy: "interval" (every second) or "always" (before acknowledging a write) [default: interval].
     #[arg(long)]
     wal_fsync: Option<String>,
@@ -391,8 +397,12 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         "0",
         strata_model::parse_duration_ms,
     )?;
+    let rollup_tiers = pick(&mut flags, "storage.rollup-tiers", args.rollup_tiers.clone(), st.rollup_tiers, "", |s| {
+        strata_tsdb::rollup::parse_tiers(s, retention)
+    })?;
     let storage = StorageConfig {
         data_dir: args.data_dir.clone(),
+        rollup_tiers,
         wal_fsync,
         wal_compression,
         wal_segment_bytes,

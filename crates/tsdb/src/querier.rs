@@ -387,6 +387,31 @@ impl std::fmt::Debug for Querier<'_> {
 /// The reader's question, asked during a selection: should it stop now, and why?
 pub type Interrupt<'a> = &'a (dyn Fn() -> Option<crate::error::Stop> + Sync);
 
+/// The bounds of a read made of several selections (`Db::rollup_select`): each selection
+/// gets them (`Querier::limit_series`, `limit_chunks`, `interrupt`).
+#[derive(Clone, Copy)]
+pub struct ReadLimits<'a> {
+    pub max_series: usize,
+    pub max_chunks: usize,
+    pub interrupt: Option<Interrupt<'a>>,
+}
+
+impl Default for ReadLimits<'_> {
+    fn default() -> Self {
+        ReadLimits { max_series: usize::MAX, max_chunks: usize::MAX, interrupt: None }
+    }
+}
+
+impl std::fmt::Debug for ReadLimits<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadLimits")
+            .field("max_series", &self.max_series)
+            .field("max_chunks", &self.max_chunks)
+            .field("interrupt", &self.interrupt.is_some())
+            .finish()
+    }
+}
+
 /// Series selected between two questions to the interrupt: often enough that a deadline is
 /// seen within a millisecond or so, rarely enough to cost nothing.
 const INTERRUPT_EVERY: usize = 1024;
@@ -415,6 +440,14 @@ impl<'a> Querier<'a> {
             chunks_found: std::sync::atomic::AtomicUsize::new(0),
             read_head: true,
         }
+    }
+
+    /// Applies `limits` (series, chunks, interrupt).
+    pub fn with_limits(mut self, limits: &ReadLimits<'a>) -> Self {
+        self.max_series = limits.max_series;
+        self.max_chunks = limits.max_chunks;
+        self.interrupt = limits.interrupt;
+        self
     }
 
     /// Makes `select` read the blocks only, not the head (a rollup tier's blocks).

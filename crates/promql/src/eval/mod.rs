@@ -19,6 +19,7 @@ mod labels;
 mod native_histograms;
 mod range_functions;
 pub(crate) mod range_histograms;
+mod rollup;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration as StdDuration, Instant};
@@ -34,11 +35,30 @@ use crate::error::{exec, EvalError};
 use crate::value::{Annotation, HPoint, Point, Series, Value};
 
 pub use labels::prom_labels_string;
+pub use rollup::SourceResolution;
+use strata_tsdb::db::RollupSelection;
+use strata_tsdb::rollup::RollupTier;
 
 /// Where series come from.
 pub trait Storage: Sync {
     /// Series matching all matchers with samples in `[mint, maxt]`, sorted by labels.
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError>;
+
+    /// The rollup tiers it has, finest first.
+    fn rollup_tiers(&self) -> Vec<RollupTier> {
+        Vec::new()
+    }
+
+    /// Buckets of the tier of `interval_ms` (`Db::rollup_select`).
+    fn select_rollup(
+        &self,
+        interval_ms: i64,
+        _matchers: &[Matcher],
+        _mint: i64,
+        _maxt: i64,
+    ) -> Result<RollupSelection, EvalError> {
+        Err(EvalError::Storage(format!("no rollup tier of {interval_ms} ms")))
+    }
 }
 
 impl Storage for strata_tsdb::head::Head {
@@ -52,6 +72,21 @@ impl Storage for strata_tsdb::head::Head {
 impl Storage for strata_tsdb::Db {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
         self.querier(mint, maxt).select(matchers).map_err(|e| EvalError::Storage(e.to_string()))
+    }
+
+    fn rollup_tiers(&self) -> Vec<RollupTier> {
+        strata_tsdb::Db::rollup_tiers(self)
+    }
+
+    fn select_rollup(
+        &self,
+        interval_ms: i64,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+    ) -> Result<RollupSelection, EvalError> {
+        self.rollup_select(interval_ms, matchers, mint, maxt, &Default::default())
+            .map_err(|e| EvalError::Storage(e.to_string()))
     }
 }
 
@@ -71,6 +106,8 @@ pub struct EngineOptions {
     /// `rate`, `increase`, `irate` and `resets` find the resets they reveal and rate delta
     /// series by them, and `start_timestamp()` returns them.
     pub use_start_timestamps: bool,
+    /// Which rollup tiers a query may be answered from (`eval::rollup`).
+    pub max_source_resolution: SourceResolution,
 }
 
 impl Default for EngineOptions {
@@ -82,6 +119,7 @@ impl Default for EngineOptions {
             timeout: StdDuration::from_secs(120),
             parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
             use_start_timestamps: false,
+            max_source_resolution: SourceResolution::Auto,
         }
     }
 }
@@ -122,22 +160,63 @@ impl Engine {
         t: i64,
         cancel: Option<&AtomicBool>,
     ) -> Result<QueryOutput, EvalError> {
-        let ev = Evaluator::new(self, st, t, t, 0, cancel);
-        let ctx = Ctx { start: t, step: 1, n: 1 };
-        let expr = &with_stats_selectors(expr);
-        let v = ev.eval(expr, &ctx)?;
-        let value = match v {
-            Val::Scalar(s) => Value::Scalar { t, v: s[0] },
-            Val::Str(s) => Value::String { t, s },
-            Val::Vector(series) => {
-                let series = ev.finish_names(series)?;
-                Value::Vector(series)
+        self.evaluate(st, expr, t, t, 0, cancel, |ev| {
+            let ctx = Ctx { start: t, step: 1, n: 1 };
+            let expr = &with_stats_selectors(expr);
+            let v = ev.eval(expr, &ctx)?;
+            Ok(match v {
+                Val::Scalar(s) => Value::Scalar { t, v: s[0] },
+                Val::Str(s) => Value::String { t, s },
+                Val::Vector(series) => {
+                    let series = ev.finish_names(series)?;
+                    Value::Vector(series)
+                }
+                Val::Matrix(mut series) => {
+                    series.sort_by(|a, b| a.labels.cmp(&b.labels));
+                    Value::Matrix(series)
+                }
+            })
+        })
+    }
+
+    /// Runs `run` on an evaluator over a rollup tier when the planner finds one that answers
+    /// `expr` (noting it in an info annotation), else, or when the tier turns out unable to
+    /// (`RollupUnsuitable`), on raw data with the same deadline.
+    #[allow(clippy::too_many_arguments, reason = "the query's range and its evaluation, passed through")]
+    fn evaluate(
+        &self,
+        st: &dyn Storage,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+        cancel: Option<&AtomicBool>,
+        run: impl Fn(&Evaluator) -> Result<Value, EvalError>,
+    ) -> Result<QueryOutput, EvalError> {
+        let mut ev = Evaluator::new(self, st, start, end, step, cancel);
+        let tiers = st.rollup_tiers();
+        if let Some(tier) = ev.plan_tier(expr, start, step, &tiers) {
+            ev.tier = Some(tier);
+            match run(&ev) {
+                Err(EvalError::RollupUnsuitable(_)) => {}
+                Err(e) => return Err(e),
+                Ok(value) => {
+                    let buckets = ev.buckets_read.load(Ordering::Relaxed);
+                    ev.info(
+                        0,
+                        format!(
+                            "answered from the {} rollup tier ({buckets} buckets read); max_source_resolution=raw reads raw samples",
+                            strata_model::format_duration_ms(tier.interval_ms)
+                        ),
+                    );
+                    return Ok(QueryOutput { value, annotations: ev.annotations.into_inner() });
+                }
             }
-            Val::Matrix(mut series) => {
-                series.sort_by(|a, b| a.labels.cmp(&b.labels));
-                Value::Matrix(series)
-            }
-        };
+            let deadline = ev.deadline;
+            ev = Evaluator::new(self, st, start, end, step, cancel);
+            ev.deadline = deadline;
+        }
+        let value = run(&ev)?;
         Ok(QueryOutput { value, annotations: ev.annotations.into_inner() })
     }
 
@@ -178,22 +257,23 @@ impl Engine {
             }
         }
         let n = ((end - start) / step) as usize + 1;
-        let ev = Evaluator::new(self, st, start, end, step, cancel);
-        let ctx = Ctx { start, step, n };
-        let expr = &with_stats_selectors(expr);
-        let series = match ev.eval(expr, &ctx)? {
-            Val::Scalar(s) => {
-                vec![Series::new(
-                    Labels::empty(),
-                    s.iter().enumerate().map(|(i, &f)| Point { t: ctx.ts(i), f }).collect(),
-                )]
-            }
-            Val::Vector(series) => ev.finish_names(series)?,
-            _ => return Err(exec("range query must evaluate to a scalar or an instant vector")),
-        };
-        let mut series: Vec<Series> = series.into_iter().filter(|s| !s.is_empty()).collect();
-        series.sort_by(|a, b| a.labels.cmp(&b.labels));
-        Ok(QueryOutput { value: Value::Matrix(series), annotations: ev.annotations.into_inner() })
+        self.evaluate(st, expr, start, end, step, cancel, |ev| {
+            let ctx = Ctx { start, step, n };
+            let expr = &with_stats_selectors(expr);
+            let series = match ev.eval(expr, &ctx)? {
+                Val::Scalar(s) => {
+                    vec![Series::new(
+                        Labels::empty(),
+                        s.iter().enumerate().map(|(i, &f)| Point { t: ctx.ts(i), f }).collect(),
+                    )]
+                }
+                Val::Vector(series) => ev.finish_names(series)?,
+                _ => return Err(exec("range query must evaluate to a scalar or an instant vector")),
+            };
+            let mut series: Vec<Series> = series.into_iter().filter(|s| !s.is_empty()).collect();
+            series.sort_by(|a, b| a.labels.cmp(&b.labels));
+            Ok(Value::Matrix(series))
+        })
     }
 }
 
@@ -337,6 +417,10 @@ pub(crate) struct Evaluator<'a> {
     cancel: Option<&'a AtomicBool>,
     held: AtomicUsize,
     pub annotations: parking_lot::Mutex<Vec<Annotation>>,
+    /// The rollup tier selectors read, if the planner picked one.
+    tier: Option<RollupTier>,
+    /// Buckets read from the tier.
+    buckets_read: AtomicUsize,
 }
 
 impl<'a> Evaluator<'a> {
@@ -358,6 +442,8 @@ impl<'a> Evaluator<'a> {
             cancel,
             held: AtomicUsize::new(0),
             annotations: parking_lot::Mutex::new(Vec::new()),
+            tier: None,
+            buckets_read: AtomicUsize::new(0),
         }
     }
 
@@ -651,6 +737,9 @@ impl<'a> Evaluator<'a> {
         if value == SelectorValue::StartTime && !self.engine.opts.use_start_timestamps {
             // Without start times read there is nothing to return (as in Prometheus).
             return Ok(());
+        }
+        if let Some(tier) = self.tier {
+            return self.stream_selector_from_tier(tier, sel, ctx, value, sink);
         }
         let keep_sample_time = value == SelectorValue::SampleTime;
         let offset = sel.offset.as_ref().map_or(0, |d| self.duration_ms(d));

@@ -102,6 +102,10 @@ pub(super) fn stream(
     sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
 ) -> Result<(), EvalError> {
     let name = call.func.name;
+    if let Some(tier) = ev.tier {
+        // The planner picked a tier only if it answers this function.
+        return ev.stream_range_function_from_tier(tier, call, ctx, sink);
+    }
     let (f, keeps_name) = lookup(name).ok_or_else(|| exec(format!("unknown range function {name}")))?;
     let mi = matrix_arg(name);
     let matrix = &call.args[mi];

@@ -948,7 +948,7 @@ fn lock_dir(fs: &dyn Vfs, dir: &Path) -> Result<Box<dyn std::fmt::Debug + Send +
 }
 
 mod rollups;
-pub use rollups::{RollupSeries, TierStatus, ROLLUPS_DIR};
+pub use rollups::{discover_tiers, RollupSelection, RollupSeries, TierStatus, ROLLUPS_DIR};
 
 #[cfg(test)]
 mod faults;

@@ -43,7 +43,7 @@ use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::Error;
 use crate::error::Result;
 use crate::fsutil::{create_dir_all, fsync_dir};
-use crate::querier::{BlockList, Querier};
+use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
 use crate::rollup::{bucket_end, coalesce, merge_runs, Aggregator, Bucket, RollupTier};
 use crate::vfs::Vfs;
@@ -117,6 +117,15 @@ impl Tier {
     }
 }
 
+/// What `Db::rollup_select` found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RollupSelection {
+    pub series: Vec<RollupSeries>,
+    /// Matching series with native histogram samples in the raw data read: rollups do not
+    /// hold histograms, so a reader that needs them must read raw data instead.
+    pub histogram_series: usize,
+}
+
 /// One series' buckets as a tier serves them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupSeries {
@@ -131,28 +140,50 @@ impl Db {
         self.inner.tiers.iter().map(|t| t.spec).collect()
     }
 
+    /// Each tier's blocks and bytes, finest first.
+    pub fn tier_status(&self) -> Vec<TierStatus> {
+        self.inner.tier_status()
+    }
+
     /// The buckets of the tier of `interval_ms` whose ends fall in `[bucket_end(mint),
     /// bucket_end(maxt)]`, for the series matching `matchers`, sorted by labels. Each bucket
     /// aggregates all its samples: those the tier holds are read from its blocks, the rest
     /// (raw blocks not rolled up yet, the head) are aggregated from raw samples as they are
     /// read, so the answer does not depend on how far rollup has got. Deleted buckets (any a
-    /// deletion touches) are left out. `Error::NoSuchTier` if no tier has that interval.
+    /// deletion touches) are left out. `limits` bound each of the selections (tier blocks,
+    /// raw data). `Error::NoSuchTier` if no tier has that interval.
     pub fn rollup_select(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
-    ) -> Result<Vec<RollupSeries>> {
+        limits: &ReadLimits<'_>,
+    ) -> Result<RollupSelection> {
         let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.interval_ms == interval_ms) else {
             return Err(Error::NoSuchTier { interval_ms });
         };
-        self.inner.select_buckets(tier, matchers, mint, maxt)
+        self.inner.select_buckets(tier, matchers, mint, maxt, limits)
     }
 }
 
 fn holds(sources: &HashSet<String>, b: &Block) -> bool {
     b.meta().compaction.sources.iter().all(|s| sources.contains(s))
+}
+
+/// The tiers whose directories `dir` holds, each kept forever: what a tool opening a data
+/// directory without the server's configuration uses, so that it reads and keeps them.
+pub fn discover_tiers(fs: &dyn Vfs, dir: &Path) -> Vec<RollupTier> {
+    let Ok(entries) = fs.list(&dir.join(ROLLUPS_DIR)) else { return Vec::new() };
+    let mut tiers: Vec<RollupTier> = entries
+        .iter()
+        .filter(|e| e.is_dir)
+        .filter_map(|e| strata_model::parse_duration_ms(&e.name).ok())
+        .filter(|&interval_ms| interval_ms > 0)
+        .map(|interval_ms| RollupTier { interval_ms, retention_ms: 0 })
+        .collect();
+    tiers.sort_by_key(|t| t.interval_ms);
+    tiers
 }
 
 /// Opens the configured tiers' directories (created if missing). Tier directories on disk that
@@ -315,7 +346,14 @@ impl Inner {
         Ok(gone)
     }
 
-    fn select_buckets(&self, tier: &Tier, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<RollupSeries>> {
+    fn select_buckets(
+        &self,
+        tier: &Tier,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        limits: &ReadLimits<'_>,
+    ) -> Result<RollupSelection> {
         let interval = tier.spec.interval_ms;
         let (first_end, last_end) = (bucket_end(mint, interval), bucket_end(maxt, interval));
         // Every sample of those buckets.
@@ -353,7 +391,7 @@ impl Inner {
 
         let fresh: BlockList = RwLock::new(Arc::new(fresh));
         let mut from_tier = Vec::new();
-        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).without_head().select(matchers)? {
+        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)? {
             let mut buckets = Vec::new();
             for c in &s.chunks {
                 let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
@@ -370,26 +408,30 @@ impl Inner {
 
         let unheld: BlockList = RwLock::new(Arc::new(unheld_raw));
         let mut from_raw = Vec::new();
-        for s in Querier::with_blocks(&self.head, &unheld, lo, hi).select(matchers)? {
+        let mut histogram_series = 0;
+        for s in Querier::with_blocks(&self.head, &unheld, lo, hi).with_limits(limits).select(matchers)? {
             let mut agg = Aggregator::new(interval);
             let mut buckets = Vec::new();
             let mut one = [strata_model::Sample { t: 0, v: 0.0 }];
-            s.visit(|x| {
-                if let crate::chunkenc::TypedValue::Float(v) = x.value {
+            let mut histograms = false;
+            s.visit(|x| match x.value {
+                crate::chunkenc::TypedValue::Float(v) => {
                     one[0] = strata_model::Sample { t: x.t, v };
                     agg.add(&one, &mut buckets);
                 }
+                crate::chunkenc::TypedValue::Histogram(_) => histograms = true,
             })
             .map_err(|e| Error::BlockCorrupt {
                 block: Default::default(),
                 reason: format!("series {}: {e}", s.labels),
             })?;
             agg.finish(&mut buckets);
+            histogram_series += histograms as usize;
             if !buckets.is_empty() {
                 from_raw.push(RollupSeries { labels: s.labels, buckets });
             }
         }
-        Ok(merge_by_labels(from_tier, from_raw))
+        Ok(RollupSelection { series: merge_by_labels(from_tier, from_raw), histogram_series })
     }
 
     pub(super) fn tier_status(&self) -> Vec<TierStatus> {

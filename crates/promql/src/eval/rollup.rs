@@ -1,0 +1,287 @@
+//! Evaluation from rollup tiers: a query whose steps, windows and offsets all fall on a tier's
+//! bucket boundaries is answered from the tier's buckets (count, sum, min, max, first, last,
+//! counter reset correction, changes, resets per interval) instead of every raw sample.
+//!
+//! What a tier answers, and how exactly (`docs/rollups.md`):
+//! - a plain selector at step time `t`: the last sample at or before `t` is the last sample of
+//!   the newest bucket ending at or before `t`, with its own timestamp, so the lookback applies
+//!   as on raw data. Exact, except that stale markers are not kept: a series that ended shows
+//!   its last value until the lookback passes, not until its stale marker.
+//! - over windows `(t - r, t]` with `r` a multiple of the interval, the window is a run of
+//!   whole buckets, combined in time order (`Bucket::append`): `count_over_time`,
+//!   `min_over_time`, `max_over_time`, `last_over_time`, `first_over_time`,
+//!   `present_over_time`, `changes`, `resets`, `ts_of_first_over_time`, `ts_of_last_over_time`
+//!   exactly; `rate`, `increase` and `delta` from the first and last sample, the sample count
+//!   and the reset correction, with Prometheus' extrapolation, exact but for the order in
+//!   which reset corrections are added; `sum_over_time` and `avg_over_time` up to the order
+//!   of the float additions.
+//!
+//! Anything else (other range functions, subqueries, extended range modes, native
+//! histograms, windows or offsets off the bucket grid) is read raw: the planner picks no tier,
+//! or evaluation stops with `EvalError::RollupUnsuitable` and the engine starts again raw.
+
+use std::sync::atomic::Ordering;
+
+use strata_model::{Labels, METRIC_NAME};
+use strata_tsdb::rollup::{Bucket, RollupTier};
+
+use super::range_functions::{per_second_divisor, Sampled};
+use super::{Ctx, Evaluator, RangeSpec, SelectorValue};
+use crate::ast::{Call, Expr, ExprKind, RangeMode, VectorSelector};
+use crate::error::EvalError;
+use crate::value::{Point, Series};
+
+/// Range functions a tier answers.
+const ROLLUP_FUNCTIONS: [&str; 15] = [
+    "rate",
+    "increase",
+    "delta",
+    "sum_over_time",
+    "avg_over_time",
+    "count_over_time",
+    "min_over_time",
+    "max_over_time",
+    "last_over_time",
+    "first_over_time",
+    "present_over_time",
+    "changes",
+    "resets",
+    "ts_of_first_over_time",
+    "ts_of_last_over_time",
+];
+
+/// Which tiers a query may read (`max_source_resolution`, as Thanos calls it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SourceResolution {
+    /// The coarsest tier that answers the query exactly.
+    #[default]
+    Auto,
+    /// Raw samples only.
+    Raw,
+    /// Tiers of at most this interval (milliseconds).
+    AtMost(i64),
+}
+
+impl SourceResolution {
+    /// Parses `max_source_resolution`: `auto`, `raw` or `0s`, or a duration.
+    pub fn parse(s: &str) -> Result<SourceResolution, String> {
+        match s {
+            "" | "auto" => Ok(SourceResolution::Auto),
+            "raw" | "0" | "0s" => Ok(SourceResolution::Raw),
+            d => match strata_model::parse_duration_ms(d) {
+                Ok(0) => Ok(SourceResolution::Raw),
+                Ok(ms) => Ok(SourceResolution::AtMost(ms)),
+                Err(e) => Err(format!("expected auto, raw or a duration: {e}")),
+            },
+        }
+    }
+
+    fn allows(self, interval_ms: i64) -> bool {
+        match self {
+            SourceResolution::Auto => true,
+            SourceResolution::Raw => false,
+            SourceResolution::AtMost(ms) => interval_ms <= ms,
+        }
+    }
+}
+
+impl Evaluator<'_> {
+    /// The coarsest tier among `tiers` (finest first) that answers `expr` evaluated at
+    /// `start + i*step` exactly as raw data would, if any.
+    pub(super) fn plan_tier(&self, expr: &Expr, start: i64, step: i64, tiers: &[RollupTier]) -> Option<RollupTier> {
+        let allowed = self.engine.opts.max_source_resolution;
+        tiers.iter().rev().copied().find(|t| {
+            let i = t.interval_ms;
+            allowed.allows(i) && start.rem_euclid(i) == 0 && (step == 0 || step % i == 0) && self.fits(expr, i)
+        })
+    }
+
+    /// Whether every selector of `e` reads whole buckets of `interval`.
+    fn fits(&self, e: &Expr, interval: i64) -> bool {
+        let aligned = |ms: i64| ms.rem_euclid(interval) == 0;
+        let selector_fits = |sel: &VectorSelector| {
+            sel.mode == RangeMode::Plain
+                && aligned(sel.offset.as_ref().map_or(0, |d| self.duration_ms(d)))
+                && self.at_ms(sel.at).is_none_or(aligned)
+        };
+        match &e.kind {
+            ExprKind::Number(_) | ExprKind::String(_) => true,
+            ExprKind::Vector(sel) => selector_fits(sel),
+            // A range vector only as a supported function's argument (below).
+            ExprKind::Matrix(_) | ExprKind::Subquery(_) => false,
+            ExprKind::Paren(x) | ExprKind::Neg(x) => self.fits(x, interval),
+            ExprKind::Binary(b) => self.fits(&b.lhs, interval) && self.fits(&b.rhs, interval),
+            ExprKind::Aggregate(a) => {
+                a.param.as_ref().is_none_or(|p| self.fits(p, interval)) && self.fits(&a.expr, interval)
+            }
+            ExprKind::Call(c) => {
+                let name = c.func.name;
+                if matches!(name, "info" | "start_timestamp")
+                    || name.starts_with("histogram_") && name != "histogram_quantile"
+                {
+                    return false;
+                }
+                c.args.iter().all(|a| match &a.unparen().kind {
+                    ExprKind::Matrix(m) => {
+                        (ROLLUP_FUNCTIONS.contains(&name) || name == "absent_over_time")
+                            && aligned(self.duration_ms(&m.range))
+                            && self.duration_ms(&m.range) > 0
+                            && selector_fits(&m.vector)
+                    }
+                    _ => self.fits(a, interval),
+                })
+            }
+        }
+    }
+
+    /// The tier's buckets for `sel` over `[mint, maxt]`; `RollupUnsuitable` if native
+    /// histograms match (tiers do not hold them).
+    fn select_buckets(
+        &self,
+        tier: RollupTier,
+        sel: &VectorSelector,
+        mint: i64,
+        maxt: i64,
+    ) -> Result<Vec<strata_tsdb::db::RollupSeries>, EvalError> {
+        let got = self.st.select_rollup(tier.interval_ms, &sel.matchers, mint, maxt)?;
+        if got.histogram_series > 0 {
+            return Err(EvalError::RollupUnsuitable("native histograms match the selector"));
+        }
+        self.buckets_read.fetch_add(got.series.iter().map(|s| s.buckets.len()).sum(), Ordering::Relaxed);
+        Ok(got.series)
+    }
+
+    /// `stream_selector` from a tier: at each step the newest bucket ending at or before the
+    /// step's time holds the last sample before it.
+    pub(super) fn stream_selector_from_tier(
+        &self,
+        tier: RollupTier,
+        sel: &VectorSelector,
+        ctx: &Ctx,
+        value: SelectorValue,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
+        let offset = sel.offset.as_ref().map_or(0, |d| self.duration_ms(d));
+        let at = self.at_ms(sel.at);
+        let lookback = self.lookback();
+        let end_at = |t: i64| at.unwrap_or(t) - offset;
+        let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
+        for s in self.select_buckets(tier, sel, first - lookback + 1, last)? {
+            self.check("series selection")?;
+            let mut points = Vec::new();
+            let mut j = 0;
+            for i in 0..ctx.n {
+                let te = end_at(ctx.ts(i));
+                while j < s.buckets.len() && s.buckets[j].end <= te {
+                    j += 1;
+                }
+                let Some(b) = j.checked_sub(1).map(|j| &s.buckets[j]) else { continue };
+                if b.last.t <= te - lookback {
+                    continue;
+                }
+                let f = match value {
+                    SelectorValue::Value => b.last.v,
+                    SelectorValue::SampleTime => b.last.t as f64 / 1000.0,
+                    SelectorValue::StartTime => unreachable!("the planner refuses start_timestamp"),
+                };
+                points.push(Point { t: ctx.ts(i), f });
+            }
+            if !points.is_empty() {
+                sink(Series::new(s.labels, points))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A range function over a plain range selector, from a tier: each step's window is a run
+    /// of whole buckets.
+    pub(super) fn stream_range_function_from_tier(
+        &self,
+        tier: RollupTier,
+        call: &Call,
+        ctx: &Ctx,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
+        let name = call.func.name;
+        let matrix = &call.args[0];
+        let ExprKind::Matrix(m) = &matrix.unparen().kind else {
+            return Err(EvalError::RollupUnsuitable("range function without a range selector"));
+        };
+        let spec: RangeSpec = self.range_spec(matrix)?;
+        let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
+        let keeps_name = matches!(name, "last_over_time" | "first_over_time");
+        for s in self.select_buckets(tier, &m.vector, first - spec.range + 1, last)? {
+            self.check("series selection")?;
+            if matches!(name, "rate" | "increase") {
+                note_not_counter(self, &s.labels, matrix.start);
+            }
+            let mut points = Vec::new();
+            let (mut lo, mut hi) = (0usize, 0usize);
+            for i in 0..ctx.n {
+                let end = spec.end_at(ctx.ts(i));
+                while hi < s.buckets.len() && s.buckets[hi].end <= end {
+                    hi += 1;
+                }
+                while lo < hi && s.buckets[lo].end <= end - spec.range {
+                    lo += 1;
+                }
+                let Some((head, rest)) = s.buckets[lo..hi].split_first() else { continue };
+                let mut w = *head;
+                for b in rest {
+                    w.append(b);
+                }
+                if let Some(f) = window_value(name, &w, end, spec.range) {
+                    points.push(Point { t: ctx.ts(i), f });
+                }
+            }
+            if !points.is_empty() {
+                sink(Series { labels: s.labels, points, hists: Vec::new(), drop_name: !keeps_name })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prometheus' note on `rate`/`increase` of a metric whose name does not say counter.
+fn note_not_counter(ev: &Evaluator, labels: &Labels, pos: usize) {
+    if let Some(n) = labels.get(METRIC_NAME) {
+        if !["_total", "_sum", "_count", "_bucket"].iter().any(|suf| n.ends_with(suf)) {
+            ev.info(
+                pos,
+                format!("metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"),
+            );
+        }
+    }
+}
+
+/// A range function's value over the window `(end - range, end]` whose buckets combine to `w`.
+fn window_value(name: &str, w: &Bucket, end: i64, range: i64) -> Option<f64> {
+    Some(match name {
+        "rate" | "increase" | "delta" => {
+            if w.count < 2 {
+                return None;
+            }
+            let counter = name != "delta";
+            let change = if counter { w.increase() } else { w.last.v - w.first.v };
+            let zero_at = (counter && change > 0.0 && w.first.v >= 0.0).then(|| w.first.v / change);
+            let sampled = Sampled::new(w.first.t, w.last.t, w.count as usize, zero_at);
+            change * sampled.factor(end, range, per_second_divisor(range, name == "rate"))
+        }
+        "sum_over_time" => w.sum,
+        "avg_over_time" => w.sum / w.count as f64,
+        "count_over_time" => w.count as f64,
+        "min_over_time" => w.min,
+        "max_over_time" => w.max,
+        "last_over_time" => w.last.v,
+        "first_over_time" => w.first.v,
+        "present_over_time" => 1.0,
+        "changes" => w.changes as f64,
+        "resets" => w.resets as f64,
+        "ts_of_first_over_time" => w.first.t as f64 / 1000.0,
+        "ts_of_last_over_time" => w.last.t as f64 / 1000.0,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;
