@@ -5,9 +5,12 @@
 //! every run also replays what the previous ones left (torn tails included) and keeps appending
 //! to it.
 //!
-//! Two workloads: 100k series × 240 samples into the head (WAL replay under load), and 5k series
+//! Three workloads: 100k series × 240 samples into the head (WAL replay under load); 5k series
 //! with a block range of 10 steps and the compactor running every 5 ms, so kills land while
-//! blocks are written, the head and WAL are truncated, and blocks are compacted.
+//! blocks are written, the head and WAL are truncated, and blocks are compacted; and the same
+//! with a raw retention of 60 steps and two rollup tiers, so kills also land while raw blocks
+//! are rolled up, tier blocks merged and raw blocks deleted once the tiers hold them: no
+//! sample may then be lost from the tiers either.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -16,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use strata_model::{MatchOp, Matcher};
+use strata_tsdb::rollup::RollupTier;
 use strata_tsdb::{Db, DbOptions};
 
 const STEP_MS: i64 = 15_000;
@@ -28,6 +32,15 @@ struct Workload {
     batch: usize,
     kills: usize,
     block_steps: Option<usize>,
+    /// Raw retention, with rollup tiers of `ROLLUP_STEPS` (the writer's).
+    retention_steps: Option<usize>,
+}
+
+/// The writer's rollup tiers, in steps.
+const ROLLUP_STEPS: [i64; 2] = [4, 20];
+
+fn tier(steps: i64) -> RollupTier {
+    RollupTier { interval_ms: steps * STEP_MS, retention_ms: 0 }
 }
 
 fn value_bits(series: usize, step: usize) -> u64 {
@@ -49,9 +62,17 @@ fn apply_ack(w: &Workload, line: &str, acked: &mut [Option<usize>]) {
 }
 
 /// Every series holds steps 0..=k exactly once with the exact values, and k covers the ack.
+///
+/// With rollups, raw samples older than the retention may be gone: each series' raw samples
+/// are then its newest steps, and every tier's buckets must aggregate all its steps.
 fn verify(w: &Workload, dir: &std::path::Path, acked: &[Option<usize>]) -> usize {
-    let opts = DbOptions { compact_interval: None, retention_ms: 0, ..Default::default() };
+    let rollups: Vec<RollupTier> = match w.retention_steps {
+        Some(_) => ROLLUP_STEPS.iter().map(|&n| tier(n)).collect(),
+        None => Vec::new(),
+    };
+    let opts = DbOptions { compact_interval: None, retention_ms: 0, rollups, ..Default::default() };
     let db = Db::open(dir, opts).expect("the data dir reopens after a crash");
+    let mut last_step = vec![None; w.series];
     let mut seen = vec![false; w.series];
     let mut total = 0;
     let all = Matcher::new(MatchOp::RegexMatch, "__name__", "crash_metric_.*").unwrap();
@@ -60,14 +81,23 @@ fn verify(w: &Workload, dir: &std::path::Path, acked: &[Option<usize>]) -> usize
         assert!(!seen[id], "series {id} returned twice");
         seen[id] = true;
         let samples = s.samples();
-        for (step, x) in samples.iter().enumerate() {
+        // Raw data starts at step 0, unless retention deleted the oldest (the tiers hold them).
+        let first =
+            if w.retention_steps.is_some() { samples.first().map_or(0, |x| (x.t / STEP_MS) as usize) } else { 0 };
+        for (k, x) in samples.iter().enumerate() {
+            let step = first + k;
             assert_eq!(x.t, step as i64 * STEP_MS, "series {id}: gap or duplicate at position {step}");
             assert_eq!(x.v.to_bits(), value_bits(id, step), "series {id} step {step}: corrupt value");
         }
+        let newest = first + samples.len();
         if let Some(a) = acked[id] {
-            assert!(samples.len() > a, "series {id}: acknowledged step {a} lost (has {} samples)", samples.len());
+            assert!(newest > a, "series {id}: acknowledged step {a} lost (has steps up to {newest})");
         }
-        total += samples.len();
+        last_step[id] = newest.checked_sub(1);
+        total += newest;
+    }
+    if w.retention_steps.is_some() {
+        verify_tiers(&db, &last_step);
     }
     for (id, a) in acked.iter().enumerate() {
         assert!(a.is_none() || seen[id], "series {id} with acknowledged samples is missing");
@@ -80,14 +110,72 @@ fn verify(w: &Workload, dir: &std::path::Path, acked: &[Option<usize>]) -> usize
     total
 }
 
+/// Every tier's buckets of each series aggregate exactly its steps `0..=last_step`.
+fn verify_tiers(db: &Db, last_step: &[Option<usize>]) {
+    let all = Matcher::new(MatchOp::RegexMatch, "__name__", "crash_metric_.*").unwrap();
+    for n in ROLLUP_STEPS {
+        let interval = n * STEP_MS;
+        let got = db.rollup_select(interval, std::slice::from_ref(&all), 0, i64::MAX / 2, &Default::default()).unwrap();
+        let mut found = 0;
+        for s in &got.series {
+            let id: usize = s.labels.get("series").unwrap().parse().unwrap();
+            let last = last_step[id].unwrap_or_else(|| panic!("series {id} is in the tier but has no raw data"));
+            let samples: Vec<strata_model::Sample> = (0..=last)
+                .map(|step| strata_model::Sample { t: step as i64 * STEP_MS, v: f64::from_bits(value_bits(id, step)) })
+                .collect();
+            let want = strata_tsdb::rollup::aggregate(&samples, interval);
+            assert_eq!(s.buckets.len(), want.len(), "series {id}: {n}-step buckets");
+            for (g, x) in s.buckets.iter().zip(&want) {
+                assert_eq!(
+                    (g.end, g.count, g.first, g.last, g.min, g.max),
+                    (x.end, x.count, x.first, x.last, x.min, x.max),
+                    "series {id}"
+                );
+                assert_eq!(g.sum, x.sum, "series {id}: integer sums are exact");
+            }
+            found += 1;
+        }
+        assert_eq!(found, last_step.iter().filter(|s| s.is_some()).count(), "every series is in the {n}-step tier");
+    }
+}
+
 #[test]
 fn acknowledged_samples_survive_sigkill() {
-    run(Workload { series: 100_000, steps: 240, threads: 4, batch: 1_000, kills: 20, block_steps: None });
+    run(Workload {
+        series: 100_000,
+        steps: 240,
+        threads: 4,
+        batch: 1_000,
+        kills: 20,
+        block_steps: None,
+        retention_steps: None,
+    });
 }
 
 #[test]
 fn acknowledged_samples_survive_sigkill_during_block_writes_and_compaction() {
-    run(Workload { series: 5_000, steps: 1_200, threads: 2, batch: 500, kills: 50, block_steps: Some(10) });
+    run(Workload {
+        series: 5_000,
+        steps: 1_200,
+        threads: 2,
+        batch: 500,
+        kills: 50,
+        block_steps: Some(10),
+        retention_steps: None,
+    });
+}
+
+#[test]
+fn acknowledged_samples_survive_sigkill_during_rollups_and_raw_retention() {
+    run(Workload {
+        series: 1_000,
+        steps: 1_200,
+        threads: 2,
+        batch: 250,
+        kills: 25,
+        block_steps: Some(10),
+        retention_steps: Some(60),
+    });
 }
 
 fn run(w: Workload) {
@@ -111,6 +199,7 @@ fn run(w: Workload) {
             w.batch.to_string(),
         ];
         args.extend(w.block_steps.map(|b| b.to_string()));
+        args.extend(w.retention_steps.map(|r| r.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_strata-crash-writer"))
             .args(&args)
             .stdout(Stdio::piped())
@@ -162,15 +251,19 @@ fn run(w: Workload) {
             .unwrap_or(0);
         let total = verify(&w, &dir, &acked);
         let acked_total: usize = acked.iter().map(|a| a.map_or(0, |s| s + 1)).sum();
-        let blocks =
-            std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().join("meta.json").exists()).count();
+        let count_blocks = |d: &std::path::Path| {
+            std::fs::read_dir(d).map_or(0, |rd| rd.flatten().filter(|e| e.path().join("meta.json").exists()).count())
+        };
+        let blocks = count_blocks(&dir);
+        let tier_blocks: Vec<usize> =
+            ROLLUP_STEPS.iter().map(|n| count_blocks(&dir.join("rollups").join(tier(*n).dir_name()))).collect();
         eprintln!(
             "trial {trial}: ran {run_for:?}, {acked_total} samples acknowledged, {total} present, {blocks} blocks, \
-             {torn} half-written block dirs at the kill"
+             {tier_blocks:?} rollup blocks, {torn} half-written block dirs at the kill"
         );
         if done {
             // The workload finished before enough kills: start over in a fresh directory.
-            assert_eq!(total, w.series * w.steps, "a finished run holds the whole workload");
+            assert_eq!(total, w.series * w.steps, "a finished run holds the whole workload (raw or rolled up)");
             generation += 1;
             acked.iter_mut().for_each(|a| *a = None);
         }

@@ -8,7 +8,11 @@
 //! compactions. Threads then move through the steps together (a barrier per step), as
 //! scrapes do, so no thread falls behind the head's append window.
 //!
-//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS]`
+//! With `RETENTION_STEPS` as well, raw blocks older than that are deleted and two rollup
+//! tiers (`ROLLUP_TIERS`) are kept, so kills also land in rollups, tier merges and the raw
+//! retention that waits for them.
+//!
+//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS]]`
 //! Output: `READY <samples present>`, then `A <thread> <batch> <step>` per commit, then `DONE`.
 
 use std::io::Write;
@@ -21,7 +25,13 @@ use strata_tsdb::wal::{FsyncPolicy, WalOptions};
 use strata_tsdb::{Db, DbOptions};
 
 /// Scrape interval of the workload.
-pub const STEP_MS: i64 = 15_000;
+const STEP_MS: i64 = 15_000;
+
+/// The rollup tiers of the retention workload: 4 and 20 steps, kept forever (`tests/crash.rs`
+/// checks them).
+fn rollup_tiers() -> Vec<strata_tsdb::rollup::RollupTier> {
+    [4, 20].map(|n| strata_tsdb::rollup::RollupTier { interval_ms: n * STEP_MS, retention_ms: 0 }).to_vec()
+}
 
 fn labels(series: usize) -> Labels {
     Labels::from_pairs([
@@ -42,11 +52,20 @@ fn value(series: usize, step: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (dir, series, steps, threads, batch, block_steps) = match &args[..] {
-        [_, d, s, st, th, b] => (d, s, st, th, b, None),
-        [_, d, s, st, th, b, bs] => (d, s, st, th, b, Some(bs.parse::<i64>().expect("BLOCK_STEPS"))),
+    let (dir, series, steps, threads, batch, block_steps, retention_steps) = match &args[..] {
+        [_, d, s, st, th, b] => (d, s, st, th, b, None, None),
+        [_, d, s, st, th, b, bs] => (d, s, st, th, b, Some(bs.parse::<i64>().expect("BLOCK_STEPS")), None),
+        [_, d, s, st, th, b, bs, rs] => (
+            d,
+            s,
+            st,
+            th,
+            b,
+            Some(bs.parse::<i64>().expect("BLOCK_STEPS")),
+            Some(rs.parse::<i64>().expect("RETENTION_STEPS")),
+        ),
         _ => {
-            eprintln!("usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS]");
+            eprintln!("usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS]]");
             std::process::exit(2);
         }
     };
@@ -67,6 +86,10 @@ fn main() {
         opts.head.chunk_range_ms = bs * STEP_MS;
         opts.compact_interval = Some(std::time::Duration::from_millis(5));
         opts.retention_ms = 0;
+    }
+    if let Some(rs) = retention_steps {
+        opts.retention_ms = rs * STEP_MS;
+        opts.rollups = rollup_tiers();
     }
     let db = Arc::new(Db::open(&dir, opts).expect("open data dir"));
 
