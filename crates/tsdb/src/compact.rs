@@ -300,6 +300,8 @@ pub(crate) fn merge_series(
     let mut w = BlockWriter::create(blocks[0].fs(), parent, &symbols)?;
     if let Some(interval) = rollup_interval {
         w.set_rollup_interval(interval);
+        // A tier block records which raw blocks the tier holds, series or not.
+        w.keep_if_empty();
     }
     let result = (|| -> Result<()> {
         let mut chunk_refs: Vec<(usize, ChunkMetaRef)> = Vec::new();

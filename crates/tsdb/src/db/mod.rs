@@ -417,6 +417,9 @@ impl Inner {
         self.remove_leftovers();
         let mut out = CompactOutcome { set_aside: self.set_aside_corrupt(), ..Default::default() };
         out.head_blocks = self.cut_head()?;
+        // Before compaction merges them: the tiers' blocks are then merged along with the raw
+        // ones (`merge_tiers_in_step`) instead of rolled up again from the merged block.
+        out.rolled_up = self.roll_up_settled()?;
         let ranges = self.opts.compaction_ranges();
         loop {
             let blocks = self.blocks.read().clone();
@@ -438,7 +441,8 @@ impl Inner {
                 }
             }
         }
-        out.rolled_up = self.roll_up_settled(&ranges)?;
+        // Merged blocks the tiers do not hold (late data merged in).
+        out.rolled_up += self.roll_up_settled()?;
         out.rollup_compactions = self.compact_tiers(&ranges)?;
         out.retention_deleted = self.apply_retention()? + self.apply_tier_retention()?;
         Ok(out)
@@ -577,6 +581,9 @@ impl Inner {
         // Every input, even after one fails: each left on disk must go back in the list.
         let deleted: Vec<Result<()>> = group.iter().map(|b| self.delete_unlisted(b)).collect();
         deleted.into_iter().collect::<Result<()>>()?;
+        if let Some(m) = &meta {
+            self.merge_tiers_in_step(group, m);
+        }
         tracing::info!(
             inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
             level = meta.as_ref().map_or(0, |m| m.compaction.level),

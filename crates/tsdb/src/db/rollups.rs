@@ -8,17 +8,19 @@
 //! ```
 //!
 //! Rules, each keeping "every sample is in raw data or in every tier, exactly once":
-//! - A raw block is rolled up once it is **settled**: it overlaps no other raw block and its
-//!   window in the largest compaction range has closed (a newer block starts after it), so
-//!   compaction will not merge it again; or when retention is about to delete it. One read of
+//! - A raw block is rolled up once it overlaps no other raw block (late data is merged first),
+//!   as soon as it is cut from the head; or when retention is about to delete it. One read of
 //!   the raw block writes a block for every tier that lacks it, with the raw block's range and
-//!   lineage (level, sources, write sequence).
+//!   lineage (level, sources, write sequence). Tiers so trail the head only.
+//! - When compaction merges raw blocks side by side (no overlap, no deletions), each tier's
+//!   blocks of them are merged the same way (`merge_tiers_in_step`, exact: their samples do
+//!   not interleave), so a tier's blocks keep the raw blocks' partition.
 //! - A tier **holds** a raw block when every source of the raw block is among its blocks'
 //!   sources. A tier block whose sources a newer rolled-up raw block includes (late data merged
 //!   into a range already rolled up) is replaced by the new one, as compaction replaces inputs.
-//! - Tier blocks are merged only once none of their sources is a raw block any more (raw data
-//!   deleted by retention): until then each stays one raw block's rollup, so late data replaces
-//!   it exactly. Merged blocks span the tier's compaction ranges (×3 from the largest raw range,
+//! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
+//!   (raw data deleted by retention): until then each is one raw block's rollup (or the merge
+//!   of raw blocks merged since), so late data replaces it exactly. Merged blocks span the tier's compaction ranges (×3 from the largest raw range,
 //!   up to 31 days or a tenth of the tier's retention).
 //! - Raw retention deletes a block only once every tier holds it; a tier's retention deletes
 //!   its blocks older than the tier's retention behind the newest sample.
@@ -208,26 +210,73 @@ pub(super) fn open_tiers(fs: &Arc<dyn Vfs>, dir: &Path, tiers: &[RollupTier]) ->
 }
 
 impl Inner {
-    /// Rolls up every settled raw block some tier lacks. Returns how many raw blocks were.
-    pub(super) fn roll_up_settled(&self, raw_ranges: &[i64]) -> Result<usize> {
+    /// Rolls up every raw block some tier lacks that overlaps no other raw block. Returns how
+    /// many raw blocks were.
+    pub(super) fn roll_up_settled(&self) -> Result<usize> {
         if self.tiers.is_empty() {
             return Ok(0);
         }
         let raw = self.blocks.read().clone();
-        let Some(newest_start) = raw.iter().map(|b| b.meta().min_time).max() else { return Ok(0) };
-        let top = *raw_ranges.last().expect("at least one range");
         let mut n = 0;
         for (i, b) in raw.iter().enumerate() {
             let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
             let overlapped =
                 raw.iter().enumerate().any(|(j, o)| j != i && o.meta().min_time < maxt && mint < o.meta().max_time);
-            let window_end = mint.div_euclid(top).saturating_add(1).saturating_mul(top);
-            if overlapped || window_end > newest_start {
-                continue;
+            if !overlapped {
+                n += self.roll_up(b)? as usize;
             }
-            n += self.roll_up(b)? as usize;
         }
         Ok(n)
+    }
+
+    /// After compaction merged the raw blocks `group` into `out`: merges each tier's blocks of
+    /// them the same way, when the group's blocks were side by side (no overlap) without
+    /// deletions and the tier's blocks hold exactly `out`'s sources; the result is the rollup
+    /// of `out`, exactly (the blocks' samples do not interleave). Otherwise nothing is done:
+    /// `out` is rolled up from raw data if the tier does not hold it. A failure is logged and
+    /// harmless: the tier's blocks still hold the data.
+    pub(super) fn merge_tiers_in_step(&self, group: &[Arc<Block>], out: &BlockMeta) {
+        if self.tiers.is_empty() || group.iter().any(|b| !b.tombstones().is_empty()) {
+            return;
+        }
+        let overlap = group.iter().enumerate().any(|(i, a)| {
+            group[i + 1..]
+                .iter()
+                .any(|b| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time)
+        });
+        if overlap {
+            return;
+        }
+        let mine = &out.compaction.sources;
+        for t in &self.tiers {
+            let inputs: Vec<Arc<Block>> = t
+                .blocks
+                .read()
+                .iter()
+                .filter(|r| r.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok()))
+                .cloned()
+                .collect();
+            let held: HashSet<&str> =
+                inputs.iter().flat_map(|r| r.meta().compaction.sources.iter().map(String::as_str)).collect();
+            if inputs.len() < 2 || held.len() != mine.len() || inputs.iter().any(|r| !r.tombstones().is_empty()) {
+                continue;
+            }
+            match merge_tier_blocks(&t.dir, t.spec.interval_ms, &inputs) {
+                Ok(meta) => {
+                    let block = meta.map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m)));
+                    swap_in(&t.blocks, &inputs, block);
+                    self.stats.rollup_compactions.fetch_add(1, Ordering::Relaxed);
+                    for r in &inputs {
+                        if let Err(e) = self.delete_unlisted_from(&t.blocks, r) {
+                            tracing::warn!(tier = %t.spec, error = %e, "could not delete a merged rollup block; retrying later");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(tier = %t.spec, error = %e, "merging rollup blocks along with their raw blocks failed; they stay as they are");
+                }
+            }
+        }
     }
 
     /// Writes `raw`'s rollup for every tier that lacks it; true if any did.

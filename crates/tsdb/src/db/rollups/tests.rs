@@ -162,8 +162,13 @@ fn late_samples_into_rolled_up_ranges_replace_the_rollup() {
     // Raw data kept 30 min: compaction ranges 1 and 3 min, so blocks settle after 3 min.
     let db = Db::open(tmp.path(), opts(30 * MIN, &TIERS[1..])).unwrap();
     run(&db, &mut model, 0, 12 * MIN);
-    let before = db.status(1).unwrap().tiers[0].blocks.len();
-    assert!(before > 0);
+    // Raw blocks are rolled up as they are cut, and the tier's blocks merged along with them
+    // (1-minute blocks into 3-minute ones) while the raw data is still there.
+    let tier = &db.status(1).unwrap().tiers[0];
+    assert!(tier.blocks.iter().any(|b| b.max_time - b.min_time == 3 * MIN), "{:?}", tier.blocks);
+    assert!(db.stats().rollup_compactions.load(Ordering::Relaxed) > 0);
+    assert_eq!(db.blocks().len(), tier.blocks.len(), "the tier keeps the raw blocks' partition");
+    check(&db, &model, 30_000, 0, 12 * MIN);
     // Late samples into the rolled-up minutes 2 to 5 (inside the out-of-order window of the head
     // they are not, so they come as a backfill, as `import` writes them).
     let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
