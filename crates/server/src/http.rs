@@ -1116,20 +1116,23 @@ impl strata_promql::Storage for QueryStorage {
         self.db.rollup_tiers()
     }
 
-    fn select_rollup(
+    fn visit_rollup(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
-    ) -> Result<strata_tsdb::db::RollupSelection, EvalError> {
+        columns: strata_tsdb::chunkenc::rollup::ColumnSet,
+        f: &mut dyn FnMut(strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+    ) -> Result<usize, EvalError> {
         let stop = || self.stopper.stop();
         let limits = strata_tsdb::querier::ReadLimits {
             max_series: self.limits.max_query_series,
             max_chunks: self.limits.max_query_samples.saturating_add(self.limits.max_query_series.saturating_mul(2)),
             interrupt: Some(&stop),
         };
-        self.db.rollup_select(interval_ms, matchers, mint, maxt, &limits).map_err(read_error)
+        strata_promql::visit_rollup_with(&self.db, interval_ms, matchers, mint, maxt, columns, &limits, f)
+            .map_err(read_error)?
     }
 }
 

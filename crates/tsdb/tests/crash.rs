@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use strata_model::{MatchOp, Matcher};
+use strata_tsdb::chunkenc::rollup::ColumnSet;
 use strata_tsdb::rollup::RollupTier;
 use strata_tsdb::{Db, DbOptions};
 
@@ -115,7 +116,9 @@ fn verify_tiers(db: &Db, last_step: &[Option<usize>]) {
     let all = Matcher::new(MatchOp::RegexMatch, "__name__", "crash_metric_.*").unwrap();
     for n in ROLLUP_STEPS {
         let interval = n * STEP_MS;
-        let got = db.rollup_select(interval, std::slice::from_ref(&all), 0, i64::MAX / 2, &Default::default()).unwrap();
+        let got = db
+            .rollup_select(interval, std::slice::from_ref(&all), 0, i64::MAX / 2, ColumnSet::ALL, &Default::default())
+            .unwrap();
         let mut found = 0;
         for s in &got.series {
             let id: usize = s.labels.get("series").unwrap().parse().unwrap();

@@ -36,7 +36,8 @@ use crate::value::{Annotation, HPoint, Point, Series, Value};
 
 pub use labels::prom_labels_string;
 pub use rollup::SourceResolution;
-use strata_tsdb::db::RollupSelection;
+use strata_tsdb::chunkenc::rollup::ColumnSet;
+use strata_tsdb::db::RollupSeries;
 use strata_tsdb::rollup::RollupTier;
 
 /// Where series come from.
@@ -49,14 +50,19 @@ pub trait Storage: Sync {
         Vec::new()
     }
 
-    /// Buckets of the tier of `interval_ms` (`Db::rollup_select`).
-    fn select_rollup(
+    /// Hands `f` the buckets of the tier of `interval_ms`, the aggregates in `columns`, a
+    /// series at a time (`Db::rollup_visit`); returns the number of matching series of native
+    /// histograms instead when there are any.
+    #[allow(clippy::too_many_arguments, reason = "a selection's range and its consumer")]
+    fn visit_rollup(
         &self,
         interval_ms: i64,
         _matchers: &[Matcher],
         _mint: i64,
         _maxt: i64,
-    ) -> Result<RollupSelection, EvalError> {
+        _columns: ColumnSet,
+        _f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+    ) -> Result<usize, EvalError> {
         Err(EvalError::Storage(format!("no rollup tier of {interval_ms} ms")))
     }
 }
@@ -78,15 +84,44 @@ impl Storage for strata_tsdb::Db {
         strata_tsdb::Db::rollup_tiers(self)
     }
 
-    fn select_rollup(
+    fn visit_rollup(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
-    ) -> Result<RollupSelection, EvalError> {
-        self.rollup_select(interval_ms, matchers, mint, maxt, &Default::default())
-            .map_err(|e| EvalError::Storage(e.to_string()))
+        columns: ColumnSet,
+        f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+    ) -> Result<usize, EvalError> {
+        visit_rollup_with(self, interval_ms, matchers, mint, maxt, columns, &Default::default(), f)
+            .map_err(|e| EvalError::Storage(e.to_string()))?
+    }
+}
+
+/// `Db::rollup_visit` with a consumer that fails with the engine's errors: the first one
+/// stops the read and is returned as it is (`Ok(Err(e))`); storage errors are the outer ones.
+#[allow(clippy::too_many_arguments, reason = "Db::rollup_visit's arguments")]
+pub fn visit_rollup_with(
+    db: &strata_tsdb::Db,
+    interval_ms: i64,
+    matchers: &[Matcher],
+    mint: i64,
+    maxt: i64,
+    columns: ColumnSet,
+    limits: &strata_tsdb::querier::ReadLimits<'_>,
+    f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+) -> Result<Result<usize, EvalError>, strata_tsdb::Error> {
+    let mut failed: Option<EvalError> = None;
+    let out = db.rollup_visit(interval_ms, matchers, mint, maxt, columns, limits, &mut |s| {
+        f(s).map_err(|e| {
+            failed = Some(e);
+            strata_tsdb::Error::Stopped(strata_tsdb::error::Stop::Canceled)
+        })
+    });
+    match (out, failed) {
+        (_, Some(e)) => Ok(Err(e)),
+        (Ok(n), None) => Ok(Ok(n)),
+        (Err(e), None) => Err(e),
     }
 }
 

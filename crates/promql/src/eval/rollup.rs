@@ -23,6 +23,7 @@
 use std::sync::atomic::Ordering;
 
 use strata_model::{Labels, METRIC_NAME};
+use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::rollup::{Bucket, RollupTier};
 
 use super::range_functions::{per_second_divisor, Sampled};
@@ -134,21 +135,28 @@ impl Evaluator<'_> {
         }
     }
 
-    /// The tier's buckets for `sel` over `[mint, maxt]`; `RollupUnsuitable` if native
-    /// histograms match (tiers do not hold them).
-    fn select_buckets(
+    /// Hands `f` the tier's buckets for `sel` over `[mint, maxt]`, a series at a time;
+    /// `RollupUnsuitable` if native histograms match (tiers do not hold them).
+    fn visit_buckets(
         &self,
         tier: RollupTier,
         sel: &VectorSelector,
-        mint: i64,
-        maxt: i64,
-    ) -> Result<Vec<strata_tsdb::db::RollupSeries>, EvalError> {
-        let got = self.st.select_rollup(tier.interval_ms, &sel.matchers, mint, maxt)?;
-        if got.histogram_series > 0 {
+        (mint, maxt): (i64, i64),
+        columns: &[Column],
+        f: &mut dyn FnMut(strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
+        // First and last always: combining buckets in time order reads them.
+        let columns = ColumnSet::of(&[columns, &[Column::First, Column::Last]].concat());
+        let read = &self.buckets_read;
+        let histograms = self.st.visit_rollup(tier.interval_ms, &sel.matchers, mint, maxt, columns, &mut |s| {
+            read.fetch_add(s.buckets.len(), Ordering::Relaxed);
+            self.check("series selection")?;
+            f(s)
+        })?;
+        if histograms > 0 {
             return Err(EvalError::RollupUnsuitable("native histograms match the selector"));
         }
-        self.buckets_read.fetch_add(got.series.iter().map(|s| s.buckets.len()).sum(), Ordering::Relaxed);
-        Ok(got.series)
+        Ok(())
     }
 
     /// `stream_selector` from a tier: at each step the newest bucket ending at or before the
@@ -166,8 +174,7 @@ impl Evaluator<'_> {
         let lookback = self.lookback();
         let end_at = |t: i64| at.unwrap_or(t) - offset;
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
-        for s in self.select_buckets(tier, sel, first - lookback + 1, last)? {
-            self.check("series selection")?;
+        self.visit_buckets(tier, sel, (first - lookback + 1, last), &[], &mut |s| {
             let mut points = Vec::new();
             let mut j = 0;
             for i in 0..ctx.n {
@@ -189,8 +196,8 @@ impl Evaluator<'_> {
             if !points.is_empty() {
                 sink(Series::new(s.labels, points))?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// A range function over a plain range selector, from a tier: each step's window is a run
@@ -210,8 +217,7 @@ impl Evaluator<'_> {
         let spec: RangeSpec = self.range_spec(matrix)?;
         let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
         let keeps_name = matches!(name, "last_over_time" | "first_over_time");
-        for s in self.select_buckets(tier, &m.vector, first - spec.range + 1, last)? {
-            self.check("series selection")?;
+        self.visit_buckets(tier, &m.vector, (first - spec.range + 1, last), columns_for(name), &mut |s| {
             if matches!(name, "rate" | "increase") {
                 note_not_counter(self, &s.labels, matrix.start);
             }
@@ -237,8 +243,21 @@ impl Evaluator<'_> {
             if !points.is_empty() {
                 sink(Series { labels: s.labels, points, hists: Vec::new(), drop_name: !keeps_name })?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
+    }
+}
+
+/// The aggregates `window_value` reads for `name`, besides count, first and last.
+fn columns_for(name: &str) -> &'static [Column] {
+    match name {
+        "rate" | "increase" => &[Column::ResetCorrection],
+        "sum_over_time" | "avg_over_time" => &[Column::Sum],
+        "min_over_time" => &[Column::Min],
+        "max_over_time" => &[Column::Max],
+        "changes" => &[Column::Changes],
+        "resets" => &[Column::Resets],
+        _ => &[],
     }
 }
 

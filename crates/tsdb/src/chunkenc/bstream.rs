@@ -169,6 +169,17 @@ impl BitReader {
         self.valid -= n;
     }
 
+    /// Moves past the next `n` bits without reading them.
+    pub fn skip(&mut self, data: &[u8], n: usize) {
+        let target = self.pos() + n;
+        *self = BitReader::new(target / 8);
+        let rest = (target % 8) as u32;
+        if rest > 0 {
+            self.peek(data);
+            self.consume(rest);
+        }
+    }
+
     /// Whether reading went past the end of `data`.
     #[inline(always)]
     pub fn overran(&self, data: &[u8]) -> bool {

@@ -350,17 +350,71 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     Ok(())
 }
 
+/// Moves past an integer column of `n` values written by `write_ints`, checking its header
+/// and exception list as `read_ints` does but unpacking nothing.
+fn skip_ints(r: &mut BitReader, data: &[u8], n: usize) -> Result<(), ChunkError> {
+    let ends = || corrupt("integer column ends early");
+    let order = r.read_bits(data, 2).ok_or_else(ends)? as usize;
+    if order > ORDER_MAX || order > n.saturating_sub(1) {
+        return Err(corrupt("integer column order out of range"));
+    }
+    for _ in 0..order {
+        r.read_varint(data).ok_or_else(ends)?;
+    }
+    r.read_varint(data).ok_or_else(ends)?;
+    r.read_uvarint(data).ok_or_else(ends)?;
+    let width = r.read_bits(data, 7).ok_or_else(ends)? as usize;
+    if width > 64 {
+        return Err(corrupt("packed width over 64 bits"));
+    }
+    let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+    let m = n - order;
+    if exceptions > m {
+        return Err(corrupt("more exceptions than values"));
+    }
+    r.skip(data, m * width);
+    if r.overran(data) {
+        return Err(ends());
+    }
+    if exceptions > 0 && width >= 64 {
+        return Err(corrupt("exceptions in a 64-bit column"));
+    }
+    let mut j = 0usize;
+    for x in 0..exceptions {
+        j = read_exception_index(r, data, x, j, m)?;
+        r.read_uvarint(data).ok_or_else(ends)?;
+    }
+    Ok(())
+}
+
 thread_local! {
     /// The integer columns of the chunk being decoded, kept per thread so that decoding a
     /// chunk allocates only its samples.
-    static COLUMNS: std::cell::RefCell<(Vec<i64>, Vec<i64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static COLUMNS: std::cell::RefCell<Columns> = const {
+        std::cell::RefCell::new(Columns { times: Vec::new(), ints: Vec::new() })
+    };
+}
+
+/// Buffers of one chunk's decoding.
+struct Columns {
+    times: Vec<i64>,
+    ints: Vec<i64>,
+}
+
+#[inline(always)]
+fn with_columns<T>(f: impl FnOnce(&mut Columns) -> T) -> T {
+    COLUMNS.with(|c| match c.try_borrow_mut() {
+        Ok(mut cols) => f(&mut cols),
+        // Only reentrancy could hold it; decode with fresh buffers then.
+        Err(_) => f(&mut Columns { times: Vec::new(), ints: Vec::new() }),
+    })
 }
 
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
-fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+pub(super) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     COLUMNS.with(|c| match c.try_borrow_mut() {
         Ok(mut cols) => {
-            let (times, ints) = &mut *cols;
+            let Columns { times, ints } = &mut *cols;
             decode_with(data, out, times, ints)
         }
         // Only reentrancy could hold it; decode with fresh buffers then.
@@ -384,6 +438,75 @@ fn decode_with(
         return Err(corrupt("timestamps do not increase"));
     }
     let start = out.len();
+    read_values(&mut r, data, n, ints, &mut Samples { out, times, start })
+}
+
+/// Decodes the values of a whole dense chunk into `out` (appended), skipping its timestamps
+/// (a rollup chunk's columns share theirs). The header must have been checked.
+pub(super) fn decode_values(data: &[u8], out: &mut Vec<f64>) -> Result<(), ChunkError> {
+    with_columns(|c| {
+        let n = u16::from_be_bytes([data[1], data[2]]) as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut r = BitReader::new(HEADER_BYTES);
+        skip_ints(&mut r, data, n)?;
+        let start = out.len();
+        read_values(&mut r, data, n, &mut c.ints, &mut Values { out, start })
+    })
+}
+
+/// Where `read_values` puts the values it decodes, in one pass.
+trait ValueSink {
+    fn extend(&mut self, values: impl Iterator<Item = f64>);
+    /// Replaces the `j`-th value decoded.
+    fn patch(&mut self, j: usize, v: f64);
+}
+
+/// Values paired with the chunk's timestamps into samples.
+struct Samples<'a> {
+    out: &'a mut Vec<Sample>,
+    times: &'a [i64],
+    start: usize,
+}
+
+impl ValueSink for Samples<'_> {
+    #[inline(always)]
+    fn extend(&mut self, values: impl Iterator<Item = f64>) {
+        self.out.extend(self.times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        self.out[self.start + j].v = v;
+    }
+}
+
+/// Values alone.
+struct Values<'a> {
+    out: &'a mut Vec<f64>,
+    start: usize,
+}
+
+impl ValueSink for Values<'_> {
+    #[inline(always)]
+    fn extend(&mut self, values: impl Iterator<Item = f64>) {
+        self.out.extend(values);
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        self.out[self.start + j] = v;
+    }
+}
+
+/// Reads the value section of `n` values into `sink`, and checks that the chunk ends there.
+#[inline(always)]
+fn read_values(
+    r: &mut BitReader,
+    data: &[u8],
+    n: usize,
+    ints: &mut Vec<i64>,
+    sink: &mut impl ValueSink,
+) -> Result<(), ChunkError> {
     let ends = || corrupt("value section ends early");
     match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
         VALUES_DECIMAL => {
@@ -398,30 +521,34 @@ fn decode_with(
             let mut patches = Vec::with_capacity(exceptions);
             let mut j = 0usize;
             for x in 0..exceptions {
-                j = read_exception_index(&mut r, data, x, j, n)?;
+                j = read_exception_index(r, data, x, j, n)?;
                 patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
             }
-            read_ints(&mut r, data, n, ints)?;
+            read_ints(r, data, n, ints)?;
             let p = POW10[e];
             if e == 0 {
-                out.extend(times.iter().zip(ints.iter()).map(|(&t, &i)| Sample { t, v: i as f64 }));
+                sink.extend(ints.iter().map(|&i| i as f64));
             } else {
-                out.extend(times.iter().zip(ints.iter()).map(|(&t, &i)| Sample { t, v: i as f64 / p }));
+                sink.extend(ints.iter().map(|&i| i as f64 / p));
             }
             for (j, bits) in patches {
-                out[start + j].v = f64::from_bits(bits);
+                sink.patch(j, f64::from_bits(bits));
             }
         }
         VALUES_XOR => {
             let mut bits = r.read_bits(data, 64).ok_or_else(ends)?;
             let (mut leading, mut trailing) = (0u8, 0u8);
-            out.reserve(n);
-            out.push(Sample { t: times[0], v: f64::from_bits(bits) });
-            for &t in &times[1..] {
-                if !read_xor(&mut r, data, &mut bits, &mut leading, &mut trailing) {
-                    return Err(corrupt("XOR value window over 64 bits"));
+            let mut bad_window = false;
+            let mut first = true;
+            sink.extend((0..n).map_while(|_| {
+                if !std::mem::take(&mut first) && !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
+                    bad_window = true;
+                    return None;
                 }
-                out.push(Sample { t, v: f64::from_bits(bits) });
+                Some(f64::from_bits(bits))
+            }));
+            if bad_window {
+                return Err(corrupt("XOR value window over 64 bits"));
             }
             if r.overran(data) {
                 return Err(ends());

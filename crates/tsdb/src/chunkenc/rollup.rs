@@ -13,7 +13,7 @@
 use strata_model::Sample;
 
 use super::bstream::BitReader;
-use super::{dense, ChunkError, ChunkIterator, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use super::{dense, ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use crate::rollup::Bucket;
 
 /// The columns, in the order they are stored.
@@ -104,6 +104,12 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     out
 }
 
+thread_local! {
+    /// A column's samples or values while a chunk is decoded, kept per thread.
+    static COLUMN_BUFFERS: std::cell::RefCell<(Vec<Sample>, Vec<f64>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 fn corrupt(what: &str) -> ChunkError {
     ChunkError::Corrupt(format!("rollup chunk: {what}"))
 }
@@ -144,46 +150,61 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     out.resize(start + n, blank);
     let buckets = &mut out[start..];
     let mut pos = HEADER_BYTES;
-    let mut samples = Vec::with_capacity(n);
-    for c in Column::ALL {
-        let mut r = BitReader::new(pos);
-        let len = r.read_uvarint(data).ok_or_else(|| corrupt("column length ends early"))? as usize;
-        let body = r.pos() / 8;
-        let end = body.checked_add(len).filter(|&e| e <= data.len()).ok_or_else(|| corrupt("column past the end"))?;
-        pos = end;
-        if !want.has(c) {
-            continue;
-        }
-        let column = &data[body..end];
-        if column.first() != Some(&(Encoding::Dense as u8)) {
-            return Err(corrupt("column is not a dense chunk"));
-        }
-        let mut it = ChunkIterator::new(column)?;
-        samples.clear();
-        it.decode_into(&mut samples);
-        if let Some(e) = it.err() {
-            return Err(corrupt(&format!("column {c:?}: {e}")));
-        }
-        if samples.len() != n {
-            return Err(corrupt("column holds another bucket count"));
-        }
-        for (b, s) in buckets.iter_mut().zip(&samples) {
+    COLUMN_BUFFERS.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (samples, values) = &mut *bufs;
+        for c in Column::ALL {
+            let mut r = BitReader::new(pos);
+            let len = r.read_uvarint(data).ok_or_else(|| corrupt("column length ends early"))? as usize;
+            let body = r.pos() / 8;
+            let end =
+                body.checked_add(len).filter(|&e| e <= data.len()).ok_or_else(|| corrupt("column past the end"))?;
+            pos = end;
+            if !want.has(c) {
+                continue;
+            }
+            let column = &data[body..end];
+            if column.len() < HEADER_BYTES || column[0] != Encoding::Dense as u8 {
+                return Err(corrupt("column is not a dense chunk"));
+            }
+            if u16::from_be_bytes([column[1], column[2]]) as usize != n {
+                return Err(corrupt("column holds another bucket count"));
+            }
+            let damaged = |e: ChunkError| corrupt(&format!("column {c:?}: {e}"));
             match c {
-                Column::Count => {
-                    b.end = s.t;
-                    b.count = count_of(s.v)?;
+                // Columns whose sample times matter: the ends, and the first and last samples'.
+                Column::Count | Column::First | Column::Last => {
+                    samples.clear();
+                    dense::decode(column, samples).map_err(damaged)?;
+                    for (b, s) in buckets.iter_mut().zip(samples.iter()) {
+                        match c {
+                            Column::Count => {
+                                b.end = s.t;
+                                b.count = count_of(s.v)?;
+                            }
+                            Column::First => b.first = *s,
+                            _ => b.last = *s,
+                        }
+                    }
                 }
-                Column::Sum => b.sum = s.v,
-                Column::Min => b.min = s.v,
-                Column::Max => b.max = s.v,
-                Column::First => b.first = *s,
-                Column::Last => b.last = *s,
-                Column::ResetCorrection => b.reset_correction = s.v,
-                Column::Changes => b.changes = count_of(s.v)?,
-                Column::Resets => b.resets = count_of(s.v)?,
+                _ => {
+                    values.clear();
+                    dense::decode_values(column, values).map_err(damaged)?;
+                    for (b, &v) in buckets.iter_mut().zip(values.iter()) {
+                        match c {
+                            Column::Sum => b.sum = v,
+                            Column::Min => b.min = v,
+                            Column::Max => b.max = v,
+                            Column::ResetCorrection => b.reset_correction = v,
+                            Column::Changes => b.changes = count_of(v)?,
+                            _ => b.resets = count_of(v)?,
+                        }
+                    }
+                }
             }
         }
-    }
+        Ok(())
+    })?;
     if pos != data.len() {
         return Err(corrupt("bytes after the last column"));
     }

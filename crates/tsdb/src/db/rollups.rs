@@ -77,30 +77,6 @@ fn corrupt_tier(tier: &Tier, labels: &Labels, e: crate::chunkenc::ChunkError) ->
     Error::BlockCorrupt { block: tier.dir.clone(), reason: format!("series {labels}: {e}") }
 }
 
-/// Two label-sorted lists as one; a series in both gets its buckets merged.
-fn merge_by_labels(a: Vec<RollupSeries>, b: Vec<RollupSeries>) -> Vec<RollupSeries> {
-    let mut out = Vec::with_capacity(a.len().max(b.len()));
-    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
-    loop {
-        let next = match (a.peek(), b.peek()) {
-            (None, None) => return out,
-            (Some(_), None) => a.next(),
-            (None, Some(_)) => b.next(),
-            (Some(x), Some(y)) => match x.labels.cmp(&y.labels) {
-                std::cmp::Ordering::Less => a.next(),
-                std::cmp::Ordering::Greater => b.next(),
-                std::cmp::Ordering::Equal => {
-                    let (x, y) = (a.next().expect("peeked"), b.next().expect("peeked"));
-                    let mut buckets = Vec::with_capacity(x.buckets.len() + y.buckets.len());
-                    merge_runs(&x.buckets, &y.buckets, &mut buckets);
-                    Some(RollupSeries { labels: x.labels, buckets })
-                }
-            },
-        };
-        out.extend(next);
-    }
-}
-
 impl Tier {
     /// Every raw source this tier's blocks hold.
     fn sources(&self) -> HashSet<String> {
@@ -124,7 +100,8 @@ impl Tier {
 pub struct RollupSelection {
     pub series: Vec<RollupSeries>,
     /// Matching series with native histogram samples in the raw data read: rollups do not
-    /// hold histograms, so a reader that needs them must read raw data instead.
+    /// hold histograms, so a reader that needs them must read raw data instead. When not 0,
+    /// `series` is empty.
     pub histogram_series: usize,
 }
 
@@ -148,24 +125,50 @@ impl Db {
     }
 
     /// The buckets of the tier of `interval_ms` whose ends fall in `[bucket_end(mint),
-    /// bucket_end(maxt)]`, for the series matching `matchers`, sorted by labels. Each bucket
-    /// aggregates all its samples: those the tier holds are read from its blocks, the rest
-    /// (raw blocks not rolled up yet, the head) are aggregated from raw samples as they are
-    /// read, so the answer does not depend on how far rollup has got. Deleted buckets (any a
-    /// deletion touches) are left out. `limits` bound each of the selections (tier blocks,
-    /// raw data). `Error::NoSuchTier` if no tier has that interval.
+    /// bucket_end(maxt)]`, for the series matching `matchers`, handed to `f` one series at a
+    /// time in label order. Each bucket aggregates all its samples: those the tier holds are
+    /// read from its blocks, the rest (raw blocks not rolled up yet, the head) are aggregated
+    /// from raw samples as they are read, so the answer does not depend on how far rollup has
+    /// got. Deleted buckets (any a deletion touches) are left out. Of the stored buckets only
+    /// the aggregates in `columns` are read (the others are zero; buckets aggregated from raw
+    /// samples have them all). `limits` bound each of the selections (tier blocks, raw data).
+    ///
+    /// Tiers hold no native histograms: if a matching series has histogram samples in the raw
+    /// data read, nothing is handed to `f` and the number of such series is returned (else 0).
+    /// `Error::NoSuchTier` if no tier has that interval; an error from `f` stops the read.
+    #[allow(clippy::too_many_arguments, reason = "a selection's range, limits and its consumer")]
+    pub fn rollup_visit(
+        &self,
+        interval_ms: i64,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        columns: ColumnSet,
+        limits: &ReadLimits<'_>,
+        f: &mut dyn FnMut(RollupSeries) -> Result<()>,
+    ) -> Result<usize> {
+        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.interval_ms == interval_ms) else {
+            return Err(Error::NoSuchTier { interval_ms });
+        };
+        self.inner.visit_buckets(tier, matchers, mint, maxt, columns, limits, f)
+    }
+
+    /// `rollup_visit`, collected.
     pub fn rollup_select(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
+        columns: ColumnSet,
         limits: &ReadLimits<'_>,
     ) -> Result<RollupSelection> {
-        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.interval_ms == interval_ms) else {
-            return Err(Error::NoSuchTier { interval_ms });
-        };
-        self.inner.select_buckets(tier, matchers, mint, maxt, limits)
+        let mut series = Vec::new();
+        let histogram_series = self.rollup_visit(interval_ms, matchers, mint, maxt, columns, limits, &mut |s| {
+            series.push(s);
+            Ok(())
+        })?;
+        Ok(RollupSelection { series, histogram_series })
     }
 }
 
@@ -395,14 +398,17 @@ impl Inner {
         Ok(gone)
     }
 
-    fn select_buckets(
+    #[allow(clippy::too_many_arguments, reason = "Db::rollup_visit's arguments, passed through")]
+    fn visit_buckets(
         &self,
         tier: &Tier,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
+        columns: ColumnSet,
         limits: &ReadLimits<'_>,
-    ) -> Result<RollupSelection> {
+        f: &mut dyn FnMut(RollupSeries) -> Result<()>,
+    ) -> Result<usize> {
         let interval = tier.spec.interval_ms;
         let (first_end, last_end) = (bucket_end(mint, interval), bucket_end(maxt, interval));
         // Every sample of those buckets.
@@ -438,23 +444,8 @@ impl Inner {
             .cloned()
             .collect();
 
-        let fresh: BlockList = RwLock::new(Arc::new(fresh));
-        let mut from_tier = Vec::new();
-        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)? {
-            let mut buckets = Vec::new();
-            for c in &s.chunks {
-                let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
-                decode(&bytes, ColumnSet::ALL, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
-            }
-            buckets.retain(|b| {
-                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, interval)
-            });
-            coalesce(&mut buckets);
-            if !buckets.is_empty() {
-                from_tier.push(RollupSeries { labels: s.labels, buckets });
-            }
-        }
-
+        // The raw part first (it is the newest data, usually small): it decides whether a
+        // native histogram matches.
         let unheld: BlockList = RwLock::new(Arc::new(unheld_raw));
         let mut from_raw = Vec::new();
         let mut histogram_series = 0;
@@ -480,7 +471,45 @@ impl Inner {
                 from_raw.push(RollupSeries { labels: s.labels, buckets });
             }
         }
-        Ok(RollupSelection { series: merge_by_labels(from_tier, from_raw), histogram_series })
+        if histogram_series > 0 {
+            return Ok(histogram_series);
+        }
+
+        // Then the tier's blocks, a series at a time, each merged with its raw part.
+        let fresh: BlockList = RwLock::new(Arc::new(fresh));
+        let mut from_raw = from_raw.into_iter().peekable();
+        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)? {
+            while from_raw.peek().is_some_and(|r| r.labels < s.labels) {
+                f(from_raw.next().expect("peeked"))?;
+            }
+            let total: usize = s
+                .chunks
+                .iter()
+                .map(|c| c.data.bytes().map_or(0, |b| crate::chunkenc::num_samples(&b).unwrap_or(0)))
+                .sum();
+            let mut buckets = Vec::with_capacity(total);
+            for c in &s.chunks {
+                let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+                decode(&bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+            }
+            buckets.retain(|b| {
+                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, interval)
+            });
+            coalesce(&mut buckets);
+            if from_raw.peek().is_some_and(|r| r.labels == s.labels) {
+                let raw_part = from_raw.next().expect("peeked");
+                let mut merged = Vec::with_capacity(buckets.len() + raw_part.buckets.len());
+                merge_runs(&buckets, &raw_part.buckets, &mut merged);
+                buckets = merged;
+            }
+            if !buckets.is_empty() {
+                f(RollupSeries { labels: s.labels, buckets })?;
+            }
+        }
+        for rest in from_raw {
+            f(rest)?;
+        }
+        Ok(0)
     }
 
     pub(super) fn tier_status(&self) -> Vec<TierStatus> {
