@@ -52,7 +52,7 @@ pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
 }
 
 /// Formats milliseconds as a Prometheus duration, largest units first (`90000` → `1m30s`,
-/// `0` → `0s`); `parse_duration_ms` reads it back. Negative durations get a leading `-`.
+/// `0` → `0s`; years and weeks only when whole, so `90d` stays `90d`); `parse_duration_ms` reads it back. Negative durations get a leading `-`.
 pub fn format_duration_ms(ms: i64) -> String {
     if ms == 0 {
         return "0s".into();
@@ -64,7 +64,9 @@ pub fn format_duration_ms(ms: i64) -> String {
     let mut rest = ms.unsigned_abs();
     for (unit, size) in UNITS {
         let size = size as u64;
-        if rest >= size {
+        // Years and weeks only when they are whole: `90d`, not `12w6d`.
+        let whole_only = matches!(unit, "y" | "w");
+        if rest >= size && (!whole_only || rest.is_multiple_of(size)) {
             out.push_str(&format!("{}{unit}", rest / size));
             rest %= size;
         }
@@ -86,6 +88,8 @@ mod tests {
         assert_eq!(format_duration_ms(300_000), "5m");
         assert_eq!(format_duration_ms(90_000), "1m30s");
         assert_eq!(format_duration_ms(2 * 365 * 86_400_000), "2y");
+        assert_eq!(format_duration_ms(90 * 86_400_000), "90d");
+        assert_eq!(format_duration_ms(14 * 86_400_000), "2w");
     }
 
     #[test]

@@ -156,6 +156,12 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
                 out.set_aside,
                 db.blocks().len()
             );
+            if !db.rollup_tiers().is_empty() {
+                println!(
+                    "rolled up {} blocks into the rollup tiers, merged rollup blocks {} times",
+                    out.rolled_up, out.rollup_compactions
+                );
+            }
             db.close()?;
         }
         TsdbCommand::Analyze { data_dir, block, limit } => {

@@ -1,0 +1,168 @@
+//! Rollup tiers through the binary, as an operator uses them: a month of history imported,
+//! the server started with tiers, dashboards asked at a 1 h step with and without
+//! `max_source_resolution=raw`, the tiers written by compaction, shown by `strata status` and
+//! `/metrics`, and the answers unchanged once they are read from the tiers' blocks.
+
+mod support;
+
+use std::io::Write;
+use std::process::Command;
+
+use support::{http, Server};
+
+const HOUR_S: i64 = 3600;
+
+fn strata(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap();
+    assert!(out.status.success(), "strata {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Three instances' request counters (resets now and then) and temperatures, every 15 s
+/// (jittered) for 3 days ending at `end`, as OpenMetrics.
+fn history(path: &std::path::Path, end: i64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    writeln!(f, "# TYPE requests counter").unwrap();
+    let start = end - 3 * 24 * HOUR_S;
+    for i in 0..3 {
+        let mut counter = 0u64;
+        let mut t = start * 1000;
+        let mut k = 0u64;
+        while t < end * 1000 {
+            k += 1;
+            counter = if k.is_multiple_of(2000) { 0 } else { counter + (k * 7 + i) % 13 };
+            let at = t + ((k * 31 + i * 7) % 400) as i64;
+            writeln!(f, "requests_total{{instance=\"i{i}\"}} {counter} {}.{:03}", at / 1000, at % 1000).unwrap();
+            t += 15_000;
+        }
+    }
+    writeln!(f, "# TYPE temperature gauge").unwrap();
+    for i in 0..3 {
+        let mut t = start * 1000;
+        let mut k = 0u64;
+        while t < end * 1000 {
+            k += 1;
+            let v = ((k * 37 + i * 11) % 1000) as f64 / 10.0;
+            writeln!(f, "temperature{{instance=\"i{i}\"}} {v} {}.{:03}", t / 1000, 0).unwrap();
+            t += 15_000;
+        }
+    }
+    writeln!(f, "# EOF").unwrap();
+}
+
+/// Series of a query_range response: labels (as JSON), points `(t, value)`.
+type Matrix = Vec<(String, Vec<(f64, f64)>)>;
+
+/// The matrix of a query_range response, and its infos.
+fn matrix(body: &str) -> (Matrix, Vec<String>) {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["status"], "success", "{body}");
+    let series = v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let points = s["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_f64().unwrap(), p[1].as_str().unwrap().parse().unwrap()))
+                .collect();
+            (s["metric"].to_string(), points)
+        })
+        .collect();
+    let infos =
+        v["infos"].as_array().map_or(Vec::new(), |a| a.iter().map(|i| i.as_str().unwrap().to_string()).collect());
+    (series, infos)
+}
+
+fn query(port: u16, q: &str, start: i64, end: i64, extra: &str) -> (Matrix, Vec<String>) {
+    let q: String = form_urlencoded::byte_serialize(q.as_bytes()).collect();
+    let (status, body) =
+        http(port, "GET", &format!("/api/v1/query_range?query={q}&start={start}&end={end}&step=3600{extra}"), &[], b"");
+    assert_eq!(status, 200, "{body}");
+    matrix(&body)
+}
+
+const QUERIES: [&str; 4] = [
+    "sum(rate(requests_total[1h]))",
+    "increase(requests_total[2h])",
+    "max_over_time(temperature[1h])",
+    "avg(temperature)",
+];
+
+/// Every query at a 1 h step, read from a tier, equals the raw answer.
+fn tier_answers_are_raw_answers(port: u16, start: i64, end: i64) {
+    for q in QUERIES {
+        let (raw, raw_infos) = query(port, q, start, end, "&max_source_resolution=raw");
+        let (tier, infos) = query(port, q, start, end, "");
+        assert!(!raw.is_empty() && raw.iter().all(|(_, p)| p.len() > 40), "{q}: {raw:?}");
+        assert!(!raw_infos.iter().any(|i| i.contains("rollup tier")), "{q}: {raw_infos:?}");
+        assert!(infos.iter().any(|i| i.contains("answered from the 5m rollup tier")), "{q}: {infos:?}");
+        assert_eq!(raw.len(), tier.len(), "{q}");
+        for ((la, pa), (lb, pb)) in raw.iter().zip(&tier) {
+            assert_eq!(la, lb, "{q}");
+            assert_eq!(pa.len(), pb.len(), "{q} {la}");
+            for (a, b) in pa.iter().zip(pb) {
+                assert!(a.0 == b.0 && (a.1 - b.1).abs() <= 1e-9 * a.1.abs().max(1.0), "{q} {la}: {a:?} vs {b:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn dashboards_read_rollup_tiers_and_answer_as_raw_data_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let d = dir.to_str().unwrap();
+    let end = support::now_ms() / 1000 / HOUR_S * HOUR_S;
+    let file = tmp.path().join("history.om");
+    history(&file, end);
+    strata(&["tsdb", "import", "openmetrics", file.to_str().unwrap(), d]);
+    let flags = ["--retention", "0", "--storage.rollup-tiers", "1m:forever,5m:forever"];
+    let (start, last) = (end - 3 * 24 * HOUR_S + 2 * HOUR_S, end);
+
+    // Nothing rolled up yet: the tier's buckets come from raw data as it is read.
+    let mut server = Server::start(&dir, &flags);
+    tier_answers_are_raw_answers(server.port, start, last);
+    let (status, body) = http(
+        server.port,
+        "GET",
+        "/api/v1/query_range?query=up&start=0&end=60&step=60&max_source_resolution=banana",
+        &[],
+        b"",
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("max_source_resolution"), "{body}");
+    // Tiers in the wrong order are refused at start, naming the tier.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "serve",
+            "--data-dir",
+            tmp.path().join("other").to_str().unwrap(),
+            "--storage.rollup-tiers",
+            "1h:30d,5m:90d",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rollup tier 5m:90d"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.terminate();
+
+    // Compaction rolls the blocks up; status and /metrics show the tiers.
+    let out = strata(&["tsdb", "compact", d]);
+    assert!(out.contains("rolled up") && !out.contains("rolled up 0 blocks"), "{out}");
+    let status = strata(&["status", "--data-dir", d]);
+    assert!(status.lines().any(|l| l.starts_with("rollup 5m:") && !l.contains(" 0 block(s)")), "{status}");
+    let mut server = Server::start(&dir, &flags);
+    let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
+    let blocks_line = metrics.lines().find(|l| l.starts_with("strata_tsdb_rollup_tier_blocks{tier=\"5m\"}")).unwrap();
+    assert!(!blocks_line.ends_with(" 0"), "{blocks_line}");
+    // Read from the tiers' blocks now: the same answers.
+    tier_answers_are_raw_answers(server.port, start, last);
+    server.terminate();
+}
