@@ -288,10 +288,20 @@ fn read_exception_index(
     j.filter(|&j| j < len).ok_or_else(|| corrupt("exception index out of range"))
 }
 
-/// Reads an integer column of `n` values written by `write_ints` into `out`.
-fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
+/// The fields of an integer column before its packed offsets.
+struct IntsHeader {
+    order: usize,
+    heads: [i64; ORDER_MAX],
+    base: i64,
+    factor: u64,
+    width: u32,
+    exceptions: usize,
+}
+
+/// Reads and checks an integer column's header (`n` values).
+#[inline(always)]
+fn read_ints_header(r: &mut BitReader, data: &[u8], n: usize) -> Result<IntsHeader, ChunkError> {
     let ends = || corrupt("integer column ends early");
-    out.clear();
     let order = r.read_bits(data, 2).ok_or_else(ends)? as usize;
     if order > ORDER_MAX || order > n.saturating_sub(1) {
         return Err(corrupt("integer column order out of range"));
@@ -307,10 +317,18 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
         return Err(corrupt("packed width over 64 bits"));
     }
     let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
-    let m = n - order;
-    if exceptions > m {
+    if exceptions > n - order {
         return Err(corrupt("more exceptions than values"));
     }
+    Ok(IntsHeader { order, heads, base, factor, width, exceptions })
+}
+
+/// Reads an integer column of `n` values written by `write_ints` into `out`.
+fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
+    let ends = || corrupt("integer column ends early");
+    out.clear();
+    let IntsHeader { order, heads, base, factor, width, exceptions } = read_ints_header(r, data, n)?;
+    let m = n - order;
     // Packed offsets first, in `out` (as u64 bits), then patched and turned into values.
     out.reserve(n);
     out.extend(heads.iter().take(order));
@@ -354,24 +372,9 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
 /// and exception list as `read_ints` does but unpacking nothing.
 fn skip_ints(r: &mut BitReader, data: &[u8], n: usize) -> Result<(), ChunkError> {
     let ends = || corrupt("integer column ends early");
-    let order = r.read_bits(data, 2).ok_or_else(ends)? as usize;
-    if order > ORDER_MAX || order > n.saturating_sub(1) {
-        return Err(corrupt("integer column order out of range"));
-    }
-    for _ in 0..order {
-        r.read_varint(data).ok_or_else(ends)?;
-    }
-    r.read_varint(data).ok_or_else(ends)?;
-    r.read_uvarint(data).ok_or_else(ends)?;
-    let width = r.read_bits(data, 7).ok_or_else(ends)? as usize;
-    if width > 64 {
-        return Err(corrupt("packed width over 64 bits"));
-    }
-    let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+    let IntsHeader { order, width, exceptions, .. } = read_ints_header(r, data, n)?;
     let m = n - order;
-    if exceptions > m {
-        return Err(corrupt("more exceptions than values"));
-    }
+    let width = width as usize;
     r.skip(data, m * width);
     if r.overran(data) {
         return Err(ends());
