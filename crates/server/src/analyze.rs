@@ -11,6 +11,58 @@ use strata_tsdb::Db;
 use crate::status::format_ms;
 
 /// Blocks table, then cardinality tables for one block (`ulid`, or the newest).
+/// Each rollup tier: its blocks, buckets and bytes, and over the time where raw blocks hold the
+/// same data, how many fewer points a query reads from it and what it costs beside raw data.
+fn rollup_savings(out: &mut String, db: &Db, raw: &[std::sync::Arc<strata_tsdb::block::Block>]) {
+    let tiers = db.tier_status();
+    if tiers.is_empty() {
+        return;
+    }
+    writeln!(out, "rollup tiers:").unwrap();
+    for t in &tiers {
+        let buckets: u64 = t.blocks.iter().map(|b| b.stats.num_samples).sum();
+        let range = match (t.blocks.iter().map(|b| b.min_time).min(), t.blocks.iter().map(|b| b.max_time).max()) {
+            (Some(a), Some(b)) => format!("{} .. {}", format_ms(a), format_ms(b)),
+            _ => "empty".into(),
+        };
+        writeln!(out, "  {}: {} blocks, {range}, {buckets} buckets in {} bytes", t.tier, t.blocks.len(), t.bytes)
+            .unwrap();
+        // Where both hold the same data: the blocks of the time both cover.
+        let lo = t
+            .blocks
+            .iter()
+            .map(|b| b.min_time)
+            .min()
+            .unwrap_or(0)
+            .max(raw.first().map_or(i64::MAX, |b| b.meta().min_time));
+        let hi = t
+            .blocks
+            .iter()
+            .map(|b| b.max_time)
+            .max()
+            .unwrap_or(0)
+            .min(raw.iter().map(|b| b.meta().max_time).max().unwrap_or(i64::MIN));
+        let inside = |min: i64, max: i64| min >= lo && max <= hi;
+        let (raw_samples, raw_bytes) = raw
+            .iter()
+            .filter(|b| inside(b.meta().min_time, b.meta().max_time))
+            .fold((0u64, 0u64), |(s, by), b| (s + b.meta().stats.num_samples, by + b.bytes()));
+        let tier_buckets: u64 =
+            t.blocks.iter().filter(|b| inside(b.min_time, b.max_time)).map(|b| b.stats.num_samples).sum();
+        if raw_samples > 0 && tier_buckets > 0 {
+            let tier_bytes = t.bytes as f64 * tier_buckets as f64 / buckets.max(1) as f64;
+            writeln!(
+                out,
+                "    where raw blocks hold the same time: {raw_samples} samples in {raw_bytes} bytes against {tier_buckets} buckets in about {:.0} bytes: {:.1}× fewer points to read, {:.1}% of the raw bytes",
+                tier_bytes,
+                raw_samples as f64 / tier_buckets as f64,
+                100.0 * tier_bytes / raw_bytes.max(1) as f64
+            )
+            .unwrap();
+        }
+    }
+}
+
 pub fn analyze(db: &Db, ulid: Option<&str>, limit: usize) -> Result<String, String> {
     let mut out = String::new();
     let blocks = db.blocks();
@@ -47,6 +99,7 @@ pub fn analyze(db: &Db, ulid: Option<&str>, limit: usize) -> Result<String, Stri
         bytes as f64 / samples.max(1) as f64
     )
     .unwrap();
+    rollup_savings(&mut out, db, &blocks);
     let head = db.head();
     writeln!(
         out,

@@ -156,6 +156,15 @@ fn dashboards_read_rollup_tiers_and_answer_as_raw_data_does() {
     // Compaction rolls the blocks up; status and /metrics show the tiers.
     let out = strata(&["tsdb", "compact", d]);
     assert!(out.contains("rolled up") && !out.contains("rolled up 0 blocks"), "{out}");
+    let analyzed = strata(&["tsdb", "analyze", d]);
+    assert!(analyzed.contains("rollup tiers:") && analyzed.contains("5m:forever:"), "{analyzed}");
+    // 15 s samples in 5-minute buckets: 20 per bucket.
+    let fewer = analyzed
+        .lines()
+        .skip_while(|l| !l.contains("5m:forever:"))
+        .find_map(|l| l.split("bytes: ").nth(1)?.split('×').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{analyzed}"));
+    assert!((15.0..=25.0).contains(&fewer), "{fewer}: {analyzed}");
     let status = strata(&["status", "--data-dir", d]);
     assert!(status.lines().any(|l| l.starts_with("rollup 5m:") && !l.contains(" 0 block(s)")), "{status}");
     let mut server = Server::start(&dir, &flags);
