@@ -221,13 +221,27 @@ impl BitReader {
         self.read_bits(data, 1).map(|b| b == 1)
     }
 
+    #[inline]
     pub fn read_byte(&mut self, data: &[u8]) -> Option<u8> {
         self.read_bits(data, 8).map(|b| b as u8)
     }
 
+    /// An unsigned LEB128 varint (at most 10 bytes). Up to 7 bytes are decoded from one look
+    /// at the register (chunk headers are mostly such small varints).
+    #[inline]
     pub fn read_uvarint(&mut self, data: &[u8]) -> Option<u64> {
+        let reg = self.peek(data);
         let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
+        for i in 0..7u32 {
+            let b = (reg >> (56 - 8 * i)) as u8;
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b < 0x80 {
+                self.consume(8 * (i + 1));
+                return (!self.overran(data)).then_some(v);
+            }
+        }
+        self.consume(56);
+        for shift in (49..64).step_by(7) {
             let b = self.read_byte(data)?;
             v |= ((b & 0x7f) as u64) << shift;
             if b < 0x80 {
@@ -237,6 +251,7 @@ impl BitReader {
         None
     }
 
+    #[inline]
     pub fn read_varint(&mut self, data: &[u8]) -> Option<i64> {
         let u = self.read_uvarint(data)?;
         Some(((u >> 1) as i64) ^ -((u & 1) as i64))
