@@ -20,10 +20,17 @@
 //!   into a range already rolled up) is replaced by the new one, as compaction replaces inputs.
 //! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
 //!   (raw data deleted by retention): until then each is one raw block's rollup (or the merge
-//!   of raw blocks merged since), so late data replaces it exactly. Merged blocks span the tier's compaction ranges (×3 from the largest raw range,
-//!   up to 31 days or a tenth of the tier's retention).
-//! - Raw retention deletes a block only once every tier holds it; a tier's retention deletes
-//!   its blocks older than the tier's retention behind the newest sample.
+//!   of raw blocks merged since), so late data replaces it exactly. Merged blocks span the
+//!   tier's compaction ranges (×3 from the largest raw range, up to 31 days or a tenth of the
+//!   tier's retention).
+//! - Raw retention deletes a block only once every tier holds it, and not while it overlaps
+//!   another raw block (their samples may be the same ones: merged first, then rolled up); a
+//!   tier's retention deletes its blocks older than the tier's retention behind the newest
+//!   sample.
+//! - Buckets cannot be deduplicated as samples are, so nothing is counted twice: a tier block
+//!   whose sources another listed tier block holds (`replaced_by`: left listed by a refused
+//!   deletion) is never read, and readers read raw any held block the head's time range
+//!   overlaps (a crash may have replayed its samples into the head).
 //!
 //! A crash at any point leaves whole blocks: a tier block not yet listed is found at open (a
 //! replaced one, by lineage, removed), and raw data is deleted only after the tiers' blocks
@@ -42,8 +49,7 @@ use super::{open_blocks, swap_in, Db, Inner};
 use crate::block::{Block, BlockMeta};
 use crate::chunkenc::rollup::{decode, ColumnSet};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
@@ -67,6 +73,23 @@ pub struct TierStatus {
     pub tier: RollupTier,
     pub blocks: Vec<BlockMeta>,
     pub bytes: u64,
+}
+
+/// Whether tier block `b` holds nothing `other` does not: its sources are among `other`'s (a
+/// rollup replaced by a later one, or merged, whose deletion the disk refused, so that it was
+/// listed again). Of two with the same sources the one of the higher level (then ULID) stays.
+fn replaced_by(b: &Block, other: &Block) -> bool {
+    let (mine, theirs) = (&b.meta().compaction.sources, &other.meta().compaction.sources);
+    if std::ptr::eq(b, other) || !mine.iter().all(|s| theirs.binary_search(s).is_ok()) {
+        return false;
+    }
+    theirs.len() > mine.len() || (other.meta().compaction.level, other.ulid()) > (b.meta().compaction.level, b.ulid())
+}
+
+/// A tier's blocks without the replaced ones: counted once, a bucket's samples must be read
+/// from one block only (buckets cannot be deduplicated as samples are).
+fn live(blocks: &[Arc<Block>]) -> Vec<Arc<Block>> {
+    blocks.iter().filter(|b| !blocks.iter().any(|o| replaced_by(b, o))).cloned().collect()
 }
 
 fn tier_sources(blocks: &[Arc<Block>]) -> HashSet<String> {
@@ -252,12 +275,9 @@ impl Inner {
         }
         let mine = &out.compaction.sources;
         for t in &self.tiers {
-            let inputs: Vec<Arc<Block>> = t
-                .blocks
-                .read()
-                .iter()
+            let inputs: Vec<Arc<Block>> = live(&t.blocks.read())
+                .into_iter()
                 .filter(|r| r.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok()))
-                .cloned()
                 .collect();
             let held: HashSet<&str> =
                 inputs.iter().flat_map(|r| r.meta().compaction.sources.iter().map(String::as_str)).collect();
@@ -320,8 +340,26 @@ impl Inner {
     }
 
     /// Whether retention may delete raw block `b`: every tier holds it, rolling it up first
-    /// if one does not. A failed rollup keeps the block (and is logged).
+    /// if one does not. A failed rollup keeps the block (and is logged), and so does one that
+    /// overlaps another raw block: their samples may be the same ones (a head range cut again
+    /// after a crash), which only compaction's merge counts once; it is rolled up merged.
     pub(super) fn rolled_up_for_deletion(&self, b: &Arc<Block>) -> bool {
+        if self.tiers.is_empty() {
+            return true;
+        }
+        let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
+        let overlapped = self
+            .blocks
+            .read()
+            .iter()
+            .any(|o| !Arc::ptr_eq(o, b) && o.meta().min_time < maxt && mint < o.meta().max_time);
+        if overlapped && !self.tiers.iter().all(|t| holds(&t.sources(), b)) {
+            tracing::warn!(
+                block = b.ulid(),
+                "retention waits for a block that overlaps another to be merged before it is rolled up"
+            );
+            return false;
+        }
         match self.roll_up(b) {
             Ok(_) => true,
             Err(e) => {
@@ -341,8 +379,19 @@ impl Inner {
         let mut n = 0;
         for t in &self.tiers {
             let ranges = t.ranges(raw_ranges);
+            // Replaced blocks left listed by a refused deletion: deleted now, if the disk lets.
+            let listed = t.blocks.read().clone();
+            let kept = live(&listed);
+            let replaced: Vec<Arc<Block>> =
+                listed.iter().filter(|b| !kept.iter().any(|k| Arc::ptr_eq(k, b))).cloned().collect();
+            if !replaced.is_empty() {
+                swap_in(&t.blocks, &replaced, None);
+                for b in &replaced {
+                    self.delete_unlisted_from(&t.blocks, b)?;
+                }
+            }
             loop {
-                let blocks = t.blocks.read().clone();
+                let blocks = live(&t.blocks.read());
                 let settled: Vec<Arc<Block>> = blocks
                     .iter()
                     .filter(|b| !b.meta().compaction.sources.iter().any(|s| raw_sources.contains(s)))
@@ -414,12 +463,15 @@ impl Inner {
         // Every sample of those buckets.
         let (lo, hi) = (first_end - interval + 1, last_end);
         let raw = self.blocks.read().clone();
-        let stored = tier.blocks.read().clone();
+        let stored = live(&tier.blocks.read());
         let held = tier_sources(&stored);
         // Raw blocks the tier does not hold are read raw, and so are held ones whose time they
-        // overlap (late data not merged yet): their samples interleave, and only raw samples
-        // aggregate exactly then.
-        let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b)).collect();
+        // or the head overlap (late data not merged yet; samples a crash left both in a block
+        // and in the log, replayed into the head): their samples interleave or repeat, and
+        // only the raw read, which merges them by timestamp, aggregates them exactly.
+        let head = self.head.time_range();
+        let in_head = |b: &Block| head.is_some_and(|(lo, hi)| b.meta().min_time <= hi && lo < b.meta().max_time);
+        let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || in_head(b)).collect();
         let overlap =
             |a: &Block, b: &Block| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time;
         let mut grew = true;
