@@ -272,7 +272,12 @@ fn main() {
     }
     println!(
         "\n{:<24} {:>12} {:>12} {:>12} {:>9} {:>9}  read (raw samples → buckets)",
-        "query (30 d, 1 h step)", "strata raw", "strata tier", "VM 1.79", "raw/tier", "VM/tier"
+        format!("query ({days} d, 1 h step)"),
+        "strata raw",
+        "strata tier",
+        "VM 1.79",
+        "raw/tier",
+        "VM/tier"
     );
     for (q, name) in queries {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];

@@ -59,6 +59,13 @@ use crate::vfs::Vfs;
 /// The directory of the rollup tiers, inside the data directory.
 pub const ROLLUPS_DIR: &str = "rollups";
 
+/// Below this many series a tier's buckets are decoded on the reading thread (tests take the
+/// parallel path with a handful).
+const PARALLEL_SERIES_MIN: usize = if cfg!(test) { 2 } else { 256 };
+/// Series a decoding worker handles at once, and the most workers.
+const PARALLEL_BATCH: usize = if cfg!(test) { 1 } else { 32 };
+const PARALLEL_THREADS_MAX: usize = 8;
+
 /// One configured tier and its blocks.
 #[derive(Debug)]
 pub(crate) struct Tier {
@@ -527,13 +534,12 @@ impl Inner {
             return Ok(histogram_series);
         }
 
-        // Then the tier's blocks, a series at a time, each merged with its raw part.
+        // Then the tier's blocks, a series at a time, each merged with its raw part. Series
+        // are decoded on all cores in batches, handed over in label order.
         let fresh: BlockList = RwLock::new(Arc::new(fresh));
-        let mut from_raw = from_raw.into_iter().peekable();
-        for s in Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)? {
-            while from_raw.peek().is_some_and(|r| r.labels < s.labels) {
-                f(from_raw.next().expect("peeked"))?;
-            }
+        let selected =
+            Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)?;
+        let decode_one = |s: &crate::querier::Series| -> Result<Vec<Bucket>> {
             let total: usize = s
                 .chunks
                 .iter()
@@ -548,6 +554,13 @@ impl Inner {
                 b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, interval)
             });
             coalesce(&mut buckets);
+            Ok(buckets)
+        };
+        let mut from_raw = from_raw.into_iter().peekable();
+        let mut emit = |s: &crate::querier::Series, mut buckets: Vec<Bucket>| -> Result<()> {
+            while from_raw.peek().is_some_and(|r| r.labels < s.labels) {
+                f(from_raw.next().expect("peeked"))?;
+            }
             if from_raw.peek().is_some_and(|r| r.labels == s.labels) {
                 let raw_part = from_raw.next().expect("peeked");
                 let mut merged = Vec::with_capacity(buckets.len() + raw_part.buckets.len());
@@ -555,8 +568,47 @@ impl Inner {
                 buckets = merged;
             }
             if !buckets.is_empty() {
-                f(RollupSeries { labels: s.labels, buckets })?;
+                f(RollupSeries { labels: s.labels.clone(), buckets })?;
             }
+            Ok(())
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PARALLEL_THREADS_MAX);
+        if threads <= 1 || selected.len() < PARALLEL_SERIES_MIN {
+            for s in &selected {
+                let buckets = decode_one(s)?;
+                emit(s, buckets)?;
+            }
+        } else {
+            // Worker w decodes batches w, w+T, …; this thread takes them in turn, so series
+            // arrive in label order while a few batches are decoded ahead.
+            let batches: Vec<&[crate::querier::Series]> = selected.chunks(PARALLEL_BATCH).collect();
+            std::thread::scope(|scope| -> Result<()> {
+                let mut rxs = Vec::with_capacity(threads);
+                for w in 0..threads {
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Vec<Bucket>>>>(2);
+                    rxs.push(rx);
+                    let (batches, decode_one) = (&batches, &decode_one);
+                    scope.spawn(move || {
+                        for batch in batches.iter().skip(w).step_by(threads) {
+                            let r: Result<Vec<Vec<Bucket>>> = batch.iter().map(decode_one).collect();
+                            let failed = r.is_err();
+                            if tx.send(r).is_err() || failed {
+                                return;
+                            }
+                        }
+                    });
+                }
+                for (i, batch) in batches.iter().enumerate() {
+                    let decoded = rxs[i % threads].recv().map_err(|_| Error::BlockCorrupt {
+                        block: tier.dir.clone(),
+                        reason: "a rollup decoding worker stopped".into(),
+                    })??;
+                    for (s, buckets) in batch.iter().zip(decoded) {
+                        emit(s, buckets)?;
+                    }
+                }
+                Ok(())
+            })?;
         }
         for rest in from_raw {
             f(rest)?;
