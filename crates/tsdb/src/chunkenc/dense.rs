@@ -320,6 +320,9 @@ fn read_ints_header(r: &mut BitReader, data: &[u8], n: usize) -> Result<IntsHead
     if exceptions > n - order {
         return Err(corrupt("more exceptions than values"));
     }
+    if exceptions > 0 && width >= 64 {
+        return Err(corrupt("exceptions in a 64-bit column"));
+    }
     Ok(IntsHeader { order, heads, base, factor, width, exceptions })
 }
 
@@ -337,9 +340,6 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     }
     if r.overran(data) {
         return Err(ends());
-    }
-    if exceptions > 0 && width >= 64 {
-        return Err(corrupt("exceptions in a 64-bit column"));
     }
     let mut j = 0usize;
     for x in 0..exceptions {
@@ -379,9 +379,6 @@ fn skip_ints(r: &mut BitReader, data: &[u8], n: usize) -> Result<(), ChunkError>
     if r.overran(data) {
         return Err(ends());
     }
-    if exceptions > 0 && width >= 64 {
-        return Err(corrupt("exceptions in a 64-bit column"));
-    }
     let mut j = 0usize;
     for x in 0..exceptions {
         j = read_exception_index(r, data, x, j, m)?;
@@ -415,14 +412,7 @@ fn with_columns<T>(f: impl FnOnce(&mut Columns) -> T) -> T {
 
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
 pub(super) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
-    COLUMNS.with(|c| match c.try_borrow_mut() {
-        Ok(mut cols) => {
-            let Columns { times, ints } = &mut *cols;
-            decode_with(data, out, times, ints)
-        }
-        // Only reentrancy could hold it; decode with fresh buffers then.
-        Err(_) => decode_with(data, out, &mut Vec::new(), &mut Vec::new()),
-    })
+    with_columns(|c| decode_with(data, out, &mut c.times, &mut c.ints))
 }
 
 fn decode_with(

@@ -8,12 +8,12 @@
 //! `sum` and `count` for an average) decodes only those columns.
 //!
 //! Layout: `[0x06][bucket count u16 BE]`, then for each column in `Column` order its length as
-//! an unsigned LEB128 varint and its bytes. The byte layout is in `docs/format/rollup.md`.
+//! an unsigned LEB128 varint and its bytes (`encoding::put_bytes`). The byte layout is in `docs/format/rollup.md`.
 
 use strata_model::Sample;
 
-use super::bstream::BitReader;
 use super::{dense, ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use crate::encoding::{put_bytes, Decoder};
 use crate::rollup::Bucket;
 
 /// The columns, in the order they are stored.
@@ -92,14 +92,7 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     for c in Column::ALL {
         column.clear();
         column.extend(buckets.iter().map(|b| c.of(b)));
-        let bytes = dense::encode(&column);
-        let mut len = bytes.len() as u64;
-        while len >= 0x80 {
-            out.push(len as u8 | 0x80);
-            len >>= 7;
-        }
-        out.push(len as u8);
-        out.extend_from_slice(&bytes);
+        put_bytes(&mut out, &dense::encode(&column));
     }
     out
 }
@@ -124,7 +117,8 @@ fn count_of(v: f64) -> Result<u64, ChunkError> {
 }
 
 /// Decodes the buckets of a rollup chunk into `out` (appended): the columns in `want` (and the
-/// bucket ends); the others are left zero. Every column's length and bucket count is checked.
+/// bucket ends); the others are left zero. Every column's length and bucket count is checked;
+/// on error `out` is as it was.
 pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(), ChunkError> {
     if data.len() < HEADER_BYTES {
         return Err(ChunkError::ShortHeader(data.len()));
@@ -149,21 +143,16 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     };
     out.resize(start + n, blank);
     let buckets = &mut out[start..];
-    let mut pos = HEADER_BYTES;
-    COLUMN_BUFFERS.with(|bufs| {
+    let mut columns = Decoder::new(&data[HEADER_BYTES..]);
+    let decoded = COLUMN_BUFFERS.with(|bufs| {
         let mut bufs = bufs.borrow_mut();
         let (samples, values) = &mut *bufs;
         for c in Column::ALL {
-            let mut r = BitReader::new(pos);
-            let len = r.read_uvarint(data).ok_or_else(|| corrupt("column length ends early"))? as usize;
-            let body = r.pos() / 8;
-            let end =
-                body.checked_add(len).filter(|&e| e <= data.len()).ok_or_else(|| corrupt("column past the end"))?;
-            pos = end;
+            let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
+            let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
             if !want.has(c) {
                 continue;
             }
-            let column = &data[body..end];
             if column.len() < HEADER_BYTES || column[0] != Encoding::Dense as u8 {
                 return Err(corrupt("column is not a dense chunk"));
             }
@@ -203,18 +192,22 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 }
             }
         }
+        if !columns.is_empty() {
+            return Err(corrupt("bytes after the last column"));
+        }
+        if want.has(Column::First) && buckets.iter().any(|b| b.first.t > b.end) {
+            return Err(corrupt("a first sample after its bucket's end"));
+        }
+        if want.has(Column::Last) && buckets.iter().any(|b| b.last.t > b.end) {
+            return Err(corrupt("a last sample after its bucket's end"));
+        }
         Ok(())
-    })?;
-    if pos != data.len() {
-        return Err(corrupt("bytes after the last column"));
+    });
+    // Nothing of a damaged chunk is kept.
+    if decoded.is_err() {
+        out.truncate(start);
     }
-    if want.has(Column::First) && buckets.iter().any(|b| b.first.t > b.end) {
-        return Err(corrupt("a first sample after its bucket's end"));
-    }
-    if want.has(Column::Last) && buckets.iter().any(|b| b.last.t > b.end) {
-        return Err(corrupt("a last sample after its bucket's end"));
-    }
-    Ok(())
+    decoded
 }
 
 #[cfg(test)]

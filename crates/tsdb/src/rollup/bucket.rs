@@ -262,21 +262,5 @@ pub fn coalesce(buckets: &mut Vec<Bucket>) {
     buckets.truncate(kept);
 }
 
-/// Coarsens buckets (sorted by `end`) to `interval`, a multiple of theirs.
-pub fn coarsen(buckets: &[Bucket], interval: i64, out: &mut Vec<Bucket>) {
-    let mut open: Option<Bucket> = None;
-    for b in buckets {
-        let end = bucket_end(b.end, interval);
-        match &mut open {
-            Some(o) if o.end == end => o.append(b),
-            _ => {
-                out.extend(open.take());
-                open = Some(Bucket { end, ..*b });
-            }
-        }
-    }
-    out.extend(open);
-}
-
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Sample};
 
-use super::bucket::{coalesce, Aggregator, Bucket};
+use super::bucket::{aggregate, coalesce, Bucket};
 use super::tier::RollupTier;
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, Compaction};
-use crate::chunkenc::{self, by_rank, decode_merged, rollup::ColumnSet, Encoding};
+use crate::chunkenc::{self, decode_merged, rollup::ColumnSet, Encoding};
 use crate::compact::{all_symbols, merge_series, Cursor, COMPACTED_SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
 
@@ -81,7 +81,6 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
         let Some(mut cursor) = Cursor::open(raw)? else { return Ok(()) };
         let data = raw.data()?;
         let mut samples: Vec<Sample> = Vec::new();
-        let mut buckets: Vec<Bucket> = Vec::new();
         let mut encoded = Vec::new();
         loop {
             let mut chunks = Vec::with_capacity(cursor.metas.len());
@@ -98,17 +97,13 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
                 out.histogram_series += 1;
             } else {
                 samples.clear();
-                let ranked: Vec<(&[u8], u64)> = chunks.iter().map(|c| (&**c, 0)).collect();
-                decode_merged(by_rank(&ranked, |c| c.1).map(|c| Ok(c.0)), &mut samples)
+                decode_merged(chunks.iter().map(|c| Ok(&**c)), &mut samples)
                     .map_err(|e| raw.corrupt(chunk_err(&cursor.labels, e).to_string()))?;
                 let deleted = stones.get(&cursor.id).map(Vec::as_slice).unwrap_or(&[]);
                 let (mint, maxt) = (raw.meta().min_time, raw.meta().max_time);
                 samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
                 for (w, t) in writers.iter_mut().zip(targets) {
-                    buckets.clear();
-                    let mut agg = Aggregator::new(t.tier.interval_ms);
-                    agg.add(&samples, &mut buckets);
-                    agg.finish(&mut buckets);
+                    let buckets = aggregate(&samples, t.tier.interval_ms);
                     if !buckets.is_empty() {
                         add_buckets(w, &cursor.labels, &buckets, &mut encoded)?;
                     }
