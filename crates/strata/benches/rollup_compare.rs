@@ -152,7 +152,7 @@ fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, s
 }
 
 fn tiers() -> Vec<RollupTier> {
-    vec![RollupTier { interval_ms: 300_000, retention_ms: 0 }, RollupTier { interval_ms: HOUR_MS, retention_ms: 0 }]
+    vec![RollupTier::new(300_000, 0), RollupTier::new(HOUR_MS, 0)]
 }
 
 fn post(port: u16, path: &str, body: &[u8]) {

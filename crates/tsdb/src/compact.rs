@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Sample};
 
-use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, SymbolInterner};
+use crate::block::{
+    Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, RollupMeta, SymbolInterner,
+};
 use crate::chunkenc::{by_rank, decode_merged, dense, Encoding, TypedSample};
 use crate::error::{Error, Result};
 use crate::head::series::SeriesState;
@@ -278,7 +280,7 @@ pub fn merge_blocks(parent: &Path, blocks: &[Arc<Block>]) -> Result<Option<Block
 pub(crate) fn merge_series(
     parent: &Path,
     blocks: &[Arc<Block>],
-    rollup_interval: Option<i64>,
+    rollup: Option<RollupMeta>,
     mut write: impl FnMut(&mut BlockWriter, &Labels, &[ChunkInput<'_>], &[(i64, i64)], i64, i64) -> Result<()>,
 ) -> Result<Option<BlockMeta>> {
     assert!(!blocks.is_empty());
@@ -298,8 +300,8 @@ pub(crate) fn merge_series(
     }
 
     let mut w = BlockWriter::create(blocks[0].fs(), parent, &symbols)?;
-    if let Some(interval) = rollup_interval {
-        w.set_rollup_interval(interval);
+    if let Some(rollup) = rollup {
+        w.set_rollup(rollup);
         // A tier block records which raw blocks the tier holds, series or not.
         w.keep_if_empty();
     }

@@ -60,8 +60,8 @@ pub enum Error {
     #[error("write-ahead log record of {bytes} bytes exceeds the limit of {limit} bytes")]
     RecordTooLarge { bytes: usize, limit: u32 },
     /// A read asked for a rollup tier that is not configured.
-    #[error("no rollup tier of interval {interval_ms} ms is configured")]
-    NoSuchTier { interval_ms: i64 },
+    #[error("no rollup tier of interval {} ms ({:?}-closed) is configured", .tier.interval_ms, .tier.closed)]
+    NoSuchTier { tier: crate::block::RollupMeta },
 }
 
 /// Why a reader stopped a selection (see `Querier::interrupt`).

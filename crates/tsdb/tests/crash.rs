@@ -41,7 +41,7 @@ struct Workload {
 const ROLLUP_STEPS: [i64; 2] = [4, 20];
 
 fn tier(steps: i64) -> RollupTier {
-    RollupTier { interval_ms: steps * STEP_MS, retention_ms: 0 }
+    RollupTier::new(steps * STEP_MS, 0)
 }
 
 fn value_bits(series: usize, step: usize) -> u64 {
@@ -117,7 +117,14 @@ fn verify_tiers(db: &Db, last_step: &[Option<usize>]) {
     for n in ROLLUP_STEPS {
         let interval = n * STEP_MS;
         let got = db
-            .rollup_select(interval, std::slice::from_ref(&all), 0, i64::MAX / 2, ColumnSet::ALL, &Default::default())
+            .rollup_select(
+                tier(n).meta(),
+                std::slice::from_ref(&all),
+                0,
+                i64::MAX / 2,
+                ColumnSet::ALL,
+                &Default::default(),
+            )
             .unwrap();
         let mut found = 0;
         for s in &got.series {

@@ -112,7 +112,9 @@ pub fn visit_rollup_with(
     f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
 ) -> Result<Result<usize, EvalError>, strata_tsdb::Error> {
     let mut failed: Option<EvalError> = None;
-    let out = db.rollup_visit(interval_ms, matchers, mint, maxt, columns, limits, &mut |s| {
+    // PromQL's windows `(t - r, t]` are answered by right-closed tiers only.
+    let tier = strata_tsdb::block::RollupMeta { interval_ms, closed: strata_tsdb::rollup::Closed::Right };
+    let out = db.rollup_visit(tier, matchers, mint, maxt, columns, limits, &mut |s| {
         f(s).map_err(|e| {
             failed = Some(e);
             strata_tsdb::Error::Stopped(strata_tsdb::error::Stop::Canceled)
@@ -229,7 +231,8 @@ impl Engine {
         run: impl Fn(&Evaluator) -> Result<Value, EvalError>,
     ) -> Result<QueryOutput, EvalError> {
         let mut ev = Evaluator::new(self, st, start, end, step, cancel);
-        let tiers = st.rollup_tiers();
+        // Left-closed tiers (Graphite's) do not cut PromQL's windows `(t - r, t]`.
+        let tiers: Vec<RollupTier> = st.rollup_tiers().into_iter().filter(|t| t.closed.is_right()).collect();
         if let Some(tier) = ev.plan_tier(expr, start, step, &tiers) {
             ev.tier = Some(tier);
             match run(&ev) {

@@ -30,7 +30,7 @@ const STEP_MS: i64 = 15_000;
 /// The rollup tiers of the retention workload: 4 and 20 steps, kept forever (`tests/crash.rs`
 /// checks them).
 fn rollup_tiers() -> Vec<strata_tsdb::rollup::RollupTier> {
-    [4, 20].map(|n| strata_tsdb::rollup::RollupTier { interval_ms: n * STEP_MS, retention_ms: 0 }).to_vec()
+    [4, 20].map(|n| strata_tsdb::rollup::RollupTier::new(n * STEP_MS, 0)).to_vec()
 }
 
 fn labels(series: usize) -> Labels {

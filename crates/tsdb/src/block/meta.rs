@@ -4,6 +4,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rollup::Closed;
+
 use crate::error::{io_err, Error, Result};
 use crate::vfs::Vfs;
 
@@ -38,6 +40,9 @@ pub struct BlockMeta {
 pub struct RollupMeta {
     /// The buckets' interval in milliseconds.
     pub interval_ms: i64,
+    /// Which end of its interval a bucket includes; absent: right (PromQL's windows).
+    #[serde(default, skip_serializing_if = "Closed::is_right")]
+    pub closed: Closed,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -78,10 +78,10 @@ impl BlockWriter {
         })
     }
 
-    /// Marks the block as one of a rollup tier of `interval_ms`: its chunks hold buckets.
-    pub fn set_rollup_interval(&mut self, interval_ms: i64) {
-        assert!(interval_ms > 0);
-        self.rollup = Some(RollupMeta { interval_ms });
+    /// Marks the block as one of a rollup tier: its chunks hold buckets.
+    pub fn set_rollup(&mut self, rollup: RollupMeta) {
+        assert!(rollup.interval_ms > 0);
+        self.rollup = Some(rollup);
     }
 
     /// Keeps the block even if no series is added: a rollup tier's block records that a raw

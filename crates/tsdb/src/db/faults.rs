@@ -179,9 +179,11 @@ impl Run {
     /// Every bucket of the tier counts at least the acknowledged samples of its interval and
     /// at most those ever appended, except buckets a deletion touched (dropped or not).
     fn check_tier(&mut self, db: &Db) {
-        let interval = self.opts.rollups[0].interval_ms;
+        let tier = self.opts.rollups[0];
+        let (interval, closed) = (tier.interval_ms, tier.closed);
         let all = [Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()];
-        let got = match db.rollup_select(interval, &all, 0, self.newest.max(0), ColumnSet::ALL, &Default::default()) {
+        let got = match db.rollup_select(tier.meta(), &all, 0, self.newest.max(0), ColumnSet::ALL, &Default::default())
+        {
             Ok(got) => got,
             Err(e) => {
                 assert!(
@@ -200,14 +202,16 @@ impl Run {
                 served.insert((i, b.end), b.count);
             }
         }
-        let touched =
-            |i: usize, end: i64| self.deletions.iter().any(|&(d, lo, hi)| d == i && lo <= end && hi > end - interval);
+        let touched = |i: usize, end: i64| {
+            let (first, last) = closed.span(end, interval);
+            self.deletions.iter().any(|&(d, lo, hi)| d == i && lo <= last && hi >= first)
+        };
         let mut want: BTreeMap<(usize, i64), (u64, u64)> = BTreeMap::new();
         for &(i, t) in &self.attempted {
-            want.entry((i, crate::rollup::bucket_end(t, interval))).or_default().1 += 1;
+            want.entry((i, closed.bucket_end(t, interval))).or_default().1 += 1;
         }
         for &(i, t) in &self.acked {
-            want.entry((i, crate::rollup::bucket_end(t, interval))).or_default().0 += 1;
+            want.entry((i, closed.bucket_end(t, interval))).or_default().0 += 1;
         }
         for (&(i, end), &(acked, attempted)) in &want {
             if touched(i, end) {
@@ -341,7 +345,8 @@ impl Run {
     }
 }
 
-/// One seeded run; `rollups`: with a rollup tier of half a block range, kept forever.
+/// One seeded run; `rollups`: with a rollup tier of half a block range, kept forever (left-closed
+/// for odd seeds, as Graphite reads, right-closed for even ones).
 fn run_seed(seed: u64, rollups: bool) -> (FaultCounts, CompactOutcome, usize) {
     let fs = SimFs::new(seed);
     fs.create_dir_all(Path::new("/data")).unwrap();
@@ -355,7 +360,11 @@ fn run_seed(seed: u64, rollups: bool) -> (FaultCounts, CompactOutcome, usize) {
         retention_ms: RETENTION,
         retention_bytes: 0,
         compact_interval: None,
-        rollups: if rollups { vec![RollupTier { interval_ms: RANGE / 2, retention_ms: 0 }] } else { Vec::new() },
+        rollups: match (rollups, seed % 2) {
+            (false, _) => Vec::new(),
+            (true, 0) => vec![RollupTier::new(RANGE / 2, 0)],
+            (true, _) => vec![RollupTier::left(RANGE / 2, 0)],
+        },
     };
     let rates = FaultRates { write: 0.02, fsync: 0.02, read: 0.02, namespace: 0.02 };
     let mut run = Run {

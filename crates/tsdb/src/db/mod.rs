@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 use strata_model::Matcher;
 
-use crate::block::{writer::TMP_SUFFIX, Block};
+use crate::block::{writer::TMP_SUFFIX, Block, RollupMeta};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
@@ -820,9 +820,9 @@ fn remove_interrupted_snapshots(fs: &dyn Vfs, dir: &Path) -> Result<()> {
 /// already replaced. A failing disk fails the open (the blocks are fine; the disk may be too,
 /// later): it never sets a block aside.
 ///
-/// `rollup`: the interval of the tier whose directory this is (`None`: raw blocks). A block of
+/// `rollup`: the kind of the tier whose directory this is (`None`: raw blocks). A block of
 /// another kind is left alone, loudly: it was put there by hand or by another version.
-fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path, rollup: Option<i64>) -> Result<Vec<Arc<Block>>> {
+fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path, rollup: Option<RollupMeta>) -> Result<Vec<Arc<Block>>> {
     let mut blocks = Vec::new();
     let mut entries = fs.list(dir).map_err(io_err("list", dir))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -837,7 +837,7 @@ fn open_blocks(fs: &Arc<dyn Vfs>, dir: &Path, rollup: Option<i64>) -> Result<Vec
             continue;
         }
         match Block::open_on(fs, &path) {
-            Ok(b) if b.meta().rollup.map(|r| r.interval_ms) != rollup => {
+            Ok(b) if b.meta().rollup != rollup => {
                 tracing::error!(
                     block = %path.display(), rollup = ?b.meta().rollup, expected = ?rollup,
                     "a block of another kind (raw or another rollup interval) is in this directory; it is not read"

@@ -46,14 +46,14 @@ use parking_lot::RwLock;
 use strata_model::{Labels, Matcher};
 
 use super::{open_blocks, swap_in, Db, Inner};
-use crate::block::{Block, BlockMeta};
+use crate::block::{Block, BlockMeta, RollupMeta};
 use crate::chunkenc::rollup::{decode, ColumnSet};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
-use crate::rollup::{bucket_end, coalesce, merge_runs, Aggregator, Bucket, RollupTier};
+use crate::rollup::{coalesce, merge_runs, Aggregator, Bucket, RollupTier};
 use crate::vfs::Vfs;
 
 /// The directory of the rollup tiers, inside the data directory.
@@ -154,8 +154,8 @@ impl Db {
         self.inner.tier_status()
     }
 
-    /// The buckets of the tier of `interval_ms` whose ends fall in `[bucket_end(mint),
-    /// bucket_end(maxt)]`, for the series matching `matchers`, handed to `f` one series at a
+    /// The buckets of the tier `tier` (its interval and closed side) whose ends fall in
+    /// `[bucket_end(mint), bucket_end(maxt)]`, for the series matching `matchers`, handed to `f` one series at a
     /// time in label order. Each bucket aggregates all its samples: those the tier holds are
     /// read from its blocks, the rest (raw blocks not rolled up yet, the head) are aggregated
     /// from raw samples as they are read, so the answer does not depend on how far rollup has
@@ -169,7 +169,7 @@ impl Db {
     #[allow(clippy::too_many_arguments, reason = "a selection's range, limits and its consumer")]
     pub fn rollup_visit(
         &self,
-        interval_ms: i64,
+        tier: RollupMeta,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
@@ -177,8 +177,8 @@ impl Db {
         limits: &ReadLimits<'_>,
         f: &mut dyn FnMut(RollupSeries) -> Result<()>,
     ) -> Result<usize> {
-        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.interval_ms == interval_ms) else {
-            return Err(Error::NoSuchTier { interval_ms });
+        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.meta() == tier) else {
+            return Err(Error::NoSuchTier { tier });
         };
         self.inner.visit_buckets(tier, matchers, mint, maxt, columns, limits, f)
     }
@@ -186,7 +186,7 @@ impl Db {
     /// `rollup_visit`, collected.
     pub fn rollup_select(
         &self,
-        interval_ms: i64,
+        tier: RollupMeta,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
@@ -194,7 +194,7 @@ impl Db {
         limits: &ReadLimits<'_>,
     ) -> Result<RollupSelection> {
         let mut series = Vec::new();
-        let histogram_series = self.rollup_visit(interval_ms, matchers, mint, maxt, columns, limits, &mut |s| {
+        let histogram_series = self.rollup_visit(tier, matchers, mint, maxt, columns, limits, &mut |s| {
             series.push(s);
             Ok(())
         })?;
@@ -210,14 +210,9 @@ fn holds(sources: &HashSet<String>, b: &Block) -> bool {
 /// directory without the server's configuration uses, so that it reads and keeps them.
 pub fn discover_tiers(fs: &dyn Vfs, dir: &Path) -> Vec<RollupTier> {
     let Ok(entries) = fs.list(&dir.join(ROLLUPS_DIR)) else { return Vec::new() };
-    let mut tiers: Vec<RollupTier> = entries
-        .iter()
-        .filter(|e| e.is_dir)
-        .filter_map(|e| strata_model::parse_duration_ms(&e.name).ok())
-        .filter(|&interval_ms| interval_ms > 0)
-        .map(|interval_ms| RollupTier { interval_ms, retention_ms: 0 })
-        .collect();
-    tiers.sort_by_key(|t| t.interval_ms);
+    let mut tiers: Vec<RollupTier> =
+        entries.iter().filter(|e| e.is_dir).filter_map(|e| RollupTier::from_dir_name(&e.name)).collect();
+    tiers.sort_by_key(|t| (t.closed, t.interval_ms));
     tiers
 }
 
@@ -236,7 +231,7 @@ pub(super) fn open_tiers(fs: &Arc<dyn Vfs>, dir: &Path, tiers: &[RollupTier]) ->
     for t in tiers {
         let tier_dir = root.join(t.dir_name());
         create_dir_all(&**fs, &tier_dir)?;
-        let blocks = open_blocks(fs, &tier_dir, Some(t.interval_ms))?;
+        let blocks = open_blocks(fs, &tier_dir, Some(t.meta()))?;
         out.push(Tier { spec: *t, dir: tier_dir, blocks: RwLock::new(Arc::new(blocks)) });
     }
     Ok(out)
@@ -291,7 +286,7 @@ impl Inner {
             if inputs.len() < 2 || held.len() != mine.len() || inputs.iter().any(|r| !r.tombstones().is_empty()) {
                 continue;
             }
-            match merge_tier_blocks(&t.dir, t.spec.interval_ms, &inputs) {
+            match merge_tier_blocks(&t.dir, t.spec.meta(), &inputs) {
                 Ok(meta) => {
                     let block = meta.map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m)));
                     swap_in(&t.blocks, &inputs, block);
@@ -406,7 +401,7 @@ impl Inner {
                     .collect();
                 let Some(group) = compact::plan(&settled, &ranges) else { break };
                 let started = std::time::Instant::now();
-                let meta = merge_tier_blocks(&t.dir, t.spec.interval_ms, &group).inspect_err(|e| {
+                let meta = merge_tier_blocks(&t.dir, t.spec.meta(), &group).inspect_err(|e| {
                     for b in &group {
                         b.mark_corrupt_if(e);
                     }
@@ -465,10 +460,10 @@ impl Inner {
         limits: &ReadLimits<'_>,
         f: &mut dyn FnMut(RollupSeries) -> Result<()>,
     ) -> Result<usize> {
-        let interval = tier.spec.interval_ms;
-        let (first_end, last_end) = (bucket_end(mint, interval), bucket_end(maxt, interval));
+        let (interval, closed) = (tier.spec.interval_ms, tier.spec.closed);
+        let (first_end, last_end) = (closed.bucket_end(mint, interval), closed.bucket_end(maxt, interval));
         // Every sample of those buckets.
-        let (lo, hi) = (first_end - interval + 1, last_end);
+        let (lo, hi) = (closed.span(first_end, interval).0, closed.span(last_end, interval).1);
         let raw = self.blocks.read().clone();
         let stored = live(&tier.blocks.read());
         let held = tier_sources(&stored);
@@ -509,7 +504,7 @@ impl Inner {
         let mut from_raw = Vec::new();
         let mut histogram_series = 0;
         for s in Querier::with_blocks(&self.head, &unheld, lo, hi).with_limits(limits).select(matchers)? {
-            let mut agg = Aggregator::new(interval);
+            let mut agg = Aggregator::closed(interval, closed);
             let mut buckets = Vec::new();
             let mut one = [strata_model::Sample { t: 0, v: 0.0 }];
             let mut histograms = false;
@@ -551,7 +546,7 @@ impl Inner {
                 decode(&bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
             }
             buckets.retain(|b| {
-                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, interval)
+                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, tier.spec.meta())
             });
             coalesce(&mut buckets);
             Ok(buckets)

@@ -79,11 +79,53 @@ pub fn bucket_end(t: i64, interval: i64) -> i64 {
     }
 }
 
+/// Which end of its interval a bucket's span includes. PromQL's windows `(t - r, t]` are
+/// right-closed; Graphite's (whisper's) intervals `[start, start + step)` are left-closed, so a
+/// tier read by `/render` as whisper would answer keeps left-closed buckets: a point stamped
+/// exactly on a boundary (carbon senders often stamp whole minutes) belongs to the interval it
+/// opens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Closed {
+    /// `(end - interval, end]`.
+    #[default]
+    Right,
+    /// `[end - interval, end)`.
+    Left,
+}
+
+impl Closed {
+    /// The end of the bucket of `interval` that holds timestamp `t`.
+    pub fn bucket_end(self, t: i64, interval: i64) -> i64 {
+        match self {
+            Closed::Right => bucket_end(t, interval),
+            Closed::Left => bucket_end(t.saturating_add(1), interval),
+        }
+    }
+
+    /// The first and last timestamp (inclusive) a bucket ending at `end` may hold.
+    pub fn span(self, end: i64, interval: i64) -> (i64, i64) {
+        match self {
+            Closed::Right => (end - interval + 1, end),
+            Closed::Left => (end - interval, end - 1),
+        }
+    }
+
+    pub fn is_right(&self) -> bool {
+        *self == Closed::Right
+    }
+}
+
 impl Bucket {
-    /// A bucket of one sample.
+    /// A bucket of one sample, right-closed.
     pub fn of(s: Sample, interval: i64) -> Bucket {
+        Bucket::ending(s, bucket_end(s.t, interval))
+    }
+
+    /// A bucket of one sample, ending at `end`.
+    pub fn ending(s: Sample, end: i64) -> Bucket {
         Bucket {
-            end: bucket_end(s.t, interval),
+            end,
             count: 1,
             sum: s.v,
             min: s.v,
@@ -171,13 +213,19 @@ impl Bucket {
 #[derive(Debug)]
 pub struct Aggregator {
     interval: i64,
+    closed: Closed,
     open: Option<Bucket>,
 }
 
 impl Aggregator {
+    /// Right-closed buckets, as PromQL reads them.
     pub fn new(interval: i64) -> Aggregator {
+        Aggregator::closed(interval, Closed::Right)
+    }
+
+    pub fn closed(interval: i64, closed: Closed) -> Aggregator {
         assert!(interval > 0, "rollup interval must be positive");
-        Aggregator { interval, open: None }
+        Aggregator { interval, closed, open: None }
     }
 
     pub fn interval(&self) -> i64 {
@@ -191,12 +239,12 @@ impl Aggregator {
                 continue;
             }
             match &mut self.open {
-                Some(b) if s.t <= b.end => b.push(s),
+                Some(b) if s.t <= self.closed.span(b.end, self.interval).1 => b.push(s),
                 open => {
                     if let Some(done) = open.take() {
                         out.push(done);
                     }
-                    *open = Some(Bucket::of(s, self.interval));
+                    *open = Some(Bucket::ending(s, self.closed.bucket_end(s.t, self.interval)));
                 }
             }
         }
@@ -208,10 +256,15 @@ impl Aggregator {
     }
 }
 
-/// The buckets of `samples` (in time order) at `interval`.
+/// The right-closed buckets of `samples` (in time order) at `interval`.
 pub fn aggregate(samples: &[Sample], interval: i64) -> Vec<Bucket> {
+    aggregate_closed(samples, interval, Closed::Right)
+}
+
+/// The buckets of `samples` (in time order) at `interval`, closed on the side `closed` says.
+pub fn aggregate_closed(samples: &[Sample], interval: i64, closed: Closed) -> Vec<Bucket> {
     let mut out = Vec::new();
-    let mut agg = Aggregator::new(interval);
+    let mut agg = Aggregator::closed(interval, closed);
     agg.add(samples, &mut out);
     agg.finish(&mut out);
     out

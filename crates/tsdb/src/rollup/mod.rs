@@ -7,5 +7,5 @@ pub mod bucket;
 pub mod tier;
 pub mod write;
 
-pub use bucket::{aggregate, bucket_end, coalesce, merge_runs, Aggregator, Bucket};
+pub use bucket::{aggregate, aggregate_closed, bucket_end, coalesce, merge_runs, Aggregator, Bucket, Closed};
 pub use tier::{check_tiers, parse_tiers, RollupTier};

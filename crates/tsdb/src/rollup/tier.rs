@@ -4,36 +4,78 @@ use std::fmt;
 
 use strata_model::{format_duration_ms, parse_duration_ms};
 
+use super::Closed;
+use crate::block::RollupMeta;
+
 /// Shortest rollup interval: finer than a scrape interval is no rollup.
 pub const INTERVAL_MIN_MS: i64 = 1000;
 /// At most this many tiers (each costs a pass per rolled-up block and a block list).
 pub const TIERS_MAX: usize = 8;
 
-/// One tier: buckets of `interval_ms`, deleted once older than `retention_ms` behind the
-/// newest sample (0: kept forever).
+/// One tier: buckets of `interval_ms`, closed on the side `closed` says (right for PromQL,
+/// left for Graphite's intervals), deleted once older than `retention_ms` behind the newest
+/// sample (0: kept forever).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RollupTier {
     pub interval_ms: i64,
     pub retention_ms: i64,
+    pub closed: Closed,
 }
 
+/// The suffix of a left-closed tier, in its name (`1m:30d:left`) and directory (`1m-left`).
+const LEFT: &str = "left";
+
 impl RollupTier {
-    /// The tier's directory name under `rollups/`: its interval as a duration (`5m`, `1h`).
+    /// A right-closed tier, as PromQL reads.
+    pub fn new(interval_ms: i64, retention_ms: i64) -> RollupTier {
+        RollupTier { interval_ms, retention_ms, closed: Closed::Right }
+    }
+
+    /// A left-closed tier, as Graphite's `/render` reads.
+    pub fn left(interval_ms: i64, retention_ms: i64) -> RollupTier {
+        RollupTier { interval_ms, retention_ms, closed: Closed::Left }
+    }
+
+    /// What its blocks' meta says of the tier.
+    pub fn meta(&self) -> RollupMeta {
+        RollupMeta { interval_ms: self.interval_ms, closed: self.closed }
+    }
+
+    /// The tier's directory name under `rollups/`: its interval as a duration (`5m`, `1h`),
+    /// `-left` after it for a left-closed tier.
     pub fn dir_name(&self) -> String {
-        format_duration_ms(self.interval_ms)
+        match self.closed {
+            Closed::Right => format_duration_ms(self.interval_ms),
+            Closed::Left => format!("{}-{LEFT}", format_duration_ms(self.interval_ms)),
+        }
+    }
+
+    /// The tier a directory name names (kept forever), if it is one.
+    pub fn from_dir_name(name: &str) -> Option<RollupTier> {
+        let (interval, closed) = match name.strip_suffix(LEFT).and_then(|n| n.strip_suffix('-')) {
+            Some(interval) => (interval, Closed::Left),
+            None => (name, Closed::Right),
+        };
+        let interval_ms = parse_duration_ms(interval).ok().filter(|&ms| ms > 0)?;
+        Some(RollupTier { interval_ms, retention_ms: 0, closed })
     }
 }
 
 impl fmt::Display for RollupTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let keep = if self.retention_ms == 0 { "forever".into() } else { format_duration_ms(self.retention_ms) };
-        write!(f, "{}:{keep}", format_duration_ms(self.interval_ms))
+        write!(f, "{}:{keep}", format_duration_ms(self.interval_ms))?;
+        if self.closed == Closed::Left {
+            write!(f, ":{LEFT}")?;
+        }
+        Ok(())
     }
 }
 
 /// Parses tiers written as Graphite writes retentions, `interval:retention` separated by
 /// commas (`5m:90d,1h:2y`; retention `0` or `forever` keeps the tier's buckets forever); an
-/// empty string is no tier. Checked as whisper checks its archives, against the raw retention
+/// empty string is no tier. `:left` after a tier makes it left-closed (`1m:30d:left`, what
+/// Graphite's retention schemas read). Checked as whisper checks its archives, against the raw retention
 /// `raw_retention_ms` (0 = forever): intervals increase from tier to tier and each divides the
 /// next, and each tier is kept longer than the raw data and the finer tiers (forever only after
 /// forever), so that the coarser the data, the further back it reaches. The error names the
@@ -46,25 +88,38 @@ pub fn parse_tiers(s: &str, raw_retention_ms: i64) -> Result<Vec<RollupTier>, St
     let mut tiers: Vec<RollupTier> = Vec::new();
     for part in s.split(',') {
         let part = part.trim();
-        let (interval, retention) = part
+        let (spec, closed) = match part.strip_suffix(LEFT).and_then(|p| p.strip_suffix(':')) {
+            Some(spec) => (spec, Closed::Left),
+            None => (part, Closed::Right),
+        };
+        let (interval, retention) = spec
             .split_once(':')
-            .ok_or_else(|| format!("rollup tier {part:?}: expected interval:retention, e.g. 5m:90d"))?;
+            .ok_or_else(|| format!("rollup tier {part:?}: expected interval:retention[:left], e.g. 5m:90d"))?;
         let interval_ms = parse_duration_ms(interval.trim()).map_err(|e| format!("rollup tier {part:?}: {e}"))?;
         let retention_ms = match retention.trim() {
             "forever" => 0,
             r => parse_duration_ms(r).map_err(|e| format!("rollup tier {part:?}: {e}"))?,
         };
-        tiers.push(RollupTier { interval_ms, retention_ms });
+        tiers.push(RollupTier { interval_ms, retention_ms, closed });
     }
     check_tiers(&tiers, raw_retention_ms)?;
     Ok(tiers)
 }
 
-/// The rules `parse_tiers` states, for tiers built in code.
+/// The rules `parse_tiers` states, for tiers built in code: right-closed and left-closed
+/// tiers each form such a sequence.
 pub fn check_tiers(tiers: &[RollupTier], raw_retention_ms: i64) -> Result<(), String> {
     if tiers.len() > TIERS_MAX {
         return Err(format!("{} rollup tiers configured; at most {TIERS_MAX}", tiers.len()));
     }
+    for closed in [Closed::Right, Closed::Left] {
+        let kind: Vec<RollupTier> = tiers.iter().filter(|t| t.closed == closed).copied().collect();
+        check_sequence(&kind, raw_retention_ms)?;
+    }
+    Ok(())
+}
+
+fn check_sequence(tiers: &[RollupTier], raw_retention_ms: i64) -> Result<(), String> {
     // Kept forever sorts last.
     let span = |ms: i64| if ms == 0 { i64::MAX } else { ms };
     let mut finer_interval = 0;
@@ -93,7 +148,7 @@ pub fn check_tiers(tiers: &[RollupTier], raw_retention_ms: i64) -> Result<(), St
         }
         finer_interval = t.interval_ms;
         finer_keep = span(t.retention_ms);
-        finer_name = format!("the {} tier", format_duration_ms(t.interval_ms));
+        finer_name = format!("the {} tier", t.dir_name());
     }
     Ok(())
 }
@@ -107,15 +162,19 @@ mod tests {
     #[test]
     fn graphite_style_tiers() {
         let tiers = parse_tiers("5m:90d, 1h:2y", 15 * DAY).unwrap();
-        assert_eq!(
-            tiers,
-            vec![
-                RollupTier { interval_ms: 300_000, retention_ms: 90 * DAY },
-                RollupTier { interval_ms: 3_600_000, retention_ms: 730 * DAY }
-            ]
-        );
+        assert_eq!(tiers, vec![RollupTier::new(300_000, 90 * DAY), RollupTier::new(3_600_000, 730 * DAY)]);
         assert_eq!(tiers[0].dir_name(), "5m");
         assert_eq!(tiers[1].to_string(), "1h:2y");
+        // Left-closed tiers (Graphite's) form their own sequence beside the right-closed ones.
+        let tiers = parse_tiers("5m:90d,1m:30d:left,1h:2y,10m:1y:left", 15 * DAY).unwrap();
+        assert_eq!(tiers[1], RollupTier::left(60_000, 30 * DAY));
+        assert_eq!((tiers[1].dir_name(), tiers[1].to_string()), ("1m-left".into(), "1m:30d:left".into()));
+        for t in &tiers {
+            let back = RollupTier::from_dir_name(&t.dir_name()).unwrap();
+            assert_eq!((back.interval_ms, back.closed, back.retention_ms), (t.interval_ms, t.closed, 0));
+        }
+        assert_eq!(RollupTier::from_dir_name("tmp"), None);
+        assert!(parse_tiers("1h:90d:left,5m:2y:left", 15 * DAY).unwrap_err().contains("multiple of the previous"));
         assert_eq!(parse_tiers("", 15 * DAY).unwrap(), vec![]);
         assert_eq!(parse_tiers("1h:forever", 15 * DAY).unwrap()[0].retention_ms, 0);
     }

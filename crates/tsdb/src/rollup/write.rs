@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Sample};
 
-use super::bucket::{aggregate, coalesce, Bucket};
+use super::bucket::{aggregate_closed, coalesce, Bucket};
 use super::tier::RollupTier;
-use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, Compaction};
+use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, Compaction, RollupMeta};
 use crate::chunkenc::{self, decode_merged, rollup::ColumnSet, Encoding};
 use crate::compact::{all_symbols, merge_series, Cursor, COMPACTED_SAMPLES_PER_CHUNK};
 use crate::error::{Error, Result};
@@ -71,7 +71,7 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
                 return Err(e);
             }
         };
-        w.set_rollup_interval(t.tier.interval_ms);
+        w.set_rollup(t.tier.meta());
         w.keep_if_empty();
         writers.push(w);
     }
@@ -103,7 +103,7 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
                 let (mint, maxt) = (raw.meta().min_time, raw.meta().max_time);
                 samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
                 for (w, t) in writers.iter_mut().zip(targets) {
-                    let buckets = aggregate(&samples, t.tier.interval_ms);
+                    let buckets = aggregate_closed(&samples, t.tier.interval_ms, t.tier.closed);
                     if !buckets.is_empty() {
                         add_buckets(w, &cursor.labels, &buckets, &mut encoded)?;
                     }
@@ -138,16 +138,16 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
 /// each series' buckets from every block, buckets of the same end combined (exactly where
 /// their samples do not interleave: blocks side by side; see `Bucket::absorb` for backfill),
 /// deleted buckets (any a tombstone touches) dropped.
-pub fn merge_tier_blocks(parent: &Path, interval_ms: i64, blocks: &[Arc<Block>]) -> Result<Option<BlockMeta>> {
-    assert!(blocks.iter().all(|b| b.meta().rollup.map(|r| r.interval_ms) == Some(interval_ms)));
+pub fn merge_tier_blocks(parent: &Path, tier: RollupMeta, blocks: &[Arc<Block>]) -> Result<Option<BlockMeta>> {
+    assert!(blocks.iter().all(|b| b.meta().rollup == Some(tier)));
     let mut all: Vec<Bucket> = Vec::new();
     let mut encoded = Vec::new();
-    merge_series(parent, blocks, Some(interval_ms), |w, labels, inputs, deleted, _, _| {
+    merge_series(parent, blocks, Some(tier), |w, labels, inputs, deleted, _, _| {
         all.clear();
         for c in inputs {
             chunkenc::rollup::decode(c.data, ColumnSet::ALL, &mut all).map_err(|e| chunk_err(labels, e))?;
         }
-        all.retain(|b| !deleted_touches(deleted, b, interval_ms));
+        all.retain(|b| !deleted_touches(deleted, b, tier));
         coalesce(&mut all);
         if all.is_empty() {
             return Ok(());
@@ -158,6 +158,7 @@ pub fn merge_tier_blocks(parent: &Path, interval_ms: i64, blocks: &[Arc<Block>])
 
 /// Whether a deleted interval (inclusive) touches the bucket's span `(end - interval, end]`:
 /// a deletion removes every bucket it touches, since a bucket cannot lose some of its samples.
-pub fn deleted_touches(deleted: &[(i64, i64)], b: &Bucket, interval_ms: i64) -> bool {
-    deleted.iter().any(|&(lo, hi)| lo <= b.end && hi > b.end - interval_ms)
+pub fn deleted_touches(deleted: &[(i64, i64)], b: &Bucket, tier: RollupMeta) -> bool {
+    let (first, last) = tier.closed.span(b.end, tier.interval_ms);
+    deleted.iter().any(|&(lo, hi)| lo <= last && hi >= first)
 }

@@ -11,11 +11,15 @@ use crate::chunkenc::rollup::ColumnSet;
 use crate::db::DbOptions;
 use crate::head::{HeadOptions, OutOfOrder};
 use crate::querier::ReadLimits;
-use crate::rollup::aggregate;
+use crate::rollup::{aggregate_closed, Closed};
 
 const MIN: i64 = 60_000;
-const TIERS: [RollupTier; 2] =
-    [RollupTier { interval_ms: 10_000, retention_ms: 120 * MIN }, RollupTier { interval_ms: 30_000, retention_ms: 0 }];
+/// PromQL's right-closed tiers and a left-closed one of the same interval (Graphite's).
+const TIERS: [RollupTier; 3] = [
+    RollupTier { interval_ms: 10_000, retention_ms: 120 * MIN, closed: Closed::Right },
+    RollupTier { interval_ms: 30_000, retention_ms: 0, closed: Closed::Right },
+    RollupTier { interval_ms: 10_000, retention_ms: 0, closed: Closed::Left },
+];
 
 fn opts(retention_ms: i64, tiers: &[RollupTier]) -> DbOptions {
     DbOptions {
@@ -83,15 +87,16 @@ fn close(a: f64, b: f64) -> bool {
 
 /// The tier's answer over `[mint, maxt]` equals aggregating the model's samples of the
 /// buckets that range covers.
-fn check(db: &Db, model: &Model, interval: i64, mint: i64, maxt: i64) {
-    let selection = db.rollup_select(interval, &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
+fn check(db: &Db, model: &Model, tier: RollupTier, mint: i64, maxt: i64) {
+    let (interval, closed) = (tier.interval_ms, tier.closed);
+    let selection = db.rollup_select(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
     let got = selection.series;
-    let (first_end, last_end) = (bucket_end(mint, interval), bucket_end(maxt, interval));
+    let (first_end, last_end) = (closed.bucket_end(mint, interval), closed.bucket_end(maxt, interval));
     let mut want_series = 0;
     for (i, samples) in model {
-        let samples: Vec<Sample> =
-            samples.range(first_end - interval + 1..=last_end).map(|(&t, &v)| Sample { t, v }).collect();
-        let want = aggregate(&samples, interval);
+        let (lo, hi) = (closed.span(first_end, interval).0, closed.span(last_end, interval).1);
+        let samples: Vec<Sample> = samples.range(lo..=hi).map(|(&t, &v)| Sample { t, v }).collect();
+        let want = aggregate_closed(&samples, interval, closed);
         if want.is_empty() {
             continue;
         }
@@ -131,30 +136,31 @@ fn tiers_hold_what_raw_retention_deleted_and_answer_as_raw_did() {
     // Where raw data is read (the head), a matching histogram series is reported, and nothing
     // else: the reader must read raw data.
     let with_histograms = vec![Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()];
-    let got = db.rollup_select(10_000, &with_histograms, 39 * MIN, 40 * MIN, ColumnSet::ALL, &ReadLimits::default());
+    let got =
+        db.rollup_select(TIERS[0].meta(), &with_histograms, 39 * MIN, 40 * MIN, ColumnSet::ALL, &ReadLimits::default());
     let got = got.unwrap();
     assert_eq!((got.histogram_series, got.series.len()), (1, 0));
     for tier in TIERS {
-        check(&db, &model, tier.interval_ms, 0, 40 * MIN);
+        check(&db, &model, tier, 0, 40 * MIN);
         // Windows that start and end inside buckets and blocks.
-        check(&db, &model, tier.interval_ms, 7 * MIN + 4_321, 33 * MIN + 17);
+        check(&db, &model, tier, 7 * MIN + 4_321, 33 * MIN + 17);
     }
     db.close().unwrap();
 
     // Reopened: the same lineage, the same answers.
     let db = Db::open(tmp.path(), opts(10 * MIN, &TIERS)).unwrap();
     for tier in TIERS {
-        check(&db, &model, tier.interval_ms, 0, 40 * MIN);
+        check(&db, &model, tier, 0, 40 * MIN);
     }
     // Tier merges (raw sources gone) and more data keep the answers.
     run(&db, &mut model, 40 * MIN, 70 * MIN);
     assert!(db.stats().rollup_compactions.load(Ordering::Relaxed) > 0);
     for tier in TIERS {
-        check(&db, &model, tier.interval_ms, 0, 70 * MIN);
+        check(&db, &model, tier, 0, 70 * MIN);
     }
     assert!(matches!(
-        db.rollup_select(60_000, &all(), 0, MIN, ColumnSet::ALL, &ReadLimits::default()),
-        Err(Error::NoSuchTier { interval_ms: 60_000 })
+        db.rollup_select(RollupTier::left(30_000, 0).meta(), &all(), 0, MIN, ColumnSet::ALL, &ReadLimits::default()),
+        Err(Error::NoSuchTier { tier }) if tier == RollupTier::left(30_000, 0).meta()
     ));
 }
 
@@ -171,7 +177,7 @@ fn late_samples_into_rolled_up_ranges_replace_the_rollup() {
     assert!(tier.blocks.iter().any(|b| b.max_time - b.min_time == 3 * MIN), "{:?}", tier.blocks);
     assert!(db.stats().rollup_compactions.load(Ordering::Relaxed) > 0);
     assert_eq!(db.blocks().len(), tier.blocks.len(), "the tier keeps the raw blocks' partition");
-    check(&db, &model, 30_000, 0, 12 * MIN);
+    check(&db, &model, TIERS[1], 0, 12 * MIN);
     // Late samples into the rolled-up minutes 2 to 5 (inside the out-of-order window of the head
     // they are not, so they come as a backfill, as `import` writes them).
     let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
@@ -183,14 +189,14 @@ fn late_samples_into_rolled_up_ranges_replace_the_rollup() {
     app.commit().unwrap();
     db.import_head(&backfill).unwrap();
     // Read before compaction: the late raw blocks are read with the raw data they overlap.
-    check(&db, &model, 30_000, 0, 12 * MIN);
+    check(&db, &model, TIERS[1], 0, 12 * MIN);
     db.compact().unwrap();
-    check(&db, &model, 30_000, 0, 12 * MIN);
+    check(&db, &model, TIERS[1], 0, 12 * MIN);
     let replaced = db.status(1).unwrap().tiers[0].blocks.iter().filter(|b| b.min_time < 5 * MIN).count();
     assert!(replaced > 0, "the late range is rolled up again");
     db.close().unwrap();
     let db = Db::open(tmp.path(), opts(30 * MIN, &TIERS[1..])).unwrap();
-    check(&db, &model, 30_000, 0, 12 * MIN);
+    check(&db, &model, TIERS[1], 0, 12 * MIN);
 }
 
 #[test]
@@ -201,13 +207,19 @@ fn deletions_remove_every_bucket_they_touch() {
     run(&db, &mut model, 0, 20 * MIN);
     let only = |i: usize| vec![Matcher::new(MatchOp::Equal, "i", i.to_string()).unwrap()];
     db.delete(&only(1), 3 * MIN + 5_000, 3 * MIN + 5_000).unwrap();
-    let got = db.rollup_select(10_000, &only(1), 0, 20 * MIN, ColumnSet::ALL, &ReadLimits::default()).unwrap().series;
+    let got = db
+        .rollup_select(TIERS[0].meta(), &only(1), 0, 20 * MIN, ColumnSet::ALL, &ReadLimits::default())
+        .unwrap()
+        .series;
     let ends: Vec<i64> = got[0].buckets.iter().map(|b| b.end).collect();
     assert!(!ends.contains(&(3 * MIN + 10_000)), "the touched bucket is gone");
     assert!(ends.contains(&(3 * MIN)) && ends.contains(&(3 * MIN + 20_000)), "its neighbours stay");
     // Tier merges drop it for good.
     run(&db, &mut model, 20 * MIN, 40 * MIN);
-    let got = db.rollup_select(10_000, &only(1), 0, 20 * MIN, ColumnSet::ALL, &ReadLimits::default()).unwrap().series;
+    let got = db
+        .rollup_select(TIERS[0].meta(), &only(1), 0, 20 * MIN, ColumnSet::ALL, &ReadLimits::default())
+        .unwrap()
+        .series;
     assert!(!got[0].buckets.iter().any(|b| b.end == 3 * MIN + 10_000));
 }
 
@@ -215,16 +227,13 @@ fn deletions_remove_every_bucket_they_touch() {
 fn tier_retention_deletes_old_tier_blocks_only() {
     let tmp = tempfile::tempdir().unwrap();
     let mut model = Model::new();
-    let tiers = [
-        RollupTier { interval_ms: 10_000, retention_ms: 20 * MIN },
-        RollupTier { interval_ms: 30_000, retention_ms: 0 },
-    ];
+    let tiers = [RollupTier::new(10_000, 20 * MIN), RollupTier::new(30_000, 0)];
     let db = Db::open(tmp.path(), opts(5 * MIN, &tiers)).unwrap();
     run(&db, &mut model, 0, 60 * MIN);
     let status = db.status(1).unwrap();
     assert!(status.tiers[0].blocks[0].min_time >= 30 * MIN, "{:?}", status.tiers[0].blocks[0]);
     assert_eq!(status.tiers[1].blocks[0].min_time, 0);
     assert!(db.stats().rollup_blocks_deleted_by_retention.load(Ordering::Relaxed) > 0);
-    check(&db, &model, 30_000, 0, 60 * MIN);
-    check(&db, &model, 10_000, 45 * MIN, 60 * MIN);
+    check(&db, &model, tiers[1], 0, 60 * MIN);
+    check(&db, &model, tiers[0], 45 * MIN, 60 * MIN);
 }

@@ -100,6 +100,21 @@ fn bucket_ends_are_right_closed() {
 }
 
 #[test]
+fn left_closed_buckets_take_the_boundary_sample_they_open() {
+    assert_eq!(Closed::Left.bucket_end(0, 60), 60);
+    assert_eq!(Closed::Left.bucket_end(59, 60), 60);
+    assert_eq!(Closed::Left.bucket_end(60, 60), 120);
+    assert_eq!(Closed::Left.bucket_end(-1, 60), 0);
+    assert_eq!(Closed::Left.span(120, 60), (60, 119));
+    assert_eq!(Closed::Right.span(120, 60), (61, 120));
+    let samples = [Sample { t: 0, v: 1.0 }, Sample { t: 30, v: 2.0 }, Sample { t: 60, v: 3.0 }];
+    let got = aggregate_closed(&samples, 60, Closed::Left);
+    assert_eq!(got.iter().map(|b| (b.end, b.count)).collect::<Vec<_>>(), [(60, 2), (120, 1)]);
+    let got = aggregate(&samples, 60);
+    assert_eq!(got.iter().map(|b| (b.end, b.count)).collect::<Vec<_>>(), [(0, 1), (60, 2)]);
+}
+
+#[test]
 fn stale_markers_are_not_values() {
     let stale = f64::from_bits(STALE_NAN_BITS);
     let got = aggregate(&[Sample { t: 10, v: 1.0 }, Sample { t: 20, v: stale }, Sample { t: 30, v: 3.0 }], 60);
@@ -112,13 +127,16 @@ fn stale_markers_are_not_values() {
 proptest! {
     /// Every bucket equals the reference computed over exactly the samples of its interval.
     #[test]
-    fn buckets_match_the_reference(samples in samples(), interval in prop::sample::select(vec![1_000i64, 15_000, 60_000, 300_000, 3_600_000])) {
-        let got = aggregate(&samples, interval);
+    fn buckets_match_the_reference(samples in samples(), interval in prop::sample::select(vec![1_000i64, 15_000, 60_000, 300_000, 3_600_000]), left in any::<bool>()) {
+        let closed = if left { Closed::Left } else { Closed::Right };
+        let got = aggregate_closed(&samples, interval, closed);
         let mut i = 0;
         for b in &got {
-            let n = samples[i..].partition_point(|s| s.t <= b.end);
+            let (lo, hi) = closed.span(b.end, interval);
+            prop_assert_eq!(b.end.rem_euclid(interval), 0);
+            let n = samples[i..].partition_point(|s| s.t <= hi);
             prop_assert!(n > 0);
-            prop_assert!(samples[i].t > b.end - interval);
+            prop_assert!(samples[i].t >= lo);
             assert_equivalent(b, &reference(&samples[i..i + n], b.end));
             i += n;
         }
