@@ -12,7 +12,7 @@
 use std::fmt::Write;
 
 use crate::functions::series::{consolidate, Consolidation};
-use crate::schema::Policy;
+use crate::schema::{Aggregation, Policy};
 
 /// A series as graphite-web's `TimeSeries`: values at `start`, `start + step`, … before `end`.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,16 +35,22 @@ pub struct Series {
     pub x_files_factor: f64,
 }
 
-/// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
-/// fetched over `[from, until]` at `now` (epoch seconds). `None` when the range is entirely
-/// outside the retention or in the future, as whisper answers.
-pub fn fetch(
-    samples: &[(i64, f64)],
-    policy: &Policy,
-    from: i64,
-    until: i64,
-    now: i64,
-) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+/// What whisper answers for a fetch: the archive it reads and the intervals it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// Index of the archive read: the finest whose retention reaches back to `from`.
+    archive: usize,
+    step: i64,
+    /// The first interval answered and the end of the last (whisper's `fromInterval`,
+    /// `untilInterval`).
+    from_interval: i64,
+    until_interval: i64,
+}
+
+/// Whisper's fetch rules: `from`/`until` clamped to `[now - max retention, now]`, the finest
+/// archive reaching back to `from`. `None` when the range is entirely outside the retention or
+/// in the future.
+fn plan(policy: &Policy, from: i64, until: i64, now: i64) -> Option<Plan> {
     assert!(!policy.archives.is_empty(), "a policy has an archive");
     let oldest = now - policy.max_retention_s();
     if from > now || until < oldest || from > until {
@@ -53,28 +59,28 @@ pub fn fetch(
     let from = from.max(oldest);
     let until = until.min(now);
     let diff = now - from;
-    let chosen = policy.archives.iter().position(|a| a.retention_s() >= diff).unwrap_or(policy.archives.len() - 1);
-    let step = policy.archives[chosen].step_s;
+    let archive = policy.archives.iter().position(|a| a.retention_s() >= diff).unwrap_or(policy.archives.len() - 1);
+    let step = policy.archives[archive].step_s;
     let from_interval = from - from.rem_euclid(step) + step;
     let mut until_interval = until - until.rem_euclid(step) + step;
     if from_interval == until_interval {
         until_interval += step;
     }
-    // The finest archive over the fetched range (aligned to the chosen step, which is a
-    // multiple of every finer one), sparse: (interval, value).
-    let step0 = policy.archives[0].step_s;
-    let (lo_ms, hi_ms) = (from_interval.saturating_mul(1000), until_interval.saturating_mul(1000));
-    let first = samples.partition_point(|s| s.0 < lo_ms);
-    let mut level: Vec<(i64, f64)> = Vec::new();
-    for &(t_ms, v) in samples[first..].iter().take_while(|s| s.0 < hi_ms) {
-        let t = t_ms.div_euclid(1000);
-        let interval = t - t.rem_euclid(step0);
-        match level.last_mut() {
-            Some(last) if last.0 == interval => last.1 = v,
-            _ => level.push((interval, v)),
-        }
-    }
-    for j in 1..=chosen {
+    Some(Plan { archive, step, from_interval, until_interval })
+}
+
+/// The `xFilesFactor` as whisper compares it: its header stores a 32-bit float, so 0.3 is
+/// 0.30000001192…, and 3 known of 10 (0.29999999999999998) falls short of it.
+fn whisper_xff(policy: &Policy) -> f64 {
+    policy.x_files_factor as f32 as f64
+}
+
+/// Whisper's propagation: archive `to`'s values from archive `from`'s (sparse `(interval,
+/// value)` in time order), each coarser interval aggregated from the finer values in it when at
+/// least `xFilesFactor` of its slots are known.
+fn cascade(policy: &Policy, mut level: Vec<(i64, f64)>, from: usize, to: usize) -> Vec<(i64, f64)> {
+    let xff = whisper_xff(policy);
+    for j in from + 1..=to {
         let (fine, coarse) = (policy.archives[j - 1].step_s, policy.archives[j].step_s);
         let slots = (coarse / fine) as usize;
         let mut next = Vec::new();
@@ -85,12 +91,18 @@ pub fn fetch(
             group.clear();
             group.extend(level[i..].iter().take_while(|x| x.0 - x.0.rem_euclid(coarse) == interval).map(|x| x.1));
             i += group.len();
-            if group.len() as f64 / slots as f64 >= policy.x_files_factor {
+            if group.len() as f64 / slots as f64 >= xff {
                 next.push((interval, policy.aggregation.apply(&group, slots)));
             }
         }
         level = next;
     }
+    level
+}
+
+/// The plan's intervals laid out densely, `None` where nothing is known.
+fn lay_out(plan: &Plan, level: Vec<(i64, f64)>) -> (i64, i64, i64, Vec<Option<f64>>) {
+    let Plan { step, from_interval, until_interval, .. } = *plan;
     let n = ((until_interval - from_interval) / step) as usize;
     let mut values = vec![None; n];
     for (interval, v) in level {
@@ -98,7 +110,161 @@ pub fn fetch(
             values[((interval - from_interval) / step) as usize] = Some(v);
         }
     }
-    Some((from_interval, until_interval, step, values))
+    (from_interval, until_interval, step, values)
+}
+
+/// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
+/// fetched over `[from, until]` at `now` (epoch seconds). `None` when the range is entirely
+/// outside the retention or in the future, as whisper answers.
+pub fn fetch(
+    samples: &[(i64, f64)],
+    policy: &Policy,
+    from: i64,
+    until: i64,
+    now: i64,
+) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+    let plan = plan(policy, from, until, now)?;
+    // The finest archive over the fetched range (aligned to the chosen step, which is a
+    // multiple of every finer one), sparse: (interval, value).
+    let step0 = policy.archives[0].step_s;
+    let (lo_ms, hi_ms) = (plan.from_interval.saturating_mul(1000), plan.until_interval.saturating_mul(1000));
+    let first = samples.partition_point(|s| s.0 < lo_ms);
+    let mut level: Vec<(i64, f64)> = Vec::new();
+    for &(t_ms, v) in samples[first..].iter().take_while(|s| s.0 < hi_ms) {
+        let t = t_ms.div_euclid(1000);
+        let interval = t - t.rem_euclid(step0);
+        match level.last_mut() {
+            Some(last) if last.0 == interval => last.1 = v,
+            _ => level.push((interval, v)),
+        }
+    }
+    let level = cascade(policy, level, 0, plan.archive);
+    Some(lay_out(&plan, level))
+}
+
+/// One interval of a left-closed rollup tier as `/render` reads it: the aggregates of a
+/// series' points stamped in `[start, start + step)` (epoch seconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierInterval {
+    pub start: i64,
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub last: f64,
+}
+
+impl TierInterval {
+    /// Adds the next interval's aggregates (all its points later than this one's).
+    fn append(&mut self, next: &TierInterval) {
+        self.count += next.count;
+        self.sum += next.sum;
+        self.min = self.min.min(next.min);
+        self.max = self.max.max(next.max);
+        self.last = next.last;
+    }
+
+    /// The archive value whisper's `method` gives for these points, read as `slots` slots of
+    /// the finest archive (one point in each known slot).
+    fn value(&self, method: Aggregation, slots: usize) -> f64 {
+        match method {
+            Aggregation::Average => self.sum / self.count as f64,
+            Aggregation::Sum => self.sum,
+            Aggregation::Min => self.min,
+            Aggregation::Max => self.max,
+            Aggregation::Last => self.last,
+            Aggregation::AvgZero => self.sum / slots as f64,
+            // The largest magnitude is the min's or the max's.
+            Aggregation::AbsMax => {
+                if self.min.abs() > self.max.abs() {
+                    self.min
+                } else {
+                    self.max
+                }
+            }
+            // Exact when the points share a sign; across zero the smallest magnitude may be
+            // any point's, and the smaller of the ends' is an upper bound.
+            Aggregation::AbsMin => {
+                if self.min.abs() < self.max.abs() {
+                    self.min
+                } else {
+                    self.max
+                }
+            }
+        }
+    }
+}
+
+/// How well a tier of `tier_step` seconds answers for a path under `policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TierFit {
+    /// Its intervals divide the finest archive's, or are at most the second archive's: whisper's
+    /// values follow exactly (the second archive's when each interval of the finest holds at
+    /// most one point, as carbon senders send).
+    Exact,
+    /// Coarser than the second archive: the read archive's value is aggregated over all its
+    /// points at once instead of archive by archive, which differs only for `average`
+    /// (or with an `xFilesFactor` above 0) where finer intervals are partly known.
+    Approximate,
+}
+
+/// Whether the archive whisper reads for a fetch can come from a tier of `tier_step` seconds:
+/// only coarse archives do (the finest is read from raw samples), when the tier's intervals
+/// divide the archive's and line up with the archive cascade. `None`: read raw samples.
+pub fn tier_fit(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -> Option<TierFit> {
+    let plan = plan(policy, from, until, now)?;
+    let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();
+    if plan.archive == 0 || tier_step <= 0 || steps[plan.archive] % tier_step != 0 {
+        return None;
+    }
+    let k = steps.iter().position(|&s| tier_step <= s).expect("the read archive's step is at least the tier's");
+    if steps[k] % tier_step != 0 {
+        return None;
+    }
+    Some(if k <= 1 { TierFit::Exact } else { TierFit::Approximate })
+}
+
+/// Whisper's answer for a path under `policy`, fetched over `[from, until]` at `now`, from the
+/// intervals of a left-closed tier of `tier_step` seconds (in time order) instead of raw
+/// samples. `None` when the range is outside the retention, as `fetch`, or when the tier does
+/// not fit the archive read (`tier_fit`).
+pub fn fetch_from_tier(
+    intervals: &[TierInterval],
+    tier_step: i64,
+    policy: &Policy,
+    from: i64,
+    until: i64,
+    now: i64,
+) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+    tier_fit(policy, tier_step, from, until, now)?;
+    let plan = plan(policy, from, until, now)?;
+    let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();
+    let k = steps.iter().position(|&s| tier_step <= s).expect("checked by tier_fit");
+    let unit = steps[k];
+    let first = intervals.partition_point(|i| i.start < plan.from_interval);
+    let within = intervals[first..].iter().take_while(|i| i.start < plan.until_interval);
+    // Archive `k`'s values: the tier's intervals merged into its intervals.
+    let mut merged: Vec<TierInterval> = Vec::new();
+    for i in within {
+        let start = i.start - i.start.rem_euclid(unit);
+        match merged.last_mut() {
+            Some(m) if m.start == start => m.append(i),
+            _ => merged.push(TierInterval { start, ..*i }),
+        }
+    }
+    let level: Vec<(i64, f64)> = if k == 0 {
+        // The finest archive keeps each interval's last point.
+        merged.iter().map(|m| (m.start, m.last)).collect()
+    } else {
+        let slots = (unit / steps[0]) as usize;
+        merged
+            .iter()
+            .filter(|m| (m.count as usize).min(slots) as f64 / slots as f64 >= whisper_xff(policy))
+            .map(|m| (m.start, m.value(policy.aggregation, slots)))
+            .collect()
+    };
+    let level = cascade(policy, level, k, plan.archive);
+    Some(lay_out(&plan, level))
 }
 
 impl Series {

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use strata_graphite::render::fetch;
+use strata_graphite::render::{fetch, fetch_from_tier, tier_fit, TierFit, TierInterval};
 use strata_graphite::schema::{Aggregation, Archive, Policy};
 
 /// Debian's interpreter, which has the package (a `python3` earlier on the PATH may not).
@@ -49,12 +49,171 @@ for f, u, n in sc["queries"]:
 print(json.dumps(out))
 "#;
 
+type Answer = Option<(i64, i64, i64, Vec<Option<f64>>)>;
+
+/// Whisper's answers for `points` written as carbon writes them, to `queries` (from, until, now).
+#[allow(clippy::too_many_arguments, reason = "one whisper file's whole scenario")]
+fn whisper_answers(
+    py: &str,
+    dir: &std::path::Path,
+    name: &str,
+    archives: &[(i64, i64)],
+    xff: f64,
+    method: &str,
+    points: &[(i64, f64)],
+    queries: &[(i64, i64, i64)],
+) -> Vec<serde_json::Value> {
+    let script = dir.join("reference.py");
+    if !script.exists() {
+        std::fs::write(&script, SCRIPT).unwrap();
+    }
+    let scenario = serde_json::json!({
+        "archives": archives, "xff": xff, "method": method,
+        "points": points, "queries": queries,
+    });
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, scenario.to_string()).unwrap();
+    let wsp = dir.join(format!("{name}.wsp"));
+    let out = Command::new(py).arg(&script).arg(&file).arg(&wsp).output().unwrap();
+    assert!(out.status.success(), "whisper: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Whether `got` is whisper's answer `want` (values within float rounding); the difference if not.
+fn differs(got: &Answer, want: &serde_json::Value) -> Option<String> {
+    if want.is_null() {
+        return got.as_ref().map(|_| "whisper answered nothing, fetch did".to_owned());
+    }
+    let Some((start, end, step, values)) = got else { return Some("whisper answered, fetch did not".into()) };
+    let info: Vec<i64> = want[0].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+    if (*start, *end, *step) != (info[0], info[1], info[2]) {
+        return Some(format!("(start, end, step) {:?}, whisper {info:?}", (start, end, step)));
+    }
+    let wanted: Vec<Option<f64>> = want[1].as_array().unwrap().iter().map(serde_json::Value::as_f64).collect();
+    if values.len() != wanted.len() {
+        return Some(format!("{} values, whisper {}", values.len(), wanted.len()));
+    }
+    for (i, (g, w)) in values.iter().zip(&wanted).enumerate() {
+        let same = match (g, w) {
+            (Some(g), Some(w)) => (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            return Some(format!("value {i} (at {}): fetch {g:?}, whisper {w:?}", start + i as i64 * step));
+        }
+    }
+    None
+}
+
+/// Left-closed tier intervals of `step` seconds over `points` (seconds, in time order).
+fn tier_intervals(points: &[(i64, f64)], step: i64) -> Vec<TierInterval> {
+    let mut out: Vec<TierInterval> = Vec::new();
+    for &(t, v) in points {
+        let start = t - t.rem_euclid(step);
+        match out.last_mut() {
+            Some(i) if i.start == start => {
+                i.count += 1;
+                i.sum += v;
+                i.min = i.min.min(v);
+                i.max = i.max.max(v);
+                i.last = v;
+            }
+            _ => out.push(TierInterval { start, count: 1, sum: v, min: v, max: v, last: v }),
+        }
+    }
+    out
+}
+
+/// Whisper files read over their coarse archives answer from a left-closed rollup tier what
+/// they answer from every point: exactly for tiers no coarser than the second archive (the
+/// points one per finest interval, several stamped exactly on an interval's start, some
+/// missing), and for coarser tiers exactly where `tier_fit` says the cascade does not matter
+/// (no `xFilesFactor`, a method other than `average`), close otherwise.
+#[test]
+fn tier_reads_answer_what_whisper_answers() {
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x51_7cc1_b727_220a);
+    // Each schema's archives (step, points) and the tier steps read for it.
+    type Case = (&'static [(i64, i64)], &'static [i64]);
+    let schemas: [Case; 2] = [
+        (&[(10, 360), (60, 1440), (300, 2016)], &[5, 10, 30, 60, 300]),
+        (&[(15, 240), (60, 120), (600, 144)], &[15, 60, 300, 600]),
+    ];
+    let methods = [
+        ("average", Aggregation::Average),
+        ("sum", Aggregation::Sum),
+        ("max", Aggregation::Max),
+        ("last", Aggregation::Last),
+        ("min", Aggregation::Min),
+    ];
+    let (mut exact, mut approximate, mut approximate_same) = (0, 0, 0);
+    for (case, (archives, tiers)) in schemas.iter().enumerate() {
+        for (m, &(method, aggregation)) in methods.iter().enumerate() {
+            let xff = [0.0, 0.5, 0.0, 0.3][(case + m) % 4];
+            let step0 = archives[0].0;
+            let start: i64 = 1_700_000_000 - 1_700_000_000 % step0;
+            let mut points: Vec<(i64, f64)> = Vec::new();
+            let mut t = start;
+            while t < start + 8 * 3600 {
+                // Most slots known; a quarter of the points on the slot's start; an hour missing.
+                if rng.below(10) >= 2 && !(start + 3 * 3600..start + 4 * 3600).contains(&t) {
+                    let v = (rng.below(2_000_000) as f64 - 1_000_000.0) / 1000.0;
+                    let at = if rng.below(4) == 0 { t } else { t + rng.below(step0 as u64) as i64 };
+                    points.push((at, v));
+                }
+                t += step0;
+            }
+            let end = points.last().unwrap().0;
+            let mut queries = Vec::new();
+            for _ in 0..16 {
+                let now = end + rng.below(3600) as i64;
+                let span = [3600, 3 * 3600, 12 * 3600, 3 * 86_400][rng.below(4) as usize];
+                let from = now - span - rng.below(3600) as i64;
+                let until = now - rng.below(span as u64 / 2) as i64;
+                queries.push((from, until, now));
+            }
+            let name = format!("tier-{case}-{m}");
+            let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);
+            let policy = Policy {
+                archives: archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect(),
+                aggregation,
+                x_files_factor: xff,
+            };
+            let samples: Vec<(i64, f64)> = points.iter().map(|&(t, v)| (t * 1000, v)).collect();
+            for &tier in tiers.iter() {
+                let intervals = tier_intervals(&points, tier);
+                for (q, want) in queries.iter().zip(&answers) {
+                    let Some(fit) = tier_fit(&policy, tier, q.0, q.1, q.2) else { continue };
+                    let got = fetch_from_tier(&intervals, tier, &policy, q.0, q.1, q.2);
+                    let ctx = format!("schema {archives:?}, tier {tier}s, {method}, xff {xff}, query {q:?}");
+                    let difference = differs(&got, want);
+                    // Raw samples too, points on interval starts included.
+                    let raw = differs(&fetch(&samples, &policy, q.0, q.1, q.2), want);
+                    assert_eq!(raw, None, "raw samples, {ctx}");
+                    match fit {
+                        TierFit::Exact => {
+                            assert_eq!(difference, None, "{ctx}");
+                            exact += 1;
+                        }
+                        TierFit::Approximate if xff == 0.0 && aggregation != Aggregation::Average => {
+                            assert_eq!(difference, None, "{ctx}");
+                            approximate_same += 1;
+                        }
+                        TierFit::Approximate => approximate += 1,
+                    }
+                }
+            }
+        }
+    }
+    assert!(exact > 100 && approximate_same > 10 && approximate > 10, "{exact} {approximate_same} {approximate}");
+}
+
 #[test]
 fn fetch_answers_what_whisper_answers_for_the_same_points() {
     let py = python();
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("reference.py");
-    std::fs::write(&script, SCRIPT).unwrap();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let schemas: [&[(i64, i64)]; 3] =
         [&[(10, 360), (60, 1440), (300, 2016)], &[(60, 600)], &[(15, 240), (60, 120), (600, 144)]];
@@ -95,16 +254,8 @@ fn fetch_answers_what_whisper_answers_for_the_same_points() {
                 queries.push((from, until, now));
             }
             queries.push((end + 100_000_000, end + 100_000_600, end));
-            let scenario = serde_json::json!({
-                "archives": archives, "xff": xff, "method": method,
-                "points": points, "queries": queries,
-            });
-            let file = dir.path().join(format!("case-{case}-{m}.json"));
-            std::fs::write(&file, scenario.to_string()).unwrap();
-            let wsp = dir.path().join(format!("case-{case}-{m}.wsp"));
-            let out = Command::new(&py).arg(&script).arg(&file).arg(&wsp).output().unwrap();
-            assert!(out.status.success(), "whisper: {}", String::from_utf8_lossy(&out.stderr));
-            let answers: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+            let name = format!("case-{case}-{m}");
+            let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);
             let policy = Policy {
                 archives: archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect(),
                 aggregation,
@@ -114,25 +265,7 @@ fn fetch_answers_what_whisper_answers_for_the_same_points() {
             for (q, want) in queries.iter().zip(&answers) {
                 let got = fetch(&samples, &policy, q.0, q.1, q.2);
                 let ctx = format!("schema {archives:?}, {method}, xff {xff}, query (from, until, now) {q:?}");
-                if want.is_null() {
-                    assert_eq!(got, None, "{ctx}");
-                    continue;
-                }
-                let (start, end, step, values) =
-                    got.unwrap_or_else(|| panic!("{ctx}: whisper answered, fetch did not"));
-                let info: Vec<i64> = want[0].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
-                assert_eq!((start, end, step), (info[0], info[1], info[2]), "{ctx}");
-                let wanted: Vec<Option<f64>> =
-                    want[1].as_array().unwrap().iter().map(serde_json::Value::as_f64).collect();
-                assert_eq!(values.len(), wanted.len(), "{ctx}");
-                for (i, (g, w)) in values.iter().zip(&wanted).enumerate() {
-                    let same = match (g, w) {
-                        (Some(g), Some(w)) => (g - w).abs() <= 1e-9 * w.abs().max(1.0),
-                        (None, None) => true,
-                        _ => false,
-                    };
-                    assert!(same, "{ctx}: value {i} (at {}): fetch {g:?}, whisper {w:?}", start + i as i64 * step);
-                }
+                assert_eq!(differs(&got, want), None, "{ctx}");
                 compared += 1;
             }
         }
