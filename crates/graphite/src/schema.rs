@@ -284,6 +284,19 @@ impl Schemas {
         Policy { archives, aggregation, x_files_factor }
     }
 
+    /// Every archive after a section's first (the coarse ones, which whisper computes from
+    /// finer ones), one per step, kept as long as the longest-kept archive of that step: what
+    /// the rollup tiers answering `/render` for these schemas must hold. Finest first.
+    pub fn coarse_archives(&self) -> Vec<Archive> {
+        let mut longest: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+        let all = self.retentions.iter().map(|r| &r.value).chain(std::iter::once(&self.default_archives));
+        for a in all.flat_map(|archives| archives.iter().skip(1)) {
+            let keep = longest.entry(a.step_s).or_default();
+            *keep = (*keep).max(a.retention_s());
+        }
+        longest.into_iter().map(|(step_s, keep)| Archive { step_s, points: (keep + step_s - 1) / step_s }).collect()
+    }
+
     /// The names of the sections, for the log.
     pub fn section_names(&self) -> Vec<&str> {
         self.retentions.iter().map(|r| r.name.as_str()).collect()
@@ -315,6 +328,12 @@ mod tests {
         assert_eq!(s.policy("other").archives, [Archive { step_s: 60, points: 14 * 1440 }]);
         assert_eq!(s.policy("other").aggregation, Aggregation::Average);
         assert_eq!(Schemas::default().policy("x").archives, DEFAULT_ARCHIVES);
+        // The coarse archives of all sections, per step the longest kept.
+        assert_eq!(
+            s.coarse_archives(),
+            [Archive { step_s: 60, points: 43200 }, Archive { step_s: 600, points: 262_800 }]
+        );
+        assert_eq!(Schemas::default().coarse_archives(), []);
     }
 
     #[test]

@@ -97,6 +97,51 @@ impl StorageConfig {
     }
 }
 
+/// The left-closed rollup tiers Graphite's retention schemas need, for `/render` to read their
+/// coarse archives (`Schemas::coarse_archives`) from tiers rather than raw samples; with notes
+/// for the log on what had to give. Tiers follow the rules of `rollup::check_tiers` beside
+/// raw data kept `raw_retention_ms` (0: forever): an archive whose step is not a multiple of
+/// the previous tier's gets no tier (its values come from raw samples while they last, or
+/// approximately from a coarser tier), and a tier is kept at least a step longer than the raw
+/// data and the finer tier, so it may outlive its archives a little (reads stop at a path's
+/// own retention). Tiers beyond `rollup::TIERS_MAX - others` are left out, with a note.
+pub fn graphite_rollup_tiers(
+    schemas: &strata_graphite::schema::Schemas,
+    raw_retention_ms: i64,
+    others: usize,
+) -> (Vec<strata_tsdb::rollup::RollupTier>, Vec<String>) {
+    use strata_tsdb::rollup::{RollupTier, INTERVAL_MIN_MS, TIERS_MAX};
+    let (mut tiers, mut notes): (Vec<RollupTier>, Vec<String>) = (Vec::new(), Vec::new());
+    for archive in schemas.coarse_archives() {
+        let interval_ms = archive.step_s.saturating_mul(1000);
+        let name = format!("{}s", archive.step_s);
+        if interval_ms < INTERVAL_MIN_MS {
+            continue;
+        }
+        if let Some(finer) = tiers.last() {
+            if interval_ms % finer.interval_ms != 0 {
+                notes.push(format!(
+                    "archives of {name} get no rollup tier: not a multiple of the {}s tier's interval",
+                    finer.interval_ms / 1000
+                ));
+                continue;
+            }
+        }
+        if tiers.len() + others >= TIERS_MAX {
+            notes.push(format!("archives of {name} get no rollup tier: at most {TIERS_MAX} tiers"));
+            continue;
+        }
+        let retention_ms = if raw_retention_ms == 0 {
+            0
+        } else {
+            let floor = tiers.last().map_or(raw_retention_ms, |t| t.retention_ms).saturating_add(interval_ms);
+            archive.retention_s().saturating_mul(1000).max(floor)
+        };
+        tiers.push(RollupTier::left(interval_ms, retention_ms));
+    }
+    (tiers, notes)
+}
+
 /// Parses a size like Prometheus' `--storage.tsdb.retention.size`: a number and a unit among
 /// B, KB, MB, GB, TB, PB, EB (powers of 1024), e.g. `512MB`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -139,5 +184,40 @@ mod tests {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
         }
         assert!(parse_bytes("99999999999EB").is_err());
+    }
+
+    #[test]
+    fn retention_schemas_get_left_closed_tiers_that_follow_the_tier_rules() {
+        use strata_graphite::schema::Schemas;
+        use strata_tsdb::rollup::{check_tiers, RollupTier};
+        const DAY_MS: i64 = 86_400_000;
+        let schemas = Schemas::parse(
+            "[collectd]\npattern = ^collectd\\.\nretentions = 10s:1d,1m:7d,10m:5y\n\
+             [odd]\npattern = ^odd\\.\nretentions = 10s:1d,90s:30d\n\
+             [default]\npattern = .*\nretentions = 60s:14d,1h:2y\n",
+            None,
+        )
+        .unwrap();
+        let (tiers, notes) = graphite_rollup_tiers(&schemas, 15 * DAY_MS, 0);
+        // 1m kept past the raw data's 15 days; 90s is no multiple of 1m: no tier, said so.
+        assert_eq!(
+            tiers,
+            [
+                RollupTier::left(60_000, 15 * DAY_MS + 60_000),
+                RollupTier::left(600_000, 5 * 365 * DAY_MS),
+                RollupTier::left(3_600_000, 5 * 365 * DAY_MS + 3_600_000),
+            ]
+        );
+        assert!(notes.iter().any(|n| n.contains("90s") && n.contains("multiple")), "{notes:?}");
+        check_tiers(&tiers, 15 * DAY_MS).unwrap();
+        // Raw data kept forever: so are the tiers.
+        let (forever, _) = graphite_rollup_tiers(&schemas, 0, 0);
+        assert!(forever.iter().all(|t| t.retention_ms == 0));
+        check_tiers(&forever, 0).unwrap();
+        // No more tiers than allowed beside the configured ones.
+        let (few, notes) = graphite_rollup_tiers(&schemas, 15 * DAY_MS, strata_tsdb::rollup::TIERS_MAX - 1);
+        assert_eq!(few.len(), 1);
+        assert!(notes.iter().any(|n| n.contains("at most")), "{notes:?}");
+        assert_eq!(graphite_rollup_tiers(&Schemas::default(), 15 * DAY_MS, 0).0, []);
     }
 }

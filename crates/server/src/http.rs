@@ -1070,6 +1070,18 @@ fn limited_querier<'a>(
         .interrupt(stopper)
 }
 
+/// `limited_querier`'s limits for a read that is not a `Querier`'s (a rollup tier's).
+fn read_limits<'a>(
+    limits: &Limits,
+    stopper: &'a (dyn Fn() -> Option<strata_tsdb::error::Stop> + Sync),
+) -> strata_tsdb::querier::ReadLimits<'a> {
+    strata_tsdb::querier::ReadLimits {
+        max_series: limits.max_query_series,
+        max_chunks: limits.max_query_samples.saturating_add(limits.max_query_series.saturating_mul(2)),
+        interrupt: Some(stopper),
+    }
+}
+
 /// Selects with the read's limits: the querier stops as soon as one is passed.
 fn select_checked(
     st: &AppState,
@@ -1126,11 +1138,7 @@ impl strata_promql::Storage for QueryStorage {
         f: &mut dyn FnMut(strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         let stop = || self.stopper.stop();
-        let limits = strata_tsdb::querier::ReadLimits {
-            max_series: self.limits.max_query_series,
-            max_chunks: self.limits.max_query_samples.saturating_add(self.limits.max_query_series.saturating_mul(2)),
-            interrupt: Some(&stop),
-        };
+        let limits = read_limits(&self.limits, &stop);
         strata_promql::visit_rollup_with(&self.db, interval_ms, matchers, mint, maxt, columns, &limits, f)
             .map_err(read_error)?
     }
@@ -1764,6 +1772,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
 
 mod graphite_api;
 mod graphite_events;
+mod graphite_tiers;
 pub use graphite_events::GraphiteEvents;
 mod scrape_api;
 

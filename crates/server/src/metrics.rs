@@ -65,6 +65,9 @@ pub struct ServerMetrics {
     pub handler_panics: AtomicU64,
     /// Queries refused at parse time for nesting deeper than the limit.
     pub queries_too_deep: AtomicU64,
+    /// Series `/render` answered from their raw samples and from a left-closed rollup tier.
+    pub graphite_render_series_raw: AtomicU64,
+    pub graphite_render_series_tier: AtomicU64,
     /// The listener's connection counters.
     pub connections: std::sync::Arc<crate::web::ConnectionStats>,
     /// The carbon listeners' counters (shown once a listener serves).
@@ -112,6 +115,18 @@ impl ServerMetrics {
                     "Series with invalid labels in remote write.",
                     "counter",
                     load(&self.remote_write_series_invalid),
+                ),
+                (
+                    "strata_graphite_render_series_raw_total",
+                    "Series /render answered from raw samples (the finest archive, or no rollup tier fits).",
+                    "counter",
+                    load(&self.graphite_render_series_raw),
+                ),
+                (
+                    "strata_graphite_render_series_tier_total",
+                    "Series /render answered from a rollup tier (a coarse archive of their retention schema).",
+                    "counter",
+                    load(&self.graphite_render_series_tier),
                 ),
                 (
                     "strata_http_handler_panics_total",

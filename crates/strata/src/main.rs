@@ -70,8 +70,16 @@ enum TsdbCommand {
         limit: usize,
     },
     /// Cut the head's older ranges into blocks and compact them, as the server does every
-    /// minute (no retention is applied): before a backup, or to check a directory's blocks.
-    Compact { data_dir: PathBuf },
+    /// minute: before a backup, or to check a directory's blocks. Rollup tiers on disk are
+    /// filled and kept forever.
+    Compact {
+        data_dir: PathBuf,
+        /// Also delete raw blocks older than this behind the newest sample, as a server with
+        /// this `--retention` does (only once every rollup tier on disk holds them); default:
+        /// no retention, nothing is deleted.
+        #[arg(long)]
+        retention: Option<String>,
+    },
     /// Print samples as `labels value timestamp_ms` lines.
     Dump {
         data_dir: PathBuf,
@@ -98,9 +106,14 @@ enum ImportFormat {
 /// whose server keeps 15 days used to delete half of what it had just imported). The server
 /// applies its own retention when it next compacts, and logs every block it deletes.
 fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::Error>> {
+    open_with_retention(data_dir, 0)
+}
+
+/// `open_for_tool`, deleting raw blocks `retention_ms` behind the newest sample when compacting.
+fn open_with_retention(data_dir: &std::path::Path, retention_ms: i64) -> Result<Db, Box<dyn std::error::Error>> {
     let opts = DbOptions {
         compact_interval: None,
-        retention_ms: 0,
+        retention_ms,
         retention_bytes: 0,
         // The tiers on disk, kept forever: a tool never deletes data.
         rollups: strata_tsdb::db::discover_tiers(&strata_tsdb::vfs::OsFs, data_dir),
@@ -146,8 +159,12 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
             }
             db.close()?;
         }
-        TsdbCommand::Compact { data_dir } => {
-            let db = open_for_tool(&data_dir)?;
+        TsdbCommand::Compact { data_dir, retention } => {
+            let retention_ms = match retention {
+                None => 0,
+                Some(r) => strata_model::parse_duration_ms(&r).map_err(|e| format!("--retention {r:?}: {e}"))?,
+            };
+            let db = open_with_retention(&data_dir, retention_ms)?;
             let out = db.compact()?;
             println!(
                 "wrote {} blocks from the head, ran {} compactions, set aside {} corrupt blocks; {} blocks now",
@@ -161,6 +178,9 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
                     "rolled up {} blocks into the rollup tiers, merged rollup blocks {} times",
                     out.rolled_up, out.rollup_compactions
                 );
+            }
+            if retention_ms > 0 {
+                println!("retention deleted {} blocks", out.retention_deleted);
             }
             db.close()?;
         }

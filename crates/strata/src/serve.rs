@@ -400,7 +400,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     let rollup_tiers = pick(&mut flags, "storage.rollup-tiers", args.rollup_tiers.clone(), st.rollup_tiers, "", |s| {
         strata_tsdb::rollup::parse_tiers(s, retention)
     })?;
-    let storage = StorageConfig {
+    let mut storage = StorageConfig {
         data_dir: args.data_dir.clone(),
         rollup_tiers,
         wal_fsync,
@@ -498,6 +498,26 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         (None, None) => Schemas::default(),
         (s, a) => Schemas::parse(s.as_deref().unwrap_or(""), a.as_deref()).map_err(|e| e.to_string())?,
     };
+    // Retention schemas get the left-closed tiers their coarse archives are read from, unless
+    // left-closed tiers are configured by hand.
+    let hand_made = storage.rollup_tiers.iter().any(|t| t.closed == strata_tsdb::rollup::Closed::Left);
+    if schemas_file.is_some() && !hand_made {
+        let others = storage.rollup_tiers.len();
+        let (derived, notes) = strata_server::config::graphite_rollup_tiers(&schemas, storage.retention_ms, others);
+        for note in notes {
+            tracing::warn!("graphite.storage-schemas: {note}");
+        }
+        if !derived.is_empty() {
+            let names: Vec<String> = derived.iter().map(ToString::to_string).collect();
+            tracing::info!(tiers = %names.join(","), "rollup tiers for Graphite's retention schemas");
+        }
+        storage.rollup_tiers.extend(derived);
+        strata_tsdb::rollup::check_tiers(&storage.rollup_tiers, storage.retention_ms).map_err(|e| {
+            format!(
+                "rollup tiers derived from graphite.storage-schemas: {e}; set them with storage.rollup-tiers (:left)"
+            )
+        })?;
+    }
     for (name, path) in
         [("graphite.storage-schemas", &schemas_file), ("graphite.storage-aggregation", &aggregation_file)]
     {

@@ -729,6 +729,16 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
     }
     eprintln!("{}", report.table());
     assert!(report.failures.is_empty(), "Strata differs from graphite-web:\n{}", report.failures.join("\n"));
+    // The two-day renders read the schema's 5-minute archive from the left-closed tier the
+    // schema gave the server (aggregated from the head here: nothing is old enough for blocks;
+    // `graphite_tiers.rs` renders from tier blocks), the recent ones raw samples.
+    let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
+    let counter = |name: &str| -> f64 {
+        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+    };
+    assert!(counter("strata_graphite_render_series_tier_total") > 0.0, "no render read the tier");
+    assert!(counter("strata_graphite_render_series_raw_total") > 0.0, "no render read raw samples");
+    assert!(metrics.contains("strata_tsdb_rollup_tier_blocks{tier=\"5m-left\"}"), "{metrics}");
     drop(carbon);
 }
 

@@ -175,3 +175,140 @@ fn dashboards_read_rollup_tiers_and_answer_as_raw_data_does() {
     tier_answers_are_raw_answers(server.port, start, last);
     server.terminate();
 }
+
+const SCHEMAS: &str = "[default]\npattern = .*\nretentions = 60s:1d,10m:30d,1h:1y\n";
+const AGGREGATION: &str =
+    "[max]\npattern = \\.max$\nxFilesFactor = 0\naggregationMethod = max\n[default]\npattern = .*\nxFilesFactor = 0.5\naggregationMethod = average\n";
+const PATHS: [&str; 3] = ["servers.a.load", "servers.b.max", "servers.c.load"];
+
+/// Twenty days of three Graphite paths, a point a minute ending at `end`: a quarter stamped on
+/// the minute itself (carbon senders often do), the rest jittered inside it; `servers.c.load`
+/// with gaps (every fifth minute, and six hours on day 9). As OpenMetrics with quoted names.
+fn graphite_history(path: &std::path::Path, end: i64) -> Vec<Vec<(i64, f64)>> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let start = end - 20 * 24 * HOUR_S;
+    let mut all = Vec::new();
+    for (p, name) in PATHS.iter().enumerate() {
+        let mut points = Vec::new();
+        for k in 0..(20 * 24 * 60) as i64 {
+            let t = start + 60 * k + if k % 4 == 0 { 0 } else { (k * 7 + p as i64) % 59 };
+            if p == 2 && (k % 5 == 0 || (9 * 1440..9 * 1440 + 360).contains(&k)) {
+                continue;
+            }
+            let v = ((k * 37 + p as i64 * 11) % 1000) as f64 / 8.0 - 20.0;
+            writeln!(f, "{{\"{name}\"}} {v} {t}").unwrap();
+            points.push((t * 1000, v));
+        }
+        all.push(points);
+    }
+    writeln!(f, "# EOF").unwrap();
+    all
+}
+
+/// `/render` of the three paths over `[now - span, now]`: each path's (start, step, values).
+fn render(port: u16, span: i64, now: i64) -> Vec<(String, i64, i64, Vec<Option<f64>>)> {
+    let q = format!("/render?target=servers.*.*&from={}&until={now}&now={now}&format=json", now - span);
+    let (status, body) = http(port, "GET", &q, &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let points = s["datapoints"].as_array().unwrap();
+            let times: Vec<i64> = points.iter().map(|p| p[1].as_i64().unwrap()).collect();
+            let values = points.iter().map(|p| p[0].as_f64()).collect();
+            (s["target"].as_str().unwrap().to_owned(), times[0], times[1] - times[0], values)
+        })
+        .collect()
+}
+
+/// Graphite paths under a retention schema: the server derives left-closed tiers from the
+/// schema, `/render` reads the 10-minute archive of a 15-day range and the hourly one of a
+/// 60-day range from them, and answers as whisper would over every point (`render::fetch`,
+/// which `strata-graphite`'s whisper reference test holds to whisper itself): before the
+/// tiers have blocks, and after raw retention (3 days) deleted the raw data they hold.
+#[test]
+fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() {
+    use strata_graphite::render::fetch;
+    use strata_graphite::schema::Schemas;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let d = dir.to_str().unwrap();
+    let end = support::now_ms() / 1000 / HOUR_S * HOUR_S;
+    let file = tmp.path().join("graphite.om");
+    let points = graphite_history(&file, end);
+    strata(&["tsdb", "import", "openmetrics", file.to_str().unwrap(), d]);
+    let (schemas_file, aggregation_file) = (tmp.path().join("schemas.conf"), tmp.path().join("aggregation.conf"));
+    std::fs::write(&schemas_file, SCHEMAS).unwrap();
+    std::fs::write(&aggregation_file, AGGREGATION).unwrap();
+    let flags = [
+        "--retention",
+        "3d",
+        "--graphite.storage-schemas",
+        schemas_file.to_str().unwrap(),
+        "--graphite.storage-aggregation",
+        aggregation_file.to_str().unwrap(),
+    ];
+    let schemas = Schemas::parse(SCHEMAS, Some(AGGREGATION)).unwrap();
+    let now = end - 1;
+    let check = |port: u16| {
+        for (span, archive_step) in [(15 * 24 * HOUR_S, 600), (60 * 24 * HOUR_S, HOUR_S)] {
+            let got = render(port, span, now);
+            assert_eq!(got.len(), 3, "{got:?}");
+            for ((name, start, step, values), samples) in got.iter().zip(&points) {
+                let policy = schemas.policy(name);
+                let (want_start, _, want_step, want) = fetch(samples, &policy, now - span, now, now).unwrap();
+                assert_eq!((*start, *step), (want_start, want_step), "{name} over {span} s");
+                assert_eq!(*step, archive_step);
+                assert_eq!(values.len(), want.len(), "{name} over {span} s");
+                let known = want.iter().flatten().count();
+                assert!(known > 300, "{name} over {span} s: {known} known values");
+                // Exact where whisper's cascade reads the tier's intervals as they are (the
+                // 10-minute archive; `max` without xFilesFactor at any archive); the hourly
+                // average of a path with gaps averages its minutes at once instead of its
+                // 10-minute averages: close, and known where whisper knows it.
+                let exact = archive_step == 600 || policy.x_files_factor == 0.0 || !name.starts_with("servers.c");
+                for (i, (g, w)) in values.iter().zip(&want).enumerate() {
+                    let same = match (g, w) {
+                        (Some(g), Some(w)) if exact => (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+                        (Some(g), Some(w)) => (g - w).abs() <= 0.05 * w.abs().max(10.0),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    assert!(
+                        same,
+                        "{name} over {span} s, value {i} at {}: {g:?}, whisper {w:?}",
+                        start + i as i64 * step
+                    );
+                }
+            }
+        }
+    };
+
+    // The imported blocks are not rolled up yet: the tiers' intervals are aggregated from raw
+    // data as it is read.
+    let mut server = Server::start(&dir, &flags);
+    check(server.port);
+    let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
+    assert!(metrics.contains("strata_tsdb_rollup_tier_blocks{tier=\"10m-left\"} 0"), "{metrics}");
+    assert!(metrics.contains("strata_tsdb_rollup_tier_blocks{tier=\"1h-left\"} 0"), "{metrics}");
+    server.terminate();
+
+    // Rolled up, and raw data older than 3 days deleted: the tiers alone hold it.
+    let out = strata(&["tsdb", "compact", d, "--retention", "3d"]);
+    assert!(out.contains("retention deleted") && !out.contains("retention deleted 0 blocks"), "{out}");
+    let old = strata(&["tsdb", "dump", d, "--max-time", &((end - 10 * 24 * HOUR_S) * 1000).to_string()]);
+    assert!(old.is_empty(), "raw data 10 days old is still there: {}", &old[..old.len().min(200)]);
+    let status = strata(&["status", "--data-dir", d]);
+    assert!(status.lines().any(|l| l.starts_with("rollup 10m:") && l.contains("left")), "{status}");
+    let server = Server::start(&dir, &flags);
+    check(server.port);
+    let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
+    let tier_reads = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("strata_graphite_render_series_tier_total ")?.parse::<f64>().ok())
+        .unwrap();
+    assert_eq!(tier_reads, 6.0, "{metrics}");
+}

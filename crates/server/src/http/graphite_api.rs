@@ -8,7 +8,9 @@
 //! stored series (`docs/graphite.md`); reads go through the same slots, deadline and limits as
 //! PromQL's.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -22,14 +24,18 @@ use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries};
+use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries, TierInterval};
+use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_graphite::target::{self, Expr};
 use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
 use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, NodeSet, LEAF};
 use strata_tsdb::querier::Querier;
 
-use super::{db, limited_querier, params, read_body, run_query, ApiError, ApiResult, AppState, Limits, Params};
+use super::graphite_tiers::{graphite_tiers, pick_tier, read_tier};
+use super::{
+    db, limited_querier, params, read_body, read_limits, run_query, ApiError, ApiResult, AppState, Limits, Params,
+};
 
 /// A glob from a request parameter; a 400 naming the parameter and the component.
 fn parse_glob(param: &str, text: &str) -> Result<Glob, ApiError> {
@@ -495,6 +501,7 @@ pub(super) async fn render(
             .collect();
     let schemas = st.graphite_schemas.lock().clone();
     let db = db(&st)?;
+    let tiers = graphite_tiers(&db);
     let st2 = st.clone();
     let request_tz = tz.clone();
     let events = st.graphite_events.get().cloned();
@@ -515,30 +522,68 @@ pub(super) async fn render(
                 let (mint, maxt) =
                     (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
                 let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
-                let mut selected = match selection {
+                let matchers: &[Matcher] = match selection {
                     // The `__name__` regex is answered by walking the names indexes.
-                    Selection::Glob(matcher) => q.select(std::slice::from_ref(matcher)).map_err(|e| execution(&e))?,
-                    Selection::Tags(matchers) => q.select(matchers).map_err(|e| execution(&e))?,
+                    Selection::Glob(matcher) => std::slice::from_ref(matcher),
+                    Selection::Tags(matchers) => matchers,
                     Selection::Functions(_) => unreachable!("functions are evaluated, not fetched"),
                 };
+                let mut selected = q.select(matchers).map_err(|e| execution(&e))?;
                 // By path, as graphite-web lists a glob's series (label order puts tags first).
                 selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
+                // Each series' policy, and the tier that answers it (`None`: its raw samples).
+                let named: Vec<Option<PathSeries>> = selected
+                    .iter()
+                    .map(|s| {
+                        let (name, tags) = graphite_series_name(&s.labels)?;
+                        let policy = schemas.policy(&name);
+                        Some(PathSeries { name, tags, policy })
+                    })
+                    .collect();
+                let picks: Vec<Option<usize>> = named
+                    .iter()
+                    .map(|n| n.as_ref().and_then(|n| pick_tier(&tiers, &n.policy, from, until, now)))
+                    .collect();
+                let mut from_tier: HashMap<usize, Vec<TierInterval>> = HashMap::new();
+                for (t, tier) in tiers.iter().enumerate() {
+                    if !picks.contains(&Some(t)) {
+                        continue;
+                    }
+                    let limits = read_limits(&st2.limits, &stop);
+                    // Series with native histograms make the tier answer nothing: read raw.
+                    let Some(mut read) =
+                        read_tier(&db, tier, matchers, mint, maxt, &limits).map_err(|e| execution(&e))?
+                    else {
+                        continue;
+                    };
+                    for (i, s) in selected.iter().enumerate().filter(|(i, _)| picks[*i] == Some(t)) {
+                        from_tier.insert(i, read.remove(&s.labels).unwrap_or_default());
+                    }
+                }
                 // Each series decoded and laid on its schema's intervals.
-                let read = |s: &strata_tsdb::querier::Series| -> Option<RenderSeries> {
-                    let (name, tags) = graphite_series_name(&s.labels)?;
-                    let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
-                    let policy = schemas.policy(&name);
-                    let (start, end, step, values) =
-                        strata_graphite::render::fetch(&samples, &policy, from, until, now)?;
+                let read = |(i, s): (usize, &strata_tsdb::querier::Series)| -> Option<RenderSeries> {
+                    let PathSeries { name, tags, policy } = named[i].clone()?;
+                    let (start, end, step, values) = match (picks[i], from_tier.get(&i)) {
+                        (Some(t), Some(intervals)) => {
+                            st2.metrics.graphite_render_series_tier.fetch_add(1, Ordering::Relaxed);
+                            let step_s = tiers[t].interval_ms / 1000;
+                            strata_graphite::render::fetch_from_tier(intervals, step_s, &policy, from, until, now)?
+                        }
+                        _ => {
+                            st2.metrics.graphite_render_series_raw.fetch_add(1, Ordering::Relaxed);
+                            let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
+                            strata_graphite::render::fetch(&samples, &policy, from, until, now)?
+                        }
+                    };
                     let path_expression = path_expression.to_owned();
                     Some(RenderSeries::new(name, tags, (start, end, step), values, path_expression, x_files_factor))
                 };
                 // Spread over the cores when there are enough series to pay for the threads, in
                 // contiguous runs so the order stays the path order.
                 if selected.len() < PARALLEL_READ_MIN {
-                    return Ok(selected.iter().filter_map(read).collect());
+                    return Ok(selected.iter().enumerate().filter_map(read).collect());
                 }
-                Ok(functions::spread(selected.iter().collect(), read).into_iter().flatten().collect())
+                Ok(functions::spread(selected.iter().enumerate().collect(), read).into_iter().flatten().collect())
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {
@@ -610,6 +655,14 @@ const PARALLEL_READ_MIN: usize = 32;
 /// Past `until`, the seconds of samples a render reads: whisper answers the interval after
 /// `until`, up to a day long for the coarsest archives in use.
 const RENDER_SLACK_S: i64 = 86_400;
+
+/// A selected series as Graphite names it, with its retention policy.
+#[derive(Clone)]
+struct PathSeries {
+    name: String,
+    tags: Vec<(String, String)>,
+    policy: Policy,
+}
 
 /// What a render target selects.
 enum Selection {

@@ -1,0 +1,115 @@
+//! `/render` over Graphite's rollup tiers: a path whose fetch reads a coarse archive of its
+//! retention schema (whisper's rule: the finest archive reaching back to `from`) is answered
+//! from the left-closed tier that fits that archive (`strata_graphite::render::tier_fit`)
+//! instead of its raw samples, so a month or a year of a path costs its tier's intervals,
+//! not every point. Tiers hold the head's and unrolled blocks' samples too
+//! (`Db::rollup_visit`), so the answer does not depend on how far rollup has got.
+
+use std::collections::HashMap;
+
+use strata_graphite::render::{tier_fit, TierFit, TierInterval};
+use strata_graphite::schema::Policy;
+use strata_model::{Labels, Matcher};
+use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
+use strata_tsdb::querier::ReadLimits;
+use strata_tsdb::rollup::{Bucket, Closed, RollupTier};
+use strata_tsdb::Db;
+
+/// The aggregates a whisper archive is made from.
+const COLUMNS: [Column; 5] = [Column::Count, Column::Sum, Column::Min, Column::Max, Column::Last];
+
+/// The database's left-closed tiers whose intervals are whole seconds, finest first.
+pub(super) fn graphite_tiers(db: &Db) -> Vec<RollupTier> {
+    db.rollup_tiers().into_iter().filter(|t| t.closed == Closed::Left && t.interval_ms % 1000 == 0).collect()
+}
+
+/// Which of `tiers` answers a fetch of a path under `policy` over `[from, until]` at `now`:
+/// one that still holds `from` and fits the archive read, the coarsest exact one, else the
+/// finest approximate one (closest to whisper's cascade). `None`: the finest archive is read,
+/// or no tier fits; raw samples answer.
+pub(super) fn pick_tier(tiers: &[RollupTier], policy: &Policy, from: i64, until: i64, now: i64) -> Option<usize> {
+    let mut exact = None;
+    let mut approximate = None;
+    for (i, t) in tiers.iter().enumerate() {
+        let holds_from = t.retention_ms == 0 || now.saturating_sub(from).saturating_mul(1000) <= t.retention_ms;
+        if !holds_from {
+            continue;
+        }
+        match tier_fit(policy, t.interval_ms / 1000, from, until, now) {
+            Some(TierFit::Exact) => exact = Some(i),
+            Some(TierFit::Approximate) if approximate.is_none() => approximate = Some(i),
+            _ => {}
+        }
+    }
+    exact.or(approximate)
+}
+
+/// A tier's bucket as the interval `/render` reads: left-closed, so the bucket ending at `end`
+/// is the interval starting one step before.
+fn interval_of(b: &Bucket, step_s: i64) -> TierInterval {
+    TierInterval { start: b.end / 1000 - step_s, count: b.count, sum: b.sum, min: b.min, max: b.max, last: b.last.v }
+}
+
+/// The intervals of `tier` over `[mint, maxt]` (ms) of the series `matchers` select, by their
+/// labels. `None` when a matching series holds native histograms (tiers do not: read raw).
+pub(super) fn read_tier(
+    db: &Db,
+    tier: &RollupTier,
+    matchers: &[Matcher],
+    mint: i64,
+    maxt: i64,
+    limits: &ReadLimits<'_>,
+) -> Result<Option<HashMap<Labels, Vec<TierInterval>>>, strata_tsdb::Error> {
+    let step_s = tier.interval_ms / 1000;
+    let mut out = HashMap::new();
+    let histograms = db.rollup_visit(tier.meta(), matchers, mint, maxt, ColumnSet::of(&COLUMNS), limits, &mut |s| {
+        out.insert(s.labels, s.buckets.iter().map(|b| interval_of(b, step_s)).collect());
+        Ok(())
+    })?;
+    Ok((histograms == 0).then_some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_graphite::schema::{Aggregation, Archive};
+
+    const DAY: i64 = 86_400;
+
+    fn policy() -> Policy {
+        let archives = vec![
+            Archive { step_s: 10, points: DAY / 10 },
+            Archive { step_s: 60, points: 30 * DAY / 60 },
+            Archive { step_s: 600, points: 365 * DAY / 600 },
+        ];
+        Policy { archives, aggregation: Aggregation::Average, x_files_factor: 0.5 }
+    }
+
+    #[test]
+    fn the_tier_that_holds_from_and_fits_the_archive_read_is_picked() {
+        let tiers = [
+            RollupTier::left(60_000, 30 * DAY * 1000),
+            RollupTier::left(600_000, 365 * DAY * 1000),
+            RollupTier::left(3_600_000, 0),
+        ];
+        let now = 1_800_000_000;
+        // The last hour: the finest archive, read raw.
+        assert_eq!(pick_tier(&tiers, &policy(), now - 3600, now, now), None);
+        // A week: the 1-minute archive, from the 1-minute tier (exact).
+        assert_eq!(pick_tier(&tiers, &policy(), now - 7 * DAY, now, now), Some(0));
+        // Ninety days: the 10-minute archive; the 1-minute tier no longer holds `from`.
+        assert_eq!(pick_tier(&tiers, &policy(), now - 90 * DAY, now, now), Some(1));
+        // The hourly tier fits no archive of this schema (3600 s does not divide 600 s).
+        assert_eq!(pick_tier(&tiers[2..], &policy(), now - 90 * DAY, now, now), None);
+        // Without the 1-minute tier a week's 1-minute archive has no tier (600 s is coarser).
+        assert_eq!(pick_tier(&tiers[1..], &policy(), now - 7 * DAY, now, now), None);
+    }
+
+    #[test]
+    fn a_left_closed_bucket_is_the_interval_it_ends() {
+        let s = strata_model::Sample { t: 1_800_000_059_000, v: 2.0 };
+        let b = Bucket { end: 1_800_000_060_000, ..Bucket::of(s, 60_000) };
+        let i = interval_of(&b, 60);
+        assert_eq!((i.start, i.count, i.last), (1_800_000_000, 1, 2.0));
+    }
+}
