@@ -208,17 +208,26 @@ pub enum TierFit {
     Approximate,
 }
 
+/// The first archive a tier of `tier_step` seconds is read as (the finest archive at least as
+/// coarse), if the tier's intervals divide it.
+fn tier_archive(policy: &Policy, tier_step: i64) -> Option<usize> {
+    let k = policy.archives.iter().position(|a| tier_step <= a.step_s)?;
+    (tier_step > 0 && policy.archives[k].step_s % tier_step == 0).then_some(k)
+}
+
+/// Whether a tier of `tier_step` seconds can answer some coarse archive of `policy` (what a
+/// tier keeps of a path: the same rule `tier_fit` reads by).
+pub fn tier_serves(policy: &Policy, tier_step: i64) -> bool {
+    policy.archives.len() >= 2 && tier_archive(policy, tier_step).is_some()
+}
+
 /// Whether the archive whisper reads for a fetch can come from a tier of `tier_step` seconds:
 /// only coarse archives do (the finest is read from raw samples), when the tier's intervals
 /// divide the archive's and line up with the archive cascade. `None`: read raw samples.
 pub fn tier_fit(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -> Option<TierFit> {
     let plan = plan(policy, from, until, now)?;
-    let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();
-    if plan.archive == 0 || tier_step <= 0 || steps[plan.archive] % tier_step != 0 {
-        return None;
-    }
-    let k = steps.iter().position(|&s| tier_step <= s).expect("the read archive's step is at least the tier's");
-    if steps[k] % tier_step != 0 {
+    let k = tier_archive(policy, tier_step)?;
+    if plan.archive == 0 || k > plan.archive {
         return None;
     }
     Some(if k <= 1 { TierFit::Exact } else { TierFit::Approximate })
@@ -239,7 +248,7 @@ pub fn fetch_from_tier(
     tier_fit(policy, tier_step, from, until, now)?;
     let plan = plan(policy, from, until, now)?;
     let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();
-    let k = steps.iter().position(|&s| tier_step <= s).expect("checked by tier_fit");
+    let k = tier_archive(policy, tier_step).expect("checked by tier_fit");
     let unit = steps[k];
     let first = intervals.partition_point(|i| i.start < plan.from_interval);
     let within = intervals[first..].iter().take_while(|i| i.start < plan.until_interval);

@@ -51,6 +51,8 @@ pub struct StorageConfig {
     pub out_of_order_window_ms: i64,
     /// Rollup tiers, finest first (`--storage.rollup-tiers`); none by default.
     pub rollup_tiers: Vec<strata_tsdb::rollup::RollupTier>,
+    /// Which series each tier keeps (`http::graphite_rollup_filter`); `None`: every one.
+    pub rollup_filter: Option<strata_tsdb::rollup::SeriesFilter>,
 }
 
 impl Default for StorageConfig {
@@ -66,6 +68,7 @@ impl Default for StorageConfig {
             retention_bytes: 0,
             out_of_order_window_ms: 0,
             rollup_tiers: Vec::new(),
+            rollup_filter: None,
         }
     }
 }
@@ -92,6 +95,7 @@ impl StorageConfig {
             retention_ms: self.retention_ms,
             retention_bytes: self.retention_bytes,
             rollups: self.rollup_tiers.clone(),
+            rollup_filter: self.rollup_filter.clone(),
             ..Default::default()
         }
     }

@@ -1774,6 +1774,7 @@ mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
 pub use graphite_events::GraphiteEvents;
+pub use graphite_tiers::rollup_filter as graphite_rollup_filter;
 mod scrape_api;
 
 #[cfg(test)]

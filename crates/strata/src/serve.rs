@@ -518,6 +518,9 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             )
         })?;
     }
+    if schemas_file.is_some() {
+        storage.rollup_filter = Some(strata_server::http::graphite_rollup_filter(Arc::new(schemas.clone())));
+    }
     for (name, path) in
         [("graphite.storage-schemas", &schemas_file), ("graphite.storage-aggregation", &aggregation_file)]
     {

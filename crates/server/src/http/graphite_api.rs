@@ -676,7 +676,7 @@ enum Selection {
 /// The Graphite name and tags of a series: its `__name__` as the path, and `;tag=value` for
 /// every other label, in tag order (Graphite 1.1's canonical tagged form); `tags` holds `name`
 /// and the others, sorted. `None` for a series without `__name__`.
-fn graphite_series_name(labels: &Labels) -> Option<(String, Vec<(String, String)>)> {
+pub(super) fn graphite_series_name(labels: &Labels) -> Option<(String, Vec<(String, String)>)> {
     let path = labels.get("__name__")?;
     let mut name = path.to_owned();
     let mut tags: Vec<(String, String)> = vec![("name".into(), path.to_owned())];

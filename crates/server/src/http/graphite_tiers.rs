@@ -7,16 +7,34 @@
 
 use std::collections::HashMap;
 
-use strata_graphite::render::{tier_fit, TierFit, TierInterval};
-use strata_graphite::schema::Policy;
+use std::sync::Arc;
+
+use strata_graphite::render::{tier_fit, tier_serves, TierFit, TierInterval};
+use strata_graphite::schema::{Policy, Schemas};
 use strata_model::{Labels, Matcher};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::querier::ReadLimits;
-use strata_tsdb::rollup::{Bucket, Closed, RollupTier};
+use strata_tsdb::rollup::{Bucket, Closed, RollupTier, SeriesFilter};
+
+use super::graphite_api::graphite_series_name;
 use strata_tsdb::Db;
 
 /// The aggregates a whisper archive is made from.
 const COLUMNS: [Column; 5] = [Column::Count, Column::Sum, Column::Min, Column::Max, Column::Last];
+
+/// What each tier keeps for `schemas`: a right-closed tier (PromQL's) every series; a
+/// left-closed one the Graphite paths whose schema reads it (`render::tier_serves`), so that a
+/// path kept a month at 1 minute and a year at 1 hour costs no 10-minute buckets another
+/// schema's tier would hold.
+pub fn rollup_filter(schemas: Arc<Schemas>) -> SeriesFilter {
+    SeriesFilter::new(move |tier, labels| {
+        if tier.closed == Closed::Right {
+            return true;
+        }
+        let Some((name, _)) = graphite_series_name(labels) else { return false };
+        tier.interval_ms % 1000 == 0 && tier_serves(&schemas.policy(&name), tier.interval_ms / 1000)
+    })
+}
 
 /// The database's left-closed tiers whose intervals are whole seconds, finest first.
 pub(super) fn graphite_tiers(db: &Db) -> Vec<RollupTier> {
@@ -103,6 +121,32 @@ mod tests {
         assert_eq!(pick_tier(&tiers[2..], &policy(), now - 90 * DAY, now, now), None);
         // Without the 1-minute tier a week's 1-minute archive has no tier (600 s is coarser).
         assert_eq!(pick_tier(&tiers[1..], &policy(), now - 7 * DAY, now, now), None);
+    }
+
+    #[test]
+    fn a_left_closed_tier_keeps_the_paths_whose_schema_it_serves() {
+        let schemas = Schemas::parse(
+            "[fine]\npattern = ^fine\\.\nretentions = 10s:1d,1m:30d,10m:1y\n\
+             [hourly]\npattern = ^hourly\\.\nretentions = 60s:1d,1h:1y\n\
+             [flat]\npattern = .*\nretentions = 60s:15d\n",
+            None,
+        )
+        .unwrap();
+        let filter = rollup_filter(Arc::new(schemas));
+        let path = |p: &str| Labels::from_pairs([("__name__", p.to_string())]);
+        let (one_minute, ten_minutes) = (RollupTier::left(60_000, 0), RollupTier::left(600_000, 0));
+        assert!(filter.keeps(&one_minute, &path("fine.a")) && filter.keeps(&ten_minutes, &path("fine.a")));
+        // Ten-minute buckets add up to hours: the hourly archive may read them.
+        assert!(filter.keeps(&ten_minutes, &path("hourly.a")));
+        // No coarse archive: no tier; nor a tier coarser than every archive.
+        assert!(!filter.keeps(&one_minute, &path("flat.a")));
+        assert!(!filter.keeps(&RollupTier::left(86_400_000, 0), &path("fine.a")));
+        // A tagged path is matched as Graphite names it; a series without a name is no path.
+        let tagged = Labels::from_pairs([("__name__", "fine.b".to_string()), ("dc", "x".to_string())]);
+        assert!(filter.keeps(&one_minute, &tagged));
+        assert!(!filter.keeps(&one_minute, &Labels::from_pairs([("job", "x".to_string())])));
+        // PromQL's tiers keep everything.
+        assert!(filter.keeps(&RollupTier::new(60_000, 0), &path("flat.a")));
     }
 
     #[test]

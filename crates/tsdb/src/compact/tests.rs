@@ -19,6 +19,7 @@ fn opts(retention_ms: i64) -> DbOptions {
         retention_bytes: 0,
         compact_interval: None,
         rollups: Vec::new(),
+        rollup_filter: None,
     }
 }
 

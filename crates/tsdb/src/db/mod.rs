@@ -33,7 +33,7 @@ use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir, rename_durable};
 use crate::head::{Appender, Cardinality, Head, HeadOptions, OutOfOrder};
 use crate::querier::{BlockList, Querier};
-use crate::rollup::RollupTier;
+use crate::rollup::{RollupTier, SeriesFilter};
 use crate::vfs::{OsFs, Vfs};
 use crate::wal::{self, ReplayOutcome};
 
@@ -61,6 +61,8 @@ pub struct DbOptions {
     pub compact_interval: Option<Duration>,
     /// Rollup tiers, finest first (`rollup::check_tiers`); empty: none.
     pub rollups: Vec<RollupTier>,
+    /// Which series each tier keeps; `None`: every one.
+    pub rollup_filter: Option<SeriesFilter>,
 }
 
 impl Default for DbOptions {
@@ -71,6 +73,7 @@ impl Default for DbOptions {
             retention_bytes: 0,
             compact_interval: Some(Duration::from_secs(60)),
             rollups: Vec::new(),
+            rollup_filter: None,
         }
     }
 }

@@ -311,7 +311,8 @@ impl Inner {
             return Ok(false);
         }
         let started = std::time::Instant::now();
-        let targets: Vec<Target<'_>> = needing.iter().map(|t| Target { tier: t.spec, dir: &t.dir }).collect();
+        let filter = self.opts.rollup_filter.as_ref();
+        let targets: Vec<Target<'_>> = needing.iter().map(|t| Target { tier: t.spec, dir: &t.dir, filter }).collect();
         let rolled = roll_up_block(raw, &targets).inspect_err(|e| raw.mark_corrupt_if(e))?;
         self.stats.rollup_histogram_series_skipped.fetch_add(rolled.histogram_series, Ordering::Relaxed);
         for (t, meta) in needing.iter().zip(rolled.blocks) {

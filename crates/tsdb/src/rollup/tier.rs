@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use strata_model::{format_duration_ms, parse_duration_ms};
+use strata_model::{format_duration_ms, parse_duration_ms, Labels};
 
 use super::Closed;
 use crate::block::RollupMeta;
@@ -20,6 +20,30 @@ pub struct RollupTier {
     pub interval_ms: i64,
     pub retention_ms: i64,
     pub closed: Closed,
+}
+
+/// Which series a tier keeps when raw blocks are rolled up (every one without a filter): a
+/// Graphite path is kept by the tiers its retention schema reads. Decided at rollup, so a
+/// change applies to data rolled up from then on; blocks already written keep what they hold.
+#[derive(Clone)]
+pub struct SeriesFilter(std::sync::Arc<KeepsFn>);
+
+type KeepsFn = dyn Fn(&RollupTier, &Labels) -> bool + Send + Sync;
+
+impl SeriesFilter {
+    pub fn new(keeps: impl Fn(&RollupTier, &Labels) -> bool + Send + Sync + 'static) -> SeriesFilter {
+        SeriesFilter(std::sync::Arc::new(keeps))
+    }
+
+    pub fn keeps(&self, tier: &RollupTier, labels: &Labels) -> bool {
+        (self.0)(tier, labels)
+    }
+}
+
+impl fmt::Debug for SeriesFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SeriesFilter")
+    }
 }
 
 /// The suffix of a left-closed tier, in its name (`1m:30d:left`) and directory (`1m-left`).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use super::bucket::{aggregate_closed, coalesce, Bucket};
-use super::tier::RollupTier;
+use super::tier::{RollupTier, SeriesFilter};
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, Compaction, RollupMeta};
 use crate::chunkenc::{self, decode_merged, rollup::ColumnSet, Encoding};
 use crate::compact::{all_symbols, merge_series, Cursor, COMPACTED_SAMPLES_PER_CHUNK};
@@ -26,6 +26,8 @@ pub const BUCKETS_PER_CHUNK: usize = COMPACTED_SAMPLES_PER_CHUNK;
 pub struct Target<'a> {
     pub tier: RollupTier,
     pub dir: &'a Path,
+    /// Which series the tier keeps (`None`: all).
+    pub filter: Option<&'a SeriesFilter>,
 }
 
 /// What rolling up one raw block wrote.
@@ -103,6 +105,9 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
                 let (mint, maxt) = (raw.meta().min_time, raw.meta().max_time);
                 samples.retain(|s| s.t >= mint && s.t < maxt && !deleted.iter().any(|&(a, b)| a <= s.t && s.t <= b));
                 for (w, t) in writers.iter_mut().zip(targets) {
+                    if t.filter.is_some_and(|f| !f.keeps(&t.tier, &cursor.labels)) {
+                        continue;
+                    }
                     let buckets = aggregate_closed(&samples, t.tier.interval_ms, t.tier.closed);
                     if !buckets.is_empty() {
                         add_buckets(w, &cursor.labels, &buckets, &mut encoded)?;

@@ -46,6 +46,7 @@ fn database(dir: &std::path::Path) -> Db {
         // A left-closed tier (Graphite's) the planner must never pick: its buckets do not cut
         // PromQL's windows, so answers from it would differ from raw ones.
         rollups: vec![RollupTier::new(MIN, 0), RollupTier::new(5 * MIN, 0), RollupTier::left(15 * MIN, 0)],
+        rollup_filter: None,
     };
     let db = Db::open(dir, opts).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;

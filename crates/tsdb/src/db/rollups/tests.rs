@@ -11,7 +11,7 @@ use crate::chunkenc::rollup::ColumnSet;
 use crate::db::DbOptions;
 use crate::head::{HeadOptions, OutOfOrder};
 use crate::querier::ReadLimits;
-use crate::rollup::{aggregate_closed, Closed};
+use crate::rollup::{aggregate_closed, Closed, SeriesFilter};
 
 const MIN: i64 = 60_000;
 /// PromQL's right-closed tiers and a left-closed one of the same interval (Graphite's).
@@ -32,6 +32,7 @@ fn opts(retention_ms: i64, tiers: &[RollupTier]) -> DbOptions {
         retention_bytes: 0,
         compact_interval: None,
         rollups: tiers.to_vec(),
+        rollup_filter: None,
     }
 }
 
@@ -236,4 +237,30 @@ fn tier_retention_deletes_old_tier_blocks_only() {
     assert!(db.stats().rollup_blocks_deleted_by_retention.load(Ordering::Relaxed) > 0);
     check(&db, &model, tiers[1], 0, 60 * MIN);
     check(&db, &model, tiers[0], 45 * MIN, 60 * MIN);
+}
+
+#[test]
+fn a_series_filter_keeps_only_the_series_a_tier_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    // The left-closed tier keeps series 1 only (as a Graphite schema maps paths onto tiers);
+    // the right-closed one every series.
+    let tiers = [RollupTier::new(30_000, 0), RollupTier::left(30_000, 0)];
+    let mut o = opts(5 * MIN, &tiers);
+    o.rollup_filter =
+        Some(SeriesFilter::new(|tier, labels| tier.closed == Closed::Right || labels.get("i") == Some("1")));
+    let db = Db::open(tmp.path(), o).unwrap();
+    run(&db, &mut model, 0, 30 * MIN);
+    // Raw data before minute 20 or so is gone; the right-closed tier holds every series.
+    assert!(db.blocks().iter().all(|b| b.meta().min_time > 10 * MIN), "raw retention ran");
+    check(&db, &model, tiers[0], 0, 30 * MIN);
+    let got = db.rollup_select(tiers[1].meta(), &all(), 0, 10 * MIN, ColumnSet::ALL, &ReadLimits::default()).unwrap();
+    let kept: Vec<&str> = got.series.iter().filter_map(|s| s.labels.get("i")).collect();
+    assert_eq!(kept, ["1"], "only the kept series has buckets where only the tier holds data");
+    // Series 1's buckets are all there.
+    let (interval, closed) = (tiers[1].interval_ms, tiers[1].closed);
+    let hi = closed.span(closed.bucket_end(10 * MIN, interval), interval).1;
+    let want: Vec<Sample> = model[&1].range(0..=hi).map(|(&t, &v)| Sample { t, v }).collect();
+    let want = aggregate_closed(&want, interval, closed);
+    assert_eq!(got.series[0].buckets.len(), want.len());
 }
