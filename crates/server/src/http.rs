@@ -1135,7 +1135,7 @@ impl strata_promql::Storage for QueryStorage {
         mint: i64,
         maxt: i64,
         columns: strata_tsdb::chunkenc::rollup::ColumnSet,
-        f: &mut dyn FnMut(strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+        f: &mut dyn FnMut(&strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         let stop = || self.stopper.stop();
         let limits = read_limits(&self.limits, &stop);

@@ -61,7 +61,7 @@ pub trait Storage: Sync {
         _mint: i64,
         _maxt: i64,
         _columns: ColumnSet,
-        _f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+        _f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         Err(EvalError::Storage(format!("no rollup tier of {interval_ms} ms")))
     }
@@ -91,7 +91,7 @@ impl Storage for strata_tsdb::Db {
         mint: i64,
         maxt: i64,
         columns: ColumnSet,
-        f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+        f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         visit_rollup_with(self, interval_ms, matchers, mint, maxt, columns, &Default::default(), f)
             .map_err(|e| EvalError::Storage(e.to_string()))?
@@ -109,7 +109,7 @@ pub fn visit_rollup_with(
     maxt: i64,
     columns: ColumnSet,
     limits: &strata_tsdb::querier::ReadLimits<'_>,
-    f: &mut dyn FnMut(RollupSeries) -> Result<(), EvalError>,
+    f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
 ) -> Result<Result<usize, EvalError>, strata_tsdb::Error> {
     let mut failed: Option<EvalError> = None;
     // PromQL's windows `(t - r, t]` are answered by right-closed tiers only.

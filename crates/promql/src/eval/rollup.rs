@@ -143,7 +143,7 @@ impl Evaluator<'_> {
         sel: &VectorSelector,
         (mint, maxt): (i64, i64),
         columns: &[Column],
-        f: &mut dyn FnMut(strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+        f: &mut dyn FnMut(&strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
         // First and last always: combining buckets in time order reads them.
         let columns = ColumnSet::of(&[columns, &[Column::First, Column::Last]].concat());
@@ -194,7 +194,7 @@ impl Evaluator<'_> {
                 points.push(Point { t: ctx.ts(i), f });
             }
             if !points.is_empty() {
-                sink(Series::new(s.labels, points))?;
+                sink(Series::new(s.labels.clone(), points))?;
             }
             Ok(())
         })
@@ -241,7 +241,7 @@ impl Evaluator<'_> {
                 }
             }
             if !points.is_empty() {
-                sink(Series { labels: s.labels, points, hists: Vec::new(), drop_name: !keeps_name })?;
+                sink(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: !keeps_name })?;
             }
             Ok(())
         })

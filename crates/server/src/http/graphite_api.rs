@@ -24,7 +24,9 @@ use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries, TierInterval};
+use strata_graphite::render::{
+    fetch_from_tier, to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries, TierInterval,
+};
 use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_graphite::target::{self, Expr};
@@ -544,32 +546,44 @@ pub(super) async fn render(
                     .iter()
                     .map(|n| n.as_ref().and_then(|n| pick_tier(&tiers, &n.policy, from, until, now)))
                     .collect();
-                let mut from_tier: HashMap<usize, Vec<TierInterval>> = HashMap::new();
+                // The series tiers answer, each as whisper would from the tier's intervals
+                // (`None`: outside its retention); a series the tier has no data for answers
+                // as from no points.
+                let mut from_tier: HashMap<usize, Option<Fetched>> = HashMap::new();
+                let index: HashMap<&Labels, usize> = selected.iter().enumerate().map(|(i, s)| (&s.labels, i)).collect();
                 for (t, tier) in tiers.iter().enumerate() {
                     if !picks.contains(&Some(t)) {
                         continue;
                     }
+                    let step_s = tier.interval_ms / 1000;
+                    let mut answered: HashMap<usize, Option<Fetched>> = HashMap::new();
+                    let mut answer = |labels: &Labels, intervals: &[TierInterval]| {
+                        let Some(&i) = index.get(labels).filter(|&&i| picks[i] == Some(t)) else { return };
+                        let policy = &named[i].as_ref().expect("picked series are named").policy;
+                        let fetched = fetch_from_tier(intervals, step_s, policy, from, until, now);
+                        answered.insert(i, fetched);
+                    };
                     let limits = read_limits(&st2.limits, &stop);
                     // Series with native histograms make the tier answer nothing: read raw.
-                    let Some(mut read) =
-                        read_tier(&db, tier, matchers, mint, maxt, &limits).map_err(|e| execution(&e))?
-                    else {
-                        continue;
-                    };
-                    for (i, s) in selected.iter().enumerate().filter(|(i, _)| picks[*i] == Some(t)) {
-                        from_tier.insert(i, read.remove(&s.labels).unwrap_or_default());
+                    if read_tier(&db, tier, matchers, (mint, maxt), &limits, &mut answer).map_err(|e| execution(&e))? {
+                        for i in (0..selected.len()).filter(|&i| picks[i] == Some(t)) {
+                            let policy = &named[i].as_ref().expect("picked series are named").policy;
+                            let fetched = answered
+                                .remove(&i)
+                                .unwrap_or_else(|| fetch_from_tier(&[], step_s, policy, from, until, now));
+                            from_tier.insert(i, fetched);
+                        }
                     }
                 }
                 // Each series decoded and laid on its schema's intervals.
                 let read = |(i, s): (usize, &strata_tsdb::querier::Series)| -> Option<RenderSeries> {
                     let PathSeries { name, tags, policy } = named[i].clone()?;
-                    let (start, end, step, values) = match (picks[i], from_tier.get(&i)) {
-                        (Some(t), Some(intervals)) => {
+                    let (start, end, step, values) = match from_tier.get(&i) {
+                        Some(fetched) => {
                             st2.metrics.graphite_render_series_tier.fetch_add(1, Ordering::Relaxed);
-                            let step_s = tiers[t].interval_ms / 1000;
-                            strata_graphite::render::fetch_from_tier(intervals, step_s, &policy, from, until, now)?
+                            fetched.clone()?
                         }
-                        _ => {
+                        None => {
                             st2.metrics.graphite_render_series_raw.fetch_add(1, Ordering::Relaxed);
                             let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
                             strata_graphite::render::fetch(&samples, &policy, from, until, now)?
@@ -655,6 +669,9 @@ const PARALLEL_READ_MIN: usize = 32;
 /// Past `until`, the seconds of samples a render reads: whisper answers the interval after
 /// `until`, up to a day long for the coarsest archives in use.
 const RENDER_SLACK_S: i64 = 86_400;
+
+/// What a fetch answers for a series: start, end, step and values (`render::fetch`).
+type Fetched = (i64, i64, i64, Vec<Option<f64>>);
 
 /// A selected series as Graphite names it, with its retention policy.
 #[derive(Clone)]

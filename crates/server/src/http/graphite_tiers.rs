@@ -5,8 +5,6 @@
 //! not every point. Tiers hold the head's and unrolled blocks' samples too
 //! (`Db::rollup_visit`), so the answer does not depend on how far rollup has got.
 
-use std::collections::HashMap;
-
 use std::sync::Arc;
 
 use strata_graphite::render::{tier_fit, tier_serves, TierFit, TierInterval};
@@ -68,23 +66,26 @@ fn interval_of(b: &Bucket, step_s: i64) -> TierInterval {
     TierInterval { start: b.end / 1000 - step_s, count: b.count, sum: b.sum, min: b.min, max: b.max, last: b.last.v }
 }
 
-/// The intervals of `tier` over `[mint, maxt]` (ms) of the series `matchers` select, by their
-/// labels. `None` when a matching series holds native histograms (tiers do not: read raw).
+/// Hands `answer` the intervals of `tier` over `[mint, maxt]` (ms) of each series `matchers`
+/// select (with data there), in label order, in one buffer reused from series to series.
+/// `false` when a matching series holds native histograms (tiers do not: read raw instead).
 pub(super) fn read_tier(
     db: &Db,
     tier: &RollupTier,
     matchers: &[Matcher],
-    mint: i64,
-    maxt: i64,
+    (mint, maxt): (i64, i64),
     limits: &ReadLimits<'_>,
-) -> Result<Option<HashMap<Labels, Vec<TierInterval>>>, strata_tsdb::Error> {
+    answer: &mut dyn FnMut(&Labels, &[TierInterval]),
+) -> Result<bool, strata_tsdb::Error> {
     let step_s = tier.interval_ms / 1000;
-    let mut out = HashMap::new();
+    let mut intervals = Vec::new();
     let histograms = db.rollup_visit(tier.meta(), matchers, mint, maxt, ColumnSet::of(&COLUMNS), limits, &mut |s| {
-        out.insert(s.labels, s.buckets.iter().map(|b| interval_of(b, step_s)).collect());
+        intervals.clear();
+        intervals.extend(s.buckets.iter().map(|b| interval_of(b, step_s)));
+        answer(&s.labels, &intervals);
         Ok(())
     })?;
-    Ok((histograms == 0).then_some(out))
+    Ok(histograms == 0)
 }
 
 #[cfg(test)]
