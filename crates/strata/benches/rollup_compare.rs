@@ -13,8 +13,10 @@
 //! tiers `5m:forever,1h:forever` and raw data kept forever (so the raw answer covers the whole
 //! range too), compacted as the server would; the server is then started on it. Debian's
 //! `victoria-metrics` (result cache off, retention 100 years) gets the same samples through
-//! `/api/v1/import` and is force-merged. Prometheus is not included: its backfill
-//! (`promtool tsdb create-blocks-from openmetrics`) needs the whole data set as one text file.
+//! `/api/v1/import` and is force-merged. Debian's Prometheus 2.42 (retention 100 years) gets
+//! them as blocks written by `promtool tsdb create-blocks-from openmetrics`, a day's OpenMetrics
+//! file at a time, and is started on them once they are written, then left to compact them
+//! until idle (Prometheus has no downsampling either: it reads raw samples).
 //!
 //! Each query (a 30-day dashboard at a 1 h step, `start` aligned to the step as Grafana sends
 //! it) runs once per server to warm up, then RUNS rounds, each asking every server in turn (the
@@ -83,8 +85,23 @@ fn labels(instance: usize, metric: usize) -> Labels {
     Labels::from_pairs([("__name__", METRICS[metric].to_string()), ("instance", format!("host-{instance:04}"))])
 }
 
-/// Writes the data into Strata's directory and VictoriaMetrics, a day at a time.
-fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, start: i64) -> (Duration, Duration) {
+/// Load times: Strata, VictoriaMetrics, promtool.
+struct LoadTimes {
+    strata: Duration,
+    vm: Duration,
+    promtool: Duration,
+}
+
+/// Writes the data into Strata's directory, VictoriaMetrics and (with `prom`, a directory)
+/// Prometheus blocks through promtool, a day at a time.
+fn load(
+    dir: &std::path::Path,
+    vm: Option<&Peer>,
+    prom: Option<&std::path::Path>,
+    instances: usize,
+    days: i64,
+    start: i64,
+) -> LoadTimes {
     let opts = DbOptions {
         compact_interval: None,
         retention_ms: 0,
@@ -94,13 +111,14 @@ fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, s
     };
     let db = Db::open(dir, opts).unwrap();
     let mut gens: Vec<Gen> = (0..instances).flat_map(|i| (0..METRICS.len()).map(move |m| Gen::new(i, m))).collect();
-    let (mut strata_time, mut vm_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut strata_time, mut vm_time, mut promtool_time) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut samples = Vec::new();
     for d in 0..days {
         let day_start = start + d * DAY_MS;
         let head =
             Head::in_memory(HeadOptions { chunk_range_ms: 2 * HOUR_MS, backfill: true, ..HeadOptions::default() });
         let mut body = String::new();
+        let mut om = String::new();
         let t0 = Instant::now();
         let mut gen_time = Duration::ZERO;
         for (k, g) in gens.iter_mut().enumerate() {
@@ -132,6 +150,18 @@ fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, s
                 body.push_str("]}\n");
                 gen_time += g0.elapsed();
             }
+            if prom.is_some() {
+                let g0 = Instant::now();
+                for &(t, v) in &samples {
+                    om.push_str(&format!(
+                        "{}{{instance=\"host-{i:04}\"}} {v} {}.{:03}\n",
+                        METRICS[m],
+                        t.div_euclid(1000),
+                        t.rem_euclid(1000)
+                    ));
+                }
+                gen_time += g0.elapsed();
+            }
         }
         db.import_head(&head).unwrap();
         db.compact().unwrap();
@@ -141,6 +171,21 @@ fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, s
             post(vm.port, "/api/v1/import", body.as_bytes());
             vm_time += t0.elapsed();
         }
+        if let Some(prom) = prom {
+            om.push_str("# EOF\n");
+            let file = prom.join("day.om");
+            std::fs::write(&file, &om).unwrap();
+            let t0 = Instant::now();
+            let out = std::process::Command::new("promtool")
+                .args(["tsdb", "create-blocks-from", "openmetrics", "-q"])
+                .arg(&file)
+                .arg(prom.join("data"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
+            promtool_time += t0.elapsed();
+            std::fs::remove_file(&file).unwrap();
+        }
         eprint!("\rloaded day {}/{days}", d + 1);
     }
     eprintln!();
@@ -148,7 +193,7 @@ fn load(dir: &std::path::Path, vm: Option<&Peer>, instances: usize, days: i64, s
     db.compact().unwrap();
     db.close().unwrap();
     strata_time += t0.elapsed();
-    (strata_time, vm_time)
+    LoadTimes { strata: strata_time, vm: vm_time, promtool: promtool_time }
 }
 
 fn tiers() -> Vec<RollupTier> {
@@ -228,16 +273,28 @@ fn main() {
     let strata_dir = kept.clone().unwrap_or_else(|| tmp.path().join("strata"));
     let reuse = strata_dir.join("data").exists();
     let vm = if kept.is_some() { None } else { start_vm(&tmp.path().join("vm")) };
-    let (strata_load, vm_load) = if reuse {
-        (Duration::ZERO, Duration::ZERO)
+    let promtool = std::process::Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !promtool && kept.is_none() {
+        println!("promtool is not installed (Debian's prometheus package): no Prometheus");
+    }
+    let prom_dir = (promtool && kept.is_none()).then(|| tmp.path().join("prometheus"));
+    if let Some(p) = &prom_dir {
+        std::fs::create_dir_all(p.join("data")).unwrap();
+    }
+    let times = if reuse {
+        LoadTimes { strata: Duration::ZERO, vm: Duration::ZERO, promtool: Duration::ZERO }
     } else {
-        load(&strata_dir.join("data"), vm.as_ref(), instances, days, start)
+        load(&strata_dir.join("data"), vm.as_ref(), prom_dir.as_deref(), instances, days, start)
     };
     println!(
-        "load: strata {:.1} s (import and compaction, rollups included){}",
-        strata_load.as_secs_f64(),
+        "load: strata {:.1} s (import and compaction, rollups included){}{}",
+        times.strata.as_secs_f64(),
         vm.as_ref()
-            .map_or(String::new(), |_| format!(", victoria-metrics {:.1} s (import API)", vm_load.as_secs_f64()))
+            .map_or(String::new(), |_| format!(", victoria-metrics {:.1} s (import API)", times.vm.as_secs_f64())),
+        prom_dir.as_ref().map_or(String::new(), |_| format!(
+            ", prometheus {:.1} s (promtool create-blocks-from, a day at a time)",
+            times.promtool.as_secs_f64()
+        ))
     );
     if let Some(vm) = &vm {
         let (status, _, _) = get(vm.port, "/internal/force_merge");
@@ -246,6 +303,12 @@ fn main() {
         std::thread::sleep(Duration::from_secs(10));
         common::wait_idle(vm.child.id(), Duration::from_secs(600));
     }
+    // Prometheus on the promtool blocks, left to compact them until it idles.
+    let prometheus = prom_dir.as_ref().and_then(|p| {
+        let peer = common::start("prometheus", p, &["--storage.tsdb.retention.time=100y".into()])?;
+        common::wait_idle(peer.child.id(), Duration::from_secs(1800));
+        Some(peer)
+    });
     let strata = common::start(
         "strata",
         &strata_dir,
@@ -267,17 +330,25 @@ fn main() {
     };
     let mut servers: Vec<(&str, u16, &str)> =
         vec![("strata raw", strata.port, "&max_source_resolution=raw"), ("strata tier", strata.port, "")];
-    if let Some(vm) = &vm {
+    // Peers are optional: their columns show "-" when absent.
+    let vm_column = vm.as_ref().map(|vm| {
         servers.push(("victoria-metrics", vm.port, ""));
-    }
+        servers.len() - 1
+    });
+    let prom_column = prometheus.as_ref().map(|p| {
+        servers.push(("prometheus", p.port, ""));
+        servers.len() - 1
+    });
     println!(
-        "\n{:<24} {:>12} {:>12} {:>12} {:>9} {:>9}  read (raw samples → buckets)",
+        "\n{:<24} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}  read (raw samples → buckets)",
         format!("query ({days} d, 1 h step)"),
         "strata raw",
         "strata tier",
         "VM 1.79",
+        "Prom 2.42",
         "raw/tier",
-        "VM/tier"
+        "VM/tier",
+        "Prom/tier"
     );
     for (q, name) in queries {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
@@ -310,14 +381,18 @@ fn main() {
         }
         let m: Vec<f64> = times.into_iter().map(median).collect();
         let metric_samples = samples / METRICS.len() as u64;
+        let time = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}ms", m[c]));
+        let ratio = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}×", m[c] / m[1]));
         println!(
-            "{:<24} {:>10.1}ms {:>10.1}ms {:>12} {:>8.1}× {:>9}  {metric_samples} → {}",
+            "{:<24} {:>10.1}ms {:>10.1}ms {:>12} {:>12} {:>8.1}× {:>9} {:>9}  {metric_samples} → {}",
             name,
             m[0],
             m[1],
-            m.get(2).map_or("-".into(), |v| format!("{v:.1}ms")),
+            time(vm_column),
+            time(prom_column),
             m[0] / m[1],
-            m.get(2).map_or("-".into(), |v| format!("{:.1}×", v / m[1])),
+            ratio(vm_column),
+            ratio(prom_column),
             buckets_read(&bodies[1]).map_or("raw (no tier)".into(), |b| b.to_string()),
         );
     }
@@ -340,6 +415,12 @@ fn main() {
             b as f64 / buckets as f64,
             100.0 * b as f64 / raw_bytes as f64
         );
+    }
+    if let Some(mut p) = prometheus {
+        let b = dir_bytes(&tmp.path().join("prometheus/data"));
+        println!("      prometheus {b} B ({:.3} B/sample)", b as f64 / samples as f64);
+        let _ = p.child.kill();
+        let _ = p.child.wait();
     }
     if let Some(mut vm) = vm {
         let b = dir_bytes(&tmp.path().join("vm/data"));
