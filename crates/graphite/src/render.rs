@@ -35,6 +35,9 @@ pub struct Series {
     pub x_files_factor: f64,
 }
 
+/// A fetch's answer: start, end, step and one value per step (`None`: unknown), as whisper's.
+pub type Fetched = (i64, i64, i64, Vec<Option<f64>>);
+
 /// What whisper answers for a fetch: the archive it reads and the intervals it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Plan {
@@ -101,7 +104,7 @@ fn cascade(policy: &Policy, mut level: Vec<(i64, f64)>, from: usize, to: usize) 
 }
 
 /// The plan's intervals laid out densely, `None` where nothing is known.
-fn lay_out(plan: &Plan, level: Vec<(i64, f64)>) -> (i64, i64, i64, Vec<Option<f64>>) {
+fn lay_out(plan: &Plan, level: Vec<(i64, f64)>) -> Fetched {
     let Plan { step, from_interval, until_interval, .. } = *plan;
     let n = ((until_interval - from_interval) / step) as usize;
     let mut values = vec![None; n];
@@ -116,13 +119,7 @@ fn lay_out(plan: &Plan, level: Vec<(i64, f64)>) -> (i64, i64, i64, Vec<Option<f6
 /// Whisper's answer for `samples` (`(ms, value)`, in time order) stored under `policy`,
 /// fetched over `[from, until]` at `now` (epoch seconds). `None` when the range is entirely
 /// outside the retention or in the future, as whisper answers.
-pub fn fetch(
-    samples: &[(i64, f64)],
-    policy: &Policy,
-    from: i64,
-    until: i64,
-    now: i64,
-) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+pub fn fetch(samples: &[(i64, f64)], policy: &Policy, from: i64, until: i64, now: i64) -> Option<Fetched> {
     let plan = plan(policy, from, until, now)?;
     // The finest archive over the fetched range (aligned to the chosen step, which is a
     // multiple of every finer one), sparse: (interval, value).
@@ -244,7 +241,7 @@ pub fn fetch_from_tier(
     from: i64,
     until: i64,
     now: i64,
-) -> Option<(i64, i64, i64, Vec<Option<f64>>)> {
+) -> Option<Fetched> {
     tier_fit(policy, tier_step, from, until, now)?;
     let plan = plan(policy, from, until, now)?;
     let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();

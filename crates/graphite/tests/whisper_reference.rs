@@ -49,7 +49,7 @@ for f, u, n in sc["queries"]:
 print(json.dumps(out))
 "#;
 
-type Answer = Option<(i64, i64, i64, Vec<Option<f64>>)>;
+type Answer = Option<strata_graphite::render::Fetched>;
 
 /// Whisper's answers for `points` written as carbon writes them, to `queries` (from, until, now).
 #[allow(clippy::too_many_arguments, reason = "one whisper file's whole scenario")]

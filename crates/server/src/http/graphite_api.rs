@@ -25,7 +25,7 @@ use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{
-    fetch_from_tier, to_csv, to_json, to_msgpack, to_pickle, to_raw, Series as RenderSeries, TierInterval,
+    fetch_from_tier, to_csv, to_json, to_msgpack, to_pickle, to_raw, Fetched, Series as RenderSeries, TierInterval,
 };
 use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
@@ -669,9 +669,6 @@ const PARALLEL_READ_MIN: usize = 32;
 /// Past `until`, the seconds of samples a render reads: whisper answers the interval after
 /// `until`, up to a day long for the coarsest archives in use.
 const RENDER_SLACK_S: i64 = 86_400;
-
-/// What a fetch answers for a series: start, end, step and values (`render::fetch`).
-type Fetched = (i64, i64, i64, Vec<Option<f64>>);
 
 /// A selected series as Graphite names it, with its retention policy.
 #[derive(Clone)]
