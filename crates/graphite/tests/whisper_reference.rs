@@ -49,6 +49,20 @@ for f, u, n in sc["queries"]:
 print(json.dumps(out))
 "#;
 
+/// `n` fetches (from, until, now) around `end`: `now` up to an hour after it, spans picked
+/// from `spans`, `from` up to an hour earlier still, `until` up to half the span before `now`.
+fn random_queries(rng: &mut Rng, end: i64, spans: &[i64], n: usize) -> Vec<(i64, i64, i64)> {
+    (0..n)
+        .map(|_| {
+            let now = end + rng.below(3600) as i64;
+            let span = spans[rng.below(spans.len() as u64) as usize];
+            let from = now - span - rng.below(3600) as i64;
+            let until = now - rng.below(span as u64 / 2) as i64;
+            (from, until, now)
+        })
+        .collect()
+}
+
 type Answer = Option<strata_graphite::render::Fetched>;
 
 /// Whisper's answers for `points` written as carbon writes them, to `queries` (from, until, now).
@@ -166,14 +180,7 @@ fn tier_reads_answer_what_whisper_answers() {
                 t += step0;
             }
             let end = points.last().unwrap().0;
-            let mut queries = Vec::new();
-            for _ in 0..16 {
-                let now = end + rng.below(3600) as i64;
-                let span = [3600, 3 * 3600, 12 * 3600, 3 * 86_400][rng.below(4) as usize];
-                let from = now - span - rng.below(3600) as i64;
-                let until = now - rng.below(span as u64 / 2) as i64;
-                queries.push((from, until, now));
-            }
+            let queries = random_queries(&mut rng, end, &[3600, 3 * 3600, 12 * 3600, 3 * 86_400], 16);
             let name = format!("tier-{case}-{m}");
             let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);
             let policy = Policy {
@@ -245,14 +252,7 @@ fn fetch_answers_what_whisper_answers_for_the_same_points() {
                 t += step0;
             }
             let end = points.last().unwrap().0;
-            let mut queries = Vec::new();
-            for _ in 0..12 {
-                let now = end + rng.below(3600) as i64;
-                let span = [600, 3600, 3 * 3600, 12 * 3600, 3 * 86_400][rng.below(5) as usize];
-                let from = now - span - rng.below(3600) as i64;
-                let until = now - rng.below(span as u64 / 2) as i64;
-                queries.push((from, until, now));
-            }
+            let mut queries = random_queries(&mut rng, end, &[600, 3600, 3 * 3600, 12 * 3600, 3 * 86_400], 12);
             queries.push((end + 100_000_000, end + 100_000_600, end));
             let name = format!("case-{case}-{m}");
             let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);

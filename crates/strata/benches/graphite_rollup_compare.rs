@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::{get, urlencode};
 use strata_model::Labels;
-use strata_tsdb::head::{Head, HeadOptions};
 use strata_tsdb::rollup::RollupTier;
-use strata_tsdb::{Db, DbOptions};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -37,20 +35,12 @@ fn tiers() -> Vec<RollupTier> {
 }
 
 fn load(dir: &std::path::Path, paths: usize, days: i64, start: i64) -> Duration {
-    let opts = DbOptions {
-        compact_interval: None,
-        retention_ms: 0,
-        rollups: tiers(),
-        head: HeadOptions { chunk_range_ms: 2 * HOUR_MS, ..HeadOptions::default() },
-        ..DbOptions::default()
-    };
-    let db = Db::open(dir, opts).unwrap();
+    let db = common::backfill_db(dir, tiers());
     let mut values: Vec<(u64, f64)> = (0..paths).map(|p| (0x9e37_79b9_7f4a_7c15 ^ (p as u64 + 1) << 20, 0.0)).collect();
     let t0 = Instant::now();
     for d in 0..days {
         let day_start = start + d * DAY_MS;
-        let head =
-            Head::in_memory(HeadOptions { chunk_range_ms: 2 * HOUR_MS, backfill: true, ..HeadOptions::default() });
+        let head = common::backfill_head();
         for (p, (rng, value)) in values.iter_mut().enumerate() {
             let labels = Labels::from_pairs([("__name__", format!("servers.host-{p:04}.load"))]);
             let mut app = head.appender();

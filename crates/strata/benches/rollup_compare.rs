@@ -32,9 +32,7 @@ use std::time::{Duration, Instant};
 
 use common::{get, urlencode, Peer};
 use strata_model::Labels;
-use strata_tsdb::head::{Head, HeadOptions};
 use strata_tsdb::rollup::RollupTier;
-use strata_tsdb::{Db, DbOptions};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -102,21 +100,13 @@ fn load(
     days: i64,
     start: i64,
 ) -> LoadTimes {
-    let opts = DbOptions {
-        compact_interval: None,
-        retention_ms: 0,
-        rollups: tiers(),
-        head: HeadOptions { chunk_range_ms: 2 * HOUR_MS, ..HeadOptions::default() },
-        ..DbOptions::default()
-    };
-    let db = Db::open(dir, opts).unwrap();
+    let db = common::backfill_db(dir, tiers());
     let mut gens: Vec<Gen> = (0..instances).flat_map(|i| (0..METRICS.len()).map(move |m| Gen::new(i, m))).collect();
     let (mut strata_time, mut vm_time, mut promtool_time) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut samples = Vec::new();
     for d in 0..days {
         let day_start = start + d * DAY_MS;
-        let head =
-            Head::in_memory(HeadOptions { chunk_range_ms: 2 * HOUR_MS, backfill: true, ..HeadOptions::default() });
+        let head = common::backfill_head();
         let mut body = String::new();
         let mut om = String::new();
         let t0 = Instant::now();

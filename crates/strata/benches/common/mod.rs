@@ -269,3 +269,29 @@ pub fn host_metrics() -> Vec<String> {
     assert_eq!(m.len(), 100);
     m
 }
+
+/// Two hours in milliseconds: the head's and the import's block range.
+const BACKFILL_RANGE_MS: i64 = 2 * 3_600_000;
+
+/// A data directory to backfill with rollup `tiers`: raw data kept forever, no background
+/// compaction (the loader compacts as it goes, as the server would).
+pub fn backfill_db(dir: &Path, tiers: Vec<strata_tsdb::rollup::RollupTier>) -> strata_tsdb::Db {
+    let opts = strata_tsdb::DbOptions {
+        compact_interval: None,
+        retention_ms: 0,
+        rollups: tiers,
+        head: strata_tsdb::head::HeadOptions { chunk_range_ms: BACKFILL_RANGE_MS, ..Default::default() },
+        ..strata_tsdb::DbOptions::default()
+    };
+    strata_tsdb::Db::open(dir, opts).unwrap()
+}
+
+/// An in-memory head to append a slice of backfill to, then hand to `Db::import_head` (what
+/// `strata tsdb import` does).
+pub fn backfill_head() -> strata_tsdb::head::Head {
+    strata_tsdb::head::Head::in_memory(strata_tsdb::head::HeadOptions {
+        chunk_range_ms: BACKFILL_RANGE_MS,
+        backfill: true,
+        ..Default::default()
+    })
+}
