@@ -212,6 +212,46 @@ fn tier_archive(policy: &Policy, tier_step: i64) -> Option<usize> {
     (tier_step > 0 && policy.archives[k].step_s % tier_step == 0).then_some(k)
 }
 
+/// Which of a tier interval's aggregates a read needs besides its count (the others may be left
+/// zero): what `policy`'s aggregation reads, or the last point where the tier is read as the
+/// finest archive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierNeeds {
+    pub sum: bool,
+    pub min: bool,
+    pub max: bool,
+    pub last: bool,
+}
+
+impl TierNeeds {
+    /// What reading `policy`'s archives from a tier of `tier_step` seconds needs.
+    pub fn of(policy: &Policy, tier_step: i64) -> TierNeeds {
+        let mut n = TierNeeds::default();
+        if tier_archive(policy, tier_step) == Some(0) {
+            n.last = true;
+            return n;
+        }
+        match policy.aggregation {
+            Aggregation::Average | Aggregation::Sum | Aggregation::AvgZero => n.sum = true,
+            Aggregation::Min => n.min = true,
+            Aggregation::Max => n.max = true,
+            Aggregation::Last => n.last = true,
+            Aggregation::AbsMax | Aggregation::AbsMin => (n.min, n.max) = (true, true),
+        }
+        n
+    }
+
+    /// What either read needs.
+    pub fn union(self, other: TierNeeds) -> TierNeeds {
+        TierNeeds {
+            sum: self.sum || other.sum,
+            min: self.min || other.min,
+            max: self.max || other.max,
+            last: self.last || other.last,
+        }
+    }
+}
+
 /// Whether a tier of `tier_step` seconds can answer some coarse archive of `policy` (what a
 /// tier keeps of a path: the same rule `tier_fit` reads by).
 pub fn tier_serves(policy: &Policy, tier_step: i64) -> bool {

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use strata_graphite::render::{fetch, fetch_from_tier, tier_fit, TierFit, TierInterval};
+use strata_graphite::render::{fetch, fetch_from_tier, tier_fit, TierFit, TierInterval, TierNeeds};
 use strata_graphite::schema::{Aggregation, Archive, Policy};
 
 /// Debian's interpreter, which has the package (a `python3` earlier on the PATH may not).
@@ -190,7 +190,18 @@ fn tier_reads_answer_what_whisper_answers() {
             };
             let samples: Vec<(i64, f64)> = points.iter().map(|&(t, v)| (t * 1000, v)).collect();
             for &tier in tiers.iter() {
-                let intervals = tier_intervals(&points, tier);
+                // Only the aggregates `TierNeeds` names are read from a tier: the rest zeroed.
+                let needs = TierNeeds::of(&policy, tier);
+                let intervals: Vec<TierInterval> = tier_intervals(&points, tier)
+                    .into_iter()
+                    .map(|i| TierInterval {
+                        sum: if needs.sum { i.sum } else { 0.0 },
+                        min: if needs.min { i.min } else { 0.0 },
+                        max: if needs.max { i.max } else { 0.0 },
+                        last: if needs.last { i.last } else { 0.0 },
+                        ..i
+                    })
+                    .collect();
                 for (q, want) in queries.iter().zip(&answers) {
                     let Some(fit) = tier_fit(&policy, tier, q.0, q.1, q.2) else { continue };
                     let got = fetch_from_tier(&intervals, tier, &policy, q.0, q.1, q.2);

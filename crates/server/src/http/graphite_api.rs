@@ -26,6 +26,7 @@ use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
 use strata_graphite::render::{
     fetch_from_tier, to_csv, to_json, to_msgpack, to_pickle, to_raw, Fetched, Series as RenderSeries, TierInterval,
+    TierNeeds,
 };
 use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
@@ -563,9 +564,14 @@ pub(super) async fn render(
                         let fetched = fetch_from_tier(intervals, step_s, policy, from, until, now);
                         answered.insert(i, fetched);
                     };
+                    let needs = (0..selected.len())
+                        .filter(|&i| picks[i] == Some(t))
+                        .filter_map(|i| named[i].as_ref())
+                        .fold(TierNeeds::default(), |n, s| n.union(TierNeeds::of(&s.policy, step_s)));
                     let limits = read_limits(&st2.limits, &stop);
                     // Series with native histograms make the tier answer nothing: read raw.
-                    if read_tier(&db, tier, matchers, (mint, maxt), &limits, &mut answer).map_err(|e| execution(&e))? {
+                    let read = read_tier(&db, (tier, needs), matchers, (mint, maxt), &limits, &mut answer);
+                    if read.map_err(|e| execution(&e))? {
                         for i in (0..selected.len()).filter(|&i| picks[i] == Some(t)) {
                             let policy = &named[i].as_ref().expect("picked series are named").policy;
                             let fetched = answered

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use strata_graphite::render::{tier_fit, tier_serves, TierFit, TierInterval};
+use strata_graphite::render::{tier_fit, tier_serves, TierFit, TierInterval, TierNeeds};
 use strata_graphite::schema::{Policy, Schemas};
 use strata_model::{Labels, Matcher};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
@@ -16,9 +16,6 @@ use strata_tsdb::rollup::{Bucket, Closed, RollupTier, SeriesFilter};
 
 use super::graphite_api::graphite_series_name;
 use strata_tsdb::Db;
-
-/// The aggregates a whisper archive is made from.
-const COLUMNS: [Column; 5] = [Column::Count, Column::Sum, Column::Min, Column::Max, Column::Last];
 
 /// What each tier keeps for `schemas`: a right-closed tier (PromQL's) every series; a
 /// left-closed one the Graphite paths whose schema reads it (`render::tier_serves`), so that a
@@ -66,12 +63,26 @@ fn interval_of(b: &Bucket, step_s: i64) -> TierInterval {
     TierInterval { start: b.end / 1000 - step_s, count: b.count, sum: b.sum, min: b.min, max: b.max, last: b.last.v }
 }
 
+/// The tier columns that hold what `needs` asks for (the count and the bucket ends always).
+fn columns(needs: TierNeeds) -> ColumnSet {
+    let mut columns = vec![Column::Count];
+    for (needed, column) in
+        [(needs.sum, Column::Sum), (needs.min, Column::Min), (needs.max, Column::Max), (needs.last, Column::Last)]
+    {
+        if needed {
+            columns.push(column);
+        }
+    }
+    ColumnSet::of(&columns)
+}
+
 /// Hands `answer` the intervals of `tier` over `[mint, maxt]` (ms) of each series `matchers`
-/// select (with data there), in label order, in one buffer reused from series to series.
+/// select (with data there), in label order, in one buffer reused from series to series; of
+/// the stored aggregates only those `needs` names are read (the others are zero).
 /// `false` when a matching series holds native histograms (tiers do not: read raw instead).
 pub(super) fn read_tier(
     db: &Db,
-    tier: &RollupTier,
+    (tier, needs): (&RollupTier, TierNeeds),
     matchers: &[Matcher],
     (mint, maxt): (i64, i64),
     limits: &ReadLimits<'_>,
@@ -79,7 +90,7 @@ pub(super) fn read_tier(
 ) -> Result<bool, strata_tsdb::Error> {
     let step_s = tier.interval_ms / 1000;
     let mut intervals = Vec::new();
-    let histograms = db.rollup_visit(tier.meta(), matchers, mint, maxt, ColumnSet::of(&COLUMNS), limits, &mut |s| {
+    let histograms = db.rollup_visit(tier.meta(), matchers, mint, maxt, columns(needs), limits, &mut |s| {
         intervals.clear();
         intervals.extend(s.buckets.iter().map(|b| interval_of(b, step_s)));
         answer(&s.labels, &intervals);
