@@ -297,6 +297,12 @@ impl Schemas {
         longest.into_iter().map(|(step_s, keep)| Archive { step_s, points: (keep + step_s - 1) / step_s }).collect()
     }
 
+    /// Each section's name and finest archive (read from raw samples, so kept only as long as
+    /// the raw data).
+    pub fn finest_archives(&self) -> Vec<(&str, Archive)> {
+        self.retentions.iter().map(|r| (r.name.as_str(), r.value[0])).collect()
+    }
+
     /// The names of the sections, for the log.
     pub fn section_names(&self) -> Vec<&str> {
         self.retentions.iter().map(|r| r.name.as_str()).collect()

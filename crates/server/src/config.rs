@@ -116,6 +116,19 @@ pub fn graphite_rollup_tiers(
 ) -> (Vec<strata_tsdb::rollup::RollupTier>, Vec<String>) {
     use strata_tsdb::rollup::{RollupTier, INTERVAL_MIN_MS, TIERS_MAX};
     let (mut tiers, mut notes): (Vec<RollupTier>, Vec<String>) = (Vec::new(), Vec::new());
+    // The finest archive is the raw data: it ends where raw retention does.
+    for (section, finest) in schemas.finest_archives() {
+        let keep_ms = finest.retention_s().saturating_mul(1000);
+        if raw_retention_ms > 0 && keep_ms > raw_retention_ms {
+            notes.push(format!(
+                "[{section}] keeps its finest archive ({}s) {} but raw data is kept {} (--retention): \
+                 its points older than that are gone; raise --retention to keep them",
+                finest.step_s,
+                strata_model::format_duration_ms(keep_ms),
+                strata_model::format_duration_ms(raw_retention_ms)
+            ));
+        }
+    }
     for archive in schemas.coarse_archives() {
         let interval_ms = archive.step_s.saturating_mul(1000);
         let name = format!("{}s", archive.step_s);
@@ -213,6 +226,10 @@ mod tests {
             ]
         );
         assert!(notes.iter().any(|n| n.contains("90s") && n.contains("multiple")), "{notes:?}");
+        assert!(!notes.iter().any(|n| n.contains("finest archive")), "{notes:?}");
+        // A finest archive kept longer than raw data is said to end with it.
+        let (_, notes) = graphite_rollup_tiers(&schemas, DAY_MS / 2, 0);
+        assert!(notes.iter().any(|n| n.contains("[collectd]") && n.contains("finest archive")), "{notes:?}");
         check_tiers(&tiers, 15 * DAY_MS).unwrap();
         // Raw data kept forever: so are the tiers.
         let (forever, _) = graphite_rollup_tiers(&schemas, 0, 0);
