@@ -13,9 +13,9 @@ use strata_model::{Labels, Matcher};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::querier::ReadLimits;
 use strata_tsdb::rollup::{Bucket, Closed, RollupTier, SeriesFilter};
+use strata_tsdb::Db;
 
 use super::graphite_api::graphite_series_name;
-use strata_tsdb::Db;
 
 /// What each tier keeps for `schemas`: a right-closed tier (PromQL's) every series; a
 /// left-closed one the Graphite paths whose schema reads it (`render::tier_serves`), so that a
