@@ -535,7 +535,7 @@ pub(super) async fn render(
                 // By path, as graphite-web lists a glob's series (label order puts tags first).
                 selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
                 // Each series' policy, and the tier that answers it (`None`: its raw samples).
-                let named: Vec<Option<PathSeries>> = selected
+                let mut named: Vec<Option<PathSeries>> = selected
                     .iter()
                     .map(|s| {
                         let (name, tags) = graphite_series_name(&s.labels)?;
@@ -547,63 +547,71 @@ pub(super) async fn render(
                     .iter()
                     .map(|n| n.as_ref().and_then(|n| pick_tier(&tiers, &n.policy, from, until, now)))
                     .collect();
-                // The series tiers answer, each as whisper would from the tier's intervals
-                // (`None`: outside its retention); a series the tier has no data for answers
-                // as from no points.
-                let mut from_tier: HashMap<usize, Option<Fetched>> = HashMap::new();
-                let index: HashMap<&Labels, usize> = selected.iter().enumerate().map(|(i, s)| (&s.labels, i)).collect();
-                for (t, tier) in tiers.iter().enumerate() {
-                    if !picks.contains(&Some(t)) {
-                        continue;
-                    }
-                    let step_s = tier.interval_ms / 1000;
-                    let mut answered: HashMap<usize, Option<Fetched>> = HashMap::new();
-                    let mut answer = |labels: &Labels, intervals: &[TierInterval]| {
-                        let Some(&i) = index.get(labels).filter(|&&i| picks[i] == Some(t)) else { return };
-                        let policy = &named[i].as_ref().expect("picked series are named").policy;
-                        let fetched = fetch_from_tier(intervals, step_s, policy, from, until, now);
-                        answered.insert(i, fetched);
-                    };
-                    let needs = (0..selected.len())
-                        .filter(|&i| picks[i] == Some(t))
-                        .filter_map(|i| named[i].as_ref())
-                        .fold(TierNeeds::default(), |n, s| n.union(TierNeeds::of(&s.policy, step_s)));
-                    let limits = read_limits(&st2.limits, &stop);
-                    // Series with native histograms make the tier answer nothing: read raw.
-                    let read = read_tier(&db, (tier, needs), matchers, (mint, maxt), &limits, &mut answer);
-                    if read.map_err(|e| execution(&e))? {
-                        for i in (0..selected.len()).filter(|&i| picks[i] == Some(t)) {
-                            let policy = &named[i].as_ref().expect("picked series are named").policy;
-                            let fetched = answered
-                                .remove(&i)
-                                .unwrap_or_else(|| fetch_from_tier(&[], step_s, policy, from, until, now));
-                            from_tier.insert(i, fetched);
+                // Each series' answer, first those tiers give: whisper's from the tier's intervals
+                // (`None` inside: outside the retention); a series the tier has no data for
+                // answers as from no points.
+                let mut answers: Vec<Option<Option<Fetched>>> = vec![None; selected.len()];
+                if picks.iter().any(Option::is_some) {
+                    let index: HashMap<&Labels, usize> =
+                        selected.iter().enumerate().map(|(i, s)| (&s.labels, i)).collect();
+                    let policy = |i: usize| &named[i].as_ref().expect("picked series are named").policy;
+                    for (t, tier) in tiers.iter().enumerate() {
+                        let picked: Vec<usize> = (0..selected.len()).filter(|&i| picks[i] == Some(t)).collect();
+                        if picked.is_empty() {
+                            continue;
+                        }
+                        let step_s = tier.interval_ms / 1000;
+                        let needs =
+                            picked.iter().fold(TierNeeds::default(), |n, &i| n.union(TierNeeds::of(policy(i), step_s)));
+                        let mut answer = |labels: &Labels, intervals: &[TierInterval]| {
+                            let Some(&i) = index.get(labels).filter(|&&i| picks[i] == Some(t)) else { return };
+                            answers[i] = Some(fetch_from_tier(intervals, step_s, policy(i), from, until, now));
+                        };
+                        let limits = read_limits(&st2.limits, &stop);
+                        let read = read_tier(&db, (tier, needs), matchers, (mint, maxt), &limits, &mut answer);
+                        // Series with native histograms make the tier answer nothing: read raw.
+                        let answered = read.map_err(|e| execution(&e))?;
+                        for &i in &picked {
+                            answers[i] = match answers[i].take() {
+                                _ if !answered => None,
+                                None => Some(fetch_from_tier(&[], step_s, policy(i), from, until, now)),
+                                done => done,
+                            };
                         }
                     }
                 }
-                // Each series decoded and laid on its schema's intervals.
-                let read = |(i, s): (usize, &strata_tsdb::querier::Series)| -> Option<RenderSeries> {
-                    let PathSeries { name, tags, policy } = named[i].clone()?;
-                    let (start, end, step, values) = match from_tier.get(&i) {
-                        Some(fetched) => {
-                            st2.metrics.graphite_render_series_tier.fetch_add(1, Ordering::Relaxed);
-                            fetched.clone()?
-                        }
-                        None => {
-                            st2.metrics.graphite_render_series_raw.fetch_add(1, Ordering::Relaxed);
-                            let samples: Vec<(i64, f64)> = s.samples().iter().map(|x| (x.t, x.v)).collect();
-                            strata_graphite::render::fetch(&samples, &policy, from, until, now)?
-                        }
-                    };
-                    let path_expression = path_expression.to_owned();
-                    Some(RenderSeries::new(name, tags, (start, end, step), values, path_expression, x_files_factor))
+                // The rest: each series decoded and laid on its schema's intervals, spread over
+                // the cores when there are enough to pay for the threads.
+                let raw: Vec<usize> =
+                    (0..selected.len()).filter(|&i| answers[i].is_none() && named[i].is_some()).collect();
+                let read_raw = |i: usize| -> Option<Fetched> {
+                    let samples: Vec<(i64, f64)> = selected[i].samples().iter().map(|x| (x.t, x.v)).collect();
+                    let policy = &named[i].as_ref().expect("only named series are read").policy;
+                    strata_graphite::render::fetch(&samples, policy, from, until, now)
                 };
-                // Spread over the cores when there are enough series to pay for the threads, in
-                // contiguous runs so the order stays the path order.
-                if selected.len() < PARALLEL_READ_MIN {
-                    return Ok(selected.iter().enumerate().filter_map(read).collect());
+                let raw_fetched: Vec<Option<Fetched>> = if raw.len() < PARALLEL_READ_MIN {
+                    raw.iter().map(|&i| read_raw(i)).collect()
+                } else {
+                    functions::spread(raw.clone(), read_raw)
+                };
+                let metrics = &st2.metrics;
+                metrics.graphite_render_series_raw.fetch_add(raw.len() as u64, Ordering::Relaxed);
+                let tier_answered = answers.iter().filter(|f| f.is_some()).count();
+                metrics.graphite_render_series_tier.fetch_add(tier_answered as u64, Ordering::Relaxed);
+                for (i, fetched) in raw.into_iter().zip(raw_fetched) {
+                    answers[i] = Some(fetched);
                 }
-                Ok(functions::spread(selected.iter().enumerate().collect(), read).into_iter().flatten().collect())
+                // In path order, each answer moved into its series.
+                Ok(answers
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, fetched)| {
+                        let (start, end, step, values) = fetched??;
+                        let PathSeries { name, tags, .. } = named[i].take()?;
+                        let range = (start, end, step);
+                        Some(RenderSeries::new(name, tags, range, values, path_expression.to_owned(), x_files_factor))
+                    })
+                    .collect())
             };
             let series = match &target.selection {
                 Selection::Functions(expr) => {
