@@ -262,12 +262,15 @@ pub fn tier_serves(policy: &Policy, tier_step: i64) -> bool {
 /// only coarse archives do (the finest is read from raw samples), when the tier's intervals
 /// divide the archive's and line up with the archive cascade. `None`: read raw samples.
 pub fn tier_fit(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -> Option<TierFit> {
+    let (_, k) = tier_plan(policy, tier_step, from, until, now)?;
+    Some(if k <= 1 { TierFit::Exact } else { TierFit::Approximate })
+}
+
+/// The fetch's plan and the archive the tier is read as, when the tier fits (`tier_fit`).
+fn tier_plan(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -> Option<(Plan, usize)> {
     let plan = plan(policy, from, until, now)?;
     let k = tier_archive(policy, tier_step)?;
-    if plan.archive == 0 || k > plan.archive {
-        return None;
-    }
-    Some(if k <= 1 { TierFit::Exact } else { TierFit::Approximate })
+    (plan.archive > 0 && k <= plan.archive).then_some((plan, k))
 }
 
 /// Whisper's answer for a path under `policy`, fetched over `[from, until]` at `now`, from the
@@ -282,11 +285,8 @@ pub fn fetch_from_tier(
     until: i64,
     now: i64,
 ) -> Option<Fetched> {
-    tier_fit(policy, tier_step, from, until, now)?;
-    let plan = plan(policy, from, until, now)?;
-    let steps: Vec<i64> = policy.archives.iter().map(|a| a.step_s).collect();
-    let k = tier_archive(policy, tier_step).expect("checked by tier_fit");
-    let unit = steps[k];
+    let (plan, k) = tier_plan(policy, tier_step, from, until, now)?;
+    let unit = policy.archives[k].step_s;
     let first = intervals.partition_point(|i| i.start < plan.from_interval);
     let within = intervals[first..].iter().take_while(|i| i.start < plan.until_interval);
     // Archive `k`'s values: the tier's intervals merged into its intervals.
@@ -302,7 +302,7 @@ pub fn fetch_from_tier(
         // The finest archive keeps each interval's last point.
         merged.iter().map(|m| (m.start, m.last)).collect()
     } else {
-        let slots = (unit / steps[0]) as usize;
+        let slots = (unit / policy.archives[0].step_s) as usize;
         merged
             .iter()
             .filter(|m| (m.count as usize).min(slots) as f64 / slots as f64 >= whisper_xff(policy))
