@@ -63,6 +63,21 @@ fn random_queries(rng: &mut Rng, end: i64, spans: &[i64], n: usize) -> Vec<(i64,
         .collect()
 }
 
+/// The aggregation methods compared, as whisper names them.
+const METHODS: [(&str, Aggregation); 5] = [
+    ("average", Aggregation::Average),
+    ("sum", Aggregation::Sum),
+    ("max", Aggregation::Max),
+    ("last", Aggregation::Last),
+    ("min", Aggregation::Min),
+];
+
+/// A policy of `archives` (step, points), as a whisper file created with them.
+fn policy(archives: &[(i64, i64)], aggregation: Aggregation, x_files_factor: f64) -> Policy {
+    let archives = archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect();
+    Policy { archives, aggregation, x_files_factor }
+}
+
 type Answer = Option<strata_graphite::render::Fetched>;
 
 /// Whisper's answers for `points` written as carbon writes them, to `queries` (from, until, now).
@@ -155,16 +170,9 @@ fn tier_reads_answer_what_whisper_answers() {
         (&[(10, 360), (60, 1440), (300, 2016)], &[5, 10, 30, 60, 300]),
         (&[(15, 240), (60, 120), (600, 144)], &[15, 60, 300, 600]),
     ];
-    let methods = [
-        ("average", Aggregation::Average),
-        ("sum", Aggregation::Sum),
-        ("max", Aggregation::Max),
-        ("last", Aggregation::Last),
-        ("min", Aggregation::Min),
-    ];
     let (mut exact, mut approximate, mut approximate_same) = (0, 0, 0);
     for (case, (archives, tiers)) in schemas.iter().enumerate() {
-        for (m, &(method, aggregation)) in methods.iter().enumerate() {
+        for (m, &(method, aggregation)) in METHODS.iter().enumerate() {
             let xff = [0.0, 0.5, 0.0, 0.3][(case + m) % 4];
             let step0 = archives[0].0;
             let start: i64 = 1_700_000_000 - 1_700_000_000 % step0;
@@ -183,11 +191,7 @@ fn tier_reads_answer_what_whisper_answers() {
             let queries = random_queries(&mut rng, end, &[3600, 3 * 3600, 12 * 3600, 3 * 86_400], 16);
             let name = format!("tier-{case}-{m}");
             let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);
-            let policy = Policy {
-                archives: archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect(),
-                aggregation,
-                x_files_factor: xff,
-            };
+            let policy = policy(archives, aggregation, xff);
             let samples: Vec<(i64, f64)> = points.iter().map(|&(t, v)| (t * 1000, v)).collect();
             for &tier in tiers.iter() {
                 // Only the aggregates `TierNeeds` names are read from a tier: the rest zeroed.
@@ -235,16 +239,9 @@ fn fetch_answers_what_whisper_answers_for_the_same_points() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let schemas: [&[(i64, i64)]; 3] =
         [&[(10, 360), (60, 1440), (300, 2016)], &[(60, 600)], &[(15, 240), (60, 120), (600, 144)]];
-    let methods = [
-        ("average", Aggregation::Average),
-        ("sum", Aggregation::Sum),
-        ("max", Aggregation::Max),
-        ("last", Aggregation::Last),
-        ("min", Aggregation::Min),
-    ];
     let mut compared = 0;
     for (case, archives) in schemas.iter().enumerate() {
-        for (m, &(method, aggregation)) in methods.iter().enumerate() {
+        for (m, &(method, aggregation)) in METHODS.iter().enumerate() {
             let xff = [0.0, 0.5, 1.0, 0.3][(case + m) % 4];
             let start: i64 = 1_700_000_000 + rng.below(1000) as i64;
             let step0 = archives[0].0;
@@ -267,11 +264,7 @@ fn fetch_answers_what_whisper_answers_for_the_same_points() {
             queries.push((end + 100_000_000, end + 100_000_600, end));
             let name = format!("case-{case}-{m}");
             let answers = whisper_answers(&py, dir.path(), &name, archives, xff, method, &points, &queries);
-            let policy = Policy {
-                archives: archives.iter().map(|&(step_s, points)| Archive { step_s, points }).collect(),
-                aggregation,
-                x_files_factor: xff,
-            };
+            let policy = policy(archives, aggregation, xff);
             let samples: Vec<(i64, f64)> = points.iter().map(|&(t, v)| (t * 1000, v)).collect();
             for (q, want) in queries.iter().zip(&answers) {
                 let got = fetch(&samples, &policy, q.0, q.1, q.2);

@@ -140,13 +140,6 @@ fn build_lines(paths: &[String], points: usize, connections: usize, now: i64) ->
     out
 }
 
-/// The sum of the samples of a metric family in a server's `/metrics` whose line starts with
-/// `prefix`.
-fn counter(port: u16, prefix: &str) -> f64 {
-    let (_, body, _) = get(port, "/metrics");
-    body.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-}
-
 struct Server {
     name: &'static str,
     child: Child,
@@ -300,12 +293,12 @@ fn wait_stored(srv: &Server, total: f64, paths: u64, deadline: Instant) -> bool 
     while Instant::now() < deadline {
         match srv.name {
             "strata" => {
-                if counter(srv.http, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}") >= total {
+                if common::counter(srv.http, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}") >= total {
                     return true;
                 }
             }
             "victoria-metrics" => {
-                if counter(srv.http, "vm_rows_inserted_total{type=\"graphite\"}") >= total {
+                if common::counter(srv.http, "vm_rows_inserted_total{type=\"graphite\"}") >= total {
                     return true;
                 }
             }
@@ -470,8 +463,8 @@ fn main() {
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(60) {
                 let (dict, delta) = (
-                    counter(srv.http, "strata_tsdb_head_names_dictionary_nodes"),
-                    counter(srv.http, "strata_tsdb_head_names_delta_nodes"),
+                    common::counter(srv.http, "strata_tsdb_head_names_dictionary_nodes"),
+                    common::counter(srv.http, "strata_tsdb_head_names_delta_nodes"),
                 );
                 if delta <= (dict / 16.0).max(4096.0) {
                     break;

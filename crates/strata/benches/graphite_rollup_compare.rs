@@ -64,11 +64,6 @@ fn load(dir: &std::path::Path, paths: usize, days: i64, start: i64) -> Duration 
     t0.elapsed()
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 /// A rendered series: its name and (timestamp, value) pairs.
 type Rendered = (String, Vec<(i64, Option<f64>)>);
 
@@ -84,11 +79,6 @@ fn series(body: &str) -> Vec<Rendered> {
             (s["target"].as_str().unwrap().to_owned(), points)
         })
         .collect()
-}
-
-fn counter(port: u16, name: &str) -> f64 {
-    let (_, metrics, _) = get(port, "/metrics");
-    metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0)
 }
 
 fn main() {
@@ -158,9 +148,13 @@ fn main() {
             }
         }
         if k == 0 {
-            tier_series = counter(server.port, "strata_graphite_render_series_tier_total");
+            tier_series = common::counter(server.port, "strata_graphite_render_series_tier_total");
         } else {
-            assert_eq!(counter(server.port, "strata_graphite_render_series_tier_total"), 0.0, "raw run read a tier");
+            assert_eq!(
+                common::counter(server.port, "strata_graphite_render_series_tier_total"),
+                0.0,
+                "raw run read a tier"
+            );
         }
         let _ = server.child.kill();
         let _ = server.child.wait();
@@ -181,7 +175,7 @@ fn main() {
                 assert!(same, "{name} {na}: tier {a:?}, raw {b:?}");
             }
         }
-        let (t, r) = (median(times[i][0].clone()), median(times[i][1].clone()));
+        let (t, r) = (common::median(times[i][0].clone()), common::median(times[i][1].clone()));
         println!("{:<28} {:>10.1}ms {:>10.1}ms {:>8.1}×  {}", name, r, t, r / t, tier[0].1.len());
     }
 }

@@ -180,7 +180,7 @@ fn main() {
             common::get(peer.port, "/internal/force_flush");
         }
         std::thread::sleep(Duration::from_secs(1));
-        let disk = dir_bytes(&tmp.path().join(name));
+        let disk = common::dir_bytes(&tmp.path().join(name));
         println!(
             "{:<18} {:>12.2} {:>14.0} {:>16.2} {:>12.0} {:>14.2}",
             peer.name,
@@ -193,18 +193,4 @@ fn main() {
         let _ = peer.child.kill();
         let _ = peer.child.wait();
     }
-}
-
-/// Bytes of the files under `dir`, recursively.
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .flatten()
-            .map(|e| match e.file_type() {
-                Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-                Ok(_) => e.metadata().map_or(0, |m| m.len()),
-                Err(_) => 0,
-            })
-            .sum()
-    })
 }

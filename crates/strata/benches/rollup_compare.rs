@@ -200,18 +200,6 @@ fn post(port: u16, path: &str, body: &[u8]) {
     assert!(status < 300, "POST {path}: {status} {}", String::from_utf8_lossy(&resp));
 }
 
-fn dir_bytes(p: &std::path::Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(p) else { return 0 };
-    rd.flatten()
-        .map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map_or(0, |m| m.len()) })
-        .sum()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 /// The matrix of a query_range response: labels → points.
 fn matrix(body: &str) -> Vec<(String, Vec<(f64, f64)>)> {
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
@@ -369,7 +357,7 @@ fn main() {
                 );
             }
         }
-        let m: Vec<f64> = times.into_iter().map(median).collect();
+        let m: Vec<f64> = times.into_iter().map(common::median).collect();
         let metric_samples = samples / METRICS.len() as u64;
         let time = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}ms", m[c]));
         let ratio = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}×", m[c] / m[1]));
@@ -393,11 +381,11 @@ fn main() {
         .unwrap()
         .flatten()
         .filter(|e| e.path().join("meta.json").exists())
-        .map(|e| dir_bytes(&e.path()))
+        .map(|e| common::dir_bytes(&e.path()))
         .sum();
     println!("\ndisk: strata raw blocks {raw_bytes} B ({:.3} B/sample)", raw_bytes as f64 / samples as f64);
     for t in tiers() {
-        let b = dir_bytes(&strata_dir.join("data/rollups").join(t.dir_name()));
+        let b = common::dir_bytes(&strata_dir.join("data/rollups").join(t.dir_name()));
         let buckets = samples * SCRAPE_MS as u64 / t.interval_ms as u64;
         println!(
             "      strata {} tier {b} B ({:.3} B/bucket, {:.1}% of raw)",
@@ -407,13 +395,13 @@ fn main() {
         );
     }
     if let Some(mut p) = prometheus {
-        let b = dir_bytes(&tmp.path().join("prometheus/data"));
+        let b = common::dir_bytes(&tmp.path().join("prometheus/data"));
         println!("      prometheus {b} B ({:.3} B/sample)", b as f64 / samples as f64);
         let _ = p.child.kill();
         let _ = p.child.wait();
     }
     if let Some(mut vm) = vm {
-        let b = dir_bytes(&tmp.path().join("vm/data"));
+        let b = common::dir_bytes(&tmp.path().join("vm/data"));
         println!("      victoria-metrics {b} B ({:.3} B/sample)", b as f64 / samples as f64);
         let _ = vm.child.kill();
         let _ = vm.child.wait();

@@ -295,3 +295,30 @@ pub fn backfill_head() -> strata_tsdb::head::Head {
         ..Default::default()
     })
 }
+
+/// Bytes of the files under `dir`, recursively.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+                Ok(_) => e.metadata().map_or(0, |m| m.len()),
+                Err(_) => 0,
+            })
+            .sum()
+    })
+}
+
+/// The middle of `xs` (the upper one of an even count).
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The sum of the samples of a metric family in a server's `/metrics` whose line starts with
+/// `prefix`.
+pub fn counter(port: u16, prefix: &str) -> f64 {
+    let (_, body, _) = get(port, "/metrics");
+    body.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}

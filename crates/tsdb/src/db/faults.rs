@@ -110,22 +110,28 @@ impl Run {
         unreachable!()
     }
 
-    /// Reads every sample. `None` if a (simulated) read failed.
-    fn read_all(&mut self, db: &Db) -> Option<BTreeMap<usize, Vec<(i64, f64)>>> {
-        let q = db.querier(i64::MIN, i64::MAX);
-        let selected = q.select(&[Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()]);
-        let series = match selected {
-            Ok(s) => s,
+    /// A read's result; a failed read is logged (`what failed: …`) and `None`, but never a
+    /// corruption: a read fault must not make the database set a block aside.
+    fn read_or_log<T>(&mut self, read: Result<T>, what: &str) -> Option<T> {
+        match read {
+            Ok(v) => Some(v),
             Err(e) => {
                 assert!(
                     !matches!(e, Error::BlockCorrupt { .. }),
                     "a read fault became a corruption: {e}\n{}",
                     self.context()
                 );
-                self.log.push(format!("query failed: {e}"));
-                return None;
+                self.log.push(format!("{what} failed: {e}"));
+                None
             }
-        };
+        }
+    }
+
+    /// Reads every sample. `None` if a (simulated) read failed.
+    fn read_all(&mut self, db: &Db) -> Option<BTreeMap<usize, Vec<(i64, f64)>>> {
+        let q = db.querier(i64::MIN, i64::MAX);
+        let selected = q.select(&[Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()]);
+        let series = self.read_or_log(selected, "query")?;
         let mut out = BTreeMap::new();
         for s in series {
             let i: usize = s.labels.get("i").expect("label i").parse().expect("a number");
@@ -182,19 +188,8 @@ impl Run {
         let tier = self.opts.rollups[0];
         let (interval, closed) = (tier.interval_ms, tier.closed);
         let all = [Matcher::new(MatchOp::Equal, "__name__", "m").unwrap()];
-        let got = match db.rollup_select(tier.meta(), &all, 0, self.newest.max(0), ColumnSet::ALL, &Default::default())
-        {
-            Ok(got) => got,
-            Err(e) => {
-                assert!(
-                    !matches!(e, Error::BlockCorrupt { .. }),
-                    "a read fault became a corruption: {e}\n{}",
-                    self.context()
-                );
-                self.log.push(format!("tier read failed: {e}"));
-                return;
-            }
-        };
+        let read = db.rollup_select(tier.meta(), &all, 0, self.newest.max(0), ColumnSet::ALL, &Default::default());
+        let Some(got) = self.read_or_log(read, "tier read") else { return };
         let mut served: BTreeMap<(usize, i64), u64> = BTreeMap::new();
         for s in &got.series {
             let i: usize = s.labels.get("i").expect("label i").parse().expect("a number");
