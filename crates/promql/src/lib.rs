@@ -15,5 +15,5 @@ pub use parser::{parse, parse_with, Features};
 pub mod eval;
 pub mod value;
 
-pub use eval::{visit_rollup_with, Engine, EngineOptions, QueryOutput, SourceResolution, Storage};
+pub use eval::{visit_rollup_with, Engine, EngineOptions, QueryOutput, QueryStats, SourceResolution, Storage};
 pub use value::{Annotation, Point, Series, Value};

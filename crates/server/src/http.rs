@@ -133,6 +133,9 @@ pub struct AppState {
     pub graphite_events: OnceLock<Arc<GraphiteEvents>>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
+    /// Where browsers reach the server (`--web.external-url`, `--web.route-prefix`), for the
+    /// web UI; set by the binary before the router is built (default: `/`).
+    pub web_paths: OnceLock<crate::ui::WebPaths>,
 }
 
 impl AppState {
@@ -160,6 +163,7 @@ impl AppState {
             graphite_time_zone: Mutex::new(strata_graphite::attime::TimeZone::UTC),
             graphite_events: OnceLock::new(),
             metadata: Mutex::new(HashMap::new()),
+            web_paths: OnceLock::new(),
         })
     }
 }
@@ -261,7 +265,9 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
+    let web_paths = state.web_paths.get().cloned().unwrap_or_default();
     Router::new()
+        .merge(crate::ui::routes(&web_paths))
         .route("/-/healthy", get(|| async { "Strata is Healthy.\n" }))
         .route("/-/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -285,6 +291,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/status/flags", get(flags))
         .route("/api/v1/status/config", get(config))
         .route("/api/v1/status/tsdb", get(tsdb_status))
+        .route("/api/v1/parse_query", get(parse_query::parse_query).post(parse_query::parse_query))
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
@@ -416,6 +423,8 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/export" | "/federate" => "export",
         p if p.starts_with("/api/v1/label/") => "label_values",
         p if p.starts_with("/api/v1/status/") => "status",
+        "/api/v1/parse_query" => "parse_query",
+        p if p == "/" || p.starts_with("/assets/") || crate::ui::PAGES.contains(&p) => "ui",
         p if p.starts_with("/api/v1/admin/") => "admin",
         _ => "other",
     }
@@ -1190,7 +1199,7 @@ fn eval_error(e: EvalError) -> ApiError {
 /// A small result is written here. A large one is written on a blocking thread, so the async
 /// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
 /// sending overlaps writing, and the response is never held whole.
-fn query_response(out: QueryOutput, query: &str, gzip: bool) -> Response {
+fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bool) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -1198,7 +1207,7 @@ fn query_response(out: QueryOutput, query: &str, gzip: bool) -> Response {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
     if crate::query_json::points(&out.value) < STREAMED_RESPONSE_POINTS {
-        let json = crate::query_json::response(&out.value, &out.annotations, query);
+        let json = crate::query_json::response(&out.value, &out.annotations, query, stats.as_deref());
         return if gzip {
             (headers, gzipped(json.as_bytes())).into_response()
         } else {
@@ -1211,21 +1220,33 @@ fn query_response(out: QueryOutput, query: &str, gzip: bool) -> Response {
         // A failed send means the body was dropped: the client went away, so stop writing.
         let send = |bytes: Vec<u8>| tx.blocking_send(Bytes::from(bytes)).is_ok();
         if !gzip {
-            crate::query_json::render(&out.value, &out.annotations, &query, RESPONSE_CHUNK_BYTES, &mut |chunk| {
-                send(chunk.into_bytes())
-            });
+            crate::query_json::render(
+                &out.value,
+                &out.annotations,
+                &query,
+                stats.as_deref(),
+                RESPONSE_CHUNK_BYTES,
+                &mut |chunk| send(chunk.into_bytes()),
+            );
             return;
         }
         let piece = || Vec::with_capacity(GZIP_PIECE_BYTES + GZIP_PIECE_BYTES / 2);
         let mut gz = GzEncoder::new(piece(), Compression::fast());
         let mut sending = true;
-        crate::query_json::render(&out.value, &out.annotations, &query, RESPONSE_CHUNK_BYTES, &mut |chunk| {
-            gz.write_all(chunk.as_bytes()).expect("compressing into memory");
-            if gz.get_ref().len() >= GZIP_PIECE_BYTES {
-                sending = send(std::mem::replace(gz.get_mut(), piece()));
-            }
-            sending
-        });
+        crate::query_json::render(
+            &out.value,
+            &out.annotations,
+            &query,
+            stats.as_deref(),
+            RESPONSE_CHUNK_BYTES,
+            &mut |chunk| {
+                gz.write_all(chunk.as_bytes()).expect("compressing into memory");
+                if gz.get_ref().len() >= GZIP_PIECE_BYTES {
+                    sending = send(std::mem::replace(gz.get_mut(), piece()));
+                }
+                sending
+            },
+        );
         if sending {
             send(gz.finish().expect("compressing into memory"));
         }
@@ -1296,19 +1317,46 @@ async fn evaluate(
     query: String,
     headers: &HeaderMap,
     resolution: SourceResolution,
+    want_stats: bool,
     run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
 ) -> ApiResult {
     let db = db(st)?;
     let st2 = st.clone();
-    let out = run_query(st, move |stopper| {
+    let asked = Instant::now();
+    let (out, queued, evaluated) = run_query(st, move |stopper| {
+        let queued = asked.elapsed();
+        let t0 = Instant::now();
         let mut engine = engine(&st2, stopper.deadline);
         engine.opts.max_source_resolution = resolution;
         let flag = stopper.canceled.clone();
         let storage = QueryStorage { db, limits: st2.limits.clone(), stopper, parallelism: engine.opts.parallelism };
-        run(&engine, &storage, &flag).map_err(eval_error)
+        let out = run(&engine, &storage, &flag).map_err(eval_error)?;
+        Ok((out, queued, t0.elapsed()))
     })
     .await?;
-    Ok(query_response(out, &query, accepts_gzip(headers)))
+    let stats = want_stats.then(|| {
+        json!({
+            "timings": {
+                "evalTotalTime": evaluated.as_secs_f64(),
+                "resultSortTime": 0.0,
+                "queryPreparationTime": 0.0,
+                "innerEvalTime": evaluated.as_secs_f64(),
+                "execQueueTime": queued.as_secs_f64(),
+                "execTotalTime": (queued + evaluated).as_secs_f64(),
+            },
+            "samples": {
+                "totalQueryableSamples": out.stats.samples_read,
+                "peakSamples": out.stats.peak_samples,
+            },
+        })
+        .to_string()
+    });
+    Ok(query_response(out, &query, stats, accepts_gzip(headers)))
+}
+
+/// Whether the request asks for `data.stats` (Prometheus' `stats` parameter: any value).
+fn wants_stats(p: &Params) -> bool {
+    p.get("stats").is_some_and(|v| !v.is_empty())
 }
 
 async fn query(
@@ -1324,7 +1372,7 @@ async fn query(
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
     let resolution = source_resolution(&p)?;
-    evaluate(&st, q, &headers, resolution, move |engine, storage, cancel| {
+    evaluate(&st, q, &headers, resolution, wants_stats(&p), move |engine, storage, cancel| {
         engine.instant_with_cancel(storage, &expr, t, Some(cancel))
     })
     .await
@@ -1368,7 +1416,7 @@ async fn query_range(
         )));
     }
     let resolution = source_resolution(&p)?;
-    evaluate(&st, q, &headers, resolution, move |engine, storage, cancel| {
+    evaluate(&st, q, &headers, resolution, wants_stats(&p), move |engine, storage, cancel| {
         engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
     })
     .await
@@ -1568,7 +1616,51 @@ async fn tsdb_status(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -
         "labelValueCountByLabelName": pairs(&status.cardinality.by_label),
         "memoryInBytesByLabelName": [],
         "seriesCountByLabelValuePair": pairs(&status.cardinality.by_pair),
+        // Strata's own, for its web UI and operators: what Prometheus shows on other pages.
+        "strata": {
+            "wal": {
+                "segments": status.wal_segments,
+                "bytes": status.wal_bytes,
+                "replayedRecords": status.replay.records,
+            },
+            "headMemory": {
+                "series": status.memory.series,
+                "chunks": status.memory.chunks,
+                "chunkIndex": status.memory.chunk_index,
+                "symbols": status.memory.symbols,
+                "postings": status.memory.postings,
+                "names": status.memory.names,
+                "chunkFiles": status.memory.chunk_files,
+            },
+            "blocks": blocks_json(&status.blocks, &status.block_bytes),
+            "tiers": status.tiers.iter().map(|t| json!({
+                "name": t.tier.to_string(),
+                "intervalMs": t.tier.interval_ms,
+                "retention": if t.tier.retention_ms == 0 { "forever".to_owned() } else { strata_model::format_duration_ms(t.tier.retention_ms) },
+                "bytes": t.bytes,
+                "blocks": blocks_json(&t.blocks, &t.block_bytes),
+            })).collect::<Vec<_>>(),
+        },
     })))
+}
+
+fn blocks_json(blocks: &[strata_tsdb::block::BlockMeta], bytes: &[u64]) -> Value {
+    blocks
+        .iter()
+        .zip(bytes)
+        .map(|(b, bytes)| {
+            json!({
+                "ulid": b.ulid,
+                "minTime": b.min_time,
+                "maxTime": b.max_time,
+                "numSeries": b.stats.num_series,
+                "numSamples": b.stats.num_samples,
+                "numChunks": b.stats.num_chunks,
+                "level": b.compaction.level,
+                "bytes": bytes,
+            })
+        })
+        .collect()
 }
 
 async fn delete_series(
@@ -1773,6 +1865,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
+mod parse_query;
 pub use graphite_events::GraphiteEvents;
 pub use graphite_tiers::rollup_filter as graphite_rollup_filter;
 mod scrape_api;

@@ -16,4 +16,5 @@ pub mod scrape;
 pub mod status;
 pub mod textparse;
 pub mod timeparse;
+pub mod ui;
 pub mod web;

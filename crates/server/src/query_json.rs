@@ -196,10 +196,10 @@ fn labels(out: &mut String, l: &Labels) {
 }
 
 /// The whole success response of `/api/v1/query` or `/api/v1/query_range`, in one string.
-pub fn response(value: &Value, annotations: &[Annotation], query: &str) -> String {
+pub fn response(value: &Value, annotations: &[Annotation], query: &str, stats: Option<&str>) -> String {
     // With no chunk size, the whole response is the one piece written (sized up front).
     let mut whole = None;
-    render(value, annotations, query, usize::MAX, &mut |piece| {
+    render(value, annotations, query, stats, usize::MAX, &mut |piece| {
         whole = Some(piece);
         true
     });
@@ -250,17 +250,25 @@ pub fn render(
     value: &Value,
     annotations: &[Annotation],
     query: &str,
+    stats: Option<&str>,
     chunk: usize,
     emit: &mut dyn FnMut(String) -> bool,
 ) {
     let capacity = if chunk == usize::MAX { 64 + points(value) * 32 } else { chunk + chunk / 8 };
     let mut w = Chunks { buf: String::with_capacity(capacity), chunk, emit };
-    if render_into(&mut w, value, annotations, query).is_ok() {
+    if render_into(&mut w, value, annotations, query, stats).is_ok() {
         w.finish();
     }
 }
 
-fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], query: &str) -> Result<(), Gone> {
+/// `stats`, when given, is a JSON object written as `data.stats` (Prometheus' `stats=all`).
+fn render_into(
+    w: &mut Chunks<'_>,
+    value: &Value,
+    annotations: &[Annotation],
+    query: &str,
+    stats: Option<&str>,
+) -> Result<(), Gone> {
     w.buf.push_str(r#"{"status":"success","data":{"resultType":"#);
     match value {
         Value::Scalar { t, v } => {
@@ -344,6 +352,10 @@ fn render_into(w: &mut Chunks<'_>, value: &Value, annotations: &[Annotation], qu
         }
     }
     let out = &mut w.buf;
+    if let Some(stats) = stats {
+        out.push_str(r#","stats":"#);
+        out.push_str(stats);
+    }
     out.push('}');
     for (key, info) in [("warnings", false), ("infos", true)] {
         let list: Vec<String> = annotations.iter().filter(|a| a.info == info).map(|a| a.render(query)).collect();
@@ -466,7 +478,7 @@ mod tests {
             ],
         )]);
         let a = [Annotation { info: true, msg: "x".into(), pos: 0 }];
-        let s = response(&v, &a, "m");
+        let s = response(&v, &a, "m", None);
         let j: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(j["data"]["result"][0]["metric"]["path"], "/a\"b\\c\n\u{1}");
         let values = &j["data"]["result"][0]["values"];
@@ -478,7 +490,7 @@ mod tests {
         assert_eq!(values[2][1], "-Inf");
         assert_eq!(values[3][1], "1000000000000000000000");
         assert_eq!(j["infos"][0], "PromQL info: x (1:1)");
-        let s = response(&Value::Scalar { t: 1000, v: 2.0 }, &[], "2");
+        let s = response(&Value::Scalar { t: 1000, v: 2.0 }, &[], "2", None);
         assert_eq!(s, r#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#);
     }
 
@@ -492,10 +504,10 @@ mod tests {
         };
         let v = Value::Matrix((0..20).map(series).collect());
         let a = [Annotation { info: false, msg: "w".into(), pos: 0 }];
-        let whole = response(&v, &a, "m");
+        let whole = response(&v, &a, "m", None);
         for chunk in [1, 100, 4096, 1 << 20] {
             let mut pieces = Vec::new();
-            render(&v, &a, "m", chunk, &mut |p| {
+            render(&v, &a, "m", None, chunk, &mut |p| {
                 pieces.push(p);
                 true
             });
@@ -507,7 +519,7 @@ mod tests {
             );
         }
         let mut taken = 0;
-        render(&v, &a, "m", 4096, &mut |_| {
+        render(&v, &a, "m", None, 4096, &mut |_| {
             taken += 1;
             taken < 3
         });
@@ -524,7 +536,7 @@ mod tests {
         let l = Labels::from_pairs([("__name__", "h")]);
         let v = Value::Vector(vec![Series::with_hists(l.clone(), vec![], vec![HPoint { t: 1500, h: h.clone() }])]);
         assert_eq!(
-            response(&v, &[], "h"),
+            response(&v, &[], "h", None),
             concat!(
                 r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"h"},"#,
                 r#""histogram":[1.5,{"count":"5","sum":"7.5","buckets":[[1,"-1","-0.5","1"],[3,"-0.001","0.001","1"],"#,
@@ -533,7 +545,7 @@ mod tests {
         );
         // A range result with both kinds has both keys.
         let m = Value::Matrix(vec![Series::with_hists(l, vec![Point { t: 0, f: 1.0 }], vec![HPoint { t: 1000, h }])]);
-        let j: serde_json::Value = serde_json::from_str(&response(&m, &[], "h")).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&response(&m, &[], "h", None)).unwrap();
         assert_eq!(j["data"]["result"][0]["values"][0][1], "1");
         assert_eq!(j["data"]["result"][0]["histograms"][0][1]["count"], "5");
     }

@@ -119,6 +119,15 @@ pub struct ServeArgs {
     /// `http_server_config.headers`); reloaded when it or its certificate files change.
     #[arg(long = "web.config.file")]
     web_config_file: Option<PathBuf>,
+    /// The URL browsers reach Strata under, when a reverse proxy serves it under a path of its
+    /// own (e.g. https://example.com/strata/); the web UI's links use its path, and it is the
+    /// route prefix's default, as in Prometheus.
+    #[arg(long = "web.external-url")]
+    external_url: Option<String>,
+    /// Path prefix of every HTTP endpoint and page [default: the path of --web.external-url,
+    /// else /].
+    #[arg(long = "web.route-prefix")]
+    route_prefix: Option<String>,
     /// Experimental PromQL features, comma-separated, named as Prometheus names them:
     /// promql-experimental-functions, promql-duration-expr, promql-extended-range-selectors,
     /// promql-binop-fill-modifiers, use-start-timestamps (rate and friends read samples'
@@ -201,6 +210,8 @@ struct Settings {
     time_zone: strata_graphite::attime::TimeZone,
     /// `--graphite.events-max`.
     events_max: usize,
+    /// `--web.external-url`, `--web.route-prefix`.
+    web_paths: strata_server::ui::WebPaths,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, and its text.
@@ -386,6 +397,9 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     if let Some(w) = &args.web_config_file {
         flags.insert("web.config.file".to_owned(), w.display().to_string());
     }
+    let web_paths = strata_server::ui::WebPaths::new(args.external_url.as_deref(), args.route_prefix.as_deref())?;
+    flags.insert("web.external-url".to_owned(), args.external_url.clone().unwrap_or_default());
+    flags.insert("web.route-prefix".to_owned(), web_paths.route_prefix.clone());
     if !args.enable_feature.is_empty() {
         flags.insert("enable-feature".to_owned(), args.enable_feature.join(","));
     }
@@ -545,8 +559,19 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         parse_count,
     )?;
     let external_labels = file.global.external_labels.clone().into_iter().collect();
-    let settings =
-        Settings { storage, limits, connections, flags, jobs, external_labels, carbon, schemas, time_zone, events_max };
+    let settings = Settings {
+        storage,
+        limits,
+        connections,
+        flags,
+        jobs,
+        external_labels,
+        carbon,
+        schemas,
+        time_zone,
+        events_max,
+        web_paths,
+    };
     Ok((settings, yaml))
 }
 
@@ -576,6 +601,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             schemas,
             time_zone,
             events_max,
+            web_paths,
         },
         yaml,
     ) = settings(&args)?;
@@ -651,6 +677,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 Ok(())
             })
         };
+        let _ = state.web_paths.set(web_paths.clone());
         let mut app = router(state.clone());
         if let Some(web) = &web_config {
             let auth = Authenticator::new(web.clone());
@@ -680,6 +707,8 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             let _ = carbon_stop_tx.send(true);
         };
+        // Under the route prefix last, so the layers above see paths without it.
+        let app = strata_server::ui::mount(app, &web_paths);
         let stats = state.metrics.connections.clone();
         let server = tokio::spawn(web::serve(listener, app, connections, web_config, stats, shutdown));
         let reloads = tokio::spawn(reload_on_sighup(state.clone()));

@@ -166,6 +166,17 @@ impl Default for EngineOptions {
 pub struct QueryOutput {
     pub value: Value,
     pub annotations: Vec<Annotation>,
+    pub stats: QueryStats,
+}
+
+/// What an evaluation read and held (Prometheus' `stats.samples`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryStats {
+    /// Samples read from storage (buckets, when a rollup tier answered), counting each time a
+    /// selector reads them.
+    pub samples_read: usize,
+    /// The most points the evaluation held at once (what `max_samples` limits).
+    pub peak_samples: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -247,7 +258,8 @@ impl Engine {
                             strata_model::format_duration_ms(tier.interval_ms)
                         ),
                     );
-                    return Ok(QueryOutput { value, annotations: ev.annotations.into_inner() });
+                    let stats = QueryStats { samples_read: buckets, peak_samples: ev.peak.load(Ordering::Relaxed) };
+                    return Ok(QueryOutput { value, annotations: ev.annotations.into_inner(), stats });
                 }
             }
             let deadline = ev.deadline;
@@ -255,7 +267,11 @@ impl Engine {
             ev.deadline = deadline;
         }
         let value = run(&ev)?;
-        Ok(QueryOutput { value, annotations: ev.annotations.into_inner() })
+        let stats = QueryStats {
+            samples_read: ev.samples_read.load(Ordering::Relaxed),
+            peak_samples: ev.peak.load(Ordering::Relaxed),
+        };
+        Ok(QueryOutput { value, annotations: ev.annotations.into_inner(), stats })
     }
 
     /// Evaluates `expr` at `start, start+step, … ≤ end`; the result is a matrix sorted by labels.
@@ -459,6 +475,10 @@ pub(crate) struct Evaluator<'a> {
     tier: Option<RollupTier>,
     /// Buckets read from the tier.
     buckets_read: AtomicUsize,
+    /// Raw samples read from storage.
+    samples_read: AtomicUsize,
+    /// The most points `held` reached.
+    peak: AtomicUsize,
 }
 
 impl<'a> Evaluator<'a> {
@@ -482,6 +502,8 @@ impl<'a> Evaluator<'a> {
             annotations: parking_lot::Mutex::new(Vec::new()),
             tier: None,
             buckets_read: AtomicUsize::new(0),
+            samples_read: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
         }
     }
 
@@ -514,6 +536,7 @@ impl<'a> Evaluator<'a> {
     /// Accounts for `n` more points held; fails past the query's samples limit.
     pub fn take(&self, n: usize, stage: &'static str) -> Result<(), EvalError> {
         let now = self.held.fetch_add(n, Ordering::Relaxed) + n;
+        self.peak.fetch_max(now, Ordering::Relaxed);
         if now > self.engine.opts.max_samples {
             return Err(EvalError::TooManySamples(stage));
         }
@@ -631,6 +654,7 @@ impl<'a> Evaluator<'a> {
         // Reads one series and maps it; `buf` is reused across series.
         let one = |s: &StoredSeries, buf: &mut SeriesBuf| -> Result<Option<Series>, EvalError> {
             read_series(s, buf)?;
+            self.samples_read.fetch_add(buf.floats.len() + buf.hists.len(), Ordering::Relaxed);
             if stats_only {
                 resolve_reset_hints(&mut buf.hists);
             }
@@ -704,6 +728,7 @@ impl<'a> Evaluator<'a> {
         for s in self.st.select(matchers, mint, maxt)? {
             self.check("series selection")?;
             read_series(&s, &mut buf)?;
+            self.samples_read.fetch_add(buf.floats.len() + buf.hists.len(), Ordering::Relaxed);
             f(&s.labels, &buf.floats, &buf.hists);
         }
         Ok(())

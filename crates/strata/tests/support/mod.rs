@@ -58,6 +58,16 @@ impl Server {
         })
     }
 
+    /// `start` with every route under `prefix` (`--web.route-prefix`).
+    pub fn start_under_prefix(data_dir: &Path, prefix: &str, extra: &[&str]) -> Server {
+        let mut args = vec!["--web.route-prefix", prefix];
+        args.extend_from_slice(extra);
+        let ready = format!("{}/-/ready", prefix.trim_end_matches('/'));
+        Server::spawn_waiting(free_port(), data_dir, &args, false, |srv| {
+            matches!(try_http(srv.port, "GET", &ready, &[], b""), Ok((200, _)))
+        })
+    }
+
     fn spawn(port: u16, data_dir: &Path, extra: &[&str], builtin_config: bool) -> Server {
         Server::spawn_waiting(port, data_dir, extra, builtin_config, |srv| {
             matches!(try_http(srv.port, "GET", "/-/ready", &[], b""), Ok((200, _)))

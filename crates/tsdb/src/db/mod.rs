@@ -184,6 +184,8 @@ pub struct DbStatus {
     pub cardinality: Cardinality,
     pub blocks: Vec<crate::block::BlockMeta>,
     pub blocks_bytes: u64,
+    /// Each block's bytes, in the order of `blocks`.
+    pub block_bytes: Vec<u64>,
     /// The head's heap by part, and its chunk files (`memory.chunk_files`).
     pub memory: crate::head::HeadMemory,
     pub chunk_files: usize,
@@ -379,6 +381,7 @@ impl Db {
             replay: self.inner.replay.clone(),
             cardinality: head.cardinality(top),
             blocks_bytes: blocks.iter().map(|b| b.bytes()).sum(),
+            block_bytes: blocks.iter().map(|b| b.bytes()).collect(),
             blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
             memory: head.memory(),
             chunk_files: head.chunk_files_usage().0,

@@ -80,6 +80,8 @@ pub struct TierStatus {
     pub tier: RollupTier,
     pub blocks: Vec<BlockMeta>,
     pub bytes: u64,
+    /// Each block's bytes, in the order of `blocks`.
+    pub block_bytes: Vec<u64>,
 }
 
 /// Whether tier block `b` holds nothing `other` does not: its sources are among `other`'s (a
@@ -624,6 +626,7 @@ impl Inner {
                 TierStatus {
                     tier: t.spec,
                     bytes: blocks.iter().map(|b| b.bytes()).sum(),
+                    block_bytes: blocks.iter().map(|b| b.bytes()).collect(),
                     blocks: blocks.iter().map(|b| b.meta().clone()).collect(),
                 }
             })
