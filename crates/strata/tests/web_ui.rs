@@ -108,6 +108,25 @@ impl Browser {
         self.call("POST", &format!("/element/{id}/click"), &json!({}));
     }
 
+    /// Moves the mouse over `element` through `offsets` (from its centre); with `press`, the
+    /// button is held from the first to the last (a drag).
+    fn pointer(&self, element: &str, offsets: &[(i64, i64)], press: bool) {
+        let origin = json!({ ELEMENT: element });
+        let mut actions = Vec::new();
+        for (i, (x, y)) in offsets.iter().enumerate() {
+            actions.push(json!({"type": "pointerMove", "duration": 50, "origin": origin, "x": x, "y": y}));
+            if press && i == 0 {
+                actions.push(json!({"type": "pointerDown", "button": 0}));
+            }
+        }
+        if press {
+            actions.push(json!({"type": "pointerUp", "button": 0}));
+        }
+        let mouse =
+            json!({"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"}, "actions": actions});
+        self.call("POST", "/actions", &json!({ "actions": [mouse] }));
+    }
+
     /// Saves the page as `name.png` under `STRATA_UI_SCREENSHOTS`, when set.
     fn screenshot(&self, name: &str) {
         let Ok(dir) = std::env::var("STRATA_UI_SCREENSHOTS") else { return };
@@ -235,10 +254,45 @@ fn query_page_graph_table_errors_and_completion() {
     assert!(stats.as_str().unwrap().contains("Result series: 5"), "{stats}");
     b.screenshot("query-graph");
 
+    // Hovering shows the nearest series' value at the pointer.
+    let canvas = b.element(".chart canvas");
+    b.pointer(&canvas, &[(0, 0)], false);
+    let tip = b.wait(
+        "the tooltip",
+        "const t = document.querySelector('.chart .tip'); return t.style.display === 'block' ? t.textContent : null",
+    );
+    assert!(
+        tip.as_str().unwrap().contains("ui_demo{instance=\"i-") && tip.as_str().unwrap().contains("value: "),
+        "{tip}"
+    );
+
     // Isolating a series from the legend hides the others' colour.
     b.click(".legend div:nth-child(2)");
     let first = b.js(COUNT_PIXELS, json!([[0x27, 0x59, 0xc4]])).as_u64().unwrap();
     assert!(first < drawn / 4, "the first series still drawn with {first} pixels after isolating the second");
+
+    // Dragging across the graph zooms into that time range: the URL keeps it.
+    let canvas = b.element(".chart canvas");
+    b.pointer(&canvas, &[(-200, 0), (200, 0)], true);
+    let range = b.wait(
+        "the zoomed range in the URL",
+        "const q = new URLSearchParams(location.search); return q.get('g0.range_input') !== '1h' && q.get('g0.end_input') ? q.get('g0.range_input') : null",
+    );
+    let zoomed = range.as_str().unwrap();
+    // 400 of the plot's ~1300 pixels: about a third of the hour, and no hours left in it.
+    assert!(zoomed.contains('m') && !zoomed.contains('h'), "zoomed to {zoomed}");
+
+    // A second panel, with its own state in the URL.
+    b.click("main > button");
+    b.wait("two panels", "return document.querySelectorAll('.panel').length === 2");
+    b.type_into(".panel:nth-child(2) textarea.expr", "count(ui_demo)");
+    let url = b.wait("the second panel in the URL", "const q = new URLSearchParams(location.search); return q.get('g1.expr') === 'count(ui_demo)' ? location.search : null");
+    b.open(&format!("{base}/query{}", url.as_str().unwrap()));
+    let exprs = b.wait(
+        "both panels from the link",
+        "const t = [...document.querySelectorAll('textarea.expr')].map(t => t.value); return t.length === 2 ? t : null",
+    );
+    assert_eq!(exprs, json!(["ui_demo", "count(ui_demo)"]));
 
     // The instant table: a row per series with its latest value.
     b.open(&format!("{base}/query?g0.expr=ui_demo&g0.tab=table"));

@@ -20,8 +20,11 @@ Strata.Chart = class {
     this.drag = null;
     this.canvas.addEventListener("mousemove", (e) => this.hover(e));
     this.canvas.addEventListener("mouseleave", () => { this.tip.style.display = "none"; this.overlay(); });
-    this.canvas.addEventListener("mousedown", (e) => { this.drag = { x0: this.mouseX(e), x1: this.mouseX(e) }; });
-    window.addEventListener("mouseup", (e) => this.endDrag(e));
+    this.canvas.addEventListener("mousedown", (e) => {
+      this.drag = { x0: this.mouseX(e), x1: this.mouseX(e) };
+      // Released anywhere, even outside the graph; one listener per drag, none left behind.
+      window.addEventListener("mouseup", (up) => this.endDrag(up), { once: true });
+    });
     this.resizer = new ResizeObserver(() => this.width !== this.root.clientWidth && this.series.length && this.draw());
     this.resizer.observe(this.root);
   }

@@ -165,10 +165,16 @@ Strata.pages.graphite = async function (main) {
     }
     if (!data.length) { msg.append(Strata.el("p", { class: "muted" }, "No data: no path matches the targets in that time.")); return; }
     // Each series has its own step after consolidation; they share the finest grid.
-    const ts = data.flatMap((s) => s.datapoints.map((p) => p[1] * 1000));
-    const steps = data.map((s) => (s.datapoints.length > 1 ? (s.datapoints[1][1] - s.datapoints[0][1]) * 1000 : Infinity));
-    const step = Math.min(...steps.filter(isFinite), 60e3);
-    const start = Math.min(...ts), end = Math.max(...ts);
+    let start = Infinity, end = -Infinity, step = Infinity;
+    for (const s of data) {
+      const p = s.datapoints;
+      if (!p.length) continue;
+      start = Math.min(start, p[0][1] * 1000);
+      end = Math.max(end, p[p.length - 1][1] * 1000);
+      if (p.length > 1) step = Math.min(step, (p[1][1] - p[0][1]) * 1000);
+    }
+    if (!isFinite(start)) { msg.append(Strata.el("p", { class: "muted" }, "No points in that time.")); return; }
+    if (!isFinite(step) || step <= 0) step = 60e3;
     const n = Math.round((end - start) / step) + 1;
     const series = data.map((s) => {
       const values = new Float64Array(n).fill(NaN);
