@@ -45,8 +45,11 @@ pub enum ExprKind {
     Matrix(MatrixSelector),
     Subquery(Box<Subquery>),
     Paren(Box<Expr>),
-    /// Unary minus (unary plus is dropped by the parser).
+    /// Unary minus.
     Neg(Box<Expr>),
+    /// Unary plus before anything but a number literal: evaluates as its operand, kept (as
+    /// Prometheus keeps it) so that the query prints back as written.
+    Pos(Box<Expr>),
     Binary(Box<Binary>),
     Aggregate(Box<Aggregate>),
     Call(Call),
@@ -391,7 +394,7 @@ impl Expr {
         let below = match &kind {
             ExprKind::Number(_) | ExprKind::String(_) | ExprKind::Vector(_) | ExprKind::Matrix(_) => 0,
             ExprKind::Subquery(s) => s.expr.height,
-            ExprKind::Paren(e) | ExprKind::Neg(e) => e.height,
+            ExprKind::Paren(e) | ExprKind::Neg(e) | ExprKind::Pos(e) => e.height,
             ExprKind::Binary(b) => b.lhs.height.max(b.rhs.height),
             ExprKind::Aggregate(a) => a.expr.height.max(a.param.as_ref().map_or(0, |p| p.height)),
             ExprKind::Call(c) => c.args.iter().map(|a| a.height).max().unwrap_or(0),
@@ -405,7 +408,7 @@ impl Expr {
             ExprKind::String(_) => ValueType::String,
             ExprKind::Vector(_) => ValueType::Vector,
             ExprKind::Matrix(_) | ExprKind::Subquery(_) => ValueType::Matrix,
-            ExprKind::Paren(e) | ExprKind::Neg(e) => e.value_type(),
+            ExprKind::Paren(e) | ExprKind::Neg(e) | ExprKind::Pos(e) => e.value_type(),
             ExprKind::Binary(b) => {
                 if b.lhs.value_type() == ValueType::Scalar && b.rhs.value_type() == ValueType::Scalar {
                     ValueType::Scalar
@@ -431,7 +434,7 @@ impl Expr {
         f(self);
         match &self.kind {
             ExprKind::Subquery(s) => s.expr.walk(f),
-            ExprKind::Paren(e) | ExprKind::Neg(e) => e.walk(f),
+            ExprKind::Paren(e) | ExprKind::Neg(e) | ExprKind::Pos(e) => e.walk(f),
             ExprKind::Binary(b) => {
                 b.lhs.walk(f);
                 b.rhs.walk(f);

@@ -9,6 +9,7 @@ pub mod error;
 pub mod functions;
 pub mod lexer;
 pub mod parser;
+pub mod printer;
 
 pub use error::{EvalError, ParseError};
 pub use parser::{parse, parse_with, Features};

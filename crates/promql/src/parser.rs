@@ -356,13 +356,12 @@ impl Parser {
                         ))
                     }
                 }
-                if !neg {
-                    return Ok(e);
-                }
+                // As Prometheus: the sign of a number literal is folded into it.
                 if let ExprKind::Number(n) = e.kind {
-                    return Ok(Expr::new(ExprKind::Number(-n), start, end));
+                    return Ok(Expr::new(ExprKind::Number(if neg { -n } else { n }), start, end));
                 }
-                self.node(ExprKind::Neg(Box::new(e)), start, end)
+                let kind = if neg { ExprKind::Neg(Box::new(e)) } else { ExprKind::Pos(Box::new(e)) };
+                self.node(kind, start, end)
             }
             _ => {
                 let p = self.primary()?;

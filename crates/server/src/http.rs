@@ -291,7 +291,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/status/flags", get(flags))
         .route("/api/v1/status/config", get(config))
         .route("/api/v1/status/tsdb", get(tsdb_status))
-        .route("/api/v1/parse_query", get(parse_query::parse_query).post(parse_query::parse_query))
+        .route("/api/v1/parse_query", get(query_syntax::parse_query).post(query_syntax::parse_query))
+        .route("/api/v1/format_query", get(query_syntax::format_query).post(query_syntax::format_query))
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
         .route("/api/v1/admin/tsdb/snapshot", post(snapshot).put(snapshot))
@@ -423,7 +424,7 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/export" | "/federate" => "export",
         p if p.starts_with("/api/v1/label/") => "label_values",
         p if p.starts_with("/api/v1/status/") => "status",
-        "/api/v1/parse_query" => "parse_query",
+        "/api/v1/parse_query" | "/api/v1/format_query" => "query_syntax",
         p if p == "/" || p.starts_with("/assets/") || crate::ui::PAGES.contains(&p) => "ui",
         p if p.starts_with("/api/v1/admin/") => "admin",
         _ => "other",
@@ -1865,7 +1866,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
-mod parse_query;
+mod query_syntax;
 pub use graphite_events::GraphiteEvents;
 pub use graphite_tiers::rollup_filter as graphite_rollup_filter;
 mod scrape_api;

@@ -329,6 +329,16 @@ fn query_page_graph_table_errors_and_completion() {
     b.type_into("textarea.expr", ")");
     b.wait("the error to clear", "return document.querySelector('.syntax mark') === null");
 
+    // Format writes the expression as Prometheus would.
+    b.open(&format!("{base}/query?g0.expr=sum(rate(ui_demo%7Bjob%3D%22demo%22%7D%5B5m%5D))by(instance)&g0.tab=table"));
+    b.wait("the editor", "return document.querySelector('textarea.expr') !== null");
+    b.click("main .panel .row button:nth-of-type(1)");
+    let text = b.wait(
+        "the formatted expression",
+        "const t = document.querySelector('textarea.expr').value; return t.includes(' by ') ? t : null",
+    );
+    assert_eq!(text, "sum by (instance) (rate(ui_demo{job=\"demo\"}[5m]))");
+
     // Completion: metric names, then label names inside braces, then label values.
     b.open(&format!("{base}/query"));
     b.wait("the editor", "return document.querySelector('textarea.expr') !== null");

@@ -15,7 +15,7 @@ mod aggregate;
 mod binary;
 mod functions;
 mod info;
-mod labels;
+pub(crate) mod labels;
 mod native_histograms;
 mod range_functions;
 pub(crate) mod range_histograms;
@@ -343,7 +343,7 @@ fn with_stats_selectors(expr: &Expr) -> Expr {
             ExprKind::Vector(sel) => sel.stats_only = stats,
             ExprKind::Matrix(m) => m.vector.stats_only = stats,
             ExprKind::Subquery(s) => mark(&mut s.expr, false),
-            ExprKind::Paren(x) | ExprKind::Neg(x) => mark(x, stats),
+            ExprKind::Paren(x) | ExprKind::Neg(x) | ExprKind::Pos(x) => mark(x, stats),
             ExprKind::Binary(b) => {
                 mark(&mut b.lhs, false);
                 mark(&mut b.rhs, false);
@@ -571,7 +571,7 @@ impl<'a> Evaluator<'a> {
                 Ok(s) => Ok(Val::Str(s.clone())),
                 Err(b) => Err(exec(format!("invalid UTF-8 in string {}", labels::go_quote_bytes(b)))),
             },
-            ExprKind::Paren(inner) => self.eval(inner, ctx),
+            ExprKind::Paren(inner) | ExprKind::Pos(inner) => self.eval(inner, ctx),
             ExprKind::Neg(inner) if inner.value_type() == ValueType::Scalar => {
                 let mut v = self.eval_scalar(inner, ctx)?;
                 v.iter_mut().for_each(|x| *x = -*x);
@@ -760,7 +760,7 @@ impl<'a> Evaluator<'a> {
     ) -> Result<(), EvalError> {
         self.check("query evaluation")?;
         match &e.kind {
-            ExprKind::Paren(inner) => self.stream(inner, ctx, sink),
+            ExprKind::Paren(inner) | ExprKind::Pos(inner) => self.stream(inner, ctx, sink),
             ExprKind::Vector(sel) => self.stream_selector(sel, e.start, ctx, SelectorValue::Value, sink),
             ExprKind::Call(c) if range_functions::is_range_function(c.func.name) => {
                 range_functions::stream(self, c, ctx, sink)

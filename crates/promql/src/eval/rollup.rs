@@ -110,7 +110,7 @@ impl Evaluator<'_> {
             ExprKind::Vector(sel) => selector_fits(sel),
             // A range vector only as a supported function's argument (below).
             ExprKind::Matrix(_) | ExprKind::Subquery(_) => false,
-            ExprKind::Paren(x) | ExprKind::Neg(x) => self.fits(x, interval),
+            ExprKind::Paren(x) | ExprKind::Neg(x) | ExprKind::Pos(x) => self.fits(x, interval),
             ExprKind::Binary(b) => self.fits(&b.lhs, interval) && self.fits(&b.rhs, interval),
             ExprKind::Aggregate(a) => {
                 a.param.as_ref().is_none_or(|p| self.fits(p, interval)) && self.fits(&a.expr, interval)

@@ -829,7 +829,7 @@ fn pinned_to(expr: &strata_promql::ast::Expr, t: i64) -> Option<strata_promql::a
             K::Subquery(s) => {
                 s.at.get_or_insert(At::Ms(t));
             }
-            K::Paren(x) | K::Neg(x) => pin(x, t),
+            K::Paren(x) | K::Neg(x) | K::Pos(x) => pin(x, t),
             K::Binary(b) => {
                 pin(&mut b.lhs, t);
                 pin(&mut b.rhs, t);

@@ -74,6 +74,7 @@ class Panel {
     this.editor = new Editor((expr) => { this.state.expr = expr; this.save(); }, () => this.execute());
     this.editor.set(state.expr);
     const execute = Strata.el("button", { class: "primary", onclick: () => this.execute() }, "Execute");
+    const format = Strata.el("button", { title: "format the expression as Prometheus does (api/v1/format_query)", onclick: () => this.format() }, "Format");
     const remove = Strata.el("button", { title: "remove this panel", onclick: () => { this.removed = true; this.root.remove(); this.save(); } }, "✕");
     this.tabs = {
       table: Strata.el("button", { onclick: () => this.setTab("table") }, "Table"),
@@ -84,7 +85,7 @@ class Panel {
     this.messages = Strata.el("div");
     this.stats = Strata.el("div", { class: "stats" });
     this.root = Strata.el("div", { class: "panel" },
-      Strata.el("div", { class: "row" }, this.editor.root, execute, remove),
+      Strata.el("div", { class: "row" }, this.editor.root, format, execute, remove),
       this.editor.syntax,
       Strata.el("div", { class: "row tabs" }, this.tabs.table, this.tabs.graph, Strata.el("span", { class: "grow" }), this.stats),
       this.controls, this.messages, this.body);
@@ -153,6 +154,19 @@ class Panel {
       Strata.el("option", { value: "lines", selected: !s.stacked }, "unstacked"),
       Strata.el("option", { value: "stacked", selected: s.stacked }, "stacked"));
     c.append(shrink, range, grow, end, now, Strata.el("span", { class: "muted" }, "Resolution"), res, ...(custom ? [custom] : []), Strata.el("span", { class: "muted" }, `${this.stepSeconds()}s`), mode);
+  }
+
+  async format() {
+    if (!this.state.expr.trim()) return;
+    try {
+      const text = await Strata.api("api/v1/format_query", { query: this.state.expr });
+      this.editor.set(text);
+      this.state.expr = text;
+      this.save();
+      this.editor.showError(null);
+    } catch (e) {
+      if (!this.editor.showError(e.message)) this.messages.append(Strata.el("div", { class: "error" }, "Error: " + e.message));
+    }
   }
 
   async execute() {

@@ -1,7 +1,9 @@
-//! `/api/v1/parse_query`: a query's syntax tree as JSON, in the shape Prometheus' API gives
-//! it (its `translateAST`: `{"type": "vectorSelector", ...}` nodes, durations in
-//! milliseconds), or the parse error with its `line:col` position. The web UI checks a query
-//! with it as it is typed; tools that explain queries read the tree.
+//! A query's syntax without evaluating it: `/api/v1/parse_query` answers the syntax tree as
+//! JSON, in the shape Prometheus' API gives it (its `translateAST`: `{"type":
+//! "vectorSelector", ...}` nodes, durations in milliseconds), and `/api/v1/format_query` the
+//! query formatted as Prometheus formats it (`strata_promql::printer::pretty`); both answer a
+//! parse error with its `line:col` position. The web UI checks a query with the first as it is
+//! typed and formats it with the second.
 
 use std::sync::Arc;
 
@@ -21,10 +23,32 @@ pub(super) async fn parse_query(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let p = params(&st, &method, raw, &headers, body).await?;
-    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
-    let expr = parse_promql(&st, q)?;
+    let expr = parsed(&st, method, raw, &headers, body).await?;
     Ok(success(tree(&expr)))
+}
+
+pub(super) async fn format_query(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let expr = parsed(&st, method, raw, &headers, body).await?;
+    Ok(success(Value::String(strata_promql::printer::pretty(&expr))))
+}
+
+/// The request's `query`, parsed with the server's features and depth limit.
+async fn parsed(
+    st: &AppState,
+    method: Method,
+    raw: Option<String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Expr, ApiError> {
+    let p = params(st, &method, raw, headers, body).await?;
+    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    parse_promql(st, q)
 }
 
 /// The node and its children, as Prometheus names them.
@@ -57,6 +81,7 @@ pub fn tree(e: &Expr) -> Value {
         }),
         ExprKind::Paren(inner) => json!({"type": "parenExpr", "expr": tree(inner)}),
         ExprKind::Neg(inner) => json!({"type": "unaryExpr", "op": "-", "expr": tree(inner)}),
+        ExprKind::Pos(inner) => json!({"type": "unaryExpr", "op": "+", "expr": tree(inner)}),
         ExprKind::Binary(b) => json!({
             "type": "binaryExpr",
             "op": b.op.as_str(),
