@@ -91,6 +91,7 @@ pub struct LimitsSection {
     pub query_max_samples: Option<usize>,
     pub query_max_series: Option<usize>,
     pub query_timeout: Option<String>,
+    pub query_lookback_delta: Option<String>,
     pub query_max_concurrency: Option<usize>,
     pub query_max_depth: Option<usize>,
     pub web_read_timeout: Option<String>,

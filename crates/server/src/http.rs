@@ -57,6 +57,8 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     /// Samples further than this in the future are refused (clock skew is fine, year 3000 is not).
     pub max_future_ms: i64,
+    /// How far back an instant selector looks (`--query.lookback-delta`; Prometheus' 5m).
+    pub lookback_ms: i64,
     /// Samples older than this are refused (the retention: they would be deleted at once);
     /// 0 accepts any age the head takes.
     pub max_age_ms: i64,
@@ -77,6 +79,7 @@ impl Default for Limits {
             max_query_samples: 50_000_000,
             max_query_series: 1_000_000,
             query_timeout: Duration::from_secs(120),
+            lookback_ms: LOOKBACK_MS,
             max_concurrent_queries: 20,
             body_read_timeout: Duration::from_secs(30),
             max_future_ms: 24 * 3600 * 1000,
@@ -1003,7 +1006,15 @@ async fn run_query<T: Send + 'static>(
     st: &Arc<AppState>,
     f: impl FnOnce(Stopper) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let timeout = st.limits.query_timeout;
+    run_query_within(st, st.limits.query_timeout, f).await
+}
+
+/// `run_query` with its own `timeout` (a request's `timeout` parameter, at most the server's).
+async fn run_query_within<T: Send + 'static>(
+    st: &Arc<AppState>,
+    timeout: Duration,
+    f: impl FnOnce(Stopper) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let Ok(Ok(_slot)) = tokio::time::timeout(timeout, st.query_slots.acquire()).await else {
         return Err(ApiError::unavailable(format!(
             "too many concurrent queries (limit {}); none finished within {timeout:?}",
@@ -1175,9 +1186,9 @@ fn parse_promql(st: &AppState, q: &str) -> Result<strata_promql::ast::Expr, ApiE
     })
 }
 
-fn engine(st: &AppState, deadline: Instant) -> Engine {
+fn engine(st: &AppState, deadline: Instant, lookback_ms: i64) -> Engine {
     Engine::new(EngineOptions {
-        lookback_ms: LOOKBACK_MS,
+        lookback_ms,
         max_samples: st.limits.max_query_samples,
         timeout: deadline.saturating_duration_since(Instant::now()),
         use_start_timestamps: st.limits.query_features.use_start_timestamps,
@@ -1303,12 +1314,41 @@ impl http_body::Body for ChunkedBody {
     }
 }
 
+/// What a query request asks of its evaluation besides the query: Prometheus' `stats`,
+/// `lookback_delta` and `timeout` parameters (the timeout at most `--query.timeout`), and
 /// `max_source_resolution` (Thanos' name): `auto` (default) lets the planner answer from the
 /// coarsest rollup tier that gives the raw answer, `raw` (or `0s`) reads raw samples only, a
 /// duration allows tiers up to that interval.
-fn source_resolution(p: &Params) -> Result<SourceResolution, ApiError> {
-    SourceResolution::parse(p.get("max_source_resolution").unwrap_or(""))
-        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"max_source_resolution\": {e}")))
+struct EvalParams {
+    resolution: SourceResolution,
+    stats: bool,
+    lookback_ms: i64,
+    timeout: Duration,
+}
+
+fn eval_params(st: &AppState, p: &Params) -> Result<EvalParams, ApiError> {
+    let resolution = SourceResolution::parse(p.get("max_source_resolution").unwrap_or(""))
+        .map_err(|e| ApiError::bad_data(format!("invalid parameter \"max_source_resolution\": {e}")))?;
+    let positive = |name: &str| -> Result<Option<i64>, ApiError> {
+        match p.get(name) {
+            None | Some("") => Ok(None),
+            Some(v) => match parse_duration_param_ms(v) {
+                Ok(ms) if ms > 0 => Ok(Some(ms)),
+                Ok(_) => Err(ApiError::bad_data(format!("invalid parameter \"{name}\": {v:?} is not positive"))),
+                Err(e) => Err(ApiError::bad_data(format!("invalid parameter \"{name}\": {e}"))),
+            },
+        }
+    };
+    let timeout = match positive("timeout")? {
+        Some(ms) => st.limits.query_timeout.min(Duration::from_millis(ms as u64)),
+        None => st.limits.query_timeout,
+    };
+    Ok(EvalParams {
+        resolution,
+        stats: p.get("stats").is_some_and(|v| !v.is_empty()),
+        lookback_ms: positive("lookback_delta")?.unwrap_or(st.limits.lookback_ms),
+        timeout,
+    })
 }
 
 /// Runs one PromQL evaluation in a query slot, with the limits, deadline and a cancel flag
@@ -1317,25 +1357,24 @@ async fn evaluate(
     st: &Arc<AppState>,
     query: String,
     headers: &HeaderMap,
-    resolution: SourceResolution,
-    want_stats: bool,
+    params: EvalParams,
     run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
 ) -> ApiResult {
     let db = db(st)?;
     let st2 = st.clone();
     let asked = Instant::now();
-    let (out, queued, evaluated) = run_query(st, move |stopper| {
+    let (out, queued, evaluated) = run_query_within(st, params.timeout, move |stopper| {
         let queued = asked.elapsed();
         let t0 = Instant::now();
-        let mut engine = engine(&st2, stopper.deadline);
-        engine.opts.max_source_resolution = resolution;
+        let mut engine = engine(&st2, stopper.deadline, params.lookback_ms);
+        engine.opts.max_source_resolution = params.resolution;
         let flag = stopper.canceled.clone();
         let storage = QueryStorage { db, limits: st2.limits.clone(), stopper, parallelism: engine.opts.parallelism };
         let out = run(&engine, &storage, &flag).map_err(eval_error)?;
         Ok((out, queued, t0.elapsed()))
     })
     .await?;
-    let stats = want_stats.then(|| {
+    let stats = params.stats.then(|| {
         json!({
             "timings": {
                 "evalTotalTime": evaluated.as_secs_f64(),
@@ -1355,11 +1394,6 @@ async fn evaluate(
     Ok(query_response(out, &query, stats, accepts_gzip(headers)))
 }
 
-/// Whether the request asks for `data.stats` (Prometheus' `stats` parameter: any value).
-fn wants_stats(p: &Params) -> bool {
-    p.get("stats").is_some_and(|v| !v.is_empty())
-}
-
 async fn query(
     State(st): State<Arc<AppState>>,
     method: Method,
@@ -1372,8 +1406,8 @@ async fn query(
         p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
-    let resolution = source_resolution(&p)?;
-    evaluate(&st, q, &headers, resolution, wants_stats(&p), move |engine, storage, cancel| {
+    let params = eval_params(&st, &p)?;
+    evaluate(&st, q, &headers, params, move |engine, storage, cancel| {
         engine.instant_with_cancel(storage, &expr, t, Some(cancel))
     })
     .await
@@ -1416,8 +1450,8 @@ async fn query_range(
             expr.value_type().name()
         )));
     }
-    let resolution = source_resolution(&p)?;
-    evaluate(&st, q, &headers, resolution, wants_stats(&p), move |engine, storage, cancel| {
+    let params = eval_params(&st, &p)?;
+    evaluate(&st, q, &headers, params, move |engine, storage, cancel| {
         engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
     })
     .await
@@ -1802,7 +1836,7 @@ async fn federate(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> A
     let text = run_query(&st, move |stopper| {
         let mut budget = Budget::new(&st2, &stopper);
         let mut out = String::new();
-        for s in select_union(&st2, &db, &stopper, &sets, t - LOOKBACK_MS + 1, t)? {
+        for s in select_union(&st2, &db, &stopper, &sets, t - st2.limits.lookback_ms + 1, t)? {
             // The text format has no native histograms (Prometheus federates them only in its
             // protobuf format): float series only.
             let samples = float_samples(&s)?;

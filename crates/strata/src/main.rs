@@ -26,6 +26,44 @@ use strata_tsdb::{Db, DbOptions};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Least severe log level written: debug, info, warn or error (RUST_LOG, when set, takes
+    /// precedence with its per-module filters).
+    #[arg(long = "log.level", global = true, default_value = "info")]
+    log_level: LogLevel,
+    /// Log line format: logfmt-like text (colour only on a terminal) or one JSON object per line.
+    #[arg(long = "log.format", global = true, default_value = "logfmt")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Logfmt,
+    Json,
+}
+
+/// Logs to stderr as `--log.level` and `--log.format` say.
+fn init_logging(level: LogLevel, format: LogFormat) {
+    let level = match level {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Warn => "warn",
+        LogLevel::Error => "error",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => fmt.json().init(),
+        // Colour codes only for a terminal: a log file or journald gets plain text.
+        LogFormat::Logfmt => fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -212,13 +250,8 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
     purge_freed_memory_promptly();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: a log file or journald gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_level, cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

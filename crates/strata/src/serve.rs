@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// Longest a query may run, and wait for a slot [default: 2m].
     #[arg(long = "query.timeout")]
     query_timeout: Option<String>,
+    /// How far back an instant selector looks for a series' latest sample (Prometheus'
+    /// flag of the same name); a query may ask for its own with `lookback_delta` [default: 5m].
+    #[arg(long = "query.lookback-delta")]
+    lookback_delta: Option<String>,
     /// Queries evaluated at once; more wait, up to the query timeout, then get 503 [default: 20].
     #[arg(long = "query.max-concurrency")]
     max_concurrent_queries: Option<usize>,
@@ -350,6 +354,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             parse_count,
         )?,
         query_timeout: pick(f, "query.timeout", args.query_timeout.clone(), li.query_timeout, "2m", ms)?,
+        lookback_ms: pick(
+            f,
+            "query.lookback-delta",
+            args.lookback_delta.clone(),
+            li.query_lookback_delta.clone(),
+            "5m",
+            positive_ms,
+        )?,
         max_concurrent_queries: pick(
             f,
             "query.max-concurrency",
@@ -573,6 +585,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         web_paths,
     };
     Ok((settings, yaml))
+}
+
+/// A duration of at least a millisecond, in milliseconds.
+fn positive_ms(s: &str) -> Result<i64, String> {
+    match strata_model::parse_duration_ms(s)? {
+        ms if ms > 0 => Ok(ms),
+        _ => Err(format!("{s:?} must be a positive duration")),
+    }
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {

@@ -511,6 +511,39 @@ fn promql_queries_over_http() {
     let v = get("sort_by_label(req_total, \"instance\")", "");
     assert_eq!(v["data"]["result"].as_array().unwrap().len(), 4);
 
+    // Prometheus' per-request parameters: a lookback of its own, statistics, a timeout.
+    let later = |extra: &str| -> serde_json::Value {
+        let path = format!("/api/v1/query?query=req_total&time={}{extra}", t_end + 240);
+        let (status, body) = http(srv.port, "GET", &path, &[], b"");
+        assert_eq!(status, 200, "{extra}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    assert_eq!(later("").pointer("/data/result").unwrap().as_array().unwrap().len(), 4, "4 min after: inside 5m");
+    assert!(later("&lookback_delta=1m")["data"]["result"].as_array().unwrap().is_empty(), "outside 1m");
+    let v = later("&stats=all&timeout=30s");
+    assert!(v["data"]["stats"]["samples"]["totalQueryableSamples"].as_u64().unwrap() >= 4, "{v}");
+    assert!(v["data"]["stats"]["timings"]["evalTotalTime"].as_f64().unwrap() >= 0.0, "{v}");
+    assert!(later("").pointer("/data/stats").is_none(), "stats only when asked");
+    for bad in ["&lookback_delta=0s", "&timeout=-1s", "&timeout=soon"] {
+        let path = format!("/api/v1/query?query=req_total&time={t_end}{bad}");
+        let (status, body) = http(srv.port, "GET", &path, &[], b"");
+        assert_eq!(status, 400, "{bad}: {body}");
+        let name = bad[1..].split('=').next().unwrap();
+        assert!(body.contains(&format!("invalid parameter \\\"{name}\\\"")), "{bad}: {body}");
+    }
+    let (_, flags) = http(srv.port, "GET", "/api/v1/status/flags", &[], b"");
+    assert!(flags.contains("\"query.lookback-delta\":\"5m\""), "{flags}");
+
+    // The query's syntax alone: Prometheus' tree, and the error with its position.
+    let (status, body) =
+        http(srv.port, "GET", &format!("/api/v1/parse_query?query={}", urlencode("-sum(x)")), &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["data"]["type"].as_str(), v["data"]["expr"]["op"].as_str()), (Some("unaryExpr"), Some("sum")));
+    let (status, body) = http(srv.port, "GET", &format!("/api/v1/parse_query?query={}", urlencode("sum(x")), &[], b"");
+    assert_eq!(status, 400);
+    assert!(body.contains("1:6: parse error"), "{body}");
+
     // Errors: syntax → bad_data with position; evaluation → execution.
     for (q, status, kind, want) in [
         ("rate(req_total)", 400, "bad_data", "expected type range vector in call to function \\\"rate\\\""),
