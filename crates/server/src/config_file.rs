@@ -92,6 +92,8 @@ pub struct LimitsSection {
     pub query_max_series: Option<usize>,
     pub query_timeout: Option<String>,
     pub query_lookback_delta: Option<String>,
+    pub query_cache_size: Option<String>,
+    pub query_cache_delay: Option<String>,
     pub query_max_concurrency: Option<usize>,
     pub query_max_depth: Option<usize>,
     pub web_read_timeout: Option<String>,

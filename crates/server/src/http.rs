@@ -30,6 +30,7 @@ use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
 use crate::metrics::ServerMetrics;
+use crate::query_cache;
 use crate::remote::{self, DecodeError};
 use crate::scrape::scrape_loop::now_ms;
 use crate::textparse::{Entry, Format, Parser};
@@ -59,6 +60,10 @@ pub struct Limits {
     pub max_future_ms: i64,
     /// How far back an instant selector looks (`--query.lookback-delta`; Prometheus' 5m).
     pub lookback_ms: i64,
+    /// Bytes of range query results kept for refreshes (`--query.cache-size`; 0: no cache).
+    pub query_cache_bytes: usize,
+    /// Steps newer than this behind the wall clock are never kept (`--query.cache-delay`).
+    pub query_cache_delay_ms: i64,
     /// Samples older than this are refused (the retention: they would be deleted at once);
     /// 0 accepts any age the head takes.
     pub max_age_ms: i64,
@@ -80,6 +85,8 @@ impl Default for Limits {
             max_query_series: 1_000_000,
             query_timeout: Duration::from_secs(120),
             lookback_ms: LOOKBACK_MS,
+            query_cache_bytes: 64 << 20,
+            query_cache_delay_ms: LOOKBACK_MS,
             max_concurrent_queries: 20,
             body_read_timeout: Duration::from_secs(30),
             max_future_ms: 24 * 3600 * 1000,
@@ -136,6 +143,9 @@ pub struct AppState {
     pub graphite_events: OnceLock<Arc<GraphiteEvents>>,
     /// Latest metadata per metric family (from remote write), for `/api/v1/metadata`.
     metadata: Mutex<HashMap<String, (String, String, String)>>,
+    /// The range query result cache (`--query.cache-size`; none when 0). The binary makes the
+    /// database note late writes from its delay back (`ChangeLog::watch`) before queries run.
+    pub query_cache: Option<Arc<crate::query_cache::QueryCache>>,
     /// Where browsers reach the server (`--web.external-url`, `--web.route-prefix`), for the
     /// web UI; set by the binary before the router is built (default: `/`).
     pub web_paths: OnceLock<crate::ui::WebPaths>,
@@ -148,6 +158,9 @@ impl AppState {
         flags: BTreeMap<String, String>,
         config_yaml: String,
     ) -> Arc<AppState> {
+        let query_cache = (limits.query_cache_bytes > 0).then(|| {
+            Arc::new(crate::query_cache::QueryCache::new(limits.query_cache_bytes, limits.query_cache_delay_ms))
+        });
         Arc::new(AppState {
             db: OnceLock::new(),
             query_slots: tokio::sync::Semaphore::new(limits.max_concurrent_queries.max(1)),
@@ -167,6 +180,7 @@ impl AppState {
             graphite_events: OnceLock::new(),
             metadata: Mutex::new(HashMap::new()),
             web_paths: OnceLock::new(),
+            query_cache,
         })
     }
 }
@@ -452,6 +466,9 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let applied = reload.applied_at.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     crate::metrics::render_config_reload(&mut text, reload.success, applied);
     crate::metrics::render_process(&mut text, &crate::process::read());
+    if let Some(cache) = &st.query_cache {
+        crate::metrics::render_query_cache(&mut text, cache);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -1451,10 +1468,41 @@ async fn query_range(
         )));
     }
     let params = eval_params(&st, &p)?;
-    evaluate(&st, q, &headers, params, move |engine, storage, cancel| {
-        engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel))
+    let cache = range_cache(&st, &p, &params, &expr)?;
+    evaluate(&st, q, &headers, params, move |engine, storage, cancel| match &cache {
+        Some(cache) => {
+            let key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
+            let mut eval = |from| engine.range_with_cancel(storage, &expr, from, end, step, Some(cancel));
+            query_cache::evaluate_range(cache, storage.db.changes(), key, start, end, now_ms(), &mut eval)
+                .map(|(out, _)| out)
+        }
+        None => engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)),
     })
     .await
+}
+
+/// The result cache, when this range query may go through it: the cache is on, the request
+/// did not turn it off (`nocache=1`, as VictoriaMetrics names it) nor ask for statistics (they
+/// describe one evaluation), no rollup tier may answer (which one depends on the whole range),
+/// and the query reads nothing of its own start or end ([`query_cache::cacheable`]).
+fn range_cache(
+    st: &AppState,
+    p: &Params,
+    params: &EvalParams,
+    expr: &strata_promql::ast::Expr,
+) -> Result<Option<Arc<query_cache::QueryCache>>, ApiError> {
+    let Some(cache) = &st.query_cache else { return Ok(None) };
+    let off = match p.get("nocache") {
+        None | Some("") | Some("0") | Some("false") => false,
+        Some("1") | Some("true") => true,
+        Some(v) => return Err(ApiError::bad_data(format!("invalid parameter \"nocache\": {v:?} (1 or 0)"))),
+    };
+    let tiers = params.resolution != SourceResolution::Raw && !db(st)?.rollup_tiers().is_empty();
+    if off || params.stats || tiers || !query_cache::cacheable(expr) {
+        cache.stats.bypassed.fetch_add(1, Ordering::Relaxed);
+        return Ok(None);
+    }
+    Ok(Some(cache.clone()))
 }
 
 /// Series matching any of the selector `sets` (`match[]`) in `[mint, maxt]`, each once, in

@@ -10,6 +10,7 @@ pub mod http;
 pub mod import;
 pub mod metrics;
 pub mod process;
+pub mod query_cache;
 pub mod query_json;
 pub mod remote;
 pub mod scrape;

@@ -268,6 +268,40 @@ pub fn render_config_reload(o: &mut String, success: bool, applied_at_seconds: f
     );
 }
 
+/// The range query result cache's requests by outcome, its size and what it dropped.
+pub fn render_query_cache(o: &mut String, cache: &crate::query_cache::QueryCache) {
+    let s = &cache.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    family(
+        o,
+        "strata_query_cache_requests_total",
+        "Range queries by what the result cache did: hit (answered from kept steps), partial (kept steps and the rest evaluated), miss (nothing kept), bypass (not cacheable or turned off).",
+        "counter",
+    );
+    for (result, n) in [("hit", &s.hits), ("partial", &s.partial_hits), ("miss", &s.misses), ("bypass", &s.bypassed)] {
+        let _ = writeln!(o, "strata_query_cache_requests_total{{result=\"{result}\"}} {}", load(n));
+    }
+    singles(
+        o,
+        &[
+            ("strata_query_cache_bytes", "Bytes of kept range results.", "gauge", cache.bytes() as f64),
+            ("strata_query_cache_entries", "Kept range results.", "gauge", cache.entries() as f64),
+            (
+                "strata_query_cache_evictions_total",
+                "Kept results dropped to stay within --query.cache-size.",
+                "counter",
+                load(&s.evictions) as f64,
+            ),
+            (
+                "strata_query_cache_invalidations_total",
+                "Kept results cut back because data behind them changed (late or out-of-order writes, deletions, retention).",
+                "counter",
+                load(&s.invalidations) as f64,
+            ),
+        ],
+    );
+}
+
 /// The `process_*` families `/proc/self` gave (`crate::process`).
 pub fn render_process(o: &mut String, stats: &crate::process::ProcessStats) {
     singles(o, &stats.families());

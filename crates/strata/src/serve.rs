@@ -92,6 +92,15 @@ pub struct ServeArgs {
     /// flag of the same name); a query may ask for its own with `lookback_delta` [default: 5m].
     #[arg(long = "query.lookback-delta")]
     lookback_delta: Option<String>,
+    /// Memory for range query results kept so that a dashboard's refresh evaluates only the
+    /// steps it has not seen (0: no cache; a request turns it off with nocache=1) [default: 64MB].
+    #[arg(long = "query.cache-size")]
+    query_cache_size: Option<String>,
+    /// Steps of a range result newer than this behind now are never kept, since samples for
+    /// them may still arrive (later writes into kept steps are noticed anyway) [default: the
+    /// larger of --query.lookback-delta and --storage.out-of-order-time-window].
+    #[arg(long = "query.cache-delay")]
+    query_cache_delay: Option<String>,
     /// Queries evaluated at once; more wait, up to the query timeout, then get 503 [default: 20].
     #[arg(long = "query.max-concurrency")]
     max_concurrent_queries: Option<usize>,
@@ -423,6 +432,19 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         "0",
         strata_model::parse_duration_ms,
     )?;
+    let mut limits = limits;
+    limits.query_cache_bytes =
+        pick(&mut flags, "query.cache-size", args.query_cache_size.clone(), li.query_cache_size, "64MB", size_or_zero)?
+            as usize;
+    let delay_default = strata_model::format_duration_ms(limits.lookback_ms.max(out_of_order_window_ms));
+    limits.query_cache_delay_ms = pick(
+        &mut flags,
+        "query.cache-delay",
+        args.query_cache_delay.clone(),
+        li.query_cache_delay,
+        &delay_default,
+        positive_ms,
+    )?;
     let rollup_tiers = pick(&mut flags, "storage.rollup-tiers", args.rollup_tiers.clone(), st.rollup_tiers, "", |s| {
         strata_tsdb::rollup::parse_tiers(s, retention)
     })?;
@@ -692,6 +714,10 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 })));
                 // Ready (`/-/ready`, the storage endpoints) only now, so that a client that
                 // waited for readiness also finds the targets in place.
+                if let Some(cache) = &state.query_cache {
+                    // Before any query runs: the cache learns of writes behind its delay.
+                    db.changes().watch(cache.delay_ms());
+                }
                 state.db.set(db).map_err(|_| "database opened twice".to_owned())?;
                 tracing::info!(scrape_jobs = n, "ready");
                 Ok(())

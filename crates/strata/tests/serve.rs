@@ -719,3 +719,73 @@ fn remote_write_takes_late_samples_inside_the_out_of_order_window_and_refuses_re
     let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
     assert!(metrics.contains("strata_tsdb_head_samples_appended_late_total 1"), "{metrics}");
 }
+
+/// The range result cache over HTTP: a refresh moved by a step is a partial hit, answers equal
+/// the uncached ones (`nocache=1`) byte for byte, also after a late write and a deletion behind
+/// the kept steps, and `/metrics` counts what the cache did.
+#[test]
+fn range_results_are_cached_and_stay_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &["--web.enable-admin-api", "--query.cache-delay", "2m"]);
+    let now = now_ms();
+    let t0 = now / 15_000 * 15_000 - 3_600_000;
+    let series = |name: &str, i: usize, from: i64, to: i64| -> support::TestSeries<'static> {
+        let labels = vec![("__name__", name.to_owned()), ("i", i.to_string())];
+        let samples =
+            (0..).map(|k| from + k * 15_000).take_while(|&t| t <= to).map(|t| (t, (t / 15_000) as f64)).collect();
+        (labels, samples)
+    };
+    let write = |s: Vec<support::TestSeries<'_>>| {
+        let (status, body) =
+            http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&s));
+        assert_eq!(status, 204, "{body}");
+    };
+    write((0..3).map(|i| series("cnt_total", i, t0, now)).collect());
+    let range = |start: i64, end: i64, extra: &str| -> String {
+        let q = urlencode("sum by (i) (rate(cnt_total[2m]))");
+        let path = format!("/api/v1/query_range?query={q}&start={}&end={}&step=15{extra}", start / 1000, end / 1000);
+        let (status, body) = http(srv.port, "GET", &path, &[], b"");
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let end = now / 15_000 * 15_000 - 60_000;
+    let check = |start: i64, end: i64| {
+        let cached = range(start, end, "");
+        assert_eq!(cached, range(start, end, "&nocache=1"), "[{start}, {end}]");
+    };
+    check(end - 1_800_000, end);
+    check(end - 1_800_000 + 15_000, end + 15_000);
+    // Wholly behind the delay: answered from the kept steps alone.
+    check(end - 1_800_000 + 15_000, end - 300_000);
+    // A sender running late: a new series reaching 20 minutes back, inside the kept steps.
+    write(vec![series("cnt_total", 7, now - 1_200_000, now - 600_000)]);
+    check(end - 1_800_000 + 30_000, end + 30_000);
+    // A deletion behind the kept steps.
+    let (status, body) = http(
+        srv.port,
+        "POST",
+        &format!(
+            "/api/v1/admin/tsdb/delete_series?match[]={}&start={}&end={}",
+            urlencode("cnt_total{i=\"1\"}"),
+            (now - 900_000) / 1000,
+            (now - 800_000) / 1000
+        ),
+        &[],
+        b"",
+    );
+    assert_eq!(status, 204, "{body}");
+    check(end - 1_800_000 + 30_000, end + 30_000);
+    let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
+    let count = |result: &str| -> f64 {
+        let line = format!("strata_query_cache_requests_total{{result=\"{result}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("{line}: {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(count("hit") >= 1.0 && count("partial") >= 1.0, "{metrics}");
+    assert_eq!(count("bypass"), 5.0, "the nocache=1 requests");
+    assert!(metrics.contains("strata_query_cache_invalidations_total 2"), "{metrics}");
+}

@@ -6,6 +6,7 @@
 //! `querier` the read path. See `docs/design.md` for invariants and the crash model.
 
 pub mod block;
+pub mod changes;
 pub mod chunkenc;
 pub mod compact;
 pub mod encoding;

@@ -270,6 +270,12 @@ impl Db {
         self.inner.blocks.read().clone()
     }
 
+    /// Changes to data already written (late writes once watched, deletions, imports,
+    /// retention), for caches of query results.
+    pub fn changes(&self) -> &crate::changes::ChangeLog {
+        &self.inner.head.changes
+    }
+
     pub fn replay_outcome(&self) -> &ReplayOutcome {
         &self.inner.replay
     }
@@ -293,6 +299,8 @@ impl Db {
         // Not while a compaction runs: it read its inputs' tombstones when it started, and its
         // output would bring back what is deleted now.
         let _guard = self.inner.compaction.lock();
+        // Noted first: a deletion that fails halfway has changed some of the data already.
+        self.inner.head.changes.note(mint, maxt);
         let mut n = self.inner.head.delete(matchers, mint, maxt)?;
         for b in self.blocks().iter() {
             n += b.delete(matchers, mint, maxt).inspect_err(|e| b.mark_corrupt_if(e))?;
@@ -308,6 +316,7 @@ impl Db {
         let inner = &self.inner;
         let _guard = inner.compaction.lock();
         let Some((min, max)) = source.time_range() else { return Ok(Vec::new()) };
+        inner.head.changes.note(min, max);
         let range = inner.opts.head.chunk_range_ms;
         let mut out = Vec::new();
         let mut start = min.div_euclid(range) * range;
@@ -703,6 +712,9 @@ impl Inner {
                 w.iter().filter(|b| !doomed.iter().any(|d| Arc::ptr_eq(d, b))).cloned().collect();
             *w = Arc::new(next);
         }
+        let mint = doomed.iter().map(|b| b.meta().min_time).min().expect("not empty");
+        let maxt = doomed.iter().map(|b| b.meta().max_time).max().expect("not empty");
+        self.head.changes.note(mint, maxt);
         for b in &doomed {
             let why = if b.meta().max_time <= cutoff {
                 format!(
@@ -740,6 +752,7 @@ impl Inner {
             swap_in(list, &bad, None);
             for b in &bad {
                 set_aside(&*self.fs, b.dir(), "failed a checksum or bounds check on read");
+                self.head.changes.note(b.meta().min_time, b.meta().max_time);
             }
             n += bad.len();
         }

@@ -469,6 +469,7 @@ impl<'h> Appender<'h> {
         if min_t <= max_t {
             head.note_time(min_t);
             head.note_time(max_t);
+            head.changes.note_write(min_t, max_t);
         }
         if let Some(wal) = &head.wal {
             if !logged.is_empty() || !logged_histograms.is_empty() || !logged_late.is_empty() {

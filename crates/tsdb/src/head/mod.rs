@@ -142,6 +142,8 @@ pub struct Head {
     /// Metric names and their path nodes, for searches by pattern.
     names: HeadNames,
     pub stats: HeadStats,
+    /// Writes into the past, for caches of query results (`Db::delete` and friends note theirs).
+    pub changes: crate::changes::ChangeLog,
 }
 
 impl Head {
@@ -165,6 +167,7 @@ impl Head {
             tombstones: RwLock::default(),
             names: HeadNames::new(!opts.backfill),
             stats: HeadStats::default(),
+            changes: crate::changes::ChangeLog::default(),
         }
     }
 

@@ -1,0 +1,332 @@
+//! A step-aligned cache of range query results (what Thanos' query-frontend and
+//! VictoriaMetrics' rollup result cache do for dashboards): a dashboard refreshing the same
+//! query with its window moved by a few steps evaluates only the steps it has not seen.
+//!
+//! A result is kept per query text, step, phase (start modulo step) and lookback, as the
+//! points of the steps at least `delay` behind the wall clock when it was evaluated (newer
+//! steps may still receive samples, so they are never kept). A later request with the same key
+//! whose start is not before the kept one takes the kept steps it covers and evaluates the
+//! rest; the two are merged series by series. Each step of a range query is evaluated on its
+//! own, so the merged answer is the one a whole evaluation gives, point for point, as long as
+//! the query holds nothing that reads the query's own start or end ([`cacheable`]).
+//!
+//! Data can still change behind the kept steps: a sender running late, out-of-order or
+//! backfilled writes, deletions, retention. The database notes such changes
+//! (`strata_tsdb::changes`, watching writes from `delay` back); a kept result is cut back to
+//! the steps before the oldest change made after it was evaluated.
+//!
+//! Memory is bounded (`max_bytes`, least recently used results dropped first).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use strata_promql::ast::{Duration, Expr, ExprKind};
+use strata_promql::Series;
+use strata_tsdb::changes::ChangeLog;
+
+#[cfg(test)]
+mod tests;
+
+/// What identifies results that can be combined: the steps of one query at one resolution.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct CacheKey {
+    /// The query as the printer writes it, so spellings of one query share results.
+    pub query: String,
+    pub step_ms: i64,
+    /// The start modulo the step: only results on the same grid combine.
+    pub phase_ms: i64,
+    pub lookback_ms: i64,
+}
+
+impl CacheKey {
+    pub fn new(expr: &Expr, start: i64, step_ms: i64, lookback_ms: i64) -> CacheKey {
+        assert!(step_ms > 0, "a range query has a positive step");
+        CacheKey { query: expr.to_string(), step_ms, phase_ms: start.rem_euclid(step_ms), lookback_ms }
+    }
+}
+
+/// The kept steps of one result.
+#[derive(Debug)]
+struct Entry {
+    /// First and last kept step.
+    first: i64,
+    last: i64,
+    /// The database's change number when the result was evaluated (or last checked).
+    seq: u64,
+    series: Vec<Series>,
+    bytes: usize,
+    /// For least-recently-used eviction.
+    used: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<CacheKey, Entry>,
+    bytes: usize,
+    clock: u64,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Requests answered wholly from kept steps.
+    pub hits: AtomicU64,
+    /// Requests that took kept steps and evaluated the rest.
+    pub partial_hits: AtomicU64,
+    /// Cacheable requests with nothing kept for them.
+    pub misses: AtomicU64,
+    /// Requests the cache could not serve (asked off, a query reading its own start or end,
+    /// rollup tiers, statistics asked for).
+    pub bypassed: AtomicU64,
+    /// Results dropped to stay within the size.
+    pub evictions: AtomicU64,
+    /// Kept results cut back or dropped because data behind them changed.
+    pub invalidations: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct QueryCache {
+    max_bytes: usize,
+    delay_ms: i64,
+    inner: Mutex<Inner>,
+    pub stats: CacheStats,
+}
+
+/// Kept steps for a request: the series' points from its start through `last`.
+#[derive(Debug)]
+pub struct Cached {
+    pub last: i64,
+    pub series: Vec<Series>,
+}
+
+impl QueryCache {
+    pub fn new(max_bytes: usize, delay_ms: i64) -> QueryCache {
+        assert!(delay_ms > 0, "steps newer than a positive delay are never kept");
+        QueryCache { max_bytes, delay_ms, inner: Mutex::new(Inner::default()), stats: CacheStats::default() }
+    }
+
+    pub fn delay_ms(&self) -> i64 {
+        self.delay_ms
+    }
+
+    /// Bytes of the kept results (estimated: points, histograms and labels).
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+
+    pub fn entries(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    /// The kept steps of `key` from `start` to at most `end`, after cutting away what changed
+    /// since they were evaluated; `None` when none apply (nothing kept, kept from a later
+    /// start, or all changed).
+    pub fn get(&self, key: &CacheKey, start: i64, end: i64, changes: &ChangeLog) -> Option<Cached> {
+        let mut inner = self.inner.lock();
+        inner.clock += 1;
+        let clock = inner.clock;
+        let entry = inner.entries.get_mut(key)?;
+        entry.used = clock;
+        // The number first: a change made while looking is then seen next time.
+        let seq = changes.seq();
+        if let Some(changed) = changes.changed_since(entry.seq) {
+            self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            if changed <= entry.first {
+                let gone = inner.entries.remove(key).expect("found above");
+                inner.bytes -= gone.bytes;
+                return None;
+            }
+            // The last step before the change.
+            let last = entry.first + (changed - 1 - entry.first) / key.step_ms * key.step_ms;
+            if last < entry.last {
+                entry.last = last;
+                for s in &mut entry.series {
+                    s.points.retain(|p| p.t <= last);
+                    s.hists.retain(|p| p.t <= last);
+                }
+                entry.series.retain(|s| !s.is_empty());
+                let bytes = size_of_series(&entry.series);
+                let before = entry.bytes;
+                entry.bytes = bytes;
+                inner.bytes = inner.bytes - before + bytes;
+            }
+        }
+        let entry = inner.entries.get_mut(key).expect("kept above");
+        entry.seq = seq;
+        if entry.first > start || entry.last < start {
+            return None;
+        }
+        let last = entry.last.min(end);
+        let series = entry.series.iter().filter_map(|s| slice(s, start, last)).collect();
+        Some(Cached { last, series })
+    }
+
+    /// Keeps the steps of `series` (a range result from `start`, evaluated when the database's
+    /// change number was `seq` and the wall clock `now`) that are at least the delay old.
+    pub fn put(&self, key: CacheKey, start: i64, end: i64, now: i64, seq: u64, series: &[Series]) {
+        let horizon = now - self.delay_ms;
+        if horizon <= start {
+            return;
+        }
+        // The last step strictly before the horizon, and not after the end.
+        let last = (start + (horizon - 1 - start) / key.step_ms * key.step_ms).min(end);
+        let kept: Vec<Series> = series.iter().filter_map(|s| slice(s, start, last)).collect();
+        let bytes = size_of_series(&kept) + key.query.len() + 64;
+        if bytes > self.max_bytes {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        inner.clock += 1;
+        let used = inner.clock;
+        if let Some(old) = inner.entries.insert(key, Entry { first: start, last, seq, series: kept, bytes, used }) {
+            inner.bytes -= old.bytes;
+        }
+        inner.bytes += bytes;
+        while inner.bytes > self.max_bytes {
+            let oldest = inner.entries.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| k.clone()).expect("bytes held");
+            let gone = inner.entries.remove(&oldest).expect("found");
+            inner.bytes -= gone.bytes;
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `s` restricted to steps in `[from, to]`, or `None` when it has none there.
+fn slice(s: &Series, from: i64, to: i64) -> Option<Series> {
+    let points: Vec<_> = s.points.iter().filter(|p| p.t >= from && p.t <= to).copied().collect();
+    let hists: Vec<_> = s.hists.iter().filter(|p| p.t >= from && p.t <= to).cloned().collect();
+    (!points.is_empty() || !hists.is_empty()).then(|| Series {
+        labels: s.labels.clone(),
+        points,
+        hists,
+        drop_name: s.drop_name,
+    })
+}
+
+fn size_of_series(series: &[Series]) -> usize {
+    series
+        .iter()
+        .map(|s| {
+            64 + s.labels.iter().map(|l| l.name.len() + l.value.len() + 16).sum::<usize>()
+                + s.points.len() * std::mem::size_of::<strata_promql::Point>()
+                + s.hists.len() * 256
+        })
+        .sum()
+}
+
+/// Kept steps followed by newly evaluated ones, series by series in label order (both are
+/// sorted by labels, as range results are).
+pub fn merge(kept: Vec<Series>, fresh: Vec<Series>) -> Vec<Series> {
+    let mut out = Vec::with_capacity(kept.len().max(fresh.len()));
+    let mut a = kept.into_iter().peekable();
+    let mut b = fresh.into_iter().peekable();
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match x.labels.cmp(&y.labels) {
+                std::cmp::Ordering::Less => out.push(a.next().expect("peeked")),
+                std::cmp::Ordering::Greater => out.push(b.next().expect("peeked")),
+                std::cmp::Ordering::Equal => {
+                    let mut x = a.next().expect("peeked");
+                    let y = b.next().expect("peeked");
+                    debug_assert!(x.points.last().is_none_or(|p| y.points.first().is_none_or(|q| p.t < q.t)));
+                    x.points.extend(y.points);
+                    x.hists.extend(y.hists);
+                    out.push(x);
+                }
+            },
+            (Some(_), None) => out.push(a.next().expect("peeked")),
+            (None, Some(_)) => out.push(b.next().expect("peeked")),
+            (None, None) => return out,
+        }
+    }
+}
+
+/// Whether each step of `expr` depends only on its own time: no `@` (which reads one time for
+/// every step, `start()` and `end()` the query's own), no negative offset (which reads samples
+/// after the step, still arriving), and no duration expression (`range()` is the query's).
+pub fn cacheable(expr: &Expr) -> bool {
+    let mut ok = true;
+    let plain = |d: &Option<Duration>| match d {
+        None => true,
+        Some(Duration::Ms(ms)) => *ms >= 0,
+        Some(Duration::Expr(_)) => false,
+    };
+    expr.walk(&mut |e| {
+        ok &= match &e.kind {
+            ExprKind::Vector(v) => v.at.is_none() && plain(&v.offset),
+            ExprKind::Matrix(m) => {
+                m.vector.at.is_none() && plain(&m.vector.offset) && matches!(m.range, Duration::Ms(_))
+            }
+            ExprKind::Subquery(s) => {
+                s.at.is_none()
+                    && plain(&s.offset)
+                    && matches!(s.range, Duration::Ms(_))
+                    && matches!(s.step, None | Some(Duration::Ms(_)))
+            }
+            _ => true,
+        };
+    });
+    ok
+}
+
+/// How a request went through the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Hit,
+    PartialHit,
+    Miss,
+}
+
+/// Evaluates the range query `expr` over `[start, end]` through the cache: kept steps are
+/// taken, the rest evaluated by `eval(from)` (the same query from step `from` to `end`), the
+/// result kept for the next request. `now` is the wall clock in ms, `changes` the database's.
+/// Results with annotations are neither kept nor assembled from pieces: their order follows
+/// the evaluation's, so they are evaluated whole.
+#[allow(clippy::too_many_arguments, reason = "a range query and the clock and log it is cached against")]
+pub fn evaluate_range(
+    cache: &QueryCache,
+    changes: &ChangeLog,
+    key: CacheKey,
+    start: i64,
+    end: i64,
+    now: i64,
+    eval: &mut dyn FnMut(i64) -> Result<strata_promql::QueryOutput, strata_promql::EvalError>,
+) -> Result<(strata_promql::QueryOutput, Outcome), strata_promql::EvalError> {
+    use strata_promql::{QueryOutput, Value};
+    let step = key.step_ms;
+    // Before anything is read: changes from here on are seen by the next request.
+    let seq = changes.seq();
+    let whole = |series: Vec<Series>| QueryOutput {
+        value: Value::Matrix(series),
+        annotations: Vec::new(),
+        stats: Default::default(),
+    };
+    match cache.get(&key, start, end, changes) {
+        Some(kept) if kept.last >= end => {
+            cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+            Ok((whole(kept.series), Outcome::Hit))
+        }
+        Some(kept) => {
+            let fresh = eval(kept.last + step)?;
+            let Value::Matrix(series) = fresh.value else {
+                return Ok((eval(start)?, Outcome::Miss));
+            };
+            if !fresh.annotations.is_empty() {
+                return Ok((eval(start)?, Outcome::Miss));
+            }
+            cache.stats.partial_hits.fetch_add(1, Ordering::Relaxed);
+            let merged = merge(kept.series, series);
+            cache.put(key, start, end, now, seq, &merged);
+            Ok((whole(merged), Outcome::PartialHit))
+        }
+        None => {
+            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let out = eval(start)?;
+            if let (Value::Matrix(series), true) = (&out.value, out.annotations.is_empty()) {
+                cache.put(key, start, end, now, seq, series);
+            }
+            Ok((out, Outcome::Miss))
+        }
+    }
+}

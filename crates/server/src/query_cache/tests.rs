@@ -1,0 +1,242 @@
+use proptest::prelude::*;
+use strata_model::Labels;
+use strata_promql::{Engine, EngineOptions, Value};
+use strata_tsdb::head::OutOfOrder;
+use strata_tsdb::{Db, DbOptions};
+
+use super::*;
+
+const STEP: i64 = 15_000;
+const DELAY: i64 = 5 * 60_000;
+
+fn wall() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+const QUERIES: &[&str] = &[
+    "c",
+    "rate(c[1m])",
+    "sum by (job) (rate(c[2m]))",
+    "max_over_time(g[3m])",
+    "avg(g) + 1",
+    "g offset 1m",
+    "g > 0.5",
+    "count(g)",
+    "topk(2, g)",
+    "max_over_time(rate(c[1m])[2m:30s])",
+];
+
+/// One thing that happens between two refreshes of a dashboard.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Scrapes up to `minutes` more (in order, near now).
+    Ingest { minutes: i64 },
+    /// A new series whose samples reach back `back_min` minutes (a sender running late).
+    LateSeries { back_min: i64, id: u8 },
+    /// Out-of-order samples into an existing series, `back_min` minutes back.
+    OutOfOrder { back_min: i64, series: u8 },
+    /// A deletion of `[back_min, back_min - 2]` minutes back.
+    Delete { back_min: i64, series: u8 },
+    /// A refresh of the query with its window moved by `steps` steps (may be 0 or negative).
+    Refresh { query: usize, steps: i64, minutes: i64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1i64..4).prop_map(|minutes| Op::Ingest { minutes }),
+        (6i64..60, any::<u8>()).prop_map(|(back_min, id)| Op::LateSeries { back_min, id }),
+        (6i64..50, 0u8..4).prop_map(|(back_min, series)| Op::OutOfOrder { back_min, series }),
+        (6i64..50, 0u8..4).prop_map(|(back_min, series)| Op::Delete { back_min, series }),
+        (0..QUERIES.len(), -2i64..6, 10i64..50).prop_map(|(query, steps, minutes)| Op::Refresh {
+            query,
+            steps,
+            minutes
+        }),
+    ]
+}
+
+fn labels(name: &str, i: u8) -> Labels {
+    Labels::from_pairs([("__name__", name.to_owned()), ("job", format!("j{}", i % 2)), ("i", i.to_string())])
+}
+
+/// Samples `(t, v)` of series `i` at the scrapes in `[from, to]`, timestamps jittered as real
+/// scrapes are.
+fn scrapes(i: u8, from: i64, to: i64) -> Vec<(i64, f64)> {
+    let first = from.div_euclid(STEP) * STEP;
+    (0..)
+        .map(|k| first + k * STEP)
+        .take_while(|&t| t <= to)
+        .map(|t| (t + (t / STEP * 7 + i as i64 * 13) % 900, ((t / STEP) * (i as i64 + 1)) as f64))
+        .filter(|&(t, _)| t >= from && t <= to)
+        .collect()
+}
+
+fn run(ops: &[Op]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = DbOptions::default();
+    opts.head.out_of_order = OutOfOrder { window_ms: 2 * 3_600_000, replace: false };
+    opts.compact_interval = None;
+    let db = Db::open(dir.path(), opts).unwrap();
+    let cache = QueryCache::new(8 << 20, DELAY);
+    db.changes().watch(DELAY);
+    let engine = Engine::new(EngineOptions::default());
+    let origin = wall() - 70 * 60_000;
+    let mut ingested = origin;
+    let ingest_to = |db: &Db, from: i64, to: i64| {
+        let mut app = db.appender();
+        for i in 0..4u8 {
+            for (t, v) in scrapes(i, from, to) {
+                app.append(&labels("c", i), t, v).unwrap();
+                app.append(&labels("g", i), t, (v * 0.37).sin()).unwrap();
+            }
+        }
+        app.commit().unwrap();
+    };
+    ingest_to(&db, origin, wall() - 60 * 60_000);
+    ingested = ingested.max(wall() - 60 * 60_000);
+    let mut window_end = wall() - 2 * 60_000;
+    for op in ops {
+        match *op {
+            Op::Ingest { minutes } => {
+                let to = (ingested + minutes * 60_000).min(wall());
+                ingest_to(&db, ingested + 1, to);
+                ingested = to;
+            }
+            Op::LateSeries { back_min, id } => {
+                let mut app = db.appender_with(OutOfOrder { window_ms: 2 * 3_600_000, replace: false });
+                let (from, to) = (wall() - back_min * 60_000, wall() - (back_min - 3) * 60_000);
+                for (t, v) in scrapes(id % 8, from, to) {
+                    let _ = app.append(&labels("g", 10 + id % 8), t, v);
+                }
+                app.commit().unwrap();
+            }
+            Op::OutOfOrder { back_min, series } => {
+                let mut app = db.appender_with(OutOfOrder { window_ms: 2 * 3_600_000, replace: false });
+                let t = wall() - back_min * 60_000 + 3_333;
+                let _ = app.append(&labels("g", series), t, 0.9);
+                let _ = app.append(&labels("c", series), t, 1e6);
+                app.commit().unwrap();
+            }
+            Op::Delete { back_min, series } => {
+                let m = [strata_model::Matcher::new(strata_model::MatchOp::Equal, "i", series.to_string()).unwrap()];
+                let maxt = wall() - (back_min - 2) * 60_000;
+                db.delete(&m, maxt - 2 * 60_000, maxt).unwrap();
+            }
+            Op::Refresh { query, steps, minutes } => {
+                window_end = (window_end + steps * STEP).min(wall());
+                let end = window_end / STEP * STEP;
+                let start = end - minutes * 60_000;
+                let expr = strata_promql::parser::parse(QUERIES[query]).unwrap();
+                assert!(cacheable(&expr));
+                let key = CacheKey::new(&expr, start, STEP, EngineOptions::default().lookback_ms);
+                let (cached, _) = evaluate_range(&cache, db.changes(), key, start, end, wall(), &mut |from| {
+                    engine.range(&db, &expr, from, end, STEP)
+                })
+                .unwrap();
+                let direct = engine.range(&db, &expr, start, end, STEP).unwrap();
+                let text = |out: &strata_promql::QueryOutput| {
+                    crate::query_json::response(&out.value, &out.annotations, QUERIES[query], None)
+                };
+                assert_eq!(text(&cached), text(&direct), "{} over [{start}, {end}] after {ops:?}", QUERIES[query]);
+                assert!(matches!(cached.value, Value::Matrix(_)));
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Answers through the cache are byte for byte the uncached answers, whatever happened to
+    /// the data between refreshes: appends, late series, out-of-order writes, deletions.
+    #[test]
+    fn cached_answers_are_uncached_answers(ops in proptest::collection::vec(op(), 1..30)) {
+        run(&ops);
+    }
+}
+
+#[test]
+fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions { compact_interval: None, ..DbOptions::default() }).unwrap();
+    db.changes().watch(DELAY);
+    let now = wall();
+    let mut app = db.appender();
+    for (t, v) in scrapes(0, now - 3_600_000, now) {
+        app.append(&labels("g", 0), t, v).unwrap();
+    }
+    app.commit().unwrap();
+    let cache = QueryCache::new(1 << 20, DELAY);
+    let engine = Engine::new(EngineOptions::default());
+    let expr = strata_promql::parser::parse("g").unwrap();
+    let end = (now - 10 * 60_000) / STEP * STEP;
+    let evaluated = std::cell::RefCell::new(Vec::new());
+    let query = |start: i64, end: i64| {
+        let key = CacheKey::new(&expr, start, STEP, 300_000);
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+            evaluated.borrow_mut().push((from, end));
+            engine.range(&db, &expr, from, end, STEP)
+        })
+        .unwrap();
+        (out, outcome)
+    };
+    assert_eq!(query(end - 1_800_000, end).1, Outcome::Miss);
+    assert_eq!(query(end - 1_800_000 + STEP, end + STEP).1, Outcome::PartialHit);
+    assert_eq!(query(end - 1_800_000 + STEP, end).1, Outcome::Hit);
+    assert_eq!(*evaluated.borrow(), vec![(end - 1_800_000, end), (end + STEP, end + STEP)]);
+    // Another grid (a phase off the step) does not share the kept steps.
+    assert_eq!(query(end - 1_800_000 + 1000, end + 1000).1, Outcome::Miss);
+    // A deletion behind the kept steps cuts them back.
+    let m = [strata_model::Matcher::new(strata_model::MatchOp::Equal, "i", "0").unwrap()];
+    db.delete(&m, end - 600_000, end - 590_000).unwrap();
+    let (_, outcome) = query(end - 1_800_000 + STEP, end + STEP);
+    assert_eq!(outcome, Outcome::PartialHit);
+    assert_eq!(
+        evaluated.borrow().last(),
+        Some(&(end - 600_000, end + STEP)),
+        "from the first step at or after the deletion"
+    );
+    assert_eq!(cache.stats.invalidations.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn queries_reading_their_own_start_or_end_are_not_cached() {
+    for (q, ok) in [
+        ("rate(x[5m])", true),
+        ("x offset 5m", true),
+        ("x @ 100", false),
+        ("x @ end()", false),
+        ("x offset -5m", false),
+        ("max_over_time(x[1h:1m] @ start())", false),
+    ] {
+        let e = strata_promql::parser::parse(q).unwrap();
+        assert_eq!(cacheable(&e), ok, "{q}");
+    }
+    let e = strata_promql::parser::parse_with("x[range()]", strata_promql::Features::all()).unwrap();
+    assert!(!cacheable(&e));
+}
+
+#[test]
+fn the_size_is_kept_by_dropping_the_least_recently_used() {
+    let cache = QueryCache::new(4096, DELAY);
+    let now = wall();
+    let log = ChangeLog::default();
+    let series = |n: usize| -> Vec<Series> {
+        vec![Series::new(
+            Labels::from_pairs([("a", "b")]),
+            (0..n as i64).map(|k| strata_promql::Point { t: k * STEP, f: 1.0 }).collect(),
+        )]
+    };
+    let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1 };
+    cache.put(key("a"), 0, 100 * STEP, now, 0, &series(100));
+    cache.put(key("b"), 0, 100 * STEP, now, 0, &series(100));
+    assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some(), "a used last");
+    cache.put(key("c"), 0, 100 * STEP, now, 0, &series(100));
+    assert!(cache.bytes() <= 4096);
+    assert!(cache.get(&key("b"), 0, 100 * STEP, &log).is_none(), "b dropped first");
+    assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some());
+    assert!(cache.stats.evictions.load(Ordering::Relaxed) >= 1);
+    // Never more than asked for, even by one big result.
+    cache.put(key("d"), 0, 10_000 * STEP, now, 0, &series(10_000));
+    assert!(cache.get(&key("d"), 0, 10 * STEP, &log).is_none());
+}
