@@ -1482,9 +1482,10 @@ async fn query_range(
 }
 
 /// The result cache, when this range query may go through it: the cache is on, the request
-/// did not turn it off (`nocache=1`, as VictoriaMetrics names it) nor ask for statistics (they
-/// describe one evaluation), no rollup tier may answer (which one depends on the whole range),
-/// and the query reads nothing of its own start or end ([`query_cache::cacheable`]).
+/// did not turn it off (`nocache=1`, as VictoriaMetrics names it), no rollup tier may answer
+/// (which one depends on the whole range), and the query reads nothing of its own start or end
+/// ([`query_cache::cacheable`]). Statistics asked for describe the work done: none for steps
+/// taken from the cache.
 fn range_cache(
     st: &AppState,
     p: &Params,
@@ -1498,7 +1499,7 @@ fn range_cache(
         Some(v) => return Err(ApiError::bad_data(format!("invalid parameter \"nocache\": {v:?} (1 or 0)"))),
     };
     let tiers = params.resolution != SourceResolution::Raw && !db(st)?.rollup_tiers().is_empty();
-    if off || params.stats || tiers || !query_cache::cacheable(expr) {
+    if off || tiers || !query_cache::cacheable(expr) {
         cache.stats.bypassed.fetch_add(1, Ordering::Relaxed);
         return Ok(None);
     }

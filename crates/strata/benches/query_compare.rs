@@ -20,6 +20,10 @@
 //! prints its PID once loaded. `QUERY_NAMES=topk` (comma-separated parts of the names in the
 //! table) limits the queries. `STRATA_BASELINE_BIN=path/to/strata` adds that build as
 //! `strata-baseline`, for comparing a change against the build before it in one run.
+//! Strata's result cache is bypassed in that table (`nocache=1`: it compares evaluations, and
+//! VictoriaMetrics runs with its cache off); a second table then shows the cache: each range
+//! query refreshed with its window moved by one step, against the same window evaluated whole,
+//! the two answers compared byte for byte.
 //! `QUERY_DATA_DIR=path` keeps each server's data there: a later run with the same INSTANCES
 //! and STRIDE restarts the servers on it instead of loading again (for A/B runs and profiling).
 
@@ -299,9 +303,15 @@ fn main() {
         } else {
             format!("/api/v1/query?query={}&time={end_s}", urlencode(&q))
         };
+        // Strata's result cache would answer repeated requests from kept steps: the
+        // comparison is of evaluations (VictoriaMetrics' cache is off too); the cache's own
+        // table follows.
+        let path_of =
+            |si: usize| if servers[si].starts_with("strata") { format!("{path}&nocache=1") } else { path.clone() };
         // Warm-up, and the series each server returns.
         let mut counted: Vec<Option<usize>> = Vec::new();
         for (si, peer) in &peers {
+            let path = path_of(*si);
             let (status, body, _) = get(peer.port, &path);
             if status != 200 {
                 println!("  {} {label}: HTTP {status}: {}", servers[*si], body.chars().take(300).collect::<String>());
@@ -316,7 +326,7 @@ fn main() {
             for k in 0..peers.len() {
                 let p = (run + k) % peers.len();
                 if counted[p].is_some() {
-                    times[p].push(get(peers[p].1.port, &path).2);
+                    times[p].push(get(peers[p].1.port, &path_of(peers[p].0)).2);
                 }
             }
         }
@@ -326,6 +336,38 @@ fn main() {
                 println!("  {} {label}: {:.1} ms ({series} series)", servers[*si], m.as_secs_f64() * 1000.0);
                 results[qi][*si] = Some((m, series));
             }
+        }
+    }
+    // The result cache: a dashboard refreshing each range query with its window moved by one
+    // step, against the same request evaluated whole (nocache=1); answers must be equal.
+    let mut refreshes: Vec<(&str, Duration, Duration)> = Vec::new();
+    if let Some((_, strata)) = peers.iter().find(|(si, _)| servers[*si] == "strata") {
+        for (label, q, range) in QUERIES.iter() {
+            if !range || only_queries.as_ref().is_some_and(|o| !o.iter().any(|x| label.contains(x.as_str()))) {
+                continue;
+            }
+            let q = urlencode(&q.replace("[10m]", &format!("[{window}]")));
+            let at = |k: i64, extra: &str| {
+                let (s, e) = (start_s + k * STEP_S, end_s + k * STEP_S);
+                format!("/api/v1/query_range?query={q}&start={s}&end={e}&step={STEP_S}{extra}")
+            };
+            let (status, _, _) = get(strata.port, &at(0, ""));
+            if status != 200 {
+                continue;
+            }
+            let (mut cold, mut refresh) = (Vec::new(), Vec::new());
+            for k in 1..=runs as i64 {
+                let (_, fresh, took) = get(strata.port, &at(k, ""));
+                refresh.push(took);
+                let (_, whole, took) = get(strata.port, &at(k, "&nocache=1"));
+                cold.push(took);
+                assert_eq!(fresh, whole, "{label}: the cached answer differs from the evaluated one");
+            }
+            refreshes.push((label, median(cold), median(refresh)));
+        }
+        let (_, metrics, _) = get(strata.port, "/metrics");
+        for line in metrics.lines().filter(|l| l.starts_with("strata_query_cache_")) {
+            println!("  {line}");
         }
     }
     for (si, mut peer) in peers {
@@ -368,5 +410,19 @@ fn main() {
             ratio(&r[2]),
             ratio(&r[3])
         );
+    }
+    if !refreshes.is_empty() {
+        println!(
+            "\nstrata's result cache: the 24 h range moved by one step ({STEP_S} s) per request, median of {runs}, ms"
+        );
+        println!("{:<28} {:>12} {:>12} {:>10}", "query", "evaluated", "refresh", "speed-up");
+        for (label, cold, warm) in &refreshes {
+            println!(
+                "{label:<28} {:>12.1} {:>12.1} {:>9.1}x",
+                cold.as_secs_f64() * 1000.0,
+                warm.as_secs_f64() * 1000.0,
+                cold.as_secs_f64() / warm.as_secs_f64()
+            );
+        }
     }
 }

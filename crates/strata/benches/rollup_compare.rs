@@ -290,7 +290,15 @@ fn main() {
     let strata = common::start(
         "strata",
         &strata_dir,
-        &["--retention".into(), "0".into(), "--storage.rollup-tiers".into(), "5m:forever,1h:forever".into()],
+        // The result cache off: the table compares evaluations, raw against tiers.
+        &[
+            "--retention".into(),
+            "0".into(),
+            "--storage.rollup-tiers".into(),
+            "5m:forever,1h:forever".into(),
+            "--query.cache-size".into(),
+            "0".into(),
+        ],
     )
     .expect("target/release/strata (cargo build --release -p strata)");
 

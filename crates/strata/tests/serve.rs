@@ -755,8 +755,11 @@ fn range_results_are_cached_and_stay_exact() {
     };
     check(end - 1_800_000, end);
     check(end - 1_800_000 + 15_000, end + 15_000);
-    // Wholly behind the delay: answered from the kept steps alone.
+    // Wholly behind the delay: answered from the kept steps alone, reading no sample.
     check(end - 1_800_000 + 15_000, end - 300_000);
+    let stats: serde_json::Value =
+        serde_json::from_str(&range(end - 1_800_000 + 15_000, end - 300_000, "&stats=all")).unwrap();
+    assert_eq!(stats["data"]["stats"]["samples"]["totalQueryableSamples"], 0, "{stats}");
     // A sender running late: a new series reaching 20 minutes back, inside the kept steps.
     write(vec![series("cnt_total", 7, now - 1_200_000, now - 600_000)]);
     check(end - 1_800_000 + 30_000, end + 30_000);

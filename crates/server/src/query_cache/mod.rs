@@ -77,7 +77,7 @@ pub struct CacheStats {
     /// Cacheable requests with nothing kept for them.
     pub misses: AtomicU64,
     /// Requests the cache could not serve (asked off, a query reading its own start or end,
-    /// rollup tiers, statistics asked for).
+    /// rollup tiers).
     pub bypassed: AtomicU64,
     /// Results dropped to stay within the size.
     pub evictions: AtomicU64,
@@ -297,15 +297,13 @@ pub fn evaluate_range(
     let step = key.step_ms;
     // Before anything is read: changes from here on are seen by the next request.
     let seq = changes.seq();
-    let whole = |series: Vec<Series>| QueryOutput {
-        value: Value::Matrix(series),
-        annotations: Vec::new(),
-        stats: Default::default(),
-    };
+    // Statistics are of the work done: none for a hit, the new steps' for a partial hit.
+    let whole =
+        |series: Vec<Series>, stats| QueryOutput { value: Value::Matrix(series), annotations: Vec::new(), stats };
     match cache.get(&key, start, end, changes) {
         Some(kept) if kept.last >= end => {
             cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-            Ok((whole(kept.series), Outcome::Hit))
+            Ok((whole(kept.series, Default::default()), Outcome::Hit))
         }
         Some(kept) => {
             let fresh = eval(kept.last + step)?;
@@ -318,7 +316,7 @@ pub fn evaluate_range(
             cache.stats.partial_hits.fetch_add(1, Ordering::Relaxed);
             let merged = merge(kept.series, series);
             cache.put(key, start, end, now, seq, &merged);
-            Ok((whole(merged), Outcome::PartialHit))
+            Ok((whole(merged, fresh.stats), Outcome::PartialHit))
         }
         None => {
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
