@@ -459,6 +459,11 @@ fn under_a_route_prefix() {
     assert_eq!(legend, "{}");
     let (status, _) = http(srv.port, "GET", "/query", &[], b"");
     assert_eq!(status, 404, "pages are only under the prefix");
+    for bare in ["/strata", "/strata/"] {
+        let (status, head, _) = support::http_with_head(srv.port, "GET", bare, &[], b"");
+        assert_eq!(status, 302, "{bare}");
+        assert!(head.to_ascii_lowercase().contains("location: /strata/query"), "{bare}: {head}");
+    }
 }
 
 fn write_prefixed(srv: &Server, prefix: &str, series: &[TestSeries<'_>]) {

@@ -124,14 +124,19 @@ pub fn routes<S: Clone + Send + Sync + 'static>(paths: &WebPaths) -> Router<S> {
     router.route("/assets/{name}", get(asset))
 }
 
-/// Puts `app` (its paths relative to the prefix) under `paths.route_prefix`; `/` redirects to
-/// the UI there, as Prometheus does (the bare prefix is the UI's own `/`).
+/// Puts `app` (its paths relative to the prefix) under `paths.route_prefix`; `/` and the
+/// prefix with a trailing slash redirect to the UI there, as Prometheus does (the bare prefix
+/// is the UI's own `/`).
 pub fn mount(app: Router, paths: &WebPaths) -> Router {
     if paths.route_prefix == "/" {
         return app;
     }
     let home = format!("{}query", paths.browser_base);
-    Router::new().route("/", get(move || std::future::ready(redirect(&home)))).nest(&paths.route_prefix, app)
+    let home2 = home.clone();
+    Router::new()
+        .route("/", get(move || std::future::ready(redirect(&home))))
+        .route(&format!("{}/", paths.route_prefix), get(move || std::future::ready(redirect(&home2))))
+        .nest(&paths.route_prefix, app)
 }
 
 fn redirect(to: &str) -> Response {
