@@ -644,14 +644,18 @@ impl<'a> Querier<'a> {
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {
             self.check_interrupt(i)?;
-            let labels = data.index.series(id, &mut metas, interner).map_err(|e| block.corrupt(e))?;
+            let Some(labels) = data
+                .index
+                .series_in_range(id, self.mint, self.maxt, &mut metas, interner)
+                .map_err(|e| block.corrupt(e))?
+            else {
+                continue;
+            };
             // Sized exactly: most series have one chunk in a block, and collecting from a
             // filter would allocate room for four.
             let in_range = |c: &&crate::block::ChunkMetaRef| c.maxt >= self.mint && c.mint <= self.maxt;
             let count = metas.iter().filter(in_range).count();
-            if count == 0 {
-                continue;
-            }
+            debug_assert!(count > 0, "series_in_range returns labels only with a chunk in range");
             self.count_chunks(count)?;
             let mut chunks = Vec::with_capacity(count);
             let rank = block.meta().seq;

@@ -388,6 +388,33 @@ impl IndexFile {
         chunks: &mut Vec<ChunkMetaRef>,
         interner: &mut SymbolInterner,
     ) -> Result<Labels, String> {
+        let labels = self.series_entry(id, None, chunks, interner)?;
+        Ok(labels.expect("labels are resolved when no range is asked"))
+    }
+
+    /// `series`, but the labels are resolved only when a chunk overlaps `[mint, maxt]`: a
+    /// query over a block that holds many short-lived series (pods replaced every few
+    /// minutes) pays for the labels of the ones alive in its range, not of every one its
+    /// matchers select. `None` (with `chunks` filled) when no chunk overlaps.
+    pub fn series_in_range(
+        &self,
+        id: SeriesRef,
+        mint: i64,
+        maxt: i64,
+        chunks: &mut Vec<ChunkMetaRef>,
+        interner: &mut SymbolInterner,
+    ) -> Result<Option<Labels>, String> {
+        self.series_entry(id, Some((mint, maxt)), chunks, interner)
+    }
+
+    /// A series entry's chunks, and its labels unless `range` is given and no chunk overlaps it.
+    fn series_entry(
+        &self,
+        id: SeriesRef,
+        range: Option<(i64, i64)>,
+        chunks: &mut Vec<ChunkMetaRef>,
+        interner: &mut SymbolInterner,
+    ) -> Result<Option<Labels>, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
         let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
         let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
@@ -405,18 +432,21 @@ impl IndexFile {
         if !checksum_ok(body, crc) {
             return Err(fail("checksum mismatch".into()));
         }
-        self.decode_series(body, chunks, interner).map_err(|e| fail(e.to_string()))
+        self.decode_series(body, range, chunks, interner).map_err(|e| fail(e.to_string()))
     }
 
     fn decode_series(
         &self,
         body: &[u8],
+        range: Option<(i64, i64)>,
         chunks: &mut Vec<ChunkMetaRef>,
         interner: &mut SymbolInterner,
-    ) -> Result<Labels, crate::encoding::DecodeError> {
+    ) -> Result<Option<Labels>, crate::encoding::DecodeError> {
         let mut d = Decoder::new(body);
         let n = d.uvarint("label count")? as usize;
-        let mut labels = Vec::with_capacity(n.min(64));
+        // The label pairs are read past first (checked, not resolved): the chunks after them
+        // say whether they are wanted.
+        let labels_at = d.offset();
         for _ in 0..n {
             let name = d.uvarint("label name symbol")?;
             let value = d.uvarint("label value symbol")?;
@@ -427,11 +457,29 @@ impl IndexFile {
                     problem: "symbol does not exist",
                 });
             }
-            labels.push(Label {
-                name: interner.intern(self.symbol(name as u32)),
-                value: interner.intern(self.symbol(value as u32)),
-            });
         }
+        self.decode_chunk_metas(&mut d, chunks)?;
+        if let Some((mint, maxt)) = range {
+            if !chunks.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
+                return Ok(None);
+            }
+        }
+        let mut d = Decoder::new(&body[labels_at..]);
+        let mut labels = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            let name = d.uvarint("label name symbol")? as u32;
+            let value = d.uvarint("label value symbol")? as u32;
+            labels.push(Label { name: interner.intern(self.symbol(name)), value: interner.intern(self.symbol(value)) });
+        }
+        Ok(Some(Labels::from_sorted_unchecked(labels)))
+    }
+
+    /// The chunk references that follow a series' labels, into `chunks`.
+    fn decode_chunk_metas(
+        &self,
+        d: &mut Decoder<'_>,
+        chunks: &mut Vec<ChunkMetaRef>,
+    ) -> Result<(), crate::encoding::DecodeError> {
         chunks.clear();
         let n = d.uvarint("chunk count")?;
         let mut prev: Option<ChunkMetaRef> = None;
@@ -451,7 +499,7 @@ impl IndexFile {
             chunks.push(c);
             prev = Some(c);
         }
-        Ok(Labels::from_sorted_unchecked(labels))
+        Ok(())
     }
 
     fn postings_at(&self, at: u64) -> Result<MmapPostings, String> {
