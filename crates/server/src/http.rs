@@ -308,6 +308,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/status/flags", get(flags))
         .route("/api/v1/status/config", get(config))
         .route("/api/v1/status/tsdb", get(tsdb_status))
+        .route("/api/v1/status/walreplay", get(walreplay))
         .route("/api/v1/parse_query", get(query_syntax::parse_query).post(query_syntax::parse_query))
         .route("/api/v1/format_query", get(query_syntax::format_query).post(query_syntax::format_query))
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
@@ -1642,6 +1643,20 @@ async fn buildinfo() -> Response {
         "buildDate": "",
         "goVersion": "strata (Rust)",
     }))
+}
+
+/// `/api/v1/status/walreplay`, in Prometheus' shape: the first and last WAL segment the start
+/// replayed after the checkpoint, and the one being replayed (the last, once done). Replay
+/// runs before the database serves anything here, so until it is done this answers 503 like
+/// the other storage endpoints.
+async fn walreplay(State(st): State<Arc<AppState>>) -> ApiResult {
+    let db = db(&st)?;
+    let r = db.replay_outcome();
+    let (min, max) = match r.segments_read {
+        0 => (0, 0),
+        n => (r.next_segment - n as u64, r.next_segment - 1),
+    };
+    Ok(success(json!({"min": min, "max": max, "current": max})))
 }
 
 async fn runtimeinfo(State(st): State<Arc<AppState>>) -> ApiResult {

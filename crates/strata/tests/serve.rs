@@ -54,6 +54,11 @@ fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
     srv.kill();
     let mut srv = Server::start(tmp.path(), &["--wal-fsync", "always"]);
     check(srv.port);
+    // The restart replayed the first run's segment: Prometheus' walreplay shape, done.
+    let (status, body) = http(srv.port, "GET", "/api/v1/status/walreplay", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"], serde_json::json!({"min": 0, "max": 0, "current": 0}), "{body}");
 
     let (code, log) = srv.terminate();
     assert_eq!(code, Some(0), "graceful shutdown exits 0:\n{log}");
@@ -304,6 +309,10 @@ fn query_limits_are_enforced_with_prometheus_errors() {
     let cfg = tmp.path().with_extension("yml");
     std::fs::write(&cfg, "limits:\n  query_max_series: 2\n  query_max_samples: 1000\n").unwrap();
     let srv = Server::start(tmp.path(), &["--config", cfg.to_str().unwrap(), "--query.max-samples", "50"]);
+    let (status, replay) = http(srv.port, "GET", "/api/v1/status/walreplay", &[], b"");
+    assert_eq!(status, 200, "{replay}");
+    let replay: serde_json::Value = serde_json::from_str(&replay).unwrap();
+    assert_eq!(replay["data"]["current"], replay["data"]["max"], "{replay}");
     let (_, flags) = http(srv.port, "GET", "/api/v1/status/flags", &[], b"");
     assert!(flags.contains(r#""query.max-series":"2""#) && flags.contains(r#""query.max-samples":"50""#), "{flags}");
     let (_, config) = http(srv.port, "GET", "/api/v1/status/config", &[], b"");
