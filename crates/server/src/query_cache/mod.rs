@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_promql::ast::{Duration, Expr, ExprKind};
@@ -54,7 +55,8 @@ struct Entry {
     last: i64,
     /// The database's change number when the result was evaluated (or last checked).
     seq: u64,
-    series: Vec<Series>,
+    /// Shared with requests reading it, so that they copy their steps out without the lock.
+    series: Arc<Vec<Series>>,
     bytes: usize,
     /// For least-recently-used eviction.
     used: u64,
@@ -141,11 +143,12 @@ impl QueryCache {
             let last = entry.first + (changed - 1 - entry.first) / key.step_ms * key.step_ms;
             if last < entry.last {
                 entry.last = last;
-                for s in &mut entry.series {
+                let series = Arc::make_mut(&mut entry.series);
+                for s in series.iter_mut() {
                     s.points.retain(|p| p.t <= last);
                     s.hists.retain(|p| p.t <= last);
                 }
-                entry.series.retain(|s| !s.is_empty());
+                series.retain(|s| !s.is_empty());
                 let bytes = size_of_series(&entry.series);
                 let before = entry.bytes;
                 entry.bytes = bytes;
@@ -158,7 +161,9 @@ impl QueryCache {
             return None;
         }
         let last = entry.last.min(end);
-        let series = entry.series.iter().filter_map(|s| slice(s, start, last)).collect();
+        let kept = entry.series.clone();
+        drop(inner);
+        let series = kept.iter().filter_map(|s| slice(s, start, last)).collect();
         Some(Cached { last, series })
     }
 
@@ -179,7 +184,8 @@ impl QueryCache {
         let mut inner = self.inner.lock();
         inner.clock += 1;
         let used = inner.clock;
-        if let Some(old) = inner.entries.insert(key, Entry { first: start, last, seq, series: kept, bytes, used }) {
+        let entry = Entry { first: start, last, seq, series: Arc::new(kept), bytes, used };
+        if let Some(old) = inner.entries.insert(key, entry) {
             inner.bytes -= old.bytes;
         }
         inner.bytes += bytes;
