@@ -113,13 +113,36 @@ fn pretty_at(e: &Expr, level: usize) -> String {
     }
 }
 
+/// Whether `s` is written bare as a metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`); empty: no name.
+fn is_metric_name(s: &str) -> bool {
+    s.is_empty()
+        || s.chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+}
+
+/// A label name, quoted when it is not an identifier (`"service.name"`).
+fn label_name(s: &str) -> String {
+    let bare = !s.is_empty()
+        && s.chars().enumerate().all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if bare {
+        s.to_owned()
+    } else {
+        go_quote(s)
+    }
+}
+
+fn label_list(names: &[String]) -> String {
+    names.iter().map(|n| label_name(n)).collect::<Vec<_>>().join(", ")
+}
+
 /// `sum`, `sum by (a, b) `, `sum without (a) `: what precedes the parenthesis.
 fn aggregate_head(a: &Aggregate) -> String {
     let mut s = a.op.name().to_owned();
     if a.without {
-        let _ = write!(s, " without ({}) ", a.grouping.join(", "));
+        let _ = write!(s, " without ({}) ", label_list(&a.grouping));
     } else if !a.grouping.is_empty() {
-        let _ = write!(s, " by ({}) ", a.grouping.join(", "));
+        let _ = write!(s, " by ({}) ", label_list(&a.grouping));
     }
     s
 }
@@ -133,11 +156,11 @@ fn operator(b: &Binary) -> String {
     if let Some(m) = &b.matching {
         let grouped = matches!(m.card, Cardinality::ManyToOne | Cardinality::OneToMany);
         if m.on || !m.labels.is_empty() || grouped {
-            let _ = write!(s, " {} ({})", if m.on { "on" } else { "ignoring" }, m.labels.join(", "));
+            let _ = write!(s, " {} ({})", if m.on { "on" } else { "ignoring" }, label_list(&m.labels));
         }
         if grouped {
             let side = if m.card == Cardinality::ManyToOne { "left" } else { "right" };
-            let _ = write!(s, " group_{side} ({})", m.include.join(", "));
+            let _ = write!(s, " group_{side} ({})", label_list(&m.include));
         }
     }
     match (b.fill_left, b.fill_right) {
@@ -164,11 +187,18 @@ fn write_selector(f: &mut Formatter<'_>, v: &VectorSelector, range: Option<&Dura
         .matchers
         .iter()
         .filter(|m| !(m.name == "__name__" && m.op == strata_model::MatchOp::Equal && m.value == name))
-        .map(|m| format!("{}{}{}", m.name, m.op.as_str(), go_quote(&m.value)))
+        .map(|m| format!("{}{}{}", label_name(&m.name), m.op.as_str(), go_quote(&m.value)))
         .collect();
     matchers.sort();
-    f.write_str(name)?;
-    if !matchers.is_empty() {
+    if is_metric_name(name) {
+        f.write_str(name)?;
+        if !matchers.is_empty() {
+            write!(f, "{{{}}}", matchers.join(","))?;
+        }
+    } else {
+        // A name that is not an identifier is written quoted, first inside the braces, as
+        // Prometheus 3 writes UTF-8 names.
+        matchers.insert(0, go_quote(name));
         write!(f, "{{{}}}", matchers.join(","))?;
     }
     if let Some(r) = range {

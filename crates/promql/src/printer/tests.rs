@@ -123,6 +123,14 @@ fn nth_word_rest(line: &str, n: usize) -> Option<&str> {
 }
 
 #[test]
+fn utf8_names_print_quoted() {
+    for q in [r#"{"foo.bar"}"#, r#"{"foo.bar", a="b"}"#, r#"rate({"http.requests"}[5m])"#, r#"sum by ("a.b") (x)"#] {
+        let text = printed(q);
+        assert_eq!(printed(&text), text, "{q} printed as {text}");
+    }
+}
+
+#[test]
 fn plain_parse_prints_too() {
     assert_eq!(parse("up").unwrap().to_string(), "up");
 }
