@@ -182,11 +182,16 @@ fn driver_http(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Res
 }
 
 fn write(srv: &Server, series: &[TestSeries<'_>]) {
+    write_under(srv, "", series);
+}
+
+/// Remote write to a server whose routes are under `prefix` (`""`: none).
+fn write_under(srv: &Server, prefix: &str, series: &[TestSeries<'_>]) {
     let body = remote_write_body(series);
     let (status, text) = http(
         srv.port,
         "POST",
-        "/api/v1/write",
+        &format!("{prefix}/api/v1/write"),
         &[("Content-Type", "application/x-protobuf"), ("Content-Encoding", "snappy")],
         &body,
     );
@@ -447,7 +452,7 @@ fn operator_pages_and_graphite() {
 fn under_a_route_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start_under_prefix(&dir.path().join("data"), "/strata", &[]);
-    write_prefixed(&srv, "/strata", &demo_series(now_ms()));
+    write_under(&srv, "/strata", &demo_series(now_ms()));
     let b = Browser::start();
     b.open(&format!("http://127.0.0.1:{}/", srv.port));
     b.wait("the redirect into the prefix", "return location.pathname === '/strata/query'");
@@ -464,18 +469,6 @@ fn under_a_route_prefix() {
         assert_eq!(status, 302, "{bare}");
         assert!(head.to_ascii_lowercase().contains("location: /strata/query"), "{bare}: {head}");
     }
-}
-
-fn write_prefixed(srv: &Server, prefix: &str, series: &[TestSeries<'_>]) {
-    let body = remote_write_body(series);
-    let (status, text) = http(
-        srv.port,
-        "POST",
-        &format!("{prefix}/api/v1/write"),
-        &[("Content-Type", "application/x-protobuf"), ("Content-Encoding", "snappy")],
-        &body,
-    );
-    assert_eq!(status, 204, "{text}");
 }
 
 /// Issue 22's size: 1,000 series × 1,440 points drawn, and how long the page took (printed,

@@ -13,6 +13,7 @@ use crate::ast::{
     Aggregate, At, Binary, Cardinality, Duration, DurationExpr, Expr, ExprKind, RangeMode, VectorSelector,
 };
 use crate::eval::labels::go_quote;
+use crate::lexer::{is_ident_char, is_ident_start};
 
 /// Lines longer than this are split (Prometheus' `maxCharactersPerLine`).
 const LINE_MAX: usize = 100;
@@ -113,19 +114,22 @@ fn pretty_at(e: &Expr, level: usize) -> String {
     }
 }
 
-/// Whether `s` is written bare as a metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`); empty: no name.
+/// Whether the lexer reads `s` as one identifier (`colons`: as a metric name, which may hold
+/// `:`); empty: no name.
+fn is_ident(s: &str, colons: bool) -> bool {
+    let colon = |c: u8| colons && c == b':';
+    let b = s.as_bytes();
+    b.first().is_some_and(|&c| is_ident_start(c) || colon(c)) && b[1..].iter().all(|&c| is_ident_char(c) || colon(c))
+}
+
+/// Whether `s` is written bare as a metric name; empty: no name.
 fn is_metric_name(s: &str) -> bool {
-    s.is_empty()
-        || s.chars()
-            .enumerate()
-            .all(|(i, c)| c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+    s.is_empty() || is_ident(s, true)
 }
 
 /// A label name, quoted when it is not an identifier (`"service.name"`).
 fn label_name(s: &str) -> String {
-    let bare = !s.is_empty()
-        && s.chars().enumerate().all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
-    if bare {
+    if is_ident(s, false) {
         s.to_owned()
     } else {
         go_quote(s)
