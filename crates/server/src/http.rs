@@ -1967,7 +1967,7 @@ mod graphite_tiers;
 mod query_syntax;
 pub use graphite_events::GraphiteEvents;
 pub use graphite_tiers::rollup_filter as graphite_rollup_filter;
-mod scrape_api;
+pub(crate) mod scrape_api;
 
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ pub mod process;
 pub mod query_cache;
 pub mod query_json;
 pub mod remote;
+pub mod rules;
 pub mod scrape;
 pub mod status;
 pub mod textparse;

@@ -296,10 +296,50 @@ fn job_err(job: &str, msg: impl std::fmt::Display) -> String {
     format!("scrape config with job name {job:?}: {msg}")
 }
 
-fn read_secret(path: &Path, base: &Path, job: &str, field: &str) -> Result<String, String> {
+fn read_secret(path: &Path, base: &Path, err: &dyn Fn(&str) -> String, field: &str) -> Result<String, String> {
     let p = base.join(path);
-    let s = std::fs::read_to_string(&p).map_err(|e| job_err(job, format!("{field} {}: {e}", p.display())))?;
+    let s = std::fs::read_to_string(&p).map_err(|e| err(&format!("{field} {}: {e}", p.display())))?;
     Ok(s.trim_end_matches(['\n', '\r']).to_owned())
+}
+
+/// A client's credentials (`basic_auth` or `authorization`, Prometheus' HTTP client settings),
+/// secrets read from their files; `err` places a message (names the job or Alertmanager).
+pub fn resolve_auth(
+    basic: Option<&BasicAuth>,
+    authorization: Option<&Authorization>,
+    base: &Path,
+    err: &dyn Fn(&str) -> String,
+) -> Result<Auth, String> {
+    Ok(match (basic, authorization) {
+        (Some(_), Some(_)) => return Err(err("at most one of basic_auth and authorization may be set")),
+        (Some(b), None) => {
+            let password = match (&b.password, &b.password_file) {
+                (Some(_), Some(_)) => {
+                    return Err(err("basic_auth: at most one of password and password_file may be set"))
+                }
+                (Some(p), None) => p.clone(),
+                (None, Some(f)) => read_secret(f, base, err, "basic_auth password_file")?,
+                (None, None) => String::new(),
+            };
+            Auth::Basic { username: b.username.clone(), password }
+        }
+        (None, Some(a)) => {
+            let kind = a.kind.clone().unwrap_or_else(|| "Bearer".into());
+            if kind.eq_ignore_ascii_case("basic") {
+                return Err(err("authorization type cannot be set to \"basic\", use \"basic_auth\" instead"));
+            }
+            let credentials = match (&a.credentials, &a.credentials_file) {
+                (Some(_), Some(_)) => {
+                    return Err(err("authorization: at most one of credentials and credentials_file may be set"))
+                }
+                (Some(s), None) => s.clone(),
+                (None, Some(f)) => read_secret(f, base, err, "authorization credentials_file")?,
+                (None, None) => String::new(),
+            };
+            Auth::Header { kind, credentials }
+        }
+        (None, None) => Auth::None,
+    })
 }
 
 /// Fills in defaults from `global` and checks each job; `base` is the configuration file's
@@ -356,42 +396,7 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
         if protocols.is_empty() {
             return Err(job_err(&name, "scrape_protocols is empty"));
         }
-        let auth = match (&c.basic_auth, &c.authorization) {
-            (Some(_), Some(_)) => return Err(job_err(&name, "at most one of basic_auth and authorization may be set")),
-            (Some(b), None) => {
-                let password = match (&b.password, &b.password_file) {
-                    (Some(_), Some(_)) => {
-                        return Err(job_err(&name, "basic_auth: at most one of password and password_file may be set"))
-                    }
-                    (Some(p), None) => p.clone(),
-                    (None, Some(f)) => read_secret(f, base, &name, "basic_auth password_file")?,
-                    (None, None) => String::new(),
-                };
-                Auth::Basic { username: b.username.clone(), password }
-            }
-            (None, Some(a)) => {
-                let kind = a.kind.clone().unwrap_or_else(|| "Bearer".into());
-                if kind.eq_ignore_ascii_case("basic") {
-                    return Err(job_err(
-                        &name,
-                        "authorization type cannot be set to \"basic\", use \"basic_auth\" instead",
-                    ));
-                }
-                let credentials = match (&a.credentials, &a.credentials_file) {
-                    (Some(_), Some(_)) => {
-                        return Err(job_err(
-                            &name,
-                            "authorization: at most one of credentials and credentials_file may be set",
-                        ))
-                    }
-                    (Some(s), None) => s.clone(),
-                    (None, Some(f)) => read_secret(f, base, &name, "authorization credentials_file")?,
-                    (None, None) => String::new(),
-                };
-                Auth::Header { kind, credentials }
-            }
-            (None, None) => Auth::None,
-        };
+        let auth = resolve_auth(c.basic_auth.as_ref(), c.authorization.as_ref(), base, &|m| job_err(&name, m))?;
         if c.tls_config.server_name.is_some() {
             // Verifying a certificate against a name other than the URL's host is not wired
             // into the HTTP client yet; refusing is better than scraping with the wrong check.

@@ -507,16 +507,24 @@ pub fn format_for(content_type: Option<&str>, fallback: Option<ScrapeProtocol>) 
 
 /// The HTTP client for a job: its TLS settings, redirects and proxy.
 pub fn build_client(job: &Job) -> Result<reqwest::Client, String> {
+    build_http_client(&job.tls, job.follow_redirects, job.proxy_url.as_deref())
+}
+
+/// An HTTP client with Prometheus' client settings: TLS, redirects, proxy.
+pub fn build_http_client(
+    tls: &super::config::TlsConfig,
+    follow_redirects: bool,
+    proxy_url: Option<&str>,
+) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
         .user_agent(concat!("Strata/", env!("CARGO_PKG_VERSION")))
-        .redirect(if job.follow_redirects {
+        .redirect(if follow_redirects {
             reqwest::redirect::Policy::limited(10)
         } else {
             reqwest::redirect::Policy::none()
         })
         .pool_max_idle_per_host(2)
         .tcp_nodelay(true);
-    let tls = &job.tls;
     if let Some(ca) = &tls.ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("tls_config ca_file {}: {e}", ca.display()))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
@@ -542,7 +550,7 @@ pub fn build_client(job: &Job) -> Result<reqwest::Client, String> {
             super::config::TlsVersion::TLS13 => reqwest::tls::Version::TLS_1_3,
         });
     }
-    match &job.proxy_url {
+    match proxy_url {
         Some(p) => b = b.proxy(reqwest::Proxy::all(p).map_err(|e| format!("proxy_url {p:?}: {e}"))?),
         None => b = b.no_proxy(),
     }
@@ -550,7 +558,7 @@ pub fn build_client(job: &Job) -> Result<reqwest::Client, String> {
 }
 
 /// An error and its causes, `a: b: c` (reqwest's own Display leaves the causes out).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -1,0 +1,477 @@
+//! Sending alerts to Alertmanager: the `alerting` section of the configuration, Alertmanager
+//! discovery (static and file), a bounded queue, and delivery in batches over Alertmanager's v2
+//! API (`POST {scheme}://{address}{path_prefix}/api/v2/alerts`), as Prometheus' notifier does.
+//!
+//! The queue holds at most `capacity` alerts; when full, the oldest are dropped and counted (an
+//! Alertmanager that is down must not grow our memory). Every batch goes to every discovered
+//! Alertmanager; a batch counts as sent when one of them took it. External labels are added to
+//! alerts that do not carry them, then `alert_relabel_configs` apply.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::scrape::config::{
+    resolve_auth, Auth, Authorization, BasicAuth, FileSdConfig, PromDuration, StaticConfig, TlsConfig,
+};
+use crate::scrape::discovery::{static_groups, FileDiscovery, TargetGroup, ADDRESS_LABEL};
+use crate::scrape::relabel::{self, LabelMap, RelabelConfig};
+
+/// Alerts sent in one request (Prometheus' `maxBatchSize`).
+pub const MAX_BATCH: usize = 64;
+/// Queue capacity by default (`--alertmanager.notification-queue-capacity`).
+pub const QUEUE_CAPACITY_DEFAULT: usize = 10_000;
+/// Per-request timeout by default.
+pub const TIMEOUT_DEFAULT: PromDuration = PromDuration(10_000);
+
+/// The `alerting` section.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertingConfig {
+    #[serde(default)]
+    pub alert_relabel_configs: Vec<RelabelConfig>,
+    #[serde(default)]
+    pub alertmanagers: Vec<AlertmanagerConfig>,
+}
+
+/// One `alertmanagers` entry: how to find and reach a set of Alertmanagers.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerConfig {
+    pub scheme: Option<String>,
+    pub path_prefix: Option<String>,
+    pub timeout: Option<PromDuration>,
+    /// Only `v2`: Alertmanager removed v1 in 0.27.
+    pub api_version: Option<String>,
+    pub basic_auth: Option<BasicAuth>,
+    pub authorization: Option<Authorization>,
+    #[serde(default)]
+    pub tls_config: TlsConfig,
+    pub follow_redirects: Option<bool>,
+    pub proxy_url: Option<String>,
+    #[serde(default)]
+    pub static_configs: Vec<StaticConfig>,
+    #[serde(default)]
+    pub file_sd_configs: Vec<FileSdConfig>,
+    #[serde(default)]
+    pub relabel_configs: Vec<RelabelConfig>,
+    #[serde(default)]
+    pub alert_relabel_configs: Vec<RelabelConfig>,
+}
+
+/// An alert as Alertmanager's v2 API takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NotifyAlert {
+    pub labels: LabelMap,
+    pub annotations: LabelMap,
+    /// Unix ms; 0: unset.
+    pub starts_at: i64,
+    pub ends_at: i64,
+    pub generator_url: String,
+}
+
+impl NotifyAlert {
+    fn json(&self) -> serde_json::Value {
+        let time =
+            |ms: i64| crate::http::scrape_api::rfc3339(Some(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)));
+        let mut o = serde_json::json!({
+            "labels": self.labels,
+            "annotations": self.annotations,
+            "generatorURL": self.generator_url,
+        });
+        if self.starts_at > 0 {
+            o["startsAt"] = time(self.starts_at).into();
+        }
+        if self.ends_at > 0 {
+            o["endsAt"] = time(self.ends_at).into();
+        }
+        o
+    }
+}
+
+/// A set of Alertmanagers from one `alertmanagers` entry, resolved.
+struct AmSet {
+    cfg: AlertmanagerConfig,
+    client: reqwest::Client,
+    auth: Auth,
+    timeout: Duration,
+    files: Vec<FileDiscovery>,
+    /// Alerts URLs after relabeling.
+    active: Vec<String>,
+    /// Discovered label sets that relabeling dropped.
+    dropped: Vec<LabelMap>,
+}
+
+impl AmSet {
+    fn new(cfg: AlertmanagerConfig, base: &Path, index: usize) -> Result<AmSet, String> {
+        let where_ = |m: &str| format!("alerting.alertmanagers[{index}]: {m}");
+        if let Some(v) = &cfg.api_version {
+            if v != "v2" {
+                return Err(where_(&format!("api_version {v:?} is not supported; Alertmanager's API is v2")));
+            }
+        }
+        let scheme = cfg.scheme.as_deref().unwrap_or("http");
+        if scheme != "http" && scheme != "https" {
+            return Err(where_(&format!("scheme {scheme:?} must be http or https")));
+        }
+        for r in cfg.relabel_configs.iter().chain(&cfg.alert_relabel_configs) {
+            r.validate().map_err(|e| where_(&e))?;
+        }
+        let auth = resolve_auth(cfg.basic_auth.as_ref(), cfg.authorization.as_ref(), base, &|m| where_(m))?;
+        let client = crate::scrape::scrape_loop::build_http_client(
+            &cfg.tls_config,
+            cfg.follow_redirects.unwrap_or(true),
+            cfg.proxy_url.as_deref(),
+        )
+        .map_err(|e| where_(&e))?;
+        let files = cfg
+            .file_sd_configs
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                c.files = c.files.iter().map(|f| base.join(f).to_string_lossy().into_owned()).collect();
+                FileDiscovery::new(&c)
+            })
+            .collect();
+        let timeout = cfg.timeout.unwrap_or(TIMEOUT_DEFAULT).as_duration();
+        let mut set = AmSet { cfg, client, auth, timeout, files, active: Vec::new(), dropped: Vec::new() };
+        set.refresh(true);
+        Ok(set)
+    }
+
+    /// Re-reads discovery; recomputes the URLs when something changed (or `force`).
+    fn refresh(&mut self, force: bool) {
+        let mut changed = force;
+        for f in &mut self.files {
+            changed |= f.poll().is_some();
+        }
+        if !changed {
+            return;
+        }
+        let mut groups: Vec<TargetGroup> = static_groups(&self.cfg.static_configs);
+        for f in &self.files {
+            groups.extend(f.groups());
+        }
+        let scheme = self.cfg.scheme.clone().unwrap_or_else(|| "http".into());
+        let prefix = self.cfg.path_prefix.clone().unwrap_or_default();
+        let alerts_path = format!("{}/api/v2/alerts", prefix.trim_end_matches('/'));
+        let (mut active, mut dropped) = (Vec::new(), Vec::new());
+        for g in groups {
+            for t in &g.targets {
+                let mut ls: LabelMap = g.labels.clone();
+                ls.extend(t.clone());
+                ls.entry("__scheme__".into()).or_insert_with(|| scheme.clone());
+                ls.entry("__alerts_path__".into()).or_insert_with(|| alerts_path.clone());
+                let original = ls.clone();
+                if !relabel::process(&self.cfg.relabel_configs, &mut ls) {
+                    dropped.push(original);
+                    continue;
+                }
+                let Some(addr) = ls.get(ADDRESS_LABEL).filter(|a| !a.is_empty()) else {
+                    dropped.push(original);
+                    continue;
+                };
+                let url = format!("{}://{}{}", ls["__scheme__"], addr, ls["__alerts_path__"]);
+                if !active.contains(&url) {
+                    active.push(url);
+                }
+            }
+        }
+        self.active = active;
+        self.dropped = dropped;
+    }
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct NotifierMetrics {
+    pub sent: AtomicU64,
+    pub errors: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+/// `alert_relabel_configs` and the external labels added before them.
+type AlertRelabeling = (Vec<RelabelConfig>, Vec<(String, String)>);
+
+/// The notifier: configured by `apply`, fed by `enqueue`, drained by `run`.
+pub struct Notifier {
+    queue: Mutex<VecDeque<NotifyAlert>>,
+    capacity: usize,
+    wake: tokio::sync::Notify,
+    sets: tokio::sync::Mutex<Vec<AmSet>>,
+    relabel: Mutex<AlertRelabeling>,
+    /// Active and dropped Alertmanager URLs, for `/api/v1/alertmanagers`.
+    view: Mutex<(Vec<String>, Vec<String>)>,
+    pub metrics: NotifierMetrics,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier").field("queued", &self.queue.lock().len()).finish()
+    }
+}
+
+impl Notifier {
+    pub fn new(capacity: usize) -> Arc<Notifier> {
+        Arc::new(Notifier {
+            queue: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            wake: tokio::sync::Notify::new(),
+            sets: tokio::sync::Mutex::new(Vec::new()),
+            relabel: Mutex::new((Vec::new(), Vec::new())),
+            view: Mutex::new((Vec::new(), Vec::new())),
+            metrics: NotifierMetrics::default(),
+        })
+    }
+
+    /// Checks a configuration without applying it (`strata check config`, reloads).
+    pub fn check(cfg: &AlertingConfig, base: &Path) -> Result<(), String> {
+        for r in &cfg.alert_relabel_configs {
+            r.validate().map_err(|e| format!("alerting.alert_relabel_configs: {e}"))?;
+        }
+        for (i, am) in cfg.alertmanagers.iter().enumerate() {
+            AmSet::new(am.clone(), base, i)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the `alerting` section and external labels (start and reload).
+    pub async fn apply(
+        &self,
+        cfg: &AlertingConfig,
+        external_labels: Vec<(String, String)>,
+        base: &Path,
+    ) -> Result<(), String> {
+        let mut sets = Vec::new();
+        for (i, am) in cfg.alertmanagers.iter().enumerate() {
+            sets.push(AmSet::new(am.clone(), base, i)?);
+        }
+        *self.relabel.lock() = (cfg.alert_relabel_configs.clone(), external_labels);
+        let mut current = self.sets.lock().await;
+        *current = sets;
+        self.update_view(&current);
+        Ok(())
+    }
+
+    fn update_view(&self, sets: &[AmSet]) {
+        let active = sets.iter().flat_map(|s| s.active.iter().cloned()).collect();
+        let dropped = sets
+            .iter()
+            .flat_map(|s| s.dropped.iter().map(|l| l.get(ADDRESS_LABEL).cloned().unwrap_or_default()))
+            .collect();
+        *self.view.lock() = (active, dropped);
+    }
+
+    /// Active and dropped Alertmanagers (alerts URLs; dropped ones by address).
+    pub fn alertmanagers(&self) -> (Vec<String>, Vec<String>) {
+        self.view.lock().clone()
+    }
+
+    pub fn queue_length(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Queues alerts: external labels added, relabeled (an alert relabeled away is dropped
+    /// here), the oldest dropped beyond the capacity.
+    pub fn enqueue(&self, alerts: Vec<NotifyAlert>) {
+        if alerts.is_empty() {
+            return;
+        }
+        let (rules, external) = self.relabel.lock().clone();
+        let mut q = self.queue.lock();
+        for mut a in alerts {
+            for (k, v) in &external {
+                a.labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            if !relabel::process(&rules, &mut a.labels) {
+                continue;
+            }
+            q.push_back(a);
+        }
+        let over = q.len().saturating_sub(self.capacity);
+        if over > 0 {
+            q.drain(..over);
+            self.metrics.dropped.fetch_add(over as u64, Ordering::Relaxed);
+            tracing::warn!(dropped = over, "alert notification queue full; dropped the oldest alerts");
+        }
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// Delivers queued alerts until `stop` turns true; discovery is re-read every second.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tick.tick() => {
+                    let mut sets = self.sets.lock().await;
+                    for s in sets.iter_mut() {
+                        s.refresh(false);
+                    }
+                    self.update_view(&sets);
+                }
+                _ = stop.changed() => {
+                    // Deliver what is queued, once, before stopping.
+                    self.drain().await;
+                    return;
+                }
+            }
+            self.drain().await;
+        }
+    }
+
+    async fn drain(&self) {
+        loop {
+            let batch: Vec<NotifyAlert> = {
+                let mut q = self.queue.lock();
+                let n = q.len().min(MAX_BATCH);
+                q.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                return;
+            }
+            self.send(&batch).await;
+        }
+    }
+
+    /// Sends one batch to every Alertmanager, concurrently.
+    async fn send(&self, batch: &[NotifyAlert]) {
+        let sets = self.sets.lock().await;
+        let mut sends = Vec::new();
+        for s in sets.iter() {
+            let mut alerts: Vec<NotifyAlert> = batch.to_vec();
+            if !s.cfg.alert_relabel_configs.is_empty() {
+                alerts.retain_mut(|a| relabel::process(&s.cfg.alert_relabel_configs, &mut a.labels));
+            }
+            if alerts.is_empty() {
+                continue;
+            }
+            let body = serde_json::Value::Array(alerts.iter().map(NotifyAlert::json).collect()).to_string();
+            for url in &s.active {
+                let mut req = s
+                    .client
+                    .post(url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .timeout(s.timeout)
+                    .body(body.clone());
+                match &s.auth {
+                    Auth::None => {}
+                    Auth::Basic { username, password } => req = req.basic_auth(username, Some(password)),
+                    Auth::Header { kind, credentials } => {
+                        req = req.header(reqwest::header::AUTHORIZATION, format!("{kind} {credentials}"))
+                    }
+                }
+                let url = url.clone();
+                let n = alerts.len() as u64;
+                sends.push(async move {
+                    let res = match req.send().await {
+                        Ok(r) if r.status().is_success() => Ok(()),
+                        Ok(r) => Err(format!("bad response status {}", r.status())),
+                        Err(e) => Err(crate::scrape::scrape_loop::error_chain(&e)),
+                    };
+                    (url, n, res)
+                });
+            }
+        }
+        drop(sets);
+        let results = futures_util::future::join_all(sends).await;
+        // A batch no Alertmanager took is lost: counted as dropped, as Prometheus does.
+        let lost = !results.is_empty() && results.iter().all(|(_, _, r)| r.is_err());
+        for (url, n, res) in results {
+            match res {
+                Ok(()) => {
+                    self.metrics.sent.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.metrics.errors.fetch_add(n, Ordering::Relaxed);
+                    tracing::warn!(alertmanager = %url, count = n, error = %e, "error sending alerts");
+                }
+            }
+        }
+        if lost {
+            self.metrics.dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alertmanagers_are_discovered_and_relabeled() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("am.yml"), "- targets: ['am1:9093', 'skip:9093']\n  labels: {env: prod}\n")
+            .unwrap();
+        let cfg: AlertingConfig = yaml_serde::from_str(
+            r#"
+alertmanagers:
+  - path_prefix: /am
+    static_configs:
+      - targets: ['127.0.0.1:9093']
+    file_sd_configs:
+      - files: ['am.yml']
+    relabel_configs:
+      - source_labels: [__address__]
+        regex: 'skip:.*'
+        action: drop
+"#,
+        )
+        .unwrap();
+        let set = AmSet::new(cfg.alertmanagers[0].clone(), dir.path(), 0).unwrap();
+        assert_eq!(set.active, vec!["http://127.0.0.1:9093/am/api/v2/alerts", "http://am1:9093/am/api/v2/alerts"]);
+        assert_eq!(set.dropped.len(), 1);
+        assert_eq!(set.dropped[0]["__address__"], "skip:9093");
+    }
+
+    #[test]
+    fn configuration_mistakes_are_named() {
+        for (text, want) in [
+            ("alertmanagers:\n  - api_version: v1\n", "api_version \"v1\" is not supported"),
+            ("alertmanagers:\n  - scheme: ftp\n", "scheme \"ftp\""),
+            (
+                "alertmanagers:\n  - basic_auth: {username: u, password: p}\n    authorization: {credentials: x}\n",
+                "at most one of basic_auth and authorization",
+            ),
+        ] {
+            let cfg: AlertingConfig = yaml_serde::from_str(text).unwrap();
+            let err = Notifier::check(&cfg, Path::new(".")).unwrap_err();
+            assert!(err.contains(want) && err.starts_with("alerting.alertmanagers[0]"), "{err}");
+        }
+        let err = yaml_serde::from_str::<AlertingConfig>("alertmanagers:\n  - bogus: 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `bogus`"), "{err}");
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_adds_external_labels() {
+        let n = Notifier::new(3);
+        *n.relabel.lock() = (Vec::new(), vec![("dc".into(), "eu".into()), ("alertname".into(), "not-this".into())]);
+        let alert = |i: usize| NotifyAlert {
+            labels: LabelMap::from([("alertname".into(), format!("A{i}"))]),
+            annotations: LabelMap::new(),
+            starts_at: 1,
+            ends_at: 2,
+            generator_url: String::new(),
+        };
+        n.enqueue((0..5).map(alert).collect());
+        assert_eq!(n.queue_length(), 3);
+        assert_eq!(n.metrics.dropped.load(Ordering::Relaxed), 2);
+        let q = n.queue.lock();
+        assert_eq!(q[0].labels["alertname"], "A2", "the oldest went");
+        assert_eq!(q[0].labels["dc"], "eu");
+        let json = q[0].json();
+        assert_eq!(json["startsAt"], "1970-01-01T00:00:00.001Z");
+        assert_eq!(json["labels"]["dc"], "eu");
+    }
+}
