@@ -23,6 +23,12 @@
 //!   out_of_order_window: 1d
 //! global:
 //!   scrape_interval: 15s
+//!   evaluation_interval: 1m
+//! rule_files: ['rules/*.yml']
+//! alerting:
+//!   alertmanagers:
+//!     - static_configs:
+//!         - targets: ['localhost:9093']
 //! scrape_configs:
 //!   - job_name: node
 //!     static_configs:
@@ -35,6 +41,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::rules::file::{expand_globs, load_file, GroupDef, LoadOptions};
+use crate::rules::notifier::AlertingConfig;
 use crate::scrape::config::{resolve, GlobalConfig, Job, ScrapeConfig};
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
@@ -52,6 +60,12 @@ pub struct ConfigFile {
     pub global: GlobalConfig,
     #[serde(default)]
     pub scrape_configs: Vec<ScrapeConfig>,
+    /// Rule files (globs, relative to the configuration file), as Prometheus' `rule_files`.
+    #[serde(default)]
+    pub rule_files: Vec<String>,
+    /// Where alerts go (`crate::rules::notifier`).
+    #[serde(default)]
+    pub alerting: AlertingConfig,
 }
 
 /// The configuration `strata serve` runs without `--config`: Strata scrapes its own `/metrics`
@@ -126,6 +140,33 @@ pub struct GraphiteSection {
     pub events_max: Option<usize>,
 }
 
+/// The rule groups of `rule_files` (globs), checked, with `global.evaluation_interval` as the
+/// groups' default interval. Every error of every file is listed.
+pub fn rule_groups(
+    rule_files: &[String],
+    global: &GlobalConfig,
+    base: &Path,
+    opts: &LoadOptions,
+) -> Result<Vec<GroupDef>, String> {
+    let opts = LoadOptions {
+        default_interval_ms: global.evaluation_interval.map(|d| d.0).unwrap_or(opts.default_interval_ms),
+        ..*opts
+    };
+    let mut groups = Vec::new();
+    let mut errors = Vec::new();
+    for f in expand_globs(rule_files, base)? {
+        match load_file(&f, &opts) {
+            Ok(g) => groups.extend(g),
+            Err(e) => errors.extend(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(groups)
+    } else {
+        Err(format!("error loading rules:\n{}", errors.join("\n")))
+    }
+}
+
 /// A listen address as Prometheus' and carbon's flags take it: `host:port`, or `:port` for
 /// every interface.
 pub fn parse_listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -146,6 +187,11 @@ impl ConfigFile {
     /// configuration are resolved against (the configuration file's).
     pub fn scrape_jobs(&self, base: &Path) -> Result<Vec<Job>, String> {
         resolve(&self.global, &self.scrape_configs, base)
+    }
+
+    /// The rule groups of every rule file, checked; `base` as for `scrape_jobs`.
+    pub fn rule_groups(&self, base: &Path, opts: &LoadOptions) -> Result<Vec<GroupDef>, String> {
+        rule_groups(&self.rule_files, &self.global, base, opts)
     }
 
     /// Reads and parses `path`; errors name the file.
@@ -173,8 +219,8 @@ mod tests {
         assert!(err.contains("unknown field `retension_size`") && err.contains("line 3"), "{err}");
         let err = ConfigFile::parse("limits:\n  query_max_series: lots\n").unwrap_err();
         assert!(err.contains("query_max_series") && err.contains("line 2"), "{err}");
-        let err = ConfigFile::parse("rule_files: []\n").unwrap_err();
-        assert!(err.contains("unknown field `rule_files`"), "{err}");
+        let err = ConfigFile::parse("remote_write: []\n").unwrap_err();
+        assert!(err.contains("unknown field `remote_write`"), "{err}");
     }
 
     #[test]

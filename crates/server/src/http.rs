@@ -126,6 +126,8 @@ pub struct AppState {
     pub config_yaml: Mutex<String>,
     /// Set once the database is open and scraping runs.
     pub scrape: OnceLock<Arc<crate::scrape::ScrapeManager>>,
+    /// Recording and alerting rules, set once the database is open.
+    pub rules: OnceLock<Arc<crate::rules::RuleManager>>,
     /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary. Run it
     /// through `reload_config`, which keeps `last_reload`.
     pub reloader: OnceLock<Reloader>,
@@ -172,6 +174,7 @@ impl AppState {
             flags,
             config_yaml: Mutex::new(config_yaml),
             scrape: OnceLock::new(),
+            rules: OnceLock::new(),
             reloader: OnceLock::new(),
             last_reload: Mutex::new(LastReload { success: true, applied_at: std::time::SystemTime::now() }),
             external_labels: Mutex::new(Vec::new()),
@@ -303,6 +306,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/targets/metadata", get(scrape_api::targets_metadata))
         .route("/-/reload", post(scrape_api::reload).put(scrape_api::reload))
         .route("/-/quit", post(quit).put(quit))
+        .route("/api/v1/rules", get(rules_api::rules))
+        .route("/api/v1/alerts", get(rules_api::alerts))
+        .route("/api/v1/alertmanagers", get(rules_api::alertmanagers))
         .route("/api/v1/status/buildinfo", get(buildinfo))
         .route("/api/v1/status/runtimeinfo", get(runtimeinfo))
         .route("/api/v1/status/flags", get(flags))
@@ -470,6 +476,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     if let Some(cache) = &st.query_cache {
         crate::metrics::render_query_cache(&mut text, cache);
     }
+    rules_api::render_metrics(&mut text, &st);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -1180,6 +1187,45 @@ impl strata_promql::Storage for QueryStorage {
         let limits = read_limits(&self.limits, &stop);
         strata_promql::visit_rollup_with(&self.db, interval_ms, matchers, mint, maxt, columns, &limits, f)
             .map_err(read_error)?
+    }
+}
+
+/// Rule evaluation's queries: the same engine, limits, deadline and concurrency slots as
+/// `/api/v1/query`. Called on a blocking thread (a group's evaluation), so it may wait for a
+/// slot there.
+#[derive(Debug)]
+pub struct RuleQueries {
+    pub st: Arc<AppState>,
+    pub rt: tokio::runtime::Handle,
+}
+
+impl crate::rules::RuleQuerier for RuleQueries {
+    fn instant(&self, expr: &strata_promql::ast::Expr, t: i64) -> Result<strata_promql::Value, String> {
+        let st = &self.st;
+        let timeout = st.limits.query_timeout;
+        let Ok(Ok(_slot)) = self.rt.block_on(tokio::time::timeout(timeout, st.query_slots.acquire())) else {
+            return Err(format!(
+                "too many concurrent queries (limit {}); none finished within {timeout:?}",
+                st.limits.max_concurrent_queries
+            ));
+        };
+        let db = db(st).map_err(|e| e.message)?;
+        let stopper = Stopper { deadline: Instant::now() + timeout, canceled: Arc::default() };
+        let mut engine = engine(st, stopper.deadline, st.limits.lookback_ms);
+        // Rules write what they compute back as raw series: they read raw data.
+        engine.opts.max_source_resolution = SourceResolution::Raw;
+        let storage = QueryStorage { db, limits: st.limits.clone(), stopper, parallelism: engine.opts.parallelism };
+        let t0 = Instant::now();
+        let res = engine.instant(&storage, expr, t);
+        st.metrics.queries.fetch_add(1, Ordering::Relaxed);
+        st.metrics.query_duration.observe(t0.elapsed());
+        match res {
+            Ok(out) => Ok(out.value),
+            Err(e) => {
+                st.metrics.queries_failed.fetch_add(1, Ordering::Relaxed);
+                Err(e.to_string())
+            }
+        }
     }
 }
 
@@ -1965,6 +2011,7 @@ mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
 mod query_syntax;
+mod rules_api;
 pub use graphite_events::GraphiteEvents;
 pub use graphite_tiers::rollup_filter as graphite_rollup_filter;
 pub(crate) mod scrape_api;

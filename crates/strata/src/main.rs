@@ -2,8 +2,9 @@
 //!
 //! `serve` runs the server (Prometheus' HTTP API, remote write and read); `status` opens a data
 //! directory and reports what it holds; `tsdb import`, `tsdb analyze` and `tsdb dump` are the
-//! operator tools.
+//! operator tools; `check rules` and `check config` are promtool's checks.
 
+mod check;
 mod serve;
 
 /// mimalloc instead of glibc's malloc: queries allocate and free many small buffers per series
@@ -85,6 +86,9 @@ enum Command {
     /// Operator tools for a data directory (run while no server has it open).
     #[command(subcommand)]
     Tsdb(TsdbCommand),
+    /// Check rule and configuration files, as promtool's `check` does.
+    #[command(subcommand)]
+    Check(check::CheckCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -318,5 +322,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::Tsdb(cmd) => run_tsdb(cmd),
         Command::Serve(args) => serve::run(*args),
+        Command::Check(cmd) => match check::run(cmd) {
+            true => Ok(()),
+            false => Err("check failed".into()),
+        },
     }
 }

@@ -12,7 +12,10 @@ use strata_server::carbon::{CarbonConfig, CarbonListeners, Window};
 use strata_server::config::{parse_bytes, StorageConfig, WalFsync, DATA_DIR_DEFAULT};
 use strata_server::config_file::{default_config_text, parse_listen_address, ConfigFile};
 use strata_server::http::{router, ApiSwitches, AppState, GraphiteEvents, Limits, Reloader};
-use strata_server::scrape::config::Job;
+use strata_server::rules::file::{GroupDef, LoadOptions};
+use strata_server::rules::notifier::{AlertingConfig, Notifier};
+use strata_server::rules::{Env, RuleManager, RuleOptions};
+use strata_server::scrape::config::{GlobalConfig, Job};
 use strata_server::scrape::ScrapeManager;
 use strata_server::web::auth::{authenticate, Authenticator};
 use strata_server::web::{self, ConnectionLimits, WebConfigFile};
@@ -147,6 +150,18 @@ pub struct ServeArgs {
     /// start times where storage has them).
     #[arg(long = "enable-feature", value_delimiter = ',')]
     enable_feature: Vec<String>,
+    /// Least time before an alert that is still firing is sent to Alertmanager again [default: 1m].
+    #[arg(long = "rules.alert.resend-delay")]
+    rules_resend_delay: Option<String>,
+    /// How long Strata may have been down for alerts' `for` state to be restored [default: 1h].
+    #[arg(long = "rules.alert.for-outage-tolerance")]
+    rules_outage_tolerance: Option<String>,
+    /// Least time between a restart and a restored alert firing [default: 10m].
+    #[arg(long = "rules.alert.for-grace-period")]
+    rules_grace_period: Option<String>,
+    /// Alerts waiting for Alertmanager at most; beyond it the oldest are dropped [default: 10000].
+    #[arg(long = "alertmanager.notification-queue-capacity")]
+    notification_queue_capacity: Option<usize>,
     /// Carbon plaintext listener over TCP, `host:port` or `:port` (carbon's is :2003) [default: off].
     #[arg(long = "carbon.plaintext-listen-address")]
     carbon_plaintext: Option<String>,
@@ -225,10 +240,21 @@ struct Settings {
     events_max: usize,
     /// `--web.external-url`, `--web.route-prefix`.
     web_paths: strata_server::ui::WebPaths,
+    /// Rule groups of the configuration's `rule_files`, checked.
+    rule_groups: Vec<GroupDef>,
+    rule_options: RuleOptions,
+    alerting: AlertingConfig,
+    /// What relative paths in the configuration are relative to.
+    config_base: PathBuf,
+    notification_queue_capacity: usize,
 }
 
-/// The configuration file, or the built-in one without `--config`: parsed, and its text.
-fn load_config(path: Option<&std::path::Path>, listen: SocketAddr) -> Result<(ConfigFile, String, Vec<Job>), String> {
+/// The configuration file, or the built-in one without `--config`: parsed, its text, its
+/// scrape jobs and the directory its relative paths are relative to.
+fn load_config(
+    path: Option<&std::path::Path>,
+    listen: SocketAddr,
+) -> Result<(ConfigFile, String, Vec<Job>, PathBuf), String> {
     let (file, text, base) = match path {
         Some(p) => {
             let (file, text) = ConfigFile::load(p)?;
@@ -240,11 +266,24 @@ fn load_config(path: Option<&std::path::Path>, listen: SocketAddr) -> Result<(Co
             (ConfigFile::parse(&text)?, text, PathBuf::from("."))
         }
     };
-    let jobs = file.scrape_jobs(&base).map_err(|e| match path {
+    let named = |e: String| match path {
         Some(p) => format!("{}: {e}", p.display()),
         None => e,
-    })?;
-    Ok((file, text, jobs))
+    };
+    let jobs = file.scrape_jobs(&base).map_err(named)?;
+    Notifier::check(&file.alerting, &base).map_err(named)?;
+    Ok((file, text, jobs, base))
+}
+
+/// The rule groups of a loaded configuration.
+fn load_rules(
+    rule_files: &[String],
+    global: &GlobalConfig,
+    base: &std::path::Path,
+    opts: &RuleOptions,
+) -> Result<Vec<GroupDef>, String> {
+    let load = LoadOptions { features: opts.features, max_depth: opts.max_depth, ..LoadOptions::default() };
+    strata_server::config_file::rule_groups(rule_files, global, base, &load)
 }
 
 fn size_or_zero(s: &str) -> Result<u64, String> {
@@ -281,7 +320,7 @@ fn pick<T>(
 }
 
 fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
-    let (file, yaml, jobs) = load_config(args.config.as_deref(), args.listen)?;
+    let (file, yaml, jobs, config_base) = load_config(args.config.as_deref(), args.listen)?;
     let (st, li, ca) = (file.storage, file.limits, file.carbon);
     let mut flags = BTreeMap::new();
     flags.insert("listen".to_owned(), args.listen.to_string());
@@ -593,6 +632,45 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         parse_count,
     )?;
     let external_labels = file.global.external_labels.clone().into_iter().collect();
+    let rule_options = RuleOptions {
+        resend_delay_ms: pick(
+            &mut flags,
+            "rules.alert.resend-delay",
+            args.rules_resend_delay.clone(),
+            None,
+            "1m",
+            positive_ms,
+        )?,
+        outage_tolerance_ms: pick(
+            &mut flags,
+            "rules.alert.for-outage-tolerance",
+            args.rules_outage_tolerance.clone(),
+            None,
+            "1h",
+            positive_ms,
+        )?,
+        for_grace_period_ms: pick(
+            &mut flags,
+            "rules.alert.for-grace-period",
+            args.rules_grace_period.clone(),
+            None,
+            "10m",
+            positive_ms,
+        )?,
+        external_url: external_url(args),
+        features: limits.query_features,
+        max_depth: limits.max_query_depth,
+    };
+    let notification_queue_capacity = pick(
+        &mut flags,
+        "alertmanager.notification-queue-capacity",
+        args.notification_queue_capacity.map(|n| n.to_string()),
+        None,
+        "10000",
+        parse_count,
+    )?;
+    let rule_groups = load_rules(&file.rule_files, &file.global, &config_base, &rule_options)
+        .map_err(|e| format!("cannot load rule files: {e}"))?;
     let settings = Settings {
         storage,
         limits,
@@ -605,8 +683,27 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         time_zone,
         events_max,
         web_paths,
+        rule_groups,
+        rule_options,
+        alerting: file.alerting,
+        config_base,
+        notification_queue_capacity,
     };
     Ok((settings, yaml))
+}
+
+/// Where alerts link back to (`generatorURL`) and what templates' `$externalURL` is: the
+/// `--web.external-url`, else `http://<hostname>:<port>` as Prometheus makes it.
+fn external_url(args: &ServeArgs) -> String {
+    if let Some(u) = &args.external_url {
+        return u.trim_end_matches('/').to_owned();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("http://{host}:{}", args.listen.port())
 }
 
 /// A duration of at least a millisecond, in milliseconds.
@@ -644,6 +741,11 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             time_zone,
             events_max,
             web_paths,
+            rule_groups,
+            rule_options,
+            alerting,
+            config_base,
+            notification_queue_capacity,
         },
         yaml,
     ) = settings(&args)?;
@@ -680,12 +782,16 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             false => None,
         };
         let (carbon_stop_tx, carbon_stop_rx) = tokio::sync::watch::channel(false);
+        let (notifier_stop_tx, notifier_stop_rx) = tokio::sync::watch::channel(false);
+        let notifier = Notifier::new(notification_queue_capacity);
+        let notifier_task = tokio::spawn(notifier.clone().run(notifier_stop_rx));
 
         // Replay in the background: /-/healthy answers meanwhile, /-/ready says 503.
         let opener = {
             let state = state.clone();
             let cfg = cfg.clone();
             let (config_path, listen) = (args.config.clone(), args.listen);
+            let notifier = notifier.clone();
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 let db = Arc::new(
                     cfg.open_db().map_err(|e| format!("cannot open the data directory: {e}"))?,
@@ -702,14 +808,35 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 let n = jobs.len();
                 scrape.apply(jobs).map_err(|e| format!("cannot start scraping: {e}"))?;
                 let _ = state.scrape.set(scrape.clone());
+                let external: Vec<(String, String)> = state.external_labels.lock().clone();
+                notifier.apply(&alerting, external.clone(), &config_base)?;
+                let rt = tokio::runtime::Handle::current();
+                let env = Env {
+                    db: db.clone(),
+                    querier: Arc::new(strata_server::http::RuleQueries { st: state.clone(), rt: rt.clone() }),
+                    notifier,
+                    opts: rule_options.clone(),
+                    external_labels: Default::default(),
+                };
+                let rules = RuleManager::new(env, rt);
+                rules.set_external_labels(external.into_iter().collect());
+                let groups = rule_groups.len();
+                rules.apply(rule_groups);
+                let _ = state.rules.set(rules.clone());
                 let st = state.clone();
                 let _ = state.reloader.set(Reloader(Box::new(move || {
-                    let (file, text, jobs) = load_config(config_path.as_deref(), listen)?;
+                    let (file, text, jobs, base) = load_config(config_path.as_deref(), listen)?;
+                    let groups = load_rules(&file.rule_files, &file.global, &base, &rule_options)?;
                     let n = jobs.len();
                     scrape.apply(jobs)?;
+                    let external: Vec<(String, String)> = file.global.external_labels.clone().into_iter().collect();
+                    rules.notifier().apply(&file.alerting, external.clone(), &base)?;
+                    rules.set_external_labels(external.iter().cloned().collect());
+                    let g = groups.len();
+                    rules.apply(groups);
                     *st.config_yaml.lock() = text;
-                    *st.external_labels.lock() = file.global.external_labels.into_iter().collect();
-                    tracing::info!(jobs = n, "configuration reloaded (scrape jobs; storage settings and limits apply at start only)");
+                    *st.external_labels.lock() = external;
+                    tracing::info!(jobs = n, rule_groups = g, "configuration reloaded (scrape jobs, rules, alerting; storage settings and limits apply at start only)");
                     Ok(())
                 })));
                 // Ready (`/-/ready`, the storage endpoints) only now, so that a client that
@@ -719,7 +846,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                     db.changes().watch(cache.delay_ms());
                 }
                 state.db.set(db).map_err(|_| "database opened twice".to_owned())?;
-                tracing::info!(scrape_jobs = n, "ready");
+                tracing::info!(scrape_jobs = n, rule_groups = groups, "ready");
                 Ok(())
             })
         };
@@ -751,6 +878,9 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(scrape) = stopping.scrape.get() {
                 scrape.stop().await;
             }
+            if let Some(rules) = stopping.rules.get() {
+                rules.stop();
+            }
             let _ = carbon_stop_tx.send(true);
         };
         // Under the route prefix last, so the layers above see paths without it.
@@ -777,6 +907,9 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 carbon.abort();
             }
         }
+        // Alerts already queued go out before storage closes (bounded by the send timeout).
+        let _ = notifier_stop_tx.send(true);
+        let _ = notifier_task.await;
         served.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         reloads.abort();
         if let Some(scrape) = state.scrape.get() {

@@ -203,7 +203,7 @@ pub struct Notifier {
     queue: Mutex<VecDeque<NotifyAlert>>,
     capacity: usize,
     wake: tokio::sync::Notify,
-    sets: tokio::sync::Mutex<Vec<AmSet>>,
+    sets: Mutex<Vec<AmSet>>,
     relabel: Mutex<AlertRelabeling>,
     /// Active and dropped Alertmanager URLs, for `/api/v1/alertmanagers`.
     view: Mutex<(Vec<String>, Vec<String>)>,
@@ -222,7 +222,7 @@ impl Notifier {
             queue: Mutex::new(VecDeque::new()),
             capacity: capacity.max(1),
             wake: tokio::sync::Notify::new(),
-            sets: tokio::sync::Mutex::new(Vec::new()),
+            sets: Mutex::new(Vec::new()),
             relabel: Mutex::new((Vec::new(), Vec::new())),
             view: Mutex::new((Vec::new(), Vec::new())),
             metrics: NotifierMetrics::default(),
@@ -241,7 +241,7 @@ impl Notifier {
     }
 
     /// Applies the `alerting` section and external labels (start and reload).
-    pub async fn apply(
+    pub fn apply(
         &self,
         cfg: &AlertingConfig,
         external_labels: Vec<(String, String)>,
@@ -252,7 +252,7 @@ impl Notifier {
             sets.push(AmSet::new(am.clone(), base, i)?);
         }
         *self.relabel.lock() = (cfg.alert_relabel_configs.clone(), external_labels);
-        let mut current = self.sets.lock().await;
+        let mut current = self.sets.lock();
         *current = sets;
         self.update_view(&current);
         Ok(())
@@ -315,7 +315,7 @@ impl Notifier {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tick.tick() => {
-                    let mut sets = self.sets.lock().await;
+                    let mut sets = self.sets.lock();
                     for s in sets.iter_mut() {
                         s.refresh(false);
                     }
@@ -347,9 +347,8 @@ impl Notifier {
 
     /// Sends one batch to every Alertmanager, concurrently.
     async fn send(&self, batch: &[NotifyAlert]) {
-        let sets = self.sets.lock().await;
         let mut sends = Vec::new();
-        for s in sets.iter() {
+        for s in self.sets.lock().iter() {
             let mut alerts: Vec<NotifyAlert> = batch.to_vec();
             if !s.cfg.alert_relabel_configs.is_empty() {
                 alerts.retain_mut(|a| relabel::process(&s.cfg.alert_relabel_configs, &mut a.labels));
@@ -384,7 +383,6 @@ impl Notifier {
                 });
             }
         }
-        drop(sets);
         let results = futures_util::future::join_all(sends).await;
         // A batch no Alertmanager took is lost: counted as dropped, as Prometheus does.
         let lost = !results.is_empty() && results.iter().all(|(_, _, r)| r.is_err());

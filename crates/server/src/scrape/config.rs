@@ -127,7 +127,7 @@ pub fn accept_header(protocols: &[ScrapeProtocol]) -> String {
 pub struct GlobalConfig {
     pub scrape_interval: Option<PromDuration>,
     pub scrape_timeout: Option<PromDuration>,
-    /// Accepted for compatibility; Strata evaluates no rules yet.
+    /// How often rule groups are evaluated unless a group sets its own `interval` (1m).
     pub evaluation_interval: Option<PromDuration>,
     #[serde(default)]
     pub external_labels: BTreeMap<String, String>,
