@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer};
-use strata_promql::ast::{Expr, ValueType};
+use strata_promql::ast::Expr;
 
 use super::template::Template;
 use crate::scrape::config::PromDuration;
@@ -296,20 +296,11 @@ fn check_rule(
         if !record.is_empty() && !is_metric_name(record) {
             errs.push(format!("invalid recording rule name: {record}"));
         }
-        if let Some(e) = &expr {
-            let t = e.value_type();
-            if !matches!(t, ValueType::Vector | ValueType::Scalar) {
-                errs.push(format!("expression must be of type instant vector or scalar, got {}", t.name()));
-            }
-        }
+        // An expression of another type (a range vector, a string) loads, as in Prometheus,
+        // and fails at each evaluation with the rule marked unhealthy: a file Prometheus runs
+        // must not stop Strata from starting.
     }
     if r.alert.is_some() {
-        if let Some(e) = &expr {
-            let t = e.value_type();
-            if !matches!(t, ValueType::Vector | ValueType::Scalar) {
-                errs.push(format!("expression must be of type instant vector or scalar, got {}", t.name()));
-            }
-        }
         if r.for_.is_some_and(|d| d.0 < 0) {
             errs.push("field 'for' is negative".into());
         }
@@ -451,7 +442,6 @@ groups:
             ("groups:\n  - name: g\n    rules:\n      - record: a-b\n        expr: up\n", "invalid recording rule name: a-b"),
             ("groups:\n  - name: g\n    rules:\n      - record: a\n        expr: up\n        for: 1m\n", "invalid field 'for' in recording rule"),
             ("groups:\n  - name: g\n    rules:\n      - record: a\n        expr: up\n        annotations: {x: y}\n", "invalid field 'annotations'"),
-            ("groups:\n  - name: g\n    rules:\n      - record: a\n        expr: up[5m]\n", "expression must be of type instant vector or scalar, got range vector"),
             ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up\n        annotations: {x: '{{ $labels.a '}\n", "template: annotation \"x\""),
             ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up\n        labels: {0bad: x}\n", "invalid label name: 0bad"),
             ("groups:\n  - name: g\n    rules: []\n  - name: g\n    rules: []\n", "g: repeated in the same file"),
