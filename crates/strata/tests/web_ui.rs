@@ -508,3 +508,57 @@ fn a_thousand_series_graph() {
     println!("1000 series × 1440 points: {}", stats.as_str().unwrap());
     b.screenshot("thousand-series");
 }
+
+#[test]
+fn alerts_and_rules_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    std::fs::write(
+        dir.path().join("rules.yml"),
+        "groups:\n  - name: ui\n    interval: 1s\n    rules:\n      - record: job:up:sum\n        expr: sum by (job) (up)\n      - alert: StrataUp\n        expr: up == 1\n        labels: {severity: info}\n        annotations: {summary: '{{ $labels.instance }} answers'}\n      - alert: NeverFires\n        expr: up == 2\n        for: 5m\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("strata.yml");
+    std::fs::write(
+        &cfg,
+        format!("global:\n  scrape_interval: 1s\nrule_files: ['rules.yml']\nscrape_configs:\n  - job_name: strata\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    )
+    .unwrap();
+    let srv = Server::start_on(port, &dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let base = format!("http://127.0.0.1:{}", srv.port);
+    let b = Browser::start();
+
+    // The alert fires at the second evaluation (the first restores state); reload until then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        b.open(&format!("{base}/alerts"));
+        let firing = b.wait(
+            "the alerts page",
+            "return document.querySelector('details[data-rule]') ? (document.querySelector('details[data-rule=\"StrataUp\"] .badge.firing') ? 'firing' : 'not yet') : null",
+        );
+        if firing == "firing" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "StrataUp never shown firing");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    b.js("document.querySelector('details[data-rule=\"StrataUp\"]').open = true", json!([]));
+    let text = b.js("return document.querySelector('details[data-rule=\"StrataUp\"]').innerText", json!([]));
+    let text = text.as_str().unwrap();
+    assert!(text.contains(&format!("127.0.0.1:{port} answers")), "{text}");
+    assert!(text.contains("severity=\"info\""), "{text}");
+    let inactive =
+        b.js("return document.querySelector('details[data-rule=\"NeverFires\"] .badge').textContent", json!([]));
+    assert_eq!(inactive, "INACTIVE");
+    b.screenshot("alerts");
+
+    b.open(&format!("{base}/rules"));
+    let rules = b.wait(
+        "the rules page",
+        "const t = document.querySelector('[data-group=\"ui\"] table'); return t ? t.innerText : null",
+    );
+    let rules = rules.as_str().unwrap();
+    assert!(rules.contains("record: job:up:sum") && rules.contains("sum by (job) (up)"), "{rules}");
+    assert!(rules.contains("alert: NeverFires") && rules.contains("OK"), "{rules}");
+    b.screenshot("rules");
+}

@@ -1,5 +1,5 @@
 //! The web UI, served by `strata serve` itself: a query page (PromQL editor, table, graphs),
-//! operator pages (targets, service discovery, TSDB status, configuration, flags, runtime and
+//! operator pages (alerts, rules, targets, service discovery, TSDB status, configuration, flags, runtime and
 //! build information) and a Graphite page (metric tree and `/render` graphs).
 //!
 //! It is our own plain HTML, CSS and JavaScript, with no dependencies and no build step: the
@@ -35,6 +35,8 @@ pub const PAGES: &[&str] = &[
     "/flags",
     "/status",
     "/graphite",
+    "/alerts",
+    "/rules",
 ];
 
 /// The embedded files: name under `/assets/`, content type, contents.

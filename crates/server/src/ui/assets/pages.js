@@ -1,5 +1,5 @@
-// The operator pages (targets, service discovery, TSDB status, configuration, flags, runtime
-// and build information) and the Graphite page (metric tree and /render graphs). Each reads
+// The operator pages (alerts, rules, targets, service discovery, TSDB status, configuration,
+// flags, runtime and build information) and the Graphite page (metric tree and /render graphs). Each reads
 // the same HTTP API any client reads.
 "use strict";
 
@@ -130,6 +130,85 @@ Strata.pages.status = async function (main) {
   main.append(Strata.el("h1", {}, "Runtime & build information"),
     Strata.el("h2", {}, "Runtime information"), Strata.table(["", ""], rows(run)),
     Strata.el("h2", {}, "Build information"), Strata.table(["", ""], rows(build)));
+};
+
+// Alerts and rules: /api/v1/rules, as Prometheus' alerts and rules pages show them.
+
+/** A link that opens `expr` on the query page's table tab. */
+function queryLink(expr) {
+  return Strata.el("a", { class: "mono", href: `query?g0.expr=${encodeURIComponent(expr)}&g0.tab=1` }, expr);
+}
+
+/** "1m30s" from seconds. */
+function secs(s) {
+  return Strata.formatDuration(Math.round(s * 1000));
+}
+
+Strata.pages.alerts = async function (main) {
+  const d = await Strata.api("api/v1/rules", { type: "alert" });
+  const show = { inactive: true, pending: true, firing: true };
+  const counts = { inactive: 0, pending: 0, firing: 0 };
+  for (const g of d.groups) for (const r of g.rules) counts[r.state]++;
+  const list = Strata.el("div");
+  const draw = (needle) => {
+    list.textContent = "";
+    let any = false;
+    for (const g of d.groups) {
+      const rules = g.rules.filter((r) => show[r.state] && (!needle || (r.name + " " + JSON.stringify(r.labels)).toLowerCase().includes(needle)));
+      if (!rules.length) continue;
+      any = true;
+      const panel = Strata.el("div", { class: "panel" }, Strata.el("h2", {}, `${g.file} > ${g.name}`));
+      for (const r of rules) {
+        const details = Strata.el("details", { "data-rule": r.name },
+          Strata.el("summary", {}, Strata.el("span", { class: `badge ${r.state}` }, r.state.toUpperCase()), ` ${r.name} (${r.alerts.length} active)`),
+          Strata.table(["", ""], [
+            ["expr", queryLink(r.query)],
+            ["for", secs(r.duration)],
+            ...(r.keepFiringFor ? [["keep_firing_for", secs(r.keepFiringFor)]] : []),
+            ["labels", Strata.el("div", {}, Strata.labelChips(r.labels))],
+            ["annotations", Strata.el("pre", {}, Object.keys(r.annotations).sort().map((k) => `${k}: ${r.annotations[k]}`).join("\n"))],
+            ...(r.lastError ? [["error", { class: "error", text: r.lastError }]] : []),
+          ]));
+        if (r.alerts.length) {
+          details.append(Strata.table(["Labels", "State", "Active since", "Value", "Annotations"], r.alerts.map((a) => [
+            Strata.el("div", {}, Strata.labelChips(a.labels)),
+            Strata.el("span", { class: `badge ${a.state}` }, a.state.toUpperCase()),
+            Strata.el("span", { title: a.activeAt }, Strata.ago(Date.parse(a.activeAt))),
+            { class: "num", text: a.value },
+            Strata.el("pre", {}, Object.keys(a.annotations).sort().map((k) => `${k}: ${a.annotations[k]}`).join("\n")),
+          ])));
+        }
+        panel.append(details);
+      }
+      list.append(panel);
+    }
+    if (!any) list.append(Strata.el("p", { class: "muted" }, d.groups.length ? "No alerting rule matches." : "No alerting rules: rule_files in --config define them (docs/rules.md)."));
+  };
+  let needle = "";
+  const box = (state) => Strata.el("label", {}, Strata.el("input", { type: "checkbox", checked: true, onchange: (e) => { show[state] = e.target.checked; draw(needle); } }), ` ${state} (${counts[state]})`);
+  main.append(Strata.el("h1", {}, "Alerts"),
+    Strata.el("div", { class: "row" }, box("inactive"), box("pending"), box("firing"), filterBox("filter by name or labels", (v) => { needle = v; draw(v); })),
+    list);
+  draw("");
+};
+
+Strata.pages.rules = async function (main) {
+  const d = await Strata.api("api/v1/rules");
+  main.append(Strata.el("h1", {}, "Rules"));
+  if (!d.groups.length) main.append(Strata.el("p", { class: "muted" }, "No rules: rule_files in --config define them (docs/rules.md)."));
+  for (const g of d.groups) {
+    const rows = g.rules.map((r) => [
+      Strata.el("div", {}, Strata.el("div", {}, Strata.el("b", {}, r.type === "alerting" ? "alert: " : "record: "), r.name), queryLink(r.query),
+        Object.keys(r.labels).length ? Strata.el("div", {}, Strata.labelChips(r.labels)) : ""),
+      Strata.el("span", { class: `badge ${r.health === "ok" ? "up" : r.health === "err" ? "down" : "unknown"}` }, r.health.toUpperCase()),
+      { class: "error", text: r.lastError || "" },
+      r.lastEvaluation.startsWith("0001") ? "never" : Strata.ago(Date.parse(r.lastEvaluation)),
+      { class: "num", text: `${(r.evaluationTime * 1000).toFixed(2)}ms` },
+    ]);
+    main.append(Strata.el("div", { class: "panel", "data-group": g.name },
+      Strata.el("h2", {}, `${g.file} > ${g.name} `, Strata.el("span", { class: "muted" }, `every ${secs(g.interval)}, last ${g.lastEvaluation.startsWith("0001") ? "never" : Strata.ago(Date.parse(g.lastEvaluation))}, took ${(g.evaluationTime * 1000).toFixed(2)}ms`)),
+      Strata.table(["Rule", "State", "Error", "Last evaluation", "Evaluation time"], rows)));
+  }
 };
 
 // Graphite: the metric tree from /metrics/find (treejson, as graphite-web's composer reads it)
