@@ -177,7 +177,8 @@ fn a_broken_rule_file_refuses_the_start_and_a_reload_keeps_the_running_rules() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("group \"g\", rule 1, \"bad-name\": invalid recording rule name"), "{err}");
 
-    std::fs::write(&rules, "groups:\n  - name: g\n    rules:\n      - record: good\n        expr: vector(1)\n").unwrap();
+    std::fs::write(&rules, "groups:\n  - name: g\n    rules:\n      - record: good\n        expr: vector(1)\n")
+        .unwrap();
     let srv = Server::start(&dir.path().join("d2"), &["--config", cfg.to_str().unwrap(), "--web.enable-lifecycle"]);
     std::fs::write(&rules, "groups:\n  - name: g\n    rules:\n      - record: good\n        expr: sum(\n").unwrap();
     let (code, body) = http(srv.port, "POST", "/-/reload", &[], b"");
@@ -265,14 +266,11 @@ fn templates_expand_as_promtool_expands_them() {
     let promtool = which("promtool");
     let dir = tempfile::tempdir().unwrap();
     let value = 1_234_567.891;
-    let labels: BTreeMap<String, String> = [
-        ("__name__", "m"),
-        ("instance", "host-1.example.com:9100"),
-        ("job", "node"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let labels: BTreeMap<String, String> =
+        [("__name__", "m"), ("instance", "host-1.example.com:9100"), ("job", "node")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     let mut alert_labels = labels.clone();
     alert_labels.remove("__name__");
     let sample = QuerySample { labels: labels.clone(), value };
@@ -282,7 +280,8 @@ fn templates_expand_as_promtool_expands_them() {
     };
     let ctx = Context { query: Some(&query), external_url: "http://localhost:9090" };
     let (data, vars) = alert_data(&labels, &BTreeMap::new(), "http://localhost:9090", value);
-    let mut rule = String::from("groups:\n  - name: t\n    rules:\n      - alert: T\n        expr: m > 0\n        annotations:\n");
+    let mut rule =
+        String::from("groups:\n  - name: t\n    rules:\n      - alert: T\n        expr: m > 0\n        annotations:\n");
     let mut expected = String::new();
     for (i, t) in TEMPLATES.iter().enumerate() {
         let ours = Template::parse(t).unwrap().execute(data.clone(), &vars, &ctx).unwrap();
@@ -358,5 +357,8 @@ fn pending_time_survives_a_crash() {
     };
     let shift = secs(&restored) - secs(&first);
     let downtime = down.elapsed().as_secs_f64();
-    assert!(shift > 2.0 && shift < downtime + 4.0, "active time moved {shift:.1} s for {downtime:.1} s down: {first} → {restored}");
+    assert!(
+        shift > 2.0 && shift < downtime + 4.0,
+        "active time moved {shift:.1} s for {downtime:.1} s down: {first} → {restored}"
+    );
 }

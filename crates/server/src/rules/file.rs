@@ -300,11 +300,6 @@ fn check_rule(
         // and fails at each evaluation with the rule marked unhealthy: a file Prometheus runs
         // must not stop Strata from starting.
     }
-    if r.alert.is_some() {
-        if r.for_.is_some_and(|d| d.0 < 0) {
-            errs.push("field 'for' is negative".into());
-        }
-    }
     for k in r.labels.keys() {
         if let Err(e) = check_label_name(k) {
             errs.push(e);
