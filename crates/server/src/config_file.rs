@@ -25,6 +25,9 @@
 //!   scrape_interval: 15s
 //!   evaluation_interval: 1m
 //! rule_files: ['rules/*.yml']
+//! otlp:
+//!   promote_resource_attributes: [k8s.namespace.name]
+//!   translation_strategy: UnderscoreEscapingWithSuffixes
 //! alerting:
 //!   alertmanagers:
 //!     - static_configs:
@@ -66,6 +69,9 @@ pub struct ConfigFile {
     /// Where alerts go (`crate::rules::notifier`).
     #[serde(default)]
     pub alerting: AlertingConfig,
+    /// How OTLP metrics become series (`crate::otlp`).
+    #[serde(default)]
+    pub otlp: crate::otlp::OtlpConfig,
 }
 
 /// The configuration `strata serve` runs without `--config`: Strata scrapes its own `/metrics`

@@ -126,6 +126,8 @@ pub struct AppState {
     pub config_yaml: Mutex<String>,
     /// Set once the database is open and scraping runs.
     pub scrape: OnceLock<Arc<crate::scrape::ScrapeManager>>,
+    /// How OTLP metrics become series (the configuration's `otlp` section; replaced by a reload).
+    pub otlp: Mutex<crate::otlp::OtlpConfig>,
     /// Recording and alerting rules, set once the database is open.
     pub rules: OnceLock<Arc<crate::rules::RuleManager>>,
     /// Re-reads the configuration file (`POST /-/reload`, SIGHUP); set by the binary. Run it
@@ -175,6 +177,7 @@ impl AppState {
             config_yaml: Mutex::new(config_yaml),
             scrape: OnceLock::new(),
             rules: OnceLock::new(),
+            otlp: Mutex::new(Default::default()),
             reloader: OnceLock::new(),
             last_reload: Mutex::new(LastReload { success: true, applied_at: std::time::SystemTime::now() }),
             external_labels: Mutex::new(Vec::new()),
@@ -267,6 +270,9 @@ impl ApiError {
     fn too_large(m: impl Into<String>) -> Self {
         ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, kind: "bad_data", message: m.into() }
     }
+    fn unsupported(m: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::UNSUPPORTED_MEDIA_TYPE, kind: "bad_data", message: m.into() }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -292,6 +298,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/-/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/api/v1/write", post(remote_write))
+        .route("/api/v1/otlp/v1/metrics", post(otlp_api::metrics))
+        .route("/opentelemetry/v1/metrics", post(otlp_api::metrics))
         .route("/api/v1/read", post(remote_read))
         .route("/api/v1/import/prometheus", post(import_text))
         .route("/api/v1/export", get(export).post(export))
@@ -561,7 +569,7 @@ impl WriteOutcome {
 /// One series of a write request: its label pairs as sent (or why they are invalid), its
 /// samples and its native histograms, each with their start times (0: none; empty when none
 /// has one).
-type WriteSeries<'a, S> =
+pub(crate) type WriteSeries<'a, S> =
     (Result<&'a [(S, S)], String>, (&'a [Sample], &'a [i64]), (&'a [(i64, FloatHistogram)], &'a [i64]));
 
 /// The start times of a series' items, from a batch's parallel `all` (empty when none).
@@ -2010,6 +2018,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
+mod otlp_api;
 mod query_syntax;
 mod rules_api;
 pub use graphite_events::GraphiteEvents;

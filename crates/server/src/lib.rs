@@ -9,6 +9,7 @@ pub mod config_file;
 pub mod http;
 pub mod import;
 pub mod metrics;
+pub mod otlp;
 pub mod process;
 pub mod query_cache;
 pub mod query_json;

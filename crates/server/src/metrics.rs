@@ -58,6 +58,9 @@ pub struct ServerMetrics {
     pub remote_write_samples_received: AtomicU64,
     pub remote_write_samples_rejected: AtomicU64,
     pub remote_write_series_invalid: AtomicU64,
+    /// OTLP samples (a histogram's bucket, sum and count are one each) stored and refused.
+    pub otlp_samples_received: AtomicU64,
+    pub otlp_samples_rejected: AtomicU64,
     pub queries: AtomicU64,
     pub queries_failed: AtomicU64,
     pub query_duration: Histogram,
@@ -115,6 +118,18 @@ impl ServerMetrics {
                     "Series with invalid labels in remote write.",
                     "counter",
                     load(&self.remote_write_series_invalid),
+                ),
+                (
+                    "strata_otlp_samples_received_total",
+                    "Samples converted from OTLP data points (a histogram point gives several).",
+                    "counter",
+                    load(&self.otlp_samples_received),
+                ),
+                (
+                    "strata_otlp_samples_rejected_total",
+                    "OTLP samples or data points refused (delta temporality, bad values, the head's refusals).",
+                    "counter",
+                    load(&self.otlp_samples_rejected),
                 ),
                 (
                     "strata_graphite_render_series_raw_total",

@@ -247,6 +247,8 @@ struct Settings {
     /// What relative paths in the configuration are relative to.
     config_base: PathBuf,
     notification_queue_capacity: usize,
+    /// The `otlp` section.
+    otlp: strata_server::otlp::OtlpConfig,
 }
 
 /// The configuration file, or the built-in one without `--config`: parsed, its text, its
@@ -688,6 +690,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         alerting: file.alerting,
         config_base,
         notification_queue_capacity,
+        otlp: file.otlp,
     };
     Ok((settings, yaml))
 }
@@ -746,6 +749,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             alerting,
             config_base,
             notification_queue_capacity,
+            otlp,
         },
         yaml,
     ) = settings(&args)?;
@@ -757,6 +761,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let switches = ApiSwitches { admin: args.enable_admin_api, lifecycle: args.enable_lifecycle };
     let state = AppState::new(limits, switches, flags, yaml);
     *state.external_labels.lock() = external_labels;
+    *state.otlp.lock() = otlp;
     *state.graphite_schemas.lock() = Arc::new(schemas);
     *state.graphite_time_zone.lock() = time_zone;
 
@@ -836,6 +841,7 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
                     rules.apply(groups);
                     *st.config_yaml.lock() = text;
                     *st.external_labels.lock() = external;
+                    *st.otlp.lock() = file.otlp;
                     tracing::info!(jobs = n, rule_groups = g, "configuration reloaded (scrape jobs, rules, alerting; storage settings and limits apply at start only)");
                     Ok(())
                 })));
