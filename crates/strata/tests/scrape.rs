@@ -338,6 +338,55 @@ fn out_of_the_box_strata_scrapes_itself() {
     assert!(cfg.contains("job_name: strata"), "{cfg}");
 }
 
+/// A stand-in HTTP service discovery endpoint: answers every request with the current body.
+fn http_sd_endpoint(body: std::sync::Arc<std::sync::Mutex<String>>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/sd", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let b = body.lock().unwrap().clone();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                b.len()
+            );
+        }
+    });
+    url
+}
+
+#[test]
+fn http_discovery_finds_and_removes_targets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let body = std::sync::Arc::new(std::sync::Mutex::new(format!(
+        r#"[{{"targets": ["127.0.0.1:{port}"], "labels": {{"env": "sd"}}}}]"#
+    )));
+    let url = http_sd_endpoint(body.clone());
+    let cfg = tmp.path().join("strata.yml");
+    std::fs::write(
+        &cfg,
+        format!("scrape_configs:\n  - job_name: viahttp\n    scrape_interval: 1s\n    http_sd_configs:\n      - url: {url}\n        refresh_interval: 1s\n"),
+    )
+    .unwrap();
+    let srv = Server::start_on(port, &tmp.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    wait_for(&srv, 20, "the discovered target scraped", || value(port, "up{job=\"viahttp\", env=\"sd\"}") == Some(1.0));
+    let t = targets(port);
+    assert_eq!(t["activeTargets"][0]["discoveredLabels"]["__meta_url"], url.as_str(), "{t}");
+    *body.lock().unwrap() = "[]".into();
+    wait_for(&srv, 20, "the target removed", || targets(port)["activeTargets"].as_array().unwrap().is_empty());
+}
+
 #[test]
 fn target_limit_stops_every_target_of_the_job_with_the_reason() {
     let one = TestTarget::start("a 1\n");

@@ -227,6 +227,8 @@ pub struct ScrapeConfig {
     #[serde(default)]
     pub file_sd_configs: Vec<FileSdConfig>,
     #[serde(default)]
+    pub http_sd_configs: Vec<super::http_sd::HttpSdConfig>,
+    #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub metric_relabel_configs: Vec<RelabelConfig>,
@@ -276,6 +278,7 @@ pub struct Job {
     pub proxy_url: Option<String>,
     pub static_configs: Vec<StaticConfig>,
     pub file_sd_configs: Vec<FileSdConfig>,
+    pub http_sd: Vec<super::http_sd::HttpSd>,
     pub relabel_configs: Vec<RelabelConfig>,
     pub metric_relabel_configs: Vec<RelabelConfig>,
     /// 0 in each limit means none, as in Prometheus, except the body size: see `BODY_SIZE_CAP`.
@@ -431,6 +434,8 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
                 *pattern = base.join(&*pattern).display().to_string();
             }
         }
+        let http_sd =
+            c.http_sd_configs.iter().map(|h| h.resolve(base, &|m| job_err(&name, m))).collect::<Result<Vec<_>, _>>()?;
         for (i, r) in c.relabel_configs.iter().enumerate() {
             r.validate().map_err(|e| job_err(&name, format!("relabel_configs[{i}]: {e}")))?;
         }
@@ -461,6 +466,7 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
             proxy_url: c.proxy_url.clone(),
             static_configs: c.static_configs.clone(),
             file_sd_configs: file_sd,
+            http_sd,
             relabel_configs: c.relabel_configs.clone(),
             metric_relabel_configs: c.metric_relabel_configs.clone(),
             body_size_limit: c.body_size_limit.or(global.body_size_limit).map_or(0, |b| b.0),

@@ -170,6 +170,31 @@ impl FileDiscovery {
     }
 }
 
+/// A source of target groups that changes over time: files or an HTTP endpoint.
+#[derive(Debug)]
+pub enum Discoverer {
+    File(FileDiscovery),
+    Http(Box<super::http_sd::HttpDiscovery>),
+}
+
+impl Discoverer {
+    /// `Some(groups)` when the source's target groups changed since the last poll.
+    pub fn poll(&mut self) -> Option<Vec<TargetGroup>> {
+        match self {
+            Discoverer::File(f) => f.poll(),
+            Discoverer::Http(h) => h.poll(),
+        }
+    }
+
+    /// Failed reads so far.
+    pub fn errors(&self) -> u64 {
+        match self {
+            Discoverer::File(f) => f.errors,
+            Discoverer::Http(h) => h.errors,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,8 @@ use strata_tsdb::Db;
 use tokio::sync::watch;
 
 use super::config::Job;
-use super::discovery::{static_groups, FileDiscovery, TargetGroup, WATCH_PERIOD};
+use super::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, WATCH_PERIOD};
+use super::http_sd::HttpDiscovery;
 use super::relabel::LabelMap;
 use super::scrape_loop::{
     self, build_client, BufferPool, LoopShared, LoopState, Metadata, MetadataMap, ScrapeStats, StopMode, TargetHealth,
@@ -148,7 +149,12 @@ impl ScrapeManager {
 
     /// Installs a (new or changed) job in its pool: discovery restarted, loops restarted.
     fn configure(self: &Arc<Self>, pool: &Arc<Pool>, job: Arc<Job>, client: reqwest::Client) {
-        let mut files: Vec<FileDiscovery> = job.file_sd_configs.iter().map(FileDiscovery::new).collect();
+        let mut files: Vec<Discoverer> = job
+            .file_sd_configs
+            .iter()
+            .map(|c| Discoverer::File(FileDiscovery::new(c)))
+            .chain(job.http_sd.iter().map(|h| Discoverer::Http(Box::new(HttpDiscovery::new(h, self.rt.clone())))))
+            .collect();
         // The first read happens here, so the job starts with its targets.
         let file_groups: Vec<Vec<TargetGroup>> = files.iter_mut().map(|f| f.poll().unwrap_or_default()).collect();
         let mut st = pool.lock();
@@ -166,7 +172,7 @@ impl ScrapeManager {
             let (weak_pool, weak_mgr) = (Arc::downgrade(pool), Arc::downgrade(self));
             let errors = self.sd_errors.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("file-sd-{}", job.name))
+                .name(format!("sd-{}", job.name))
                 .spawn(move || watch_files(files, stop, weak_pool, weak_mgr, errors));
             if let Err(e) = spawned {
                 tracing::error!(job = %job.name, error = %e, "cannot start file discovery");
@@ -309,9 +315,10 @@ impl ScrapeManager {
     }
 }
 
-/// The file_sd thread of one pool: polls its files and syncs the pool when they change.
+/// The discovery thread of one pool: polls its files and HTTP endpoints and syncs the pool when
+/// their targets change.
 fn watch_files(
-    mut files: Vec<FileDiscovery>,
+    mut files: Vec<Discoverer>,
     stop: Arc<AtomicBool>,
     pool: Weak<Pool>,
     mgr: Weak<ScrapeManager>,
@@ -324,11 +331,11 @@ fn watch_files(
         }
         let mut changed = Vec::new();
         for (i, f) in files.iter_mut().enumerate() {
-            let before = f.errors;
+            let before = f.errors();
             if let Some(groups) = f.poll() {
                 changed.push((i, groups));
             }
-            errors.fetch_add(f.errors - before, Ordering::Relaxed);
+            errors.fetch_add(f.errors() - before, Ordering::Relaxed);
         }
         if changed.is_empty() {
             continue;
