@@ -30,8 +30,20 @@ use crate::scrape::scrape_loop::now_ms;
 /// A running group.
 struct Running {
     state: Arc<Mutex<GroupState>>,
+    /// Held for the whole of each evaluation, so a reload can wait for one in progress.
+    evaluating: Arc<Mutex<()>>,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the loop and waits for an evaluation in progress to end (its writes landed): then
+    /// its state is final, to copy or to mark stale. Called on blocking threads (reloads).
+    fn stop_and_wait(&self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+        drop(self.evaluating.lock());
+    }
 }
 
 /// The rule groups in force and their evaluation loops.
@@ -83,8 +95,7 @@ impl RuleManager {
                 Some(i) if old[i].state.lock().def == def => next.push(old.swap_remove(i)),
                 Some(i) => {
                     let prev = old.swap_remove(i);
-                    let _ = prev.stop.send(true);
-                    prev.task.abort();
+                    prev.stop_and_wait();
                     let mut state = GroupState::new(def, false);
                     stale.extend(state.copy_state(&mut prev.state.lock()));
                     next.push(self.start(state));
@@ -93,8 +104,7 @@ impl RuleManager {
             }
         }
         for gone in old {
-            let _ = gone.stop.send(true);
-            gone.task.abort();
+            gone.stop_and_wait();
             stale.extend(gone.state.lock().all_series());
         }
         if !stale.is_empty() {
@@ -109,11 +119,13 @@ impl RuleManager {
     fn start(&self, state: GroupState) -> Running {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(Mutex::new(state));
-        let task = self.rt.spawn(run_group(self.env.clone(), state.clone(), stop_rx));
-        Running { state, stop, task }
+        let evaluating = Arc::new(Mutex::new(()));
+        let task = self.rt.spawn(run_group(self.env.clone(), state.clone(), evaluating.clone(), stop_rx));
+        Running { state, evaluating, stop, task }
     }
 
-    /// Stops every group (shutdown); their series are not marked stale.
+    /// Stops every group (shutdown; without waiting for an evaluation in progress, which ends
+    /// by itself); their series are not marked stale.
     pub fn stop(&self) {
         for g in self.groups.lock().drain(..) {
             let _ = g.stop.send(true);
@@ -129,7 +141,12 @@ impl RuleManager {
 
 /// A group's loop: waits for each evaluation time and evaluates on a blocking thread. An
 /// evaluation that overran its interval skips the times it missed (counted), as Prometheus.
-async fn run_group(env: Arc<Env>, state: Arc<Mutex<GroupState>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn run_group(
+    env: Arc<Env>,
+    state: Arc<Mutex<GroupState>>,
+    evaluating: Arc<Mutex<()>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let (interval, offset) = {
         let s = state.lock();
         (s.def.interval_ms, group::group_offset(&s.def))
@@ -144,9 +161,13 @@ async fn run_group(env: Arc<Env>, state: Arc<Mutex<GroupState>>, mut stop: tokio
         if *stop.borrow() {
             return;
         }
-        let (env2, state2) = (env.clone(), state.clone());
+        let (env2, state2, evaluating2) = (env.clone(), state.clone(), evaluating.clone());
         let ts = next;
-        if tokio::task::spawn_blocking(move || group::eval_group(&env2, &state2, ts)).await.is_err() {
+        let eval = move || {
+            let _evaluating = evaluating2.lock();
+            group::eval_group(&env2, &state2, ts)
+        };
+        if tokio::task::spawn_blocking(eval).await.is_err() {
             tracing::error!("rule group evaluation panicked");
         }
         next += interval;
