@@ -1415,6 +1415,12 @@ pub fn humanize(mut v: f64) -> String {
         }
         return format!("{}{prefix}", go_g(v, 4));
     }
+    let (v, prefix) = small_si(v);
+    format!("{}{prefix}", go_g(v, 4))
+}
+
+/// `v` (below 1 in magnitude) scaled up by thousands, with the SI prefix that undoes it.
+fn small_si(mut v: f64) -> (f64, &'static str) {
     let mut prefix = "";
     for p in ["m", "u", "n", "p", "f", "a", "z", "y"] {
         if v.abs() >= 1.0 {
@@ -1423,7 +1429,7 @@ pub fn humanize(mut v: f64) -> String {
         prefix = p;
         v *= 1000.0;
     }
-    format!("{}{prefix}", go_g(v, 4))
+    (v, prefix)
 }
 
 /// Prometheus' `humanize1024`: binary prefixes.
@@ -1466,14 +1472,7 @@ pub fn humanize_duration(mut v: f64) -> String {
         }
         return format!("{sign}{}s", go_g(v, 4));
     }
-    let mut prefix = "";
-    for p in ["m", "u", "n", "p", "f", "a", "z", "y"] {
-        if v.abs() >= 1.0 {
-            break;
-        }
-        prefix = p;
-        v *= 1000.0;
-    }
+    let (v, prefix) = small_si(v);
     format!("{}{prefix}s", go_g(v, 4))
 }
 
