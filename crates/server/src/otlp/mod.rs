@@ -67,18 +67,24 @@ pub struct Converted {
 const MAX_ERRORS: usize = 10;
 
 struct Builder {
-    index: HashMap<Vec<(String, String)>, usize>,
+    /// Series by labels (foldhash: SipHash over every label of every point was a sixth of the
+    /// conversion's time).
+    index: HashMap<Vec<(String, String)>, usize, foldhash::fast::RandomState>,
     out: Converted,
 }
 
 impl Builder {
     fn series(&mut self, mut labels: Vec<(String, String)>) -> &mut SeriesPoints {
-        labels.sort();
-        let next = self.out.series.len();
-        let i = *self.index.entry(labels.clone()).or_insert(next);
-        if i == next {
-            self.out.series.push((labels, SeriesPoints::default()));
-        }
+        labels.sort_unstable();
+        let i = match self.index.get(&labels) {
+            Some(&i) => i,
+            None => {
+                let i = self.out.series.len();
+                self.index.insert(labels.clone(), i);
+                self.out.series.push((labels, SeriesPoints::default()));
+                i
+            }
+        };
         &mut self.out.series[i].1
     }
 
@@ -131,7 +137,7 @@ fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a AnyValue> {
 /// Converts an export request.
 pub fn convert(req: &ExportMetricsServiceRequest, cfg: &OtlpConfig) -> Converted {
     let strategy = cfg.translation_strategy;
-    let mut b = Builder { index: HashMap::new(), out: Converted::default() };
+    let mut b = Builder { index: HashMap::default(), out: Converted::default() };
     let mut families: BTreeMap<String, (&'static str, String, String)> = BTreeMap::new();
     for rm in &req.resource_metrics {
         let empty = Vec::new();
