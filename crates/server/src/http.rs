@@ -312,6 +312,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/metadata", get(metadata))
         .route("/api/v1/targets", get(scrape_api::targets))
         .route("/api/v1/targets/metadata", get(scrape_api::targets_metadata))
+        .route("/api/v1/targets/relabel_steps", get(scrape_api::relabel_steps))
         .route("/-/reload", post(scrape_api::reload).put(scrape_api::reload))
         .route("/-/quit", post(quit).put(quit))
         .route("/api/v1/rules", get(rules_api::rules))

@@ -376,13 +376,30 @@ fn http_discovery_finds_and_removes_targets() {
     let cfg = tmp.path().join("strata.yml");
     std::fs::write(
         &cfg,
-        format!("scrape_configs:\n  - job_name: viahttp\n    scrape_interval: 1s\n    http_sd_configs:\n      - url: {url}\n        refresh_interval: 1s\n"),
+        format!("scrape_configs:\n  - job_name: viahttp\n    scrape_interval: 1s\n    http_sd_configs:\n      - url: {url}\n        refresh_interval: 1s\n    relabel_configs:\n      - source_labels: [env]\n        target_label: stage\n      - regex: env\n        action: labeldrop\n"),
     )
     .unwrap();
     let srv = Server::start_on(port, &tmp.path().join("data"), &["--config", cfg.to_str().unwrap()]);
-    wait_for(&srv, 20, "the discovered target scraped", || value(port, "up{job=\"viahttp\", env=\"sd\"}") == Some(1.0));
+    wait_for(&srv, 20, "the discovered target scraped", || {
+        value(port, "up{job=\"viahttp\", stage=\"sd\"}") == Some(1.0)
+    });
     let t = targets(port);
-    assert_eq!(t["activeTargets"][0]["discoveredLabels"]["__meta_url"], url.as_str(), "{t}");
+    let discovered = &t["activeTargets"][0]["discoveredLabels"];
+    assert_eq!(discovered["__meta_url"], url.as_str(), "{t}");
+    // The relabeling of that target, step by step, as Prometheus 3's API shows it.
+    let q: String = form_urlencoded::byte_serialize(discovered.to_string().as_bytes()).collect();
+    let (code, answer) =
+        http(port, "GET", &format!("/api/v1/targets/relabel_steps?scrapePool=viahttp&labels={q}"), &[], b"");
+    assert_eq!(code, 200, "{answer}");
+    let steps: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let steps = &steps["data"]["steps"];
+    assert_eq!(steps[0]["rule"]["action"], "replace");
+    assert_eq!(steps[0]["output"]["stage"], "sd");
+    assert_eq!(steps[0]["output"]["env"], "sd");
+    assert_eq!(steps[1]["rule"]["action"], "labeldrop");
+    assert!(steps[1]["output"].get("env").is_none() && steps[1]["keep"] == true, "{steps}");
+    let (code, _) = http(port, "GET", "/api/v1/targets/relabel_steps?scrapePool=nope&labels=%7B%7D", &[], b"");
+    assert_eq!(code, 404);
     *body.lock().unwrap() = "[]".into();
     wait_for(&srv, 20, "the target removed", || targets(port)["activeTargets"].as_array().unwrap().is_empty());
 }

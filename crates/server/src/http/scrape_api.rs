@@ -153,6 +153,33 @@ pub(super) async fn targets_metadata(State(st): State<Arc<AppState>>, RawQuery(r
 /// `POST /-/reload` (with `--web.enable-lifecycle`, else 403): 200 when the configuration was
 /// applied, 500 with the reason when not (the running configuration then stays), as
 /// Prometheus answers.
+/// `/api/v1/targets/relabel_steps?scrapePool=…&labels={…}`: the pool's relabeling applied to
+/// the given (discovered) labels one rule at a time, as Prometheus 3's API shows it.
+pub(super) async fn relabel_steps(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let p = Params::from_query(raw);
+    let pool = p
+        .get("scrapePool")
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::bad_data("missing parameter \"scrapePool\""))?;
+    let labels = p.get("labels").ok_or_else(|| ApiError::bad_data("missing parameter \"labels\""))?;
+    let labels: LabelMap = serde_json::from_str(labels).map_err(|e| {
+        ApiError::bad_data(format!(
+            "invalid parameter \"labels\": {e} (expected a JSON object of label names to values)"
+        ))
+    })?;
+    let rules = st
+        .scrape
+        .get()
+        .and_then(|s| s.relabel_configs(pool))
+        .ok_or_else(|| ApiError::not_found(format!("scrape pool {pool:?} not found")))?;
+    let steps: Vec<Value> = crate::scrape::relabel::steps(&rules, labels)
+        .into_iter()
+        .zip(&rules)
+        .map(|((out, keep), rule)| json!({"rule": rule.to_json(), "output": map_json(&out), "keep": keep}))
+        .collect();
+    Ok(success(json!({"steps": steps})))
+}
+
 pub(super) async fn reload(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
     if let Some(refused) = super::lifecycle_refusal(&st) {
         return Ok(refused);

@@ -269,6 +269,11 @@ impl ScrapeManager {
         out
     }
 
+    /// A scrape pool's `relabel_configs`; `None` for an unknown pool.
+    pub fn relabel_configs(&self, pool: &str) -> Option<Vec<super::relabel::RelabelConfig>> {
+        self.pools.lock().get(pool).map(|p| p.lock().job.relabel_configs.clone())
+    }
+
     pub fn dropped_targets(&self) -> Vec<(String, LabelMap)> {
         let mut out = Vec::new();
         for (name, pool) in self.pools.lock().iter() {

@@ -119,6 +119,55 @@ impl Default for RelabelConfig {
     }
 }
 
+impl Action {
+    /// The action's name as Prometheus writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Replace => "replace",
+            Action::Keep => "keep",
+            Action::Drop => "drop",
+            Action::KeepEqual => "keepequal",
+            Action::DropEqual => "dropequal",
+            Action::HashMod => "hashmod",
+            Action::LabelMap => "labelmap",
+            Action::LabelDrop => "labeldrop",
+            Action::LabelKeep => "labelkeep",
+            Action::Lowercase => "lowercase",
+            Action::Uppercase => "uppercase",
+        }
+    }
+}
+
+impl RelabelConfig {
+    /// The rule as Prometheus' API writes one (`/api/v1/targets/relabel_steps`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "source_labels": self.source_labels,
+            "separator": self.separator,
+            "regex": self.regex.as_str(),
+            "modulus": self.modulus,
+            "target_label": self.target_label,
+            "replacement": self.replacement,
+            "action": self.action.name(),
+        })
+    }
+}
+
+/// Each rule's effect in turn, as Prometheus' relabel_steps shows it: the labels after the
+/// rule and whether the set is still kept (once dropped, later steps show no labels).
+pub fn steps(rules: &[RelabelConfig], mut ls: LabelMap) -> Vec<(LabelMap, bool)> {
+    let mut keep = true;
+    rules
+        .iter()
+        .map(|r| {
+            if keep {
+                keep = r.apply(&mut ls);
+            }
+            (if keep { ls.clone() } else { LabelMap::new() }, keep)
+        })
+        .collect()
+}
+
 /// Prometheus 3 validates label names as UTF-8 (as Strata stores them): any non-empty string
 /// without NUL is a name relabeling may create.
 fn is_valid_label_name(s: &str) -> bool {
@@ -195,7 +244,7 @@ impl RelabelConfig {
     }
 
     /// Applies this rule; `false` when the label set is dropped.
-    fn apply(&self, ls: &mut LabelMap) -> bool {
+    pub fn apply(&self, ls: &mut LabelMap) -> bool {
         let val = || self.source_value(ls);
         match self.action {
             Action::Keep => self.regex.is_match(&val()),
@@ -399,5 +448,19 @@ mod tests {
         assert!(e.contains("invalid regex") && e.contains("line 1"), "{e}");
         let e = yaml_serde::from_str::<Vec<RelabelConfig>>("- action: explode\n").unwrap_err().to_string();
         assert!(e.contains("explode"), "{e}");
+    }
+
+    #[test]
+    fn steps_show_each_rule_and_stop_at_a_drop() {
+        let rules: Vec<RelabelConfig> = yaml_serde::from_str(
+            "- source_labels: [a]\n  target_label: b\n- source_labels: [b]\n  regex: x\n  action: drop\n- target_label: c\n  replacement: never\n",
+        )
+        .unwrap();
+        let steps = steps(&rules, LabelMap::from([("a".to_owned(), "x".to_owned())]));
+        assert_eq!(steps[0], (LabelMap::from([("a".into(), "x".into()), ("b".into(), "x".into())]), true));
+        assert_eq!(steps[1], (LabelMap::new(), false));
+        assert_eq!(steps[2], (LabelMap::new(), false), "nothing after the drop");
+        assert_eq!(rules[1].to_json()["action"], "drop");
+        assert_eq!(rules[1].to_json()["regex"], "x");
     }
 }
