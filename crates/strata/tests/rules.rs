@@ -161,6 +161,31 @@ fn alerts_reach_a_real_alertmanager_and_resolve_when_the_rule_goes() {
 }
 
 #[test]
+fn alertmanagers_are_found_by_http_discovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let am = Alertmanager::start(dir.path());
+    let port = free_port();
+    let body = std::sync::Arc::new(std::sync::Mutex::new(format!(r#"[{{"targets": ["127.0.0.1:{}"]}}]"#, am.port)));
+    let sd = support::http_sd_endpoint(body);
+    std::fs::write(dir.path().join("rules.yml"), RULES).unwrap();
+    let cfg = dir.path().join("strata.yml");
+    let text = config(port, am.port, "rules.yml").replace(
+        &format!("- static_configs:\n        - targets: ['127.0.0.1:{}']", am.port),
+        &format!("- http_sd_configs:\n        - url: {sd}"),
+    );
+    assert!(text.contains("http_sd_configs"), "{text}");
+    std::fs::write(&cfg, text).unwrap();
+    let srv = Server::start_on(port, &dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let managers = api(srv.port, "/api/v1/alertmanagers");
+    assert_eq!(
+        managers["activeAlertmanagers"][0]["url"],
+        format!("http://127.0.0.1:{}/api/v2/alerts", am.port),
+        "{managers}"
+    );
+    wait_for(Duration::from_secs(30), "the alert in Alertmanager", || !am.alerts().is_empty());
+}
+
+#[test]
 fn a_broken_rule_file_refuses_the_start_and_a_reload_keeps_the_running_rules() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yml");

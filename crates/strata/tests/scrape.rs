@@ -338,33 +338,6 @@ fn out_of_the_box_strata_scrapes_itself() {
     assert!(cfg.contains("job_name: strata"), "{cfg}");
 }
 
-/// A stand-in HTTP service discovery endpoint: answers every request with the current body.
-fn http_sd_endpoint(body: std::sync::Arc<std::sync::Mutex<String>>) -> String {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/sd", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => got.extend_from_slice(&buf[..k]),
-                }
-            }
-            let b = body.lock().unwrap().clone();
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-                b.len()
-            );
-        }
-    });
-    url
-}
-
 #[test]
 fn http_discovery_finds_and_removes_targets() {
     let tmp = tempfile::tempdir().unwrap();
@@ -372,7 +345,7 @@ fn http_discovery_finds_and_removes_targets() {
     let body = std::sync::Arc::new(std::sync::Mutex::new(format!(
         r#"[{{"targets": ["127.0.0.1:{port}"], "labels": {{"env": "sd"}}}}]"#
     )));
-    let url = http_sd_endpoint(body.clone());
+    let url = support::http_sd_endpoint(body.clone());
     let cfg = tmp.path().join("strata.yml");
     std::fs::write(
         &cfg,

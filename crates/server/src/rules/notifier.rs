@@ -1,5 +1,5 @@
 //! Sending alerts to Alertmanager: the `alerting` section of the configuration, Alertmanager
-//! discovery (static and file), a bounded queue, and delivery in batches over Alertmanager's v2
+//! discovery (static, file and HTTP), a bounded queue, and delivery in batches over Alertmanager's v2
 //! API (`POST {scheme}://{address}{path_prefix}/api/v2/alerts`), as Prometheus' notifier does.
 //!
 //! The queue holds at most `capacity` alerts; when full, the oldest are dropped and counted (an
@@ -19,7 +19,8 @@ use serde::Deserialize;
 use crate::scrape::config::{
     resolve_auth, Auth, Authorization, BasicAuth, FileSdConfig, PromDuration, StaticConfig, TlsConfig,
 };
-use crate::scrape::discovery::{static_groups, FileDiscovery, TargetGroup, ADDRESS_LABEL};
+use crate::scrape::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, ADDRESS_LABEL};
+use crate::scrape::http_sd::{HttpDiscovery, HttpSdConfig};
 use crate::scrape::relabel::{self, LabelMap, RelabelConfig};
 
 /// Alerts sent in one request (Prometheus' `maxBatchSize`).
@@ -58,6 +59,8 @@ pub struct AlertmanagerConfig {
     pub static_configs: Vec<StaticConfig>,
     #[serde(default)]
     pub file_sd_configs: Vec<FileSdConfig>,
+    #[serde(default)]
+    pub http_sd_configs: Vec<HttpSdConfig>,
     #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
@@ -100,15 +103,29 @@ struct AmSet {
     client: reqwest::Client,
     auth: Auth,
     timeout: Duration,
-    files: Vec<FileDiscovery>,
     /// Alerts URLs after relabeling.
     active: Vec<String>,
     /// Discovered label sets that relabeling dropped.
     dropped: Vec<LabelMap>,
 }
 
+/// Where one set's Alertmanagers come from: kept apart from the set, so that sending never
+/// waits for a discovery read (a slow HTTP endpoint).
+struct AmDiscovery {
+    cfg: AlertmanagerConfig,
+    /// File and HTTP discovery.
+    sources: Vec<Discoverer>,
+}
+
 impl AmSet {
-    fn new(cfg: AlertmanagerConfig, base: &Path, index: usize) -> Result<AmSet, String> {
+    /// Checks and builds a set; with `rt`, discovery runs at once (HTTP discovery needs the
+    /// runtime), without it (a check) HTTP endpoints are only validated.
+    fn new(
+        cfg: AlertmanagerConfig,
+        base: &Path,
+        index: usize,
+        rt: Option<&tokio::runtime::Handle>,
+    ) -> Result<(AmSet, AmDiscovery), String> {
         let where_ = |m: &str| format!("alerting.alertmanagers[{index}]: {m}");
         if let Some(v) = &cfg.api_version {
             if v != "v2" {
@@ -129,33 +146,42 @@ impl AmSet {
             cfg.proxy_url.as_deref(),
         )
         .map_err(|e| where_(&e))?;
-        let files = cfg
+        let mut sources: Vec<Discoverer> = cfg
             .file_sd_configs
             .iter()
             .map(|c| {
                 let mut c = c.clone();
                 c.files = c.files.iter().map(|f| base.join(f).to_string_lossy().into_owned()).collect();
-                FileDiscovery::new(&c)
+                Discoverer::File(FileDiscovery::new(&c))
             })
             .collect();
+        for h in &cfg.http_sd_configs {
+            let sd = h.resolve(base, &|m| where_(m))?;
+            if let Some(rt) = rt {
+                sources.push(Discoverer::Http(Box::new(HttpDiscovery::new(&sd, rt.clone()))));
+            }
+        }
         let timeout = cfg.timeout.unwrap_or(TIMEOUT_DEFAULT).as_duration();
-        let mut set = AmSet { cfg, client, auth, timeout, files, active: Vec::new(), dropped: Vec::new() };
-        set.refresh(true);
-        Ok(set)
+        let mut discovery = AmDiscovery { cfg: cfg.clone(), sources };
+        let (active, dropped) = discovery.refresh(true).expect("a forced refresh gives the targets");
+        Ok((AmSet { cfg, client, auth, timeout, active, dropped }, discovery))
     }
+}
 
-    /// Re-reads discovery; recomputes the URLs when something changed (or `force`).
-    fn refresh(&mut self, force: bool) {
+impl AmDiscovery {
+    /// Re-reads discovery; the alerts URLs and the dropped label sets when something changed
+    /// (or `force`).
+    fn refresh(&mut self, force: bool) -> Option<(Vec<String>, Vec<LabelMap>)> {
         let mut changed = force;
-        for f in &mut self.files {
-            changed |= f.poll().is_some();
+        for d in &mut self.sources {
+            changed |= d.poll().is_some();
         }
         if !changed {
-            return;
+            return None;
         }
         let mut groups: Vec<TargetGroup> = static_groups(&self.cfg.static_configs);
-        for f in &self.files {
-            groups.extend(f.groups());
+        for d in &self.sources {
+            groups.extend(d.groups());
         }
         let scheme = self.cfg.scheme.clone().unwrap_or_else(|| "http".into());
         let prefix = self.cfg.path_prefix.clone().unwrap_or_default();
@@ -182,8 +208,7 @@ impl AmSet {
                 }
             }
         }
-        self.active = active;
-        self.dropped = dropped;
+        Some((active, dropped))
     }
 }
 
@@ -204,9 +229,13 @@ pub struct Notifier {
     capacity: usize,
     wake: tokio::sync::Notify,
     sets: Mutex<Vec<AmSet>>,
+    /// Each set's discovery, by the same index; locked before `sets` when both are.
+    discovery: Mutex<Vec<AmDiscovery>>,
     relabel: Mutex<AlertRelabeling>,
     /// Active and dropped Alertmanager URLs, for `/api/v1/alertmanagers`.
     view: Mutex<(Vec<String>, Vec<String>)>,
+    /// For HTTP discovery of Alertmanagers (none outside a runtime: tests, checks).
+    rt: Option<tokio::runtime::Handle>,
     pub metrics: NotifierMetrics,
 }
 
@@ -223,8 +252,10 @@ impl Notifier {
             capacity: capacity.max(1),
             wake: tokio::sync::Notify::new(),
             sets: Mutex::new(Vec::new()),
+            discovery: Mutex::new(Vec::new()),
             relabel: Mutex::new((Vec::new(), Vec::new())),
             view: Mutex::new((Vec::new(), Vec::new())),
+            rt: tokio::runtime::Handle::try_current().ok(),
             metrics: NotifierMetrics::default(),
         })
     }
@@ -235,7 +266,7 @@ impl Notifier {
             r.validate().map_err(|e| format!("alerting.alert_relabel_configs: {e}"))?;
         }
         for (i, am) in cfg.alertmanagers.iter().enumerate() {
-            AmSet::new(am.clone(), base, i)?;
+            AmSet::new(am.clone(), base, i, None)?;
         }
         Ok(())
     }
@@ -247,12 +278,16 @@ impl Notifier {
         external_labels: Vec<(String, String)>,
         base: &Path,
     ) -> Result<(), String> {
-        let mut sets = Vec::new();
+        let (mut sets, mut discovery) = (Vec::new(), Vec::new());
         for (i, am) in cfg.alertmanagers.iter().enumerate() {
-            sets.push(AmSet::new(am.clone(), base, i)?);
+            let (set, d) = AmSet::new(am.clone(), base, i, self.rt.as_ref())?;
+            sets.push(set);
+            discovery.push(d);
         }
         *self.relabel.lock() = (cfg.alert_relabel_configs.clone(), external_labels);
+        let mut current_discovery = self.discovery.lock();
         let mut current = self.sets.lock();
+        *current_discovery = discovery;
         *current = sets;
         self.update_view(&current);
         Ok(())
@@ -315,11 +350,9 @@ impl Notifier {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tick.tick() => {
-                    let mut sets = self.sets.lock();
-                    for s in sets.iter_mut() {
-                        s.refresh(false);
-                    }
-                    self.update_view(&sets);
+                    // On a blocking thread: discovery reads files and may fetch over HTTP.
+                    let me = self.clone();
+                    let _ = tokio::task::spawn_blocking(move || me.refresh_discovery()).await;
                 }
                 _ = stop.changed() => {
                     // Deliver what is queued, once, before stopping.
@@ -329,6 +362,23 @@ impl Notifier {
             }
             self.drain().await;
         }
+    }
+
+    /// Re-reads every set's discovery (outside the sets' lock) and puts changed URLs in place.
+    fn refresh_discovery(&self) {
+        let mut discovery = self.discovery.lock();
+        let updates: Vec<_> = discovery.iter_mut().map(|d| d.refresh(false)).collect();
+        if updates.iter().all(Option::is_none) {
+            return;
+        }
+        let mut sets = self.sets.lock();
+        for (set, update) in sets.iter_mut().zip(updates) {
+            if let Some((active, dropped)) = update {
+                set.active = active;
+                set.dropped = dropped;
+            }
+        }
+        self.update_view(&sets);
     }
 
     async fn drain(&self) {
@@ -427,7 +477,7 @@ alertmanagers:
 "#,
         )
         .unwrap();
-        let set = AmSet::new(cfg.alertmanagers[0].clone(), dir.path(), 0).unwrap();
+        let (set, _) = AmSet::new(cfg.alertmanagers[0].clone(), dir.path(), 0, None).unwrap();
         assert_eq!(set.active, vec!["http://127.0.0.1:9093/am/api/v2/alerts", "http://am1:9093/am/api/v2/alerts"]);
         assert_eq!(set.dropped.len(), 1);
         assert_eq!(set.dropped[0]["__address__"], "skip:9093");

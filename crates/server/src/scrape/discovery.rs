@@ -186,6 +186,14 @@ impl Discoverer {
         }
     }
 
+    /// The groups the source last gave.
+    pub fn groups(&self) -> Vec<TargetGroup> {
+        match self {
+            Discoverer::File(f) => f.groups(),
+            Discoverer::Http(h) => h.groups(),
+        }
+    }
+
     /// Failed reads so far.
     pub fn errors(&self) -> u64 {
         match self {

@@ -289,3 +289,30 @@ pub fn raw_utf8_violation() -> Vec<u8> {
     // timeseries { labels { name: "a" value: "\xff" } }
     vec![0x0a, 0x08, 0x0a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, 0xff]
 }
+
+/// A stand-in HTTP service discovery endpoint: answers every request with the current body.
+pub fn http_sd_endpoint(body: std::sync::Arc<std::sync::Mutex<String>>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/sd", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let b = body.lock().unwrap().clone();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                b.len()
+            );
+        }
+    });
+    url
+}
