@@ -782,6 +782,23 @@ fn write_decoded<'a>(
     (out, batch)
 }
 
+/// A write request's series and samples against `--write.max-series` and `--write.max-samples`.
+fn check_write_size(limits: &Limits, series: usize, samples: usize) -> Result<(), ApiError> {
+    if series > limits.max_series_per_write {
+        return Err(ApiError::bad_data(format!(
+            "{series} series in one request exceed the limit of {}",
+            limits.max_series_per_write
+        )));
+    }
+    if samples > limits.max_samples_per_write {
+        return Err(ApiError::bad_data(format!(
+            "{samples} samples in one request exceed the limit of {}",
+            limits.max_samples_per_write
+        )));
+    }
+    Ok(())
+}
+
 /// Appends a decoded remote-write batch (`strs`: an empty buffer for its label strings).
 fn append_batch<'a>(
     db: &Db,
@@ -790,20 +807,7 @@ fn append_batch<'a>(
     batch: &remote::WriteBatch<'a>,
     strs: &mut Vec<(&'a str, &'a str)>,
 ) -> Result<WriteOutcome, ApiError> {
-    if batch.series.len() > limits.max_series_per_write {
-        return Err(ApiError::bad_data(format!(
-            "{} series in one request exceed the limit of {}",
-            batch.series.len(),
-            limits.max_series_per_write
-        )));
-    }
-    if batch.samples.len() + batch.histograms.len() > limits.max_samples_per_write {
-        return Err(ApiError::bad_data(format!(
-            "{} samples in one request exceed the limit of {}",
-            batch.samples.len() + batch.histograms.len(),
-            limits.max_samples_per_write
-        )));
-    }
+    check_write_size(limits, batch.series.len(), batch.samples.len() + batch.histograms.len())?;
     if !batch.metadata.is_empty() {
         let mut m = st.metadata.lock();
         for md in &batch.metadata {
@@ -1199,9 +1203,9 @@ impl strata_promql::Storage for QueryStorage {
     }
 }
 
-/// Rule evaluation's queries: the same engine, limits, deadline and concurrency slots as
-/// `/api/v1/query`. Called on a blocking thread (a group's evaluation), so it may wait for a
-/// slot there.
+/// Rule evaluation's queries: the same engine, limits, deadline, concurrency slots and
+/// counters as `/api/v1/query` (`run_query`). Called on a blocking thread (a group's
+/// evaluation), which waits there for the query's own blocking thread.
 #[derive(Debug)]
 pub struct RuleQueries {
     pub st: Arc<AppState>,
@@ -1210,31 +1214,16 @@ pub struct RuleQueries {
 
 impl crate::rules::RuleQuerier for RuleQueries {
     fn instant(&self, expr: &strata_promql::ast::Expr, t: i64) -> Result<strata_promql::Value, String> {
-        let st = &self.st;
-        let timeout = st.limits.query_timeout;
-        let Ok(Ok(_slot)) = self.rt.block_on(tokio::time::timeout(timeout, st.query_slots.acquire())) else {
-            return Err(format!(
-                "too many concurrent queries (limit {}); none finished within {timeout:?}",
-                st.limits.max_concurrent_queries
-            ));
-        };
-        let db = db(st).map_err(|e| e.message)?;
-        let stopper = Stopper { deadline: Instant::now() + timeout, canceled: Arc::default() };
-        let mut engine = engine(st, stopper.deadline, st.limits.lookback_ms);
-        // Rules write what they compute back as raw series: they read raw data.
-        engine.opts.max_source_resolution = SourceResolution::Raw;
-        let storage = QueryStorage { db, limits: st.limits.clone(), stopper, parallelism: engine.opts.parallelism };
-        let t0 = Instant::now();
-        let res = engine.instant(&storage, expr, t);
-        st.metrics.queries.fetch_add(1, Ordering::Relaxed);
-        st.metrics.query_duration.observe(t0.elapsed());
-        match res {
-            Ok(out) => Ok(out.value),
-            Err(e) => {
-                st.metrics.queries_failed.fetch_add(1, Ordering::Relaxed);
-                Err(e.to_string())
-            }
-        }
+        let (st, expr) = (self.st.clone(), expr.clone());
+        let run = run_query(&self.st, move |stopper| {
+            let db = db(&st)?;
+            let mut engine = engine(&st, stopper.deadline, st.limits.lookback_ms);
+            // Rules write what they compute back as raw series: they read raw data.
+            engine.opts.max_source_resolution = SourceResolution::Raw;
+            let storage = QueryStorage { db, limits: st.limits.clone(), stopper, parallelism: engine.opts.parallelism };
+            engine.instant(&storage, &expr, t).map(|o| o.value).map_err(eval_error)
+        });
+        self.rt.block_on(run).map_err(|e| e.message)
     }
 }
 

@@ -16,7 +16,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use prost::Message as _;
 
-use super::{append_all, blocking, db, read_body, ApiError, ApiResult, AppState, WriteSeries};
+use super::{append_all, blocking, check_write_size, db, read_body, ApiError, ApiResult, AppState, WriteSeries};
 use crate::otlp::proto::{ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 
 pub(super) async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> ApiResult {
@@ -67,19 +67,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap,
         let cfg = st2.otlp.lock().clone();
         let converted = crate::otlp::convert(&req, &cfg);
         let samples: usize = converted.series.iter().map(|(_, p)| p.samples.len() + p.histograms.len()).sum();
-        if converted.series.len() > limits.max_series_per_write {
-            return Err(ApiError::bad_data(format!(
-                "{} series in one request exceed the limit of {}",
-                converted.series.len(),
-                limits.max_series_per_write
-            )));
-        }
-        if samples > limits.max_samples_per_write {
-            return Err(ApiError::bad_data(format!(
-                "{samples} samples in one request exceed the limit of {}",
-                limits.max_samples_per_write
-            )));
-        }
+        check_write_size(limits, converted.series.len(), samples)?;
         if !converted.metadata.is_empty() {
             let mut m = st2.metadata.lock();
             for (name, kind, help, unit) in &converted.metadata {

@@ -180,45 +180,45 @@ pub fn convert(req: &ExportMetricsServiceRequest, cfg: &OtlpConfig) -> Converted
                 let Some(data) = &m.data else {
                     continue;
                 };
+                // The metric's Prometheus name, with its family noted for the metadata.
+                let mut family = |kind: Kind, type_name: &'static str| {
+                    let name = metric_name(&m.name, &m.unit, kind, strategy);
+                    families.insert(name.clone(), (type_name, m.description.clone(), m.unit.clone()));
+                    name
+                };
                 match data {
                     MetricData::Gauge(g) => {
-                        let name = metric_name(&m.name, &m.unit, Kind::Gauge, strategy);
-                        families.insert(name.clone(), ("gauge", m.description.clone(), m.unit.clone()));
+                        let name = family(Kind::Gauge, "gauge");
                         for p in &g.data_points {
                             number_point(&mut b, &mut latest, with_name(base(&p.attributes), &name), p, &m.name);
                         }
                     }
                     MetricData::Sum(s) => {
-                        if s.aggregation_temporality != TEMPORALITY_CUMULATIVE {
-                            b.reject(s.data_points.len(), || temporality_error(&m.name, s.aggregation_temporality));
+                        if !cumulative(&mut b, &m.name, s.aggregation_temporality, s.data_points.len()) {
                             continue;
                         }
-                        let kind = if s.is_monotonic { Kind::Counter } else { Kind::UpDownSum };
-                        let name = metric_name(&m.name, &m.unit, kind, strategy);
-                        let t = if s.is_monotonic { "counter" } else { "gauge" };
-                        families.insert(name.clone(), (t, m.description.clone(), m.unit.clone()));
+                        let name = match s.is_monotonic {
+                            true => family(Kind::Counter, "counter"),
+                            false => family(Kind::UpDownSum, "gauge"),
+                        };
                         for p in &s.data_points {
                             number_point(&mut b, &mut latest, with_name(base(&p.attributes), &name), p, &m.name);
                         }
                     }
                     MetricData::Histogram(h) => {
-                        if h.aggregation_temporality != TEMPORALITY_CUMULATIVE {
-                            b.reject(h.data_points.len(), || temporality_error(&m.name, h.aggregation_temporality));
+                        if !cumulative(&mut b, &m.name, h.aggregation_temporality, h.data_points.len()) {
                             continue;
                         }
-                        let name = metric_name(&m.name, &m.unit, Kind::Histogram, strategy);
-                        families.insert(name.clone(), ("histogram", m.description.clone(), m.unit.clone()));
+                        let name = family(Kind::Histogram, "histogram");
                         for p in &h.data_points {
                             classic_histogram(&mut b, &mut latest, base(&p.attributes), &name, p);
                         }
                     }
                     MetricData::ExponentialHistogram(h) => {
-                        if h.aggregation_temporality != TEMPORALITY_CUMULATIVE {
-                            b.reject(h.data_points.len(), || temporality_error(&m.name, h.aggregation_temporality));
+                        if !cumulative(&mut b, &m.name, h.aggregation_temporality, h.data_points.len()) {
                             continue;
                         }
-                        let name = metric_name(&m.name, &m.unit, Kind::Histogram, strategy);
-                        families.insert(name.clone(), ("histogram", m.description.clone(), m.unit.clone()));
+                        let name = family(Kind::Histogram, "histogram");
                         for p in &h.data_points {
                             let t = ms(p.time_unix_nano);
                             match native_histogram(p) {
@@ -233,8 +233,7 @@ pub fn convert(req: &ExportMetricsServiceRequest, cfg: &OtlpConfig) -> Converted
                         }
                     }
                     MetricData::Summary(s) => {
-                        let name = metric_name(&m.name, &m.unit, Kind::Summary, strategy);
-                        families.insert(name.clone(), ("summary", m.description.clone(), m.unit.clone()));
+                        let name = family(Kind::Summary, "summary");
                         for p in &s.data_points {
                             let t = ms(p.time_unix_nano);
                             let start = ms(p.start_time_unix_nano);
@@ -280,12 +279,16 @@ pub fn convert(req: &ExportMetricsServiceRequest, cfg: &OtlpConfig) -> Converted
     b.out
 }
 
-fn temporality_error(name: &str, t: i32) -> String {
-    let which = match t {
-        TEMPORALITY_DELTA => "delta",
-        _ => "unspecified",
-    };
-    format!("metric {name:?}: {which} temporality is not supported; configure the exporter for cumulative temporality")
+/// Whether a metric's points are cumulative; other temporalities are refused, counted and named.
+fn cumulative(b: &mut Builder, metric: &str, temporality: i32, points: usize) -> bool {
+    if temporality == TEMPORALITY_CUMULATIVE {
+        return true;
+    }
+    let which = if temporality == TEMPORALITY_DELTA { "delta" } else { "unspecified" };
+    b.reject(points, || {
+        format!("metric {metric:?}: {which} temporality is not supported; configure the exporter for cumulative temporality")
+    });
+    false
 }
 
 fn number_point(b: &mut Builder, latest: &mut i64, labels: Vec<(String, String)>, p: &NumberDataPoint, metric: &str) {

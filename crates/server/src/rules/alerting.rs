@@ -305,7 +305,6 @@ mod tests {
         assert_eq!(alerts[0].0["alertstate"], "pending");
         assert_eq!(alerts[0].0["severity"], "page");
         assert_eq!(alerts[0].0["alertname"], "HighLoad");
-        assert!(!alerts[0].0.contains_key("__name__") || alerts[0].0["__name__"] == "ALERTS");
         assert_eq!(set.to_send(0, 60_000, 15_000), vec![], "pending alerts are not sent");
         set.eval(&sp, &[series("a", 2000.0)], 30_000, &CTX).unwrap();
         assert_eq!(states(&set), vec![("a".into(), AlertState::Pending)]);

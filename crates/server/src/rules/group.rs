@@ -100,7 +100,8 @@ pub struct RuleState {
 /// A group and its rules' states.
 #[derive(Debug)]
 pub struct GroupState {
-    pub def: GroupDef,
+    /// Shared: each evaluation takes it without copying the parsed rules.
+    pub def: Arc<GroupDef>,
     pub rules: Vec<RuleState>,
     pub last_eval_ms: i64,
     pub eval_seconds: f64,
@@ -122,7 +123,7 @@ impl GroupState {
             })
             .collect();
         GroupState {
-            def,
+            def: Arc::new(def),
             rules,
             last_eval_ms: 0,
             eval_seconds: 0.0,

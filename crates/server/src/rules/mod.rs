@@ -92,7 +92,7 @@ impl RuleManager {
                 s.def.file == def.file && s.def.name == def.name
             });
             match same {
-                Some(i) if old[i].state.lock().def == def => next.push(old.swap_remove(i)),
+                Some(i) if *old[i].state.lock().def == def => next.push(old.swap_remove(i)),
                 Some(i) => {
                     let prev = old.swap_remove(i);
                     prev.stop_and_wait();
