@@ -235,7 +235,7 @@ fn render_scrape(o: &mut String, m: &ScrapeManager) {
             ),
             (
                 "strata_sd_file_read_errors_total",
-                "Service discovery reads that failed: file_sd files that could not be read or parsed, http_sd fetches that failed or answered badly.",
+                "Service discovery reads that failed: file_sd files that could not be read or parsed, http_sd fetches that failed or answered badly, kubernetes_sd watches and clients that failed.",
                 "counter",
                 m.sd_file_errors() as f64,
             ),

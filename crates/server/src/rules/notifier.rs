@@ -21,6 +21,7 @@ use crate::scrape::config::{
 };
 use crate::scrape::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, ADDRESS_LABEL};
 use crate::scrape::http_sd::{HttpDiscovery, HttpSdConfig};
+use crate::scrape::kubernetes::{KubernetesDiscovery, KubernetesSdConfig};
 use crate::scrape::relabel::{self, LabelMap, RelabelConfig};
 
 /// Alerts sent in one request (Prometheus' `maxBatchSize`).
@@ -61,6 +62,8 @@ pub struct AlertmanagerConfig {
     pub file_sd_configs: Vec<FileSdConfig>,
     #[serde(default)]
     pub http_sd_configs: Vec<HttpSdConfig>,
+    #[serde(default)]
+    pub kubernetes_sd_configs: Vec<KubernetesSdConfig>,
     #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
@@ -113,7 +116,7 @@ struct AmSet {
 /// waits for a discovery read (a slow HTTP endpoint).
 struct AmDiscovery {
     cfg: AlertmanagerConfig,
-    /// File and HTTP discovery.
+    /// File, HTTP and Kubernetes discovery.
     sources: Vec<Discoverer>,
 }
 
@@ -159,6 +162,12 @@ impl AmSet {
             let sd = h.resolve(base, &|m| where_(m))?;
             if let Some(rt) = rt {
                 sources.push(Discoverer::Http(Box::new(HttpDiscovery::new(&sd, rt.clone()))));
+            }
+        }
+        for k in &cfg.kubernetes_sd_configs {
+            let sd = k.resolve(base, &|m| where_(m))?;
+            if let Some(rt) = rt {
+                sources.push(Discoverer::Kubernetes(Box::new(KubernetesDiscovery::new(&sd, rt))));
             }
         }
         let timeout = cfg.timeout.unwrap_or(TIMEOUT_DEFAULT).as_duration();

@@ -229,6 +229,8 @@ pub struct ScrapeConfig {
     #[serde(default)]
     pub http_sd_configs: Vec<super::http_sd::HttpSdConfig>,
     #[serde(default)]
+    pub kubernetes_sd_configs: Vec<super::kubernetes::KubernetesSdConfig>,
+    #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub metric_relabel_configs: Vec<RelabelConfig>,
@@ -279,6 +281,7 @@ pub struct Job {
     pub static_configs: Vec<StaticConfig>,
     pub file_sd_configs: Vec<FileSdConfig>,
     pub http_sd: Vec<super::http_sd::HttpSd>,
+    pub kubernetes_sd: Vec<super::kubernetes::KubernetesSd>,
     pub relabel_configs: Vec<RelabelConfig>,
     pub metric_relabel_configs: Vec<RelabelConfig>,
     /// 0 in each limit means none, as in Prometheus, except the body size: see `BODY_SIZE_CAP`.
@@ -436,6 +439,11 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
         }
         let http_sd =
             c.http_sd_configs.iter().map(|h| h.resolve(base, &|m| job_err(&name, m))).collect::<Result<Vec<_>, _>>()?;
+        let kubernetes_sd = c
+            .kubernetes_sd_configs
+            .iter()
+            .map(|k| k.resolve(base, &|m| job_err(&name, m)))
+            .collect::<Result<Vec<_>, _>>()?;
         for (i, r) in c.relabel_configs.iter().enumerate() {
             r.validate().map_err(|e| job_err(&name, format!("relabel_configs[{i}]: {e}")))?;
         }
@@ -467,6 +475,7 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
             static_configs: c.static_configs.clone(),
             file_sd_configs: file_sd,
             http_sd,
+            kubernetes_sd,
             relabel_configs: c.relabel_configs.clone(),
             metric_relabel_configs: c.metric_relabel_configs.clone(),
             body_size_limit: c.body_size_limit.or(global.body_size_limit).map_or(0, |b| b.0),
@@ -540,6 +549,15 @@ mod tests {
             ("scrape_configs:\n  - job_name: a\n    basic_auth: {username: u, password: p, password_file: f}\n", "at most one of password"),
             ("global:\n  scrape_interval: 5s\n  scrape_timeout: 6s\n", "global scrape timeout greater"),
             ("scrape_configs:\n  - job_name: a\n    tls_config: {server_name: x}\n", "server_name is not supported yet"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{api_server: 'https://k:6443'}]\n", "job name \"a\": kubernetes_sd_configs: role missing"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pods}]\n", "unknown variant `pods`"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pod, api_server: 'https://k', kubeconfig_file: kc}]\n", "cannot use 'kubeconfig_file' and 'api_server' simultaneously"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pod, basic_auth: {username: u}}]\n", "please provide the 'api_server' URL explicitly"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pod, api_server: 'https://k', namespaces: {own_namespace: true}}]\n", "cannot use 'api_server' and 'namespaces.own_namespace'"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pod, selectors: [{role: service, label: 'a=b'}]}]\n", "pod role supports only pod selectors"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: endpoints, selectors: [{role: pod, label: 'a=b'}, {role: pod, field: 'x=y'}]}]\n", "duplicated selector role: pod"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: pod, selectors: [{role: pod, label: 'env in (a,b'}]}]\n", "unbalanced parentheses"),
+            ("scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: [{role: node, kubeconfig_file: /nonexistent/kc}]\n", "kubeconfig_file /nonexistent/kc"),
         ];
         for (yaml, want) in cases {
             let e = load(yaml).unwrap_err();
@@ -547,9 +565,9 @@ mod tests {
         }
         let yaml_errors = [
             (
-                "scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs: []\n",
-                "unknown field `kubernetes_sd_configs`",
-                "line 3",
+                "scrape_configs:\n  - job_name: a\n    kubernetes_sd_configs:\n      - role: pod\n        namespace: [a]\n",
+                "unknown field `namespace`",
+                "line 5",
             ),
             // A bad value is located at its job's entry, and named.
             (

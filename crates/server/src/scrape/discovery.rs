@@ -170,11 +170,13 @@ impl FileDiscovery {
     }
 }
 
-/// A source of target groups that changes over time: files or an HTTP endpoint.
+/// A source of target groups that changes over time: files, an HTTP endpoint, a Kubernetes
+/// API server.
 #[derive(Debug)]
 pub enum Discoverer {
     File(FileDiscovery),
     Http(Box<super::http_sd::HttpDiscovery>),
+    Kubernetes(Box<super::kubernetes::KubernetesDiscovery>),
 }
 
 impl Discoverer {
@@ -183,6 +185,7 @@ impl Discoverer {
         match self {
             Discoverer::File(f) => f.poll(),
             Discoverer::Http(h) => h.poll(),
+            Discoverer::Kubernetes(k) => k.poll(),
         }
     }
 
@@ -191,6 +194,7 @@ impl Discoverer {
         match self {
             Discoverer::File(f) => f.groups(),
             Discoverer::Http(h) => h.groups(),
+            Discoverer::Kubernetes(k) => k.groups(),
         }
     }
 
@@ -199,6 +203,7 @@ impl Discoverer {
         match self {
             Discoverer::File(f) => f.errors,
             Discoverer::Http(h) => h.errors,
+            Discoverer::Kubernetes(k) => k.errors,
         }
     }
 }

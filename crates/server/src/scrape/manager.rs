@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use super::config::Job;
 use super::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, WATCH_PERIOD};
 use super::http_sd::HttpDiscovery;
+use super::kubernetes::KubernetesDiscovery;
 use super::relabel::LabelMap;
 use super::scrape_loop::{
     self, build_client, BufferPool, LoopShared, LoopState, Metadata, MetadataMap, ScrapeStats, StopMode, TargetHealth,
@@ -154,6 +155,11 @@ impl ScrapeManager {
             .iter()
             .map(|c| Discoverer::File(FileDiscovery::new(c)))
             .chain(job.http_sd.iter().map(|h| Discoverer::Http(Box::new(HttpDiscovery::new(h, self.rt.clone())))))
+            .chain(
+                job.kubernetes_sd
+                    .iter()
+                    .map(|k| Discoverer::Kubernetes(Box::new(KubernetesDiscovery::new(k, &self.rt)))),
+            )
             .collect();
         // The first read happens here, so the job starts with its targets.
         let file_groups: Vec<Vec<TargetGroup>> = files.iter_mut().map(|f| f.poll().unwrap_or_default()).collect();
@@ -207,8 +213,11 @@ impl ScrapeManager {
             } else if restart {
                 let handle = st.loops.remove(&h).expect("listed above");
                 handle.stop(StopMode::Quiet);
-            } else {
-                wanted.remove(&h);
+            } else if let Some(t) = wanted.remove(&h) {
+                // The same target, perhaps from changed discovered labels (a pod label that
+                // relabeling does not keep): the targets API shows the latest, as
+                // Prometheus' does.
+                st.loops.get_mut(&h).expect("listed above").target = Arc::new(t);
             }
         }
         for (h, t) in wanted {

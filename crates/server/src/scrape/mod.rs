@@ -2,7 +2,7 @@
 //! `scrape_configs` section that Prometheus would accept.
 //!
 //! The layout follows the path of a sample: `config` (the YAML), `discovery` (where targets
-//! come from: files, and `http_sd` for HTTP endpoints), `relabel` (rules on label sets), `target` (discovered labels to a target),
+//! come from: files, `http_sd` for HTTP endpoints, `kubernetes` for an API server), `relabel` (rules on label sets), `target` (discovered labels to a target),
 //! `scrape_loop` (fetch, parse, append, staleness) with its `cache` and `manager` (pools of loops kept in
 //! step with discovery and reloads).
 
@@ -10,6 +10,7 @@ pub mod cache;
 pub mod config;
 pub mod discovery;
 pub mod http_sd;
+pub mod kubernetes;
 pub mod manager;
 pub mod relabel;
 pub mod scrape_loop;
