@@ -364,3 +364,52 @@ fn an_unreachable_api_server_is_logged_and_counted() {
     let (code, _) = http(srv.port, "GET", "/api/v1/query?query=1", &[], b"");
     assert_eq!(code, 200);
 }
+
+/// Credentials reach the API server: a kubeconfig's user token, and `api_server` with
+/// `basic_auth` or `authorization` from the job's settings.
+#[test]
+fn credentials_from_a_kubeconfig_or_the_http_settings_reach_the_api_server() {
+    let cluster: Value =
+        serde_json::from_str(include_str!("../../../testdata/kubernetes/cluster.json")).expect("the recorded cluster");
+    let api = FakeApiServer::start(&cluster);
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("kubeconfig"),
+        format!(
+            concat!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: test\n",
+                "clusters:\n- name: c\n  cluster: {{server: '{}'}}\n",
+                "users:\n- name: u\n  user: {{token: from-kubeconfig}}\n",
+                "contexts:\n- name: test\n  context: {{cluster: c, user: u, namespace: shop}}\n",
+            ),
+            api.url
+        ),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("token"), "from-file\n").unwrap();
+    let cfg = tmp.path().join("k8s.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            concat!(
+                "scrape_configs:\n",
+                "  - job_name: via_kubeconfig\n    kubernetes_sd_configs:\n      - role: node\n        kubeconfig_file: kubeconfig\n",
+                "  - job_name: via_token\n    kubernetes_sd_configs:\n      - role: service\n        api_server: {url}\n",
+                "        authorization: {{credentials_file: token}}\n",
+                "  - job_name: via_basic\n    kubernetes_sd_configs:\n      - role: ingress\n        api_server: {url}\n",
+                "        basic_auth: {{username: sd, password: secret}}\n",
+            ),
+            url = api.url
+        ),
+    )
+    .unwrap();
+    let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
+    wait_until("the three jobs discovered their targets", &srv, || {
+        let d = discovered(srv.port);
+        ["via_kubeconfig", "via_token", "via_basic"].iter().all(|j| d.contains_key(*j))
+    });
+    let auth = api.authorizations();
+    for want in ["Bearer from-kubeconfig", "Bearer from-file", "Basic c2Q6c2VjcmV0"] {
+        assert!(auth.iter().any(|a| a == want), "{want} not among {auth:?}");
+    }
+}

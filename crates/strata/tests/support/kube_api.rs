@@ -45,6 +45,8 @@ struct State {
     generation: u64,
     /// Request lines received, for assertions.
     requests: Vec<String>,
+    /// `Authorization` headers received.
+    authorizations: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -147,6 +149,11 @@ impl FakeApiServer {
         cv.notify_all();
     }
 
+    /// The `Authorization` headers received so far.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.state.0.lock().unwrap().authorizations.clone()
+    }
+
     /// The request lines received so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.0.lock().unwrap().requests.clone()
@@ -159,13 +166,23 @@ impl FakeApiServer {
             return;
         }
         let request = line.trim_end().to_owned();
+        let mut authorization = None;
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
                 break;
             }
+            if let Some((name, value)) = h.split_once(':') {
+                if name.eq_ignore_ascii_case("authorization") {
+                    authorization = Some(value.trim().to_owned());
+                }
+            }
         }
-        self.state.0.lock().unwrap().requests.push(request.clone());
+        {
+            let mut st = self.state.0.lock().unwrap();
+            st.requests.push(request.clone());
+            st.authorizations.extend(authorization);
+        }
         let target = request.split(' ').nth(1).unwrap_or("/").to_owned();
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let params: BTreeMap<String, String> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
