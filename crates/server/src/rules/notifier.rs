@@ -20,6 +20,7 @@ use crate::scrape::config::{
     resolve_auth, Auth, Authorization, BasicAuth, FileSdConfig, PromDuration, StaticConfig, TlsConfig,
 };
 use crate::scrape::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, ADDRESS_LABEL};
+use crate::scrape::dns_sd::{DnsDiscovery, DnsSdConfig};
 use crate::scrape::http_sd::{HttpDiscovery, HttpSdConfig};
 use crate::scrape::kubernetes::{KubernetesDiscovery, KubernetesSdConfig};
 use crate::scrape::relabel::{self, LabelMap, RelabelConfig};
@@ -64,6 +65,8 @@ pub struct AlertmanagerConfig {
     pub http_sd_configs: Vec<HttpSdConfig>,
     #[serde(default)]
     pub kubernetes_sd_configs: Vec<KubernetesSdConfig>,
+    #[serde(default)]
+    pub dns_sd_configs: Vec<DnsSdConfig>,
     #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
@@ -116,7 +119,7 @@ struct AmSet {
 /// waits for a discovery read (a slow HTTP endpoint).
 struct AmDiscovery {
     cfg: AlertmanagerConfig,
-    /// File, HTTP and Kubernetes discovery.
+    /// File, HTTP, Kubernetes and DNS discovery.
     sources: Vec<Discoverer>,
 }
 
@@ -168,6 +171,12 @@ impl AmSet {
             let sd = k.resolve(base, &|m| where_(m))?;
             if let Some(rt) = rt {
                 sources.push(Discoverer::Kubernetes(Box::new(KubernetesDiscovery::new(&sd, rt))));
+            }
+        }
+        for d in &cfg.dns_sd_configs {
+            let sd = d.resolve(&|m| where_(m))?;
+            if let Some(rt) = rt {
+                sources.push(Discoverer::Dns(Box::new(DnsDiscovery::new(&sd, rt))));
             }
         }
         let timeout = cfg.timeout.unwrap_or(TIMEOUT_DEFAULT).as_duration();

@@ -231,6 +231,8 @@ pub struct ScrapeConfig {
     #[serde(default)]
     pub kubernetes_sd_configs: Vec<super::kubernetes::KubernetesSdConfig>,
     #[serde(default)]
+    pub dns_sd_configs: Vec<super::dns_sd::DnsSdConfig>,
+    #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub metric_relabel_configs: Vec<RelabelConfig>,
@@ -282,6 +284,7 @@ pub struct Job {
     pub file_sd_configs: Vec<FileSdConfig>,
     pub http_sd: Vec<super::http_sd::HttpSd>,
     pub kubernetes_sd: Vec<super::kubernetes::KubernetesSd>,
+    pub dns_sd: Vec<super::dns_sd::DnsSd>,
     pub relabel_configs: Vec<RelabelConfig>,
     pub metric_relabel_configs: Vec<RelabelConfig>,
     /// 0 in each limit means none, as in Prometheus, except the body size: see `BODY_SIZE_CAP`.
@@ -444,6 +447,8 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
             .iter()
             .map(|k| k.resolve(base, &|m| job_err(&name, m)))
             .collect::<Result<Vec<_>, _>>()?;
+        let dns_sd =
+            c.dns_sd_configs.iter().map(|d| d.resolve(&|m| job_err(&name, m))).collect::<Result<Vec<_>, _>>()?;
         for (i, r) in c.relabel_configs.iter().enumerate() {
             r.validate().map_err(|e| job_err(&name, format!("relabel_configs[{i}]: {e}")))?;
         }
@@ -476,6 +481,7 @@ pub fn resolve(global: &GlobalConfig, jobs: &[ScrapeConfig], base: &Path) -> Res
             file_sd_configs: file_sd,
             http_sd,
             kubernetes_sd,
+            dns_sd,
             relabel_configs: c.relabel_configs.clone(),
             metric_relabel_configs: c.metric_relabel_configs.clone(),
             body_size_limit: c.body_size_limit.or(global.body_size_limit).map_or(0, |b| b.0),

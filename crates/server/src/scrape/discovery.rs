@@ -171,12 +171,13 @@ impl FileDiscovery {
 }
 
 /// A source of target groups that changes over time: files, an HTTP endpoint, a Kubernetes
-/// API server.
+/// API server, DNS records.
 #[derive(Debug)]
 pub enum Discoverer {
     File(FileDiscovery),
     Http(Box<super::http_sd::HttpDiscovery>),
     Kubernetes(Box<super::kubernetes::KubernetesDiscovery>),
+    Dns(Box<super::dns_sd::DnsDiscovery>),
 }
 
 impl Discoverer {
@@ -186,6 +187,7 @@ impl Discoverer {
             Discoverer::File(f) => f.poll(),
             Discoverer::Http(h) => h.poll(),
             Discoverer::Kubernetes(k) => k.poll(),
+            Discoverer::Dns(d) => d.poll(),
         }
     }
 
@@ -195,6 +197,7 @@ impl Discoverer {
             Discoverer::File(f) => f.groups(),
             Discoverer::Http(h) => h.groups(),
             Discoverer::Kubernetes(k) => k.groups(),
+            Discoverer::Dns(d) => d.groups(),
         }
     }
 
@@ -204,6 +207,7 @@ impl Discoverer {
             Discoverer::File(f) => f.errors,
             Discoverer::Http(h) => h.errors,
             Discoverer::Kubernetes(k) => k.errors,
+            Discoverer::Dns(d) => d.errors,
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use super::config::Job;
 use super::discovery::{static_groups, Discoverer, FileDiscovery, TargetGroup, WATCH_PERIOD};
+use super::dns_sd::DnsDiscovery;
 use super::http_sd::HttpDiscovery;
 use super::kubernetes::KubernetesDiscovery;
 use super::relabel::LabelMap;
@@ -160,6 +161,7 @@ impl ScrapeManager {
                     .iter()
                     .map(|k| Discoverer::Kubernetes(Box::new(KubernetesDiscovery::new(k, &self.rt)))),
             )
+            .chain(job.dns_sd.iter().map(|d| Discoverer::Dns(Box::new(DnsDiscovery::new(d, &self.rt)))))
             .collect();
         // The first read happens here, so the job starts with its targets.
         let file_groups: Vec<Vec<TargetGroup>> = files.iter_mut().map(|f| f.poll().unwrap_or_default()).collect();
