@@ -26,6 +26,9 @@ pub enum RecordType {
     /// `Samples` without start times. Replay puts them back in the overlay in log order, so a
     /// later write of a timestamp still replaces an earlier one.
     OutOfOrderSamples = 7,
+    /// Exemplars: per exemplar the series reference and time as in `Samples`, the value's bit
+    /// pattern, then its labels (count, then name and value as length-prefixed bytes).
+    Exemplars = 8,
 }
 
 /// A series and the reference the head gave it.
@@ -67,6 +70,21 @@ impl PartialEq for RefHistogram {
     }
 }
 
+/// An exemplar of the series `series`.
+#[derive(Clone, Debug)]
+pub struct RefExemplar {
+    pub series: SeriesRef,
+    pub t: i64,
+    pub v: f64,
+    pub labels: Labels,
+}
+
+impl PartialEq for RefExemplar {
+    fn eq(&self, o: &Self) -> bool {
+        self.series == o.series && self.t == o.t && self.v.to_bits() == o.v.to_bits() && self.labels == o.labels
+    }
+}
+
 /// Deletion of `series`' samples in `[mint, maxt]` (inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tombstone {
@@ -83,6 +101,7 @@ pub enum Record {
     Tombstones(Vec<Tombstone>),
     Histograms(Vec<RefHistogram>),
     OutOfOrderSamples(Vec<RefSample>),
+    Exemplars(Vec<RefExemplar>),
 }
 
 /// A record body that does not decode.
@@ -289,6 +308,34 @@ pub fn decode_histograms_into(body: &[u8], with_start: bool, out: &mut Vec<RefHi
     )
 }
 
+/// Appends an exemplars record to `buf` (layout at `RecordType::Exemplars`).
+pub fn encode_exemplars(exemplars: &[RefExemplar], buf: &mut Vec<u8>) {
+    let put = |e: &RefExemplar, buf: &mut Vec<u8>| {
+        buf.extend_from_slice(&e.v.to_bits().to_le_bytes());
+        put_uvarint(buf, e.labels.len() as u64);
+        for l in &e.labels {
+            put_bytes(buf, l.name.as_bytes());
+            put_bytes(buf, l.value.as_bytes());
+        }
+    };
+    encode_timed(RecordType::Exemplars, exemplars, |e| (e.series, e.t), put, buf);
+}
+
+fn get_exemplar_value(d: &mut Decoder<'_>) -> Result<(f64, Labels), DecodeError> {
+    let v = f64::from_bits(d.u64_le("exemplar value")?);
+    let n = bounded_count(d, "exemplar label count", 2)?;
+    let mut pairs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = d.str("exemplar label name")?;
+        let value = d.str("exemplar label value")?;
+        pairs.push((name, value));
+    }
+    let at = d.offset();
+    let labels = Labels::try_from_pairs(pairs)
+        .map_err(|_| DecodeError { what: "exemplar labels", offset: at, problem: "not a valid label set" })?;
+    Ok((v, labels))
+}
+
 /// Appends a tombstones record to `buf`.
 pub fn encode_tombstones(stones: &[Tombstone], buf: &mut Vec<u8>) {
     buf.push(RecordType::Tombstones as u8);
@@ -310,6 +357,7 @@ pub fn record_type(rec: &[u8]) -> Result<RecordType, RecordError> {
         Some(5) => Ok(RecordType::SamplesWithStart),
         Some(6) => Ok(RecordType::HistogramsWithStart),
         Some(7) => Ok(RecordType::OutOfOrderSamples),
+        Some(8) => Ok(RecordType::Exemplars),
         Some(&t) => Err(RecordError::UnknownType(t)),
     }
 }
@@ -334,6 +382,18 @@ pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
             let mut out = Vec::new();
             decode_samples_into(body, false, &mut out)?;
             Ok(Record::OutOfOrderSamples(out))
+        }
+        RecordType::Exemplars => {
+            let mut out = Vec::new();
+            decode_timed(
+                "exemplars",
+                body,
+                false,
+                get_exemplar_value,
+                |series, t, _, (v, labels)| RefExemplar { series, t, v, labels },
+                &mut out,
+            )?;
+            Ok(Record::Exemplars(out))
         }
     }
 }
@@ -431,6 +491,19 @@ mod tests {
             let mut buf = Vec::new();
             encode_tombstones(&stones, &mut buf);
             prop_assert_eq!(decode(&buf).unwrap(), Record::Tombstones(stones));
+        }
+
+        #[test]
+        fn exemplars_round_trip(raw in prop::collection::vec((any::<u64>(), any::<i64>(), any::<u64>(), "[a-z_]{1,8}", ".{0,12}"), 0..30)) {
+            let exemplars: Vec<RefExemplar> = raw.iter().map(|(r, t, v, name, value)| RefExemplar {
+                series: SeriesRef(*r),
+                t: *t,
+                v: f64::from_bits(*v),
+                labels: Labels::from_pairs([(name.as_str(), value.as_str())]),
+            }).collect();
+            let mut buf = Vec::new();
+            encode_exemplars(&exemplars, &mut buf);
+            prop_assert_eq!(decode(&buf).unwrap(), Record::Exemplars(exemplars));
         }
 
         #[test]

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use strata_model::{FloatHistogram, HistogramError, Labels, LabelsError, SeriesRef};
 
+use super::exemplars::{self, Exemplar, ExemplarError};
 use super::series::{Appended, MemSeries, SampleError, SeriesState};
 use super::Head;
 use crate::error::Result;
 use crate::hash::U64Map;
-use crate::record::{self, RefHistogram, RefSample};
+use crate::record::{self, RefExemplar, RefHistogram, RefSample};
 
 /// Samples per WAL samples record: bounds record size (~20 B/sample → ~200 KiB).
 const SAMPLES_PER_RECORD: usize = 10_000;
@@ -30,6 +31,8 @@ pub enum AppendError {
     Wal(String),
     #[error("invalid histogram: {0}")]
     InvalidHistogram(HistogramError),
+    #[error(transparent)]
+    Exemplar(ExemplarError),
 }
 
 /// What a commit stored.
@@ -41,6 +44,8 @@ pub struct CommitOutcome {
     /// the same series; not stored, not logged, not acknowledged.
     pub rejected: usize,
     pub first_rejection: Option<(SeriesRef, SampleError)>,
+    /// Exemplars stored and logged (duplicates of a series' newest are not counted).
+    pub exemplars_appended: usize,
 }
 
 /// What an appender does with a late sample: one at or before its series' newest timestamp, or
@@ -133,6 +138,8 @@ pub struct Appender<'h> {
     late_min_t: i64,
     /// The head's cut epoch, which late samples are stored under (`Head::begin_cut`).
     epoch: u64,
+    /// Exemplars waiting for the commit, checked.
+    exemplars: Vec<(Arc<MemSeries>, Exemplar)>,
 }
 
 impl<'h> Appender<'h> {
@@ -154,7 +161,41 @@ impl<'h> Appender<'h> {
             out_of_order,
             late_min_t,
             epoch: head.cut_epoch(),
+            exemplars: Vec::new(),
         }
+    }
+
+    /// Adds an exemplar to the series `r` (one this batch or an earlier one appended to).
+    /// Refused when its labels are too long or it is older than the series' newest exemplar
+    /// (stored or in this batch); the head's capacity of 0 takes none, silently.
+    pub fn append_exemplar(&mut self, r: SeriesRef, e: Exemplar) -> Result<(), AppendError> {
+        if self.head.exemplars.capacity() == 0 {
+            return Ok(());
+        }
+        exemplars::validate(&e).map_err(AppendError::Exemplar)?;
+        let pending_newest = self.exemplars.iter().rev().find(|(s, _)| s.series_ref == r).map(|(_, p)| p);
+        match pending_newest {
+            Some(p) if p.t == e.t && p.v.to_bits() == e.v.to_bits() && p.labels == e.labels => return Ok(()),
+            Some(p) if e.t <= p.t => {
+                self.head.exemplars.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
+                return Err(AppendError::Exemplar(ExemplarError::OutOfOrder { t: e.t, newest: p.t }));
+            }
+            Some(_) => {}
+            None => match self.head.exemplars.check(r, &e) {
+                Ok(exemplars::Added::Duplicate) => return Ok(()),
+                Ok(exemplars::Added::Stored) => {}
+                Err(err) => {
+                    self.head.exemplars.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
+                    return Err(AppendError::Exemplar(err));
+                }
+            },
+        }
+        let series = match self.pending.iter().rev().find(|(s, ..)| s.series_ref == r) {
+            Some((s, ..)) => s.clone(),
+            None => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
+        };
+        self.exemplars.push((series, e));
+        Ok(())
     }
 
     /// Appends a sample to the series with `labels`, creating it if needed.
@@ -463,6 +504,16 @@ impl<'h> Appender<'h> {
                 }
             }
         }
+        let mut logged_exemplars: Vec<RefExemplar> = Vec::new();
+        for (series, e) in std::mem::take(&mut self.exemplars) {
+            let labels = || head.symbols.resolve(&series.labels);
+            let (t, v, l) = (e.t, e.v, e.labels.clone());
+            // A concurrent commit may have stored a newer one meanwhile: then this one goes.
+            if let Ok(exemplars::Added::Stored) = head.exemplars.add(series.series_ref, labels, e) {
+                logged_exemplars.push(RefExemplar { series: series.series_ref, t, v, labels: l });
+            }
+        }
+        out.exemplars_appended = logged_exemplars.len();
         // The samples are in memory now, whatever the log says below: the head's time range
         // must cover them, or a head cut computed from it would truncate them away unwritten
         // (a failed commit's records go out ahead of the next one, which acknowledges them).
@@ -472,7 +523,11 @@ impl<'h> Appender<'h> {
             head.changes.note_write(min_t, max_t);
         }
         if let Some(wal) = &head.wal {
-            if !logged.is_empty() || !logged_histograms.is_empty() || !logged_late.is_empty() {
+            if !logged.is_empty()
+                || !logged_histograms.is_empty()
+                || !logged_late.is_empty()
+                || !logged_exemplars.is_empty()
+            {
                 let mut records = Vec::with_capacity(logged.len().div_ceil(SAMPLES_PER_RECORD) + 1);
                 for part in logged.chunks(SAMPLES_PER_RECORD) {
                     let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
@@ -487,6 +542,11 @@ impl<'h> Appender<'h> {
                 for part in logged_late.chunks(SAMPLES_PER_RECORD) {
                     let mut rec = Vec::with_capacity(1 + 16 + part.len() * 12);
                     record::encode_out_of_order_samples(part, &mut rec);
+                    records.push(rec);
+                }
+                for part in logged_exemplars.chunks(HISTOGRAMS_PER_RECORD) {
+                    let mut rec = Vec::new();
+                    record::encode_exemplars(part, &mut rec);
                     records.push(rec);
                 }
                 let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();

@@ -14,6 +14,7 @@
 
 mod appender;
 pub mod chunk_files;
+pub mod exemplars;
 pub mod mem_postings;
 mod names;
 mod overlay;
@@ -63,6 +64,9 @@ pub struct HeadOptions {
     /// What `appender` does with late samples (Prometheus' `out_of_order_time_window`; off by
     /// default, as there). A writer with other rules asks for `appender_with`.
     pub out_of_order: OutOfOrder,
+    /// How many exemplars the head keeps (Prometheus' `storage.exemplars.max_exemplars`); 0
+    /// keeps none.
+    pub max_exemplars: usize,
 }
 
 impl Default for HeadOptions {
@@ -72,6 +76,7 @@ impl Default for HeadOptions {
             backfill: false,
             wal: WalOptions::default(),
             out_of_order: OutOfOrder::OFF,
+            max_exemplars: exemplars::MAX_EXEMPLARS_DEFAULT,
         }
     }
 }
@@ -144,6 +149,8 @@ pub struct Head {
     pub stats: HeadStats,
     /// Writes into the past, for caches of query results (`Db::delete` and friends note theirs).
     pub changes: crate::changes::ChangeLog,
+    /// The newest exemplars (`HeadOptions::max_exemplars`).
+    pub exemplars: exemplars::ExemplarStorage,
 }
 
 impl Head {
@@ -168,6 +175,7 @@ impl Head {
             names: HeadNames::new(!opts.backfill),
             stats: HeadStats::default(),
             changes: crate::changes::ChangeLog::default(),
+            exemplars: exemplars::ExemplarStorage::new(opts.max_exemplars),
         }
     }
 
@@ -970,6 +978,21 @@ impl<'a> Replay<'a> {
                 }
                 Record::OutOfOrderSamples(v) => {
                     self.route(v, |s| &mut s.series, ReplayBatch::Late);
+                    Ok(())
+                }
+                Record::Exemplars(v) => {
+                    for e in v {
+                        let r = self.resolve(e.series);
+                        let Some(series) = self.head.series(r) else { continue };
+                        let head = self.head;
+                        // Logged exemplars were accepted once; one refused now (a capacity
+                        // made smaller) is dropped quietly.
+                        let _ = head.exemplars.add(
+                            r,
+                            || head.symbols.resolve(&series.labels),
+                            exemplars::Exemplar { labels: e.labels, t: e.t, v: e.v },
+                        );
+                    }
                     Ok(())
                 }
                 Record::Samples(_) => unreachable!("handled above"),

@@ -647,3 +647,39 @@ fn the_window_counts_from_the_newest_sample_of_the_batch_too() {
     app.append(&a, 1000 * MINUTE - 59 * MINUTE, 3.0).unwrap();
     assert_eq!(app.commit().unwrap().appended, 2);
 }
+
+#[test]
+fn exemplars_are_logged_and_replayed_with_the_rules_kept() {
+    use super::exemplars::{Exemplar, ExemplarError};
+    let tmp = tempfile::tempdir().unwrap();
+    let ex = |t: i64, trace: &str| Exemplar { labels: l(&[("trace_id", trace)]), t, v: t as f64 / 1000.0 };
+    let before = {
+        let (head, _) = Head::open(tmp.path(), wal_opts()).unwrap();
+        let mut app = head.appender();
+        let a = app.append(&l(&[("__name__", "req_seconds_bucket"), ("le", "0.5")]), 1_000, 3.0).unwrap();
+        let b = app.append(&l(&[("__name__", "req_seconds_bucket"), ("le", "1")]), 1_000, 4.0).unwrap();
+        app.append_exemplar(a, ex(900, "a1")).unwrap();
+        app.append_exemplar(b, ex(950, "b1")).unwrap();
+        // A retry of the same exemplar is taken quietly; an older one is refused.
+        app.append_exemplar(a, ex(900, "a1")).unwrap();
+        let e = app.append_exemplar(a, ex(800, "a0")).unwrap_err();
+        assert_eq!(e, AppendError::Exemplar(ExemplarError::OutOfOrder { t: 800, newest: 900 }));
+        let out = app.commit().unwrap();
+        assert_eq!(out.exemplars_appended, 2);
+        let mut app = head.appender();
+        app.append_ref(a, 2_000, 5.0).unwrap();
+        app.append_exemplar(a, ex(1_900, "a2")).unwrap();
+        // Against the stored newest now.
+        assert!(app.append_exemplar(b, ex(950, "b0")).is_err());
+        app.commit().unwrap();
+        head.close().unwrap();
+        head.exemplars.select(i64::MIN, i64::MAX, |_| true)
+    };
+    assert_eq!(before.len(), 2);
+    assert_eq!(before[0].1.iter().map(|e| e.t).collect::<Vec<_>>(), [900, 1_900], "{before:?}");
+    let (head, _) = Head::open(tmp.path(), wal_opts()).unwrap();
+    assert_eq!(head.exemplars.select(i64::MIN, i64::MAX, |_| true), before);
+    let le1 = head.exemplars.select(0, 1_000, |s| s.get("le") == Some("1"));
+    assert_eq!(le1.len(), 1);
+    assert_eq!(le1[0].1[0].labels.get("trace_id"), Some("b1"));
+}

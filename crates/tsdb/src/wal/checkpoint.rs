@@ -190,6 +190,17 @@ pub(super) fn write_checkpoint(
                     let kept = kept_of(v, |s| keep(s.series) && s.t >= mint, &mut stats);
                     write_items(&kept, record::encode_out_of_order_samples, &mut body, &mut buf, compression);
                 }
+                Record::Exemplars(v) => {
+                    // Written through after their series, as Prometheus' checkpoint keeps
+                    // the exemplars of kept series at or after `mint`.
+                    write_series(&mut series, &mut body, &mut buf, compression);
+                    let kept: Vec<_> = v.into_iter().filter(|e| keep(e.series) && e.t >= mint).collect();
+                    if !kept.is_empty() {
+                        body.clear();
+                        record::encode_exemplars(&kept, &mut body);
+                        frame_record(&body, compression, &mut buf);
+                    }
+                }
                 Record::Tombstones(v) => {
                     // Tombstones must follow the series they refer to.
                     write_series(&mut series, &mut body, &mut buf, compression);

@@ -256,7 +256,8 @@ fn checkpoint_keeps_live_series_and_recent_samples() {
             crate::record::Record::Samples(v) => samples.extend(v.into_iter().map(|s| (s.series.0, s.t))),
             crate::record::Record::Tombstones(_)
             | crate::record::Record::Histograms(_)
-            | crate::record::Record::OutOfOrderSamples(_) => {}
+            | crate::record::Record::OutOfOrderSamples(_)
+            | crate::record::Record::Exemplars(_) => {}
         }
         Ok(())
     })
