@@ -331,8 +331,11 @@ fn get_exemplar_value(d: &mut Decoder<'_>) -> Result<(f64, Labels), DecodeError>
         pairs.push((name, value));
     }
     let at = d.offset();
-    let labels = Labels::try_from_pairs(pairs)
-        .map_err(|_| DecodeError { what: "exemplar labels", offset: at, problem: "not a valid label set" })?;
+    let labels = Labels::try_from_pairs(pairs).map_err(|_| DecodeError {
+        what: "exemplar labels",
+        offset: at,
+        problem: "not a valid label set",
+    })?;
     Ok((v, labels))
 }
 

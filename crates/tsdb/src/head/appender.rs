@@ -165,6 +165,28 @@ impl<'h> Appender<'h> {
         }
     }
 
+    /// `append_exemplar` for the series with the label set `pairs`, which must exist (a sample
+    /// of it in this batch or before): remote write sends exemplars apart from their samples.
+    pub fn append_exemplar_pairs<N: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        pairs: &[(N, V)],
+        e: Exemplar,
+    ) -> Result<SeriesRef, AppendError> {
+        let canonical = strata_model::pairs_are_canonical(pairs);
+        let found = if canonical {
+            let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
+            self.head.find_pairs(pairs, hash)
+        } else {
+            let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
+                .map_err(AppendError::InvalidLabels)?;
+            self.head.find_series(&labels)
+        };
+        let series = found.ok_or(AppendError::UnknownSeries(SeriesRef(0)))?;
+        let r = series.series_ref;
+        self.append_exemplar(r, e)?;
+        Ok(r)
+    }
+
     /// Adds an exemplar to the series `r` (one this batch or an earlier one appended to).
     /// Refused when its labels are too long or it is older than the series' newest exemplar
     /// (stored or in this batch); the head's capacity of 0 takes none, silently.

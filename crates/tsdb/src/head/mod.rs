@@ -409,6 +409,11 @@ impl Head {
         self.by_ref[Self::stripe(r.0)].read().get(&r).cloned()
     }
 
+    /// The existing series with exactly `labels`, if the head has it.
+    pub fn find_series(&self, labels: &Labels) -> Option<Arc<MemSeries>> {
+        self.find(labels, labels.stable_hash())
+    }
+
     /// Finds the series with exactly `labels`.
     fn find(&self, labels: &Labels, hash: u64) -> Option<Arc<MemSeries>> {
         let stripe = self.by_hash[Self::stripe(hash)].read();
