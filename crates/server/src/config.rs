@@ -53,6 +53,9 @@ pub struct StorageConfig {
     pub rollup_tiers: Vec<strata_tsdb::rollup::RollupTier>,
     /// Which series each tier keeps (`http::graphite_rollup_filter`); `None`: every one.
     pub rollup_filter: Option<strata_tsdb::rollup::SeriesFilter>,
+    /// Exemplars kept in memory (and the WAL), Prometheus' `storage.exemplars.max_exemplars`;
+    /// 0 keeps none.
+    pub max_exemplars: usize,
 }
 
 impl Default for StorageConfig {
@@ -69,6 +72,7 @@ impl Default for StorageConfig {
             out_of_order_window_ms: 0,
             rollup_tiers: Vec::new(),
             rollup_filter: None,
+            max_exemplars: strata_tsdb::head::exemplars::MAX_EXEMPLARS_DEFAULT,
         }
     }
 }
@@ -90,6 +94,7 @@ impl StorageConfig {
             head: HeadOptions {
                 wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes, compression: self.wal_compression },
                 out_of_order: OutOfOrder { window_ms: self.out_of_order_window_ms, replace: false },
+                max_exemplars: self.max_exemplars,
                 ..Default::default()
             },
             retention_ms: self.retention_ms,

@@ -13,6 +13,8 @@
 //!   chunk_cache_size: 256MB
 //!   out_of_order_time_window: 30m
 //!   rollup_tiers: 5m:90d,1h:2y
+//!   exemplars:
+//!     max_exemplars: 100000
 //! limits:
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
@@ -99,6 +101,15 @@ pub struct StorageSection {
     pub out_of_order_time_window: Option<String>,
     /// Rollup tiers, `interval:retention` by commas (`5m:90d,1h:2y`; `docs/rollups.md`).
     pub rollup_tiers: Option<String>,
+    /// Prometheus' `storage.exemplars`.
+    pub exemplars: Option<ExemplarsSection>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExemplarsSection {
+    /// How many exemplars the head keeps (100000); 0 keeps none.
+    pub max_exemplars: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]

@@ -26,6 +26,7 @@ use strata_model::{parse_selector, FloatHistogram, Labels, MatchOp, Matcher, Sam
 use strata_promql::ast::ValueType;
 use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput, SourceResolution};
 use strata_tsdb::chunkenc::TypedValue;
+use strata_tsdb::head::exemplars::Exemplar;
 use strata_tsdb::querier::Series;
 use strata_tsdb::Db;
 
@@ -325,6 +326,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/status/tsdb", get(tsdb_status))
         .route("/api/v1/status/walreplay", get(walreplay))
         .route("/api/v1/parse_query", get(query_syntax::parse_query).post(query_syntax::parse_query))
+        .route("/api/v1/query_exemplars", get(exemplars_api::query_exemplars).post(exemplars_api::query_exemplars))
         .route("/api/v1/format_query", get(query_syntax::format_query).post(query_syntax::format_query))
         .route("/api/v1/admin/tsdb/delete_series", post(delete_series).put(delete_series))
         .route("/api/v1/admin/tsdb/clean_tombstones", post(clean_tombstones).put(clean_tombstones))
@@ -534,6 +536,8 @@ struct WriteOutcome {
     appended: usize,
     rejected: usize,
     first_error: Option<String>,
+    exemplars_appended: usize,
+    exemplars_rejected: usize,
 }
 
 impl WriteOutcome {
@@ -549,6 +553,7 @@ impl WriteOutcome {
     fn into_response(self, st: &AppState) -> Response {
         st.metrics.remote_write_samples_received.fetch_add(self.samples as u64, Ordering::Relaxed);
         st.metrics.remote_write_samples_rejected.fetch_add(self.rejected as u64, Ordering::Relaxed);
+        st.metrics.remote_write_exemplars_rejected.fetch_add(self.exemplars_rejected as u64, Ordering::Relaxed);
         let mut resp = match self.first_error {
             None => StatusCode::NO_CONTENT.into_response(),
             Some(first) => {
@@ -562,16 +567,16 @@ impl WriteOutcome {
         let h = resp.headers_mut();
         h.insert("X-Prometheus-Remote-Write-Samples-Written", HeaderValue::from(self.appended));
         h.insert("X-Prometheus-Remote-Write-Histograms-Written", HeaderValue::from(0));
-        h.insert("X-Prometheus-Remote-Write-Exemplars-Written", HeaderValue::from(0));
+        h.insert("X-Prometheus-Remote-Write-Exemplars-Written", HeaderValue::from(self.exemplars_appended));
         resp
     }
 }
 
 /// One series of a write request: its label pairs as sent (or why they are invalid), its
 /// samples and its native histograms, each with their start times (0: none; empty when none
-/// has one).
+/// has one), and its exemplars.
 pub(crate) type WriteSeries<'a, S> =
-    (Result<&'a [(S, S)], String>, (&'a [Sample], &'a [i64]), (&'a [(i64, FloatHistogram)], &'a [i64]));
+    (Result<&'a [(S, S)], String>, (&'a [Sample], &'a [i64]), (&'a [(i64, FloatHistogram)], &'a [i64]), &'a [Exemplar]);
 
 /// The start times of a series' items, from a batch's parallel `all` (empty when none).
 fn starts_of<'a>(all: &'a [i64], items: &std::ops::Range<usize>) -> &'a [i64] {
@@ -599,7 +604,7 @@ fn append_all<'a, S: AsRef<str> + 'a>(
         format!("{{{}}}", inner.join(", "))
     };
     let mut app = db.appender();
-    for (pairs, (samples, sample_starts), (histograms, histogram_starts)) in series {
+    for (pairs, (samples, sample_starts), (histograms, histogram_starts), exemplars) in series {
         out.samples += samples.len() + histograms.len();
         let pairs = match pairs {
             Ok(p) => p,
@@ -656,9 +661,22 @@ fn append_all<'a, S: AsRef<str> + 'a>(
                 }
             }
         }
+        // Exemplars after the samples, by the series the samples found (or by labels: a sender
+        // may send them apart). As in Prometheus, a refused exemplar (out of order, labels too
+        // long, no such series) is counted, never a reason to refuse the request.
+        for e in exemplars {
+            let res = match r {
+                Some(r) => app.append_exemplar(r, e.clone()),
+                None => app.append_exemplar_pairs(pairs, e.clone()).map(drop),
+            };
+            if res.is_err() {
+                out.exemplars_rejected += 1;
+            }
+        }
     }
     let c = app.commit().map_err(|e| e.to_string())?;
     out.appended = c.appended;
+    out.exemplars_appended = c.exemplars_appended;
     if let Some((_, e)) = c.first_rejection {
         out.reject(c.rejected, || e.to_string());
     }
@@ -844,7 +862,28 @@ fn append_batch<'a>(
     }
     let invalid = bad.iter().filter(|b| b.is_some()).count();
     st.metrics.remote_write_series_invalid.fetch_add(invalid as u64, Ordering::Relaxed);
-    let series = batch.series.iter().zip(bad).map(|(span, bad)| {
+    // Exemplars are rare: decoded into owned label sets; one with invalid labels is counted.
+    let exemplars: Vec<Vec<Exemplar>> = batch
+        .series
+        .iter()
+        .map(|span| {
+            batch.exemplars[span.exemplars.clone()]
+                .iter()
+                .filter_map(|(labels, t, v)| {
+                    let pairs = batch.exemplar_labels[labels.clone()]
+                        .iter()
+                        .map(|&(n, v)| Some((std::str::from_utf8(n).ok()?, std::str::from_utf8(v).ok()?)))
+                        .collect::<Option<Vec<_>>>();
+                    let labels = pairs.and_then(|p| Labels::try_from_pairs(p).ok());
+                    if labels.is_none() {
+                        st.metrics.remote_write_exemplars_rejected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Exemplar { labels: labels?, t: *t, v: *v })
+                })
+                .collect()
+        })
+        .collect();
+    let series = batch.series.iter().zip(bad).zip(&exemplars).map(|((span, bad), exemplars)| {
         let pairs = match bad {
             Some(why) => Err(why),
             None => Ok(&strs[span.labels.clone()]),
@@ -853,6 +892,7 @@ fn append_batch<'a>(
             pairs,
             (&batch.samples[span.samples.clone()], starts_of(&batch.sample_starts, &span.samples)),
             (&batch.histograms[span.histograms.clone()], starts_of(&batch.histogram_starts, &span.histograms)),
+            &exemplars[..],
         )
     });
     append_all(db, limits, series).map_err(ApiError::internal)
@@ -915,7 +955,7 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                     }
                 })?;
                 let labels = s.labels.iter().map(|l| remote::Label::new(&*l.name, &*l.value)).collect();
-                timeseries.push(remote::TimeSeries { labels, samples, histograms });
+                timeseries.push(remote::TimeSeries { labels, samples, histograms, exemplars: Vec::new() });
             }
             results.push(remote::QueryResult { timeseries });
         }
@@ -1886,7 +1926,11 @@ async fn import_text(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
     }
     let limits = st.limits.clone();
     let out = blocking(move || {
-        append_all(&db, &limits, by_series.iter().map(|(p, s)| (Ok(&p[..]), (&s[..], &[][..]), (&[][..], &[][..]))))
+        append_all(
+            &db,
+            &limits,
+            by_series.iter().map(|(p, s)| (Ok(&p[..]), (&s[..], &[][..]), (&[][..], &[][..]), &[][..])),
+        )
     })
     .await?
     .map_err(ApiError::internal)?;
@@ -2005,6 +2049,7 @@ fn exposition_line(l: &Labels, v: f64, t: i64) -> String {
     format!("{s} {} {t}\n", format_value(v))
 }
 
+mod exemplars_api;
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;

@@ -58,6 +58,8 @@ pub struct ServerMetrics {
     pub remote_write_samples_received: AtomicU64,
     pub remote_write_samples_rejected: AtomicU64,
     pub remote_write_series_invalid: AtomicU64,
+    /// Exemplars remote write refused (out of order, labels too long or invalid, no series).
+    pub remote_write_exemplars_rejected: AtomicU64,
     /// OTLP samples (a histogram's bucket, sum and count are one each) stored and refused.
     pub otlp_samples_received: AtomicU64,
     pub otlp_samples_rejected: AtomicU64,
@@ -112,6 +114,12 @@ impl ServerMetrics {
                     "Samples remote write refused.",
                     "counter",
                     load(&self.remote_write_samples_rejected),
+                ),
+                (
+                    "strata_remote_write_exemplars_rejected_total",
+                    "Exemplars remote write refused: out of order, labels too long or invalid, or of a series the head does not have.",
+                    "counter",
+                    load(&self.remote_write_exemplars_rejected),
                 ),
                 (
                     "strata_remote_write_series_invalid_total",
@@ -228,6 +236,12 @@ fn render_scrape(o: &mut String, m: &ScrapeManager) {
                 load(&st.samples_appended),
             ),
             (
+                "strata_scrape_exemplars_rejected_total",
+                "Scraped exemplars the head refused: older than their series' newest, or labels too long.",
+                "counter",
+                load(&st.exemplars_rejected),
+            ),
+            (
                 "strata_scrape_sample_limit_exceeded_total",
                 "Scrapes refused for exceeding sample_limit.",
                 "counter",
@@ -341,6 +355,24 @@ fn render_db(o: &mut String, db: &Db) {
                 "Samples appended to the head out of order, inside the out-of-order window (also in samples_appended_total).",
                 "counter",
                 load(&st.samples_appended_late),
+            ),
+            (
+                "strata_tsdb_exemplar_exemplars_appended_total",
+                "Exemplars stored (as Prometheus' prometheus_tsdb_exemplar_exemplars_appended_total).",
+                "counter",
+                load(&head.exemplars.stats.appended),
+            ),
+            (
+                "strata_tsdb_exemplar_out_of_order_exemplars_total",
+                "Exemplars refused for being older than their series' newest.",
+                "counter",
+                load(&head.exemplars.stats.out_of_order),
+            ),
+            (
+                "strata_tsdb_exemplar_max_exemplars",
+                "How many exemplars the head keeps (storage.exemplars.max_exemplars).",
+                "gauge",
+                head.exemplars.capacity() as f64,
             ),
             (
                 "strata_tsdb_head_series_created_total",

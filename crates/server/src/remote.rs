@@ -22,9 +22,20 @@ pub struct TimeSeries {
     pub labels: Vec<Label>,
     #[prost(message, repeated, tag = "2")]
     pub samples: Vec<Sample>,
-    /// Exemplars (3) are not stored yet.
+    #[prost(message, repeated, tag = "3")]
+    pub exemplars: Vec<Exemplar>,
     #[prost(message, repeated, tag = "4")]
     pub histograms: Vec<Histogram>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Exemplar {
+    #[prost(message, repeated, tag = "1")]
+    pub labels: Vec<Label>,
+    #[prost(double, tag = "2")]
+    pub value: f64,
+    #[prost(int64, tag = "3")]
+    pub timestamp: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -262,6 +273,7 @@ mod tests {
                 labels: vec![Label::new("__name__", "up")],
                 samples: vec![Sample { value: 1.5, timestamp: 1000 }],
                 histograms: vec![],
+                exemplars: vec![],
             }],
             metadata: vec![],
         };
@@ -311,6 +323,10 @@ pub struct WriteBatch<'a> {
     pub series: Vec<SeriesSpan>,
     /// Metadata entries, decoded with prost (rare, small).
     pub metadata: Vec<MetricMetadata>,
+    /// Every series' exemplars, back to back: their labels (a range of `exemplar_labels`),
+    /// timestamp and value.
+    pub exemplars: Vec<(std::ops::Range<usize>, i64, f64)>,
+    pub exemplar_labels: Vec<(&'a [u8], &'a [u8])>,
 }
 
 impl WriteBatch<'_> {
@@ -326,7 +342,10 @@ impl WriteBatch<'_> {
             mut histogram_starts,
             mut series,
             mut metadata,
+            mut exemplars,
+            exemplar_labels,
         } = self;
+        exemplars.clear();
         labels.clear();
         samples.clear();
         histograms.clear();
@@ -342,6 +361,12 @@ impl WriteBatch<'_> {
             histogram_starts,
             series,
             metadata,
+            exemplars,
+            exemplar_labels: reborrow_empty({
+                let mut l = exemplar_labels;
+                l.clear();
+                l
+            }),
         }
     }
 
@@ -354,6 +379,8 @@ impl WriteBatch<'_> {
             + (self.sample_starts.capacity() + self.histogram_starts.capacity()) * 8
             + self.series.capacity() * std::mem::size_of::<SeriesSpan>()
             + self.metadata.capacity() * std::mem::size_of::<MetricMetadata>()
+            + self.exemplars.capacity() * std::mem::size_of::<(std::ops::Range<usize>, i64, f64)>()
+            + self.exemplar_labels.capacity() * size_of_val(&(&b""[..], &b""[..]))
     }
 }
 
@@ -370,6 +397,7 @@ pub struct SeriesSpan {
     pub labels: std::ops::Range<usize>,
     pub samples: std::ops::Range<usize>,
     pub histograms: std::ops::Range<usize>,
+    pub exemplars: std::ops::Range<usize>,
 }
 
 /// Protobuf wire reader over a byte slice; every read is bounds-checked.
@@ -594,26 +622,64 @@ fn read_sample(buf: &[u8]) -> Result<strata_model::Sample, DecodeError> {
     Ok(strata_model::Sample::new(t, v))
 }
 
+/// A label message (1.0): name (1) and value (2).
+fn read_label(buf: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
+    let mut l = Wire { buf, pos: 0 };
+    let (mut name, mut value): (&[u8], &[u8]) = (&[], &[]);
+    while let Some((f, wt)) = l.key()? {
+        match (f, wt) {
+            (1, 2) => name = l.bytes()?,
+            (2, 2) => value = l.bytes()?,
+            (_, wt) => l.skip(wt)?,
+        }
+    }
+    Ok((name, value))
+}
+
+/// Resolves a 2.0 symbol reference (for an error, the reader where it was found).
+type SymbolOf<'s, 'a> = &'s dyn Fn(u64, &Wire<'_>) -> Result<&'a [u8], DecodeError>;
+
+/// An exemplar message: labels (1: `Label` messages in 1.0, symbol references in 2.0), value
+/// (2, double), timestamp (3, int64).
+fn read_exemplar<'a>(
+    buf: &'a [u8],
+    out: &mut WriteBatch<'a>,
+    symbol: SymbolOf<'_, 'a>,
+    v2: bool,
+) -> Result<(), DecodeError> {
+    let mut w = Wire { buf, pos: 0 };
+    let l0 = out.exemplar_labels.len();
+    let mut refs: Vec<u64> = Vec::new();
+    let (mut v, mut t) = (0f64, 0i64);
+    while let Some((f, wt)) = w.key()? {
+        match (f, wt) {
+            (1, 2) if !v2 => out.exemplar_labels.push(read_label(w.bytes()?)?),
+            (1, 0 | 2) if v2 => w.repeated(wt, Wire::varint, &mut refs)?,
+            (2, 1) => v = f64::from_bits(w.fixed64()?),
+            (3, 0) => t = w.varint()? as i64,
+            (_, wt) => w.skip(wt)?,
+        }
+    }
+    if !refs.len().is_multiple_of(2) {
+        return Err(w.err("odd number of exemplar label references"));
+    }
+    for pair in refs.chunks(2) {
+        out.exemplar_labels.push((symbol(pair[0], &w)?, symbol(pair[1], &w)?));
+    }
+    out.exemplars.push((l0..out.exemplar_labels.len(), t, v));
+    Ok(())
+}
+
 fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), DecodeError> {
-    let (l0, s0, h0) = (out.labels.len(), out.samples.len(), out.histograms.len());
+    let (l0, s0, h0, e0) = (out.labels.len(), out.samples.len(), out.histograms.len(), out.exemplars.len());
     let mut w = Wire { buf, pos: 0 };
     while let Some((field, wire)) = w.key()? {
         match (field, wire) {
-            (1, 2) => {
-                let mut l = Wire { buf: w.bytes()?, pos: 0 };
-                let (mut name, mut value): (&[u8], &[u8]) = (&[], &[]);
-                while let Some((f, wt)) = l.key()? {
-                    match (f, wt) {
-                        (1, 2) => name = l.bytes()?,
-                        (2, 2) => value = l.bytes()?,
-                        (_, wt) => l.skip(wt)?,
-                    }
-                }
-                out.labels.push((name, value));
-            }
+            (1, 2) => out.labels.push(read_label(w.bytes()?)?),
             (2, 2) => {
                 out.samples.push(read_sample(w.bytes()?)?);
             }
+            (3, 2) => read_exemplar(w.bytes()?, out, &|_, w| Err(w.err("no symbols in 1.0")), false)?,
             (4, 2) => {
                 // 1.0 histograms have no start time.
                 let (t, _, h) = read_histogram(w.bytes()?)?;
@@ -626,6 +692,7 @@ fn read_series<'a>(buf: &'a [u8], out: &mut WriteBatch<'a>) -> Result<(), Decode
         labels: l0..out.labels.len(),
         samples: s0..out.samples.len(),
         histograms: h0..out.histograms.len(),
+        exemplars: e0..out.exemplars.len(),
     });
     Ok(())
 }
@@ -656,7 +723,7 @@ pub fn read_write_request_v2_into<'a>(raw: &'a [u8], mut out: WriteBatch<'a>) ->
         symbols.get(r as usize).copied().ok_or_else(|| w.err(&format!("symbol reference {r} out of range")))
     };
     for buf in series {
-        let (l0, s0, h0) = (out.labels.len(), out.samples.len(), out.histograms.len());
+        let (l0, s0, h0, e0) = (out.labels.len(), out.samples.len(), out.histograms.len(), out.exemplars.len());
         let mut refs: Vec<u64> = Vec::new();
         let mut w = Wire { buf, pos: 0 };
         let mut metadata: Option<(i32, u64, u64)> = None;
@@ -690,6 +757,7 @@ pub fn read_write_request_v2_into<'a>(raw: &'a [u8], mut out: WriteBatch<'a>) ->
                     out.histograms.push((t, h));
                     push_start(&mut out.histogram_starts, out.histograms.len(), st);
                 }
+                (4, 2) => read_exemplar(w.bytes()?, &mut out, &sym, true)?,
                 (6, 0) => legacy_start = w.varint()? as i64,
                 (5, 2) => {
                     let mut m = Wire { buf: w.bytes()?, pos: 0 };
@@ -745,6 +813,7 @@ pub fn read_write_request_v2_into<'a>(raw: &'a [u8], mut out: WriteBatch<'a>) ->
             labels: l0..out.labels.len(),
             samples: s0..out.samples.len(),
             histograms: h0..out.histograms.len(),
+            exemplars: e0..out.exemplars.len(),
         });
     }
     // Parallel to the samples to the end, once any has a start time.
@@ -777,11 +846,24 @@ pub mod v2 {
         pub samples: Vec<Sample>,
         #[prost(message, repeated, tag = "3")]
         pub histograms: Vec<super::Histogram>,
+        #[prost(message, repeated, tag = "4")]
+        pub exemplars: Vec<Exemplar>,
         #[prost(message, optional, tag = "5")]
         pub metadata: Option<Metadata>,
         /// Drafts before 2.0-rc.4: the series' start time (later moved to each sample).
         #[prost(int64, tag = "6")]
         pub created_timestamp: i64,
+    }
+
+    /// A 2.0 exemplar: labels as symbol references.
+    #[derive(Clone, PartialEq, Message)]
+    pub struct Exemplar {
+        #[prost(uint32, repeated, tag = "1")]
+        pub labels_refs: Vec<u32>,
+        #[prost(double, tag = "2")]
+        pub value: f64,
+        #[prost(int64, tag = "3")]
+        pub timestamp: i64,
     }
 
     /// A 2.0 sample: 1.0's with a start time (0: none).
@@ -824,6 +906,7 @@ pub mod v2 {
                 labels_refs: labels.iter().flat_map(|(n, v)| [intern(n), intern(v)]).collect(),
                 samples: samples.iter().map(|&(t, v)| Sample { value: v, timestamp: t, start_timestamp: 0 }).collect(),
                 histograms: Vec::new(),
+                exemplars: vec![],
                 metadata: None,
                 created_timestamp: 0,
             })
@@ -923,7 +1006,12 @@ mod batch_tests {
             prop::collection::vec(sample, 0..5),
             prop::collection::vec(arb_histogram(), 0..2),
         )
-            .prop_map(|(labels, samples, histograms)| TimeSeries { labels, samples, histograms });
+            .prop_map(|(labels, samples, histograms)| TimeSeries {
+                labels,
+                samples,
+                histograms,
+                exemplars: vec![],
+            });
         let md = ("[a-z]{0,5}", 0..8i32).prop_map(|(n, t)| MetricMetadata {
             r#type: t,
             metric_family_name: n,

@@ -3,7 +3,7 @@
 //!
 //! The two differ where it matters for storage: OpenMetrics timestamps are seconds (with a
 //! fraction), Prometheus' are integer milliseconds; OpenMetrics ends with `# EOF` and may carry
-//! exemplars after ` # `, which are skipped. Label values are unescaped (`\\`, `\"`, `\n`);
+//! an exemplar after a sample's ` # ` (`Parser::exemplar` reads it). Label values are unescaped (`\\`, `\"`, `\n`);
 //! quoted metric and label names (UTF-8 names, `{"my.metric", "a.b"="c"}`) are accepted.
 
 use strata_model::{Label, Labels, LabelsError, METRIC_NAME};
@@ -118,7 +118,9 @@ impl<'a> Parser<'a> {
     /// Splits a sample line into its series text (name and labels, as written) and the parsed
     /// value and timestamp, without building labels: a scraper keys its cache by the series
     /// text and parses labels only for series it has not seen (`series_labels`).
-    fn split_sample<'l>(&self, line: &'l str) -> Result<(&'l str, f64, Option<i64>), ParseError> {
+    /// The exemplar text (after ` # `) is returned unparsed, for `exemplar`.
+    #[allow(clippy::type_complexity, reason = "a private tuple of the line's parts")]
+    fn split_sample<'l>(&self, line: &'l str) -> Result<(&'l str, f64, Option<i64>, Option<&'l str>), ParseError> {
         let end = series_end(line).map_err(|m| self.err(m))?;
         let (series, tail) = line.split_at(end);
         let mut c = Cursor { s: tail, pos: 0 };
@@ -132,19 +134,7 @@ impl<'a> Parser<'a> {
         let rest = c.rest();
         if !rest.is_empty() && !rest.starts_with('#') {
             let ts = c.token();
-            timestamp_ms = Some(match self.format {
-                Format::Prometheus => ts.parse::<i64>().map_err(|_| self.err(format!("invalid timestamp {ts:?}")))?,
-                Format::OpenMetrics => {
-                    let secs = parse_float(ts)
-                        .filter(|s| s.is_finite())
-                        .ok_or_else(|| self.err(format!("invalid timestamp {ts:?}")))?;
-                    let ms = (secs * 1000.0).round();
-                    if ms.abs() > 9.0e15 {
-                        return Err(self.err(format!("timestamp {ts:?} is out of range")));
-                    }
-                    ms as i64
-                }
-            });
+            timestamp_ms = Some(self.timestamp(ts)?);
             c.skip_spaces();
             let rest = c.rest();
             let exemplar = self.format == Format::OpenMetrics && rest.starts_with('#');
@@ -152,7 +142,85 @@ impl<'a> Parser<'a> {
                 return Err(self.err(format!("unexpected text after the timestamp: {rest:?}")));
             }
         }
-        Ok((series, value, timestamp_ms))
+        let rest = c.rest();
+        let exemplar = match rest.strip_prefix('#') {
+            Some(e) if self.format == Format::OpenMetrics => Some(e.trim()),
+            Some(_) => return Err(self.err(format!("unexpected text after the value: {rest:?}"))),
+            None => None,
+        };
+        Ok((series, value, timestamp_ms, exemplar))
+    }
+
+    /// A sample's or exemplar's timestamp in milliseconds: integer milliseconds in Prometheus'
+    /// format, seconds with a fraction in OpenMetrics.
+    fn timestamp(&self, ts: &str) -> Result<i64, ParseError> {
+        Ok(match self.format {
+            Format::Prometheus => ts.parse::<i64>().map_err(|_| self.err(format!("invalid timestamp {ts:?}")))?,
+            Format::OpenMetrics => {
+                let secs = parse_float(ts)
+                    .filter(|s| s.is_finite())
+                    .ok_or_else(|| self.err(format!("invalid timestamp {ts:?}")))?;
+                let ms = (secs * 1000.0).round();
+                if ms.abs() > 9.0e15 {
+                    return Err(self.err(format!("timestamp {ts:?} is out of range")));
+                }
+                ms as i64
+            }
+        })
+    }
+
+    /// An OpenMetrics exemplar, the text after a sample's ` # `: `{labels} value [timestamp]`
+    /// (timestamp in seconds). Label names as in a series, no metric name.
+    pub fn exemplar(&self, text: &str) -> Result<(Labels, f64, Option<i64>), ParseError> {
+        let mut c = Cursor { s: text, pos: 0 };
+        if !c.eat('{') {
+            return Err(self.err(format!("exemplar: expected '{{' in {text:?}")));
+        }
+        let mut labels: Vec<Label> = Vec::new();
+        loop {
+            c.skip_spaces();
+            if c.eat('}') {
+                break;
+            }
+            let key = if c.peek() == Some('"') {
+                c.quoted().map_err(|m| self.err(format!("exemplar: {m}")))?
+            } else {
+                c.name().ok_or_else(|| self.err(format!("exemplar: expected a label name in {text:?}")))?.to_owned()
+            };
+            c.skip_spaces();
+            if !c.eat('=') {
+                return Err(self.err(format!("exemplar: label {key:?}: expected '='")));
+            }
+            c.skip_spaces();
+            if c.peek() != Some('"') {
+                return Err(self.err(format!("exemplar: label {key:?}: expected a quoted value")));
+            }
+            let value = c.quoted().map_err(|m| self.err(format!("exemplar: {m}")))?;
+            labels.push(Label::new(key, value));
+            c.skip_spaces();
+            if c.eat(',') {
+                continue;
+            }
+            if c.eat('}') {
+                break;
+            }
+            return Err(self.err(format!("exemplar: expected ',' or '}}' in {text:?}")));
+        }
+        let labels = Labels::try_from_pairs(labels.into_iter().map(|l| (l.name, l.value)))
+            .map_err(|e: LabelsError| self.err(format!("exemplar: {e}")))?;
+        if !c.skip_spaces() {
+            return Err(self.err(format!("exemplar: expected a space before the value in {text:?}")));
+        }
+        let v = c.token();
+        let value = parse_float(v).ok_or_else(|| self.err(format!("exemplar: invalid value {v:?}")))?;
+        c.skip_spaces();
+        let ts = c.token();
+        let timestamp_ms = if ts.is_empty() { None } else { Some(self.timestamp(ts)?) };
+        c.skip_spaces();
+        if !c.rest().is_empty() {
+            return Err(self.err(format!("exemplar: unexpected text {:?}", c.rest())));
+        }
+        Ok((labels, value, timestamp_ms))
     }
 
     /// The label set of a series text that `parse_line_raw` returned (on the same line, so that
@@ -248,10 +316,25 @@ fn series_end(line: &str) -> Result<usize, String> {
 /// allocated for a scraper's steady state), samples with their series text unparsed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawEntry<'l> {
-    Sample { series: &'l str, value: f64, timestamp_ms: Option<i64> },
-    Type { family: &'l str, kind: MetricType },
-    Help { family: &'l str, text: std::borrow::Cow<'l, str> },
-    Unit { family: &'l str, unit: &'l str },
+    /// `exemplar`: the text after ` # ` (OpenMetrics), for `Parser::exemplar`.
+    Sample {
+        series: &'l str,
+        value: f64,
+        timestamp_ms: Option<i64>,
+        exemplar: Option<&'l str>,
+    },
+    Type {
+        family: &'l str,
+        kind: MetricType,
+    },
+    Help {
+        family: &'l str,
+        text: std::borrow::Cow<'l, str>,
+    },
+    Unit {
+        family: &'l str,
+        unit: &'l str,
+    },
     Eof,
 }
 
@@ -264,7 +347,7 @@ impl Parser<'_> {
             Err(e) => return Some(Err(e)),
         };
         Some(match raw {
-            RawEntry::Sample { series, value, timestamp_ms } => {
+            RawEntry::Sample { series, value, timestamp_ms, .. } => {
                 self.series_labels(series).map(|labels| Entry::Sample { labels, value, timestamp_ms })
             }
             RawEntry::Type { family, kind } => Ok(Entry::Type { family: family.to_owned(), kind }),
@@ -313,10 +396,8 @@ impl Parser<'_> {
                 }
                 other => other.transpose(),
             },
-            None => Some(self.split_sample(line.trim_start()).map(|(series, value, timestamp_ms)| RawEntry::Sample {
-                series,
-                value,
-                timestamp_ms,
+            None => Some(self.split_sample(line.trim_start()).map(|(series, value, timestamp_ms, exemplar)| {
+                RawEntry::Sample { series, value, timestamp_ms, exemplar }
             })),
         }
     }
@@ -528,6 +609,36 @@ mod tests {
         assert_eq!(got[1].2, Some(1500));
         let err = Parser::new("a 1 1\n", Format::OpenMetrics).last().unwrap().unwrap_err();
         assert_eq!(err.to_string(), "line 1: missing # EOF at the end");
+    }
+
+    #[test]
+    fn exemplars_are_read_with_or_without_their_timestamp() {
+        let mut p = Parser::new("", Format::OpenMetrics);
+        let exemplar_of = |p: &mut Parser<'_>, line: &str| match p.parse_line_raw(line).unwrap().unwrap() {
+            RawEntry::Sample { exemplar, .. } => exemplar.map(str::to_owned),
+            other => panic!("{other:?}"),
+        };
+        let e = exemplar_of(&mut p, "a_bucket{le=\"1\"} 8 # {trace_id=\"b\",span_id=\"s\"} 0.5 1700000000.5").unwrap();
+        let (labels, v, t) = p.exemplar(&e).unwrap();
+        assert_eq!(labels.to_string(), "{span_id=\"s\", trace_id=\"b\"}");
+        assert_eq!((v, t), (0.5, Some(1_700_000_000_500)));
+        // After a timestamp, and without one of its own.
+        let e = exemplar_of(&mut p, "a_total 3 1700000000 # {trace_id=\"c\"} 1").unwrap();
+        assert_eq!(p.exemplar(&e).unwrap().2, None);
+        assert_eq!(exemplar_of(&mut p, "a_total 3"), None);
+        for (bad, want) in [
+            ("trace_id=\"x\"} 1", "expected '{'"),
+            ("{trace_id=\"x\"}", "expected a space before the value"),
+            ("{trace_id=\"x\"} one", "invalid value"),
+            ("{trace_id=x} 1", "expected a quoted value"),
+            ("{trace_id=\"x\"} 1 2 3", "unexpected text"),
+        ] {
+            let err = p.exemplar(bad).unwrap_err().to_string();
+            assert!(err.contains(want), "{bad}: {err}");
+        }
+        // The Prometheus format has no exemplars: text after the value is an error there.
+        let mut p = Parser::new("", Format::Prometheus);
+        assert!(p.parse_line_raw("a 1 # {x=\"y\"} 1").unwrap().is_err());
     }
 
     proptest::proptest! {

@@ -69,6 +69,7 @@ fn build_requests(instances: usize, shards: usize, shape: Shape) -> (Vec<Vec<Vec
                     labels,
                     samples: vec![Sample { value: *v, timestamp: t + shift }],
                     histograms: vec![],
+                    exemplars: vec![],
                 });
                 total += 1;
                 if batch.len() == SAMPLES_PER_REQUEST {

@@ -165,6 +165,7 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
                     labels,
                     samples: vec![Sample { value: *v, timestamp: t }],
                     histograms: vec![],
+                    exemplars: vec![],
                 });
                 total += 1;
                 if batches[shard].len() == SAMPLES_PER_REQUEST {

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// is refused as a duplicate [default: 0, late samples refused].
     #[arg(long = "storage.out-of-order-time-window")]
     out_of_order_time_window: Option<String>,
+    /// Exemplars kept (remote write, OpenMetrics scrapes; served by /api/v1/query_exemplars),
+    /// as Prometheus' `storage.exemplars.max_exemplars`; 0 keeps none [default: 100000].
+    #[arg(long = "storage.exemplars.max-exemplars")]
+    max_exemplars: Option<String>,
     /// Rollup tiers, `interval:retention` separated by commas as Graphite writes retentions
     /// (`5m:90d,1h:2y`): each series is also kept as per-interval aggregates for that long,
     /// which long-range queries read instead of raw samples (see docs/rollups.md) [default:
@@ -489,8 +493,17 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     let rollup_tiers = pick(&mut flags, "storage.rollup-tiers", args.rollup_tiers.clone(), st.rollup_tiers, "", |s| {
         strata_tsdb::rollup::parse_tiers(s, retention)
     })?;
+    let max_exemplars = pick(
+        &mut flags,
+        "storage.exemplars.max-exemplars",
+        args.max_exemplars.clone(),
+        st.exemplars.and_then(|e| e.max_exemplars).map(|n| n.to_string()),
+        "100000",
+        |s| s.parse::<usize>().map_err(|e| format!("{s:?}: {e}")),
+    )?;
     let mut storage = StorageConfig {
         data_dir: args.data_dir.clone(),
+        max_exemplars,
         rollup_tiers,
         wal_fsync,
         wal_compression,

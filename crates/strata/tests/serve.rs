@@ -601,6 +601,7 @@ fn native_histograms_over_remote_write_query_and_remote_read() {
             labels: vec![Label::new("__name__", "rpc_seconds"), Label::new("job", "api")],
             samples: vec![],
             histograms: (1..=4).map(int_hist).collect(),
+            exemplars: vec![],
         }],
         metadata: vec![],
     };
@@ -638,6 +639,7 @@ fn native_histograms_over_remote_write_query_and_remote_read() {
             labels: vec![Label::new("__name__", "rpc_seconds"), Label::new("job", "api")],
             samples: vec![],
             histograms: vec![bad],
+            exemplars: vec![],
         }],
         metadata: vec![],
     };

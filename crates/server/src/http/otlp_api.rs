@@ -75,7 +75,12 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap,
             }
         }
         let series = converted.series.iter().map(|(labels, p)| -> WriteSeries<'_, String> {
-            (Ok(&labels[..]), (&p.samples[..], &p.sample_starts[..]), (&p.histograms[..], &p.histogram_starts[..]))
+            (
+                Ok(&labels[..]),
+                (&p.samples[..], &p.sample_starts[..]),
+                (&p.histograms[..], &p.histogram_starts[..]),
+                &[][..],
+            )
         });
         let out = append_all(&db, limits, series).map_err(ApiError::internal)?;
         let rejected = converted.rejected + out.rejected;

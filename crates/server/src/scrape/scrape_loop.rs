@@ -58,6 +58,8 @@ pub struct ScrapeStats {
     pub samples_appended: std::sync::atomic::AtomicU64,
     pub out_of_order: std::sync::atomic::AtomicU64,
     pub duplicate: std::sync::atomic::AtomicU64,
+    /// Exemplars the head refused (out of order, labels too long).
+    pub exemplars_rejected: std::sync::atomic::AtomicU64,
     pub out_of_bounds: std::sync::atomic::AtomicU64,
     pub sample_limit_exceeded: std::sync::atomic::AtomicU64,
 }
@@ -226,8 +228,8 @@ impl LoopState {
             }
             let Some(entry) = parser.parse_line_raw(line) else { continue };
             let entry = entry.map_err(|e| ScrapeFailure(format!("parse error: {e}")))?;
-            let (series_text, value, ts) = match entry {
-                RawEntry::Sample { series, value, timestamp_ms } => (series, value, timestamp_ms),
+            let (series_text, value, ts, exemplar) = match entry {
+                RawEntry::Sample { series, value, timestamp_ms, exemplar } => (series, value, timestamp_ms, exemplar),
                 RawEntry::Eof => break,
                 // Comments were taken above.
                 RawEntry::Type { .. } | RawEntry::Help { .. } | RawEntry::Unit { .. } => continue,
@@ -280,21 +282,37 @@ impl LoopState {
                             ScrapeFailure(format!("series {series_text} is now dropped by relabeling"))
                         })?;
                         app.append_handle(&labels, st, value).map(|r| {
+                            let series_ref = r.series_ref;
                             self.cache.replace_last_found(CacheEntry::Series {
                                 series: r,
                                 seen: iter,
                                 seen_before: 0,
                                 track,
                             });
+                            series_ref
                         })
                     }
-                    other => other,
+                    Ok(()) => Ok(series.series_ref),
+                    Err(e) => Err(e),
                 },
                 Err(labels) => app.append_handle(&labels, st, value).map(|r| {
+                    let series_ref = r.series_ref;
                     counts.series_added += 1;
                     self.cache.insert(series_text, CacheEntry::Series { series: r, seen: iter, seen_before: 0, track });
+                    series_ref
                 }),
             };
+            // The sample's exemplar, at the sample's time when it has none of its own. A
+            // malformed one fails the scrape (as in Prometheus); one the storage refuses (older
+            // than the series' newest) is counted.
+            if let (Some(text), Ok(series_ref)) = (exemplar, &appended) {
+                let (labels, v, et) = parser.exemplar(text).map_err(|e| ScrapeFailure(format!("parse error: {e}")))?;
+                let e = strata_tsdb::head::exemplars::Exemplar { labels, t: et.unwrap_or(st), v };
+                if app.append_exemplar(*series_ref, e).is_err() {
+                    stats.exemplars_rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let appended = appended.map(drop);
             match appended {
                 Ok(()) => {}
                 Err(AppendError::Sample(e)) => {

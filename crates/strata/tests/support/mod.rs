@@ -277,6 +277,7 @@ pub fn remote_write_body(series: &[TestSeries<'_>]) -> Vec<u8> {
                 labels: l.iter().map(|(n, v)| Label::new(*n, v.clone())).collect(),
                 samples: s.iter().map(|&(t, v)| Sample { value: v, timestamp: t }).collect(),
                 histograms: vec![],
+                exemplars: vec![],
             })
             .collect(),
         metadata: vec![],
