@@ -911,13 +911,39 @@ fn metric_type_name(t: i32) -> &'static str {
     }
 }
 
+/// Most bytes of chunk data in one frame of a streamed read (Prometheus'
+/// `--storage.remote.read-max-bytes-in-frame`): a series with more goes out in several frames.
+const READ_FRAME_BYTES: usize = 1 << 20;
+
+/// Remote read: the response type is the first of the client's `accepted_response_types` that
+/// Strata serves (`SAMPLES`, `STREAMED_XOR_CHUNKS`), as Prometheus chooses it; none given means
+/// samples. Streamed responses are frames of `ChunkedReadResponse` (Thanos' sidecar and
+/// Prometheus' streamed client read them); their series must be float series (native histograms
+/// are refused there, with the reason, until their chunk format is written).
 async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
     let db = db(&st)?;
     let body = read_body(&st, body).await?;
     let req: remote::ReadRequest = remote::decode(&body, st.limits.max_decompressed_bytes).map_err(decode_err)?;
+    let streamed = if req.accepted_response_types.is_empty() {
+        false
+    } else {
+        req.accepted_response_types
+            .iter()
+            .find_map(|&t| match t {
+                remote::RESPONSE_SAMPLES => Some(false),
+                remote::RESPONSE_STREAMED_XOR_CHUNKS => Some(true),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                ApiError::bad_data(format!(
+                    "none of the accepted response types {:?} is served (0: SAMPLES, 1: STREAMED_XOR_CHUNKS)",
+                    req.accepted_response_types
+                ))
+            })?
+    };
     let max_samples = st.limits.max_query_samples;
     let st2 = st.clone();
-    let resp = run_query(&st, move |stopper| -> Result<remote::ReadResponse, ApiError> {
+    let results = run_query(&st, move |stopper| -> Result<Vec<Vec<remote::TimeSeries>>, ApiError> {
         let mut budget = Budget::new(&st2, &stopper);
         let mut results = Vec::with_capacity(req.queries.len());
         for q in &req.queries {
@@ -947,6 +973,12 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                 if samples.is_empty() && histograms.is_empty() {
                     continue;
                 }
+                if streamed && !histograms.is_empty() {
+                    return Err(ApiError::bad_data(format!(
+                        "series {} holds native histograms, which streamed remote read cannot send yet: ask for SAMPLES (response type 0)",
+                        s.labels
+                    )));
+                }
                 budget.take(samples.len() + histograms.len()).map_err(|e| {
                     if e.kind == "execution" {
                         ApiError::execution(format!("remote read would return more than {max_samples} samples"))
@@ -957,15 +989,47 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
                 let labels = s.labels.iter().map(|l| remote::Label::new(&*l.name, &*l.value)).collect();
                 timeseries.push(remote::TimeSeries { labels, samples, histograms, exemplars: Vec::new() });
             }
-            results.push(remote::QueryResult { timeseries });
+            results.push(timeseries);
         }
-        Ok(remote::ReadResponse { results })
+        Ok(results)
     })
     .await?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")],
-        remote::encode(&resp),
-    )
+    if !streamed {
+        let resp = remote::ReadResponse {
+            results: results.into_iter().map(|timeseries| remote::QueryResult { timeseries }).collect(),
+        };
+        return Ok((
+            [(header::CONTENT_TYPE, "application/x-protobuf"), (header::CONTENT_ENCODING, "snappy")],
+            remote::encode(&resp),
+        )
+            .into_response());
+    }
+    let mut out = Vec::new();
+    for (query_index, timeseries) in results.into_iter().enumerate() {
+        for ts in timeseries {
+            let samples: Vec<Sample> = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
+            let mut frame = remote::ChunkedSeries { labels: ts.labels, chunks: Vec::new() };
+            let mut bytes = 0;
+            for chunk in remote::xor_chunks(&samples) {
+                if bytes + chunk.data.len() > READ_FRAME_BYTES && !frame.chunks.is_empty() {
+                    let msg = remote::ChunkedReadResponse {
+                        chunked_series: vec![remote::ChunkedSeries {
+                            labels: frame.labels.clone(),
+                            chunks: std::mem::take(&mut frame.chunks),
+                        }],
+                        query_index: query_index as i64,
+                    };
+                    remote::put_frame(&msg, &mut out);
+                    bytes = 0;
+                }
+                bytes += chunk.data.len();
+                frame.chunks.push(chunk);
+            }
+            let msg = remote::ChunkedReadResponse { chunked_series: vec![frame], query_index: query_index as i64 };
+            remote::put_frame(&msg, &mut out);
+        }
+    }
+    Ok(([(header::CONTENT_TYPE, "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse")], out)
         .into_response())
 }
 

@@ -152,6 +152,73 @@ pub struct ReadRequest {
     pub accepted_response_types: Vec<i32>,
 }
 
+/// `ReadRequest.accepted_response_types` values.
+pub const RESPONSE_SAMPLES: i32 = 0;
+pub const RESPONSE_STREAMED_XOR_CHUNKS: i32 = 1;
+
+/// One frame's message of a streamed read (`prompb.ChunkedReadResponse`).
+#[derive(Clone, PartialEq, Message)]
+pub struct ChunkedReadResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub chunked_series: Vec<ChunkedSeries>,
+    /// Which query of the request the series answer.
+    #[prost(int64, tag = "2")]
+    pub query_index: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ChunkedSeries {
+    #[prost(message, repeated, tag = "1")]
+    pub labels: Vec<Label>,
+    #[prost(message, repeated, tag = "2")]
+    pub chunks: Vec<Chunk>,
+}
+
+/// `prompb.Chunk`: Prometheus' chunk bytes (for XOR: the big-endian sample count, then the
+/// bit stream).
+#[derive(Clone, PartialEq, Message)]
+pub struct Chunk {
+    #[prost(int64, tag = "1")]
+    pub min_time_ms: i64,
+    #[prost(int64, tag = "2")]
+    pub max_time_ms: i64,
+    /// UNKNOWN = 0, XOR = 1, HISTOGRAM = 2, FLOAT_HISTOGRAM = 3.
+    #[prost(int32, tag = "3")]
+    pub r#type: i32,
+    #[prost(bytes = "vec", tag = "4")]
+    pub data: Vec<u8>,
+}
+
+/// Samples per chunk of a streamed read, as Prometheus cuts them.
+pub const STREAMED_CHUNK_SAMPLES: usize = 120;
+
+/// Float samples as Prometheus XOR chunks of at most `STREAMED_CHUNK_SAMPLES`. Strata's XOR
+/// body is Prometheus' bit for bit (`docs/format/chunks.md`); Prometheus' chunk bytes are ours
+/// without the leading encoding byte.
+pub fn xor_chunks(samples: &[strata_model::Sample]) -> Vec<Chunk> {
+    samples
+        .chunks(STREAMED_CHUNK_SAMPLES)
+        .map(|part| {
+            let mut app = strata_tsdb::chunkenc::XorAppender::new();
+            for s in part {
+                app.append(s.t, s.v);
+            }
+            let bytes = app.into_bytes();
+            debug_assert_eq!(bytes[0], strata_tsdb::chunkenc::Encoding::Xor as u8);
+            Chunk { min_time_ms: part[0].t, max_time_ms: part[part.len() - 1].t, r#type: 1, data: bytes[1..].to_vec() }
+        })
+        .collect()
+}
+
+/// Appends one frame of a streamed read to `out`: the message's length as a uvarint, its
+/// CRC-32C (Castagnoli) big-endian, then the message.
+pub fn put_frame(msg: &ChunkedReadResponse, out: &mut Vec<u8>) {
+    let data = msg.encode_to_vec();
+    prost::encoding::encode_varint(data.len() as u64, out);
+    out.extend_from_slice(&crc32c::crc32c(&data).to_be_bytes());
+    out.extend_from_slice(&data);
+}
+
 #[derive(Clone, PartialEq, Message)]
 pub struct Query {
     #[prost(int64, tag = "1")]

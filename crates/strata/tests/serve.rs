@@ -803,3 +803,192 @@ fn range_results_are_cached_and_stay_exact() {
     assert_eq!(count("bypass"), 5.0, "the nocache=1 requests");
     assert!(metrics.contains("strata_query_cache_invalidations_total 2"), "{metrics}");
 }
+
+/// A Prometheus XOR chunk decoded from its bytes alone (big-endian sample count, then the bit
+/// stream), written from Prometheus' `tsdb/chunkenc/xor.go` layout rather than with Strata's
+/// decoder, so that the streamed read is checked against the format, not against itself.
+fn decode_prometheus_xor(data: &[u8]) -> Vec<(i64, f64)> {
+    struct Bits<'a> {
+        b: &'a [u8],
+        pos: usize,
+    }
+    impl Bits<'_> {
+        fn bit(&mut self) -> u64 {
+            let v = (self.b[self.pos / 8] >> (7 - self.pos % 8)) & 1;
+            self.pos += 1;
+            v as u64
+        }
+        fn bits(&mut self, n: u32) -> u64 {
+            (0..n).fold(0u64, |acc, _| (acc << 1) | self.bit())
+        }
+        fn uvarint(&mut self) -> u64 {
+            let (mut v, mut shift) = (0u64, 0);
+            loop {
+                let byte = self.bits(8);
+                v |= (byte & 0x7f) << shift;
+                if byte < 0x80 {
+                    return v;
+                }
+                shift += 7;
+            }
+        }
+    }
+    let n = u16::from_be_bytes([data[0], data[1]]) as usize;
+    let mut r = Bits { b: &data[2..], pos: 0 };
+    let mut out = Vec::with_capacity(n);
+    let (mut t, mut delta, mut v_bits, mut leading, mut trailing) = (0i64, 0i64, 0u64, 0u32, 0u32);
+    for i in 0..n {
+        if i == 0 {
+            let z = r.uvarint();
+            t = ((z >> 1) as i64) ^ -((z & 1) as i64);
+            v_bits = r.bits(64);
+        } else {
+            if i == 1 {
+                delta = r.uvarint() as i64;
+            } else {
+                let dod = if r.bit() == 0 {
+                    0
+                } else if r.bit() == 0 {
+                    sign_extend(r.bits(14), 14)
+                } else if r.bit() == 0 {
+                    sign_extend(r.bits(17), 17)
+                } else if r.bit() == 0 {
+                    sign_extend(r.bits(20), 20)
+                } else {
+                    r.bits(64) as i64
+                };
+                delta = delta.wrapping_add(dod);
+            }
+            t = t.wrapping_add(delta);
+            if r.bit() == 1 {
+                if r.bit() == 1 {
+                    leading = r.bits(5) as u32;
+                    let mut sig = r.bits(6) as u32;
+                    if sig == 0 {
+                        sig = 64;
+                    }
+                    trailing = 64 - leading - sig;
+                }
+                let sig = 64 - leading - trailing;
+                v_bits ^= r.bits(sig) << trailing;
+            }
+        }
+        out.push((t, f64::from_bits(v_bits)));
+    }
+    out
+}
+
+fn sign_extend(v: u64, bits: u32) -> i64 {
+    ((v << (64 - bits)) as i64) >> (64 - bits)
+}
+
+/// Streamed remote read (`STREAMED_XOR_CHUNKS`, what Thanos' sidecar asks for): frames with a
+/// CRC-32C, XOR chunks of at most 120 samples, the query index; the response type chosen in
+/// the client's order; types Strata does not serve and histograms refused with the reason.
+#[test]
+fn streamed_remote_read_sends_xor_chunks_in_checked_frames() {
+    use prost::Message;
+    use strata_server::remote::{ChunkedReadResponse, LabelMatcher, Query, ReadRequest};
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &[]);
+    let t0 = now_ms() / 1000 * 1000 - 3_600_000;
+    // 300 samples 10 s apart, with jitter and values that change in few bits or a lot.
+    let many: Vec<(i64, f64)> = (0..300)
+        .map(|k| (t0 + k * 10_000 + (k * 37 % 11), if k % 7 == 0 { f64::NAN } else { (k as f64).sqrt() }))
+        .collect();
+    let body = support::remote_write_body(&[
+        (vec![("__name__", "streamed".into()), ("n", "many".into())], many.clone()),
+        (vec![("__name__", "streamed".into()), ("n", "one".into())], vec![(t0, 5e-324)]),
+    ]);
+    let (status, resp) = http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &body);
+    assert_eq!(status, 204, "{resp}");
+    let query = |types: Vec<i32>, name: &str| ReadRequest {
+        queries: vec![
+            Query {
+                start_timestamp_ms: t0 - 1000,
+                end_timestamp_ms: t0 + 3_600_000,
+                matchers: vec![LabelMatcher { r#type: 0, name: "__name__".into(), value: name.into() }],
+            },
+            Query {
+                start_timestamp_ms: t0 - 1000,
+                end_timestamp_ms: t0 + 3_600_000,
+                matchers: vec![LabelMatcher { r#type: 0, name: "n".into(), value: "one".into() }],
+            },
+        ],
+        accepted_response_types: types,
+    };
+    let read = |req: &ReadRequest| {
+        let raw = strata_server::remote::encode(req);
+        support::http_bytes_with_head(srv.port, "POST", "/api/v1/read", &[("Content-Encoding", "snappy")], &raw)
+    };
+    let (status, head, body) = read(&query(vec![1, 0], "streamed"));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/x-streamed-protobuf; proto=prometheus.chunkedreadresponse"),
+        "{head}"
+    );
+    // Frames: uvarint length, CRC-32C big-endian, message.
+    let mut frames = Vec::new();
+    let mut rest = &body[..];
+    while !rest.is_empty() {
+        let (mut len, mut shift, mut i) = (0usize, 0, 0);
+        loop {
+            let b = rest[i];
+            len |= ((b & 0x7f) as usize) << shift;
+            i += 1;
+            if b < 0x80 {
+                break;
+            }
+            shift += 7;
+        }
+        let crc = u32::from_be_bytes(rest[i..i + 4].try_into().unwrap());
+        let data = &rest[i + 4..i + 4 + len];
+        assert_eq!(crc, crc32c_of(data), "frame checksum");
+        frames.push(ChunkedReadResponse::decode(data).unwrap());
+        rest = &rest[i + 4 + len..];
+    }
+    assert_eq!(frames.iter().map(|f| f.query_index).collect::<Vec<_>>(), [0, 0, 1]);
+    let many_series = &frames[0].chunked_series[0];
+    assert!(many_series.labels.iter().any(|l| l.name == "n" && l.value == "many"));
+    assert_eq!(
+        many_series.chunks.iter().map(|c| u16::from_be_bytes([c.data[0], c.data[1]])).collect::<Vec<_>>(),
+        [120, 120, 60]
+    );
+    let mut got = Vec::new();
+    for c in &many_series.chunks {
+        assert_eq!(c.r#type, 1, "XOR");
+        let samples = decode_prometheus_xor(&c.data);
+        assert_eq!((c.min_time_ms, c.max_time_ms), (samples[0].0, samples[samples.len() - 1].0));
+        got.extend(samples);
+    }
+    assert_eq!(got.len(), many.len());
+    for ((t, v), (wt, wv)) in got.iter().zip(&many) {
+        assert_eq!((t, v.to_bits()), (wt, wv.to_bits()));
+    }
+    let one = decode_prometheus_xor(&frames[2].chunked_series[0].chunks[0].data);
+    assert_eq!(one.len(), 1);
+    assert_eq!((one[0].0, one[0].1.to_bits()), (t0, 5e-324f64.to_bits()));
+
+    // SAMPLES first in the client's list: the samples response.
+    let (status, _, body) = read(&query(vec![0, 1], "streamed"));
+    assert_eq!(status, 200);
+    let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+    assert_eq!(strata_server::remote::ReadResponse::decode(&raw[..]).unwrap().results.len(), 2);
+    // Only types Strata does not serve: 400 naming them.
+    let (status, _, body) = read(&query(vec![7], "streamed"));
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("none of the accepted response types [7]"));
+}
+
+/// CRC-32C (Castagnoli), bit by bit: the checksum streamed remote read frames carry.
+fn crc32c_of(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    !crc
+}

@@ -214,7 +214,18 @@ fn dechunk(mut s: &str) -> String {
 
 /// One request; returns (status, response head, body bytes), a chunked body reassembled.
 pub fn http_raw_body(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String, Vec<u8>) {
-    let resp = exchange(port, &request_bytes(method, path, headers, b"")).unwrap();
+    http_bytes_with_head(port, method, path, headers, b"")
+}
+
+/// A request with a body: (status, response head, body bytes, de-chunked).
+pub fn http_bytes_with_head(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    let resp = exchange(port, &request_bytes(method, path, headers, body)).unwrap();
     let split = resp.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
     let head = String::from_utf8_lossy(&resp[..split]).into_owned();
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
