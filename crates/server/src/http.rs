@@ -538,6 +538,8 @@ struct WriteOutcome {
     first_error: Option<String>,
     exemplars_appended: usize,
     exemplars_rejected: usize,
+    /// Of `appended`, native histograms.
+    histograms_appended: usize,
 }
 
 impl WriteOutcome {
@@ -565,8 +567,11 @@ impl WriteOutcome {
             }
         };
         let h = resp.headers_mut();
-        h.insert("X-Prometheus-Remote-Write-Samples-Written", HeaderValue::from(self.appended));
-        h.insert("X-Prometheus-Remote-Write-Histograms-Written", HeaderValue::from(0));
+        h.insert(
+            "X-Prometheus-Remote-Write-Samples-Written",
+            HeaderValue::from(self.appended - self.histograms_appended),
+        );
+        h.insert("X-Prometheus-Remote-Write-Histograms-Written", HeaderValue::from(self.histograms_appended));
         h.insert("X-Prometheus-Remote-Write-Exemplars-Written", HeaderValue::from(self.exemplars_appended));
         resp
     }
@@ -677,6 +682,7 @@ fn append_all<'a, S: AsRef<str> + 'a>(
     let c = app.commit().map_err(|e| e.to_string())?;
     out.appended = c.appended;
     out.exemplars_appended = c.exemplars_appended;
+    out.histograms_appended = c.histograms_appended;
     if let Some((_, e)) = c.first_rejection {
         out.reject(c.rejected, || e.to_string());
     }

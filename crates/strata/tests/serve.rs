@@ -609,7 +609,10 @@ fn native_histograms_over_remote_write_query_and_remote_read() {
     let (status, head, body) =
         support::http_with_head(srv.port, "POST", "/api/v1/write", &snappy, &strata_server::remote::encode(&req));
     assert_eq!(status, 204, "{body}");
-    assert!(head.to_ascii_lowercase().contains("x-prometheus-remote-write-samples-written: 4"), "{head}");
+    // Remote write 2.0's headers count floats and histograms apart.
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("x-prometheus-remote-write-samples-written: 0"), "{head}");
+    assert!(head.contains("x-prometheus-remote-write-histograms-written: 4"), "{head}");
 
     // 2.0: a gauge histogram with custom buckets.
     let mut req2 = v2::request(&[(vec![("__name__", "queue_depth"), ("job", "api")], vec![])]);
@@ -628,8 +631,34 @@ fn native_histograms_over_remote_write_query_and_remote_read() {
         ("Content-Encoding", "snappy"),
         ("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v2.Request"),
     ];
-    let (status, body) = http(srv.port, "POST", "/api/v1/write", &v2_headers, &support::snappy(&req2.encode_to_vec()));
+    let (status, head, body) = support::http_with_head(
+        srv.port,
+        "POST",
+        "/api/v1/write",
+        &v2_headers,
+        &support::snappy(&req2.encode_to_vec()),
+    );
     assert_eq!(status, 204, "{body}");
+    assert!(head.to_ascii_lowercase().contains("x-prometheus-remote-write-histograms-written: 1"), "{head}");
+
+    // Streamed remote read cannot carry histograms yet: refused with the reason.
+    let streamed = ReadRequest {
+        queries: vec![Query {
+            start_timestamp_ms: t0,
+            end_timestamp_ms: t0 + 60_000,
+            matchers: vec![LabelMatcher { r#type: 0, name: "__name__".into(), value: "queue_depth".into() }],
+        }],
+        accepted_response_types: vec![1],
+    };
+    let (status, resp) = support::http_bytes(
+        srv.port,
+        "POST",
+        "/api/v1/read",
+        &[("Content-Encoding", "snappy")],
+        &strata_server::remote::encode(&streamed),
+    );
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&resp).contains("ask for SAMPLES"), "{}", String::from_utf8_lossy(&resp));
 
     // An invalid histogram (a negative bucket count) is refused with the reason.
     let mut bad = int_hist(5);

@@ -46,6 +46,8 @@ pub struct CommitOutcome {
     pub first_rejection: Option<(SeriesRef, SampleError)>,
     /// Exemplars stored and logged (duplicates of a series' newest are not counted).
     pub exemplars_appended: usize,
+    /// Of `appended`, the native histogram samples.
+    pub histograms_appended: usize,
 }
 
 /// What an appender does with a late sample: one at or before its series' newest timestamp, or
@@ -576,6 +578,7 @@ impl<'h> Appender<'h> {
             }
         }
         out.appended = logged.len() + logged_histograms.len() + logged_late.len();
+        out.histograms_appended = logged_histograms.len();
         head.stats.samples_appended_late.fetch_add(logged_late.len() as u64, Ordering::Relaxed);
         head.stats.samples_appended.fetch_add(out.appended as u64, Ordering::Relaxed);
         AppendBuffers { pending, batch_max: std::mem::take(&mut self.batch_max), logged }.keep();
