@@ -331,3 +331,76 @@ fn format_query_writes_what_prometheus_writes() {
     let _ = prom.kill();
     let _ = prom.wait();
 }
+
+/// Prometheus 2.42 with Strata as its `remote_read` storage (and nothing of its own) answers
+/// range queries exactly as Strata does: its remote read client decodes what `/api/v1/read`
+/// sends. (2.42's client asks for samples; the streamed response is checked in `serve.rs`.)
+#[test]
+fn prometheus_reads_strata_by_remote_read() {
+    let prometheus = which("prometheus");
+    let tmp = tempfile::tempdir().unwrap();
+    let strata = Server::start(&tmp.path().join("strata"), &[]);
+    // Two hours of a counter and a gauge, 15 s apart with jitter, in three series.
+    let end = support::now_ms() / 1000 * 1000 - 60_000;
+    let start = end - 2 * 3_600_000;
+    let mut text = String::from("# TYPE requests_total counter\n# TYPE temperature gauge\n");
+    for k in 0..480i64 {
+        let t = start + k * 15_000 + (k * 7919 % 400);
+        for (code, rate) in [("200", 5), ("500", 1)] {
+            text += &format!("requests_total{{code=\"{code}\",job=\"api\"}} {} {t}\n", k * rate + (k / 200) * 3);
+        }
+        text += &format!("temperature{{room=\"lab\"}} {} {t}\n", 20.0 + (k as f64 / 30.0).sin());
+    }
+    let (status, body) = http(strata.port, "POST", "/api/v1/import/prometheus", &[], text.as_bytes());
+    assert_eq!(status, 204, "{body}");
+    let prom_port = free_port();
+    let config =
+        format!("remote_read:\n  - url: http://127.0.0.1:{}/api/v1/read\n    read_recent: true\n", strata.port);
+    let cfg = tmp.path().join("prometheus.yml");
+    std::fs::write(&cfg, config).unwrap();
+    let mut prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let range = |port: u16, q: &str| -> Option<serde_json::Value> {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={}&end={}&step=60",
+            form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>(),
+            // 7 s off the samples' 15 s grid: no range boundary falls on a sample, where
+            // Prometheus 2.42 (closed on the left) and 3 (open, as Strata) differ.
+            start / 1000 + 607,
+            end / 1000
+        );
+        let (status, body) = try_http(port, "GET", &path, &[], b"").ok()?;
+        (status == 200).then(|| {
+            let mut v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let mut r = v["data"]["result"].as_array().unwrap().clone();
+            r.sort_by_key(|s| s["metric"].to_string());
+            v["data"]["result"] = serde_json::Value::Array(r);
+            v["data"].clone()
+        })
+    };
+    let queries = [
+        "requests_total",
+        "sum by (code) (rate(requests_total[5m]))",
+        "increase(requests_total{code=\"500\"}[10m])",
+        "max_over_time(temperature[7m])",
+        "temperature - on() group_left sum(requests_total) * 0",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while range(prom_port, "temperature").is_none_or(|d| d["result"].as_array().unwrap().is_empty()) {
+        assert!(Instant::now() < deadline, "Prometheus never answered from remote read");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for q in queries {
+        let (ours, theirs) = (range(strata.port, q).unwrap(), range(prom_port, q).unwrap());
+        assert!(!ours["result"].as_array().unwrap().is_empty(), "{q}: empty");
+        assert_eq!(ours, theirs, "{q}: Strata (left), Prometheus reading Strata (right)");
+    }
+    let _ = prom.kill();
+    let _ = prom.wait();
+}
