@@ -387,3 +387,133 @@ fn pending_time_survives_a_crash() {
         "active time moved {shift:.1} s for {downtime:.1} s down: {first} → {restored}"
     );
 }
+
+/// A target serving a fixed exposition (Prometheus' text format).
+fn fixed_target(body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// One rule file, one scraped target, in Strata and in Debian's Prometheus 2.42: the recorded
+/// series (names, labels from the rule, values, a rule reading an earlier rule's output in the
+/// same evaluation) are the same in both.
+#[test]
+fn recording_rules_record_what_prometheus_records() {
+    let prometheus = which("prometheus");
+    let target = fixed_target(concat!(
+        "# TYPE http_requests_total counter\n",
+        "http_requests_total{code=\"200\",handler=\"/a\"} 10\n",
+        "http_requests_total{code=\"500\",handler=\"/a\"} 2\n",
+        "http_requests_total{code=\"200\",handler=\"/b\"} 7\n",
+        "# TYPE latency_seconds histogram\n",
+        "latency_seconds_bucket{le=\"0.1\"} 4\n",
+        "latency_seconds_bucket{le=\"0.5\"} 9\n",
+        "latency_seconds_bucket{le=\"+Inf\"} 10\n",
+        "latency_seconds_sum 2.5\n",
+        "latency_seconds_count 10\n",
+        "# TYPE temp gauge\n",
+        "temp{room=\"a\"} 21.5\n",
+        "temp{room=\"b\"} 19\n",
+    ));
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("rec.yml"),
+        r#"
+groups:
+  - name: rec
+    interval: 1s
+    rules:
+      - record: code:http_requests:sum
+        expr: sum by (code) (http_requests_total)
+        labels:
+          source: rules
+      - record: handler:errors:ratio
+        expr: sum by (handler) (http_requests_total{code="500"}) / sum by (handler) (http_requests_total)
+      - record: job:latency_seconds:p90
+        expr: histogram_quantile(0.9, sum by (job, le) (latency_seconds_bucket))
+      - record: room:temp:warm
+        expr: temp > 20
+      - record: room:temp:shifted
+        expr: temp + on (room) group_left () count by (room) (temp)
+      - record: code:http_requests:sum_doubled
+        expr: code:http_requests:sum * 2
+"#,
+    )
+    .unwrap();
+    let cfg = tmp.path().join("both.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['rec.yml']\n\
+             scrape_configs:\n  - job_name: t\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
+    let prom_port = free_port();
+    let mut prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let recorded = |port: u16| -> Vec<(BTreeMap<String, String>, String)> {
+        let q = "%7B__name__%3D~%22.%2B%3A.%2B%22%7D"; // {__name__=~".+:.+"}
+        let Ok((200, body)) = support::try_http(port, "GET", &format!("/api/v1/query?query={q}"), &[], b"") else {
+            return Vec::new();
+        };
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let mut out: Vec<(BTreeMap<String, String>, String)> = v["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let labels =
+                    r["metric"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()));
+                (labels.collect(), r["value"][1].as_str().unwrap().to_owned())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    // code:http_requests:sum (2), handler:errors:ratio (1: /b has no 500s), the p90 (1), warm (1), shifted (2),
+    // doubled (2).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let last = loop {
+        let last = (recorded(srv.port), recorded(prom_port));
+        if last.0.len() == 9 && last.1.len() == 9 {
+            break last;
+        }
+        assert!(Instant::now() < deadline, "not every rule recorded: {last:#?}\n{}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let (ours, theirs) = last;
+    assert_eq!(ours, theirs, "Strata (left), Prometheus (right)");
+    let doubled = ours.iter().find(|(l, _)| l["__name__"] == "code:http_requests:sum_doubled" && l["code"] == "200");
+    assert_eq!(doubled.map(|(_, v)| v.as_str()), Some("34"), "{ours:?}");
+    assert!(ours.iter().any(|(l, _)| l.get("source").is_some_and(|s| s == "rules")), "{ours:?}");
+}
