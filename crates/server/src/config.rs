@@ -92,7 +92,12 @@ impl StorageConfig {
         };
         DbOptions {
             head: HeadOptions {
-                wal: WalOptions { fsync, segment_bytes: self.wal_segment_bytes, compression: self.wal_compression },
+                wal: WalOptions {
+                    fsync,
+                    segment_bytes: self.wal_segment_bytes,
+                    compression: self.wal_compression,
+                    progress: Some(crate::status::wal_replay_progress()),
+                },
                 out_of_order: OutOfOrder { window_ms: self.out_of_order_window_ms, replace: false },
                 max_exemplars: self.max_exemplars,
                 ..Default::default()

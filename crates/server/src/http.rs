@@ -1800,11 +1800,13 @@ async fn buildinfo() -> Response {
 }
 
 /// `/api/v1/status/walreplay`, in Prometheus' shape: the first and last WAL segment the start
-/// replayed after the checkpoint, and the one being replayed (the last, once done). Replay
-/// runs before the database serves anything here, so until it is done this answers 503 like
-/// the other storage endpoints.
+/// replays after the checkpoint, and the one being replayed (the last, once done). It answers
+/// while the replay runs (the database is not open yet), from the replay's progress.
 async fn walreplay(State(st): State<Arc<AppState>>) -> ApiResult {
-    let db = db(&st)?;
+    let Ok(db) = db(&st) else {
+        let (first, last, current, _) = crate::status::wal_replay_progress().snapshot();
+        return Ok(success(json!({"min": first, "max": last, "current": current})));
+    };
     let r = db.replay_outcome();
     let (min, max) = match r.segments_read {
         0 => (0, 0),

@@ -5,6 +5,13 @@ use std::fmt::Write;
 use strata_tsdb::db::DbStatus;
 
 /// Formats a millisecond timestamp as RFC 3339 (UTC), without pulling in a date crate.
+/// The progress of this process' WAL replay (its one database), shown by
+/// `/api/v1/status/walreplay` while the database opens.
+pub fn wal_replay_progress() -> &'static strata_tsdb::wal::ReplayProgress {
+    static PROGRESS: std::sync::OnceLock<strata_tsdb::wal::ReplayProgress> = std::sync::OnceLock::new();
+    PROGRESS.get_or_init(Default::default)
+}
+
 pub fn format_ms(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);

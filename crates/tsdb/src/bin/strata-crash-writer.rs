@@ -77,7 +77,7 @@ fn main() {
 
     let mut opts = DbOptions {
         head: HeadOptions {
-            wal: WalOptions { fsync: FsyncPolicy::Always, segment_bytes: 16 << 20, compression: true },
+            wal: WalOptions { fsync: FsyncPolicy::Always, segment_bytes: 16 << 20, compression: true, progress: None },
             ..Default::default()
         },
         ..Default::default()

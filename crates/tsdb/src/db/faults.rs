@@ -349,7 +349,7 @@ fn run_seed(seed: u64, rollups: bool) -> (FaultCounts, CompactOutcome, usize) {
     let opts = DbOptions {
         head: HeadOptions {
             chunk_range_ms: RANGE,
-            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
+            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true, progress: None },
             ..HeadOptions::default()
         },
         retention_ms: RETENTION,
@@ -505,7 +505,7 @@ fn samples_of_a_failed_commit_are_cut_into_a_block_once_a_later_commit_acknowled
     let opts = DbOptions {
         head: HeadOptions {
             chunk_range_ms: RANGE,
-            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
+            wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true, progress: None },
             ..HeadOptions::default()
         },
         retention_ms: 0,
@@ -547,7 +547,7 @@ fn a_block_whose_deletion_the_disk_refuses_stays_listed_and_deletions_reach_it()
     fs.create_dir_all(Path::new("/data")).unwrap();
     let head = HeadOptions {
         chunk_range_ms: RANGE,
-        wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true },
+        wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true, progress: None },
         ..HeadOptions::default()
     };
     let keep_all =

@@ -45,7 +45,7 @@ impl Run {
             let opened = Wal::open_on(
                 Arc::new(self.fs.clone()),
                 self.dir,
-                WalOptions { segment_bytes: 600, fsync: self.policy, compression: true },
+                WalOptions { segment_bytes: 600, fsync: self.policy, compression: true, progress: None },
                 |body| {
                     if let Record::Samples(v) = record::decode(body)? {
                         got.extend(v.iter().map(|s| s.t));
@@ -245,7 +245,7 @@ fn the_log_writes_again_when_space_returns() {
         let (wal, _) = Wal::open_on(
             Arc::new(fs.clone()),
             dir,
-            WalOptions { segment_bytes: 600, fsync: FsyncPolicy::Always, compression: true },
+            WalOptions { segment_bytes: 600, fsync: FsyncPolicy::Always, compression: true, progress: None },
             |b| {
                 got.push(b.to_vec());
                 Ok(())

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 pub use checkpoint::{checkpoint_name, parse_checkpoint_name, CheckpointStats};
-pub use replay::{replay, ReplayOutcome};
+pub use replay::{replay, ReplayOutcome, ReplayProgress};
 use segment::{frame_record, segment_header, segment_path, SEGMENT_HEADER_BYTES};
 
 use crate::error::{io_err, Error, Result};
@@ -70,11 +70,19 @@ pub struct WalOptions {
     pub fsync: FsyncPolicy,
     /// Records compressed with zstd where it pays (`docs/format/wal.md`); on by default.
     pub compression: bool,
+    /// Where replay reports which segment it reads, for a server to show while it opens
+    /// (`/api/v1/status/walreplay`). A process holds one for its database, for its lifetime.
+    pub progress: Option<&'static ReplayProgress>,
 }
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::default(), compression: true }
+        WalOptions {
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            fsync: FsyncPolicy::default(),
+            compression: true,
+            progress: None,
+        }
     }
 }
 
@@ -163,7 +171,7 @@ impl Wal {
         apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
     ) -> Result<(Arc<Wal>, ReplayOutcome)> {
         assert!(opts.segment_bytes > SEGMENT_HEADER_BYTES, "segment size must exceed the header");
-        let outcome = replay(&*fs, dir, apply)?;
+        let outcome = replay(&*fs, dir, apply, opts.progress)?;
         let index = outcome.next_segment;
         let file = create_segment(&*fs, dir, index, opts.compression)?;
         let wal = Arc::new(Wal {

@@ -5,6 +5,7 @@
 //! loudly with segment and offset. Everything before that frame is applied.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::checkpoint::{checkpoint_dir_entries, CheckpointEntry};
 use super::list_segments;
@@ -26,11 +27,49 @@ pub struct ReplayOutcome {
     pub cut: Option<(u64, u64, String)>,
 }
 
-/// Replays `dir` through `apply`, repairing a torn tail. Creates `dir` if missing.
+/// Which segments a replay reads and which it is on, as Prometheus' `walreplay` status shows
+/// them: `first` and `last` are known once the segments are listed, `current` advances as each
+/// begins, `done` is set at the end.
+#[derive(Debug, Default)]
+pub struct ReplayProgress {
+    pub first: AtomicU64,
+    pub last: AtomicU64,
+    pub current: AtomicU64,
+    pub done: AtomicBool,
+}
+
+impl ReplayProgress {
+    /// `(first, last, current, done)`.
+    pub fn snapshot(&self) -> (u64, u64, u64, bool) {
+        (
+            self.first.load(Ordering::Relaxed),
+            self.last.load(Ordering::Relaxed),
+            self.current.load(Ordering::Relaxed),
+            self.done.load(Ordering::Acquire),
+        )
+    }
+}
+
+/// Replays `dir` through `apply`, repairing a torn tail. Creates `dir` if missing. `progress`
+/// follows the segments as they are read.
 pub fn replay(
     fs: &dyn Vfs,
     dir: &Path,
     mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
+    progress: Option<&ReplayProgress>,
+) -> Result<ReplayOutcome> {
+    let out = replay_inner(fs, dir, &mut apply, progress);
+    if let Some(p) = progress {
+        p.done.store(true, Ordering::Release);
+    }
+    out
+}
+
+fn replay_inner(
+    fs: &dyn Vfs,
+    dir: &Path,
+    mut apply: impl FnMut(&[u8]) -> Result<(), RecordError>,
+    progress: Option<&ReplayProgress>,
 ) -> Result<ReplayOutcome> {
     fs.create_dir_all(dir).map_err(io_err("create directory", dir))?;
     let mut out = ReplayOutcome::default();
@@ -67,9 +106,17 @@ pub fn replay(
     if let Some(w) = segments.windows(2).find(|w| w[1] != w[0] + 1) {
         return Err(Error::WalSegmentGap { dir: dir.to_owned(), before: w[0], after: w[1] });
     }
+    if let (Some(p), Some(&first), Some(&last)) = (progress, segments.first(), segments.last()) {
+        p.first.store(first, Ordering::Relaxed);
+        p.last.store(last, Ordering::Relaxed);
+        p.current.store(first, Ordering::Relaxed);
+    }
 
     for (i, &seg) in segments.iter().enumerate() {
         let path = segment_path(dir, seg);
+        if let Some(p) = progress {
+            p.current.store(seg, Ordering::Relaxed);
+        }
         out.segments_read += 1;
         out.next_segment = seg + 1;
         let Some(c) = apply_segment(fs, &path, &mut apply, &mut out)? else {

@@ -6,7 +6,7 @@ use std::io::{Seek, SeekFrom};
 use strata_model::Labels;
 
 fn opts() -> WalOptions {
-    WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::Always, compression: true }
+    WalOptions { segment_bytes: SEGMENT_BYTES_DEFAULT, fsync: FsyncPolicy::Always, compression: true, progress: None }
 }
 
 /// `opts()` without compression: frames at offsets a test can compute.
@@ -137,8 +137,12 @@ fn corruption_cases() {
 #[test]
 fn segments_roll_at_the_size_limit_and_replay_in_order() {
     let tmp = tempfile::tempdir().unwrap();
-    let o =
-        WalOptions { segment_bytes: 1000, fsync: FsyncPolicy::Interval(Duration::from_millis(5)), compression: true };
+    let o = WalOptions {
+        segment_bytes: 1000,
+        fsync: FsyncPolicy::Interval(Duration::from_millis(5)),
+        compression: true,
+        progress: None,
+    };
     let (wal, _, _) = open_collect(tmp.path(), o);
     let recs: Vec<Vec<u8>> = (0..50u8).map(|i| rec(i, 100 + i as usize)).collect();
     for r in &recs {
@@ -172,7 +176,7 @@ fn oversized_records_are_refused_not_written() {
 #[test]
 fn a_missing_segment_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always, compression: true };
+    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always, compression: true, progress: None };
     let (wal, _, _) = open_collect(tmp.path(), o);
     for i in 0..10 {
         wal.commit(&[&rec(i, 150)]).unwrap();
@@ -391,4 +395,32 @@ fn undecodable_frames_are_cut() {
         assert_eq!(got, vec![rec(1, 10)], "encoding {encoding}");
         assert_eq!(outcome.cut.map(|c| c.1), Some(cut_at), "encoding {encoding}");
     }
+}
+
+#[test]
+fn replay_reports_its_progress_segment_by_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always, compression: false, progress: None };
+    let (wal, _, _) = open_collect(tmp.path(), o);
+    for i in 0..10 {
+        wal.commit(&[&rec(i, 150)]).unwrap();
+    }
+    drop(wal);
+    let progress: &'static ReplayProgress = Box::leak(Box::default());
+    let mut seen = Vec::new();
+    let (_, outcome) = Wal::open(tmp.path(), WalOptions { progress: Some(progress), ..o }, |_| {
+        seen.push(progress.snapshot());
+        Ok(())
+    })
+    .unwrap();
+    let last = outcome.next_segment - 1;
+    assert!(last >= 5, "{outcome:?}");
+    // While a record is applied: the range is known, the segment is in it, replay is not done.
+    assert!(
+        seen.iter().all(|&(first, l, current, done)| first == 0 && l == last && current <= last && !done),
+        "{seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0].2 <= w[1].2), "current never goes back: {seen:?}");
+    assert_eq!(seen.last().unwrap().2, seen.iter().map(|s| s.2).max().unwrap());
+    assert!(progress.snapshot().3, "done at the end");
 }
