@@ -37,32 +37,6 @@ fn exemplars(port: u16, query: &str, start: f64, end: f64) -> Vec<Value> {
     data
 }
 
-/// A target serving a fixed OpenMetrics text.
-fn openmetrics_target(body: &'static str) -> String {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => got.extend_from_slice(&buf[..k]),
-                }
-            }
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
-}
-
 const TARGET: &str = concat!(
     "# TYPE req_seconds histogram\n",
     "req_seconds_bucket{le=\"0.1\"} 5 # {trace_id=\"aaa\"} 0.05 1700000000.001\n",
@@ -80,7 +54,7 @@ const TARGET: &str = concat!(
 #[test]
 fn scraped_exemplars_are_served_as_prometheus_serves_them() {
     let prometheus = which("prometheus");
-    let target = openmetrics_target(TARGET);
+    let target = support::fixed_target("application/openmetrics-text; version=1.0.0; charset=utf-8", TARGET);
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("scrape.yml");
     std::fs::write(

@@ -388,53 +388,30 @@ fn pending_time_survives_a_crash() {
     );
 }
 
-/// A target serving a fixed exposition (Prometheus' text format).
-fn fixed_target(body: &'static str) -> String {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => got.extend_from_slice(&buf[..k]),
-                }
-            }
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
-}
-
 /// One rule file, one scraped target, in Strata and in Debian's Prometheus 2.42: the recorded
 /// series (names, labels from the rule, values, a rule reading an earlier rule's output in the
 /// same evaluation) are the same in both.
 #[test]
 fn recording_rules_record_what_prometheus_records() {
     let prometheus = which("prometheus");
-    let target = fixed_target(concat!(
-        "# TYPE http_requests_total counter\n",
-        "http_requests_total{code=\"200\",handler=\"/a\"} 10\n",
-        "http_requests_total{code=\"500\",handler=\"/a\"} 2\n",
-        "http_requests_total{code=\"200\",handler=\"/b\"} 7\n",
-        "# TYPE latency_seconds histogram\n",
-        "latency_seconds_bucket{le=\"0.1\"} 4\n",
-        "latency_seconds_bucket{le=\"0.5\"} 9\n",
-        "latency_seconds_bucket{le=\"+Inf\"} 10\n",
-        "latency_seconds_sum 2.5\n",
-        "latency_seconds_count 10\n",
-        "# TYPE temp gauge\n",
-        "temp{room=\"a\"} 21.5\n",
-        "temp{room=\"b\"} 19\n",
-    ));
+    let target = support::fixed_target(
+        "text/plain; version=0.0.4",
+        concat!(
+            "# TYPE http_requests_total counter\n",
+            "http_requests_total{code=\"200\",handler=\"/a\"} 10\n",
+            "http_requests_total{code=\"500\",handler=\"/a\"} 2\n",
+            "http_requests_total{code=\"200\",handler=\"/b\"} 7\n",
+            "# TYPE latency_seconds histogram\n",
+            "latency_seconds_bucket{le=\"0.1\"} 4\n",
+            "latency_seconds_bucket{le=\"0.5\"} 9\n",
+            "latency_seconds_bucket{le=\"+Inf\"} 10\n",
+            "latency_seconds_sum 2.5\n",
+            "latency_seconds_count 10\n",
+            "# TYPE temp gauge\n",
+            "temp{room=\"a\"} 21.5\n",
+            "temp{room=\"b\"} 19\n",
+        ),
+    );
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(
         tmp.path().join("rec.yml"),

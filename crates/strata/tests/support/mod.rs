@@ -304,9 +304,19 @@ pub fn raw_utf8_violation() -> Vec<u8> {
 
 /// A stand-in HTTP service discovery endpoint: answers every request with the current body.
 pub fn http_sd_endpoint(body: std::sync::Arc<std::sync::Mutex<String>>) -> String {
+    format!("http://{}/sd", serve_body("application/json", body))
+}
+
+/// A target that serves `body` as `content_type` (an exposition), at the returned `host:port`.
+pub fn fixed_target(content_type: &'static str, body: &str) -> String {
+    serve_body(content_type, std::sync::Arc::new(std::sync::Mutex::new(body.to_owned())))
+}
+
+/// An HTTP/1.1 server answering every request with the current `body`: its `host:port`.
+fn serve_body(content_type: &'static str, body: std::sync::Arc<std::sync::Mutex<String>>) -> String {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/sd", listener.local_addr().unwrap());
+    let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
@@ -321,10 +331,10 @@ pub fn http_sd_endpoint(body: std::sync::Arc<std::sync::Mutex<String>>) -> Strin
             let b = body.lock().unwrap().clone();
             let _ = write!(
                 conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
                 b.len()
             );
         }
     });
-    url
+    addr
 }
