@@ -1013,10 +1013,9 @@ async fn remote_read(State(st): State<Arc<AppState>>, body: Body) -> ApiResult {
     let mut out = Vec::new();
     for (query_index, timeseries) in results.into_iter().enumerate() {
         for ts in timeseries {
-            let samples: Vec<Sample> = ts.samples.iter().map(|s| Sample::new(s.timestamp, s.value)).collect();
             let mut frame = remote::ChunkedSeries { labels: ts.labels, chunks: Vec::new() };
             let mut bytes = 0;
-            for chunk in remote::xor_chunks(&samples) {
+            for chunk in remote::xor_chunks(&ts.samples) {
                 if bytes + chunk.data.len() > READ_FRAME_BYTES && !frame.chunks.is_empty() {
                     let msg = remote::ChunkedReadResponse {
                         chunked_series: vec![remote::ChunkedSeries {

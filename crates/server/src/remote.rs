@@ -195,17 +195,18 @@ pub const STREAMED_CHUNK_SAMPLES: usize = 120;
 /// Float samples as Prometheus XOR chunks of at most `STREAMED_CHUNK_SAMPLES`. Strata's XOR
 /// body is Prometheus' bit for bit (`docs/format/chunks.md`); Prometheus' chunk bytes are ours
 /// without the leading encoding byte.
-pub fn xor_chunks(samples: &[strata_model::Sample]) -> Vec<Chunk> {
+pub fn xor_chunks(samples: &[Sample]) -> Vec<Chunk> {
     samples
         .chunks(STREAMED_CHUNK_SAMPLES)
         .map(|part| {
             let mut app = strata_tsdb::chunkenc::XorAppender::new();
             for s in part {
-                app.append(s.t, s.v);
+                app.append(s.timestamp, s.value);
             }
             let bytes = app.into_bytes();
             debug_assert_eq!(bytes[0], strata_tsdb::chunkenc::Encoding::Xor as u8);
-            Chunk { min_time_ms: part[0].t, max_time_ms: part[part.len() - 1].t, r#type: 1, data: bytes[1..].to_vec() }
+            let (min_time_ms, max_time_ms) = (part[0].timestamp, part[part.len() - 1].timestamp);
+            Chunk { min_time_ms, max_time_ms, r#type: 1, data: bytes[1..].to_vec() }
         })
         .collect()
 }

@@ -31,6 +31,15 @@ pub struct TargetGroup {
     pub labels: LabelMap,
 }
 
+/// `host:port`, the host bracketed when it is an IPv6 address (Go's `net.JoinHostPort`).
+pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 pub fn static_groups(configs: &[StaticConfig]) -> Vec<TargetGroup> {
     configs
         .iter()

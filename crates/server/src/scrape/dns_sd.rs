@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use super::config::PromDuration;
-use super::discovery::{TargetGroup, ADDRESS_LABEL};
+use super::discovery::{join_host_port, TargetGroup, ADDRESS_LABEL};
 use super::relabel::LabelMap;
 
 pub const DNS_SD_REFRESH_DEFAULT: PromDuration = PromDuration(30_000);
@@ -224,31 +224,24 @@ async fn lookup(resolver: &TokioResolver, name: &str, kind: QueryType, port: u16
         for l in ["srv_record_target", "srv_record_port", "mx_record_target", "ns_record_target"] {
             t.insert(format!("__meta_dns_{l}"), String::new());
         }
-        let host_port = |host: &str, port: u16| {
-            if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            }
-        };
         let address = match rdata {
             RData::SRV(srv) => {
                 let target = srv.target().to_string();
                 t.insert("__meta_dns_srv_record_target".into(), target.clone());
                 t.insert("__meta_dns_srv_record_port".into(), srv.port().to_string());
-                host_port(target.trim_end_matches('.'), srv.port())
+                join_host_port(target.trim_end_matches('.'), srv.port())
             }
-            RData::A(a) => host_port(&a.0.to_string(), port),
-            RData::AAAA(a) => host_port(&a.0.to_string(), port),
+            RData::A(a) => join_host_port(&a.0.to_string(), port),
+            RData::AAAA(a) => join_host_port(&a.0.to_string(), port),
             RData::MX(mx) => {
                 let target = mx.exchange().to_string();
                 t.insert("__meta_dns_mx_record_target".into(), target.clone());
-                host_port(target.trim_end_matches('.'), port)
+                join_host_port(target.trim_end_matches('.'), port)
             }
             RData::NS(ns) => {
                 let target = ns.0.to_string();
                 t.insert("__meta_dns_ns_record_target".into(), target.clone());
-                host_port(target.trim_end_matches('.'), port)
+                join_host_port(target.trim_end_matches('.'), port)
             }
             // The resolver filters to the asked type; a CNAME on the way is followed, not a target.
             _ => continue,

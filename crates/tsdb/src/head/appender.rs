@@ -142,6 +142,8 @@ pub struct Appender<'h> {
     epoch: u64,
     /// Exemplars waiting for the commit, checked.
     exemplars: Vec<(Arc<MemSeries>, Exemplar)>,
+    /// Where in `exemplars` each series' newest pending one is, for the order check.
+    newest_exemplar: U64Map<SeriesRef, usize>,
 }
 
 impl<'h> Appender<'h> {
@@ -164,6 +166,7 @@ impl<'h> Appender<'h> {
             late_min_t,
             epoch: head.cut_epoch(),
             exemplars: Vec::new(),
+            newest_exemplar: U64Map::default(),
         }
     }
 
@@ -185,7 +188,7 @@ impl<'h> Appender<'h> {
         };
         let series = found.ok_or(AppendError::UnknownSeries(SeriesRef(0)))?;
         let r = series.series_ref;
-        self.append_exemplar(r, e)?;
+        self.push_exemplar(series, e)?;
         Ok(r)
     }
 
@@ -196,30 +199,37 @@ impl<'h> Appender<'h> {
         if self.head.exemplars.capacity() == 0 {
             return Ok(());
         }
-        exemplars::validate(&e).map_err(AppendError::Exemplar)?;
-        let pending_newest = self.exemplars.iter().rev().find(|(s, _)| s.series_ref == r).map(|(_, p)| p);
-        match pending_newest {
-            Some(p) if p.t == e.t && p.v.to_bits() == e.v.to_bits() && p.labels == e.labels => return Ok(()),
-            Some(p) if e.t <= p.t => {
-                self.head.exemplars.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
-                return Err(AppendError::Exemplar(ExemplarError::OutOfOrder { t: e.t, newest: p.t }));
-            }
-            Some(_) => {}
-            None => match self.head.exemplars.check(r, &e) {
-                Ok(exemplars::Added::Duplicate) => return Ok(()),
-                Ok(exemplars::Added::Stored) => {}
-                Err(err) => {
-                    self.head.exemplars.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
-                    return Err(AppendError::Exemplar(err));
-                }
-            },
-        }
-        let series = match self.pending.iter().rev().find(|(s, ..)| s.series_ref == r) {
-            Some((s, ..)) => s.clone(),
-            None => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
+        // An exemplar follows its sample (a scrape, remote write): the series is the last one
+        // pending, found without a lookup.
+        let series = match self.pending.last() {
+            Some((s, ..)) if s.series_ref == r => s.clone(),
+            _ => self.head.series(r).ok_or(AppendError::UnknownSeries(r))?,
         };
-        self.exemplars.push((series, e));
-        Ok(())
+        self.push_exemplar(series, e)
+    }
+
+    fn push_exemplar(&mut self, series: Arc<MemSeries>, e: Exemplar) -> Result<(), AppendError> {
+        if self.head.exemplars.capacity() == 0 {
+            return Ok(());
+        }
+        exemplars::validate(&e).map_err(AppendError::Exemplar)?;
+        let r = series.series_ref;
+        let verdict = match self.newest_exemplar.get(&r) {
+            Some(&i) => exemplars::against_newest(&self.exemplars[i].1, &e),
+            None => self.head.exemplars.check(r, &e),
+        };
+        match verdict {
+            Ok(exemplars::Added::Duplicate) => Ok(()),
+            Ok(exemplars::Added::Stored) => {
+                self.newest_exemplar.insert(r, self.exemplars.len());
+                self.exemplars.push((series, e));
+                Ok(())
+            }
+            Err(err) => {
+                self.head.exemplars.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
+                Err(AppendError::Exemplar(err))
+            }
+        }
     }
 
     /// Appends a sample to the series with `labels`, creating it if needed.

@@ -209,15 +209,19 @@ impl ExemplarStorage {
 impl Ring {
     fn check(&self, series: SeriesRef, e: &Exemplar) -> Result<Added, ExemplarError> {
         let Some(ix) = self.index.get(&series) else { return Ok(Added::Stored) };
-        let newest = &self.slots[ix.newest].as_ref().expect("an indexed slot is filled").exemplar;
-        if newest.same(e) {
-            return Ok(Added::Duplicate);
-        }
-        if e.t <= newest.t {
-            return Err(ExemplarError::OutOfOrder { t: e.t, newest: newest.t });
-        }
-        Ok(Added::Stored)
+        against_newest(&self.slots[ix.newest].as_ref().expect("an indexed slot is filled").exemplar, e)
     }
+}
+
+/// `e` against its series' newest exemplar: a duplicate (a retry), out of order, or new.
+pub fn against_newest(newest: &Exemplar, e: &Exemplar) -> Result<Added, ExemplarError> {
+    if newest.same(e) {
+        return Ok(Added::Duplicate);
+    }
+    if e.t <= newest.t {
+        return Err(ExemplarError::OutOfOrder { t: e.t, newest: newest.t });
+    }
+    Ok(Added::Stored)
 }
 
 #[cfg(test)]

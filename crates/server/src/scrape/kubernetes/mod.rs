@@ -31,6 +31,7 @@ use serde::Deserialize;
 
 use super::config::{resolve_auth, Auth, Authorization, BasicAuth, TlsConfig};
 use super::discovery::TargetGroup;
+use super::scrape_loop::error_chain;
 use targets::{Objects, Store};
 
 /// Where a pod finds its own namespace (`namespaces.own_namespace`).
@@ -269,20 +270,6 @@ fn check_selector(sel: &str) -> Result<(), String> {
         return Err("empty requirement".into());
     }
     Ok(())
-}
-
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        let m = x.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        src = x.source();
-    }
-    s
 }
 
 /// What the watchers of one discovery share with it.

@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::Role;
-use crate::scrape::discovery::{TargetGroup, ADDRESS_LABEL};
+use crate::scrape::discovery::{join_host_port, TargetGroup, ADDRESS_LABEL};
 use crate::scrape::relabel::LabelMap;
 
 const META: &str = "__meta_kubernetes_";
@@ -72,14 +72,6 @@ fn object_meta_labels(labels: &mut LabelMap, meta: &ObjectMeta, role: &str) {
             set(labels, format!("{META}{role}_{kind}_{name}"), v.clone());
             set(labels, format!("{META}{role}_{kind}present_{name}"), PRESENT);
         }
-    }
-}
-
-fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 
