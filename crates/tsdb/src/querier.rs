@@ -9,11 +9,12 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use strata_model::{Labels, Matcher, Sample, METRIC_NAME};
+use strata_model::{Labels, Matcher, Sample, SeriesRef, METRIC_NAME};
 
 use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, SymbolInterner};
 use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
+use crate::head::series::HeadChunk;
 use crate::head::{Head, HeadChunkBytes};
 use crate::index::name_dict::{for_each_node, NamePattern, NodeSet};
 use crate::index::postings;
@@ -412,6 +413,12 @@ impl std::fmt::Debug for ReadLimits<'_> {
     }
 }
 
+/// Series a head selection copies the open chunks of before it sizes the buffer for the rest.
+const ARENA_SAMPLE_SERIES: usize = 256;
+
+/// Fewer head series than this per thread are not worth a thread of their own.
+const HEAD_PARALLEL_SERIES_MIN: usize = 8192;
+
 /// Series selected between two questions to the interrupt: often enough that a deadline is
 /// seen within a millisecond or so, rarely enough to cost nothing.
 const INTERRUPT_EVERY: usize = 1024;
@@ -594,21 +601,61 @@ impl<'a> Querier<'a> {
         let _gate = self.head.read_gate();
         self.check_interrupt(0)?;
         let refs = postings::expand(self.head.postings_for(matchers));
+        let threads = self.threads.min(refs.len() / HEAD_PARALLEL_SERIES_MIN).max(1);
+        if threads == 1 {
+            return self.select_head_refs(&refs);
+        }
+        // Contiguous parts on as many threads (copying chunks, resolving and sorting labels
+        // is per-series work), merged by labels after.
+        let parts = std::thread::scope(|scope| -> Result<Vec<Vec<Series>>> {
+            let workers: Vec<_> = refs
+                .chunks(refs.len().div_ceil(threads))
+                .map(|part| scope.spawn(move || self.select_head_refs(part)))
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("a head reader panicked")).collect()
+        })?;
+        Ok(merge_sorted(parts))
+    }
+
+    /// The series of `refs` with chunks in range, sorted by labels.
+    fn select_head_refs(&self, refs: &[SeriesRef]) -> Result<Vec<Series>> {
+        // The open chunks' copies go to one buffer, shared by the chunks that point into it
+        // once it is complete (the `Mapped` below are placeholders until then).
+        let mut arena = Vec::new();
+        let placeholder = Arc::new(bytes::Bytes::new());
+        let mut pending = Vec::new();
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
-        for (i, r) in refs.into_iter().enumerate() {
+        for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
+            if i == ARENA_SAMPLE_SERIES {
+                // Room for the rest at the first series' average: growing by doubling would
+                // copy the buffer (tens of megabytes for 100k series) several times.
+                arena.reserve(arena.len() / i * (refs.len() - i) / 8 * 9);
+            }
             let Some(s) = self.head.series(r) else { continue };
             let chunks = {
                 let state = s.state.lock();
-                let mut chunks = Vec::with_capacity(state.count_chunks(self.mint, self.maxt));
-                state.each_chunk(self.mint, self.maxt, u64::MAX, |c, rank| {
-                    chunks.push(QueryChunk {
-                        mint: c.mint,
-                        maxt: c.maxt,
-                        data: ChunkData::Mem(c.data),
-                        rank: HEAD_RANK + rank,
-                    })
-                });
+                state.each_chunk_into(self.mint, self.maxt, u64::MAX, &mut arena, |c, rank| pending.push((c, rank)));
+                drop(state);
+                let mut chunks = Vec::with_capacity(pending.len());
+                for (c, rank) in pending.drain(..) {
+                    let (mint, maxt, data) = match c {
+                        HeadChunk::Shared(c) => (c.mint, c.maxt, c.data),
+                        HeadChunk::InArena { mint, maxt, bytes } => match u32::try_from(bytes.end) {
+                            Ok(_) => {
+                                let (start, len) = (bytes.start as u32, bytes.len() as u32);
+                                (mint, maxt, HeadChunkBytes::Mapped { file: placeholder.clone(), start, len })
+                            }
+                            // Past what an offset holds (4 GiB of open chunks): a copy of its own.
+                            Err(_) => {
+                                let own = HeadChunkBytes::from(&arena[bytes.clone()]);
+                                arena.truncate(bytes.start);
+                                (mint, maxt, own)
+                            }
+                        },
+                    };
+                    chunks.push(QueryChunk { mint, maxt, data: ChunkData::Mem(data), rank: HEAD_RANK + rank });
+                }
                 // Late chunks come after the in-order ones; readers need time order.
                 if !chunks.is_sorted_by_key(|c| c.mint) {
                     chunks.sort_by_key(|c| c.mint);
@@ -621,11 +668,19 @@ impl<'a> Querier<'a> {
                 self.check_limit(found.len())?;
             }
         }
+        let arena = Arc::new(bytes::Bytes::from(arena));
         let stones = self.head.tombstones_snapshot();
         let mut out: Vec<Series> = self.head.symbols.with(|get| {
             found
                 .into_iter()
-                .map(|(s, chunks)| {
+                .map(|(s, mut chunks)| {
+                    for c in &mut chunks {
+                        if let ChunkData::Mem(HeadChunkBytes::Mapped { file, .. }) = &mut c.data {
+                            if Arc::ptr_eq(file, &placeholder) {
+                                *file = arena.clone();
+                            }
+                        }
+                    }
                     let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
                     Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })

@@ -81,12 +81,23 @@ pub struct ChunkMeta {
     pub data: HeadChunkBytes,
 }
 
+/// A chunk as `SeriesState::each_chunk_into` hands it out.
+#[derive(Debug)]
+pub enum HeadChunk {
+    /// An immutable chunk, shared by reference count.
+    Shared(ChunkMeta),
+    /// A copy of the open chunk: `bytes` of the caller's arena.
+    InArena { mint: i64, maxt: i64, bytes: std::ops::Range<usize> },
+}
+
 /// A head chunk's bytes: on the heap, or in a mapped head chunk file (`chunk_files`) once
 /// written out. Either way a clone is a reference count, and the bytes never change.
 #[derive(Clone, Debug)]
 pub enum HeadChunkBytes {
     Heap(Arc<[u8]>),
-    /// `len` bytes at `start` of a mapped file (offsets fit u32: files are far below 4 GiB).
+    /// `len` bytes at `start` of a mapped file (offsets fit u32: files are far below 4 GiB),
+    /// or, in a query's chunks only, of the buffer holding the copies of the open chunks it
+    /// read (`SeriesState::each_chunk_into`).
     Mapped {
         file: Arc<bytes::Bytes>,
         start: u32,
@@ -102,6 +113,7 @@ impl HeadChunkBytes {
         HeadChunkBytes::Mapped { file: file.clone(), start, len: len as u32 }
     }
 
+    /// Whether a series' own chunk was written to a chunk file.
     pub fn is_mapped(&self) -> bool {
         matches!(self, HeadChunkBytes::Mapped { .. })
     }
@@ -157,6 +169,14 @@ impl Open {
         match &self.starts {
             Some(col) => start_time::join(self.chunk.bytes(), col).into(),
             None => self.chunk.bytes().into(),
+        }
+    }
+
+    /// `bytes`, appended to `out`.
+    fn write_bytes(&self, out: &mut Vec<u8>) {
+        match &self.starts {
+            Some(col) => out.extend_from_slice(&start_time::join(self.chunk.bytes(), col)),
+            None => out.extend_from_slice(self.chunk.bytes()),
         }
     }
 
@@ -503,6 +523,32 @@ impl SeriesState {
         self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
         if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
             f(ChunkMeta { mint: o.mint, maxt: o.chunk.last_t(), data: o.bytes() });
+        }
+    }
+
+    /// `each_chunk`, but the open chunk's bytes are appended to `arena` and handed over as
+    /// their place there (`HeadChunk::InArena`): a reader copying the open chunks of many
+    /// series then allocates one buffer for all of them instead of one per series (and frees
+    /// one).
+    pub fn each_chunk_into(
+        &self,
+        mint: i64,
+        maxt: i64,
+        max_epoch: u64,
+        arena: &mut Vec<u8>,
+        mut f: impl FnMut(HeadChunk, u64),
+    ) {
+        self.closed
+            .iter()
+            .filter(|c| c.maxt >= mint && c.mint <= maxt)
+            .for_each(|c| f(HeadChunk::Shared(c.clone()), 0));
+        if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
+            let start = arena.len();
+            o.write_bytes(arena);
+            f(HeadChunk::InArena { mint: o.mint, maxt: o.chunk.last_t(), bytes: start..arena.len() }, 0);
+        }
+        if let Some(o) = &self.overlay {
+            o.each_chunk(mint, maxt, max_epoch, |c, rank| f(HeadChunk::Shared(c), rank));
         }
     }
 
