@@ -9,7 +9,7 @@
 //! no samples in the last minutes. Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare the ratio column, not absolute times across runs.
 //! `HEAD_VS_BLOCK_QUERY=text` runs only the queries that contain `text`, `HEAD_VS_BLOCK_RUNS=n`
-//! each n times (15), `HEAD_VS_BLOCK_SELECT=1` also times the selection of `{job="node"}` over
+//! each n times (15), `HEAD_VS_BLOCK_SET=churn` (or `steady`) loads only that data set, `HEAD_VS_BLOCK_SELECT=1` also times the selection of `{job="node"}` over
 //! the last 5 minutes alone, and dropping it.
 
 use std::time::Instant;
@@ -135,6 +135,7 @@ fn main() {
     let args: Vec<i64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let instances = args.first().copied().unwrap_or(1000) as usize;
     let minutes = args.get(1).copied().unwrap_or(20);
+    // Generated lazily would save little: both are small next to loading them.
     let sets = [
         generate("steady", instances, minutes, None),
         generate("churn (60% of instances replaced every 5 min)", instances / 5, minutes, Some(5 * 60_000)),
@@ -149,7 +150,8 @@ fn main() {
         ("instant", "sum(node_gauge_9)"),
     ];
     let engine = Engine::new(EngineOptions::default());
-    for data in &sets {
+    let only_set = std::env::var("HEAD_VS_BLOCK_SET").unwrap_or_default();
+    for data in sets.iter().filter(|d| d.name.starts_with(only_set.as_str())) {
         println!(
             "{}: {} series, {} samples, {} minutes",
             data.name,

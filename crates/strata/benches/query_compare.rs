@@ -23,7 +23,9 @@
 //! Strata's result cache is bypassed in that table (`nocache=1`: it compares evaluations, and
 //! VictoriaMetrics runs with its cache off); a second table then shows the cache: each range
 //! query refreshed with its window moved by one step, against the same window evaluated whole,
-//! the two answers compared byte for byte.
+//! the two answers compared byte for byte. A last table shows fairness: a small panel's
+//! latency alone and while heavy queries run back to back beside it, per server
+//! (`QUERY_NO_FAIRNESS=1` skips it).
 //! `QUERY_DATA_DIR=path` keeps each server's data there: a later run with the same INSTANCES
 //! and STRIDE restarts the servers on it instead of loading again (for A/B runs and profiling).
 
@@ -72,6 +74,14 @@ const QUERIES: &[(&str, &str, bool)] = &[
     ),
     ("instant: sum by instance", "sum by (instance) (rate(node_cpu_seconds_total[10m]))", false),
 ];
+
+/// Fairness: a small panel (two series per instance over the last hour), measured alone and
+/// beside the heavy query running back to back on other connections.
+const FAIRNESS_SMALL: &str = "1 - node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes";
+const FAIRNESS_HEAVY: &str =
+    r#"count by (instance) ({__name__=~"node_(interrupts_total|scrape_collector_.+|cpu_seconds_total)"})"#;
+const FAIRNESS_HEAVY_CONNECTIONS: usize = 2;
+const FAIRNESS_RUNS: usize = 30;
 
 /// Cumulative bucket counts of the synthetic histogram at scrape `k`.
 fn histogram_samples(k: usize, instance: usize) -> Vec<Scraped> {
@@ -371,6 +381,51 @@ fn main() {
             println!("  {line}");
         }
     }
+    // Fairness: a small dashboard panel's latency alone, then while heavy queries run back to
+    // back on other connections (each server in turn, so they do not load each other).
+    let mut fairness: Vec<(usize, Duration, Duration, usize)> = Vec::new();
+    if std::env::var_os("QUERY_NO_FAIRNESS").is_none() {
+        let small = format!(
+            "/api/v1/query_range?query={}&start={}&end={end_s}&step={STEP_S}",
+            urlencode(FAIRNESS_SMALL),
+            end_s - 3600
+        );
+        let heavy = format!(
+            "/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}",
+            urlencode(FAIRNESS_HEAVY)
+        );
+        for (si, peer) in &peers {
+            let cache_off =
+                |p: &str| if servers[*si].starts_with("strata") { format!("{p}&nocache=1") } else { p.to_string() };
+            let (small, heavy) = (cache_off(&small), cache_off(&heavy));
+            let port = peer.port;
+            let _ = get(port, &small);
+            let alone: Vec<Duration> = (0..FAIRNESS_RUNS).map(|_| get(port, &small).2).collect();
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let (loaded, heavy_done) = std::thread::scope(|scope| {
+                let loaders: Vec<_> = (0..FAIRNESS_HEAVY_CONNECTIONS)
+                    .map(|_| {
+                        let (heavy, stop) = (&heavy, &stop);
+                        scope.spawn(move || {
+                            let mut done = 0;
+                            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                let (status, _, _) = get(port, heavy);
+                                assert_eq!(status, 200, "the heavy query failed");
+                                done += 1;
+                            }
+                            done
+                        })
+                    })
+                    .collect();
+                // Let the heavy queries get going before measuring.
+                std::thread::sleep(Duration::from_millis(500));
+                let loaded: Vec<Duration> = (0..FAIRNESS_RUNS).map(|_| get(port, &small).2).collect();
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                (loaded, loaders.into_iter().map(|l| l.join().unwrap()).sum::<usize>())
+            });
+            fairness.push((*si, median(alone), median(loaded), heavy_done));
+        }
+    }
     for (si, mut peer) in peers {
         let rss = common::proc_status_bytes(peer.child.id(), "VmRSS") >> 20;
         println!("{}: RSS after the queries {rss} MiB", servers[si]);
@@ -411,6 +466,22 @@ fn main() {
             ratio(&r[2]),
             ratio(&r[3])
         );
+    }
+    if !fairness.is_empty() {
+        println!(
+            "\nfairness: `{FAIRNESS_SMALL}` over 1 h alone and while `{FAIRNESS_HEAVY}` over 24 h runs back to back on {FAIRNESS_HEAVY_CONNECTIONS} other connections; median of {FAIRNESS_RUNS}, ms (goal: at most 2x)"
+        );
+        println!("{:<20} {:>10} {:>14} {:>10} {:>14}", "server", "alone", "beside heavy", "slowdown", "heavy answered");
+        for (si, alone, loaded, heavy_done) in &fairness {
+            println!(
+                "{:<20} {:>10.1} {:>14.1} {:>9.2}x {:>14}",
+                servers[*si],
+                alone.as_secs_f64() * 1000.0,
+                loaded.as_secs_f64() * 1000.0,
+                loaded.as_secs_f64() / alone.as_secs_f64(),
+                heavy_done
+            );
+        }
     }
     if !refreshes.is_empty() {
         println!(
