@@ -163,7 +163,8 @@ impl QueryCache {
         let last = entry.last.min(end);
         let kept = entry.series.clone();
         drop(inner);
-        let series = kept.iter().filter_map(|s| slice(s, start, last)).collect();
+        let spare = usize::try_from((end - last) / key.step_ms).unwrap_or(0);
+        let series = kept.iter().filter_map(|s| slice(s, start, last, spare)).collect();
         Some(Cached { last, series })
     }
 
@@ -176,7 +177,7 @@ impl QueryCache {
         }
         // The last step strictly before the horizon, and not after the end.
         let last = (start + (horizon - 1 - start) / key.step_ms * key.step_ms).min(end);
-        let kept: Vec<Series> = series.iter().filter_map(|s| slice(s, start, last)).collect();
+        let kept: Vec<Series> = series.iter().filter_map(|s| slice(s, start, last, 0)).collect();
         let bytes = size_of_series(&kept) + key.query.len() + 64;
         if bytes > self.max_bytes {
             return;
@@ -198,10 +199,15 @@ impl QueryCache {
     }
 }
 
-/// `s` restricted to steps in `[from, to]`, or `None` when it has none there.
-fn slice(s: &Series, from: i64, to: i64) -> Option<Series> {
-    let points: Vec<_> = s.points.iter().filter(|p| p.t >= from && p.t <= to).copied().collect();
-    let hists: Vec<_> = s.hists.iter().filter(|p| p.t >= from && p.t <= to).cloned().collect();
+/// `s` restricted to steps in `[from, to]`, or `None` when it has none there; with room for
+/// `spare` more points (the steps a refresh appends, so that they do not copy it again).
+fn slice(s: &Series, from: i64, to: i64, spare: usize) -> Option<Series> {
+    // Points are in time order: the range is found by bisection and copied at once.
+    let (a, b) = (s.points.partition_point(|p| p.t < from), s.points.partition_point(|p| p.t <= to));
+    let mut points = Vec::with_capacity(b.saturating_sub(a) + spare);
+    points.extend_from_slice(&s.points[a..b.max(a)]);
+    let (a, b) = (s.hists.partition_point(|p| p.t < from), s.hists.partition_point(|p| p.t <= to));
+    let hists = s.hists[a..b.max(a)].to_vec();
     (!points.is_empty() || !hists.is_empty()).then(|| Series {
         labels: s.labels.clone(),
         points,
