@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use strata_model::{Labels, Matcher};
 use strata_promql::{parse, Engine, EngineOptions, EvalError, Storage};
-use strata_tsdb::head::{Head, HeadOptions};
+use strata_tsdb::head::{Appender, Head, HeadOptions};
 use strata_tsdb::querier::Series as StoredSeries;
 use strata_tsdb::{Db, DbOptions};
 
@@ -108,10 +108,14 @@ fn generate(name: &'static str, instances: usize, minutes: i64, churn_every_ms: 
     DataSet { name, series, samples, end }
 }
 
-/// Hands `append` the data set's samples a scrape at a time.
-fn fill(append: &mut dyn FnMut(&[Point]), data: &DataSet) {
+/// Appends the data set's samples a scrape per commit.
+fn fill<'a>(appender: &dyn Fn() -> Appender<'a>, data: &DataSet) {
     for scrape in data.samples.chunk_by(|a, b| a.0 / SCRAPE_MS == b.0 / SCRAPE_MS) {
-        append(scrape);
+        let mut app = appender();
+        for &(t, i, v) in scrape {
+            app.append(&data.series[i as usize], t, v).unwrap();
+        }
+        app.commit().unwrap();
     }
 }
 
@@ -166,27 +170,9 @@ fn main() {
         let in_block = Db::open(block_dir.path(), opts()).unwrap();
         let staging = Head::in_memory(HeadOptions::default());
         let t0 = Instant::now();
-        fill(
-            &mut |scrape| {
-                let mut app = in_head.appender();
-                for &(t, i, v) in scrape {
-                    app.append(&data.series[i as usize], t, v).unwrap();
-                }
-                app.commit().unwrap();
-            },
-            data,
-        );
+        fill(&|| in_head.appender(), data);
         println!("  loaded into the head in {:.1} s", t0.elapsed().as_secs_f64());
-        fill(
-            &mut |scrape| {
-                let mut app = staging.appender();
-                for &(t, i, v) in scrape {
-                    app.append(&data.series[i as usize], t, v).unwrap();
-                }
-                app.commit().unwrap();
-            },
-            data,
-        );
+        fill(&|| staging.appender(), data);
         let blocks = in_block.import_head(&staging).unwrap();
         drop(staging);
         println!("  written to {} block(s)", blocks.len());
