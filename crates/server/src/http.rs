@@ -1172,7 +1172,17 @@ async fn run_query_within<T: Send + 'static>(
     // Raised if this future is dropped (the client went away) before the work is done.
     let cancel = CancelOnDrop::default();
     let stopper = Stopper { deadline: t0 + timeout, canceled: cancel.0.clone() };
-    let res = blocking(move || f(stopper)).await.and_then(|r| r);
+    // Counted where the work ends: when the client went away, nothing awaits the result.
+    let st2 = st.clone();
+    let res = blocking(move || {
+        let res = f(stopper);
+        if matches!(&res, Err(e) if e.kind == "canceled") {
+            st2.metrics.queries_canceled.fetch_add(1, Ordering::Relaxed);
+        }
+        res
+    })
+    .await
+    .and_then(|r| r);
     drop(cancel);
     st.metrics.queries.fetch_add(1, Ordering::Relaxed);
     st.metrics.query_duration.observe(t0.elapsed());

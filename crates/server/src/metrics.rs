@@ -65,6 +65,9 @@ pub struct ServerMetrics {
     pub otlp_samples_rejected: AtomicU64,
     pub queries: AtomicU64,
     pub queries_failed: AtomicU64,
+    /// Queries stopped because their client went away (the flag raised when the request
+    /// handler is dropped, seen by the evaluation).
+    pub queries_canceled: AtomicU64,
     pub query_duration: Histogram,
     /// Request handlers that panicked (each failed its request with a 500).
     pub handler_panics: AtomicU64,
@@ -194,6 +197,12 @@ impl ServerMetrics {
                     "Queries that ended in an error.",
                     "counter",
                     load(&self.queries_failed),
+                ),
+                (
+                    "strata_engine_queries_canceled_total",
+                    "Queries stopped because their client went away.",
+                    "counter",
+                    load(&self.queries_canceled),
                 ),
             ],
         );

@@ -1021,3 +1021,41 @@ fn crc32c_of(data: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// A client that gives up on a long query stops its evaluation: the request handler is dropped
+/// with the connection, its flag is raised, and the evaluation sees it and ends (counted in
+/// `/metrics`), instead of running on for nobody until the deadline.
+#[test]
+fn a_query_whose_client_goes_away_is_canceled() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(tmp.path(), &["--query.timeout", "5m"]);
+    let t0 = now_ms() / 1000 * 1000 - 60_000;
+    let series: Vec<support::TestSeries> = (0..40)
+        .map(|i| {
+            (vec![("__name__", "gone".to_owned()), ("i", i.to_string())], vec![(t0 - 100_000_000, i as f64), (t0, 1.0)])
+        })
+        .collect();
+    let (status, body) =
+        http(srv.port, "POST", "/api/v1/write", &[("Content-Encoding", "snappy")], &remote_write_body(&series));
+    assert_eq!(status, 204, "{body}");
+    // Each series has a sample 100,000 s back, so the subquery has a point every second since:
+    // per series 10,001 steps each scanning a window of 90,000 of them, minutes of work in
+    // all on a few megabytes (over the HTTP helper's timeout when left to finish).
+    let q = "max_over_time(last_over_time(gone[100d])[90000s:1s])";
+    let end = t0 / 1000;
+    let path = format!("/api/v1/query_range?query={}&start={}&end={end}&step=1", urlencode(q), end - 10_000);
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    drop(conn);
+    let canceled = || {
+        let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
+        metrics.lines().find_map(|l| l.strip_prefix("strata_engine_queries_canceled_total ")).map(str::to_owned)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while canceled().as_deref() != Some("1") {
+        assert!(std::time::Instant::now() < deadline, "the query ran on after its client left: {:?}", canceled());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

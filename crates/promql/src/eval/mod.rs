@@ -971,6 +971,9 @@ impl<'a> Evaluator<'a> {
                 };
                 let held: usize = inner.iter().map(Series::len).sum();
                 for mut s in inner {
+                    // A window function over many steps of a series is long work: asked
+                    // before each (a clock read, nothing next to it).
+                    self.check("query evaluation")?;
                     s.points.retain(|p| !is_stale_nan(p.f));
                     // The steps of a subquery are not a series' successive samples: a counter
                     // reset hint read from storage says nothing about the step before, so
