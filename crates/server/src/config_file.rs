@@ -19,6 +19,7 @@
 //!   write_max_body_size: 64MB
 //!   query_timeout: 1m
 //!   query_max_concurrency: 8
+//!   query_parallelism: 2
 //! carbon:
 //!   plaintext_listen_address: ":2003"
 //!   pickle_listen_address: ":2004"
@@ -126,6 +127,7 @@ pub struct LimitsSection {
     pub query_cache_size: Option<String>,
     pub query_cache_delay: Option<String>,
     pub query_max_concurrency: Option<usize>,
+    pub query_parallelism: Option<usize>,
     pub query_max_depth: Option<usize>,
     pub web_read_timeout: Option<String>,
     pub web_read_header_timeout: Option<String>,
@@ -226,10 +228,11 @@ mod tests {
     #[test]
     fn settings_parse_and_mistakes_are_named_with_their_line() {
         let cfg =
-            ConfigFile::parse("storage:\n  retention: 30d\n  wal_fsync: always\nlimits:\n  query_max_concurrency: 8\n")
+            ConfigFile::parse("storage:\n  retention: 30d\n  wal_fsync: always\nlimits:\n  query_max_concurrency: 8\n  query_parallelism: 2\n")
                 .unwrap();
         assert_eq!(cfg.storage.retention.as_deref(), Some("30d"));
         assert_eq!(cfg.limits.query_max_concurrency, Some(8));
+        assert_eq!(cfg.limits.query_parallelism, Some(2));
         assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
 
         let err = ConfigFile::parse("storage:\n  retention: 30d\n  retension_size: 1GB\n").unwrap_err();

@@ -55,6 +55,9 @@ pub struct Limits {
     pub max_query_series: usize,
     pub query_timeout: Duration,
     pub max_concurrent_queries: usize,
+    /// Threads one query's selections and evaluation use at most (`--query.parallelism`): with
+    /// fewer than the cores, a heavy query leaves the rest to the queries beside it.
+    pub query_parallelism: usize,
     /// How long a request body may take to arrive (slow clients).
     pub body_read_timeout: Duration,
     /// Samples further than this in the future are refused (clock skew is fine, year 3000 is not).
@@ -89,6 +92,7 @@ impl Default for Limits {
             query_cache_bytes: 64 << 20,
             query_cache_delay_ms: LOOKBACK_MS,
             max_concurrent_queries: 20,
+            query_parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
             body_read_timeout: Duration::from_secs(30),
             max_future_ms: 24 * 3600 * 1000,
             max_age_ms: 0,
@@ -1373,6 +1377,7 @@ fn engine(st: &AppState, deadline: Instant, lookback_ms: i64) -> Engine {
         max_samples: st.limits.max_query_samples,
         timeout: deadline.saturating_duration_since(Instant::now()),
         use_start_timestamps: st.limits.query_features.use_start_timestamps,
+        parallelism: st.limits.query_parallelism.max(1),
         ..EngineOptions::default()
     })
 }

@@ -111,6 +111,10 @@ pub struct ServeArgs {
     /// Queries evaluated at once; more wait, up to the query timeout, then get 503 [default: 20].
     #[arg(long = "query.max-concurrency")]
     max_concurrent_queries: Option<usize>,
+    /// Threads one query may use for its selections and evaluation; below the number of cores,
+    /// a heavy query leaves cores to the queries beside it [default: the number of cores].
+    #[arg(long = "query.parallelism")]
+    query_parallelism: Option<usize>,
     /// Longest a client may take to send a request body; slow clients get 408 [default: 30s].
     #[arg(long = "web.read-timeout")]
     body_read_timeout: Option<String>,
@@ -422,6 +426,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
             num(args.max_concurrent_queries),
             num(li.query_max_concurrency),
             "20",
+            parse_count,
+        )?,
+        query_parallelism: pick(
+            f,
+            "query.parallelism",
+            num(args.query_parallelism),
+            num(li.query_parallelism),
+            &std::thread::available_parallelism().map_or(1, |n| n.get()).to_string(),
             parse_count,
         )?,
         body_read_timeout: pick(f, "web.read-timeout", args.body_read_timeout.clone(), li.web_read_timeout, "30s", ms)?,

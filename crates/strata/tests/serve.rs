@@ -308,13 +308,17 @@ fn query_limits_are_enforced_with_prometheus_errors() {
     // Limits from the config file; a flag overrides the file.
     let cfg = tmp.path().with_extension("yml");
     std::fs::write(&cfg, "limits:\n  query_max_series: 2\n  query_max_samples: 1000\n").unwrap();
-    let srv = Server::start(tmp.path(), &["--config", cfg.to_str().unwrap(), "--query.max-samples", "50"]);
+    let srv = Server::start(
+        tmp.path(),
+        &["--config", cfg.to_str().unwrap(), "--query.max-samples", "50", "--query.parallelism", "1"],
+    );
     let (status, replay) = http(srv.port, "GET", "/api/v1/status/walreplay", &[], b"");
     assert_eq!(status, 200, "{replay}");
     let replay: serde_json::Value = serde_json::from_str(&replay).unwrap();
     assert_eq!(replay["data"]["current"], replay["data"]["max"], "{replay}");
     let (_, flags) = http(srv.port, "GET", "/api/v1/status/flags", &[], b"");
     assert!(flags.contains(r#""query.max-series":"2""#) && flags.contains(r#""query.max-samples":"50""#), "{flags}");
+    assert!(flags.contains(r#""query.parallelism":"1""#), "{flags}");
     let (_, config) = http(srv.port, "GET", "/api/v1/status/config", &[], b"");
     assert!(config.contains("query_max_series: 2"), "{config}");
     let t0 = now_ms() / 1000 * 1000 - 60_000;
