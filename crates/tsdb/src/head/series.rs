@@ -519,8 +519,13 @@ impl SeriesState {
 
     /// Hands each in-order chunk overlapping `[mint, maxt]` to `f`, oldest first (the open
     /// chunk copied).
+    /// The closed in-order chunks overlapping `[mint, maxt]`, oldest first.
+    fn closed_overlapping(&self, mint: i64, maxt: i64) -> impl Iterator<Item = &ChunkMeta> {
+        self.closed.iter().filter(move |c| c.maxt >= mint && c.mint <= maxt)
+    }
+
     fn each_in_order_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
-        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).for_each(|c| f(c.clone()));
+        self.closed_overlapping(mint, maxt).for_each(|c| f(c.clone()));
         if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
             f(ChunkMeta { mint: o.mint, maxt: o.chunk.last_t(), data: o.bytes() });
         }
@@ -538,10 +543,7 @@ impl SeriesState {
         arena: &mut Vec<u8>,
         mut f: impl FnMut(HeadChunk, u64),
     ) {
-        self.closed
-            .iter()
-            .filter(|c| c.maxt >= mint && c.mint <= maxt)
-            .for_each(|c| f(HeadChunk::Shared(c.clone()), 0));
+        self.closed_overlapping(mint, maxt).for_each(|c| f(HeadChunk::Shared(c.clone()), 0));
         if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
             let start = arena.len();
             o.write_bytes(arena);
@@ -550,13 +552,6 @@ impl SeriesState {
         if let Some(o) = &self.overlay {
             o.each_chunk(mint, maxt, max_epoch, |c, rank| f(HeadChunk::Shared(c), rank));
         }
-    }
-
-    /// How many chunks overlap `[mint, maxt]` (what `each_chunk` hands out), late ones included.
-    pub fn count_chunks(&self, mint: i64, maxt: i64) -> usize {
-        self.closed.iter().filter(|c| c.maxt >= mint && c.mint <= maxt).count()
-            + usize::from(self.open_overlaps(mint, maxt))
-            + self.overlay.as_ref().map_or(0, |o| o.count_parts(mint, maxt))
     }
 
     /// Hands each chunk overlapping `[mint, maxt]` to `f` with its rank: the in-order chunks
