@@ -413,9 +413,6 @@ impl std::fmt::Debug for ReadLimits<'_> {
     }
 }
 
-/// Series a head selection copies the open chunks of before it sizes the buffer for the rest.
-const ARENA_SAMPLE_SERIES: usize = 256;
-
 /// Fewer head series than this per thread are not worth a thread of their own.
 const HEAD_PARALLEL_SERIES_MIN: usize = 8192;
 
@@ -627,11 +624,6 @@ impl<'a> Querier<'a> {
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
         for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
-            if i == ARENA_SAMPLE_SERIES {
-                // Room for the rest at the first series' average: growing by doubling would
-                // copy the buffer (tens of megabytes for 100k series) several times.
-                arena.reserve(arena.len() / i * (refs.len() - i) / 8 * 9);
-            }
             let Some(s) = self.head.series(r) else { continue };
             let chunks = {
                 let state = s.state.lock();
