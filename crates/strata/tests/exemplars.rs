@@ -5,22 +5,12 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prost::Message;
 use serde_json::Value;
 use strata_server::remote::{self, Exemplar, Label, Sample, TimeSeries, WriteRequest};
-use support::{free_port, http, now_ms, which, Server};
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{http, now_ms, which, Server};
 
 fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -63,18 +53,8 @@ fn scraped_exemplars_are_served_as_prometheus_serves_them() {
     )
     .unwrap();
     let mut srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
-    let prom_port = free_port();
-    let _prom = Kill(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .arg("--enable-feature=exemplar-storage")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_prom, prom_port) =
+        support::start_prometheus(&prometheus, &cfg, tmp.path(), &["--enable-feature=exemplar-storage"]);
     let query = "req_seconds_bucket or jobs_total";
     let (start, end) = (1_699_999_999.0, 1_700_000_010.0);
     let deadline = Instant::now() + Duration::from_secs(60);

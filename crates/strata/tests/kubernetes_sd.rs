@@ -11,21 +11,12 @@ mod kube_api;
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_api::FakeApiServer;
 use serde_json::{json, Value};
-use support::{free_port, http, which, Server};
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{free_port, http, which, KillOnDrop, Server};
 
 type LabelSet = BTreeMap<String, String>;
 
@@ -223,7 +214,7 @@ fn kubernetes_discovery_matches_prometheus_through_changes_restarts_and_relists(
     let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
     let prom_port = free_port();
     let prom = Prometheus { port: prom_port, log: tmp.path().join("peer.log") };
-    let _prom = Kill(
+    let _prom = KillOnDrop(
         Command::new(victoria)
             .arg(format!("-promscrape.config={}", cfg.display()))
             .arg("-promscrape.kubernetesSDCheckInterval=1s")

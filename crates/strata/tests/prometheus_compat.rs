@@ -353,19 +353,11 @@ fn prometheus_reads_strata_by_remote_read() {
     }
     let (status, body) = http(strata.port, "POST", "/api/v1/import/prometheus", &[], text.as_bytes());
     assert_eq!(status, 204, "{body}");
-    let prom_port = free_port();
     let config =
         format!("remote_read:\n  - url: http://127.0.0.1:{}/api/v1/read\n    read_recent: true\n", strata.port);
     let cfg = tmp.path().join("prometheus.yml");
     std::fs::write(&cfg, config).unwrap();
-    let mut prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (prom, prom_port) = support::start_prometheus(&prometheus, &cfg, tmp.path(), &[]);
     let range = |port: u16, q: &str| -> Option<serde_json::Value> {
         let path = format!(
             "/api/v1/query_range?query={}&start={}&end={}&step=60",
@@ -401,6 +393,5 @@ fn prometheus_reads_strata_by_remote_read() {
         assert!(!ours["result"].as_array().unwrap().is_empty(), "{q}: empty");
         assert_eq!(ours, theirs, "{q}: Strata (left), Prometheus reading Strata (right)");
     }
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
 }

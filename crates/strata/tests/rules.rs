@@ -447,15 +447,7 @@ groups:
     )
     .unwrap();
     let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
-    let prom_port = free_port();
-    let mut prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (prom, prom_port) = support::start_prometheus(&prometheus, &cfg, tmp.path(), &[]);
     let recorded = |port: u16| -> Vec<(BTreeMap<String, String>, String)> {
         let q = "%7B__name__%3D~%22.%2B%3A.%2B%22%7D"; // {__name__=~".+:.+"}
         let Ok((200, body)) = support::try_http(port, "GET", &format!("/api/v1/query?query={q}"), &[], b"") else {
@@ -486,8 +478,7 @@ groups:
         assert!(Instant::now() < deadline, "not every rule recorded: {last:#?}\n{}", srv.log_text());
         std::thread::sleep(Duration::from_millis(200));
     };
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
     let (ours, theirs) = last;
     assert_eq!(ours, theirs, "Strata (left), Prometheus (right)");
     let doubled = ours.iter().find(|(l, _)| l["__name__"] == "code:http_requests:sum_doubled" && l["code"] == "200");

@@ -7,11 +7,11 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{free_port, http, which, Server};
+use support::{free_port, http, which, KillOnDrop, Server};
 
 /// An instant query's result: each series' labels and value.
 fn query(port: u16, q: &str) -> Vec<(BTreeMap<String, String>, f64)> {
@@ -103,21 +103,12 @@ impl TestTarget {
     }
 }
 
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn scrapes_node_exporter_and_itself_then_marks_a_dead_target_stale() {
     let exporter = which("prometheus-node-exporter");
     let tmp = tempfile::tempdir().unwrap();
     let ne_port = free_port();
-    let mut ne = Kill(
+    let mut ne = KillOnDrop(
         Command::new(exporter)
             .arg(format!("--web.listen-address=127.0.0.1:{ne_port}"))
             .stdout(Stdio::null())
@@ -466,17 +457,7 @@ fn relabeling_and_target_labels_match_prometheus() {
     let cfg = tmp.path().join("both.yml");
     std::fs::write(&cfg, &config).unwrap();
     let srv = Server::start(&tmp.path().join("strata"), &["--config", cfg.to_str().unwrap()]);
-    let prom_port = free_port();
-    let _prom = Kill(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_prom, prom_port) = support::start_prometheus(&prometheus, &cfg, tmp.path(), &[]);
     let scraped = |port: u16| {
         support::try_http(port, "GET", "/api/v1/query?query=up", &[], b"")
             .map(|(s, b)| s == 200 && b.contains("\"rl\""))
@@ -563,7 +544,7 @@ fn tls_targets_are_verified_against_the_configured_ca() {
     );
     std::fs::write(d.join("web.yml"), "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n").unwrap();
     let ne_port = free_port();
-    let _ne = Kill(
+    let _ne = KillOnDrop(
         Command::new(exporter)
             .arg(format!("--web.listen-address=127.0.0.1:{ne_port}"))
             .arg(format!("--web.config.file={}", d.join("web.yml").display()))

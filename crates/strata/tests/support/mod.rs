@@ -27,6 +27,33 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A peer process, killed (and reaped) when dropped: a failing test leaves none behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Debian's Prometheus (`prometheus`, the path `which` found) on a free loopback port with
+/// `config`, its data in `dir/prom`, its log in `dir/prometheus.log`, and `extra` flags.
+pub fn start_prometheus(prometheus: &str, config: &Path, dir: &Path, extra: &[&str]) -> (KillOnDrop, u16) {
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("prom").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    (KillOnDrop(child), port)
+}
+
 pub struct Server {
     pub port: u16,
     child: Option<Child>,
