@@ -1079,6 +1079,10 @@ impl Params {
     fn get(&self, k: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
     }
+    /// The `query` parameter the PromQL endpoints require.
+    fn query(&self) -> Result<&str, ApiError> {
+        self.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))
+    }
     fn all(&self, k: &str) -> Vec<&str> {
         self.0.iter().filter(|(n, _)| n == k).map(|(_, v)| v.as_str()).collect()
     }
@@ -1588,8 +1592,7 @@ async fn query(
     body: Body,
 ) -> ApiResult {
     let p = params(&st, &method, raw, &headers, body).await?;
-    let q =
-        p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
+    let q = p.query()?.to_string();
     let expr = parse_promql(&st, &q)?;
     let t = p.time("time", now_ms())?;
     let params = eval_params(&st, &p)?;
@@ -1607,8 +1610,7 @@ async fn query_range(
     body: Body,
 ) -> ApiResult {
     let p = params(&st, &method, raw, &headers, body).await?;
-    let q =
-        p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?.to_string();
+    let q = p.query()?.to_string();
     let start = p.time("start", i64::MIN)?;
     let end = p.time("end", i64::MIN)?;
     if start == i64::MIN || end == i64::MIN {

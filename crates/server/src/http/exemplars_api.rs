@@ -24,7 +24,7 @@ pub(super) async fn query_exemplars(
     body: Body,
 ) -> ApiResult {
     let p = params(&st, &method, raw, &headers, body).await?;
-    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    let q = p.query()?;
     let expr = parse_promql(&st, q)?;
     let (start, end) = (p.time("start", i64::MIN)?, p.time("end", i64::MAX)?);
     if end < start {

@@ -47,7 +47,7 @@ async fn parsed(
     body: Body,
 ) -> Result<Expr, ApiError> {
     let p = params(st, &method, raw, headers, body).await?;
-    let q = p.get("query").ok_or_else(|| ApiError::bad_data("invalid parameter \"query\": no query given"))?;
+    let q = p.query()?;
     parse_promql(st, q)
 }
 
