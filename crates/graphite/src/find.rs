@@ -23,7 +23,11 @@ pub struct Node<'a> {
 impl Node<'_> {
     /// The last component (`dc1`), the node's name in graphite-web's answers.
     pub fn name(&self) -> &str {
-        self.path.rsplit('.').next().unwrap_or(&self.path)
+        // Bytes, not `rsplit('.')`: its char searcher compares each candidate with `memcmp`.
+        match self.path.as_bytes().iter().rposition(|&b| b == b'.') {
+            Some(dot) => &self.path[dot + 1..],
+            None => &self.path,
+        }
     }
 }
 

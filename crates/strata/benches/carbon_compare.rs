@@ -30,6 +30,9 @@
 //!   'sum')`, `summarize(..., '1h', 'max')` and `highestCurrent(..., 10)` (Graphite's issue's
 //!   benchmark; graphite-web over whisper is the peer).
 //!
+//! With `--hold SECONDS`, each server is kept running that long after its measurements, its
+//! pid and HTTP port printed (to profile it, or to query it by hand).
+//!
 //! Heavy: not a test. Run the two shapes of the Graphite issue: `-- --paths 20000 --points 60`
 //! and `-- --paths 1000000 --points 10 --servers strata,victoria-metrics` (carbon-cache creates
 //! whisper files at a few thousand per second: an hour for a million).
@@ -362,6 +365,7 @@ fn main() {
     let connections: usize = arg("--connections").map_or(4, |s| s.parse().unwrap());
     let deadline_s: u64 = arg("--deadline").map_or(600, |s| s.parse().unwrap());
     let render_day = args.iter().any(|a| a == "--render-day");
+    let hold_s: Option<u64> = arg("--hold").map(|s| s.parse().unwrap());
     let servers: Vec<String> = arg("--servers")
         .unwrap_or_else(|| "strata,victoria-metrics,carbon-cache".into())
         .split(',')
@@ -517,6 +521,10 @@ fn main() {
             }
         }
         print!("{report}");
+        if let Some(hold) = hold_s {
+            println!("  holding {name} (pid {pid}, HTTP port {}) for {hold} s", srv.http);
+            std::thread::sleep(Duration::from_secs(hold));
+        }
         drop(srv);
     }
 }

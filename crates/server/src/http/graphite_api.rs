@@ -63,7 +63,7 @@ fn nodes_of(q: &Querier<'_>, pattern: &NamePattern, limits: &Limits) -> Result<N
 
 /// The nodes of a set, their paths borrowed from it.
 fn as_nodes(set: &NodeSet) -> Vec<Node<'_>> {
-    set.iter().map(|(path, flags)| Node { path: String::from_utf8_lossy(path), is_leaf: flags & LEAF != 0 }).collect()
+    set.iter_text().map(|(path, flags)| Node { path, is_leaf: flags & LEAF != 0 }).collect()
 }
 
 /// `from` and `until` of a find: epoch seconds, as graphite-web and Grafana send them.
@@ -189,25 +189,33 @@ fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
 fn json_string(out: &mut Vec<u8>, parts: &[&str]) {
     out.push(b'"');
     for part in parts {
-        let bytes = part.as_bytes();
-        // Without an early exit the check runs many bytes per instruction.
-        let needs_escape = bytes.iter().fold(false, |any, &b| any | (b == b'"') | (b == b'\\') | (b < 0x20));
-        if !needs_escape {
-            out.extend_from_slice(bytes);
-            continue;
-        }
-        for &b in bytes {
-            match b {
-                b'"' => out.extend_from_slice(b"\\\""),
-                b'\\' => out.extend_from_slice(b"\\\\"),
-                0..=0x1f => {
-                    let _ = write!(out, "\\u{b:04x}");
-                }
-                _ => out.push(b),
-            }
-        }
+        escaped(out, part.as_bytes(), needs_escape(part.as_bytes()));
     }
     out.push(b'"');
+}
+
+/// Whether `bytes` hold a character a JSON string must escape.
+fn needs_escape(bytes: &[u8]) -> bool {
+    // Without an early exit the check runs many bytes per instruction.
+    bytes.iter().fold(false, |any, &b| any | (b == b'"') | (b == b'\\') | (b < 0x20))
+}
+
+/// Appends `bytes` as the inside of a JSON string (escaped where `needs_escape` said so).
+fn escaped(out: &mut Vec<u8>, bytes: &[u8], needs_escape: bool) {
+    if !needs_escape {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    for &b in bytes {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0..=0x1f => {
+                let _ = write!(out, "\\u{b:04x}");
+            }
+            _ => out.push(b),
+        }
+    }
 }
 
 /// graphite-web's find `format=pickle`, what it reads from its `CLUSTER_SERVERS`: a list of
@@ -346,11 +354,13 @@ fn completer(nodes: &[Node], wildcards: bool) -> Vec<u8> {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(b"{\"path\":");
-        json_string(&mut out, &[&n.path, if n.is_leaf { "" } else { "." }]);
-        out.extend_from_slice(b",\"name\":");
-        json_string(&mut out, &[n.name()]);
-        out.extend_from_slice(if n.is_leaf { b",\"is_leaf\":\"1\"}" } else { b",\"is_leaf\":\"0\"}" });
+        // The name is the path's end: one check for escapes serves both.
+        let escape = needs_escape(n.path.as_bytes());
+        out.extend_from_slice(b"{\"path\":\"");
+        escaped(&mut out, n.path.as_bytes(), escape);
+        out.extend_from_slice(if n.is_leaf { b"\",\"name\":\"" } else { b".\",\"name\":\"" });
+        escaped(&mut out, n.name().as_bytes(), escape);
+        out.extend_from_slice(if n.is_leaf { b"\",\"is_leaf\":\"1\"}" } else { b"\",\"is_leaf\":\"0\"}" });
     }
     if nodes.len() > 1 && wildcards {
         out.extend_from_slice(b",{\"name\":\"*\"}");
