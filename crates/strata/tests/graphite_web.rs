@@ -113,7 +113,11 @@ fn normalized(answer: &Value) -> Value {
             m.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
             Value::Array(m)
         }
-        None => floats(answer),
+        // A `nodelist` find: its sorted components.
+        None => match answer.get("nodes") {
+            Some(nodes) => nodes.clone(),
+            None => floats(answer),
+        },
     }
 }
 
@@ -645,6 +649,16 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
         ["/metrics/find/", {"query": "servers.dc1.*"}],
         ["/metrics/find/", {"query": "*.*.host-[12].load"}],
         ["/metrics/find/", {"query": "servers.*.host-1", "format": "completer"}],
+        // graphite-web's completer rewrites its query: a `*` is added, `..` is `*.`, and with
+        // `automatic_variants` commas make an alternation.
+        ["/metrics/find/", {"query": "servers.dc1.host-", "format": "completer"}],
+        ["/metrics/find/", {"query": "servers..host-1", "format": "completer"}],
+        ["/metrics/find/", {"query": "servers.dc1.host-1,host-3", "format": "completer", "automatic_variants": "1"}],
+        ["/metrics/find/", {"query": "servers.*.*", "format": "nodelist", "position": "1"}],
+        ["/metrics/find/", {"query": "servers.*.*.load", "format": "nodelist"}],
+        ["/metrics/find/", {"query": "servers.*.*", "format": "nodelist", "position": "-2"}],
+        ["/metrics/find/", {"query": "*.*.*", "leavesOnly": "1"}],
+        ["/metrics/find/", {"query": "counters.*", "from": "-3h", "until": "now"}],
         // Functions: graphite-web evaluates them over what its cluster server returns.
         ["/render/", {"target": "sumSeries(servers.dc1.*.load)", "from": t0.to_string(), "until": until, "format": "json"}],
         ["/render/", {"target": "aliasByNode(movingAverage(servers.*.host-1.load,5),1)", "from": t0.to_string(), "until": until, "format": "json"}],
@@ -729,6 +743,12 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
     }
     eprintln!("{}", report.table());
     assert!(report.failures.is_empty(), "Strata differs from graphite-web:\n{}", report.failures.join("\n"));
+    // Grafana posts its finds as a form: the same answer as the query string's.
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let posted = http(srv.port, "POST", "/metrics/find", &form, b"query=servers.dc1.*&format=completer");
+    let got = http(srv.port, "GET", "/metrics/find?query=servers.dc1.*&format=completer", &[], b"");
+    assert_eq!(posted, got);
+    assert!(got.1.contains("servers.dc1.host-3."), "{got:?}");
     // The two-day renders read the schema's 5-minute archive from the left-closed tier the
     // schema gave the server (aggregated from the head here: nothing is old enough for blocks;
     // `graphite_tiers.rs` renders from tier blocks), the recent ones raw samples.

@@ -19,7 +19,7 @@ use axum::http::header;
 use axum::http::{HeaderMap, Method};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
-use strata_graphite::attime::{parse_at_time, time_zone};
+use strata_graphite::attime::{parse_at_time, time_zone, TimeZone};
 use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
@@ -66,16 +66,69 @@ fn as_nodes(set: &NodeSet) -> Vec<Node<'_>> {
     set.iter_text().map(|(path, flags)| Node { path, is_leaf: flags & LEAF != 0 }).collect()
 }
 
-/// `from` and `until` of a find: epoch seconds, as graphite-web and Grafana send them.
-fn seconds_param(p: &Params, name: &str, default: i64) -> Result<i64, ApiError> {
-    match p.get(name) {
-        None | Some("") => Ok(default),
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .and_then(|v| v.checked_mul(1000))
-            .ok_or_else(|| ApiError::bad_data(format!("{name}={s:?} is not a number of seconds since the epoch"))),
+/// A request's clock: the time zone its times are read in (`tz`, else `--graphite.time-zone`)
+/// and `now` (graphite-web passes its own to its cluster servers, so that all answer alike).
+fn request_clock(st: &AppState, p: &Params) -> Result<(TimeZone, i64), ApiError> {
+    let tz = match p.get("tz").filter(|s| !s.is_empty()) {
+        None => st.graphite_time_zone.lock().clone(),
+        Some(name) => time_zone(name).map_err(|e| ApiError::bad_data(format!("tz: {e}")))?,
+    };
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let now = match p.get("now").filter(|s| !s.is_empty()) {
+        None => clock,
+        Some(s) => parse_at_time(s, clock, &tz)
+            .ok_or_else(|| ApiError::bad_data(format!("now={s:?} is not a time Graphite understands")))?,
+    };
+    Ok((tz, now))
+}
+
+/// graphite-web's order of a find's nodes: by name (the last component), nodes of one name by
+/// path (graphite-web lists those in random order). The nodes come sorted by path, so a find
+/// whose nodes share one name (`*.*.*.net.eth0.rx_bytes`) is only checked.
+fn by_name(nodes: &mut [Node]) {
+    if nodes.windows(2).all(|w| w[0].name() <= w[1].name()) {
+        return;
     }
+    // Stable: equal names keep their path order.
+    nodes.sort_by(|a, b| a.name().cmp(b.name()));
+}
+
+/// `from` or `until` of a find, in milliseconds: Graphite's time syntax (epoch seconds as
+/// Grafana sends them, `-1h`, `now-2d`, `HH:MM_YYYYMMDD`); absent or `-1` is no bound.
+fn find_bound(p: &Params, name: &str, (tz, now): &(TimeZone, i64), unbounded: i64) -> Result<i64, ApiError> {
+    match p.get(name) {
+        None | Some("" | "-1") => Ok(unbounded),
+        Some(s) => parse_at_time(s, *now, tz)
+            .map(|seconds| seconds.saturating_mul(1000))
+            .ok_or_else(|| ApiError::bad_data(format!("{name}={s:?} is not a time Graphite understands"))),
+    }
+}
+
+/// An integer parameter as graphite-web reads one (`leavesOnly`, `wildcards`, `position`…): a
+/// 400 naming it when it is not an integer.
+fn int_param(p: &Params, name: &str, default: i64) -> Result<i64, ApiError> {
+    match p.get(name) {
+        None => Ok(default),
+        Some(s) => s.trim().parse::<i64>().map_err(|_| ApiError::bad_data(format!("{name}={s:?} is not an integer"))),
+    }
+}
+
+/// The glob a `completer` find searches, as graphite-web rewrites it: `..` is `*.`, a trailing
+/// `*` is added (the user is still typing the last component), and with `automatic_variants`
+/// a component with commas but no braces becomes an alternation (`a,b` is `{a,b}`).
+fn completer_query(query: &str, automatic_variants: bool) -> String {
+    let mut q = query.replace("..", "*.");
+    if !q.ends_with('*') {
+        q.push('*');
+    }
+    if automatic_variants {
+        q = q
+            .split('.')
+            .map(|part| if part.contains(',') && !part.contains('{') { format!("{{{part}}}") } else { part.to_owned() })
+            .collect::<Vec<_>>()
+            .join(".");
+    }
+    q
 }
 
 /// `/metrics/find`: the nodes `query` (a glob) names, in the `format` asked; a protobuf body is
@@ -87,12 +140,36 @@ pub(super) async fn find(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let v3_request = if is_protobuf(&method, &headers) {
-        Some(protobuf_body::<carbonapi::MultiGlobRequest>(&st, body, "carbonapi_v3_pb MultiGlobRequest").await?)
+    let (v3_request, p) = if is_protobuf(&method, &headers) {
+        let what = "carbonapi_v3_pb MultiGlobRequest";
+        (Some(protobuf_body::<carbonapi::MultiGlobRequest>(&st, body, what).await?), Params::from_query(raw))
     } else {
-        None
+        // Grafana posts its finds as a form.
+        (None, params(&st, &method, raw, &headers, body).await?)
     };
-    let p = Params::from_query(raw);
+    let format =
+        p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "treejson" }).to_owned();
+    if !matches!(
+        format.as_str(),
+        "treejson"
+            | "completer"
+            | "json"
+            | "nodelist"
+            | "pickle"
+            | "msgpack"
+            | "protobuf"
+            | "carbonapi_v2_pb"
+            | "carbonapi_v3_pb"
+    ) {
+        return Err(ApiError::bad_data(format!(
+            "format {format:?} is not supported: use treejson (the default), completer, json, nodelist, \
+             pickle, msgpack, protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
+        )));
+    }
+    let wildcards = int_param(&p, "wildcards", 0)? != 0;
+    let leaves_only = int_param(&p, "leavesOnly", 0)? != 0;
+    let position = int_param(&p, "position", -1)?;
+    let automatic_variants = int_param(&p, "automatic_variants", 0)? != 0;
     let queries: Vec<String> = match &v3_request {
         Some(r) => r.metrics.clone(),
         None => p.get("query").filter(|q| !q.is_empty()).map(str::to_owned).into_iter().collect(),
@@ -100,27 +177,23 @@ pub(super) async fn find(
     if queries.is_empty() {
         return Err(ApiError::bad_data("missing parameter \"query\""));
     }
+    let searched: Vec<String> = if format == "completer" {
+        queries.iter().map(|q| completer_query(q, automatic_variants)).collect()
+    } else {
+        queries.clone()
+    };
     let patterns =
-        queries.iter().map(|q| glob_pattern("query", &parse_glob("query", q)?)).collect::<Result<Vec<_>, _>>()?;
-    let wildcards = p.get("wildcards").is_some_and(|v| v == "1");
-    let format =
-        p.get("format").unwrap_or(if v3_request.is_some() { "carbonapi_v3_pb" } else { "treejson" }).to_owned();
-    if !matches!(
-        format.as_str(),
-        "treejson" | "completer" | "json" | "pickle" | "msgpack" | "protobuf" | "carbonapi_v2_pb" | "carbonapi_v3_pb"
-    ) {
-        return Err(ApiError::bad_data(format!(
-            "format {format:?} is not supported: use treejson (the default), completer, json, pickle, \
-             msgpack, protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
-        )));
-    }
+        searched.iter().map(|q| glob_pattern("query", &parse_glob("query", q)?)).collect::<Result<Vec<_>, _>>()?;
     let (from, until) = match &v3_request {
         // 0: no bound, as carbonapi sends it for a find without a range.
         Some(r) => (
             if r.start_time == 0 { i64::MIN } else { r.start_time.saturating_mul(1000) },
             if r.stop_time == 0 { i64::MAX } else { r.stop_time.saturating_mul(1000) },
         ),
-        None => (seconds_param(&p, "from", i64::MIN)?, seconds_param(&p, "until", i64::MAX)?),
+        None => {
+            let clock = request_clock(&st, &p)?;
+            (find_bound(&p, "from", &clock, i64::MIN)?, find_bound(&p, "until", &clock, i64::MAX)?)
+        }
     };
     let db = db(&st)?;
     let st2 = st.clone();
@@ -130,14 +203,25 @@ pub(super) async fn find(
         patterns.iter().map(|pattern| nodes_of(&q, pattern, &st2.limits)).collect::<Result<Vec<_>, _>>()
     })
     .await?;
+    let nodes_of_set = |set| {
+        let mut nodes = as_nodes(set);
+        if leaves_only {
+            nodes.retain(|n| n.is_leaf);
+        }
+        nodes
+    };
     if format == "carbonapi_v3_pb" {
-        let per_query: Vec<_> = queries.into_iter().zip(found.iter().map(as_nodes)).collect();
+        let per_query: Vec<_> = queries.into_iter().zip(found.iter().map(nodes_of_set)).collect();
         return Ok(protobuf(carbonapi::find_v3(&per_query)));
     }
-    let (query, nodes) = (&queries[0], as_nodes(&found[0]));
+    let (query, mut nodes) = (&queries[0], nodes_of_set(&found[0]));
+    if !matches!(format.as_str(), "protobuf" | "carbonapi_v2_pb") {
+        by_name(&mut nodes);
+    }
     let interval = || data_interval(&st);
     Ok(match format.as_str() {
         "completer" => json_bytes(completer(&nodes, wildcards)),
+        "nodelist" => json_bytes(node_list(&nodes, position)?),
         "json" => json_bytes(nodes_json(&nodes, interval())),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
         "msgpack" => {
@@ -369,6 +453,22 @@ fn completer(nodes: &[Node], wildcards: bool) -> Vec<u8> {
     out
 }
 
+/// graphite-web's `nodelist`: the distinct path components at `position` (Python's
+/// indexing: -1, the default, is the last) of the found nodes, sorted, as `{"nodes": [...]}`.
+/// A node without that component is a 400 (graphite-web fails the request).
+fn node_list(nodes: &[Node], position: i64) -> Result<Vec<u8>, ApiError> {
+    let mut found = std::collections::BTreeSet::new();
+    for n in nodes {
+        let parts: Vec<&str> = n.path.split('.').collect();
+        let at = if position < 0 { parts.len() as i64 + position } else { position };
+        let part = usize::try_from(at).ok().and_then(|i| parts.get(i)).ok_or_else(|| {
+            ApiError::bad_data(format!("position={position}: {:?} has {} components", n.path, parts.len()))
+        })?;
+        found.insert(*part);
+    }
+    Ok(serde_json::to_vec(&json!({ "nodes": found })).expect("strings serialize"))
+}
+
 /// Whether a request's body is a protobuf message (carbonapi's v3 requests).
 fn is_protobuf(method: &Method, headers: &HeaderMap) -> bool {
     *method == Method::POST
@@ -445,17 +545,7 @@ pub(super) async fn render(
              protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
-    let tz = match p.get("tz").filter(|s| !s.is_empty()) {
-        None => st.graphite_time_zone.lock().clone(),
-        Some(name) => time_zone(name).map_err(|e| ApiError::bad_data(format!("tz: {e}")))?,
-    };
-    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    // graphite-web passes its own `now` to its cluster servers, so that all answer alike.
-    let now = match p.get("now").filter(|s| !s.is_empty()) {
-        None => clock,
-        Some(s) => parse_at_time(s, clock, &tz)
-            .ok_or_else(|| ApiError::bad_data(format!("now={s:?} is not a time Graphite understands")))?,
-    };
+    let (tz, now) = request_clock(&st, &p)?;
     let at = |name: &str, default: &str| {
         let text = p.get(name).filter(|s| !s.is_empty()).unwrap_or(default);
         parse_at_time(text, now, &tz)
@@ -1000,6 +1090,24 @@ mod tests {
                 {"path": "a.d\\\n", "is_leaf": true, "intervals": [{"start": 10, "end": 20}]},
             ])
         );
+    }
+
+    #[test]
+    fn found_nodes_are_ordered_by_name_then_path() {
+        let node = |path: &'static str| Node { path: path.into(), is_leaf: true };
+        let mut nodes = vec![node("a.x.zz"), node("a.y.b"), node("b.a.zz"), node("b.b.a")];
+        by_name(&mut nodes);
+        let paths: Vec<&str> = nodes.iter().map(|n| &*n.path).collect();
+        assert_eq!(paths, ["b.b.a", "a.y.b", "a.x.zz", "b.a.zz"]);
+    }
+
+    #[test]
+    fn completer_queries_are_rewritten_as_graphite_web_does() {
+        // Python's `replace("..", "*.")`: the first dot goes (graphite-web's own behaviour).
+        assert_eq!(completer_query("servers..cpu", false), "servers*.cpu*");
+        assert_eq!(completer_query("servers.*", false), "servers.*");
+        assert_eq!(completer_query("a.b,c.{d,e}", true), "a.{b,c}.{d,e}*");
+        assert_eq!(completer_query("a.b,c", false), "a.b,c*");
     }
 
     proptest::proptest! {
