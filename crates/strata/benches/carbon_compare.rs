@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, get, proc_usage, read_chunked_or_plain, urlencode, wait_ready};
+use common::{free_port, get, proc_usage, read_chunked_or_plain, read_response_into, urlencode, wait_ready};
 
 const FINDS: [&str; 4] = [
     "servers.dc3.host-00042.cpu.cpu3.user",
@@ -333,7 +333,7 @@ fn latency(port: u16, path: &str, n: usize, keep_alive: bool) -> Option<(Duratio
     };
     let mut conn = connect()?;
     let mut times = Vec::with_capacity(n);
-    let mut body = String::new();
+    let mut body = Vec::new();
     for i in 0..n {
         let t = Instant::now();
         if !keep_alive && i > 0 {
@@ -341,16 +341,15 @@ fn latency(port: u16, path: &str, n: usize, keep_alive: bool) -> Option<(Duratio
         }
         let close = if keep_alive { "" } else { "Connection: close\r\n" };
         conn.0.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{close}\r\n").as_bytes()).ok()?;
-        let (status, b) = read_chunked_or_plain(&mut conn.1);
+        let status = read_response_into(&mut conn.1, &mut body);
         times.push(t.elapsed());
         if status != 200 {
-            eprintln!("GET {path}: {status} {}", b.chars().take(300).collect::<String>());
+            eprintln!("GET {path}: {status} {}", String::from_utf8_lossy(&body).chars().take(300).collect::<String>());
             return None;
         }
-        body = b;
     }
     times.sort();
-    Some((times[n / 2], times[n * 9 / 10], body))
+    Some((times[n / 2], times[n * 9 / 10], String::from_utf8_lossy(&body).into_owned()))
 }
 
 fn ms(d: Duration) -> f64 {

@@ -75,7 +75,15 @@ pub fn get(port: u16, path: &str) -> (u16, String, Duration) {
 
 /// Reads a response that may be chunked (Prometheus, VictoriaMetrics) or sized.
 pub fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, String) {
-    use std::io::BufRead;
+    let mut body = Vec::new();
+    let status = read_response_into(r, &mut body);
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `read_chunked_or_plain` into `body` (cleared first, its capacity kept): a latency loop
+/// reusing one buffer times the server, not the client's allocation of each answer.
+pub fn read_response_into(r: &mut std::io::BufReader<TcpStream>, body: &mut Vec<u8>) -> u16 {
+    body.clear();
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
     let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -95,26 +103,30 @@ pub fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, Str
             len = v.trim().parse().ok();
         }
     }
-    let mut body = Vec::new();
     if chunked {
         loop {
             line.clear();
             r.read_line(&mut line).unwrap();
             let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
             if size == 0 {
+                // The empty line after the last chunk.
+                line.clear();
+                r.read_line(&mut line).unwrap();
                 break;
             }
-            let mut chunk = vec![0; size + 2];
-            r.read_exact(&mut chunk).unwrap();
-            body.extend_from_slice(&chunk[..size]);
+            let at = body.len();
+            body.resize(at + size, 0);
+            r.read_exact(&mut body[at..]).unwrap();
+            let mut crlf = [0u8; 2];
+            r.read_exact(&mut crlf).unwrap();
         }
     } else if let Some(n) = len {
         body.resize(n, 0);
-        r.read_exact(&mut body).unwrap();
+        r.read_exact(body).unwrap();
     } else {
-        r.read_to_end(&mut body).unwrap();
+        r.read_to_end(body).unwrap();
     }
-    (status, String::from_utf8_lossy(&body).into_owned())
+    status
 }
 
 /// (CPU seconds, peak RSS bytes) of a process, from /proc.
