@@ -20,8 +20,10 @@
 //! - **find**: (Strata: once new paths are folded into its names dictionary, the time that
 //!   took reported) median and p90 over HTTP keep-alive of `/metrics/find` for an exact path,
 //!   `servers.dc2.*.load.1`, `*.*.*.net.eth0.rx_bytes` and `servers.*.host-00042.{cpu,mem}.*`
-//!   in the `completer` format (graphite-web over whisper for carbon-cache, served by Python's
-//!   wsgiref, a connection per request as it speaks HTTP/1.0);
+//!   in the `treejson` format (Grafana's: the glob as written, an entry per distinct name) and
+//!   the `completer` format (every node, of the glob with the `*` graphite-web appends);
+//!   graphite-web over whisper for carbon-cache, served by Python's wsgiref, a connection per
+//!   request as it speaks HTTP/1.0;
 //! - **render**: `/render?format=json` of a 108-path glob over the last hour (VictoriaMetrics'
 //!   open-source build has no `/render`).
 //! - with `--render-day`: before the ingest (and not counted in it), those 108 paths get a day
@@ -482,22 +484,28 @@ fn main() {
         // Finds and the render, over HTTP.
         if name != "carbon-cache" || srv.web.is_some() {
             let (reps, keep_alive) = if name == "carbon-cache" { (20, false) } else { (200, true) };
-            for q in FINDS {
-                match latency(
-                    srv.http,
-                    &format!("/metrics/find?format=completer&query={}", urlencode(q)),
-                    reps,
-                    keep_alive,
-                ) {
-                    Some((p50, p90, body)) => {
-                        report += &format!(
-                            "  find     {q:<40} p50 {:>8.3} ms  p90 {:>8.3} ms  ({} nodes)\n",
+            // treejson (Grafana's) searches the glob as written and answers one entry per
+            // distinct name; completer answers every node, for the glob graphite-web makes of
+            // the query (a `*` appended: `load.1` also finds `load.15`).
+            for (format, entry) in [("treejson", "\"id\""), ("completer", "\"path\"")] {
+                for q in FINDS {
+                    match latency(
+                        srv.http,
+                        &format!("/metrics/find?format={format}&query={}", urlencode(q)),
+                        reps,
+                        keep_alive,
+                    ) {
+                        Some((p50, p90, body)) => {
+                            report += &format!(
+                            "  find     {q:<40} {format:<9} p50 {:>8.3} ms  p90 {:>8.3} ms  ({} entries, {} bytes)\n",
                             ms(p50),
                             ms(p90),
-                            body.matches("\"path\"").count()
+                            body.matches(entry).count(),
+                            body.len()
                         )
+                        }
+                        None => report += &format!("  find     {q:<40} {format:<9} failed\n"),
                     }
-                    None => report += &format!("  find     {q:<40} failed\n"),
                 }
             }
             let (targets, from): (&[&str], &str) =

@@ -748,7 +748,10 @@ impl<'a> Querier<'a> {
     /// sorted by node. Each source's names dictionary is walked; a block written before it had one is
     /// scanned. More than `limit` nodes is `TooManySeries`; the interrupt is asked as nodes come.
     pub fn find_names(&self, pattern: &NamePattern, limit: usize) -> Result<NodeSet> {
-        let mut found = FoundNames { out: NodeSet::default(), limit, error: None, seen: 0, querier: self };
+        let (nodes, bytes) = pattern.found_last();
+        // Sized as the pattern's last search found (bounded, the limit may be far larger).
+        let out = NodeSet::with_capacity(nodes.min(limit).min(1 << 20), bytes.min(64 << 20));
+        let mut found = FoundNames { out, limit, error: None, seen: 0, querier: self };
         if !self.head.search_names(pattern, |node, flags| found.add(node, flags)) {
             scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, |node, flags| found.add(node, flags));
         }
@@ -771,6 +774,7 @@ impl<'a> Querier<'a> {
         if found.out.len() > limit {
             return Err(crate::Error::TooManySeries { limit });
         }
+        pattern.record_found(found.out.len(), found.out.text_bytes());
         Ok(found.out)
     }
 

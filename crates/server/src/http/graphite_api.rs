@@ -86,7 +86,9 @@ fn request_clock(st: &AppState, p: &Params) -> Result<(TimeZone, i64), ApiError>
 /// path (graphite-web lists those in random order). The nodes come sorted by path, so a find
 /// whose nodes share one name (`*.*.*.net.eth0.rx_bytes`) is only checked.
 fn by_name(nodes: &mut [Node]) {
-    if nodes.windows(2).all(|w| w[0].name() <= w[1].name()) {
+    let mut names = nodes.iter().map(Node::name);
+    let mut previous = names.next();
+    if names.all(|name| previous.replace(name).is_some_and(|p| p <= name)) {
         return;
     }
     // Stable: equal names keep their path order.
@@ -388,10 +390,10 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
     Ok(json_response(json!(paths)))
 }
 
-/// graphite-web's `treejson`: one object per node name (the first node of each name), branches
-/// before leaves, each `id` the query's text up to its last dot followed by the name
-/// (graphite-web builds ids from the query, so a glob's ids keep its wildcards); with
-/// `wildcards`, a `*` node first when more than one node matched.
+/// graphite-web's `treejson` of nodes in name order (`by_name`): one object per node name (the
+/// first node of each name), branches before leaves, each `id` the query's text up to its last
+/// dot followed by the name (graphite-web builds ids from the query, so a glob's ids keep its
+/// wildcards); with `wildcards`, a `*` node first when more than one node matched.
 fn tree_json(nodes: &[Node], query: &str, wildcards: bool) -> Vec<u8> {
     // An id is the query up to its last dot, and the node's name.
     let base = query.rsplit_once('.').map_or("", |(b, _)| &query[..b.len() + 1]);
@@ -411,15 +413,20 @@ fn tree_json(nodes: &[Node], query: &str, wildcards: bool) -> Vec<u8> {
     if nodes.len() > 1 && wildcards {
         node(&mut out, "*", nodes.iter().all(|n| n.is_leaf));
     }
-    let mut seen = std::collections::HashSet::new();
+    // In name order (`by_name`) a name's nodes are adjacent: the first of each is kept.
+    debug_assert!(nodes.windows(2).all(|w| w[0].name() <= w[1].name()), "nodes not in name order");
     let mut leaves = Vec::new();
+    let mut previous: Option<&str> = None;
     for n in nodes {
-        if seen.insert(n.name()) {
-            if n.is_leaf {
-                leaves.push(n.name());
-            } else {
-                node(&mut out, n.name(), false);
-            }
+        let name = n.name();
+        if previous == Some(name) {
+            continue;
+        }
+        previous = Some(name);
+        if n.is_leaf {
+            leaves.push(name);
+        } else {
+            node(&mut out, name, false);
         }
     }
     for name in leaves {

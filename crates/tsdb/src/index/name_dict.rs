@@ -19,6 +19,7 @@
 use std::cell::RefCell;
 use std::collections::{btree_map, BTreeMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -455,6 +456,16 @@ struct NodeEntry {
 }
 
 impl NodeSet {
+    /// Empty, with room for `nodes` nodes of `bytes` bytes in all.
+    pub fn with_capacity(nodes: usize, bytes: usize) -> NodeSet {
+        NodeSet { bytes: Vec::with_capacity(bytes), nodes: Vec::with_capacity(nodes) }
+    }
+
+    /// Bytes of the nodes' text held (repeats included until `merge_repeats` packs them).
+    pub fn text_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub fn push(&mut self, node: &[u8], flags: u8) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(node);
@@ -651,12 +662,16 @@ pub enum PatternError {
 
 /// A regex (whole-string match, `.` matching any character) compiled to a DFA in both
 /// directions, and which direction to walk.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct NamePattern {
     forward: CompiledDfa,
     backward: CompiledDfa,
     /// Walk the reversed trie: the pattern's literal end is longer than its literal start.
     reverse: bool,
+    /// Nodes and bytes the last search with this pattern found (`found_last`): compiled
+    /// patterns are cached and dashboards repeat their finds, so the next search sizes its
+    /// buffers once instead of growing them (a tenth of a 10,000-node find).
+    last_found: (AtomicUsize, AtomicUsize),
 }
 
 impl NamePattern {
@@ -673,7 +688,19 @@ impl NamePattern {
             forward: CompiledDfa::new(compile(regex, &hir, false)?),
             backward: CompiledDfa::new(compile(regex, &hir, true)?),
             reverse: suffix > prefix,
+            last_found: Default::default(),
         })
+    }
+
+    /// What the last search with this pattern found: (nodes, bytes of their text).
+    pub fn found_last(&self) -> (usize, usize) {
+        (self.last_found.0.load(Ordering::Relaxed), self.last_found.1.load(Ordering::Relaxed))
+    }
+
+    /// Records what a search found, for `found_last`.
+    pub fn record_found(&self, nodes: usize, bytes: usize) {
+        self.last_found.0.store(nodes, Ordering::Relaxed);
+        self.last_found.1.store(bytes, Ordering::Relaxed);
     }
 
     /// Whether searches walk the reversed trie.
