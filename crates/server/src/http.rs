@@ -338,15 +338,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics/find", get(graphite_api::find).post(graphite_api::find))
         .route("/metrics/find/", get(graphite_api::find).post(graphite_api::find))
         .route("/graphite/metrics/find", get(graphite_api::find).post(graphite_api::find))
-        .route("/metrics/expand", get(graphite_api::expand))
-        .route("/graphite/metrics/expand", get(graphite_api::expand))
+        .route("/metrics/expand", get(graphite_api::expand).post(graphite_api::expand))
+        .route("/metrics/expand/", get(graphite_api::expand).post(graphite_api::expand))
+        .route("/graphite/metrics/expand", get(graphite_api::expand).post(graphite_api::expand))
         .route("/metrics/index.json", get(graphite_api::index_json))
         .route("/tags", get(graphite_api::tags))
         .route("/graphite/tags", get(graphite_api::tags))
-        .route("/tags/findSeries", get(graphite_api::find_series))
-        .route("/graphite/tags/findSeries", get(graphite_api::find_series))
-        .route("/tags/autoComplete/{what}", get(graphite_api::auto_complete))
-        .route("/graphite/tags/autoComplete/{what}", get(graphite_api::auto_complete))
+        .route("/tags/findSeries", get(graphite_api::find_series).post(graphite_api::find_series))
+        .route("/graphite/tags/findSeries", get(graphite_api::find_series).post(graphite_api::find_series))
+        .route("/tags/autoComplete/{what}", get(graphite_api::auto_complete).post(graphite_api::auto_complete))
+        .route("/graphite/tags/autoComplete/{what}", get(graphite_api::auto_complete).post(graphite_api::auto_complete))
+        .route("/version", get(graphite_api::version))
+        .route("/version/", get(graphite_api::version))
+        .route("/graphite/version", get(graphite_api::version))
         .route("/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/tags/{tag}", get(graphite_api::tag_details))
         .route("/graphite/metrics/index.json", get(graphite_api::index_json))
@@ -451,7 +455,8 @@ fn handler_name(path: &str) -> &'static str {
         "/api/v1/labels" => "labels",
         "/metrics" => "metrics",
         "/metrics/find" | "/metrics/find/" | "/graphite/metrics/find" => "graphite_find",
-        "/metrics/expand" | "/graphite/metrics/expand" => "graphite_expand",
+        "/metrics/expand" | "/metrics/expand/" | "/graphite/metrics/expand" => "graphite_expand",
+        "/version" | "/version/" | "/graphite/version" => "graphite_version",
         "/metrics/index.json" | "/graphite/metrics/index.json" => "graphite_index",
         p if p.starts_with("/tags") || p.starts_with("/graphite/tags") => "graphite_tags",
         "/render" | "/render/" | "/graphite/render" => "graphite_render",

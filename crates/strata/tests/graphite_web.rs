@@ -749,6 +749,22 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
     let got = http(srv.port, "GET", "/metrics/find?query=servers.dc1.*&format=completer", &[], b"");
     assert_eq!(posted, got);
     assert!(got.1.contains("servers.dc1.host-3."), "{got:?}");
+    // So do expand, findSeries (also with jQuery's `expr[]`) and the tag autocompletion.
+    for (path, body) in [
+        ("/metrics/expand", "query=servers.*.host-1&leavesOnly=0"),
+        ("/tags/findSeries", "expr=name%3D~%5Eservers%5C.dc1"),
+        ("/tags/autoComplete/values", "tag=name&valuePrefix=servers.dc2"),
+    ] {
+        let posted = http(srv.port, "POST", path, &form, body.as_bytes());
+        let got = http(srv.port, "GET", &format!("{path}?{body}"), &[], b"");
+        assert_eq!(posted, got, "{path}");
+        assert_eq!(got.0, 200, "{path}: {}", got.1);
+    }
+    let listed = http(srv.port, "GET", "/tags/findSeries?expr[]=name%3D~%5Eservers%5C.dc1", &[], b"");
+    assert_eq!(listed, http(srv.port, "GET", "/tags/findSeries?expr=name%3D~%5Eservers%5C.dc1", &[], b""));
+    assert!(listed.1.contains("servers.dc1.host-2.load"), "{listed:?}");
+    // graphite-web's version, which Grafana reads to pick its features.
+    assert_eq!(http(srv.port, "GET", "/version", &[], b""), (200, "1.1.8\n".to_owned()));
     // The two-day renders read the schema's 5-minute archive from the left-closed tier the
     // schema gave the server (aggregated from the head here: nothing is old enough for blocks;
     // `graphite_tiers.rs` renders from tier blocks), the recent ones raw samples.

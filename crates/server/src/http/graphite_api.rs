@@ -337,8 +337,14 @@ fn msgpack_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
 
 /// `/metrics/expand`: the paths every `query` glob matches (branches too unless
 /// `leavesOnly=1`), one sorted list, or per query with `groupByExpr=1`, as graphite-web answers.
-pub(super) async fn expand(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params::from_query(raw);
+pub(super) async fn expand(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
     let flag = |name: &str| p.get(name).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let (leaves_only, group) = (flag("leavesOnly"), flag("groupByExpr"));
     let queries: Vec<String> = p.all("query").into_iter().filter(|q| !q.is_empty()).map(str::to_owned).collect();
@@ -988,11 +994,34 @@ pub(super) async fn tag_details(
     Ok(json_response(json!({"tag": tag, "values": values})))
 }
 
-/// `/tags/findSeries?expr=…&expr=…`: the series matching every expression, by their Graphite
-/// names, sorted.
-pub(super) async fn find_series(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
-    let p = Params::from_query(raw);
-    let matchers = tag_matchers(&p.all("expr"))?;
+/// The tag expressions of a request: every `expr`, or every `expr[]` when there is no `expr`
+/// (graphite-web reads both spellings).
+fn exprs_param(p: &Params) -> Vec<&str> {
+    let plain = p.all("expr");
+    if plain.is_empty() {
+        p.all("expr[]")
+    } else {
+        plain
+    }
+}
+
+/// `/version`: the graphite-web version whose API Strata answers (Grafana's Graphite data
+/// source reads it to pick the functions and features it offers), as graphite-web writes it.
+pub(super) async fn version() -> axum::response::Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], "1.1.8\n").into_response()
+}
+
+/// `/tags/findSeries?expr=…&expr=…` (or `expr[]=…`, as jQuery sends lists): the series
+/// matching every expression, by their Graphite names, sorted.
+pub(super) async fn find_series(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let matchers = tag_matchers(&exprs_param(&p))?;
     let db = db(&st)?;
     let st2 = st.clone();
     let mut names = run_query(&st, move |stopper| {
@@ -1012,10 +1041,13 @@ pub(super) async fn find_series(State(st): State<Arc<AppState>>, RawQuery(raw): 
 pub(super) async fn auto_complete(
     State(st): State<Arc<AppState>>,
     axum::extract::Path(what): axum::extract::Path<String>,
+    method: Method,
     RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult {
-    let p = Params::from_query(raw);
-    let exprs = p.all("expr");
+    let p = params(&st, &method, raw, &headers, body).await?;
+    let exprs = exprs_param(&p);
     let matchers = if exprs.is_empty() { Vec::new() } else { tag_matchers(&exprs)? };
     let limit = limit_param(&p, AUTOCOMPLETE_LIMIT)?;
     let (values_of, prefix) = match what.as_str() {
