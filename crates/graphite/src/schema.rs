@@ -303,6 +303,25 @@ impl Schemas {
         self.retentions.iter().map(|r| (r.name.as_str(), r.value[0])).collect()
     }
 
+    /// Every policy a path can get: each schema section's archives (and the default ones)
+    /// with each aggregation section's method (and carbon's default, average at 0.5). A
+    /// reader asks these whether any path could be answered some way before it looks at the
+    /// paths.
+    pub fn policies(&self) -> Vec<Policy> {
+        let archives = self.retentions.iter().map(|r| &r.value).chain(std::iter::once(&self.default_archives));
+        let aggregations: Vec<(Aggregation, f64)> =
+            self.aggregations.iter().map(|r| r.value).chain(std::iter::once((Aggregation::Average, 0.5))).collect();
+        archives
+            .flat_map(|a| {
+                aggregations.iter().map(|&(aggregation, x_files_factor)| Policy {
+                    archives: a.clone(),
+                    aggregation,
+                    x_files_factor,
+                })
+            })
+            .collect()
+    }
+
     /// The names of the sections, for the log.
     pub fn section_names(&self) -> Vec<&str> {
         self.retentions.iter().map(|r| r.name.as_str()).collect()
@@ -340,6 +359,12 @@ mod tests {
             [Archive { step_s: 60, points: 43200 }, Archive { step_s: 600, points: 262_800 }]
         );
         assert_eq!(Schemas::default().coarse_archives(), []);
+        // Every path's policy is among `policies`.
+        let all = s.policies();
+        assert_eq!(all.len(), 4 * 3, "3 sections and the default, 2 aggregation sections and the default");
+        for path in ["collectd.host.cpu.min", "carbon.agents.x", "other", "other.min"] {
+            assert!(all.contains(&s.policy(path)), "{path}");
+        }
     }
 
     #[test]

@@ -311,4 +311,25 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
         .find_map(|l| l.strip_prefix("strata_graphite_render_series_tier_total ")?.parse::<f64>().ok())
         .unwrap();
     assert_eq!(tier_reads, 6.0, "{metrics}");
+    drop(server);
+
+    // Limits a long render's raw chunks would pass (the last 3 days' raw samples, more than
+    // 20 chunks) but its tier's do not: the series are listed without their raw chunks, so
+    // the tier answers.
+    let mut limited = flags.to_vec();
+    limited.extend(["--query.max-series", "3", "--query.max-samples", "14"]);
+    let server = Server::start(&dir, &limited);
+    let got = render(server.port, 60 * 24 * HOUR_S, now);
+    assert_eq!(got.len(), 3, "{got:?}");
+    // A render of the last 23 hours reads raw samples (the schema's finest archive, a day),
+    // more chunks than the limit.
+    let (status, body) = http(
+        server.port,
+        "GET",
+        &format!("/render?target=servers.*.*&from={}&until={now}&now={now}&format=json", now - 23 * HOUR_S),
+        &[],
+        b"",
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("chunks") || body.contains("samples"), "{body}");
 }

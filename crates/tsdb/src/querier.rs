@@ -371,6 +371,8 @@ pub struct Querier<'a> {
     chunks_found: std::sync::atomic::AtomicUsize,
     /// False: `select` reads the blocks only (a rollup tier's, which the head has no part of).
     read_head: bool,
+    /// `select` lists the series with samples in range without their chunks (`labels_only`).
+    labels_only: bool,
 }
 
 impl std::fmt::Debug for Querier<'_> {
@@ -443,7 +445,16 @@ impl<'a> Querier<'a> {
             max_chunks: usize::MAX,
             chunks_found: std::sync::atomic::AtomicUsize::new(0),
             read_head: true,
+            labels_only: false,
         }
+    }
+
+    /// Makes `select` list the series that have samples in range with no chunks: what a
+    /// reader that answers from elsewhere (a rollup tier) needs to know, without holding, or
+    /// counting against `limit_chunks`, a reference per raw chunk of a long range.
+    pub fn labels_only(mut self) -> Self {
+        self.labels_only = true;
+        self
     }
 
     /// Applies `limits` (series, chunks, interrupt).
@@ -655,8 +666,12 @@ impl<'a> Querier<'a> {
                 chunks
             };
             if !chunks.is_empty() {
-                self.count_chunks(chunks.len())?;
-                found.push((s, chunks));
+                if self.labels_only {
+                    found.push((s, Vec::new()));
+                } else {
+                    self.count_chunks(chunks.len())?;
+                    found.push((s, chunks));
+                }
                 self.check_limit(found.len())?;
             }
         }
@@ -703,6 +718,12 @@ impl<'a> Querier<'a> {
             let in_range = |c: &&crate::block::ChunkMetaRef| c.maxt >= self.mint && c.mint <= self.maxt;
             let count = metas.iter().filter(in_range).count();
             debug_assert!(count > 0, "series_in_range returns labels only with a chunk in range");
+            let deleted = stones.get(&id.0).cloned().unwrap_or_default();
+            if self.labels_only {
+                out.push(Series { labels, chunks: Vec::new(), deleted, mint: self.mint, maxt: self.maxt });
+                self.check_limit(out.len())?;
+                continue;
+            }
             self.count_chunks(count)?;
             let mut chunks = Vec::with_capacity(count);
             let rank = block.meta().seq;
@@ -712,7 +733,6 @@ impl<'a> Querier<'a> {
                 data: ChunkData::Block { reader: data.chunks.clone(), chunk: c.chunk },
                 rank,
             }));
-            let deleted = stones.get(&id.0).cloned().unwrap_or_default();
             out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });
             self.check_limit(out.len())?;
         }

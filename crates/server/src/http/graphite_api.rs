@@ -637,14 +637,22 @@ pub(super) async fn render(
              -> Result<Vec<RenderSeries>, ApiError> {
                 let (mint, maxt) =
                     (from.saturating_mul(1000), until.saturating_add(RENDER_SLACK_S).saturating_mul(1000));
-                let q = limited_querier(&db, &st2.limits, &stop, mint, maxt);
+                let querier = || limited_querier(&db, &st2.limits, &stop, mint, maxt);
                 let matchers: &[Matcher] = match selection {
                     // The `__name__` regex is answered by walking the names indexes.
                     Selection::Glob(matcher) => std::slice::from_ref(matcher),
                     Selection::Tags(matchers) => matchers,
                     Selection::Functions(_) => unreachable!("functions are evaluated, not fetched"),
                 };
-                let mut selected = q.select(matchers).map_err(|e| execution(&e))?;
+                // Where a tier may answer some path over this range, the series are listed
+                // first without their raw chunks (a year of raw chunk references could pass
+                // `--query.max-samples` though the tier answers); those left to raw samples
+                // are selected with their chunks after.
+                let tiers_may_answer =
+                    schemas.policies().iter().any(|p| pick_tier(&tiers, p, from, until, now).is_some());
+                let mut selected = if tiers_may_answer { querier().labels_only() } else { querier() }
+                    .select(matchers)
+                    .map_err(|e| execution(&e))?;
                 // By path, as graphite-web lists a glob's series (label order puts tags first).
                 selected.sort_by(|a, b| a.labels.get(METRIC_NAME).cmp(&b.labels.get(METRIC_NAME)));
                 // Each series' policy, and the tier that answers it (`None`: its raw samples).
@@ -697,8 +705,21 @@ pub(super) async fn render(
                 // the cores when there are enough to pay for the threads.
                 let raw: Vec<usize> =
                     (0..selected.len()).filter(|&i| answers[i].is_none() && named[i].is_some()).collect();
+                let with_chunks = if tiers_may_answer && !raw.is_empty() {
+                    querier().select(matchers).map_err(|e| execution(&e))?
+                } else {
+                    Vec::new()
+                };
+                let chunks_of: HashMap<&Labels, &strata_tsdb::querier::Series> =
+                    with_chunks.iter().map(|s| (&s.labels, s)).collect();
                 let read_raw = |i: usize| -> Option<Fetched> {
-                    let samples: Vec<(i64, f64)> = selected[i].samples().iter().map(|x| (x.t, x.v)).collect();
+                    let series = if tiers_may_answer {
+                        // A series gone since it was listed (deleted meanwhile) is left out.
+                        chunks_of.get(&selected[i].labels).copied()?
+                    } else {
+                        &selected[i]
+                    };
+                    let samples: Vec<(i64, f64)> = series.samples().iter().map(|x| (x.t, x.v)).collect();
                     let policy = &named[i].as_ref().expect("only named series are read").policy;
                     strata_graphite::render::fetch(&samples, policy, from, until, now)
                 };

@@ -150,3 +150,37 @@ fn head_selection_on_threads_equals_one_thread() {
         }
     }
 }
+
+#[test]
+fn a_labels_only_selection_lists_the_series_without_their_chunks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = crate::DbOptions { compact_interval: None, retention_ms: 0, ..crate::DbOptions::default() };
+    let db = crate::Db::open(tmp.path(), opts).unwrap();
+    // Series 0-4 in a block (imported), 3-7 in the head; 8 only before the range.
+    let imported = Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() });
+    let labels = |i: usize| Labels::from_pairs([("__name__", "s"), ("i", &i.to_string())]);
+    let mut app = imported.appender();
+    for i in 0..5 {
+        for t in 0..100 {
+            app.append(&labels(i), 1_000 + t * 1000, t as f64).unwrap();
+        }
+    }
+    app.append(&labels(8), 10, 1.0).unwrap();
+    app.commit().unwrap();
+    db.import_head(&imported).unwrap();
+    let mut app = db.head().appender();
+    for i in 3..8 {
+        app.append(&labels(i), 200_000, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    let all = [Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()];
+    let full = db.querier(500, 300_000).select(&all).unwrap();
+    let listed = db.querier(500, 300_000).labels_only().limit_chunks(0).select(&all).unwrap();
+    let names = |v: &[Series]| v.iter().map(|s| s.labels.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&listed), names(&full));
+    assert_eq!(listed.len(), 8);
+    assert!(listed.iter().all(|s| s.chunks.is_empty()));
+    // The same selection with chunks is over the limit.
+    let err = db.querier(500, 300_000).limit_chunks(0).select(&all).unwrap_err();
+    assert!(matches!(err, crate::Error::TooManyChunks { .. }), "{err}");
+}
