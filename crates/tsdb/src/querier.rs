@@ -636,6 +636,14 @@ impl<'a> Querier<'a> {
         for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
             let Some(s) = self.head.series(r) else { continue };
+            if self.labels_only {
+                // Whether it has samples in range, without copying its open chunk.
+                if s.state.lock().overlaps(self.mint, self.maxt) {
+                    found.push((s, Vec::new()));
+                    self.check_limit(found.len())?;
+                }
+                continue;
+            }
             let chunks = {
                 let state = s.state.lock();
                 state.each_chunk_into(self.mint, self.maxt, u64::MAX, &mut arena, |c, rank| pending.push((c, rank)));
@@ -666,12 +674,8 @@ impl<'a> Querier<'a> {
                 chunks
             };
             if !chunks.is_empty() {
-                if self.labels_only {
-                    found.push((s, Vec::new()));
-                } else {
-                    self.count_chunks(chunks.len())?;
-                    found.push((s, chunks));
-                }
+                self.count_chunks(chunks.len())?;
+                found.push((s, chunks));
                 self.check_limit(found.len())?;
             }
         }

@@ -505,7 +505,7 @@ impl SeriesState {
 
     /// Whether any sample may lie in `[mint, maxt]` (a chunk overlaps it).
     pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
-        self.closed.iter().any(|c| c.maxt >= mint && c.mint <= maxt)
+        self.closed_overlapping(mint, maxt).next().is_some()
             || self.open_overlaps(mint, maxt)
             || self.overlay.as_ref().is_some_and(|o| o.count_parts(mint, maxt) > 0)
     }
@@ -517,13 +517,13 @@ impl SeriesState {
         out
     }
 
-    /// Hands each in-order chunk overlapping `[mint, maxt]` to `f`, oldest first (the open
-    /// chunk copied).
     /// The closed in-order chunks overlapping `[mint, maxt]`, oldest first.
     fn closed_overlapping(&self, mint: i64, maxt: i64) -> impl Iterator<Item = &ChunkMeta> {
         self.closed.iter().filter(move |c| c.maxt >= mint && c.mint <= maxt)
     }
 
+    /// Hands each in-order chunk overlapping `[mint, maxt]` to `f`, oldest first (the open
+    /// chunk copied).
     fn each_in_order_chunk(&self, mint: i64, maxt: i64, mut f: impl FnMut(ChunkMeta)) {
         self.closed_overlapping(mint, maxt).for_each(|c| f(c.clone()));
         if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
