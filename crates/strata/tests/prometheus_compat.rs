@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{free_port, http, try_http, which, Server};
@@ -40,15 +40,7 @@ fn prometheus_remote_writes_into_strata_and_promtool_reads_it_back() {
     );
     let cfg_path = tmp.path().join("prometheus.yml");
     std::fs::write(&cfg_path, config).unwrap();
-    let log = std::fs::File::create(tmp.path().join("prometheus.log")).unwrap();
-    let mut prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", cfg_path.display()))
-        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom-data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
+    let prom = support::start_prometheus_on(prom_port, &prometheus, &cfg_path, tmp.path(), &[]);
 
     // Wait until both scrape jobs' `up` arrived in Strata through remote write, with a few
     // samples each, and Prometheus has sent a good number of samples.
@@ -62,7 +54,7 @@ fn prometheus_remote_writes_into_strata_and_promtool_reads_it_back() {
             break sent;
         }
         if Instant::now() > deadline {
-            let _ = prom.kill();
+            drop(prom);
             let plog = std::fs::read_to_string(tmp.path().join("prometheus.log")).unwrap_or_default();
             panic!(
                 "no data from Prometheus in 90 s (up={up:?}, sent={sent})\nprometheus log:\n{plog}\nstrata log:\n{}",
@@ -93,9 +85,7 @@ fn prometheus_remote_writes_into_strata_and_promtool_reads_it_back() {
     let out = Command::new(&promtool).args(["query", "labels", &url, "job"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("prometheus") && text.contains("strata"), "{text}");
-
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
 }
 
 /// A counter from Prometheus' own `/metrics`, summed over its series (0 when absent).
@@ -185,16 +175,8 @@ fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
         strata.port, strata.port
     );
     std::fs::write(d.join("prometheus.yml"), config).unwrap();
-    let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
-    let mut prom = Command::new(prometheus)
-        .arg("--config.file=prometheus.yml")
-        .arg("--storage.tsdb.path=prom-data")
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .current_dir(d)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
+    // The configuration's relative paths (`ca.pem`) are read from its directory.
+    let prom = support::start_prometheus_on(prom_port, &prometheus, &d.join("prometheus.yml"), d, &[]);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let ca = reqwest::Certificate::from_pem(&std::fs::read(d.join("ca.pem")).unwrap()).unwrap();
@@ -221,7 +203,7 @@ fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
             break;
         }
         if Instant::now() > deadline {
-            let _ = prom.kill();
+            drop(prom);
             let plog = std::fs::read_to_string(d.join("prometheus.log")).unwrap_or_default();
             panic!("no data over TLS in 90 s: {body}\nprometheus log:\n{plog}\nstrata log:\n{}", strata.log_text());
         }
@@ -250,8 +232,7 @@ fn prometheus_scrapes_and_remote_writes_over_tls_with_basic_auth() {
     );
     let out = promtool_query(&format!("https://127.0.0.1:{}", strata.port));
     assert!(!out.status.success(), "promtool without credentials was answered");
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
 }
 
 /// `/api/v1/format_query` of every query in Prometheus' PromQL test files that Prometheus 2.42
@@ -263,14 +244,13 @@ fn format_query_writes_what_prometheus_writes() {
     let strata = Server::start(&tmp.path().join("strata"), &[]);
     let prom_port = free_port();
     std::fs::write(tmp.path().join("prometheus.yml"), "global: {}\n").unwrap();
-    let mut prom = Command::new(which("prometheus"))
-        .arg(format!("--config.file={}", tmp.path().join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", tmp.path().join("prom-data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus");
+    let prom = support::start_prometheus_on(
+        prom_port,
+        &which("prometheus"),
+        &tmp.path().join("prometheus.yml"),
+        tmp.path(),
+        &[],
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while !matches!(try_http(prom_port, "GET", "/-/ready", &[], b""), Ok((200, _))) {
         assert!(Instant::now() < deadline, "prometheus not ready");
@@ -328,8 +308,7 @@ fn format_query_writes_what_prometheus_writes() {
         "{same} queries formatted alike, {kept_grouping} with a label-less grouping Prometheus drops, {refused} refused by Prometheus 2.42"
     );
     assert!(same > 1000, "{same} queries formatted alike, {refused} refused by Prometheus 2.42");
-    let _ = prom.kill();
-    let _ = prom.wait();
+    drop(prom);
 }
 
 /// Prometheus 2.42 with Strata as its `remote_read` storage (and nothing of its own) answers

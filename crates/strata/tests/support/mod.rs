@@ -41,6 +41,11 @@ impl Drop for KillOnDrop {
 /// `config`, its data in `dir/prom`, its log in `dir/prometheus.log`, and `extra` flags.
 pub fn start_prometheus(prometheus: &str, config: &Path, dir: &Path, extra: &[&str]) -> (KillOnDrop, u16) {
     let port = free_port();
+    (start_prometheus_on(port, prometheus, config, dir, extra), port)
+}
+
+/// `start_prometheus` on `port` (for a configuration that names Prometheus' own address).
+pub fn start_prometheus_on(port: u16, prometheus: &str, config: &Path, dir: &Path, extra: &[&str]) -> KillOnDrop {
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let child = Command::new(prometheus)
         .arg(format!("--config.file={}", config.display()))
@@ -51,7 +56,7 @@ pub fn start_prometheus(prometheus: &str, config: &Path, dir: &Path, extra: &[&s
         .stderr(log)
         .spawn()
         .expect("start prometheus");
-    (KillOnDrop(child), port)
+    KillOnDrop(child)
 }
 
 pub struct Server {
