@@ -418,7 +418,7 @@ fn render_db(o: &mut String, db: &Db) {
         ],
     );
     let (files, file_bytes) = head.chunk_files_usage();
-    let (names_dict, names_delta, _) = head.names_stats();
+    let names = head.names_stats();
     singles(
         o,
         &[
@@ -449,15 +449,21 @@ fn render_db(o: &mut String, db: &Db) {
             ),
             (
                 "strata_tsdb_head_names_dictionary_nodes",
-                "Metric names and path nodes in the head's names dictionary (what finds and name regexes walk).",
+                "Metric names and path nodes in the head's names dictionaries (what finds and name regexes walk).",
                 "gauge",
-                names_dict as f64,
+                names.dictionary_nodes as f64,
             ),
             (
-                "strata_tsdb_head_names_delta_nodes",
-                "Names and path nodes created since the dictionary was last built (searched more slowly until the next rebuild).",
+                "strata_tsdb_head_names_dictionaries",
+                "The head's names dictionaries: the main one and those of names folded in since it was built.",
                 "gauge",
-                names_delta as f64,
+                names.dictionaries as f64,
+            ),
+            (
+                "strata_tsdb_head_names_delta",
+                "Metric names created since the last fold into a names dictionary (searched name by name).",
+                "gauge",
+                names.delta_names as f64,
             ),
         ],
     );

@@ -461,17 +461,13 @@ fn main() {
                 );
             }
         }
-        // Strata folds new paths into its names dictionary in the background, a pause after
-        // each rebuild (about ten times its duration); until then finds also walk the slower
-        // delta. Measured once it has, as VictoriaMetrics' once it has flushed.
+        // Strata folds new paths into its names dictionaries in the background, once a second;
+        // until then finds also read the new names one by one. Measured once it has, as
+        // VictoriaMetrics' once it has flushed.
         if name == "strata" {
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(60) {
-                let (dict, delta) = (
-                    common::counter(srv.http, "strata_tsdb_head_names_dictionary_nodes"),
-                    common::counter(srv.http, "strata_tsdb_head_names_delta_nodes"),
-                );
-                if delta <= (dict / 16.0).max(4096.0) {
+                if common::counter(srv.http, "strata_tsdb_head_names_delta") < 4096.0 {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(200));

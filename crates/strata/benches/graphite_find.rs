@@ -7,8 +7,8 @@
 //! median and p90 latency of four finds (an exact path, a prefixed glob, a leading-star glob, a
 //! glob with braces) through
 //! - `dict`: a built dictionary (what a block's `names` file is, mapped),
-//! - `head`: the head's dictionary with the last 1/16 of the names in its delta (as between
-//!   two rebuilds),
+//! - `head`: the head's dictionaries with the last 1/16 of the names folded into levels a few
+//!   thousand at a time and the rest in its delta (as between two rebuilds),
 //! - `scan`: the reference finder reading every path from the glob's literal start (what
 //!   find did before the index).
 //!
@@ -129,17 +129,31 @@ fn main() {
         let mut app = head.appender();
         app.append(&Labels::from_pairs([(METRIC_NAME, p.as_str())]), 1000, 1.0).expect("append");
         app.commit().expect("commit");
+        // What the background maintenance does meanwhile (once a second in a server): fold
+        // each few thousand new names into a level.
+        if i > n - in_delta && i % 4096 == 0 {
+            head.maintain_names();
+        }
     }
-    let (dict_nodes, delta_nodes, _) = head.names_stats();
+    let names = head.names_stats();
     println!(
-        "head: {n} series in {:.1} s; names dictionary {dict_nodes} nodes + delta {delta_nodes} nodes",
-        t.elapsed().as_secs_f64()
+        "head: {n} series in {:.1} s; names dictionaries {} nodes in {}, delta {} names",
+        t.elapsed().as_secs_f64(),
+        names.dictionary_nodes,
+        names.dictionaries,
+        names.delta_names
     );
     // What the head's background maintenance does once the delta has grown: a whole rebuild.
     if args.iter().any(|a| a == "--rebuild") {
+        reset_peak_rss();
+        let before = peak_rss();
         let t = Instant::now();
         head.rebuild_names();
-        println!("head names rebuild: {:.2} s", t.elapsed().as_secs_f64());
+        println!(
+            "head names rebuild: {:.2} s, peak +{:.0} MiB",
+            t.elapsed().as_secs_f64(),
+            peak_rss().saturating_sub(before) as f64 / (1 << 20) as f64
+        );
         return;
     }
     let mut sorted = paths.clone();

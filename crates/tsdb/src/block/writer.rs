@@ -14,7 +14,7 @@ use super::tombstones;
 use crate::chunkenc;
 use crate::error::{io_err, Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
-use crate::index::name_dict::NameDict;
+use crate::index::name_dict::{NameDelta, NameDict};
 use crate::vfs::Vfs;
 
 /// Suffix of a block directory being written; removed on open if a crash left one behind.
@@ -43,7 +43,7 @@ pub struct BlockWriter {
     metas: Vec<ChunkMetaRef>,
     /// Distinct `__name__` values, for the `names` file (series come in label order, so a
     /// name's series mostly follow each other; the rest is deduplicated at the end).
-    names: Vec<Box<str>>,
+    names: NameDelta,
     /// Set for a rollup tier's block (`BlockMeta::rollup`).
     rollup: Option<RollupMeta>,
     /// Keep the block even with no series (a rollup tier's record that a raw block was rolled up).
@@ -72,7 +72,7 @@ impl BlockWriter {
             index,
             stats: BlockStats::default(),
             metas: Vec::new(),
-            names: Vec::new(),
+            names: NameDelta::default(),
             rollup: None,
             keep_empty: false,
         })
@@ -102,8 +102,8 @@ impl BlockWriter {
         self.stats.num_chunks += chunks.len() as u64;
         self.stats.num_series += 1;
         if let Some(name) = labels.get(METRIC_NAME) {
-            if self.names.last().is_none_or(|last| &**last != name) {
-                self.names.push(name.into());
+            if self.names.last() != Some(name.as_bytes()) {
+                self.names.add(name);
             }
         }
         self.index.add_series(labels, &self.metas)
@@ -148,7 +148,7 @@ impl BlockWriter {
         let written = (|| {
             chunks.finish()?;
             index.finish()?;
-            let dict = NameDict::build(names.iter().map(|n| &**n));
+            let dict = NameDict::union(&[], &names);
             drop(names);
             super::names::write(&*fs, &tmp, &dict)?;
             tombstones::write(&*fs, &tmp, &tombstones::Tombstones::new())?;

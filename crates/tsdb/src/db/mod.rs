@@ -817,8 +817,8 @@ const MAINTENANCE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 fn maintain_names(inner: &Inner) {
     let started = Instant::now();
     if inner.head.maintain_names() {
-        let (nodes, _, bytes) = inner.head.names_stats();
-        tracing::debug!(nodes, bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary or folded new names in");
+        let st = inner.head.names_stats();
+        tracing::debug!(nodes = st.dictionary_nodes, dictionaries = st.dictionaries, bytes = st.bytes, took = ?started.elapsed(), "rebuilt the head's names dictionary or folded new names in");
     }
 }
 

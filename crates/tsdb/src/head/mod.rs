@@ -33,6 +33,7 @@ pub use appender::{AppendError, Appender, CommitOutcome, OutOfOrder};
 use chunk_files::ChunkFiles;
 use mem_postings::MemPostings;
 use names::HeadNames;
+pub use names::NamesStats;
 pub use series::{Appended, ChunkMeta, HeadChunkBytes, MemSeries, SampleError};
 use symbols::{SymbolId, Symbols};
 
@@ -40,7 +41,7 @@ use crate::chunkenc::TypedSample;
 use crate::error::Result;
 use crate::hash::U64Map;
 use crate::index::matchers::{postings_for_matchers, IndexReader};
-use crate::index::name_dict::{NameDict, NamePattern};
+use crate::index::name_dict::NamePattern;
 use crate::index::postings::{self, BoxPostings, ListPostings};
 use crate::record::{self, Record, RecordError, RecordType, RefHistogram, RefSample, Tombstone};
 use crate::wal::{ReplayOutcome, Wal, WalOptions};
@@ -370,7 +371,7 @@ impl Head {
         }
         m.symbols = self.symbols.heap_bytes() as u64;
         m.postings = self.postings.heap_bytes() as u64;
-        m.names = self.names.stats().2 as u64;
+        m.names = self.names.stats().bytes as u64;
         m.chunk_files = self.chunk_files_usage().1;
         m
     }
@@ -752,11 +753,12 @@ impl Head {
     /// Rebuilds the dictionary of metric names from the head's names now (`maintain_names`
     /// does when it is due).
     pub fn rebuild_names(&self) {
-        self.names.begin_rebuild();
-        let names = self.label_values(METRIC_NAME, &[]);
-        let dict = NameDict::build(names.iter().map(String::as_str));
-        drop(names);
-        self.names.replace(dict);
+        self.names.rebuild(|names| {
+            let _gate = self.read_gate();
+            let Some(name_id) = self.symbols.lookup(METRIC_NAME) else { return };
+            let ids = self.postings.label_values(name_id);
+            self.symbols.with(|get| ids.into_iter().for_each(|id| names.add(&get(id))));
+        });
     }
 
     /// Calls `visit(node, flags)` for the metric names and path nodes (`index::name_dict`)
@@ -766,8 +768,8 @@ impl Head {
         self.names.search(pattern, visit)
     }
 
-    /// Nodes in the names dictionary, nodes added since it was built, and its bytes.
-    pub fn names_stats(&self) -> (usize, usize, usize) {
+    /// The size of the names dictionaries and of the names created since they were built.
+    pub fn names_stats(&self) -> NamesStats {
         self.names.stats()
     }
 

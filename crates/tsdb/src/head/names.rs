@@ -1,76 +1,86 @@
-//! The head's dictionary of metric names (`index::name_dict`): a built dictionary, a smaller
-//! one of names folded in since, and the nodes of names created since (a `NameDelta`), all
-//! searched by one pattern.
+//! The head's dictionary of metric names (`index::name_dict`): a main dictionary, smaller ones
+//! of names folded in since (levels), and the names created since the last fold (a
+//! `NameDelta`), all searched by one pattern.
 //!
-//! Building costs about a second per million names, so it is not done per new name: the delta
-//! takes them (a sorted map, searched with the same skip-ahead walk), and maintenance rebuilds
-//! the dictionary once the delta has grown past a share of it or series have been removed
-//! (`wanted`), at most a tenth of the time; while a rebuild waits, the delta is folded into the
-//! recent dictionary, a build costing only their size. While the WAL is replayed nothing is
-//! collected; the dictionary is built once at the end.
+//! Building the main dictionary costs about its size, so it is not done per new name: a new
+//! name is appended to the delta (a copy into a buffer, on the thread creating the series),
+//! which is searched name by name and so kept small: once it holds `DELTA_NAMES_MAX` names,
+//! maintenance (once a second) sorts it into a dictionary of its own, a new level. Levels are
+//! merged as a binary counter merges carries, whenever the newest is at least half the one
+//! before it, so there are at most a logarithm of them and each name is merged a logarithm of
+//! times. Once the levels outgrow a share of the main dictionary (or series were removed),
+//! everything is merged into a new main dictionary, at most a tenth of the time.
+//! While the WAL is replayed nothing is collected; the dictionary is built once at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::index::name_dict::{NameDelta, NameDict, NamePattern};
 
-/// A delta smaller than this never asks for a rebuild.
-const DELTA_NODES_MIN: usize = 4096;
-/// Past `DELTA_NODES_MIN`, a rebuild (or a fold) is wanted once the delta holds this share of
-/// the dictionaries' node count.
-const DELTA_SHARE_DIVISOR: usize = 16;
-/// After a rebuild, the next one waits this many times as long as it took (unless the delta
-/// outgrew the dictionary): while a burst of new paths arrives (a Graphite installation
+/// The delta is folded into a level of its own once it holds this many names (a search reads
+/// each of them: up to about a tenth of a millisecond).
+const DELTA_NAMES_MAX: usize = 4096;
+/// Below this many names and nodes in levels and delta, no rebuild is asked for.
+const SMALL_NODES_MIN: usize = 4096;
+/// Past `SMALL_NODES_MIN`, a rebuild is wanted once the levels and the delta hold this share of
+/// the main dictionary's node count.
+const SMALL_SHARE_DIVISOR: usize = 16;
+/// After a rebuild, the next one waits this many times as long as it took (unless the levels
+/// outgrew the main dictionary): while a burst of new paths arrives (a Graphite installation
 /// starting to send a million), rebuilds take at most a tenth of a core instead of rebuilding
-/// the whole dictionary every time the delta reached a sixteenth of it (about 17 times the
-/// final build's work, a fifth of the CPU time of carbon ingest at a million new paths).
-/// Meanwhile the delta is folded into the recent dictionary (`fold_delta`): a delta searched
-/// as a sorted map seeks per prefix the automaton rules out, far slower than a trie.
+/// the whole dictionary every time the new names reached a sixteenth of it. Meanwhile new
+/// names go into levels, which cost a logarithm of merges per name.
 const REBUILD_PAUSE_FACTOR: u32 = 9;
 
 #[derive(Debug)]
 pub(crate) struct HeadNames {
     inner: RwLock<Inner>,
+    /// Held through a fold or a rebuild: one at a time, so that each installs its result
+    /// over the dictionaries it read.
+    maintaining: Mutex<()>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     dict: Arc<NameDict>,
+    /// Dictionaries of names folded out of the delta since `dict` was built, oldest first;
+    /// each less than half the size of the one before it once a fold is over.
+    levels: Vec<Arc<NameDict>>,
     delta: NameDelta,
-    /// The delta as it was when the running rebuild started: the build reads every name it
-    /// holds, so it is dropped whole when the new dictionary is installed (sorting out which
-    /// nodes of a million-node delta the new dictionary holds took the lock for a second, and
-    /// every series creation waited), and searched until then.
+    /// The delta being folded or read by a rebuild, searched until its names are installed
+    /// in a dictionary.
     frozen: Option<Arc<NameDelta>>,
-    /// Nodes folded out of the delta while a rebuild had to wait (`fold_delta`): a second,
-    /// smaller dictionary, searched as fast as the first, emptied by the next rebuild.
-    recent: Arc<NameDict>,
     /// False while the WAL is replayed: names are not collected one by one then.
     collecting: bool,
-    /// Series were removed: the dictionary may hold names no series has any more.
+    /// Series were removed: the dictionaries may hold names no series has any more.
     stale: bool,
-    /// When the running rebuild started.
-    build_started: Option<Instant>,
     /// When the last rebuild ended, and how long it took.
     last_build: Option<(Instant, Duration)>,
 }
 
+impl Inner {
+    /// Nodes in the levels plus names in the deltas.
+    fn small(&self) -> usize {
+        let levels: usize = self.levels.iter().map(|l| l.len()).sum();
+        levels + self.delta.len() + self.frozen.as_ref().map_or(0, |f| f.len())
+    }
+}
+
 impl HeadNames {
     /// Collecting names from the start (`true`: a head without a WAL to replay) or only from
-    /// the first `replace` (`false`: the WAL is about to be replayed, or the head is a
+    /// the first rebuild (`false`: the WAL is about to be replayed, or the head is a
     /// backfill's, never searched by name).
     pub fn new(collecting: bool) -> HeadNames {
-        HeadNames { inner: RwLock::new(Inner { collecting, ..Inner::default() }) }
+        HeadNames { inner: RwLock::new(Inner { collecting, ..Inner::default() }), maintaining: Mutex::new(()) }
     }
 
     /// A series with a new metric name was created.
     pub fn add(&self, name: &str) {
         let mut g = self.inner.write();
         if g.collecting {
-            let Inner { dict, recent, delta, frozen, .. } = &mut *g;
-            delta.add(&[dict, recent], frozen.as_deref(), name);
+            g.delta.add(name);
         }
     }
 
@@ -81,88 +91,112 @@ impl HeadNames {
 
     /// What maintenance should do now, if anything (never while not collecting: replay ends
     /// with a rebuild of its own, and backfill heads are not searched by name). A rebuild is
-    /// due once the delta holds a sixteenth of the dictionaries' nodes or series were
-    /// removed, and waits for the pause after the last one (`REBUILD_PAUSE_FACTOR`) unless
-    /// the delta and the recent dictionary outgrew the main one; while it waits, a delta that
-    /// reached half the recent dictionary is folded into it.
+    /// due once the levels and the delta hold a sixteenth of the main dictionary's nodes or
+    /// series were removed, and waits for the pause after the last one
+    /// (`REBUILD_PAUSE_FACTOR`) unless they outgrew the main dictionary; meanwhile a delta of
+    /// `DELTA_NAMES_MAX` names is folded into a level.
     pub fn wanted(&self, now: Instant) -> Option<NamesMaintenance> {
         let g = self.inner.read();
-        let indexed = g.dict.len() + g.recent.len();
-        let big_delta = g.delta.len() > DELTA_NODES_MIN.max(indexed / DELTA_SHARE_DIVISOR);
-        if !g.collecting || !(g.stale || big_delta) {
+        if !g.collecting {
             return None;
         }
-        // Past the main dictionary, a rebuild at least doubles it: rebuilds cost about twice
-        // the final build in all.
-        let outgrown = g.delta.len() + g.recent.len() > g.dict.len();
-        if outgrown || g.last_build.is_none_or(|(ended, took)| now >= ended + took * REBUILD_PAUSE_FACTOR) {
-            return Some(NamesMaintenance::Rebuild);
+        let small = g.small();
+        if g.stale || small > SMALL_NODES_MIN.max(g.dict.len() / SMALL_SHARE_DIVISOR) {
+            // Past the main dictionary, a rebuild at least doubles it: rebuilds cost about
+            // twice the final build in all.
+            let outgrown = small > g.dict.len();
+            if outgrown || g.last_build.is_none_or(|(ended, took)| now >= ended + took * REBUILD_PAUSE_FACTOR) {
+                return Some(NamesMaintenance::Rebuild);
+            }
         }
-        // Folds each at least add half again to the recent dictionary: they cost about three
-        // times its final build in all.
-        (big_delta && g.delta.len() >= g.recent.len() / 2).then_some(NamesMaintenance::Fold)
+        (g.delta.len() >= DELTA_NAMES_MAX).then_some(NamesMaintenance::Fold)
     }
 
-    /// Folds the delta into the recent dictionary: built from the two outside the lock (the
-    /// delta frozen meanwhile, searched and consulted as during a rebuild), then installed.
-    /// Costs about the recent dictionary's size, where a rebuild costs the head's.
+    /// Folds the delta into a new level, then merges the newest levels while the newest is at
+    /// least half the one before it. The dictionaries are built outside the lock (the delta
+    /// frozen meanwhile, still searched), then installed.
     pub fn fold_delta(&self) {
-        let (recent, frozen) = {
+        let _one = self.maintaining.lock();
+        let frozen = {
             let mut g = self.inner.write();
-            if g.frozen.is_some() {
-                // A rebuild is running; it covers the delta.
+            if g.delta.is_empty() {
                 return;
             }
             let frozen = Arc::new(std::mem::take(&mut g.delta));
             g.frozen = Some(frozen.clone());
-            (g.recent.clone(), frozen)
+            frozen
         };
-        let folded = Arc::new(recent.union(&frozen));
-        let mut g = self.inner.write();
-        let frozen = g.frozen.take();
-        g.recent = folded;
-        drop(g);
-        drop(frozen);
-    }
-
-    /// A build is about to read the head's names: removals until now are covered by it (one
-    /// during the build marks the dictionary stale again, for the next).
-    pub fn begin_rebuild(&self) {
-        let mut g = self.inner.write();
-        g.stale = false;
-        g.build_started = Some(Instant::now());
-        if g.frozen.is_none() {
-            g.frozen = Some(Arc::new(std::mem::take(&mut g.delta)));
+        let mut level = Arc::new(NameDict::union(&[], &frozen));
+        let mut merged = 0;
+        loop {
+            let older = {
+                let g = self.inner.read();
+                let n = g.levels.len() - merged;
+                match n.checked_sub(1).map(|i| &g.levels[i]) {
+                    Some(older) if level.len() * 2 >= older.len() => older.clone(),
+                    _ => break,
+                }
+            };
+            level = Arc::new(NameDict::union(&[&older, &level], &NameDelta::default()));
+            merged += 1;
         }
-    }
-
-    /// Installs a dictionary built from every name the head had when the build started; the
-    /// delta keeps the names created during the build (some of which the build saw too: a node
-    /// in both is only visited twice).
-    pub fn replace(&self, dict: NameDict) {
         let mut g = self.inner.write();
+        let keep = g.levels.len() - merged;
+        let replaced: Vec<_> = g.levels.drain(keep..).collect();
+        g.levels.push(level);
         let frozen = g.frozen.take();
-        let now = Instant::now();
-        g.last_build = g.build_started.take().map(|started| (now, now.saturating_duration_since(started)));
-        g.dict = Arc::new(dict);
-        // The build read every name the head had: the recent dictionary's too.
-        let recent = std::mem::take(&mut g.recent);
-        g.collecting = true;
         drop(g);
         // Freed outside the lock.
-        drop((frozen, recent));
+        drop((replaced, frozen));
     }
 
-    /// `NameDict::search` over the dictionaries and the delta; a node in both is visited twice
-    /// (with the flags each has). False, visiting nothing, while names are not collected (the
-    /// caller scans the postings' values instead).
+    /// Rebuilds the main dictionary: from the dictionaries and the delta, which together
+    /// hold every name the head has, unless series were removed since the last build or names
+    /// were not collected (the WAL was being replayed): then from the head's every name, which
+    /// `head_names` adds to the delta it is given. Names created meanwhile stay in the delta.
+    pub fn rebuild(&self, head_names: impl FnOnce(&mut NameDelta)) {
+        let _one = self.maintaining.lock();
+        let started = Instant::now();
+        let (from_head, dicts, frozen) = {
+            let mut g = self.inner.write();
+            let from_head = std::mem::take(&mut g.stale) || !g.collecting;
+            let frozen = Arc::new(std::mem::take(&mut g.delta));
+            g.frozen = Some(frozen.clone());
+            let dicts: Vec<Arc<NameDict>> = std::iter::once(&g.dict).chain(&g.levels).cloned().collect();
+            (from_head, dicts, frozen)
+        };
+        let dict = if from_head {
+            drop(dicts);
+            let mut names = NameDelta::default();
+            head_names(&mut names);
+            NameDict::union(&[], &names)
+        } else {
+            // Merged with only the delta to sort: sorting the head's every name again was a
+            // third of the server's CPU while a million new carbon paths arrived.
+            let dicts: Vec<&NameDict> = dicts.iter().map(|d| &**d).collect();
+            NameDict::union(&dicts, &frozen)
+        };
+        let mut g = self.inner.write();
+        let now = Instant::now();
+        g.last_build = Some((now, now.saturating_duration_since(started)));
+        g.dict = Arc::new(dict);
+        let levels = std::mem::take(&mut g.levels);
+        let frozen = g.frozen.take();
+        g.collecting = true;
+        drop(g);
+        drop((levels, frozen));
+    }
+
+    /// `NameDict::search` over the dictionaries and the delta; a node in several is visited
+    /// once in each (with the flags each has). False, visiting nothing, while names are not
+    /// collected (the caller scans the postings' values instead).
     pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) -> bool {
         let g = self.inner.read();
         if !g.collecting {
             return false;
         }
         let mut go_on = true;
-        for dict in [&g.dict, &g.recent] {
+        for dict in std::iter::once(&g.dict).chain(&g.levels) {
             if go_on && !dict.is_empty() {
                 dict.search(pattern, |k, f| {
                     go_on = visit(k, f);
@@ -181,19 +215,38 @@ impl HeadNames {
         true
     }
 
-    /// Nodes in the dictionaries (main and recent) and the delta, and the dictionaries' bytes.
-    pub fn stats(&self) -> (usize, usize, usize) {
+    /// Nodes in the dictionaries (main and levels), names in the delta (and in one being
+    /// folded), and the bytes they hold.
+    pub fn stats(&self) -> NamesStats {
         let g = self.inner.read();
-        let delta = g.delta.len() + g.frozen.as_ref().map_or(0, |f| f.len());
-        (g.dict.len() + g.recent.len(), delta, g.dict.bytes() + g.recent.bytes())
+        let dicts = || std::iter::once(&g.dict).chain(&g.levels);
+        let deltas = || g.frozen.as_deref().into_iter().chain([&g.delta]);
+        NamesStats {
+            dictionary_nodes: dicts().map(|d| d.len()).sum(),
+            dictionaries: 1 + g.levels.len(),
+            delta_names: deltas().map(NameDelta::len).sum(),
+            bytes: dicts().map(|d| d.bytes()).sum::<usize>() + deltas().map(NameDelta::heap_bytes).sum::<usize>(),
+        }
     }
+}
+
+/// The size of the head's names dictionaries (`Head::names_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamesStats {
+    /// Nodes in the main dictionary and the levels.
+    pub dictionary_nodes: usize,
+    /// The main dictionary and the levels.
+    pub dictionaries: usize,
+    /// Names created since the last fold, searched name by name.
+    pub delta_names: usize,
+    pub bytes: usize,
 }
 
 /// What `HeadNames::wanted` asks maintenance for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NamesMaintenance {
-    /// A new dictionary from the head's names (`Head::rebuild_names`).
+    /// A new main dictionary (`HeadNames::rebuild`).
     Rebuild,
-    /// The delta folded into the recent dictionary (`HeadNames::fold_delta`).
+    /// The delta folded into a level (`HeadNames::fold_delta`).
     Fold,
 }

@@ -423,8 +423,8 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
         app.append(&l(&[("__name__", &p), ("x", "y")]), 2000, 2.0).unwrap();
     }
     app.commit().unwrap();
-    let (dict_nodes, delta_nodes, _) = head.names_stats();
-    assert!(dict_nodes > 40 && delta_nodes > 40, "{dict_nodes} {delta_nodes}");
+    let names = head.names_stats();
+    assert!(names.dictionary_nodes > 40 && names.delta_names == 40, "{names:?}");
     for re in [
         r".*\.net\.eth0\.rx_bytes",
         r"servers\.dc2\.host-0[0-2].*",
@@ -439,15 +439,15 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
     // A small delta asks for no rebuild; one folds it in and answers the same.
     assert!(!head.maintain_names());
     head.rebuild_names();
-    assert_eq!(head.names_stats().1, 0);
+    assert_eq!(head.names_stats().delta_names, 0);
     assert_eq!(by_dictionary_and_by_scan(&head, r".*\.net\.eth0\.rx_bytes").0.len(), 40);
     // Truncation removes dc1's series; the next maintenance drops their names, once the
     // pause after the last rebuild is over.
     head.truncate(1500, u64::MAX);
-    let before = head.names_stats().0;
+    let before = head.names_stats().dictionary_nodes;
     let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     assert!(head.maintain_names_at(later));
-    assert!(head.names_stats().0 < before);
+    assert!(head.names_stats().dictionary_nodes < before);
     let (found, scanned) = by_dictionary_and_by_scan(&head, r".*\.cpu\.user");
     assert_eq!((found.len(), &found), (20, &scanned));
     assert!(!head.maintain_names_at(later + std::time::Duration::from_secs(3600)), "nothing changed since");
@@ -464,10 +464,11 @@ fn name_regexes_walk_the_dictionary_and_its_delta_and_agree_with_a_scan() {
     assert!(head.maintain_names_at(during + std::time::Duration::from_secs(3600)));
 }
 
-/// While a rebuild waits, a burst of new names is folded into the recent dictionary: found
-/// as before, the delta emptied; the next rebuild takes everything back into one dictionary.
+/// While a rebuild waits, a burst of new names is folded into levels a few thousand names at
+/// a time, merged as they grow (a level at least half the one before it joins it): found as
+/// before, the delta emptied; the next rebuild takes everything back into one dictionary.
 #[test]
-fn a_burst_of_names_is_folded_while_a_rebuild_waits() {
+fn a_burst_of_names_is_folded_into_levels_while_a_rebuild_waits() {
     let head = Head::in_memory(HeadOptions::default());
     let add = |from: usize, to: usize| {
         let mut app = head.appender();
@@ -478,29 +479,44 @@ fn a_burst_of_names_is_folded_while_a_rebuild_waits() {
         }
         app.commit().unwrap();
     };
-    add(0, 4000);
+    add(0, 20_000);
     let during = std::time::Instant::now();
     head.rebuild_names();
-    add(4000, 5500);
-    let (indexed, delta, _) = head.names_stats();
-    assert!(delta > 4096 && delta * 2 < indexed, "{indexed} {delta}");
-    assert!(head.maintain_names_at(during), "folded while the rebuild waits");
-    assert_eq!(head.names_stats(), (indexed + delta, 0, head.names_stats().2));
-    for re in [r".*\.rx_bytes", r"servers\.dc1\.host-0(39|41)..\..*", r"servers\.dc1\.host-05499\..*"] {
-        let (found, scanned) = by_dictionary_and_by_scan(&head, re);
-        assert_eq!(found, scanned, "{re}");
-        assert!(!found.is_empty(), "{re}");
-    }
-    // A small delta is neither folded nor rebuilt for.
-    add(5500, 5510);
+    let main_nodes = head.names_stats().dictionary_nodes;
+    let agrees = |head: &Head| {
+        for re in
+            [r".*\.rx_bytes", r"servers\.dc1\.host-0(39|41)..\..*", r"servers\.dc1\.host-2[0-9]{4}\..*", "nothing"]
+        {
+            let (found, scanned) = by_dictionary_and_by_scan(head, re);
+            assert_eq!(found, scanned, "{re}");
+        }
+    };
+    // Under the fold's threshold: nothing to do.
+    add(20_000, 21_000);
     assert!(!head.maintain_names_at(during));
+    assert_eq!(head.names_stats().delta_names, 2000);
+    // Each fold makes a level; a level at least half the one before it is merged into it.
+    let mut dictionaries = Vec::new();
+    for round in 0..4 {
+        add(21_000 + round * 2100, 21_000 + (round + 1) * 2100);
+        assert!(head.maintain_names_at(during), "folded while the rebuild waits");
+        let names = head.names_stats();
+        assert_eq!(names.delta_names, 0);
+        dictionaries.push(names.dictionaries);
+        agrees(&head);
+    }
+    // 6200 names, then 4200 (merged: 10400), 4200 (kept beside it), 4200 (merged into the
+    // second, 8400, which then joins the first).
+    assert_eq!(dictionaries, [2, 2, 3, 2]);
+    let (_, scanned) = by_dictionary_and_by_scan(&head, r".*\.cpu\.user");
+    assert_eq!(scanned.len(), 29_400);
     // Past the pause: one dictionary again, with every name.
-    add(5510, 7000);
     assert!(head.maintain_names_at(during + std::time::Duration::from_secs(3600)));
-    let (indexed, delta, _) = head.names_stats();
-    assert_eq!(delta, 0);
-    assert_eq!(by_dictionary_and_by_scan(&head, r".*\.cpu\.user").0.len(), 7000);
-    assert!(indexed > 14_000, "{indexed}");
+    let names = head.names_stats();
+    assert_eq!((names.dictionaries, names.delta_names), (1, 0));
+    assert!(names.dictionary_nodes > main_nodes + 18_000, "{names:?}");
+    assert_eq!(by_dictionary_and_by_scan(&head, r".*\.cpu\.user").0.len(), 29_400);
+    agrees(&head);
 }
 
 const WINDOW: OutOfOrder = OutOfOrder { window_ms: 3_600_000, replace: false };
