@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{free_port, http, which, Server};
+use support::{free_port, http, http_raw_body, which, Server};
 
 const PYTHON: &str = "/usr/bin/python3";
 const SCHEMAS: &str = "[default]\npattern = .*\nretentions = 60s:1d,5m:7d\n";
@@ -743,6 +743,35 @@ fn graphite_web_reads_strata_as_a_cluster_server_and_answers_as_over_carbon_cach
     }
     eprintln!("{}", report.table());
     assert!(report.failures.is_empty(), "Strata differs from graphite-web:\n{}", report.failures.join("\n"));
+    // JSONP: the same JSON, wrapped in the callback, as JavaScript.
+    let jsonp = json!([
+        ["/metrics/find/", {"query": "servers.*", "jsonp": "cb.x_1"}],
+        ["/metrics/find/", {"query": "servers.*.host-1", "format": "completer", "jsonp": "cb"}],
+        ["/metrics/expand/", {"query": "servers.*.host-1", "jsonp": "cb"}],
+        ["/render/", {"target": "servers.dc1.host-1.load", "from": t0.to_string(), "until": until, "format": "json", "jsonp": "cb"}],
+    ]);
+    let wrapped = graphite_web(&dir.path().join("gw-jsonp"), &whisper_env, &jsonp);
+    let unwrapped = |text: &str, callback: &str| -> Value {
+        let inner = text.strip_prefix(&format!("{callback}(")).and_then(|t| t.strip_suffix(')'));
+        normalized(&serde_json::from_str(inner.unwrap_or_else(|| panic!("not wrapped in {callback}: {text}"))).unwrap())
+    };
+    for (i, request) in jsonp.as_array().unwrap().iter().enumerate() {
+        let (path, params) = (request[0].as_str().unwrap().trim_end_matches('/'), &request[1]);
+        let callback = params["jsonp"].as_str().unwrap();
+        let want = unwrapped(wrapped[i].1.as_str().expect("JSONP is not JSON"), callback);
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params.as_object().unwrap().iter().map(|(k, v)| (k, v.as_str().unwrap())))
+            .finish();
+        let (status, headers, body) = http_raw_body(srv.port, "GET", &format!("{path}?{query}"), &[]);
+        let body = String::from_utf8(body).unwrap();
+        assert_eq!(status, 200, "{request}: {body}");
+        assert!(headers.to_ascii_lowercase().contains("content-type: text/javascript"), "{request}: {headers}");
+        assert_eq!(difference(&want, &unwrapped(&body, callback), ""), None, "{request}");
+    }
+    // A callback that is not a function name is refused, not written into the script.
+    let (status, body) = http(srv.port, "GET", "/metrics/find?query=servers.*&jsonp=alert(1)%3Bcb", &[], b"");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("jsonp"), "{body}");
     // Grafana posts its finds as a form: the same answer as the query string's.
     let form = [("Content-Type", "application/x-www-form-urlencoded")];
     let posted = http(srv.port, "POST", "/metrics/find", &form, b"query=servers.dc1.*&format=completer");

@@ -168,6 +168,7 @@ pub(super) async fn find(
              pickle, msgpack, protobuf (carbonapi_v2_pb) or carbonapi_v3_pb"
         )));
     }
+    let jsonp = jsonp_param(&p)?;
     let wildcards = int_param(&p, "wildcards", 0)? != 0;
     let leaves_only = int_param(&p, "leavesOnly", 0)? != 0;
     let position = int_param(&p, "position", -1)?;
@@ -221,16 +222,17 @@ pub(super) async fn find(
         by_name(&mut nodes);
     }
     let interval = || data_interval(&st);
+    let jsonp = jsonp.as_deref();
     Ok(match format.as_str() {
-        "completer" => json_bytes(completer(&nodes, wildcards)),
-        "nodelist" => json_bytes(node_list(&nodes, position)?),
-        "json" => json_bytes(nodes_json(&nodes, interval())),
+        "completer" => json_or_jsonp(completer(&nodes, wildcards), jsonp),
+        "nodelist" => json_or_jsonp(node_list(&nodes, position)?, jsonp),
+        "json" => json_or_jsonp(nodes_json(&nodes, interval()), jsonp),
         "pickle" => ([(header::CONTENT_TYPE, "application/pickle")], pickle_nodes(&nodes, interval())).into_response(),
         "msgpack" => {
             ([(header::CONTENT_TYPE, "application/x-msgpack")], msgpack_nodes(&nodes, interval())).into_response()
         }
         "protobuf" | "carbonapi_v2_pb" => protobuf(carbonapi::find_v2(query, &nodes)),
-        _ => json_bytes(tree_json(&nodes, query, wildcards)),
+        _ => json_or_jsonp(tree_json(&nodes, query, wildcards), jsonp),
     })
 }
 
@@ -347,6 +349,7 @@ pub(super) async fn expand(
     let p = params(&st, &method, raw, &headers, body).await?;
     let flag = |name: &str| p.get(name).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let (leaves_only, group) = (flag("leavesOnly"), flag("groupByExpr"));
+    let jsonp = jsonp_param(&p)?;
     let queries: Vec<String> = p.all("query").into_iter().filter(|q| !q.is_empty()).map(str::to_owned).collect();
     if queries.is_empty() {
         return Err(ApiError::bad_data("missing parameter \"query\""));
@@ -373,11 +376,12 @@ pub(super) async fn expand(
         let all: std::collections::BTreeSet<String> = found.into_iter().flatten().collect();
         json!(all)
     };
-    Ok(json_response(json!({ "results": results })))
+    Ok(json_or_jsonp(json!({ "results": results }).to_string().into_bytes(), jsonp.as_deref()))
 }
 
 /// `/metrics/index.json`: every path, sorted, as graphite-web lists its index.
-pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
+pub(super) async fn index_json(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> ApiResult {
+    let jsonp = jsonp_param(&Params::from_query(raw))?;
     let db = db(&st)?;
     let st2 = st.clone();
     let paths = run_query(&st, move |stopper| {
@@ -393,7 +397,7 @@ pub(super) async fn index_json(State(st): State<Arc<AppState>>) -> ApiResult {
         Ok(paths)
     })
     .await?;
-    Ok(json_response(json!(paths)))
+    Ok(json_or_jsonp(json!(paths).to_string().into_bytes(), jsonp.as_deref()))
 }
 
 /// graphite-web's `treejson` of nodes in name order (`by_name`): one object per node name (the
@@ -570,6 +574,9 @@ pub(super) async fn render(
         }
         Ok(())
     };
+    // Only JSON answers are wrapped (graphite-web's other formats ignore it), but a bad
+    // callback is refused whatever the format.
+    let jsonp = jsonp_param(&p)?;
     let max_data_points = match p.get("maxDataPoints").filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(
@@ -806,7 +813,7 @@ pub(super) async fn render(
         "msgpack" => (to_msgpack(&series), "application/x-msgpack"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
         "carbonapi_v3_pb" => (carbonapi::render_v3(&series, &requested), "application/x-protobuf"),
-        _ => (to_json(&mut series, max_data_points).into_bytes(), "application/json"),
+        _ => return Ok(json_or_jsonp(to_json(&mut series, max_data_points).into_bytes(), jsonp.as_deref())),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
 }
@@ -927,6 +934,47 @@ fn json_response(v: Value) -> axum::response::Response {
 /// finding them).
 fn json_bytes(body: Vec<u8>) -> axum::response::Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// graphite-web's `jsonp` parameter of its JSON answers (find, expand, index.json, render,
+/// events), checked to be a JavaScript function name (`is_callback_name`): graphite-web writes
+/// whatever it is given into the script, which lets a link run script in the page that loads
+/// it. Checked before the query runs.
+pub(super) fn jsonp_param(p: &Params) -> Result<Option<String>, ApiError> {
+    match p.get("jsonp") {
+        None | Some("") => Ok(None),
+        Some(callback) if is_callback_name(callback) => Ok(Some(callback.to_owned())),
+        Some(callback) => Err(ApiError::bad_data(format!(
+            "jsonp={callback:?} is not a JavaScript function name (letters, digits, _, $ and dots)"
+        ))),
+    }
+}
+
+/// A JSON answer, or with a JSONP callback `callback(json)` as `text/javascript`, as
+/// graphite-web wraps it.
+pub(super) fn json_or_jsonp(body: Vec<u8>, jsonp: Option<&str>) -> axum::response::Response {
+    match jsonp {
+        None => json_bytes(body),
+        Some(callback) => {
+            let mut wrapped = Vec::with_capacity(callback.len() + body.len() + 2);
+            wrapped.extend_from_slice(callback.as_bytes());
+            wrapped.push(b'(');
+            wrapped.extend_from_slice(&body);
+            wrapped.push(b')');
+            ([(header::CONTENT_TYPE, "text/javascript")], wrapped).into_response()
+        }
+    }
+}
+
+/// A JSONP callback as scripts name them: letters, digits, `_`, `$`, dots between names, at
+/// most 128 bytes. Anything else would let a request write script into the answer.
+fn is_callback_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.split('.').all(|part| {
+            part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '$')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+        })
 }
 
 /// graphite-web's autocomplete limit.
@@ -1108,6 +1156,16 @@ pub(super) async fn auto_complete(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jsonp_callbacks_are_names_only() {
+        for ok in ["cb", "jQuery123_456", "a.b.c", "$x", "_"] {
+            assert!(is_callback_name(ok), "{ok}");
+        }
+        for bad in ["", "a(b)", "alert(1);x", "a..b", "1a", "a b", "<script>", &"x".repeat(129)] {
+            assert!(!is_callback_name(bad), "{bad}");
+        }
+    }
     use strata_graphite::find::find as reference_find;
     use strata_tsdb::head::{Head, HeadOptions};
 

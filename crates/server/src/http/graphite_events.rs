@@ -18,6 +18,7 @@ use serde_json::Value;
 use strata_graphite::attime::parse_at_time;
 use strata_graphite::events::{EventError, EventLog, NewEvent, TagMatch};
 
+use super::graphite_api::{json_or_jsonp, jsonp_param};
 use super::{read_body, ApiError, ApiResult, AppState, Params};
 
 /// The server's events and how long it keeps them.
@@ -120,6 +121,7 @@ pub(super) async fn get_data(State(st): State<Arc<AppState>>, RawQuery(raw): Raw
             .ok_or_else(|| ApiError::bad_data(format!("{name}={text:?} is not a time Graphite understands"))),
     };
     let (from, until) = (at("from", 0)?, at("until", now)?);
+    let jsonp = jsonp_param(&p)?;
     // graphite-web splits at single spaces; an empty word names no tag and is passed over,
     // and tags given but all empty select nothing.
     let tags: Option<Vec<String>> =
@@ -134,27 +136,7 @@ pub(super) async fn get_data(State(st): State<Arc<AppState>>, RawQuery(raw): Raw
         .find(from.saturating_mul(1_000_000), until.saturating_mul(1_000_000), tags.as_deref(), how)
         .map(|e| e.to_json())
         .collect();
-    let body = Value::Array(listed).to_string();
-    match p.get("jsonp") {
-        None => Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response()),
-        Some(callback) if is_callback_name(callback) => {
-            Ok(([(header::CONTENT_TYPE, "text/javascript")], format!("{callback}({body})")).into_response())
-        }
-        Some(callback) => Err(ApiError::bad_data(format!(
-            "jsonp={callback:?} is not a JavaScript function name (letters, digits, _, $ and dots)"
-        ))),
-    }
-}
-
-/// A JSONP callback as scripts name them: letters, digits, `_`, `$`, dots between names. Anything
-/// else would let a request write script into the answer.
-fn is_callback_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.split('.').all(|part| {
-            part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '$')
-                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
-        })
+    Ok(json_or_jsonp(Value::Array(listed).to_string().into_bytes(), jsonp.as_deref()))
 }
 
 /// `/events/<id>`: one event, as `get_data` lists it.
@@ -168,20 +150,5 @@ pub(super) async fn event(
     match found {
         Some(e) => Ok(([(header::CONTENT_TYPE, "application/json")], e.to_string()).into_response()),
         None => Err(ApiError::not_found(format!("no event {id}"))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jsonp_callbacks_are_names_only() {
-        for ok in ["cb", "jQuery123_456", "a.b.c", "$x", "_"] {
-            assert!(is_callback_name(ok), "{ok}");
-        }
-        for bad in ["", "a(b)", "alert(1);x", "a..b", "1a", "a b", "<script>"] {
-            assert!(!is_callback_name(bad), "{bad}");
-        }
     }
 }
