@@ -395,13 +395,11 @@ pub fn write_py_float(out: &mut String, v: f64) {
         out.push_str(if v > 0.0 { "inf" } else { "-inf" });
         return;
     }
-    // Python writes plain digits for a decimal exponent from -4 to 15.
+    // Python writes plain digits for a decimal exponent from -4 to 15, where ryu's shortest
+    // digits come out the same way (with `.0` on integers); `write!` took a fifth of a long
+    // render's time.
     if v == 0.0 || (1e-4..1e16).contains(&v.abs()) {
-        let at = out.len();
-        let _ = write!(out, "{v}");
-        if !out[at..].contains('.') {
-            out.push_str(".0");
-        }
+        out.push_str(ryu::Buffer::new().format_finite(v));
     } else {
         // Shortest digits, in Python's exponent style: `1e+20`, `1.5e-07`.
         let s = format!("{v:e}");
@@ -449,14 +447,14 @@ pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String 
                 Some(v) if v.is_finite() => {
                     out.push('[');
                     write_py_float(&mut out, *v);
-                    let _ = write!(out, ", {t}]");
                 }
                 // JSON has no infinities or NaN; graphite-web writes them as they come, which
                 // JSON parsers refuse.
-                _ => {
-                    let _ = write!(out, "[null, {t}]");
-                }
+                _ => out.push_str("[null"),
             }
+            out.push_str(", ");
+            out.push_str(itoa::Buffer::new().format(t));
+            out.push(']');
         }
         out.push_str("]}");
     }
@@ -719,5 +717,22 @@ mod tests {
         assert_eq!(py_float(0.0001), "0.0001");
         assert_eq!(py_float(0.000_099_99), "9.999e-05");
         assert_eq!(py_float(-0.0), "-0.0");
+    }
+
+    proptest::proptest! {
+        /// ryu's digits where Python writes plain decimals are what `Display` (the shortest
+        /// round trip, the same digits Python's `repr` picks) gives, with `.0` on integers.
+        #[test]
+        fn py_floats_are_displays_shortest_digits(bits in proptest::prelude::any::<u64>(), small in -1e6f64..1e6) {
+            for v in [f64::from_bits(bits), small, small.round(), small / 1e9] {
+                if v.is_finite() && (v == 0.0 || (1e-4..1e16).contains(&v.abs())) {
+                    let mut want = format!("{v}");
+                    if !want.contains('.') {
+                        want.push_str(".0");
+                    }
+                    proptest::prop_assert_eq!(py_float(v), want);
+                }
+            }
+        }
     }
 }
