@@ -10,7 +10,7 @@
 //! with one of the two: the walk enters only the branches of the trie the automaton can still
 //! match in, so `servers.dc1.*` reads the `servers.dc1` subtree, and `*.*.*.net.eth0.rx_bytes`
 //! walks the reversed trie from `setyb_xr.0hte.ten.` instead of visiting every name. The
-//! direction is the one with the longer literal run at its start (`NamePattern::reverse`).
+//! direction is learned per pattern from the work of its walks (`NamePattern::direction`).
 //!
 //! The same walk serves sorted in-memory maps (`search_sorted`), for names the head has gained
 //! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -143,12 +143,24 @@ impl NameDict {
 
     /// Calls `visit(node, flags)` for every node `pattern` matches, in no particular order
     /// (forward order when walked forwards); `visit` returns false to stop.
-    pub fn search(&self, pattern: &NamePattern, visit: impl FnMut(&[u8], u8) -> bool) {
-        if pattern.reverse {
-            walk(self.reversed.as_fst(), &pattern.backward, unreversing(visit));
+    pub fn search(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) {
+        let reversed = pattern.direction();
+        let work = if reversed {
+            // Nodes found backwards are sorted afterwards: a few steps each.
+            let mut found = 0u64;
+            let work = walk(
+                self.reversed.as_fst(),
+                &pattern.backward,
+                unreversing(|k, f| {
+                    found += 1;
+                    visit(k, f)
+                }),
+            );
+            work + REVERSED_SORT_WORK * found
         } else {
-            walk(self.forward.as_fst(), &pattern.forward, visit);
-        }
+            walk(self.forward.as_fst(), &pattern.forward, visit)
+        };
+        pattern.walked(reversed, work, self.len());
     }
 }
 
@@ -262,18 +274,20 @@ impl Memo {
 /// literal run, a short alternation) those are looked up in the node; elsewhere every
 /// transition of the node is tried. Subtrees under a component start are walked once per
 /// automaton state (`Memo`). Visits keys in order.
-fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) {
+/// Returns the walk's work: transitions tried plus matches replayed.
+fn walk(trie: &fst::raw::Fst<Bytes>, dfa: &CompiledDfa, mut visit: impl FnMut(&[u8], u8) -> bool) -> u64 {
     let start = start_state(&dfa.dfa);
     let mut key: Vec<u8> = Vec::new();
     if trie.root().is_final() && dfa.matches_at_end(start) && !visit(&key, trie.root().final_output().value() as u8) {
-        return;
+        return 1;
     }
     let mut memo = KEPT_MEMO.with(RefCell::take);
-    walk_with(trie, dfa, &mut memo, &mut key, start, visit);
+    let work = walk_with(trie, dfa, &mut memo, &mut key, start, visit);
     memo.clear();
     if memo.keys.capacity() <= MEMO_KEPT_BYTES_MAX && memo.subtrees.capacity() <= MEMO_KEPT_SUBTREES_MAX {
         KEPT_MEMO.with(|kept| kept.replace(memo));
     }
+    work
 }
 
 /// A memo's buffers are kept for the thread's next walk up to these sizes: a find of thousands
@@ -300,7 +314,8 @@ fn walk_with(
     key: &mut Vec<u8>,
     start: StateID,
     mut visit: impl FnMut(&[u8], u8) -> bool,
-) {
+) -> u64 {
+    let mut work = 0u64;
     let root = trie.root();
     let live = dfa.live_bytes(start);
     let mut stack = vec![Frame {
@@ -313,6 +328,7 @@ fn walk_with(
         recording_from: None,
     }];
     while let Some(top) = stack.last_mut() {
+        work += 1;
         let transition = match top.live {
             Some(bytes) => match bytes.get(top.next) {
                 Some(&b) => {
@@ -350,8 +366,9 @@ fn walk_with(
         let mut recording_from = None;
         if transition.inp == b'.' {
             if let Some(&sub) = memo.subtrees.get(&(node.addr(), state)) {
+                work += (sub.found.1 - sub.found.0) as u64;
                 if !memo.replay(sub, key, out.value(), &mut visit) {
-                    return;
+                    return work;
                 }
                 continue;
             }
@@ -363,7 +380,7 @@ fn walk_with(
         if node.is_final() && dfa.matches_at_end(state) {
             let value = out.cat(node.final_output()).value();
             if !visit(key, value as u8) {
-                return;
+                return work;
             }
             memo.record(key, value);
         }
@@ -377,6 +394,7 @@ fn walk_with(
             recording_from,
         });
     }
+    work
 }
 
 /// Nodes with their flags gathered from several searches (in any order, repeated), kept back
@@ -660,14 +678,32 @@ pub enum PatternError {
     TooComplex(String),
 }
 
+/// The work a reversed walk is charged per node found, for sorting it afterwards.
+const REVERSED_SORT_WORK: u64 = 4;
+/// Once both directions of a pattern have been walked, every this many walks take the
+/// direction not preferred, so that the choice follows the data.
+const PROBE_EVERY: u64 = 32;
+
 /// A regex (whole-string match, `.` matching any character) compiled to a DFA in both
 /// directions, and which direction to walk.
 #[derive(Debug)]
 pub struct NamePattern {
     forward: CompiledDfa,
     backward: CompiledDfa,
-    /// Walk the reversed trie: the pattern's literal end is longer than its literal start.
+    /// The first guess: walk the reversed trie when the pattern's literal end is longer than
+    /// its literal start (`*.*.*.net.eth0.rx_bytes`).
     reverse: bool,
+    /// Set by tests: always walk this way.
+    pinned: Option<bool>,
+    /// The work of the last walk each way (forward, reversed) per node of the dictionary
+    /// walked, as f64 bits (0: not walked yet), and the walks so far. The guess above is
+    /// often wrong: on hosts that all have the same metrics a leading-star glob walks the
+    /// shared subtree once forwards (the walk replays it per host) and costs a third of the
+    /// reversed walk, which finds the nodes out of order; on hosts that differ the reversed
+    /// walk costs a fifth. So the first two walks try both, and later walks take the cheaper,
+    /// trying the other again now and then (`PROBE_EVERY`).
+    work_per_node: [AtomicU64; 2],
+    walks: AtomicU64,
     /// Nodes and bytes the last search with this pattern found (`found_last`): compiled
     /// patterns are cached and dashboards repeat their finds, so the next search sizes its
     /// buffers once instead of growing them (a tenth of a 10,000-node find).
@@ -688,8 +724,38 @@ impl NamePattern {
             forward: CompiledDfa::new(compile(regex, &hir, false)?),
             backward: CompiledDfa::new(compile(regex, &hir, true)?),
             reverse: suffix > prefix,
+            pinned: None,
+            work_per_node: Default::default(),
+            walks: AtomicU64::new(0),
             last_found: Default::default(),
         })
+    }
+
+    /// Which way the next walk goes: `true` for the reversed trie.
+    fn direction(&self) -> bool {
+        if let Some(pinned) = self.pinned {
+            return pinned;
+        }
+        let n = self.walks.fetch_add(1, Ordering::Relaxed);
+        let [forward, reversed] = self.known_work();
+        match (forward, reversed) {
+            (None, None) => self.reverse,
+            // Try the other way once.
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(f), Some(r)) => (r < f) != (n % PROBE_EVERY == PROBE_EVERY - 1),
+        }
+    }
+
+    /// The last walk's work per node each way, if walked.
+    fn known_work(&self) -> [Option<f64>; 2] {
+        self.work_per_node.each_ref().map(|w| Some(f64::from_bits(w.load(Ordering::Relaxed))).filter(|w| *w > 0.0))
+    }
+
+    /// Records a walk's work over a dictionary of `nodes` nodes.
+    fn walked(&self, reversed: bool, work: u64, nodes: usize) {
+        let per_node = (work.max(1) as f64 / nodes.max(1) as f64).max(f64::MIN_POSITIVE);
+        self.work_per_node[reversed as usize].store(per_node.to_bits(), Ordering::Relaxed);
     }
 
     /// What the last search with this pattern found: (nodes, bytes of their text).
@@ -703,15 +769,20 @@ impl NamePattern {
         self.last_found.1.store(bytes, Ordering::Relaxed);
     }
 
-    /// Whether searches walk the reversed trie.
+    /// Whether searches walk the reversed trie: the cheaper way of the two last walked, or
+    /// before both were, the guess from the pattern's literal ends.
     pub fn walks_reversed(&self) -> bool {
-        self.reverse
+        match (self.pinned, self.known_work()) {
+            (Some(pinned), _) => pinned,
+            (None, [Some(f), Some(r)]) => r < f,
+            (None, _) => self.reverse,
+        }
     }
 
-    /// The same pattern walked the given way (tests check both ways agree).
+    /// The same pattern always walked the given way (tests check both ways agree).
     #[cfg(test)]
     fn walking(mut self, reversed: bool) -> Self {
-        self.reverse = reversed;
+        self.pinned = Some(reversed);
         self
     }
 
@@ -1177,6 +1248,43 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A leading-star glob walks whichever way was cheaper: forwards when every host has the
+    /// metric (each host is entered once either way, and a backward walk sorts what it found
+    /// too), backwards when few hosts have it (a forward walk enters every host to find out).
+    #[test]
+    fn searches_settle_on_the_cheaper_direction() {
+        let metrics: Vec<String> = (0..40).map(|m| format!("m{m}.value")).chain(["net.eth0.rx_bytes".into()]).collect();
+        let everywhere: Vec<String> =
+            (0..400).flat_map(|h| metrics.iter().map(move |m| format!("servers.dc1.host-{h:04}.{m}"))).collect();
+        // One host in forty has the metric, and hosts differ in theirs.
+        let rare: Vec<String> = (0..400)
+            .flat_map(|h| {
+                let own = (0..40).map(move |m| format!("servers.dc1.host-{h:04}.m{}.value", h * 40 + m));
+                own.chain((h % 40 == 0).then(|| format!("servers.dc1.host-{h:04}.net.eth0.rx_bytes")))
+            })
+            .collect();
+        let leading_star = r"[^.]*\.[^.]*\.[^.]*\.net\.eth0\.rx_bytes";
+        for (names, found_want, want_reversed) in [(&everywhere, 400, false), (&rare, 10, true)] {
+            let dict = NameDict::build(names.iter().map(String::as_str));
+            let p = NamePattern::new(leading_star).unwrap();
+            assert!(p.walks_reversed(), "the first guess: the longer literal end");
+            let mut directions = Vec::new();
+            for _ in 0..3 * PROBE_EVERY {
+                let mut found = 0;
+                dict.search(&p, |_, _| {
+                    found += 1;
+                    true
+                });
+                assert_eq!(found, found_want);
+                directions.push(p.walks_reversed());
+            }
+            assert_eq!(p.walks_reversed(), want_reversed, "{:?}", p.known_work());
+            // Settled after both were walked, apart from a probe now and then.
+            let other = directions[2..].iter().filter(|&&d| d != want_reversed).count();
+            assert!(other <= 3, "{directions:?}");
+        }
     }
 
     #[test]
