@@ -12,9 +12,9 @@
 //! walks the reversed trie from `setyb_xr.0hte.ten.` instead of visiting every name. The
 //! direction is learned per pattern from the work of its walks (`NamePattern::direction`).
 //!
-//! The same walk serves sorted in-memory maps (`search_sorted`), for names the head has gained
-//! since its dictionary was last built: on a key where the automaton dies, the walk jumps past
-//! every key sharing the dead prefix.
+//! Names the head has gained since its dictionaries were built are kept unsorted in a
+//! `NameDelta` and searched by running the automaton over each; sorting them both ways
+//! (`sorted_order`, a radix sort of slices of one buffer) is what turns them into a dictionary.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -589,7 +589,7 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool) -> Vec<u32> {
 /// Runs shorter than this are sorted by comparisons; longer ones by radix.
 const RADIX_SORT_MIN: usize = 48;
 
-/// Sorts `NodeSet::sorted_order`'s keys by their word and length (bits 32 to 104; the entry
+/// Sorts `sorted_order`'s keys by their word and length (bits 32 to 104; the entry
 /// index below is left in any order). Long runs by a least-significant-digit radix sort over
 /// those nine bytes, skipping every byte all keys share: paths under one prefix differ in a
 /// few bytes of each word (`dc2.host`, `-00042.n`), so most of the nine passes are skipped and
