@@ -236,11 +236,7 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
     let d = dir.to_str().unwrap();
-    // On a two-hour boundary, as blocks are cut: the newest imported block then ends before
-    // the server's own scraped samples in its head. Ending on an odd hour, that block's range
-    // reaches past them, so the tier read takes its raw samples too (they might interleave
-    // with the head's) and the chunk limit below failed at odd hours of the day.
-    let end = support::now_ms() / 1000 / (2 * HOUR_S) * (2 * HOUR_S);
+    let end = support::now_ms() / 1000 / HOUR_S * HOUR_S;
     let file = tmp.path().join("graphite.om");
     let points = graphite_history(&file, end);
     strata(&["tsdb", "import", "openmetrics", file.to_str().unwrap(), d]);
@@ -317,16 +313,21 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
     assert_eq!(tier_reads, 6.0, "{metrics}");
     drop(server);
 
-    // Limits a long render's raw chunks would pass (the last 3 days' raw samples, more than
-    // 20 chunks) but its tier's do not: the series are listed without their raw chunks, so
-    // the tier answers.
+    // A chunk limit (samples + 2 × series: 40) far below what the 60 days' raw chunks take
+    // (the last 3 days' raw samples alone are over 150 chunks) but above what the hourly
+    // tier's take: 18 to 24, as its blocks fall with the hour of day the test runs (a limit
+    // of 20 failed at some hours).
     let mut limited = flags.to_vec();
-    limited.extend(["--query.max-series", "3", "--query.max-samples", "14"]);
+    limited.extend(["--query.max-series", "3", "--query.max-samples", "34"]);
     let server = Server::start(&dir, &limited);
     let got = render(server.port, 60 * 24 * HOUR_S, now);
     assert_eq!(got.len(), 3, "{got:?}");
-    // A render of the last 23 hours reads raw samples (the schema's finest archive, a day),
-    // more chunks than the limit.
+    drop(server);
+    // A render of the last 23 hours reads raw samples (the schema's finest archive, a day):
+    // over 20 chunks, refused under a limit of 7.
+    let mut tight = flags.to_vec();
+    tight.extend(["--query.max-series", "3", "--query.max-samples", "1"]);
+    let server = Server::start(&dir, &tight);
     let (status, body) = http(
         server.port,
         "GET",
