@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use strata_tsdb::block::{IndexFile, SymbolInterner};
+use strata_tsdb::block::{IndexFile, ReadCache};
 use strata_tsdb::index::postings::Postings;
 
 use strata_tsdb::block::index::{TOC_BYTES, TOC_BYTES_V1};
@@ -20,18 +20,18 @@ fuzz_target!(|data: &[u8]| {
     }
     let Ok(ix) = IndexFile::from_bytes(std::path::Path::new("index"), bytes.into()) else { return };
     for name in ix.label_names() {
-        for value in ix.label_values(name) {
-            if let Ok(Some(mut p)) = ix.postings(name, value) {
+        for value in ix.label_values(&name) {
+            if let Ok(Some(mut p)) = ix.postings(&name, &value) {
                 let mut last = None;
                 while let Some(id) = p.next() {
-                    // Version 2 lists are increasing by construction (gaps + 1); version 1
-                    // lists are raw ids, whatever a damaged file holds.
+                    // Version 2 and 3 lists are increasing by construction (gaps + 1); version
+                    // 1 lists are raw ids, whatever a damaged file holds.
                     assert!(version_1 || last < Some(id), "postings go forward");
                     last = Some(id);
                 }
             }
             // Seeking never goes back either.
-            if let Ok(Some(mut p)) = ix.postings(name, value) {
+            if let Ok(Some(mut p)) = ix.postings(&name, &value) {
                 let mut target = strata_model::SeriesRef(0);
                 while let Some(id) = p.seek(target) {
                     assert!(version_1 || id >= target, "seek went back");
@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let mut chunks = Vec::new();
-    let mut interner = SymbolInterner::default();
+    let mut interner = ReadCache::default();
     let Ok(mut all) = ix.all_postings() else { return };
     let mut n = 0;
     while let Some(id) = all.next() {

@@ -4,7 +4,7 @@
 //! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
 //! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
 //! replaced every 15 minutes: query latency over blocks; `CACHE_BYTES=N` sets the chunk group
-//! cache's budget), `head_chunks` (head-resident queries with closed chunks on the heap, then
+//! cache's budget, `CHURN_RUNS=N` the runs per query), `head_chunks` (head-resident queries with closed chunks on the heap, then
 //! written out to head chunk files). Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare ratios from one run rather than absolute times across runs.
 
@@ -607,10 +607,12 @@ fn bench_churn() {
             t0.elapsed()
         );
         let mut row = Vec::new();
+        // `CHURN_RUNS=N`: more runs per query (to profile one).
+        let runs: usize = std::env::var("CHURN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(31);
         for (name, mint, maxt, ms) in &queries {
             let mut lat = Vec::new();
             let mut found = (0, 0);
-            for _ in 0..31 {
+            for _ in 0..runs {
                 let t0 = Instant::now();
                 let res = db.querier(*mint, *maxt).select(ms).unwrap();
                 let samples: usize = res.iter().map(|s| s.samples().len()).sum();
@@ -618,7 +620,7 @@ fn bench_churn() {
                 found = (res.len(), samples);
             }
             let med = median(lat);
-            println!("  {name}: {} series, {} samples, {:.3} ms (median of 31)", found.0, found.1, med * 1e3);
+            println!("  {name}: {} series, {} samples, {:.3} ms (median of {runs})", found.0, found.1, med * 1e3);
             row.push(med);
         }
         results.push(row);

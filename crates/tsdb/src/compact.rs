@@ -15,7 +15,7 @@ use std::sync::Arc;
 use strata_model::{Labels, Sample};
 
 use crate::block::{
-    Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, RollupMeta, SymbolInterner,
+    Block, BlockMeta, BlockWriter, ChunkInput, ChunkMetaRef, Compaction, MmapPostings, ReadCache, RollupMeta,
 };
 use crate::chunkenc::{by_rank, decode_merged, dense, Encoding, TypedSample};
 use crate::error::{Error, Result};
@@ -235,7 +235,7 @@ pub(crate) struct Cursor<'a> {
     pub(crate) metas: Vec<ChunkMetaRef>,
     /// The series' reference in the block (its tombstones' key).
     pub(crate) id: u64,
-    interner: SymbolInterner,
+    interner: ReadCache,
 }
 
 impl<'a> Cursor<'a> {
@@ -247,7 +247,7 @@ impl<'a> Cursor<'a> {
             labels: Labels::empty(),
             metas: Vec::new(),
             id: 0,
-            interner: SymbolInterner::default(),
+            interner: ReadCache::default(),
         };
         Ok(c.advance()?.then_some(c))
     }
@@ -361,12 +361,15 @@ pub(crate) fn merge_series(
 
 /// Every label string of `blocks`, sorted and unique: the symbol table of their merge.
 pub(crate) fn all_symbols<'a>(blocks: impl IntoIterator<Item = &'a Block>) -> Result<Vec<Arc<str>>> {
-    let mut symbols: BTreeSet<&str> = BTreeSet::new();
+    let mut symbols: BTreeSet<Arc<str>> = BTreeSet::new();
     for b in blocks {
-        let ix = &b.data()?.index;
-        symbols.extend((0..ix.num_symbols() as u32).map(|i| ix.symbol(i)));
+        b.data()?.index.for_each_symbol(|s| {
+            if !symbols.contains(s) {
+                symbols.insert(Arc::from(s));
+            }
+        });
     }
-    Ok(symbols.into_iter().map(Arc::from).collect())
+    Ok(symbols.into_iter().collect())
 }
 
 /// The next set of blocks to compact, if any. `blocks` is sorted by start time.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample, SeriesRef, METRIC_NAME};
 
-use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, SymbolInterner};
+use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, ReadCache};
 use crate::chunkenc::{by_rank, decode_merged, ChunkError, ChunkIterator, TypedSample};
 use crate::error::Result;
 use crate::head::series::HeadChunk;
@@ -552,7 +552,7 @@ impl<'a> Querier<'a> {
             let head = self.select_head(matchers)?;
             // One string per label text across the head and the blocks, so copies of a series
             // from several of them share their strings and compare by pointer when merged.
-            let mut interner = SymbolInterner::default();
+            let mut interner = ReadCache::default();
             for s in &head {
                 for l in s.labels.iter() {
                     interner.adopt(&l.name);
@@ -572,7 +572,7 @@ impl<'a> Querier<'a> {
                     .map(|w| {
                         let blocks = &blocks;
                         scope.spawn(move || -> Result<Vec<(usize, Vec<Series>)>> {
-                            let mut interner = SymbolInterner::default();
+                            let mut interner = ReadCache::default();
                             let mut read = Vec::new();
                             for (i, b) in blocks.iter().enumerate().skip(w).step_by(threads) {
                                 let from_block = self
@@ -701,7 +701,7 @@ impl<'a> Querier<'a> {
         Ok(out)
     }
 
-    fn select_block(&self, block: &Block, matchers: &[Matcher], interner: &mut SymbolInterner) -> Result<Vec<Series>> {
+    fn select_block(&self, block: &Block, matchers: &[Matcher], interner: &mut ReadCache) -> Result<Vec<Series>> {
         let data = block.data()?;
         let stones = block.tombstones();
         let mut metas = Vec::new();
@@ -808,14 +808,14 @@ impl<'a> Querier<'a> {
         &self,
         matchers: &[Matcher],
         out: &mut BTreeSet<String>,
-        from_index: impl Fn(&crate::block::IndexFile) -> Vec<&str>,
+        from_index: impl Fn(&crate::block::IndexFile) -> Vec<String>,
         from_series: impl Fn(&Labels, &mut BTreeSet<String>),
     ) -> Result<()> {
-        let mut interner = SymbolInterner::default();
+        let mut interner = ReadCache::default();
         for b in self.blocks() {
             if matchers.is_empty() {
                 let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
-                out.extend(from_index(&data.index).into_iter().map(str::to_owned));
+                out.extend(from_index(&data.index));
             } else {
                 for s in self.select_block(&b, matchers, &mut interner).inspect_err(|e| b.mark_corrupt_if(e))? {
                     from_series(&s.labels, out);

@@ -105,15 +105,22 @@ fn a_corrupt_index_is_detected_and_named() {
     assert!(err.contains("index: table of contents checksum mismatch"), "{err}");
     flip(&dir.join("index"), -10);
 
-    // A series entry is checked when read: flip a byte inside the first one (after the symbols).
+    // A series is checked when read (its page, once): flip a byte inside the first one (where
+    // the TOC's second offset says the series start).
     let b = Block::open(&dir).unwrap();
     let first = b.select_ids(&[]).unwrap()[0];
+    let second = b.select_ids(&[]).unwrap()[1];
     drop(b);
-    flip(&dir.join("index"), (first.0 * index::SERIES_ALIGN) as i64 + 2);
+    let data = std::fs::read(dir.join("index")).unwrap();
+    let toc = &data[data.len() - index::TOC_BYTES..];
+    let series_at = u64::from_be_bytes(toc[8..16].try_into().unwrap());
+    flip(&dir.join("index"), series_at as i64 + 2);
     let b = Block::open(&dir).unwrap();
     let mut metas = Vec::new();
-    let err = b.data().unwrap().index.series(first, &mut metas, &mut Default::default()).unwrap_err();
-    assert!(err.contains(&format!("series {}: checksum mismatch", first.0)), "{err}");
+    for id in [first, second] {
+        let err = b.data().unwrap().index.series(id, &mut metas, &mut Default::default()).unwrap_err();
+        assert!(err.contains(&format!("series {}: checksum mismatch in series page 0", id.0)), "{err}");
+    }
 }
 
 mod index_round_trip {
@@ -198,17 +205,19 @@ mod index_round_trip {
     }
 }
 
-/// The worked example of docs/format/block.md, byte for byte: one series `{a="b"}` with one
-/// chunk over [1000, 2000] at segment 1, offset 8.
+/// The worked example of docs/format/block.md, byte for byte: series `{a="ab", x="y"}` and
+/// `{a="ac", x="y"}`, each with one chunk over [1000, 2000], the two chunks of the group at byte
+/// 32 of segment 1.
 #[test]
 fn index_bytes_match_the_format_document() {
     use std::sync::Arc;
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("index");
-    let symbols: Vec<Arc<str>> = vec![Arc::from("a"), Arc::from("b")];
+    let symbols: Vec<Arc<str>> = ["a", "ab", "ac", "x", "y"].into_iter().map(Arc::from).collect();
     let mut w = index::IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
-    let meta = ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) };
-    w.add_series(&Labels::from_pairs([("a", "b")]), &[meta]).unwrap();
+    let chunk = |place: u32| ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 0x100 + place) };
+    w.add_series(&Labels::from_pairs([("a", "ab"), ("x", "y")]), &[chunk(0)]).unwrap();
+    w.add_series(&Labels::from_pairs([("a", "ac"), ("x", "y")]), &[chunk(1)]).unwrap();
     w.finish().unwrap();
     let got: Vec<String> = std::fs::read(&path).unwrap().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(got, doc_example_hex("block.md", "index-example"), "index bytes:\n{}", got.join(" "));
@@ -268,15 +277,37 @@ fn version_1_indexes_are_still_read() {
     let id = crate::index::postings::Postings::next(&mut all).unwrap();
     assert_eq!(id.0, 2);
     let mut chunks = Vec::new();
-    let labels = ix.series(id, &mut chunks, &mut index::SymbolInterner::default()).unwrap();
+    let labels = ix.series(id, &mut chunks, &mut index::ReadCache::default()).unwrap();
     assert_eq!(labels, Labels::from_pairs([("a", "b")]));
     assert_eq!(chunks, [ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) }]);
-    assert_eq!(ix.pair_counts(), [("a", "b", 1)]);
+    assert_eq!(ix.pair_counts(), [("a".to_owned(), "b".to_owned(), 1)]);
 
     let mut unknown = bytes;
     unknown[4] = 7;
     let err = index::IndexFile::from_bytes(Path::new("v7/index"), bytes::Bytes::from(unknown)).unwrap_err();
     assert!(err.contains("unknown index version 7"), "{err}");
+}
+
+/// The version-2 example of `docs/format/block.md` as it was: such indexes still open and read.
+#[test]
+fn version_2_indexes_are_still_read() {
+    let hex = "53 54 49 58 02 00 00 00 00 00 00 05 02 01 61 01 62 f8 2a 91 84 00 00 00 \
+               0c 01 00 01 01 00 e8 07 88 80 80 80 10 c6 40 1a 6a 00 00 00 03 01 03 00 f1 c2 99 9d \
+               00 00 00 03 01 03 00 f1 c2 99 9d 00 00 00 04 01 00 01 34 71 f9 a7 a6 \
+               00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 18 00 00 00 00 00 00 00 29 \
+               00 00 00 00 00 00 00 3f 00 00 00 00 00 00 03 e8 d4 47 d9 f2";
+    let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let ix = index::IndexFile::from_bytes(Path::new("v2/index"), bytes::Bytes::from(bytes)).unwrap();
+    let mut all = ix.all_postings().unwrap();
+    let id = crate::index::postings::Postings::next(&mut all).unwrap();
+    assert_eq!(id.0, 3);
+    let mut chunks = Vec::new();
+    let labels = ix.series(id, &mut chunks, &mut index::ReadCache::default()).unwrap();
+    assert_eq!(labels, Labels::from_pairs([("a", "b")]));
+    assert_eq!(chunks, [ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 8) }]);
+    let mut p = ix.postings("a", "b").unwrap().unwrap();
+    assert_eq!(crate::index::postings::Postings::next(&mut p), Some(id));
+    assert_eq!(ix.label_values("a"), ["b"]);
 }
 
 mod packed_postings {

@@ -2,13 +2,18 @@
 //! chunk metas), sorted postings lists and a table locating them, then a table of contents.
 //! Every section carries a CRC32C. Byte layout: `docs/format/block.md`.
 //!
-//! Series are written in label order, and a series' id is its entry's offset / 16, so ids
-//! ascend in label order too: postings lists are sorted by construction, and merging blocks or
-//! answering a query in label order needs no sort.
+//! Series are written in label order and numbered from 0 in that order (version 3; earlier
+//! versions number them by their entry's offset), so ids ascend in label order too: postings
+//! lists are sorted by construction, and merging blocks or answering a query in label order
+//! needs no sort.
 
+mod symbols;
+
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,22 +28,29 @@ use crate::vfs::{AppendWriter, Vfs};
 
 /// "STIX": Strata index.
 pub const MAGIC: u32 = 0x5354_4958;
-/// Version written: bit-packed postings, series entries 8-byte aligned with chunk times relative
-/// to a base time. Version 1 is still read.
-pub const VERSION: u8 = 2;
+/// Version written: front-coded symbols, series numbered from 0 and stored in pages of
+/// `SERIES_PAGE` with one checksum per page, a label pair held by one series pointing at it from
+/// the postings table without a list. Versions 1 and 2 are still read.
+pub const VERSION: u8 = 3;
 pub const HEADER_BYTES: usize = 8;
-/// Series entries start at multiples of this; an id is the offset divided by it.
+/// Version 2's series entries start at multiples of this; an id is the offset divided by it.
 pub const SERIES_ALIGN: u64 = 8;
 /// Version 1's series alignment.
 pub const SERIES_ALIGN_V1: u64 = 16;
-/// Table of contents: five u64 (the offsets of symbols, series, all postings and the postings
-/// table, then the base time) and a CRC32C.
+/// Series per page (version 3): a page is checked once, when first read, and a series is found
+/// by skipping the entries before it in its page.
+pub const SERIES_PAGE: usize = 32;
+/// Table of contents: five u64 (the offsets of symbols, series, all postings (version 3: the
+/// series page table) and the postings table, then the base time) and a CRC32C.
 pub const TOC_BYTES: usize = 5 * 8 + 4;
 /// Version 1's table of contents: the four offsets and a CRC32C.
 pub const TOC_BYTES_V1: usize = 4 * 8 + 4;
 /// Series ids per block of a packed postings list.
 pub const POSTINGS_BLOCK: usize = 128;
 pub const INDEX_FILE: &str = "index";
+
+use symbols::SymbolTable;
+pub use symbols::SYMBOL_GROUP;
 
 /// A chunk as the index describes it: its time range (inclusive) and where it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,18 +60,35 @@ pub struct ChunkMetaRef {
     pub chunk: ChunkRef,
 }
 
-/// Shares one `Arc<str>` per distinct label string among the label sets a reader decodes.
+/// What a reader keeps between the series it reads from indexes: one `Arc<str>` per distinct
+/// label string, and where the last series read from a version-3 index ended.
 ///
 /// A query reads the same series from every block it overlaps; without sharing, each copy
 /// costs two allocations per label, and putting the copies in label order compares their
 /// bytes. With it, a label string is allocated once per reader, and equal labels are the same
-/// pointer, which `Labels`' comparison checks first.
+/// pointer, which `Labels`' comparison checks first. Readers take series in id order, so the
+/// next one is often in the same page as the last: it is found from there, not from the
+/// page's start.
 #[derive(Debug, Default, Clone)]
-pub struct SymbolInterner {
+pub struct ReadCache {
     strings: HashSet<Arc<str>, foldhash::fast::RandomState>,
+    position: Option<PagePosition>,
 }
 
-impl SymbolInterner {
+/// The entry after the last series read: in page `page` of the index opened as `file`, entry
+/// `index` of the page, at byte `offset` of the file.
+#[derive(Debug, Clone, Copy)]
+struct PagePosition {
+    file: u64,
+    page: usize,
+    index: usize,
+    offset: usize,
+}
+
+/// Numbers opened indexes, so a `ReadCache` position is never taken for another file's.
+static INDEX_FILES_OPENED: AtomicU64 = AtomicU64::new(0);
+
+impl ReadCache {
     pub fn intern(&mut self, s: &str) -> Arc<str> {
         if let Some(a) = self.strings.get(s) {
             return a.clone();
@@ -83,7 +112,7 @@ fn header(version: u8) -> [u8; HEADER_BYTES] {
 }
 
 /// Writes an index in one pass: symbols first (the caller knows them all up front), then series
-/// in label order, then postings accumulated meanwhile.
+/// in label order a page at a time, then the page table, then postings accumulated meanwhile.
 #[derive(Debug)]
 pub struct IndexWriter {
     path: PathBuf,
@@ -91,8 +120,15 @@ pub struct IndexWriter {
     pos: u64,
     symbols: HashMap<Arc<str>, u32>,
     series_start: u64,
+    /// Series added so far: the next one's id.
+    series: u32,
+    /// The open page: its first byte, its CRC so far and the chunk ref its entries are relative to.
+    page_start: u64,
+    page_crc: u32,
+    page_base: u64,
+    /// The page table's rows for the pages closed so far.
+    pages: Vec<u8>,
     postings: HashMap<(u32, u32), Vec<u32>>,
-    all: Vec<u32>,
     last: Option<Labels>,
     buf: Vec<u8>,
     /// Chunk times of series entries are written relative to this: the first chunk's mint.
@@ -109,24 +145,22 @@ impl IndexWriter {
             path: path.to_owned(),
             file: BufWriter::with_capacity(1 << 20, AppendWriter(f)),
             pos: 0,
-            symbols: HashMap::with_capacity(symbols.len()),
+            symbols: symbols.iter().enumerate().map(|(i, s)| (s.clone(), i as u32)).collect(),
             series_start: 0,
+            series: 0,
+            page_start: 0,
+            page_crc: 0,
+            page_base: 0,
+            pages: Vec::new(),
             postings: HashMap::new(),
-            all: Vec::new(),
             last: None,
             buf: Vec::new(),
             base_time: None,
         };
         w.write(&header(VERSION))?;
         let mut body = Vec::new();
-        put_uvarint(&mut body, symbols.len() as u64);
-        for (i, s) in symbols.iter().enumerate() {
-            put_uvarint(&mut body, s.len() as u64);
-            body.extend_from_slice(s.as_bytes());
-            w.symbols.insert(s.clone(), i as u32);
-        }
+        symbols::encode_front_coded(symbols, &mut body);
         w.section(&body)?;
-        w.align()?;
         w.series_start = w.pos;
         Ok(w)
     }
@@ -145,11 +179,6 @@ impl IndexWriter {
         self.write(&crc32c::crc32c(body).to_be_bytes())
     }
 
-    fn align(&mut self) -> Result<()> {
-        let pad = (SERIES_ALIGN - self.pos % SERIES_ALIGN) % SERIES_ALIGN;
-        self.write(&[0u8; SERIES_ALIGN as usize][..pad as usize])
-    }
-
     fn symbol(&self, s: &str) -> u32 {
         *self.symbols.get(s).unwrap_or_else(|| panic!("label string {s:?} missing from the index symbols"))
     }
@@ -160,8 +189,15 @@ impl IndexWriter {
         if let Some(last) = &self.last {
             assert!(last < labels, "series must be added in label order: {last} then {labels}");
         }
-        self.align()?;
-        let id = u32::try_from(self.pos / SERIES_ALIGN).expect("index series section over 64 GiB");
+        let id = self.series;
+        self.series = id.checked_add(1).expect("over 4 billion series in one block");
+        if (id as usize).is_multiple_of(SERIES_PAGE) {
+            if id > 0 {
+                self.close_page();
+            }
+            self.page_start = self.pos;
+            self.page_base = chunks.first().map_or(0, |c| c.chunk.0);
+        }
         let mut body = std::mem::take(&mut self.buf);
         body.clear();
         put_uvarint(&mut body, labels.len() as u64);
@@ -180,7 +216,9 @@ impl IndexWriter {
                     let base = *self.base_time.get_or_insert(c.mint);
                     put_varint(&mut body, c.mint.wrapping_sub(base));
                     put_uvarint(&mut body, c.maxt.wrapping_sub(c.mint) as u64);
-                    put_uvarint(&mut body, c.chunk.0);
+                    // Relative to the page's first chunk: series' chunks follow one another in
+                    // the files, so a few bytes where the ref whole takes five or more.
+                    put_varint(&mut body, c.chunk.0.wrapping_sub(self.page_base) as i64);
                 }
                 Some(p) => {
                     // A series' chunks neither overlap nor go back in the file: both deltas are
@@ -195,13 +233,20 @@ impl IndexWriter {
         }
         let mut head = Vec::with_capacity(10);
         put_uvarint(&mut head, body.len() as u64);
+        self.page_crc = crc32c::crc32c_append(crc32c::crc32c_append(self.page_crc, &head), &body);
         self.write(&head)?;
         self.write(&body)?;
-        self.write(&crc32c::crc32c(&body).to_be_bytes())?;
         self.buf = body;
-        self.all.push(id);
         self.last = Some(labels.clone());
         Ok(())
+    }
+
+    /// Ends the open page: its row in the page table.
+    fn close_page(&mut self) {
+        put_uvarint(&mut self.pages, self.pos - self.page_start);
+        put_uvarint(&mut self.pages, self.page_base);
+        self.pages.extend_from_slice(&self.page_crc.to_be_bytes());
+        self.page_crc = 0;
     }
 
     fn postings_list(&mut self, ids: &[u32]) -> Result<u64> {
@@ -212,26 +257,44 @@ impl IndexWriter {
         Ok(at)
     }
 
-    /// Writes postings, their table and the TOC, then fsyncs. Returns the file's size.
+    /// Writes the page table, postings, their table and the TOC, then fsyncs. Returns the
+    /// file's size.
     pub fn finish(mut self) -> Result<u64> {
-        let all = std::mem::take(&mut self.all);
-        let series = self.series_start;
-        let all_at = self.postings_list(&all)?;
+        if self.series > 0 {
+            self.close_page();
+        }
+        let pages_at = self.pos;
+        let mut table_body = Vec::with_capacity(self.pages.len() + 10);
+        put_uvarint(&mut table_body, self.series as u64);
+        table_body.extend_from_slice(&self.pages);
+        self.section(&table_body)?;
+
         let mut keys: Vec<(u32, u32)> = self.postings.keys().copied().collect();
         keys.sort_unstable();
         let mut table = Vec::new();
         put_uvarint(&mut table, keys.len() as u64);
+        let mut prev: Option<(u32, u32)> = None;
         for k in keys {
             let ids = self.postings.remove(&k).expect("key from the map");
-            let at = self.postings_list(&ids)?;
-            put_uvarint(&mut table, k.0 as u64);
-            put_uvarint(&mut table, k.1 as u64);
-            put_uvarint(&mut table, at);
+            // A pair held by one series (a Graphite path, a pod's name) points at it directly.
+            let target = if let [id] = ids[..] { (id as u64) << 1 | 1 } else { self.postings_list(&ids)? << 1 };
+            match prev {
+                Some((name, value)) if name == k.0 => {
+                    put_uvarint(&mut table, 0);
+                    put_uvarint(&mut table, (k.1 - value - 1) as u64);
+                }
+                _ => {
+                    put_uvarint(&mut table, (k.0 - prev.map_or(0, |p| p.0)) as u64);
+                    put_uvarint(&mut table, k.1 as u64);
+                }
+            }
+            put_uvarint(&mut table, target);
+            prev = Some(k);
         }
         let table_at = self.pos;
         self.section(&table)?;
         let mut toc = Vec::with_capacity(TOC_BYTES);
-        for v in [HEADER_BYTES as u64, series, all_at, table_at, self.base_time.unwrap_or(0) as u64] {
+        for v in [HEADER_BYTES as u64, self.series_start, pages_at, table_at, self.base_time.unwrap_or(0) as u64] {
             toc.extend_from_slice(&v.to_be_bytes());
         }
         let crc = crc32c::crc32c(&toc);
@@ -243,24 +306,42 @@ impl IndexWriter {
     }
 }
 
-/// One row of the postings table: label pair as symbol ids and its list's offset.
+/// One row of the postings table: a label pair as symbol ids and where its series are.
 #[derive(Clone, Copy, Debug)]
 struct TableEntry {
     name: u32,
     value: u32,
-    offset: u64,
+    /// `offset << 1` of the pair's postings list, or `id << 1 | 1` of the one series that has it.
+    target: u64,
 }
 
-/// A memory-mapped index. Opening reads the TOC, the symbol table and the postings table
-/// (checking their CRCs); series entries and postings lists are checked when read.
+/// A page of series entries (version 3): its bytes in the file, the chunk ref its entries' first
+/// refs are relative to, and its CRC32C.
+#[derive(Clone, Copy, Debug)]
+struct SeriesPage {
+    start: u64,
+    end: u64,
+    base_ref: u64,
+    crc: u32,
+}
+
+/// A memory-mapped index. Opening reads the TOC, the symbol table, the series page table and the
+/// postings table (checking their CRCs); series entries (version 3: their pages, once each) and
+/// postings lists are checked when read.
 #[derive(Debug)]
 pub struct IndexFile {
     path: PathBuf,
     map: Bytes,
-    /// Byte offset of each symbol's string (after its length).
-    symbols: Vec<(u32, u32)>,
+    symbols: SymbolTable,
     table: Vec<TableEntry>,
+    /// Version 1 and 2: the offset of the list of all series.
     all_postings: u64,
+    /// Version 3: the series pages, and one bit per page set once its CRC has been checked.
+    pages: Vec<SeriesPage>,
+    checked: Vec<AtomicU64>,
+    num_series: u64,
+    /// This opening's number (`INDEX_FILES_OPENED`).
+    opened: u64,
     version: u8,
     /// Chunk times of series entries are relative to it (version 2; 0 in version 1).
     base_time: i64,
@@ -280,8 +361,7 @@ impl IndexFile {
     pub fn from_bytes(path: &Path, map: Bytes) -> Result<Self, String> {
         let fail = |what: &str| format!("{}: {what}", path.display());
         let version = match map.get(..HEADER_BYTES) {
-            Some(h) if h == header(1) => 1,
-            Some(h) if h == header(2) => 2,
+            Some(h) if h[..4] == MAGIC.to_be_bytes() && h[5..] == [0, 0, 0] && (1..=3).contains(&h[4]) => h[4],
             Some(h) if h[..4] == MAGIC.to_be_bytes() => return Err(fail(&format!("unknown index version {}", h[4]))),
             _ => return Err(fail("bad header or file too short")),
         };
@@ -295,52 +375,103 @@ impl IndexFile {
             return Err(fail("table of contents checksum mismatch"));
         }
         let off = |i: usize| u64::from_be_bytes(toc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let (symbols_at, _series_at, all_postings, table_at) = (off(0), off(1), off(2), off(3));
+        let (symbols_at, series_at, postings_or_pages, table_at) = (off(0), off(1), off(2), off(3));
         let base_time = if version == 1 { 0 } else { off(4) as i64 };
+        let (start, body) = section_at(&map, symbols_at).map_err(|e| fail(&format!("symbol table: {e}")))?;
+        let symbols = if version < 3 {
+            SymbolTable::parse_plain(start, body)
+        } else {
+            SymbolTable::parse_front_coded(start, body)
+        }
+        .map_err(|e| fail(&format!("symbol table: {e}")))?;
+        let nsym = symbols.len() as u64;
         let mut ix = IndexFile {
             path: path.to_owned(),
             map,
-            symbols: Vec::new(),
+            symbols,
             table: Vec::new(),
-            all_postings,
+            all_postings: postings_or_pages,
+            pages: Vec::new(),
+            checked: Vec::new(),
+            num_series: 0,
+            opened: INDEX_FILES_OPENED.fetch_add(1, Ordering::Relaxed),
             version,
             base_time,
         };
-
-        let (start, body) = ix.section(symbols_at).map_err(|e| fail(&format!("symbol table: {e}")))?;
-        let mut d = Decoder::new(body);
-        let n = d.uvarint("symbol count").map_err(|e| fail(&e.to_string()))?;
-        let mut symbols = Vec::with_capacity(n.min(body.len() as u64) as usize);
-        for _ in 0..n {
-            let s = d.str("symbol").map_err(|e| fail(&format!("symbol table: {e}")))?;
-            let at = start + d.offset() - s.len();
-            symbols.push((at as u32, s.len() as u32));
+        if version >= 3 {
+            ix.read_pages(series_at, postings_or_pages).map_err(|e| fail(&format!("series page table: {e}")))?;
         }
-        ix.symbols = symbols;
-        let nsym = ix.symbols.len() as u64;
 
         let (_, body) = ix.section(table_at).map_err(|e| fail(&format!("postings table: {e}")))?;
         let mut d = Decoder::new(body);
         let mut table = Vec::new();
         let mut read = || -> Result<(), crate::encoding::DecodeError> {
             let n = d.uvarint("postings table count")?;
+            let mut prev: Option<TableEntry> = None;
             for _ in 0..n {
-                let name = d.uvarint("label name symbol")?;
-                let value = d.uvarint("label value symbol")?;
-                let offset = d.uvarint("postings offset")?;
-                table.push(TableEntry { name: name as u32, value: value as u32, offset });
+                let (name, value, target) = if version < 3 {
+                    let name = d.uvarint("label name symbol")?;
+                    let value = d.uvarint("label value symbol")?;
+                    (name, value, d.uvarint("postings offset")?.saturating_mul(2))
+                } else {
+                    // Names as deltas; a value after one of the same name as the gap less one.
+                    let name_delta = d.uvarint("label name delta")?;
+                    let value = d.uvarint("label value symbol")?;
+                    let target = d.uvarint("postings target")?;
+                    match prev {
+                        Some(p) if name_delta == 0 => {
+                            (p.name as u64, (p.value as u64).saturating_add(value + 1), target)
+                        }
+                        _ => (prev.map_or(0, |p| p.name as u64).saturating_add(name_delta), value, target),
+                    }
+                };
+                if name >= nsym || value >= nsym {
+                    return Err(crate::encoding::DecodeError {
+                        what: "postings table",
+                        offset: d.offset(),
+                        problem: "refers to a symbol that does not exist",
+                    });
+                }
+                let e = TableEntry { name: name as u32, value: value as u32, target };
+                table.push(e);
+                prev = Some(e);
             }
             Ok(())
         };
         read().map_err(|e| fail(&format!("postings table: {e}")))?;
-        if table.iter().any(|e| e.name as u64 >= nsym || e.value as u64 >= nsym) {
-            return Err(fail("postings table refers to a symbol that does not exist"));
-        }
         if !table.windows(2).all(|w| (w[0].name, w[0].value) < (w[1].name, w[1].value)) {
             return Err(fail("postings table is not sorted"));
         }
         ix.table = table;
         Ok(ix)
+    }
+
+    /// Reads the version-3 page table at `at`; the series section spans `[series_at, at)`.
+    fn read_pages(&mut self, series_at: u64, at: u64) -> Result<(), String> {
+        let map = self.map.clone();
+        let (_, body) = section_at(&map, at)?;
+        let mut d = Decoder::new(body);
+        let count = d.uvarint("series count").map_err(|e| e.to_string())?;
+        let n = count.div_ceil(SERIES_PAGE as u64);
+        // A page row takes at least six bytes.
+        if n > body.len() as u64 / 6 + 1 {
+            return Err(format!("{count} series in a {}-byte page table", body.len()));
+        }
+        let mut start = series_at;
+        for _ in 0..n {
+            let len = d.uvarint("page length").map_err(|e| e.to_string())?;
+            let base_ref = d.uvarint("page base chunk").map_err(|e| e.to_string())?;
+            let crc = d.bytes(4, "page checksum").map_err(|e| e.to_string())?;
+            let end = start.checked_add(len).filter(|&e| e <= at).ok_or("a page runs past the series")?;
+            self.pages.push(SeriesPage { start, end, base_ref, crc: u32::from_be_bytes(crc.try_into().expect("4")) });
+            start = end;
+        }
+        if start != at || !d.is_empty() {
+            return Err("pages do not cover the series exactly".into());
+        }
+        self.num_series = count;
+        self.checked = (0..self.pages.len().div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -360,35 +491,31 @@ impl IndexFile {
         self.symbols.len()
     }
 
-    /// The string of symbol `id` (validated as UTF-8 when the file was opened).
-    pub fn symbol(&self, id: u32) -> &str {
-        let (at, len) = self.symbols[id as usize];
-        std::str::from_utf8(&self.map[at as usize..(at + len) as usize]).unwrap_or("\u{fffd}")
+    /// The string of symbol `id` (validated as UTF-8 when the file was opened); `id` must be
+    /// below `num_symbols()`.
+    pub fn symbol(&self, id: u32) -> Cow<'_, str> {
+        self.symbols.get(&self.map, id)
+    }
+
+    /// Calls `f` with every symbol, in order.
+    pub fn for_each_symbol(&self, mut f: impl FnMut(&str)) {
+        self.symbols.for_each(&self.map, 0..self.symbols.len() as u32, |_, s| f(s));
     }
 
     /// Id of symbol `s`, by binary search (symbols are sorted).
     pub fn lookup_symbol(&self, s: &str) -> Option<u32> {
-        let (mut lo, mut hi) = (0usize, self.symbols.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.symbol(mid as u32).cmp(s) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(mid as u32),
-            }
-        }
-        None
+        self.symbols.lookup(&self.map, s)
     }
 
-    /// Reads series `id`: its labels (strings shared through `interner`), and its chunk metas
+    /// Reads series `id`: its labels (strings shared through `cache`), and its chunk metas
     /// into `chunks` (cleared first).
     pub fn series(
         &self,
         id: SeriesRef,
         chunks: &mut Vec<ChunkMetaRef>,
-        interner: &mut SymbolInterner,
+        cache: &mut ReadCache,
     ) -> Result<Labels, String> {
-        let labels = self.series_entry(id, None, chunks, interner)?;
+        let labels = self.series_entry(id, None, chunks, cache)?;
         Ok(labels.expect("labels are resolved when no range is asked"))
     }
 
@@ -402,9 +529,60 @@ impl IndexFile {
         mint: i64,
         maxt: i64,
         chunks: &mut Vec<ChunkMetaRef>,
-        interner: &mut SymbolInterner,
+        cache: &mut ReadCache,
     ) -> Result<Option<Labels>, String> {
-        self.series_entry(id, Some((mint, maxt)), chunks, interner)
+        self.series_entry(id, Some((mint, maxt)), chunks, cache)
+    }
+
+    /// Where series `id`'s entry body is, and the chunk ref its first chunk is relative to
+    /// (version 3). The entry is found from the last one `cache` read when that was before it in
+    /// its page, else from the page's start.
+    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<u64>), String> {
+        if self.version >= 3 {
+            if id.0 >= self.num_series {
+                return Err(format!("no such series (the block has {})", self.num_series));
+            }
+            let p = (id.0 / SERIES_PAGE as u64) as usize;
+            let index = (id.0 % SERIES_PAGE as u64) as usize;
+            let page = self.pages[p];
+            let bit = 1u64 << (p % 64);
+            if self.checked[p / 64].load(Ordering::Relaxed) & bit == 0 {
+                if crc32c::crc32c(&self.map[page.start as usize..page.end as usize]) != page.crc {
+                    return Err(format!("checksum mismatch in series page {p}"));
+                }
+                self.checked[p / 64].fetch_or(bit, Ordering::Relaxed);
+            }
+            let (mut at, mut skip) = (page.start as usize, index);
+            if let Some(pos) = cache.position {
+                if pos.file == self.opened && pos.page == p && pos.index <= index {
+                    (at, skip) = (pos.offset, index - pos.index);
+                }
+            }
+            let mut d = Decoder::new(&self.map[at..page.end as usize]);
+            let mut entry = || d.uvarint("series length").and_then(|n| d.bytes(n as usize, "series entry"));
+            for _ in 0..skip {
+                entry().map_err(|e| e.to_string())?;
+            }
+            let body = entry().map_err(|e| e.to_string())?;
+            cache.position =
+                Some(PagePosition { file: self.opened, page: p, index: index + 1, offset: at + d.offset() });
+            return Ok((body, Some(page.base_ref)));
+        }
+        let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
+        let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
+            return Err("offset outside the file".into());
+        };
+        if at >= self.map.len() {
+            return Err("offset outside the file".into());
+        }
+        let mut d = Decoder::new(&self.map[at..]);
+        let body =
+            d.uvarint("series length").and_then(|n| d.bytes(n as usize, "series entry")).map_err(|e| e.to_string())?;
+        let crc = d.bytes(4, "series checksum").map_err(|e| e.to_string())?;
+        if !checksum_ok(body, crc) {
+            return Err("checksum mismatch".into());
+        }
+        Ok((body, None))
     }
 
     /// A series entry's chunks, and its labels unless `range` is given and no chunk overlaps it.
@@ -413,34 +591,20 @@ impl IndexFile {
         id: SeriesRef,
         range: Option<(i64, i64)>,
         chunks: &mut Vec<ChunkMetaRef>,
-        interner: &mut SymbolInterner,
+        cache: &mut ReadCache,
     ) -> Result<Option<Labels>, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
-        let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
-        let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
-            return Err(fail("offset outside the file".into()));
-        };
-        if at >= self.map.len() {
-            return Err(fail("offset outside the file".into()));
-        }
-        let mut d = Decoder::new(&self.map[at..]);
-        let body = d
-            .uvarint("series length")
-            .and_then(|n| d.bytes(n as usize, "series entry"))
-            .map_err(|e| fail(e.to_string()))?;
-        let crc = d.bytes(4, "series checksum").map_err(|e| fail(e.to_string()))?;
-        if !checksum_ok(body, crc) {
-            return Err(fail("checksum mismatch".into()));
-        }
-        self.decode_series(body, range, chunks, interner).map_err(|e| fail(e.to_string()))
+        let (body, base_ref) = self.entry_body(id, cache).map_err(fail)?;
+        self.decode_series(body, base_ref, range, chunks, cache).map_err(|e| fail(e.to_string()))
     }
 
     fn decode_series(
         &self,
         body: &[u8],
+        base_ref: Option<u64>,
         range: Option<(i64, i64)>,
         chunks: &mut Vec<ChunkMetaRef>,
-        interner: &mut SymbolInterner,
+        cache: &mut ReadCache,
     ) -> Result<Option<Labels>, crate::encoding::DecodeError> {
         let mut d = Decoder::new(body);
         let n = d.uvarint("label count")? as usize;
@@ -458,7 +622,7 @@ impl IndexFile {
                 });
             }
         }
-        self.decode_chunk_metas(&mut d, chunks)?;
+        self.decode_chunk_metas(&mut d, base_ref, chunks)?;
         if let Some((mint, maxt)) = range {
             if !chunks.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
                 return Ok(None);
@@ -469,15 +633,17 @@ impl IndexFile {
         for _ in 0..n {
             let name = d.uvarint("label name symbol")? as u32;
             let value = d.uvarint("label value symbol")? as u32;
-            labels.push(Label { name: interner.intern(self.symbol(name)), value: interner.intern(self.symbol(value)) });
+            labels.push(Label { name: cache.intern(&self.symbol(name)), value: cache.intern(&self.symbol(value)) });
         }
         Ok(Some(Labels::from_sorted_unchecked(labels)))
     }
 
-    /// The chunk references that follow a series' labels, into `chunks`.
+    /// The chunk references that follow a series' labels, into `chunks`. Version 3 writes the
+    /// first ref relative to its page's `base_ref`.
     fn decode_chunk_metas(
         &self,
         d: &mut Decoder<'_>,
+        base_ref: Option<u64>,
         chunks: &mut Vec<ChunkMetaRef>,
     ) -> Result<(), crate::encoding::DecodeError> {
         chunks.clear();
@@ -488,7 +654,11 @@ impl IndexFile {
                 None => {
                     let mint = self.base_time.wrapping_add(d.varint("chunk mint")?);
                     let maxt = mint.wrapping_add(d.uvarint("chunk span")? as i64);
-                    ChunkMetaRef { mint, maxt, chunk: ChunkRef(d.uvarint("chunk ref")?) }
+                    let chunk = match base_ref {
+                        Some(base) => base.wrapping_add(d.varint("chunk ref delta")? as u64),
+                        None => d.uvarint("chunk ref")?,
+                    };
+                    ChunkMetaRef { mint, maxt, chunk: ChunkRef(chunk) }
                 }
                 Some(p) => {
                     let mint = p.maxt.wrapping_add(d.uvarint("chunk mint delta")? as i64);
@@ -500,6 +670,18 @@ impl IndexFile {
             prev = Some(c);
         }
         Ok(())
+    }
+
+    /// The postings a table row points at: its list, or its one series.
+    fn postings_of(&self, target: u64) -> Result<MmapPostings, String> {
+        if target & 1 == 1 {
+            let id = target >> 1;
+            if self.version < 3 || id >= self.num_series {
+                return Err(format!("{}: postings table names series {id}, which does not exist", self.path.display()));
+            }
+            return Ok(MmapPostings::Range(RangePostings::new(id, id + 1)));
+        }
+        self.postings_at(target >> 1)
     }
 
     fn postings_at(&self, at: u64) -> Result<MmapPostings, String> {
@@ -525,6 +707,9 @@ impl IndexFile {
 
     /// Every series, in label order.
     pub fn all_postings(&self) -> Result<MmapPostings, String> {
+        if self.version >= 3 {
+            return Ok(MmapPostings::Range(RangePostings::new(0, self.num_series)));
+        }
         self.postings_at(self.all_postings)
     }
 
@@ -541,7 +726,7 @@ impl IndexFile {
         let Some(v) = self.lookup_symbol(value) else { return Ok(None) };
         let range = self.name_range(name);
         match range.binary_search_by_key(&v, |e| e.value) {
-            Ok(i) => self.postings_at(range[i].offset).map(Some),
+            Ok(i) => self.postings_of(range[i].target).map(Some),
             Err(_) => Ok(None),
         }
     }
@@ -555,44 +740,52 @@ impl IndexFile {
     ) -> Result<Vec<MmapPostings>, String> {
         let range = self.name_range(name);
         // Values are sorted as strings (symbol ids follow string order): skip to the prefix.
-        let from = if prefix.is_empty() { 0 } else { range.partition_point(|e| self.symbol(e.value) < prefix) };
+        let from = if prefix.is_empty() { 0 } else { range.partition_point(|e| *self.symbol(e.value) < *prefix) };
+        let rows = &range[from..];
+        let rows = if prefix.is_empty() {
+            rows
+        } else {
+            &rows[..rows.partition_point(|e| self.symbol(e.value).starts_with(prefix))]
+        };
         let mut out = Vec::new();
-        for e in &range[from..] {
-            let v = self.symbol(e.value);
-            if !v.starts_with(prefix) {
-                break;
-            }
-            if accept(v) {
-                out.push(self.postings_at(e.offset)?);
+        let mut taken = Vec::with_capacity(rows.len());
+        self.symbols.for_each(&self.map, rows.iter().map(|e| e.value), |_, v| taken.push(accept(v)));
+        for (e, take) in rows.iter().zip(taken) {
+            if take {
+                out.push(self.postings_of(e.target)?);
             }
         }
         Ok(out)
     }
 
     /// Label names, sorted.
-    pub fn label_names(&self) -> Vec<&str> {
-        let mut out: Vec<&str> = Vec::new();
+    pub fn label_names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut last = None;
         for e in &self.table {
-            let n = self.symbol(e.name);
-            if out.last() != Some(&n) {
-                out.push(n);
+            if last != Some(e.name) {
+                out.push(self.symbol(e.name).into_owned());
+                last = Some(e.name);
             }
         }
         out
     }
 
     /// Values of label `name`, sorted.
-    pub fn label_values(&self, name: &str) -> Vec<&str> {
-        self.name_range(name).iter().map(|e| self.symbol(e.value)).collect()
+    pub fn label_values(&self, name: &str) -> Vec<String> {
+        let range = self.name_range(name);
+        let mut out = Vec::with_capacity(range.len());
+        self.symbols.for_each(&self.map, range.iter().map(|e| e.value), |_, v| out.push(v.to_owned()));
+        out
     }
 
     /// `(name, value, series count)` for every label pair (for `analyze`).
-    pub fn pair_counts(&self) -> Vec<(&str, &str, usize)> {
+    pub fn pair_counts(&self) -> Vec<(String, String, usize)> {
         self.table
             .iter()
             .map(|e| {
-                let len = self.postings_at(e.offset).map_or(0, |p| p.len());
-                (self.symbol(e.name), self.symbol(e.value), len)
+                let len = self.postings_of(e.target).map_or(0, |p| p.len());
+                (self.symbol(e.name).into_owned(), self.symbol(e.value).into_owned(), len)
             })
             .collect()
     }
@@ -644,8 +837,10 @@ pub fn encode_postings(ids: &[u32], out: &mut Vec<u8>) {
 pub enum MmapPostings {
     /// Version 1: `u32 BE` series ids.
     Raw(RawPostings),
-    /// Version 2: bit-packed blocks (`encode_postings`).
+    /// Version 2 and 3: bit-packed blocks (`encode_postings`).
     Packed(PackedPostings),
+    /// Version 3: consecutive ids, all series or the one series of a label pair.
+    Range(RangePostings),
 }
 
 impl MmapPostings {
@@ -664,6 +859,7 @@ impl MmapPostings {
         match self {
             MmapPostings::Raw(p) => p.len,
             MmapPostings::Packed(p) => p.len,
+            MmapPostings::Range(p) => (p.end - p.start) as usize,
         }
     }
 
@@ -677,6 +873,7 @@ impl Postings for MmapPostings {
         match self {
             MmapPostings::Raw(p) => p.next(),
             MmapPostings::Packed(p) => p.next(),
+            MmapPostings::Range(p) => p.next(),
         }
     }
 
@@ -684,6 +881,7 @@ impl Postings for MmapPostings {
         match self {
             MmapPostings::Raw(p) => p.seek(target),
             MmapPostings::Packed(p) => p.seek(target),
+            MmapPostings::Range(p) => p.seek(target),
         }
     }
 
@@ -691,6 +889,7 @@ impl Postings for MmapPostings {
         match self {
             MmapPostings::Raw(p) => p.at(),
             MmapPostings::Packed(p) => p.at(),
+            MmapPostings::Range(p) => p.at(),
         }
     }
 }
@@ -940,5 +1139,48 @@ impl Postings for RawPostings {
 
     fn at(&self) -> Option<SeriesRef> {
         self.pos.checked_sub(1).filter(|&i| i < self.len).map(|i| self.get(i))
+    }
+}
+
+/// The ids `start..end` (version 3's list of all series, and a pair's one series).
+#[derive(Debug, Clone)]
+pub struct RangePostings {
+    start: u64,
+    end: u64,
+    /// The current id; `None` before the start and past the end.
+    at: Option<u64>,
+    started: bool,
+}
+
+impl RangePostings {
+    fn new(start: u64, end: u64) -> Self {
+        RangePostings { start, end, at: None, started: false }
+    }
+
+    fn to(&mut self, id: u64) -> Option<SeriesRef> {
+        self.started = true;
+        self.at = (id < self.end).then_some(id);
+        self.at.map(SeriesRef)
+    }
+}
+
+impl Postings for RangePostings {
+    fn next(&mut self) -> Option<SeriesRef> {
+        match (self.started, self.at) {
+            (false, _) => self.to(self.start),
+            (true, Some(id)) => self.to(id + 1),
+            (true, None) => None,
+        }
+    }
+
+    fn seek(&mut self, target: SeriesRef) -> Option<SeriesRef> {
+        match (self.started, self.at) {
+            (true, None) => None,
+            (_, cur) => self.to(target.0.max(cur.unwrap_or(self.start))),
+        }
+    }
+
+    fn at(&self) -> Option<SeriesRef> {
+        self.at.map(SeriesRef)
     }
 }

@@ -1,0 +1,274 @@
+//! The index's symbol table: every label name and value of a block, sorted bytewise and unique,
+//! a symbol's id being its position. Byte layout: `docs/format/block.md`.
+//!
+//! Version 3 stores the symbols front-coded: in groups of `SYMBOL_GROUP`, the first whole and
+//! each other one as the length of the prefix it shares with the one before and the rest. Sorted
+//! label values share long prefixes (Graphite paths, pod names, URLs), so this takes a fraction of
+//! the plain strings' bytes (10.3 bytes per path against 39.4 for 20k Graphite host paths). A
+//! reader keeps one offset per group in memory and decodes at most a group to reach a symbol.
+//! Versions 1 and 2 store every symbol whole; a reader keeps each one's offset.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::encoding::{put_uvarint, Decoder};
+
+/// Symbols per front-coded group: a lookup decodes at most this many; each group costs its first
+/// symbol whole.
+pub const SYMBOL_GROUP: usize = 16;
+
+/// Writes a version-3 symbol table body: the count, then the groups.
+pub(super) fn encode_front_coded(symbols: &[Arc<str>], out: &mut Vec<u8>) {
+    put_uvarint(out, symbols.len() as u64);
+    let mut prev: &[u8] = &[];
+    for (i, s) in symbols.iter().enumerate() {
+        let s = s.as_bytes();
+        if i % SYMBOL_GROUP == 0 {
+            put_uvarint(out, s.len() as u64);
+            out.extend_from_slice(s);
+        } else {
+            let shared = s.iter().zip(prev).take_while(|(a, b)| a == b).count();
+            put_uvarint(out, shared as u64);
+            put_uvarint(out, (s.len() - shared) as u64);
+            out.extend_from_slice(&s[shared..]);
+        }
+        prev = s;
+    }
+}
+
+/// Where a reader finds each symbol in the mapped file.
+#[derive(Debug)]
+pub(super) enum SymbolTable {
+    /// Versions 1 and 2: the offset and length of each symbol's bytes.
+    Plain(Vec<(u32, u32)>),
+    /// Version 3: the offset of each group's first entry and the number of symbols.
+    FrontCoded { groups: Vec<u32>, count: u32 },
+}
+
+impl SymbolTable {
+    /// Reads a version 1 or 2 table whose body starts at byte `start` of the file.
+    pub(super) fn parse_plain(start: usize, body: &[u8]) -> Result<Self, String> {
+        let mut d = Decoder::new(body);
+        let n = d.uvarint("symbol count").map_err(|e| e.to_string())?;
+        let mut symbols = Vec::with_capacity(n.min(body.len() as u64) as usize);
+        for _ in 0..n {
+            let s = d.str("symbol").map_err(|e| e.to_string())?;
+            let at = start + d.offset() - s.len();
+            symbols.push((at as u32, s.len() as u32));
+        }
+        Ok(SymbolTable::Plain(symbols))
+    }
+
+    /// Reads a version 3 table whose body starts at byte `start` of the file, checking that every
+    /// symbol decodes to UTF-8 and that they ascend strictly (lookups search them).
+    pub(super) fn parse_front_coded(start: usize, body: &[u8]) -> Result<Self, String> {
+        let mut d = Decoder::new(body);
+        let n = d.uvarint("symbol count").map_err(|e| e.to_string())?;
+        let count = u32::try_from(n).map_err(|_| format!("{n} symbols"))?;
+        let mut groups = Vec::with_capacity((n as usize).min(body.len()).div_ceil(SYMBOL_GROUP));
+        let (mut prev, mut cur) = (Vec::new(), Vec::new());
+        for i in 0..n as usize {
+            let at = start + d.offset();
+            cur.clear();
+            if i % SYMBOL_GROUP == 0 {
+                groups.push(u32::try_from(at).map_err(|_| "symbol table past 4 GiB".to_string())?);
+                let len = d.uvarint("symbol length").map_err(|e| e.to_string())?;
+                cur.extend_from_slice(d.bytes(len as usize, "symbol").map_err(|e| e.to_string())?);
+            } else {
+                let shared = d.uvarint("shared prefix").map_err(|e| e.to_string())? as usize;
+                if shared > prev.len() {
+                    return Err(format!("symbol {i} shares {shared} bytes of a {}-byte symbol", prev.len()));
+                }
+                let len = d.uvarint("suffix length").map_err(|e| e.to_string())?;
+                cur.extend_from_slice(&prev[..shared]);
+                cur.extend_from_slice(d.bytes(len as usize, "symbol suffix").map_err(|e| e.to_string())?);
+            }
+            if std::str::from_utf8(&cur).is_err() {
+                return Err(format!("symbol {i} is not UTF-8"));
+            }
+            if i > 0 && cur <= prev {
+                return Err(format!("symbol {i} does not sort after the one before"));
+            }
+            std::mem::swap(&mut prev, &mut cur);
+        }
+        Ok(SymbolTable::FrontCoded { groups, count })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            SymbolTable::Plain(s) => s.len(),
+            SymbolTable::FrontCoded { count, .. } => *count as usize,
+        }
+    }
+
+    /// The string of symbol `id` (`id` < `len()`), borrowed from `map` where it is stored whole.
+    pub(super) fn get<'a>(&self, map: &'a [u8], id: u32) -> Cow<'a, str> {
+        match self {
+            SymbolTable::Plain(s) => {
+                let (at, len) = s[id as usize];
+                Cow::Borrowed(utf8(&map[at as usize..(at + len) as usize]))
+            }
+            SymbolTable::FrontCoded { groups, .. } => {
+                let mut d = Decoder::new(&map[groups[id as usize / SYMBOL_GROUP] as usize..]);
+                let whole = front_first(&mut d);
+                let k = id as usize % SYMBOL_GROUP;
+                if k == 0 {
+                    return Cow::Borrowed(utf8(whole));
+                }
+                let mut buf = whole.to_vec();
+                for _ in 0..k {
+                    front_next(&mut d, &mut buf);
+                }
+                Cow::Owned(String::from_utf8(buf).unwrap_or_else(|_| "\u{fffd}".into()))
+            }
+        }
+    }
+
+    /// Id of symbol `s`, by binary search.
+    pub(super) fn lookup(&self, map: &[u8], s: &str) -> Option<u32> {
+        match self {
+            SymbolTable::Plain(_) => {
+                let (mut lo, mut hi) = (0usize, self.len());
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    match (*self.get(map, mid as u32)).cmp(s) {
+                        std::cmp::Ordering::Less => lo = mid + 1,
+                        std::cmp::Ordering::Greater => hi = mid,
+                        std::cmp::Ordering::Equal => return Some(mid as u32),
+                    }
+                }
+                None
+            }
+            SymbolTable::FrontCoded { groups, count } => {
+                // The last group whose first symbol is ≤ s, then a walk through it.
+                let first = |g: usize| front_first(&mut Decoder::new(&map[groups[g] as usize..]));
+                let g =
+                    groups.partition_point(|&at| front_first(&mut Decoder::new(&map[at as usize..])) <= s.as_bytes());
+                let g = g.checked_sub(1)?;
+                let mut d = Decoder::new(&map[groups[g] as usize..]);
+                let mut buf = first(g).to_vec();
+                front_first(&mut d);
+                let in_group = (*count as usize - g * SYMBOL_GROUP).min(SYMBOL_GROUP);
+                for k in 0..in_group {
+                    if k > 0 {
+                        front_next(&mut d, &mut buf);
+                    }
+                    match buf.as_slice().cmp(s.as_bytes()) {
+                        std::cmp::Ordering::Less => {}
+                        std::cmp::Ordering::Equal => return Some((g * SYMBOL_GROUP + k) as u32),
+                        std::cmp::Ordering::Greater => return None,
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Calls `f` with the id and string of each symbol in `ids` (ascending), decoding each
+    /// front-coded group once however many of its symbols are asked for.
+    pub(super) fn for_each(&self, map: &[u8], ids: impl IntoIterator<Item = u32>, mut f: impl FnMut(u32, &str)) {
+        match self {
+            SymbolTable::Plain(_) => {
+                for id in ids {
+                    f(id, &self.get(map, id));
+                }
+            }
+            SymbolTable::FrontCoded { groups, .. } => {
+                // The decoder sits after symbol `at` of group `group`, whose string is in `buf`.
+                let mut state: Option<(usize, usize, Decoder<'_>)> = None;
+                let mut buf = Vec::new();
+                for id in ids {
+                    let (g, k) = (id as usize / SYMBOL_GROUP, id as usize % SYMBOL_GROUP);
+                    let resume = matches!(&state, Some((sg, sk, _)) if *sg == g && *sk <= k);
+                    if !resume {
+                        let mut d = Decoder::new(&map[groups[g] as usize..]);
+                        buf.clear();
+                        buf.extend_from_slice(front_first(&mut d));
+                        state = Some((g, 0, d));
+                    }
+                    let (_, at, d) = state.as_mut().expect("set above");
+                    while *at < k {
+                        front_next(d, &mut buf);
+                        *at += 1;
+                    }
+                    f(id, utf8(&buf));
+                }
+            }
+        }
+    }
+}
+
+/// A group's first entry (checked when the table was opened, so read without errors).
+fn front_first<'a>(d: &mut Decoder<'a>) -> &'a [u8] {
+    let len = d.uvarint("symbol length").unwrap_or(0);
+    d.bytes(len as usize, "symbol").unwrap_or(&[])
+}
+
+/// Replaces `buf` (the previous symbol) with the next entry's symbol.
+fn front_next(d: &mut Decoder<'_>, buf: &mut Vec<u8>) {
+    let shared = d.uvarint("shared prefix").unwrap_or(0) as usize;
+    let len = d.uvarint("suffix length").unwrap_or(0);
+    buf.truncate(shared);
+    buf.extend_from_slice(d.bytes(len as usize, "symbol suffix").unwrap_or(&[]));
+}
+
+/// Bytes checked as UTF-8 when the table was opened.
+fn utf8(b: &[u8]) -> &str {
+    std::str::from_utf8(b).unwrap_or("\u{fffd}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn table(symbols: &[String]) -> (Vec<u8>, SymbolTable) {
+        let arcs: Vec<Arc<str>> = symbols.iter().map(|s| Arc::from(s.as_str())).collect();
+        let mut body = Vec::new();
+        encode_front_coded(&arcs, &mut body);
+        let t = SymbolTable::parse_front_coded(0, &body).unwrap();
+        (body, t)
+    }
+
+    proptest! {
+        /// Every symbol reads back by id, by lookup and in order; strings that are not symbols
+        /// are not found. Multi-byte characters make shared prefixes end inside a character.
+        #[test]
+        fn front_coded_symbols_read_back(
+            set in prop::collection::btree_set("(é|è|a|b|ab|\\.){0,12}", 0..80),
+            probes in prop::collection::vec("(é|è|a|b|ab|\\.){0,12}", 0..20),
+        ) {
+            let symbols: Vec<String> = set.iter().cloned().collect();
+            let (body, t) = table(&symbols);
+            prop_assert_eq!(t.len(), symbols.len());
+            for (i, s) in symbols.iter().enumerate() {
+                prop_assert_eq!(&*t.get(&body, i as u32), s.as_str());
+                prop_assert_eq!(t.lookup(&body, s), Some(i as u32));
+            }
+            for p in &probes {
+                prop_assert_eq!(t.lookup(&body, p), symbols.iter().position(|s| s == p).map(|i| i as u32));
+            }
+            let mut seen = Vec::new();
+            t.for_each(&body, (0..symbols.len() as u32).filter(|i| i % 3 != 1), |id, s| seen.push((id, s.to_owned())));
+            let want: Vec<(u32, String)> =
+                symbols.iter().enumerate().filter(|(i, _)| i % 3 != 1).map(|(i, s)| (i as u32, s.clone())).collect();
+            prop_assert_eq!(seen, want);
+        }
+    }
+
+    #[test]
+    fn damaged_tables_are_refused_with_the_reason() {
+        let (mut body, _) = table(&["ab".into(), "ac".into()]);
+        // "ac" is stored as shared 1, suffix "c": claim 5 shared bytes.
+        let at = body.len() - 3;
+        body[at] = 5;
+        assert!(SymbolTable::parse_front_coded(0, &body).unwrap_err().contains("shares 5 bytes"));
+        let (mut body, _) = table(&["ab".into(), "ac".into()]);
+        let last = body.len() - 1;
+        body[last] = b'a';
+        assert!(SymbolTable::parse_front_coded(0, &body).unwrap_err().contains("does not sort after"));
+        let (mut body, _) = table(&["a".into()]);
+        body[2] = 0xff;
+        assert!(SymbolTable::parse_front_coded(0, &body).unwrap_err().contains("not UTF-8"));
+    }
+}
