@@ -125,7 +125,7 @@ pub struct IndexWriter {
     /// The open page: its first byte, its CRC so far and the chunk ref its entries are relative to.
     page_start: u64,
     page_crc: u32,
-    page_base: u64,
+    page_base: PageBase,
     /// The page table's rows for the pages closed so far.
     pages: Vec<u8>,
     postings: HashMap<(u32, u32), Vec<u32>>,
@@ -150,7 +150,7 @@ impl IndexWriter {
             series: 0,
             page_start: 0,
             page_crc: 0,
-            page_base: 0,
+            page_base: PageBase::default(),
             pages: Vec::new(),
             postings: HashMap::new(),
             last: None,
@@ -196,7 +196,9 @@ impl IndexWriter {
                 self.close_page();
             }
             self.page_start = self.pos;
-            self.page_base = chunks.first().map_or(0, |c| c.chunk.0);
+            self.page_base = chunks
+                .first()
+                .map_or(PageBase::default(), |c| PageBase { chunk: c.chunk.0, span: c.maxt.wrapping_sub(c.mint) });
         }
         let mut body = std::mem::take(&mut self.buf);
         body.clear();
@@ -215,10 +217,11 @@ impl IndexWriter {
                 None => {
                     let base = *self.base_time.get_or_insert(c.mint);
                     put_varint(&mut body, c.mint.wrapping_sub(base));
-                    put_uvarint(&mut body, c.maxt.wrapping_sub(c.mint) as u64);
-                    // Relative to the page's first chunk: series' chunks follow one another in
-                    // the files, so a few bytes where the ref whole takes five or more.
-                    put_varint(&mut body, c.chunk.0.wrapping_sub(self.page_base) as i64);
+                    // Relative to the page's first series: neighbouring series are scraped alike
+                    // (their chunks span about as long) and their chunks follow one another in
+                    // the files, so a byte or two where the span takes three and the ref five.
+                    put_varint(&mut body, c.maxt.wrapping_sub(c.mint).wrapping_sub(self.page_base.span));
+                    put_varint(&mut body, c.chunk.0.wrapping_sub(self.page_base.chunk) as i64);
                 }
                 Some(p) => {
                     // A series' chunks neither overlap nor go back in the file: both deltas are
@@ -244,7 +247,8 @@ impl IndexWriter {
     /// Ends the open page: its row in the page table.
     fn close_page(&mut self) {
         put_uvarint(&mut self.pages, self.pos - self.page_start);
-        put_uvarint(&mut self.pages, self.page_base);
+        put_uvarint(&mut self.pages, self.page_base.chunk);
+        put_varint(&mut self.pages, self.page_base.span);
         self.pages.extend_from_slice(&self.page_crc.to_be_bytes());
         self.page_crc = 0;
     }
@@ -274,10 +278,23 @@ impl IndexWriter {
         let mut table = Vec::new();
         put_uvarint(&mut table, keys.len() as u64);
         let mut prev: Option<(u32, u32)> = None;
+        // The series of the last pair of this name held by one series.
+        let mut prev_single = 0u32;
         for k in keys {
             let ids = self.postings.remove(&k).expect("key from the map");
-            // A pair held by one series (a Graphite path, a pod's name) points at it directly.
-            let target = if let [id] = ids[..] { (id as u64) << 1 | 1 } else { self.postings_list(&ids)? << 1 };
+            if prev.is_none_or(|p| p.0 != k.0) {
+                prev_single = 0;
+            }
+            // A pair held by one series (a Graphite path, a pod's name) points at it directly,
+            // as the distance from the last such series of the name (the next path's series is
+            // the next series: a byte).
+            let target = if let [id] = ids[..] {
+                let gap = (id as i64) - (prev_single as i64);
+                prev_single = id;
+                (((gap << 1) ^ (gap >> 63)) as u64) << 1 | 1
+            } else {
+                self.postings_list(&ids)? << 1
+            };
             match prev {
                 Some((name, value)) if name == k.0 => {
                     put_uvarint(&mut table, 0);
@@ -321,8 +338,16 @@ struct TableEntry {
 struct SeriesPage {
     start: u64,
     end: u64,
-    base_ref: u64,
+    base: PageBase,
     crc: u32,
+}
+
+/// What a page's series entries write their first chunk relative to: the first chunk of the
+/// page's first series (its ref and its span, `maxt − mint`).
+#[derive(Clone, Copy, Debug, Default)]
+struct PageBase {
+    chunk: u64,
+    span: i64,
 }
 
 /// A memory-mapped index. Opening reads the TOC, the symbol table, the series page table and the
@@ -408,6 +433,7 @@ impl IndexFile {
         let mut read = || -> Result<(), crate::encoding::DecodeError> {
             let n = d.uvarint("postings table count")?;
             let mut prev: Option<TableEntry> = None;
+            let mut prev_single = 0u64;
             for _ in 0..n {
                 let (name, value, target) = if version < 3 {
                     let name = d.uvarint("label name symbol")?;
@@ -417,13 +443,24 @@ impl IndexFile {
                     // Names as deltas; a value after one of the same name as the gap less one.
                     let name_delta = d.uvarint("label name delta")?;
                     let value = d.uvarint("label value symbol")?;
-                    let target = d.uvarint("postings target")?;
-                    match prev {
+                    let mut target = d.uvarint("postings target")?;
+                    let (name, value) = match prev {
                         Some(p) if name_delta == 0 => {
-                            (p.name as u64, (p.value as u64).saturating_add(value + 1), target)
+                            (p.name as u64, (p.value as u64).saturating_add(value).saturating_add(1))
                         }
-                        _ => (prev.map_or(0, |p| p.name as u64).saturating_add(name_delta), value, target),
+                        _ => {
+                            prev_single = 0;
+                            (prev.map_or(0, |p| p.name as u64).saturating_add(name_delta), value)
+                        }
+                    };
+                    if target & 1 == 1 {
+                        // One series: its distance (zig-zag) from the name's last such series.
+                        let zigzag = target >> 1;
+                        let gap = (zigzag >> 1) as i64 ^ -((zigzag & 1) as i64);
+                        prev_single = prev_single.wrapping_add(gap as u64) & u32::MAX as u64;
+                        target = prev_single << 1 | 1;
                     }
+                    (name, value, target)
                 };
                 if name >= nsym || value >= nsym {
                     return Err(crate::encoding::DecodeError {
@@ -460,10 +497,12 @@ impl IndexFile {
         let mut start = series_at;
         for _ in 0..n {
             let len = d.uvarint("page length").map_err(|e| e.to_string())?;
-            let base_ref = d.uvarint("page base chunk").map_err(|e| e.to_string())?;
+            let chunk = d.uvarint("page base chunk").map_err(|e| e.to_string())?;
+            let span = d.varint("page base span").map_err(|e| e.to_string())?;
             let crc = d.bytes(4, "page checksum").map_err(|e| e.to_string())?;
             let end = start.checked_add(len).filter(|&e| e <= at).ok_or("a page runs past the series")?;
-            self.pages.push(SeriesPage { start, end, base_ref, crc: u32::from_be_bytes(crc.try_into().expect("4")) });
+            let crc = u32::from_be_bytes(crc.try_into().expect("4 bytes"));
+            self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span }, crc });
             start = end;
         }
         if start != at || !d.is_empty() {
@@ -537,7 +576,7 @@ impl IndexFile {
     /// Where series `id`'s entry body is, and the chunk ref its first chunk is relative to
     /// (version 3). The entry is found from the last one `cache` read when that was before it in
     /// its page, else from the page's start.
-    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<u64>), String> {
+    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<PageBase>), String> {
         if self.version >= 3 {
             if id.0 >= self.num_series {
                 return Err(format!("no such series (the block has {})", self.num_series));
@@ -566,7 +605,7 @@ impl IndexFile {
             let body = entry().map_err(|e| e.to_string())?;
             cache.position =
                 Some(PagePosition { file: self.opened, page: p, index: index + 1, offset: at + d.offset() });
-            return Ok((body, Some(page.base_ref)));
+            return Ok((body, Some(page.base)));
         }
         let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
         let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
@@ -594,14 +633,14 @@ impl IndexFile {
         cache: &mut ReadCache,
     ) -> Result<Option<Labels>, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
-        let (body, base_ref) = self.entry_body(id, cache).map_err(fail)?;
-        self.decode_series(body, base_ref, range, chunks, cache).map_err(|e| fail(e.to_string()))
+        let (body, page) = self.entry_body(id, cache).map_err(fail)?;
+        self.decode_series(body, page, range, chunks, cache).map_err(|e| fail(e.to_string()))
     }
 
     fn decode_series(
         &self,
         body: &[u8],
-        base_ref: Option<u64>,
+        page: Option<PageBase>,
         range: Option<(i64, i64)>,
         chunks: &mut Vec<ChunkMetaRef>,
         cache: &mut ReadCache,
@@ -622,7 +661,7 @@ impl IndexFile {
                 });
             }
         }
-        self.decode_chunk_metas(&mut d, base_ref, chunks)?;
+        self.decode_chunk_metas(&mut d, page, chunks)?;
         if let Some((mint, maxt)) = range {
             if !chunks.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
                 return Ok(None);
@@ -639,11 +678,11 @@ impl IndexFile {
     }
 
     /// The chunk references that follow a series' labels, into `chunks`. Version 3 writes the
-    /// first ref relative to its page's `base_ref`.
+    /// first chunk's span and ref relative to its `page`'s.
     fn decode_chunk_metas(
         &self,
         d: &mut Decoder<'_>,
-        base_ref: Option<u64>,
+        page: Option<PageBase>,
         chunks: &mut Vec<ChunkMetaRef>,
     ) -> Result<(), crate::encoding::DecodeError> {
         chunks.clear();
@@ -653,11 +692,20 @@ impl IndexFile {
             let c = match prev {
                 None => {
                     let mint = self.base_time.wrapping_add(d.varint("chunk mint")?);
-                    let maxt = mint.wrapping_add(d.uvarint("chunk span")? as i64);
-                    let chunk = match base_ref {
-                        Some(base) => base.wrapping_add(d.varint("chunk ref delta")? as u64),
-                        None => d.uvarint("chunk ref")?,
+                    let (maxt, chunk) = match page {
+                        Some(base) => (
+                            mint.wrapping_add(base.span.wrapping_add(d.varint("chunk span delta")?)),
+                            base.chunk.wrapping_add(d.varint("chunk ref delta")? as u64),
+                        ),
+                        None => (mint.wrapping_add(d.uvarint("chunk span")? as i64), d.uvarint("chunk ref")?),
                     };
+                    if maxt < mint {
+                        return Err(crate::encoding::DecodeError {
+                            what: "chunk span",
+                            offset: d.offset(),
+                            problem: "chunk ends before it starts",
+                        });
+                    }
                     ChunkMetaRef { mint, maxt, chunk: ChunkRef(chunk) }
                 }
                 Some(p) => {
