@@ -6,8 +6,10 @@
 //!
 //! - **Timestamps** as integers: usually their deltas as the chunk's smallest delta plus a
 //!   bit-packed residual of a fixed width per chunk, so an exact scrape grid costs nothing per
-//!   sample and a jitter of a few milliseconds a few bits; a missed scrape is an exception
-//!   (patched frame of reference, PFOR), not a wider field for every sample.
+//!   sample; a missed scrape is an exception (patched frame of reference, PFOR), not a wider
+//!   field for every sample. Jittered timestamps are cheaper as their distance from a line
+//!   (`t0 + j × step`: each one's own jitter, where a delta holds two), and a range that is not
+//!   a power of two (3 values) packs in its own radix (1.6 bits, not 2).
 //! - **Values** that are decimal numbers (what exporters print: `1234.56`, `0.25`, byte
 //!   counts) as scaled integers `i / 10^e`, coded like the timestamps: raw, as deltas (counters)
 //!   or as deltas of deltas, whichever is smallest, with a common factor taken out (memory sizes
@@ -42,8 +44,15 @@ const EXACT_INT_MAX: f64 = 9_007_199_254_740_992.0;
 const VALUES_DECIMAL: u8 = 0;
 const VALUES_XOR: u8 = 1;
 
-/// Integer columns code their values raw (0), as deltas (1) or as deltas of deltas (2).
-const ORDER_MAX: usize = 2;
+/// Integer columns code their values raw (0), as deltas (1), as deltas of deltas (2), or as
+/// their distance from a line `x0 + j × step` (3, `ORDER_LINE`).
+const ORDER_LINE: usize = 3;
+/// Heads (values the residuals start from) an order writes at most.
+const HEADS_MAX: usize = 2;
+/// A packed width field above 64 means offsets packed in base `width − RADIX_CODE_OFFSET`.
+const RADIX_CODE_OFFSET: u32 = 62;
+/// The largest radix: 7-bit width codes 65 to 127 are radixes 3 to 65.
+const RADIX_MAX: u64 = 127 - RADIX_CODE_OFFSET as u64;
 
 /// Encodes `samples` (at least one, at most `SAMPLES_MAX`, timestamps strictly increasing) as a
 /// dense chunk.
@@ -153,8 +162,30 @@ fn write_xor_values(w: &mut BitWriter, samples: &[Sample]) {
     }
 }
 
-/// `xs` differenced `order` times (wrapping): the values the packed part of a column holds.
-fn residuals(xs: &[i64], order: usize) -> Vec<i64> {
+/// How many heads order `order` writes.
+fn head_count(order: usize) -> usize {
+    match order {
+        ORDER_LINE => 2,
+        k => k,
+    }
+}
+
+/// How many residuals a column of `n` values has at `order` (`n` must be above `head_count`
+/// or, for the line, at least 2).
+fn residual_count(order: usize, n: usize) -> usize {
+    match order {
+        ORDER_LINE => n - 1,
+        k => n - k,
+    }
+}
+
+/// `xs` differenced `order` times (wrapping), or (the line) `x_j − x0 − j × step` from `j = 1`:
+/// the values the packed part of a column holds.
+fn residuals(xs: &[i64], order: usize, step: i64) -> Vec<i64> {
+    if order == ORDER_LINE {
+        let x0 = xs[0];
+        return (1..xs.len()).map(|j| xs[j].wrapping_sub(x0).wrapping_sub((j as i64).wrapping_mul(step))).collect();
+    }
     let mut r = xs.to_vec();
     for _ in 0..order {
         for j in (1..r.len()).rev() {
@@ -164,24 +195,103 @@ fn residuals(xs: &[i64], order: usize) -> Vec<i64> {
     r.split_off(order.min(r.len()))
 }
 
-/// The first `order` values a differenced column starts from: `x0`, then `x1 − x0`.
-fn column_heads(xs: &[i64], order: usize) -> Vec<i64> {
-    let mut heads = Vec::with_capacity(order);
+/// The values a column's residuals start from: `x0`, then `x1 − x0` (order 2) or the step (the
+/// line).
+fn column_heads(xs: &[i64], order: usize, step: i64) -> Vec<i64> {
+    let mut heads = Vec::with_capacity(HEADS_MAX);
     if order >= 1 {
         heads.push(xs[0]);
     }
-    if order >= 2 {
+    if order == 2 {
         heads.push(xs[1].wrapping_sub(xs[0]));
+    }
+    if order == ORDER_LINE {
+        heads.push(step);
     }
     heads
 }
 
+/// The steps worth trying for a line through `xs` (at least two values): the average step,
+/// rounded, and the median one (a gap in a scrape grid moves the average, not the median).
+fn line_steps(xs: &[i64]) -> Vec<i64> {
+    let n = xs.len() as i128;
+    let span = xs[xs.len() - 1] as i128 - xs[0] as i128;
+    let average = ((2 * span + (n - 1)).div_euclid(2 * (n - 1))) as i64;
+    let mut deltas: Vec<i64> = xs.windows(2).map(|p| p[1].wrapping_sub(p[0])).collect();
+    let mid = deltas.len() / 2;
+    let median = *deltas.select_nth_unstable(mid).1;
+    if median == average {
+        vec![average]
+    } else {
+        vec![average, median]
+    }
+}
+
+/// How the offsets of a column are packed: `Bits(w)`, each in `w` bits; or `Radix(r)`, each a
+/// digit below `r`, as many per group as fit 32 bits (`radix_group`). An offset that does not
+/// fit is an exception: its low part packed, the rest (`offset / modulus`) patched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Packing {
+    Bits(u32),
+    Radix(u64),
+}
+
+impl Packing {
+    /// The 7-bit width field: the width, or the radix plus `RADIX_CODE_OFFSET`.
+    fn code(self) -> u32 {
+        match self {
+            Packing::Bits(w) => w,
+            Packing::Radix(r) => r as u32 + RADIX_CODE_OFFSET,
+        }
+    }
+
+    fn from_code(code: u32) -> Self {
+        if code <= 64 {
+            Packing::Bits(code)
+        } else {
+            Packing::Radix((code - RADIX_CODE_OFFSET) as u64)
+        }
+    }
+
+    /// What the packed part of an offset is taken modulo; `None` for 64 bits (no exceptions).
+    fn modulus(self) -> Option<u64> {
+        match self {
+            Packing::Bits(w) if w >= 64 => None,
+            Packing::Bits(w) => Some(1u64 << w),
+            Packing::Radix(r) => Some(r),
+        }
+    }
+
+    /// Bits of `m` packed offsets.
+    fn packed_bits(self, m: usize) -> usize {
+        match self {
+            Packing::Bits(w) => m * w as usize,
+            Packing::Radix(r) => {
+                let (k, bits) = radix_group(r, SAMPLES_MAX);
+                let rest = m % k;
+                (m / k) * bits + if rest > 0 { radix_group(r, rest).1 } else { 0 }
+            }
+        }
+    }
+}
+
+/// For radix `r` (3..=65): how many digits a group holds (the most, up to `most`, whose
+/// `r^k` fits 32 bits) and its bits (those of `r^k − 1`).
+fn radix_group(r: u64, most: usize) -> (usize, usize) {
+    let (mut k, mut pow) = (0usize, 1u64);
+    while k < most && pow * r <= 1 << 32 {
+        pow *= r;
+        k += 1;
+    }
+    (k, (64 - (pow - 1).leading_zeros()) as usize)
+}
+
 /// A packed column's plan: offsets from the smallest residual, divided by their common factor,
-/// in `width` bits each, wider ones patched.
+/// packed, offsets too large for the packing patched.
 struct Packed {
     base: i64,
     factor: u64,
-    width: u32,
+    packing: Packing,
     offsets: Vec<u64>,
     /// Estimated bits, to compare orders.
     bits: usize,
@@ -229,36 +339,90 @@ fn plan(res: &[i64]) -> Packed {
             (width, best) = (w, bits);
         }
     }
+    let mut packing = Packing::Bits(width as u32);
+    // Offsets in a range that is not a power of two (a jitter of ±1 s in whole seconds: 3
+    // values, 2 bits each, 1.6 in base 3): a radix just above the largest offset, or above the
+    // few largest, which become exceptions.
+    if longest <= 7 && offsets.len() > 1 {
+        // The four largest offsets, largest first.
+        let mut top = [0u64; 4];
+        for &o in &offsets {
+            if o > top[3] {
+                let at = top.iter().position(|&t| o > t).expect("o > top[3]");
+                top.copy_within(at..3, at + 1);
+                top[at] = o;
+            }
+        }
+        for exceptions in 0..4.min(offsets.len()) {
+            let r = top[exceptions] + 1;
+            if !(3..=RADIX_MAX).contains(&r) || r.is_power_of_two() {
+                continue;
+            }
+            let p = Packing::Radix(r);
+            let mut bits = p.packed_bits(offsets.len());
+            for &o in &top[..exceptions] {
+                bits += index_bits + varint_bits(o / r);
+            }
+            if bits < best {
+                (packing, best) = (p, bits);
+            }
+        }
+    }
     let overhead = varint_bits(((base << 1) ^ (base >> 63)) as u64) + varint_bits(factor) + 7 + 8;
-    Packed { base, factor, width: width as u32, offsets, bits: best + overhead }
+    Packed { base, factor, packing, offsets, bits: best + overhead }
 }
 
 /// Writes an integer column: the order (2 bits), its heads as zig-zag varints, then the packed
 /// residuals (see `docs/format/chunks.md`).
 fn write_ints(w: &mut BitWriter, xs: &[i64]) {
-    let (order, packed) = (0..=ORDER_MAX.min(xs.len().saturating_sub(1)))
-        .map(|k| {
-            let p = plan(&residuals(xs, k));
-            let head_bits: usize =
-                column_heads(xs, k).iter().map(|&h| varint_bits(((h << 1) ^ (h >> 63)) as u64)).sum();
-            (k, p, head_bits)
-        })
-        .min_by_key(|(_, p, head_bits)| p.bits + head_bits)
-        .map(|(k, p, _)| (k, p))
+    let try_order = |k: usize, step: i64| {
+        let p = plan(&residuals(xs, k, step));
+        let head_bits: usize =
+            column_heads(xs, k, step).iter().map(|&h| varint_bits(((h << 1) ^ (h >> 63)) as u64)).sum();
+        (p.bits + head_bits, k, step, p)
+    };
+    let mut best = (0..=2.min(xs.len().saturating_sub(1)))
+        .map(|k| try_order(k, 0))
+        .min_by_key(|c| c.0)
         .expect("order 0 is always possible");
+    // Off a line only when the orders so far pack anything: an exact grid (no bits per value)
+    // is as small as a column gets.
+    let exact = best.3.packing == Packing::Bits(0) && best.3.offsets.iter().all(|&o| o == 0);
+    if xs.len() >= 3 && !exact {
+        for step in line_steps(xs) {
+            let c = try_order(ORDER_LINE, step);
+            if c.0 < best.0 {
+                best = c;
+            }
+        }
+    }
+    let (_, order, step, packed) = best;
     w.write_bits(order as u64, 2);
-    for h in column_heads(xs, order) {
+    for h in column_heads(xs, order, step) {
         w.write_varint(h);
     }
     w.write_varint(packed.base);
     w.write_uvarint(packed.factor);
-    w.write_bits(packed.width as u64, 7);
-    let high = |o: u64| if packed.width >= 64 { 0 } else { o >> packed.width };
+    w.write_bits(packed.packing.code() as u64, 7);
+    let modulus = packed.packing.modulus();
+    let high = |o: u64| modulus.map_or(0, |m| o / m);
+    let low = |o: u64| modulus.map_or(o, |m| o % m);
     let exceptions = packed.offsets.iter().filter(|&&o| high(o) != 0).count();
     w.write_uvarint(exceptions as u64);
-    let mask = if packed.width >= 64 { u64::MAX } else { (1u64 << packed.width) - 1 };
-    for &o in &packed.offsets {
-        w.write_bits(o & mask, packed.width);
+    match packed.packing {
+        Packing::Bits(width) => {
+            for &o in &packed.offsets {
+                w.write_bits(low(o), width);
+            }
+        }
+        Packing::Radix(r) => {
+            let (k, _) = radix_group(r, SAMPLES_MAX);
+            for group in packed.offsets.chunks(k) {
+                // Little-endian digits: the first offset is the lowest.
+                let value = group.iter().rev().fold(0u64, |acc, &o| acc * r + low(o));
+                w.write_bits(value, radix_group(r, group.len()).1 as u32);
+            }
+        }
     }
     let mut prev = 0;
     for (j, &o) in packed.offsets.iter().enumerate() {
@@ -291,10 +455,10 @@ fn read_exception_index(
 /// The fields of an integer column before its packed offsets.
 struct IntsHeader {
     order: usize,
-    heads: [i64; ORDER_MAX],
+    heads: [i64; HEADS_MAX],
     base: i64,
     factor: u64,
-    width: u32,
+    packing: Packing,
     exceptions: usize,
 }
 
@@ -303,52 +467,82 @@ struct IntsHeader {
 fn read_ints_header(r: &mut BitReader, data: &[u8], n: usize) -> Result<IntsHeader, ChunkError> {
     let ends = || corrupt("integer column ends early");
     let order = r.read_bits(data, 2).ok_or_else(ends)? as usize;
-    if order > ORDER_MAX || order > n.saturating_sub(1) {
+    let fits = if order == ORDER_LINE { n >= 2 } else { order < n.max(1) };
+    if !fits {
         return Err(corrupt("integer column order out of range"));
     }
-    let mut heads = [0i64; ORDER_MAX];
-    for h in heads.iter_mut().take(order) {
+    let mut heads = [0i64; HEADS_MAX];
+    for h in heads.iter_mut().take(head_count(order)) {
         *h = r.read_varint(data).ok_or_else(ends)?;
     }
     let base = r.read_varint(data).ok_or_else(ends)?;
     let factor = r.read_uvarint(data).ok_or_else(ends)?;
-    let width = r.read_bits(data, 7).ok_or_else(ends)? as u32;
-    if width > 64 {
-        return Err(corrupt("packed width over 64 bits"));
+    let packing = Packing::from_code(r.read_bits(data, 7).ok_or_else(ends)? as u32);
+    if let Packing::Radix(radix) = packing {
+        if radix < 3 {
+            return Err(corrupt("packing radix below 3"));
+        }
     }
     let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
-    if exceptions > n - order {
+    if exceptions > residual_count(order, n) {
         return Err(corrupt("more exceptions than values"));
     }
-    if exceptions > 0 && width >= 64 {
+    if exceptions > 0 && packing.modulus().is_none() {
         return Err(corrupt("exceptions in a 64-bit column"));
     }
-    Ok(IntsHeader { order, heads, base, factor, width, exceptions })
+    Ok(IntsHeader { order, heads, base, factor, packing, exceptions })
+}
+
+/// `v / d` for `v` below 2^32 and `d` in 3..=65, by multiplying with `reciprocal(d)`: exact,
+/// as `d < 2^8` (the error `v × (M·d − 2^40) / (d · 2^40)` stays under `1/d`).
+#[inline(always)]
+fn divide(v: u64, d: u64, reciprocal: u64) -> u64 {
+    debug_assert!(v < 1 << 32 && (3..=RADIX_MAX).contains(&d));
+    ((v as u128 * reciprocal as u128) >> 40) as u64
+}
+
+fn reciprocal(d: u64) -> u64 {
+    (1u64 << 40).div_ceil(d)
 }
 
 /// Reads an integer column of `n` values written by `write_ints` into `out`.
 fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
     let ends = || corrupt("integer column ends early");
     out.clear();
-    let IntsHeader { order, heads, base, factor, width, exceptions } = read_ints_header(r, data, n)?;
-    let m = n - order;
+    let IntsHeader { order, heads, base, factor, packing, exceptions } = read_ints_header(r, data, n)?;
+    let m = residual_count(order, n);
+    let first = n - m;
     // Packed offsets first, in `out` (as u64 bits), then patched and turned into values.
     out.reserve(n);
-    out.extend(heads.iter().take(order));
-    for _ in 0..m {
-        out.push(r.read_bits_unchecked(data, width) as i64);
+    out.extend(heads.iter().take(first));
+    match packing {
+        Packing::Bits(width) => {
+            for _ in 0..m {
+                out.push(r.read_bits_unchecked(data, width) as i64);
+            }
+        }
+        Packing::Radix(radix) => unpack_radix(r, data, radix, m, out),
     }
     if r.overran(data) {
         return Err(ends());
     }
+    let modulus = packing.modulus().unwrap_or(0);
     let mut j = 0usize;
     for x in 0..exceptions {
         j = read_exception_index(r, data, x, j, m)?;
         let high = r.read_uvarint(data).ok_or_else(ends)?;
-        out[order + j] |= (high << width) as i64;
+        out[first + j] = (out[first + j] as u64).wrapping_add(high.wrapping_mul(modulus)) as i64;
     }
-    for o in &mut out[order..] {
+    for o in &mut out[first..] {
         *o = base.wrapping_add((*o as u64).wrapping_mul(factor) as i64);
+    }
+    if order == ORDER_LINE {
+        // The first value is the head; the others lie `residual` off the line.
+        let (x0, step) = (heads[0], heads[1]);
+        for (j, x) in out.iter_mut().enumerate().skip(1) {
+            *x = x0.wrapping_add((j as i64).wrapping_mul(step)).wrapping_add(*x);
+        }
+        return Ok(());
     }
     // Undo the differencing: deltas of deltas into deltas (from the first delta), then values.
     if order == 2 {
@@ -368,14 +562,34 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     Ok(())
 }
 
+/// Appends `m` base-`radix` digits, read a group at a time, to `out`. Kept out of `read_ints`
+/// so that its loop over bit-packed offsets (most columns) stays as tight as before radixes.
+#[inline(never)]
+fn unpack_radix(r: &mut BitReader, data: &[u8], radix: u64, m: usize, out: &mut Vec<i64>) {
+    let (k, bits) = radix_group(radix, SAMPLES_MAX);
+    let inverse = reciprocal(radix);
+    let mut left = m;
+    while left > 0 {
+        let digits = left.min(k);
+        let group_bits = if digits == k { bits } else { radix_group(radix, digits).1 };
+        // At most 32 bits (`radix_group`), as `divide` needs.
+        let mut v = r.read_bits_unchecked(data, group_bits as u32);
+        for _ in 0..digits {
+            let q = divide(v, radix, inverse);
+            out.push((v - q * radix) as i64);
+            v = q;
+        }
+        left -= digits;
+    }
+}
+
 /// Moves past an integer column of `n` values written by `write_ints`, checking its header
 /// and exception list as `read_ints` does but unpacking nothing.
 fn skip_ints(r: &mut BitReader, data: &[u8], n: usize) -> Result<(), ChunkError> {
     let ends = || corrupt("integer column ends early");
-    let IntsHeader { order, width, exceptions, .. } = read_ints_header(r, data, n)?;
-    let m = n - order;
-    let width = width as usize;
-    r.skip(data, m * width);
+    let IntsHeader { order, packing, exceptions, .. } = read_ints_header(r, data, n)?;
+    let m = residual_count(order, n);
+    r.skip(data, packing.packed_bits(m));
     if r.overran(data) {
         return Err(ends());
     }

@@ -91,6 +91,44 @@ fn jittered_and_gapped_timestamps_round_trip_compactly() {
 }
 
 #[test]
+fn whole_second_jitter_is_coded_off_a_line_in_base_3() {
+    // Carbon senders: a point every 10 s, whole seconds, each up to a second early or late. As
+    // deltas that is 5 values (3 bits each); off the line `t0 + j × 10 s` it is 3 (a base-3
+    // digit, 1.6 bits).
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let samples: Vec<Sample> = (0..60)
+        .map(|j| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Sample::new(1_795_332_570_000 + 10_000 * j + 1000 * ((x % 3) as i64 - 1), 1.0)
+        })
+        .collect();
+    let bytes = assert_round_trip(&samples);
+    let mut r = BitReader::new(HEADER_BYTES);
+    let header = read_ints_header(&mut r, &bytes, samples.len()).unwrap();
+    assert_eq!((header.order, header.factor, header.packing), (ORDER_LINE, 1000, Packing::Radix(3)));
+    // 59 digits in base 3: 2 groups of 20 (32 bits each) and one of 19 (31 bits), 12 bytes;
+    // the heads, the column fields and the constant values about 20 more.
+    assert!(bytes.len() <= 3 + 12 + 24, "{} bytes", bytes.len());
+}
+
+#[test]
+fn radix_groups_fill_32_bits() {
+    assert_eq!(radix_group(3, SAMPLES_MAX), (20, 32));
+    assert_eq!(radix_group(3, 19), (19, 31));
+    assert_eq!(radix_group(5, SAMPLES_MAX), (13, 31));
+    assert_eq!(radix_group(65, SAMPLES_MAX), (5, 31));
+    assert_eq!(radix_group(100 - 35, 1), (1, 7));
+    for d in 3..=RADIX_MAX {
+        let inverse = reciprocal(d);
+        for v in [0u64, 1, d - 1, d, d + 1, (1 << 32) - 1, (1 << 32) - d, 123_456_789] {
+            assert_eq!(divide(v, d, inverse), v / d, "{v} / {d}");
+        }
+    }
+}
+
+#[test]
 fn special_values_are_exceptions_in_a_decimal_chunk() {
     let specials = [f64::from_bits(STALE_NAN_BITS), f64::NAN, -0.0, f64::INFINITY, f64::NEG_INFINITY, 1e300, 0.1 + 0.2];
     let samples = scrape(120, |j| if j % 17 == 3 { specials[j / 17 % specials.len()] } else { j as f64 / 4.0 });
@@ -176,6 +214,38 @@ proptest! {
         assert_round_trip(&samples);
     }
 
+    /// Integer columns in every order and packing: offsets in small ranges (radixes), a few
+    /// outliers (exceptions over a radix or a width), lines with jitter, and wide values.
+    #[test]
+    fn integer_columns_round_trip(
+        start in any::<i64>(),
+        step in prop_oneof![Just(0i64), -3i64..3, 1i64..100_000, any::<i64>()],
+        range in 1u64..70,
+        jitter in prop::collection::vec(any::<u64>(), 1..241),
+        outliers in prop::collection::vec((any::<prop::sample::Index>(), any::<i64>()), 0..4),
+        scale in prop_oneof![Just(1i64), Just(1000i64)],
+    ) {
+        let mut xs: Vec<i64> = jitter
+            .iter()
+            .enumerate()
+            .map(|(j, r)| start.wrapping_add((j as i64).wrapping_mul(step)).wrapping_add((r % range) as i64 * scale))
+            .collect();
+        for (i, v) in &outliers {
+            let at = i.index(xs.len());
+            xs[at] = *v;
+        }
+        let mut w = BitWriter::with_bytes(Vec::new());
+        write_ints(&mut w, &xs);
+        let bytes = w.into_bytes();
+        let mut back = Vec::new();
+        let mut r = BitReader::new(0);
+        read_ints(&mut r, &bytes, xs.len(), &mut back).unwrap();
+        prop_assert_eq!(&back, &xs);
+        let mut r2 = BitReader::new(0);
+        skip_ints(&mut r2, &bytes, xs.len()).unwrap();
+        prop_assert_eq!(r2.pos(), r.pos());
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..400), count in any::<u16>()) {
         let mut bytes = vec![Encoding::Dense as u8];
@@ -200,7 +270,7 @@ fn doc_example_bytes() {
     ];
     let bytes = assert_round_trip(&samples);
     let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let expected = "05 00 04 74 03 f4 03 c0 40 80 10 00 20 10 37 ff 00 00 00 00 00 00 22 b0 08 64 18 00 96 80";
+    let expected = "05 00 04 74 03 f4 03 c0 40 80 10 00 20 10 37 ff 00 00 00 00 00 00 22 b0 08 66 20 05 04";
     assert_eq!(hex.join(" "), expected);
     let doc = include_str!("../../../../../docs/format/chunks.md");
     assert!(doc.contains(expected), "docs/format/chunks.md shows other bytes");
