@@ -8,6 +8,7 @@
 //! needs no sort.
 
 mod symbols;
+mod table;
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -51,6 +52,8 @@ pub const INDEX_FILE: &str = "index";
 
 use symbols::SymbolTable;
 pub use symbols::SYMBOL_GROUP;
+pub use table::TABLE_RESTART;
+use table::{PostingsTable, TableEntry};
 
 /// A chunk as the index describes it: its time range (inclusive) and where it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,39 +278,15 @@ impl IndexWriter {
 
         let mut keys: Vec<(u32, u32)> = self.postings.keys().copied().collect();
         keys.sort_unstable();
-        let mut table = Vec::new();
-        put_uvarint(&mut table, keys.len() as u64);
-        let mut prev: Option<(u32, u32)> = None;
-        // The series of the last pair of this name held by one series.
-        let mut prev_single = 0u32;
+        let mut rows = Vec::with_capacity(keys.len());
         for k in keys {
             let ids = self.postings.remove(&k).expect("key from the map");
-            if prev.is_none_or(|p| p.0 != k.0) {
-                prev_single = 0;
-            }
-            // A pair held by one series (a Graphite path, a pod's name) points at it directly,
-            // as the distance from the last such series of the name (the next path's series is
-            // the next series: a byte).
-            let target = if let [id] = ids[..] {
-                let gap = (id as i64) - (prev_single as i64);
-                prev_single = id;
-                (((gap << 1) ^ (gap >> 63)) as u64) << 1 | 1
-            } else {
-                self.postings_list(&ids)? << 1
-            };
-            match prev {
-                Some((name, value)) if name == k.0 => {
-                    put_uvarint(&mut table, 0);
-                    put_uvarint(&mut table, (k.1 - value - 1) as u64);
-                }
-                _ => {
-                    put_uvarint(&mut table, (k.0 - prev.map_or(0, |p| p.0)) as u64);
-                    put_uvarint(&mut table, k.1 as u64);
-                }
-            }
-            put_uvarint(&mut table, target);
-            prev = Some(k);
+            // A pair held by one series (a Graphite path, a pod's name) points at it directly.
+            let target = if let [id] = ids[..] { (id as u64) << 1 | 1 } else { self.postings_list(&ids)? << 1 };
+            rows.push(TableEntry { name: k.0, value: k.1, target });
         }
+        let mut table = Vec::new();
+        table::encode(&rows, &mut table);
         let table_at = self.pos;
         self.section(&table)?;
         let mut toc = Vec::with_capacity(TOC_BYTES);
@@ -321,15 +300,6 @@ impl IndexWriter {
         f.0.sync_data().map_err(io_err("fsync", &self.path))?;
         Ok(self.pos)
     }
-}
-
-/// One row of the postings table: a label pair as symbol ids and where its series are.
-#[derive(Clone, Copy, Debug)]
-struct TableEntry {
-    name: u32,
-    value: u32,
-    /// `offset << 1` of the pair's postings list, or `id << 1 | 1` of the one series that has it.
-    target: u64,
 }
 
 /// A page of series entries (version 3): its bytes in the file, the chunk ref its entries' first
@@ -358,7 +328,7 @@ pub struct IndexFile {
     path: PathBuf,
     map: Bytes,
     symbols: SymbolTable,
-    table: Vec<TableEntry>,
+    table: PostingsTable,
     /// Version 1 and 2: the offset of the list of all series.
     all_postings: u64,
     /// Version 3: the series pages, and one bit per page set once its CRC has been checked.
@@ -414,7 +384,7 @@ impl IndexFile {
             path: path.to_owned(),
             map,
             symbols,
-            table: Vec::new(),
+            table: PostingsTable::Rows(Vec::new()),
             all_postings: postings_or_pages,
             pages: Vec::new(),
             checked: Vec::new(),
@@ -427,58 +397,13 @@ impl IndexFile {
             ix.read_pages(series_at, postings_or_pages).map_err(|e| fail(&format!("series page table: {e}")))?;
         }
 
-        let (_, body) = ix.section(table_at).map_err(|e| fail(&format!("postings table: {e}")))?;
-        let mut d = Decoder::new(body);
-        let mut table = Vec::new();
-        let mut read = || -> Result<(), crate::encoding::DecodeError> {
-            let n = d.uvarint("postings table count")?;
-            let mut prev: Option<TableEntry> = None;
-            let mut prev_single = 0u64;
-            for _ in 0..n {
-                let (name, value, target) = if version < 3 {
-                    let name = d.uvarint("label name symbol")?;
-                    let value = d.uvarint("label value symbol")?;
-                    (name, value, d.uvarint("postings offset")?.saturating_mul(2))
-                } else {
-                    // Names as deltas; a value after one of the same name as the gap less one.
-                    let name_delta = d.uvarint("label name delta")?;
-                    let value = d.uvarint("label value symbol")?;
-                    let mut target = d.uvarint("postings target")?;
-                    let (name, value) = match prev {
-                        Some(p) if name_delta == 0 => {
-                            (p.name as u64, (p.value as u64).saturating_add(value).saturating_add(1))
-                        }
-                        _ => {
-                            prev_single = 0;
-                            (prev.map_or(0, |p| p.name as u64).saturating_add(name_delta), value)
-                        }
-                    };
-                    if target & 1 == 1 {
-                        // One series: its distance (zig-zag) from the name's last such series.
-                        let zigzag = target >> 1;
-                        let gap = (zigzag >> 1) as i64 ^ -((zigzag & 1) as i64);
-                        prev_single = prev_single.wrapping_add(gap as u64) & u32::MAX as u64;
-                        target = prev_single << 1 | 1;
-                    }
-                    (name, value, target)
-                };
-                if name >= nsym || value >= nsym {
-                    return Err(crate::encoding::DecodeError {
-                        what: "postings table",
-                        offset: d.offset(),
-                        problem: "refers to a symbol that does not exist",
-                    });
-                }
-                let e = TableEntry { name: name as u32, value: value as u32, target };
-                table.push(e);
-                prev = Some(e);
-            }
-            Ok(())
-        };
-        read().map_err(|e| fail(&format!("postings table: {e}")))?;
-        if !table.windows(2).all(|w| (w[0].name, w[0].value) < (w[1].name, w[1].value)) {
-            return Err(fail("postings table is not sorted"));
+        let (start, body) = ix.section(table_at).map_err(|e| fail(&format!("postings table: {e}")))?;
+        let table = if version < 3 {
+            PostingsTable::parse_whole(body, nsym as usize)
+        } else {
+            PostingsTable::parse_in_place(start, body, nsym as usize)
         }
+        .map_err(|e| fail(&format!("postings table: {e}")))?;
         ix.table = table;
         Ok(ix)
     }
@@ -762,20 +687,19 @@ impl IndexFile {
     }
 
     /// Rows of the postings table for label `name`.
-    fn name_range(&self, name: &str) -> &[TableEntry] {
-        let Some(id) = self.lookup_symbol(name) else { return &[] };
-        let lo = self.table.partition_point(|e| e.name < id);
-        let hi = self.table.partition_point(|e| e.name <= id);
-        &self.table[lo..hi]
+    fn name_rows(&self, name: &str) -> std::ops::Range<usize> {
+        match self.lookup_symbol(name) {
+            Some(id) => self.table.name_rows(id),
+            None => 0..0,
+        }
     }
 
     /// Postings of `name=value`; `Ok(None)` when no series has the pair.
     pub fn postings(&self, name: &str, value: &str) -> Result<Option<MmapPostings>, String> {
-        let Some(v) = self.lookup_symbol(value) else { return Ok(None) };
-        let range = self.name_range(name);
-        match range.binary_search_by_key(&v, |e| e.value) {
-            Ok(i) => self.postings_of(range[i].target).map(Some),
-            Err(_) => Ok(None),
+        let (Some(n), Some(v)) = (self.lookup_symbol(name), self.lookup_symbol(value)) else { return Ok(None) };
+        match self.table.find(&self.map, n, v) {
+            Some(e) => self.postings_of(e.target).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -786,19 +710,28 @@ impl IndexFile {
         prefix: &str,
         accept: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<MmapPostings>, String> {
-        let range = self.name_range(name);
-        // Values are sorted as strings (symbol ids follow string order): skip to the prefix.
-        let from = if prefix.is_empty() { 0 } else { range.partition_point(|e| *self.symbol(e.value) < *prefix) };
-        let rows = &range[from..];
-        let rows = if prefix.is_empty() {
-            rows
-        } else {
-            &rows[..rows.partition_point(|e| self.symbol(e.value).starts_with(prefix))]
+        let rows = self.name_rows(name);
+        // Values are sorted as strings (symbol ids follow string order): the prefix's are
+        // together, found by bisecting the rows (a probe decodes at most a restart's worth).
+        let value = |r: usize| self.symbol(self.table.rows(&self.map, r..r + 1).next().map_or(0, |e| e.value));
+        let bisect = |mut lo: usize, mut hi: usize, before: &dyn Fn(&str) -> bool| {
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if before(&value(mid)) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
         };
+        let from = if prefix.is_empty() { rows.start } else { bisect(rows.start, rows.end, &|v| v < prefix) };
+        let to = if prefix.is_empty() { rows.end } else { bisect(from, rows.end, &|v| v.starts_with(prefix)) };
+        let mut taken = Vec::with_capacity(to - from);
+        self.symbols
+            .for_each(&self.map, self.table.rows(&self.map, from..to).map(|e| e.value), |_, v| taken.push(accept(v)));
         let mut out = Vec::new();
-        let mut taken = Vec::with_capacity(rows.len());
-        self.symbols.for_each(&self.map, rows.iter().map(|e| e.value), |_, v| taken.push(accept(v)));
-        for (e, take) in rows.iter().zip(taken) {
+        for (e, take) in self.table.rows(&self.map, from..to).zip(taken) {
             if take {
                 out.push(self.postings_of(e.target)?);
             }
@@ -808,29 +741,22 @@ impl IndexFile {
 
     /// Label names, sorted.
     pub fn label_names(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        let mut last = None;
-        for e in &self.table {
-            if last != Some(e.name) {
-                out.push(self.symbol(e.name).into_owned());
-                last = Some(e.name);
-            }
-        }
-        out
+        self.table.names().into_iter().map(|n| self.symbol(n).into_owned()).collect()
     }
 
     /// Values of label `name`, sorted.
     pub fn label_values(&self, name: &str) -> Vec<String> {
-        let range = self.name_range(name);
-        let mut out = Vec::with_capacity(range.len());
-        self.symbols.for_each(&self.map, range.iter().map(|e| e.value), |_, v| out.push(v.to_owned()));
+        let rows = self.name_rows(name);
+        let mut out = Vec::with_capacity(rows.len());
+        self.symbols
+            .for_each(&self.map, self.table.rows(&self.map, rows).map(|e| e.value), |_, v| out.push(v.to_owned()));
         out
     }
 
     /// `(name, value, series count)` for every label pair (for `analyze`).
     pub fn pair_counts(&self) -> Vec<(String, String, usize)> {
         self.table
-            .iter()
+            .rows(&self.map, 0..self.table.len())
             .map(|e| {
                 let len = self.postings_of(e.target).map_or(0, |p| p.len());
                 (self.symbol(e.name).into_owned(), self.symbol(e.value).into_owned(), len)
