@@ -76,6 +76,8 @@ pub struct ChunkMetaRef {
 pub struct ReadCache {
     strings: HashSet<Arc<str>, foldhash::fast::RandomState>,
     position: Option<PagePosition>,
+    /// Symbol cursors (version 3) by label position: a name's and a value's for each.
+    symbols: Vec<symbols::SymbolCursor>,
 }
 
 /// The entry after the last series read: in page `page` of the index opened as `file`, entry
@@ -91,14 +93,19 @@ struct PagePosition {
 /// Numbers opened indexes, so a `ReadCache` position is never taken for another file's.
 static INDEX_FILES_OPENED: AtomicU64 = AtomicU64::new(0);
 
+/// The shared string for `s` in `strings`, added if new.
+fn intern(strings: &mut HashSet<Arc<str>, foldhash::fast::RandomState>, s: &str) -> Arc<str> {
+    if let Some(a) = strings.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = Arc::from(s);
+    strings.insert(a.clone());
+    a
+}
+
 impl ReadCache {
     pub fn intern(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.strings.get(s) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(s);
-        self.strings.insert(a.clone());
-        a
+        intern(&mut self.strings, s)
     }
 
     /// Makes `a` the shared string for its text, unless one is shared already (so label sets
@@ -597,7 +604,22 @@ impl IndexFile {
         for _ in 0..n {
             let name = d.uvarint("label name symbol")? as u32;
             let value = d.uvarint("label value symbol")? as u32;
-            labels.push(Label { name: cache.intern(&self.symbol(name)), value: cache.intern(&self.symbol(value)) });
+            let (name, value) = if self.version >= 3 {
+                // Series in label order repeat or advance each position's strings.
+                let i = labels.len();
+                if cache.symbols.len() < 2 * (i + 1) {
+                    cache.symbols.resize_with(2 * (i + 1), Default::default);
+                }
+                let ReadCache { strings, symbols, .. } = cache;
+                let (name_cursor, value_cursor) = symbols[2 * i..].split_at_mut(1);
+                (
+                    intern(strings, self.symbols.get_via(&self.map, self.opened, name, &mut name_cursor[0])),
+                    intern(strings, self.symbols.get_via(&self.map, self.opened, value, &mut value_cursor[0])),
+                )
+            } else {
+                (cache.intern(&self.symbol(name)), cache.intern(&self.symbol(value)))
+            };
+            labels.push(Label { name, value });
         }
         Ok(Some(Labels::from_sorted_unchecked(labels)))
     }

@@ -198,6 +198,54 @@ impl SymbolTable {
     }
 }
 
+/// Where the last symbol read through it was: a reader of series in label order asks for the
+/// same or the next symbol at each label position (the next path, the same job), which then
+/// costs one front-coded step, not a walk from its group's start.
+#[derive(Debug, Default, Clone)]
+pub(super) struct SymbolCursor {
+    /// The opening of the index (`IndexFile::opened`) and the symbol in `buf`; `None`: nothing.
+    at: Option<(u64, u32)>,
+    /// Where the entry after it starts, in the mapped file.
+    next: usize,
+    buf: Vec<u8>,
+}
+
+impl SymbolTable {
+    /// Symbol `id` of the index opened as `file`, through `cursor`: from the symbol it holds when
+    /// that is in the same group and not after `id`.
+    pub(super) fn get_via<'c>(&self, map: &[u8], file: u64, id: u32, cursor: &'c mut SymbolCursor) -> &'c str {
+        let SymbolTable::FrontCoded { groups, .. } = self else {
+            cursor.buf.clear();
+            cursor.buf.extend_from_slice(self.get(map, id).as_bytes());
+            cursor.at = None;
+            return utf8(&cursor.buf);
+        };
+        let group = id as usize / SYMBOL_GROUP;
+        let from = match cursor.at {
+            Some((f, last)) if f == file && last as usize / SYMBOL_GROUP == group && last <= id => Some(last),
+            _ => None,
+        };
+        // The decoder reads from `base` of the file.
+        let (base, mut d, mut k) = match from {
+            Some(last) => (cursor.next, Decoder::new(&map[cursor.next..]), last),
+            None => {
+                let base = groups[group] as usize;
+                let mut d = Decoder::new(&map[base..]);
+                cursor.buf.clear();
+                cursor.buf.extend_from_slice(front_first(&mut d));
+                (base, d, (group * SYMBOL_GROUP) as u32)
+            }
+        };
+        while k < id {
+            front_next(&mut d, &mut cursor.buf);
+            k += 1;
+        }
+        cursor.next = base + d.offset();
+        cursor.at = Some((file, id));
+        utf8(&cursor.buf)
+    }
+}
+
 /// A group's first entry (checked when the table was opened, so read without errors).
 fn front_first<'a>(d: &mut Decoder<'a>) -> &'a [u8] {
     let len = d.uvarint("symbol length").unwrap_or(0);
@@ -247,6 +295,13 @@ mod tests {
             }
             for p in &probes {
                 prop_assert_eq!(t.lookup(&body, p), symbols.iter().position(|s| s == p).map(|i| i as u32));
+            }
+            // Through a cursor, in any order of ids: the same strings.
+            let mut cursor = SymbolCursor::default();
+            for &i in probes.iter().map(|p| p.len() % symbols.len().max(1)).chain(0..symbols.len()).collect::<Vec<_>>().iter() {
+                if i < symbols.len() {
+                    prop_assert_eq!(t.get_via(&body, 7, i as u32, &mut cursor), symbols[i].as_str());
+                }
             }
             let mut seen = Vec::new();
             t.for_each(&body, (0..symbols.len() as u32).filter(|i| i % 3 != 1), |id, s| seen.push((id, s.to_owned())));
