@@ -749,11 +749,12 @@ impl IndexFile {
         };
         let from = if prefix.is_empty() { rows.start } else { bisect(rows.start, rows.end, &|v| v < prefix) };
         let to = if prefix.is_empty() { rows.end } else { bisect(from, rows.end, &|v| v.starts_with(prefix)) };
-        let mut taken = Vec::with_capacity(to - from);
-        self.symbols
-            .for_each(&self.map, self.table.rows(&self.map, from..to).map(|e| e.value), |_, v| taken.push(accept(v)));
+        // Decoded once: the values' strings are read in order, then the wanted rows' postings.
+        let rows: Vec<TableEntry> = self.table.rows(&self.map, from..to).collect();
+        let mut taken = Vec::with_capacity(rows.len());
+        self.symbols.for_each(&self.map, rows.iter().map(|e| e.value), |_, v| taken.push(accept(v)));
         let mut out = Vec::new();
-        for (e, take) in self.table.rows(&self.map, from..to).zip(taken) {
+        for (e, take) in rows.iter().zip(taken) {
             if take {
                 out.push(self.postings_of(e.target)?);
             }
