@@ -141,13 +141,11 @@ impl SymbolTable {
             }
             SymbolTable::FrontCoded { groups, count } => {
                 // The last group whose first symbol is ≤ s, then a walk through it.
-                let first = |g: usize| front_first(&mut Decoder::new(&map[groups[g] as usize..]));
                 let g =
                     groups.partition_point(|&at| front_first(&mut Decoder::new(&map[at as usize..])) <= s.as_bytes());
                 let g = g.checked_sub(1)?;
                 let mut d = Decoder::new(&map[groups[g] as usize..]);
-                let mut buf = first(g).to_vec();
-                front_first(&mut d);
+                let mut buf = front_first(&mut d).to_vec();
                 let in_group = (*count as usize - g * SYMBOL_GROUP).min(SYMBOL_GROUP);
                 for k in 0..in_group {
                     if k > 0 {
@@ -173,25 +171,11 @@ impl SymbolTable {
                     f(id, &self.get(map, id));
                 }
             }
-            SymbolTable::FrontCoded { groups, .. } => {
-                // The decoder sits after symbol `at` of group `group`, whose string is in `buf`.
-                let mut state: Option<(usize, usize, Decoder<'_>)> = None;
-                let mut buf = Vec::new();
+            SymbolTable::FrontCoded { .. } => {
+                // One cursor for this walk (its file number matters only across calls).
+                let mut cursor = SymbolCursor::default();
                 for id in ids {
-                    let (g, k) = (id as usize / SYMBOL_GROUP, id as usize % SYMBOL_GROUP);
-                    let resume = matches!(&state, Some((sg, sk, _)) if *sg == g && *sk <= k);
-                    if !resume {
-                        let mut d = Decoder::new(&map[groups[g] as usize..]);
-                        buf.clear();
-                        buf.extend_from_slice(front_first(&mut d));
-                        state = Some((g, 0, d));
-                    }
-                    let (_, at, d) = state.as_mut().expect("set above");
-                    while *at < k {
-                        front_next(d, &mut buf);
-                        *at += 1;
-                    }
-                    f(id, utf8(&buf));
+                    f(id, self.get_via(map, 0, id, &mut cursor));
                 }
             }
         }
