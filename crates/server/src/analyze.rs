@@ -133,6 +133,29 @@ pub fn analyze(db: &Db, ulid: Option<&str>, limit: usize) -> Result<String, Stri
         entries
     )
     .unwrap();
+    let per_series = |b: u64| b as f64 / block.meta().stats.num_series.max(1) as f64;
+    let files = strata_tsdb::block::dir_bytes(block.dir());
+    let chunks = strata_tsdb::block::dir_bytes(&block.dir().join("chunks"));
+    let index = ix.bytes();
+    writeln!(
+        out,
+        "bytes: {files} in all: chunks {chunks}, index {index} ({:.1} per series), other files {}",
+        per_series(index),
+        files.saturating_sub(chunks + index)
+    )
+    .unwrap();
+    if let Some(s) = ix.section_sizes() {
+        writeln!(
+            out,
+            "index bytes per series: symbols {:.1}, series entries {:.1}, page table {:.1}, postings lists {:.1}, postings table {:.1}",
+            per_series(s.symbols),
+            per_series(s.series),
+            per_series(s.page_table),
+            per_series(s.postings),
+            per_series(s.postings_table)
+        )
+        .unwrap();
+    }
     let mut by_values: Vec<(String, usize)> = values_per_name.iter().map(|(n, c)| (n.to_string(), *c)).collect();
     table(&mut out, "Highest cardinality labels (distinct values)", &mut by_values, limit);
     let mut metrics: Vec<(String, usize)> =

@@ -28,7 +28,7 @@ use parking_lot::RwLock;
 use strata_model::{Matcher, SeriesRef};
 
 pub use chunks::{ChunkBytes, ChunkReader, ChunkRef, GroupCache};
-pub use index::{ChunkMetaRef, IndexFile, MmapPostings, ReadCache};
+pub use index::{ChunkMetaRef, IndexFile, IndexSections, MmapPostings, ReadCache};
 pub use meta::{BlockMeta, BlockStats, Compaction, RollupMeta};
 pub use tombstones::Tombstones;
 pub use writer::{BlockWriter, ChunkInput};

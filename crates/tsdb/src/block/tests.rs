@@ -148,7 +148,14 @@ mod index_round_trip {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
         #[test]
-        fn what_is_written_is_read_back(input in series(), t0 in -1_000_000_000_000i64..2_000_000_000_000) {
+        fn what_is_written_is_read_back(
+            input in series(),
+            t0 in -1_000_000_000_000i64..2_000_000_000_000,
+            // Times in whole seconds or scrape intervals, as carbon and scrapers write them,
+            // make a page's time unit more than a millisecond.
+            unit in prop_oneof![Just(1i64), Just(1000), Just(15_000)],
+        ) {
+            let t0 = t0 - t0.rem_euclid(unit);
             let mut sets: Vec<(Labels, Vec<ChunkMetaRef>)> = Vec::new();
             let mut seen = BTreeSet::new();
             let mut offset = 8u64;
@@ -161,8 +168,8 @@ mod index_round_trip {
                 let metas = chunks
                     .iter()
                     .map(|&(gap, span, bytes)| {
-                        let mint = t + gap as i64;
-                        let maxt = mint + span as i64;
+                        let mint = t + gap as i64 * unit;
+                        let maxt = mint + span as i64 * unit;
                         t = maxt;
                         offset += bytes as u64;
                         ChunkMetaRef { mint, maxt, chunk: ChunkRef::new(1 + (offset >> 29) as u32, (offset & ((1 << 29) - 1)) as u32) }
@@ -190,6 +197,13 @@ mod index_round_trip {
                 prop_assert_eq!(&ix.series(id, &mut got, &mut Default::default()).unwrap(), l);
                 prop_assert_eq!(&got, metas);
             }
+            // In order and backwards through one cache: entries found from the last one read,
+            // and from their page's start, whose first entry the others are relative to.
+            let mut cache = Default::default();
+            for (&id, (l, metas)) in ids.iter().zip(&sets).chain(ids.iter().zip(&sets).rev()) {
+                prop_assert_eq!(&ix.series(id, &mut got, &mut cache).unwrap(), l);
+                prop_assert_eq!(&got, metas);
+            }
             // Every label pair's list holds exactly the series with that pair.
             for (i, (l, _)) in sets.iter().enumerate() {
                 for x in l {
@@ -205,9 +219,9 @@ mod index_round_trip {
     }
 }
 
-/// The worked example of docs/format/block.md, byte for byte: series `{a="ab", x="y"}` and
-/// `{a="ac", x="y"}`, each with one chunk over [1000, 2000], the two chunks of the group at byte
-/// 32 of segment 1.
+/// The worked example of docs/format/block.md, byte for byte: series `{a="ab", x="y"}` with one
+/// chunk over [1000, 2000] and `{a="ac", x="y"}` with one over [3000, 5000], the two chunks of
+/// the group at byte 32 of segment 1.
 #[test]
 fn index_bytes_match_the_format_document() {
     use std::sync::Arc;
@@ -215,12 +229,23 @@ fn index_bytes_match_the_format_document() {
     let path = tmp.path().join("index");
     let symbols: Vec<Arc<str>> = ["a", "ab", "ac", "x", "y"].into_iter().map(Arc::from).collect();
     let mut w = index::IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
-    let chunk = |place: u32| ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 0x100 + place) };
-    w.add_series(&Labels::from_pairs([("a", "ab"), ("x", "y")]), &[chunk(0)]).unwrap();
-    w.add_series(&Labels::from_pairs([("a", "ac"), ("x", "y")]), &[chunk(1)]).unwrap();
+    let chunk = |place: u32, mint, maxt| ChunkMetaRef { mint, maxt, chunk: ChunkRef::new(1, 0x100 + place) };
+    let series = [
+        (Labels::from_pairs([("a", "ab"), ("x", "y")]), chunk(0, 1000, 2000)),
+        (Labels::from_pairs([("a", "ac"), ("x", "y")]), chunk(1, 3000, 5000)),
+    ];
+    for (labels, c) in &series {
+        w.add_series(labels, &[*c]).unwrap();
+    }
     w.finish().unwrap();
     let got: Vec<String> = std::fs::read(&path).unwrap().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(got, doc_example_hex("block.md", "index-example"), "index bytes:\n{}", got.join(" "));
+    let ix = IndexFile::open(&crate::vfs::OsFs, &path).unwrap();
+    let mut chunks = Vec::new();
+    for (id, (labels, c)) in series.iter().enumerate().rev() {
+        assert_eq!(&ix.series(SeriesRef(id as u64), &mut chunks, &mut index::ReadCache::default()).unwrap(), labels);
+        assert_eq!(chunks, [*c]);
+    }
 }
 
 /// The bytes of the worked example after `<!-- marker -->` in `docs/format/<file>`: the first
@@ -308,6 +333,30 @@ fn version_2_indexes_are_still_read() {
     let mut p = ix.postings("a", "b").unwrap().unwrap();
     assert_eq!(crate::index::postings::Postings::next(&mut p), Some(id));
     assert_eq!(ix.label_values("a"), ["b"]);
+}
+
+/// The version-3 example of `docs/format/block.md` as it was: such indexes still open and read.
+#[test]
+fn version_3_indexes_are_still_read() {
+    let hex = "53 54 49 58 03 00 00 00 00 00 00 0f 05 01 61 01 01 62 01 01 63 00 01 78 00 01 79 d4 e9 ff 01 09 \
+               02 00 01 03 04 01 00 00 00 09 02 00 02 03 04 01 00 00 02 00 00 00 0d 02 14 80 82 80 80 10 d0 0f \
+               98 bf 52 c5 b4 3b 84 11 00 00 00 03 02 00 00 2f 0b f1 77 00 00 00 0b 03 00 01 01 00 00 05 03 04 \
+               90 01 b9 68 07 61 00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 1f 00 00 00 00 00 00 00 33 00 00 \
+               00 00 00 00 00 53 00 00 00 00 00 00 03 e8 e4 87 5a d7";
+    let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let ix = index::IndexFile::from_bytes(Path::new("v3/index"), bytes::Bytes::from(bytes)).unwrap();
+    let mut chunks = Vec::new();
+    let mut cache = index::ReadCache::default();
+    for (id, value, place) in [(1, "ac", 1), (0, "ab", 0)] {
+        let labels = ix.series(SeriesRef(id), &mut chunks, &mut cache).unwrap();
+        assert_eq!(labels, Labels::from_pairs([("a", value), ("x", "y")]));
+        assert_eq!(chunks, [ChunkMetaRef { mint: 1000, maxt: 2000, chunk: ChunkRef::new(1, 0x100 + place) }]);
+    }
+    let mut p = ix.postings("a", "ac").unwrap().unwrap();
+    assert_eq!(crate::index::postings::Postings::next(&mut p), Some(SeriesRef(1)));
+    let p = ix.postings("x", "y").unwrap().unwrap();
+    assert_eq!(crate::index::postings::expand(Box::new(p)), [SeriesRef(0), SeriesRef(1)]);
+    assert_eq!(ix.label_values("a"), ["ab", "ac"]);
 }
 
 mod packed_postings {

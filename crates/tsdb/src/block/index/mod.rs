@@ -31,14 +31,16 @@ use crate::vfs::{AppendWriter, Vfs};
 pub const MAGIC: u32 = 0x5354_4958;
 /// Version written: front-coded symbols, series numbered from 0 and stored in pages of
 /// `SERIES_PAGE` with one checksum per page, a label pair held by one series pointing at it from
-/// the postings table without a list. Versions 1 and 2 are still read.
-pub const VERSION: u8 = 3;
+/// the postings table without a list (version 3); series entries' label ids relative to their
+/// page's first entry and chunk times in the page's time unit, and the next path of a name as a
+/// one-byte postings table row (version 4). Versions 1 to 3 are still read.
+pub const VERSION: u8 = 4;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
 pub const SERIES_ALIGN: u64 = 8;
 /// Version 1's series alignment.
 pub const SERIES_ALIGN_V1: u64 = 16;
-/// Series per page (version 3): a page is checked once, when first read, and a series is found
+/// Series per page (versions 3 and 4): a page is checked once, when first read, and a series is found
 /// by skipping the entries before it in its page.
 pub const SERIES_PAGE: usize = 32;
 /// Table of contents: five u64 (the offsets of symbols, series, all postings (version 3: the
@@ -53,7 +55,7 @@ pub const INDEX_FILE: &str = "index";
 use symbols::SymbolTable;
 pub use symbols::SYMBOL_GROUP;
 pub use table::TABLE_RESTART;
-use table::{PostingsTable, TableEntry};
+use table::{PostingsTable, RowFormat, TableEntry};
 
 /// A chunk as the index describes it: its time range (inclusive) and where it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +78,14 @@ pub struct ChunkMetaRef {
 pub struct ReadCache {
     strings: HashSet<Arc<str>, foldhash::fast::RandomState>,
     position: Option<PagePosition>,
-    /// Symbol cursors (version 3) by label position: a name's and a value's for each.
+    /// Symbol cursors (versions 3 and 4) by label position: a name's and a value's for each.
     symbols: Vec<symbols::SymbolCursor>,
+    /// Version 4: the label ids of a page's first entry, which the page's other entries are
+    /// written relative to, and which page (of which opened file) they are of.
+    first_labels: Vec<(u32, u32)>,
+    first_of: Option<(u64, usize)>,
+    /// The series being decoded's label ids.
+    ids: Vec<(u32, u32)>,
 }
 
 /// The entry after the last series read: in page `page` of the index opened as `file`, entry
@@ -121,6 +129,10 @@ fn header(version: u8) -> [u8; HEADER_BYTES] {
     super::file_header(MAGIC, version)
 }
 
+/// A series of the open page, as the writer holds it until the page is full: label ids (name,
+/// value) and chunks.
+type PendingSeries = (Vec<(u32, u32)>, Vec<ChunkMetaRef>);
+
 /// Writes an index in one pass: symbols first (the caller knows them all up front), then series
 /// in label order a page at a time, then the page table, then postings accumulated meanwhile.
 #[derive(Debug)]
@@ -132,11 +144,10 @@ pub struct IndexWriter {
     series_start: u64,
     /// Series added so far: the next one's id.
     series: u32,
-    /// The open page: its first byte, its CRC so far and the chunk ref its entries are relative to.
-    page_start: u64,
-    page_crc: u32,
-    page_base: PageBase,
-    /// The page table's rows for the pages closed so far.
+    /// The open page's series (label ids and chunks), written when it is full: its time unit and
+    /// earliest chunk are known only then.
+    page: Vec<PendingSeries>,
+    /// The page table's rows for the pages written so far.
     pages: Vec<u8>,
     postings: HashMap<(u32, u32), Vec<u32>>,
     last: Option<Labels>,
@@ -158,9 +169,7 @@ impl IndexWriter {
             symbols: symbols.iter().enumerate().map(|(i, s)| (s.clone(), i as u32)).collect(),
             series_start: 0,
             series: 0,
-            page_start: 0,
-            page_crc: 0,
-            page_base: PageBase::default(),
+            page: Vec::with_capacity(SERIES_PAGE),
             pages: Vec::new(),
             postings: HashMap::new(),
             last: None,
@@ -201,66 +210,95 @@ impl IndexWriter {
         }
         let id = self.series;
         self.series = id.checked_add(1).expect("over 4 billion series in one block");
-        if (id as usize).is_multiple_of(SERIES_PAGE) {
-            if id > 0 {
-                self.close_page();
-            }
-            self.page_start = self.pos;
-            self.page_base = chunks
-                .first()
-                .map_or(PageBase::default(), |c| PageBase { chunk: c.chunk.0, span: c.maxt.wrapping_sub(c.mint) });
-        }
-        let mut body = std::mem::take(&mut self.buf);
-        body.clear();
-        put_uvarint(&mut body, labels.len() as u64);
+        let mut ids = Vec::with_capacity(labels.len());
         for l in labels {
             let (n, v) = (self.symbol(&l.name), self.symbol(&l.value));
-            put_uvarint(&mut body, n as u64);
-            put_uvarint(&mut body, v as u64);
+            ids.push((n, v));
             self.postings.entry((n, v)).or_default().push(id);
         }
-        put_uvarint(&mut body, chunks.len() as u64);
-        let mut prev: Option<&ChunkMetaRef> = None;
-        for c in chunks {
-            debug_assert!(c.mint <= c.maxt);
-            match prev {
-                None => {
-                    let base = *self.base_time.get_or_insert(c.mint);
-                    put_varint(&mut body, c.mint.wrapping_sub(base));
-                    // Relative to the page's first series: neighbouring series are scraped alike
-                    // (their chunks span about as long) and their chunks follow one another in
-                    // the files, so a byte or two where the span takes three and the ref five.
-                    put_varint(&mut body, c.maxt.wrapping_sub(c.mint).wrapping_sub(self.page_base.span));
-                    put_varint(&mut body, c.chunk.0.wrapping_sub(self.page_base.chunk) as i64);
-                }
-                Some(p) => {
-                    // A series' chunks neither overlap nor go back in the file: both deltas are
-                    // positive, so they take unsigned varints (a byte less than zigzag, often).
-                    assert!(c.mint > p.maxt && c.chunk > p.chunk, "chunks of {labels} overlap or go backwards");
-                    put_uvarint(&mut body, c.mint.wrapping_sub(p.maxt) as u64);
-                    put_uvarint(&mut body, c.maxt.wrapping_sub(c.mint) as u64);
-                    put_uvarint(&mut body, c.chunk.0 - p.chunk.0);
-                }
-            }
-            prev = Some(c);
+        for w in chunks.windows(2) {
+            // A series' chunks neither overlap nor go back in the file: the deltas between them
+            // are positive, so they take unsigned varints (a byte less than zigzag, often).
+            assert!(w[1].mint > w[0].maxt && w[1].chunk > w[0].chunk, "chunks of {labels} overlap or go backwards");
         }
-        let mut head = Vec::with_capacity(10);
-        put_uvarint(&mut head, body.len() as u64);
-        self.page_crc = crc32c::crc32c_append(crc32c::crc32c_append(self.page_crc, &head), &body);
-        self.write(&head)?;
-        self.write(&body)?;
-        self.buf = body;
+        debug_assert!(chunks.iter().all(|c| c.mint <= c.maxt));
+        self.page.push((ids, chunks.to_vec()));
         self.last = Some(labels.clone());
+        if self.page.len() == SERIES_PAGE {
+            self.write_page()?;
+        }
         Ok(())
     }
 
-    /// Ends the open page: its row in the page table.
-    fn close_page(&mut self) {
-        put_uvarint(&mut self.pages, self.pos - self.page_start);
-        put_uvarint(&mut self.pages, self.page_base.chunk);
-        put_varint(&mut self.pages, self.page_base.span);
-        self.pages.extend_from_slice(&self.page_crc.to_be_bytes());
-        self.page_crc = 0;
+    /// Writes the open page's entries and its row of the page table.
+    fn write_page(&mut self) -> Result<()> {
+        let page = std::mem::take(&mut self.page);
+        let Some((_, first_chunks)) = page.first() else { return Ok(()) };
+        // Relative to the page's first series: neighbouring series are scraped alike (their
+        // chunks span about as long) and their chunks follow one another in the files, so a
+        // byte or two where the span takes three and the ref five.
+        let base = first_chunks.first().map_or(PageBase::default(), |c| PageBase {
+            chunk: c.chunk.0,
+            span: c.maxt.wrapping_sub(c.mint),
+            ..PageBase::default()
+        });
+        let firsts = page.iter().filter_map(|(_, c)| c.first());
+        let mint = firsts.clone().map(|c| c.mint).min().unwrap_or(0);
+        let base_time = *self.base_time.get_or_insert(mint);
+        let unit = page_unit(&page, mint, base.span);
+        let base = PageBase { mint, unit, ..base };
+        let start = self.pos;
+        let mut crc = 0;
+        let mut body = std::mem::take(&mut self.buf);
+        let mut head = Vec::with_capacity(10);
+        for (i, (ids, chunks)) in page.iter().enumerate() {
+            body.clear();
+            put_uvarint(&mut body, ids.len() as u64);
+            for (k, &(n, v)) in ids.iter().enumerate() {
+                if i == 0 {
+                    put_uvarint(&mut body, n as u64);
+                    put_uvarint(&mut body, v as u64);
+                } else {
+                    // The first entry's strings at this position, or others close by in order.
+                    let (fn_, fv) = page[0].0.get(k).copied().unwrap_or((0, 0));
+                    put_varint(&mut body, n as i64 - fn_ as i64);
+                    put_varint(&mut body, v as i64 - fv as i64);
+                }
+            }
+            put_uvarint(&mut body, chunks.len() as u64);
+            let mut prev: Option<&ChunkMetaRef> = None;
+            for c in chunks {
+                let span = c.maxt.wrapping_sub(c.mint);
+                match prev {
+                    None => {
+                        put_uvarint(&mut body, c.mint.wrapping_sub(mint) as u64 / unit);
+                        put_varint(&mut body, span.wrapping_sub(base.span) / unit as i64);
+                        put_varint(&mut body, c.chunk.0.wrapping_sub(base.chunk) as i64);
+                    }
+                    Some(p) => {
+                        put_uvarint(&mut body, c.mint.wrapping_sub(p.maxt) as u64 / unit);
+                        put_uvarint(&mut body, span as u64 / unit);
+                        put_uvarint(&mut body, c.chunk.0 - p.chunk.0);
+                    }
+                }
+                prev = Some(c);
+            }
+            head.clear();
+            put_uvarint(&mut head, body.len() as u64);
+            crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &head), &body);
+            self.write(&head)?;
+            self.write(&body)?;
+        }
+        self.buf = body;
+        put_uvarint(&mut self.pages, self.pos - start);
+        put_uvarint(&mut self.pages, base.chunk);
+        put_varint(&mut self.pages, base.span);
+        put_varint(&mut self.pages, mint.wrapping_sub(base_time));
+        put_uvarint(&mut self.pages, unit);
+        self.pages.extend_from_slice(&crc.to_be_bytes());
+        self.page = page;
+        self.page.clear();
+        Ok(())
     }
 
     fn postings_list(&mut self, ids: &[u32]) -> Result<u64> {
@@ -274,9 +312,7 @@ impl IndexWriter {
     /// Writes the page table, postings, their table and the TOC, then fsyncs. Returns the
     /// file's size.
     pub fn finish(mut self) -> Result<u64> {
-        if self.series > 0 {
-            self.close_page();
-        }
+        self.write_page()?;
         let pages_at = self.pos;
         let mut table_body = Vec::with_capacity(self.pages.len() + 10);
         put_uvarint(&mut table_body, self.series as u64);
@@ -293,7 +329,7 @@ impl IndexWriter {
             rows.push(TableEntry { name: k.0, value: k.1, target });
         }
         let mut table = Vec::new();
-        table::encode(&rows, &mut table);
+        table::encode(&rows, RowFormat::NextRows, &mut table);
         let table_at = self.pos;
         self.section(&table)?;
         let mut toc = Vec::with_capacity(TOC_BYTES);
@@ -309,7 +345,16 @@ impl IndexWriter {
     }
 }
 
-/// A page of series entries (version 3): its bytes in the file, the chunk ref its entries' first
+/// Where a version-3 or 4 series entry is: what its page's entries are relative to, the page,
+/// and the entry's place in it.
+#[derive(Clone, Copy, Debug)]
+struct EntryPlace {
+    base: PageBase,
+    page: usize,
+    index: usize,
+}
+
+/// A page of series entries (versions 3 and 4): its bytes in the file, the chunk ref its entries' first
 /// refs are relative to, and its CRC32C.
 #[derive(Clone, Copy, Debug)]
 struct SeriesPage {
@@ -320,11 +365,64 @@ struct SeriesPage {
 }
 
 /// What a page's series entries write their first chunk relative to: the first chunk of the
-/// page's first series (its ref and its span, `maxt − mint`).
-#[derive(Clone, Copy, Debug, Default)]
+/// page's first series (its ref and its span, `maxt − mint`); version 4: the page's earliest
+/// first-chunk mint and the unit its entries' times are counted in.
+#[derive(Clone, Copy, Debug)]
 struct PageBase {
     chunk: u64,
     span: i64,
+    mint: i64,
+    unit: u64,
+}
+
+impl Default for PageBase {
+    fn default() -> Self {
+        PageBase { chunk: 0, span: 0, mint: 0, unit: 1 }
+    }
+}
+
+/// The largest unit every time a page's entries write divides: 1000 for carbon's whole seconds,
+/// so a second of jitter is a byte, not two. 1 when nothing divides or a difference overflows.
+fn page_unit(page: &[PendingSeries], mint: i64, base_span: i64) -> u64 {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    let mut g = 0u64;
+    for (_, chunks) in page {
+        let mut prev: Option<&ChunkMetaRef> = None;
+        for c in chunks {
+            let diffs = match prev {
+                None => [c.mint.checked_sub(mint), (c.maxt.checked_sub(c.mint)).and_then(|s| s.checked_sub(base_span))],
+                Some(p) => [c.mint.checked_sub(p.maxt), c.maxt.checked_sub(c.mint)],
+            };
+            for d in diffs {
+                let Some(d) = d else { return 1 };
+                g = gcd(g, d.unsigned_abs());
+            }
+            prev = Some(c);
+        }
+    }
+    // A unit over i64::MAX (the distance from i64::MIN) would not divide as a signed number.
+    if g > i64::MAX as u64 {
+        return 1;
+    }
+    g.max(1)
+}
+
+/// The bytes of each part of a version-3 index file (`IndexFile::section_sizes`), each with its
+/// section framing (length and CRC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexSections {
+    pub symbols: u64,
+    pub series: u64,
+    pub page_table: u64,
+    pub postings: u64,
+    pub postings_table: u64,
+    /// The whole file, header and TOC included.
+    pub total: u64,
 }
 
 /// A memory-mapped index. Opening reads the TOC, the symbol table, the series page table and the
@@ -363,7 +461,7 @@ impl IndexFile {
     pub fn from_bytes(path: &Path, map: Bytes) -> Result<Self, String> {
         let fail = |what: &str| format!("{}: {what}", path.display());
         let version = match map.get(..HEADER_BYTES) {
-            Some(h) if h[..4] == MAGIC.to_be_bytes() && h[5..] == [0, 0, 0] && (1..=3).contains(&h[4]) => h[4],
+            Some(h) if h[..4] == MAGIC.to_be_bytes() && h[5..] == [0, 0, 0] && (1..=VERSION).contains(&h[4]) => h[4],
             Some(h) if h[..4] == MAGIC.to_be_bytes() => return Err(fail(&format!("unknown index version {}", h[4]))),
             _ => return Err(fail("bad header or file too short")),
         };
@@ -408,7 +506,8 @@ impl IndexFile {
         let table = if version < 3 {
             PostingsTable::parse_whole(body, nsym as usize)
         } else {
-            PostingsTable::parse_in_place(start, body, nsym as usize)
+            let format = if version == 3 { RowFormat::Deltas } else { RowFormat::NextRows };
+            PostingsTable::parse_in_place(start, body, nsym as usize, format)
         }
         .map_err(|e| fail(&format!("postings table: {e}")))?;
         ix.table = table;
@@ -422,7 +521,7 @@ impl IndexFile {
         let mut d = Decoder::new(body);
         let count = d.uvarint("series count").map_err(|e| e.to_string())?;
         let n = count.div_ceil(SERIES_PAGE as u64);
-        // A page row takes at least six bytes.
+        // A page row takes at least six bytes (version 4: eight).
         if n > body.len() as u64 / 6 + 1 {
             return Err(format!("{count} series in a {}-byte page table", body.len()));
         }
@@ -431,10 +530,20 @@ impl IndexFile {
             let len = d.uvarint("page length").map_err(|e| e.to_string())?;
             let chunk = d.uvarint("page base chunk").map_err(|e| e.to_string())?;
             let span = d.varint("page base span").map_err(|e| e.to_string())?;
+            let (mint, unit) = if self.version >= 4 {
+                let mint = self.base_time.wrapping_add(d.varint("page base time").map_err(|e| e.to_string())?);
+                let unit = d.uvarint("page time unit").map_err(|e| e.to_string())?;
+                if unit == 0 || unit > i64::MAX as u64 {
+                    return Err(format!("a page's time unit is {unit}"));
+                }
+                (mint, unit)
+            } else {
+                (self.base_time, 1)
+            };
             let crc = d.bytes(4, "page checksum").map_err(|e| e.to_string())?;
             let end = start.checked_add(len).filter(|&e| e <= at).ok_or("a page runs past the series")?;
             let crc = u32::from_be_bytes(crc.try_into().expect("4 bytes"));
-            self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span }, crc });
+            self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span, mint, unit }, crc });
             start = end;
         }
         if start != at || !d.is_empty() {
@@ -451,6 +560,28 @@ impl IndexFile {
 
     pub fn bytes(&self) -> u64 {
         self.map.len() as u64
+    }
+
+    /// How the file's bytes divide between its parts, for `strata tsdb analyze`; `None` for
+    /// versions 1 and 2 (their layout differs, and they are only read until compacted away).
+    pub fn section_sizes(&self) -> Option<IndexSections> {
+        if self.version < 3 {
+            return None;
+        }
+        let toc = &self.map[self.map.len() - TOC_BYTES..];
+        let off = |i: usize| u64::from_be_bytes(toc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let (symbols_at, series_at, pages_at, table_at) = (off(0), off(1), off(2), off(3));
+        // Opening checked each section, so these lengths are in range.
+        let section = |at: u64| 8 + section_at(&self.map, at).map_or(0, |(_, body)| body.len() as u64);
+        let page_table = section(pages_at);
+        Some(IndexSections {
+            symbols: series_at - symbols_at,
+            series: pages_at - series_at,
+            page_table,
+            postings: table_at - pages_at - page_table,
+            postings_table: section(table_at),
+            total: self.bytes(),
+        })
     }
 
     /// A checked section at `at`: its absolute body offset and body.
@@ -505,10 +636,10 @@ impl IndexFile {
         self.series_entry(id, Some((mint, maxt)), chunks, cache)
     }
 
-    /// Where series `id`'s entry body is, and the chunk ref its first chunk is relative to
-    /// (version 3). The entry is found from the last one `cache` read when that was before it in
-    /// its page, else from the page's start.
-    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<PageBase>), String> {
+    /// Where series `id`'s entry body is, and (versions 3 and 4) its page and place in it. The
+    /// entry is found from the last one `cache` read when that was before it in its page, else
+    /// from the page's start.
+    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<EntryPlace>), String> {
         if self.version >= 3 {
             if id.0 >= self.num_series {
                 return Err(format!("no such series (the block has {})", self.num_series));
@@ -537,7 +668,7 @@ impl IndexFile {
             let body = entry().map_err(|e| e.to_string())?;
             cache.position =
                 Some(PagePosition { file: self.opened, page: p, index: index + 1, offset: at + d.offset() });
-            return Ok((body, Some(page.base)));
+            return Ok((body, Some(EntryPlace { base: page.base, page: p, index })));
         }
         let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
         let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
@@ -565,45 +696,87 @@ impl IndexFile {
         cache: &mut ReadCache,
     ) -> Result<Option<Labels>, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
-        let (body, page) = self.entry_body(id, cache).map_err(fail)?;
-        self.decode_series(body, page, range, chunks, cache).map_err(|e| fail(e.to_string()))
+        let (body, place) = self.entry_body(id, cache).map_err(fail)?;
+        if self.version >= 4 {
+            let place = place.expect("version 4 entries are in pages");
+            if place.index > 0 && cache.first_of != Some((self.opened, place.page)) {
+                self.read_first_labels(place.page, cache).map_err(|e| fail(format!("page {}: {e}", place.page)))?;
+            }
+        }
+        self.decode_series(body, place, range, chunks, cache).map_err(|e| fail(e.to_string()))
+    }
+
+    /// Reads the label ids of page `p`'s first entry into `cache` (version 4: the page's other
+    /// entries are written relative to them).
+    fn read_first_labels(&self, p: usize, cache: &mut ReadCache) -> Result<(), crate::encoding::DecodeError> {
+        let page = self.pages[p];
+        let mut d = Decoder::new(&self.map[page.start as usize..page.end as usize]);
+        let len = d.uvarint("series length")?;
+        let mut d = Decoder::new(d.bytes(len as usize, "series entry")?);
+        cache.first_labels.clear();
+        cache.first_of = None;
+        for _ in 0..d.uvarint("label count")? {
+            let name = d.uvarint("label name symbol")?;
+            let value = d.uvarint("label value symbol")?;
+            cache.first_labels.push((self.symbol_id(name, &d)?, self.symbol_id(value, &d)?));
+        }
+        cache.first_of = Some((self.opened, p));
+        Ok(())
+    }
+
+    /// `id` as a symbol id, if the symbol exists.
+    fn symbol_id(&self, id: u64, d: &Decoder<'_>) -> Result<u32, crate::encoding::DecodeError> {
+        if id >= self.symbols.len() as u64 {
+            return Err(crate::encoding::DecodeError {
+                what: "label",
+                offset: d.offset(),
+                problem: "symbol does not exist",
+            });
+        }
+        Ok(id as u32)
     }
 
     fn decode_series(
         &self,
         body: &[u8],
-        page: Option<PageBase>,
+        place: Option<EntryPlace>,
         range: Option<(i64, i64)>,
         chunks: &mut Vec<ChunkMetaRef>,
         cache: &mut ReadCache,
     ) -> Result<Option<Labels>, crate::encoding::DecodeError> {
         let mut d = Decoder::new(body);
         let n = d.uvarint("label count")? as usize;
-        // The label pairs are read past first (checked, not resolved): the chunks after them
-        // say whether they are wanted.
-        let labels_at = d.offset();
-        for _ in 0..n {
-            let name = d.uvarint("label name symbol")?;
-            let value = d.uvarint("label value symbol")?;
-            if name >= self.symbols.len() as u64 || value >= self.symbols.len() as u64 {
-                return Err(crate::encoding::DecodeError {
-                    what: "label",
-                    offset: d.offset(),
-                    problem: "symbol does not exist",
-                });
-            }
+        // The label ids are read first (checked, not resolved): the chunks after them say
+        // whether they are wanted.
+        cache.ids.clear();
+        let relative = self.version >= 4 && place.is_some_and(|p| p.index > 0);
+        for i in 0..n {
+            let (name, value) = if relative {
+                // Version 4: relative to the page's first entry's ids at this position (0 past them).
+                let (first_name, first_value) = cache.first_labels.get(i).copied().unwrap_or((0, 0));
+                let name = (first_name as i64).wrapping_add(d.varint("label name symbol")?);
+                let value = (first_value as i64).wrapping_add(d.varint("label value symbol")?);
+                (name as u64, value as u64)
+            } else {
+                (d.uvarint("label name symbol")?, d.uvarint("label value symbol")?)
+            };
+            let ids = (self.symbol_id(name, &d)?, self.symbol_id(value, &d)?);
+            cache.ids.push(ids);
         }
-        self.decode_chunk_metas(&mut d, page, chunks)?;
+        if self.version >= 4 && place.is_some_and(|p| p.index == 0) {
+            let place = place.expect("checked");
+            cache.first_labels.clone_from(&cache.ids);
+            cache.first_of = Some((self.opened, place.page));
+        }
+        self.decode_chunk_metas(&mut d, place.map(|p| p.base), chunks)?;
         if let Some((mint, maxt)) = range {
             if !chunks.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
                 return Ok(None);
             }
         }
-        let mut d = Decoder::new(&body[labels_at..]);
         let mut labels = Vec::with_capacity(n.min(64));
-        for _ in 0..n {
-            let name = d.uvarint("label name symbol")? as u32;
-            let value = d.uvarint("label value symbol")? as u32;
+        for i in 0..n {
+            let (name, value) = cache.ids[i];
             let (name, value) = if self.version >= 3 {
                 // Series in label order repeat or advance each position's strings.
                 let i = labels.len();
@@ -625,7 +798,8 @@ impl IndexFile {
     }
 
     /// The chunk references that follow a series' labels, into `chunks`. Version 3 writes the
-    /// first chunk's span and ref relative to its `page`'s.
+    /// first chunk's span and ref relative to its `page`'s, version 4 also its mint, and every
+    /// time in the page's unit.
     fn decode_chunk_metas(
         &self,
         d: &mut Decoder<'_>,
@@ -635,13 +809,20 @@ impl IndexFile {
         chunks.clear();
         let n = d.uvarint("chunk count")?;
         let mut prev: Option<ChunkMetaRef> = None;
+        // Versions 1 to 3 count in milliseconds.
+        let unit = page.map_or(1, |p| p.unit) as i64;
         for _ in 0..n {
             let c = match prev {
                 None => {
-                    let mint = self.base_time.wrapping_add(d.varint("chunk mint")?);
+                    let mint = match page {
+                        Some(base) if self.version >= 4 => {
+                            base.mint.wrapping_add((d.uvarint("chunk mint")? as i64).wrapping_mul(unit))
+                        }
+                        _ => self.base_time.wrapping_add(d.varint("chunk mint")?),
+                    };
                     let (maxt, chunk) = match page {
                         Some(base) => (
-                            mint.wrapping_add(base.span.wrapping_add(d.varint("chunk span delta")?)),
+                            mint.wrapping_add(base.span.wrapping_add(d.varint("chunk span delta")?.wrapping_mul(unit))),
                             base.chunk.wrapping_add(d.varint("chunk ref delta")? as u64),
                         ),
                         None => (mint.wrapping_add(d.uvarint("chunk span")? as i64), d.uvarint("chunk ref")?),
@@ -656,8 +837,8 @@ impl IndexFile {
                     ChunkMetaRef { mint, maxt, chunk: ChunkRef(chunk) }
                 }
                 Some(p) => {
-                    let mint = p.maxt.wrapping_add(d.uvarint("chunk mint delta")? as i64);
-                    let maxt = mint.wrapping_add(d.uvarint("chunk span")? as i64);
+                    let mint = p.maxt.wrapping_add((d.uvarint("chunk mint delta")? as i64).wrapping_mul(unit));
+                    let maxt = mint.wrapping_add((d.uvarint("chunk span")? as i64).wrapping_mul(unit));
                     ChunkMetaRef { mint, maxt, chunk: ChunkRef(p.chunk.0.wrapping_add(d.uvarint("chunk ref delta")?)) }
                 }
             };

@@ -1,10 +1,12 @@
 //! The index's postings table: one row per label pair, sorted by (name id, value id), saying
 //! where the pair's series are. Byte layout: `docs/format/block.md`.
 //!
-//! Version 3 writes rows as deltas from the row before, starting afresh every `TABLE_RESTART`
-//! rows, and a reader keeps only those restarts (16 bytes per 32 rows) and the first row of
-//! each label name: a block of a million Graphite paths holds a million pairs, which took 16 MB
-//! of memory per block read whole. Versions 1 and 2 store rows whole; a reader keeps every row.
+//! Versions 3 and 4 write rows as deltas from the row before, starting afresh every
+//! `TABLE_RESTART` rows, and a reader keeps only those restarts (16 bytes per 32 rows) and the
+//! first row of each label name: a block of a million Graphite paths holds a million pairs, which
+//! took 16 MB of memory per block read whole. Version 4 writes the commonest row of such a
+//! block, the next path held by the next series, as one byte. Versions 1 and 2 store rows whole;
+//! a reader keeps every row.
 
 use std::ops::Range;
 
@@ -22,7 +24,17 @@ pub(super) struct TableEntry {
     pub target: u64,
 }
 
-/// A version-3 row's decoding state: the row before (since the last restart) and the last
+/// How rows are written relative to the row before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowFormat {
+    /// Version 3: every row is `name delta | value | target`.
+    Deltas,
+    /// Version 4: as version 3 with the name delta plus one, and a row `0` for the next value of
+    /// the same name held by the series after the name's previous single series.
+    NextRows,
+}
+
+/// A version-3 or 4 row's decoding state: the row before (since the last restart) and the last
 /// series of the name held alone.
 #[derive(Clone, Copy, Debug, Default)]
 struct RowState {
@@ -30,21 +42,35 @@ struct RowState {
     prev_single: u64,
 }
 
-/// Writes version-3 rows (sorted and unique) after their count.
-pub(super) fn encode(rows: &[TableEntry], out: &mut Vec<u8>) {
+/// Writes rows (sorted and unique) after their count.
+pub(super) fn encode(rows: &[TableEntry], format: RowFormat, out: &mut Vec<u8>) {
     put_uvarint(out, rows.len() as u64);
     let mut state = RowState::default();
+    // Version 4 writes name deltas plus one: 0 is the next row.
+    let name_bias = u64::from(format == RowFormat::NextRows);
     for (i, e) in rows.iter().enumerate() {
         if i.is_multiple_of(TABLE_RESTART) {
             state = RowState::default();
         }
         match state.prev {
-            Some((name, value)) if name == e.name => {
+            Some((name, value))
+                if format == RowFormat::NextRows
+                    && name == e.name
+                    && e.value == value + 1
+                    && e.target == (state.prev_single + 1) << 1 | 1 =>
+            {
+                // A path after a path, each held by one series: the next after the other.
                 put_uvarint(out, 0);
+                state.prev_single += 1;
+                state.prev = Some((e.name, e.value));
+                continue;
+            }
+            Some((name, value)) if name == e.name => {
+                put_uvarint(out, name_bias);
                 put_uvarint(out, (e.value - value - 1) as u64);
             }
             _ => {
-                put_uvarint(out, (e.name - state.prev.map_or(0, |p| p.0)) as u64);
+                put_uvarint(out, (e.name - state.prev.map_or(0, |p| p.0)) as u64 + name_bias);
                 put_uvarint(out, e.value as u64);
                 state.prev_single = 0;
             }
@@ -63,9 +89,29 @@ pub(super) fn encode(rows: &[TableEntry], out: &mut Vec<u8>) {
     }
 }
 
-/// Decodes the version-3 row after `state`.
-fn decode_row(d: &mut Decoder<'_>, state: &mut RowState) -> Result<TableEntry, DecodeError> {
-    let name_delta = d.uvarint("label name delta")?;
+/// Decodes the row after `state`.
+fn decode_row(d: &mut Decoder<'_>, format: RowFormat, state: &mut RowState) -> Result<TableEntry, DecodeError> {
+    let mut name_delta = d.uvarint("label name delta")?;
+    if format == RowFormat::NextRows {
+        if name_delta == 0 {
+            let Some((name, value)) = state.prev else {
+                return Err(DecodeError {
+                    what: "postings table",
+                    offset: d.offset(),
+                    problem: "a next row at a restart",
+                });
+            };
+            let value = value.checked_add(1).ok_or(DecodeError {
+                what: "postings table",
+                offset: d.offset(),
+                problem: "symbol id over 32 bits",
+            })?;
+            state.prev_single = (state.prev_single + 1) & u32::MAX as u64;
+            state.prev = Some((name, value));
+            return Ok(TableEntry { name, value, target: state.prev_single << 1 | 1 });
+        }
+        name_delta -= 1;
+    }
     let value = d.uvarint("label value symbol")?;
     let target = d.uvarint("postings target")?;
     let (name, value) = match state.prev {
@@ -103,9 +149,9 @@ pub(super) struct Restart {
 pub(super) enum PostingsTable {
     /// Versions 1 and 2: every row.
     Rows(Vec<TableEntry>),
-    /// Version 3: the rows stay in the mapped file; the restarts and each name's first row are
-    /// kept.
-    InPlace { rows: usize, restarts: Vec<Restart>, names: Vec<(u32, usize)> },
+    /// Versions 3 and 4: the rows stay in the mapped file; the restarts and each name's first
+    /// row are kept.
+    InPlace { rows: usize, restarts: Vec<Restart>, names: Vec<(u32, usize)>, format: RowFormat },
 }
 
 impl PostingsTable {
@@ -137,9 +183,9 @@ impl PostingsTable {
         Ok(PostingsTable::Rows(rows))
     }
 
-    /// Reads a version-3 table whose body starts at byte `start` of the file: every row is
+    /// Reads a version-3 or 4 table whose body starts at byte `start` of the file: every row is
     /// decoded and checked (symbols exist, rows sorted), the restarts and names kept.
-    pub(super) fn parse_in_place(start: usize, body: &[u8], symbols: usize) -> Result<Self, String> {
+    pub(super) fn parse_in_place(start: usize, body: &[u8], symbols: usize, format: RowFormat) -> Result<Self, String> {
         let mut d = Decoder::new(body);
         let n = d.uvarint("postings table count").map_err(|e| e.to_string())?;
         let (mut restarts, mut names) = (Vec::new(), Vec::new());
@@ -150,7 +196,7 @@ impl PostingsTable {
                 state = RowState::default();
             }
             let at = (start + d.offset()) as u64;
-            let e = decode_row(&mut d, &mut state).map_err(|e| e.to_string())?;
+            let e = decode_row(&mut d, format, &mut state).map_err(|e| e.to_string())?;
             if e.name as usize >= symbols || e.value as usize >= symbols {
                 return Err(format!("row {i} refers to a symbol that does not exist"));
             }
@@ -168,7 +214,7 @@ impl PostingsTable {
         if !d.is_empty() {
             return Err("bytes after the last row".into());
         }
-        Ok(PostingsTable::InPlace { rows: n as usize, restarts, names })
+        Ok(PostingsTable::InPlace { rows: n as usize, restarts, names, format })
     }
 
     pub(super) fn len(&self) -> usize {
@@ -260,14 +306,14 @@ impl Iterator for RowIter<'_> {
         self.next += 1;
         match self.table {
             PostingsTable::Rows(r) => Some(r[row]),
-            PostingsTable::InPlace { restarts, .. } => {
+            PostingsTable::InPlace { restarts, format, .. } => {
                 if row.is_multiple_of(TABLE_RESTART) {
                     self.state = RowState::default();
                     self.d = Some(Decoder::new(&self.map[restarts[row / TABLE_RESTART].offset as usize..]));
                 }
                 // Every row decoded when the table was opened: an error here is not possible
                 // short of the mapped file changing; the rows end there.
-                let e = decode_row(self.d.as_mut()?, &mut self.state).ok();
+                let e = decode_row(self.d.as_mut()?, *format, &mut self.state).ok();
                 if e.is_none() {
                     self.next = self.end;
                 }
@@ -290,12 +336,13 @@ mod tests {
             targets in prop::collection::vec(prop_oneof![(0u64..1 << 33).prop_map(|o| o << 1), (0u64..5000).prop_map(|id| id << 1 | 1)], 300),
             from in 0usize..300,
             len in 0usize..80,
+            format in prop_oneof![Just(RowFormat::Deltas), Just(RowFormat::NextRows)],
         ) {
             let rows: Vec<TableEntry> =
                 pairs.iter().zip(&targets).map(|(&(name, value), &target)| TableEntry { name, value, target }).collect();
             let mut body = Vec::new();
-            encode(&rows, &mut body);
-            let t = PostingsTable::parse_in_place(0, &body, 400).unwrap();
+            encode(&rows, format, &mut body);
+            let t = PostingsTable::parse_in_place(0, &body, 400, format).unwrap();
             prop_assert_eq!(t.rows(&body, 0..rows.len()).collect::<Vec<_>>(), rows.clone());
             let range = from.min(rows.len())..(from + len).min(rows.len());
             prop_assert_eq!(t.rows(&body, range.clone()).collect::<Vec<_>>(), rows[range].to_vec());
@@ -319,9 +366,29 @@ mod tests {
     fn damaged_tables_are_refused_with_the_reason() {
         let rows = [TableEntry { name: 0, value: 3, target: 1 }, TableEntry { name: 0, value: 5, target: 8 }];
         let mut body = Vec::new();
-        encode(&rows, &mut body);
-        assert!(PostingsTable::parse_in_place(0, &body, 4).unwrap_err().contains("symbol that does not exist"));
+        encode(&rows, RowFormat::NextRows, &mut body);
+        assert!(PostingsTable::parse_in_place(0, &body, 4, RowFormat::NextRows)
+            .unwrap_err()
+            .contains("symbol that does not exist"));
         body.push(0);
-        assert!(PostingsTable::parse_in_place(0, &body, 6).unwrap_err().contains("bytes after"));
+        assert!(PostingsTable::parse_in_place(0, &body, 6, RowFormat::NextRows).unwrap_err().contains("bytes after"));
+        // A next row needs a row before it.
+        assert!(PostingsTable::parse_in_place(0, &[1, 0], 6, RowFormat::NextRows).unwrap_err().contains("next row"));
+    }
+
+    /// Consecutive paths held by consecutive series (a Graphite block) take a byte a row.
+    #[test]
+    fn next_rows_take_a_byte() {
+        let rows: Vec<TableEntry> =
+            (0..1000u32).map(|i| TableEntry { name: 0, value: 1 + i, target: (i as u64) << 1 | 1 }).collect();
+        let (mut v3, mut v4) = (Vec::new(), Vec::new());
+        encode(&rows, RowFormat::Deltas, &mut v3);
+        encode(&rows, RowFormat::NextRows, &mut v4);
+        // The count, a byte per row, and at most four more for each of the 32 restarts.
+        assert!(v4.len() <= 2 + 1000 + 32 * 4, "{}", v4.len());
+        assert!(v3.len() > 2 * v4.len(), "{} against {}", v3.len(), v4.len());
+        let t = PostingsTable::parse_in_place(0, &v4, 1001, RowFormat::NextRows).unwrap();
+        assert_eq!(t.rows(&v4, 0..1000).collect::<Vec<_>>(), rows);
+        assert_eq!(t.find(&v4, 0, 777), Some(rows[776]));
     }
 }
