@@ -32,8 +32,9 @@ pub const MAGIC: u32 = 0x5354_4958;
 /// Version written: front-coded symbols, series numbered from 0 and stored in pages of
 /// `SERIES_PAGE` with one checksum per page, a label pair held by one series pointing at it from
 /// the postings table without a list (version 3); series entries' label ids relative to their
-/// page's first entry and chunk times in the page's time unit, and the next path of a name as a
-/// one-byte postings table row (version 4). Versions 1 to 3 are still read.
+/// page's first entry and chunk times in the page's time unit, the next path of a name as a
+/// one-byte postings table row, and a front-coded symbol's two lengths in a byte (version 4).
+/// Versions 1 to 3 are still read.
 pub const VERSION: u8 = 4;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
@@ -52,8 +53,8 @@ pub const TOC_BYTES_V1: usize = 4 * 8 + 4;
 pub const POSTINGS_BLOCK: usize = 128;
 pub const INDEX_FILE: &str = "index";
 
-use symbols::SymbolTable;
 pub use symbols::SYMBOL_GROUP;
+use symbols::{EntryFormat, SymbolTable};
 pub use table::TABLE_RESTART;
 use table::{PostingsTable, RowFormat, TableEntry};
 
@@ -178,7 +179,7 @@ impl IndexWriter {
         };
         w.write(&header(VERSION))?;
         let mut body = Vec::new();
-        symbols::encode_front_coded(symbols, &mut body);
+        symbols::encode_front_coded(symbols, EntryFormat::Nibbles, &mut body);
         w.section(&body)?;
         w.series_start = w.pos;
         Ok(w)
@@ -481,7 +482,8 @@ impl IndexFile {
         let symbols = if version < 3 {
             SymbolTable::parse_plain(start, body)
         } else {
-            SymbolTable::parse_front_coded(start, body)
+            let format = if version == 3 { EntryFormat::SharedLen } else { EntryFormat::Nibbles };
+            SymbolTable::parse_front_coded(start, body, format)
         }
         .map_err(|e| fail(&format!("symbol table: {e}")))?;
         let nsym = symbols.len() as u64;
