@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_graphite::carbon::{plaintext, CarbonPoint, PointError};
+use strata_graphite::carbon::plaintext::{self, RawPoint};
+use strata_graphite::carbon::{CarbonPoint, PointError};
 use strata_graphite::path::GraphitePath;
 use strata_tsdb::head::{AppendError, OutOfOrder, SampleError};
 use strata_tsdb::Db;
@@ -160,6 +161,10 @@ impl LogLimiter {
     }
 }
 
+/// Lines parsed ahead of their cache lookup: enough for a slot's cache miss to be served while
+/// they are parsed, few enough that the slots stay in cache until read.
+const PREFETCH_BATCH: usize = 16;
+
 /// At most this many bytes of a refused line go into the log.
 const SAMPLE_BYTES: usize = 200;
 
@@ -224,6 +229,7 @@ impl Ingest<'_> {
         // pages again and again.
         app.reserve(buf.len() / 50 + 1);
         let (mut received, mut pending) = (0u64, 0u64);
+        let mut batch = Vec::with_capacity(PREFETCH_BATCH);
         for line in buf.split(|&b| b == b'\n') {
             if plaintext::is_blank(line) {
                 continue;
@@ -247,10 +253,32 @@ impl Ingest<'_> {
                 continue;
             }
             let key = path_key(raw.path);
+            // The slot is asked for now and read a batch of lines later, so its cache miss
+            // overlaps the parsing of the lines between.
+            cache.prefetch(key);
+            batch.push((raw, key, line));
+            if batch.len() == PREFETCH_BATCH {
+                self.append_batch(&mut batch, &mut app, cache, &mut pending);
+            }
+        }
+        self.append_batch(&mut batch, &mut app, cache, &mut pending);
+        self.commit(app, pending, received);
+    }
+
+    /// Appends the parsed lines of `batch` (emptied) to `app`: a path seen before to the series
+    /// `cache` remembers for it; a new one is checked, looked up or created, and remembered.
+    fn append_batch<'l>(
+        &self,
+        batch: &mut Vec<(RawPoint<'l>, u128, &'l [u8])>,
+        app: &mut strata_tsdb::head::Appender<'_>,
+        cache: &mut SeriesCache,
+        pending: &mut u64,
+    ) {
+        for (raw, key, line) in batch.drain(..) {
             if let Some(series) = cache.get(key) {
                 match app.append_to(series, raw.t_ms, raw.value) {
                     Ok(()) => {
-                        pending += 1;
+                        *pending += 1;
                         continue;
                     }
                     // Removed from the head since (it had no samples left): found or made anew.
@@ -273,13 +301,12 @@ impl Ingest<'_> {
             path_pairs(&point.path, &mut pairs);
             match app.append_pairs_handle(&pairs, point.t_ms, point.value) {
                 Ok(series) => {
-                    pending += 1;
+                    *pending += 1;
                     cache.insert(key, series);
                 }
                 Err(e) => self.reject_append(&e, &raw.path),
             }
         }
-        self.commit(app, pending, received);
     }
 
     /// Appends `points` and commits them. An error is the WAL's: nothing of the batch was
