@@ -243,8 +243,7 @@ impl IndexWriter {
             span: c.maxt.wrapping_sub(c.mint),
             ..PageBase::default()
         });
-        let firsts = page.iter().filter_map(|(_, c)| c.first());
-        let mint = firsts.clone().map(|c| c.mint).min().unwrap_or(0);
+        let mint = page.iter().filter_map(|(_, c)| c.first()).map(|c| c.mint).min().unwrap_or(0);
         let base_time = *self.base_time.get_or_insert(mint);
         let unit = page_unit(&page, mint, base.span);
         let base = PageBase { mint, unit, ..base };
@@ -413,7 +412,7 @@ fn page_unit(page: &[PendingSeries], mint: i64, base_span: i64) -> u64 {
     g.max(1)
 }
 
-/// The bytes of each part of a version-3 index file (`IndexFile::section_sizes`), each with its
+/// The bytes of each part of a version-3 or 4 index file (`IndexFile::section_sizes`), each with its
 /// section framing (length and CRC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexSections {
