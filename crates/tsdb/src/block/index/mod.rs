@@ -2,7 +2,7 @@
 //! chunk metas), sorted postings lists and a table locating them, then a table of contents.
 //! Every section carries a CRC32C. Byte layout: `docs/format/block.md`.
 //!
-//! Series are written in label order and numbered from 0 in that order (version 3; earlier
+//! Series are written in label order and numbered from 0 in that order (versions 3 and 4; earlier
 //! versions number them by their entry's offset), so ids ascend in label order too: postings
 //! lists are sorted by construction, and merging blocks or answering a query in label order
 //! needs no sort.
@@ -44,7 +44,7 @@ pub const SERIES_ALIGN_V1: u64 = 16;
 /// Series per page (versions 3 and 4): a page is checked once, when first read, and a series is found
 /// by skipping the entries before it in its page.
 pub const SERIES_PAGE: usize = 32;
-/// Table of contents: five u64 (the offsets of symbols, series, all postings (version 3: the
+/// Table of contents: five u64 (the offsets of symbols, series, all postings (versions 3 and 4: the
 /// series page table) and the postings table, then the base time) and a CRC32C.
 pub const TOC_BYTES: usize = 5 * 8 + 4;
 /// Version 1's table of contents: the four offsets and a CRC32C.
@@ -67,7 +67,7 @@ pub struct ChunkMetaRef {
 }
 
 /// What a reader keeps between the series it reads from indexes: one `Arc<str>` per distinct
-/// label string, and where the last series read from a version-3 index ended.
+/// label string, and where the last series read from a version-3 or 4 index ended.
 ///
 /// A query reads the same series from every block it overlaps; without sharing, each copy
 /// costs two allocations per label, and putting the copies in label order compares their
@@ -426,7 +426,7 @@ pub struct IndexSections {
 }
 
 /// A memory-mapped index. Opening reads the TOC, the symbol table, the series page table and the
-/// postings table (checking their CRCs); series entries (version 3: their pages, once each) and
+/// postings table (checking their CRCs); series entries (versions 3 and 4: their pages, once each) and
 /// postings lists are checked when read.
 #[derive(Debug)]
 pub struct IndexFile {
@@ -436,7 +436,7 @@ pub struct IndexFile {
     table: PostingsTable,
     /// Version 1 and 2: the offset of the list of all series.
     all_postings: u64,
-    /// Version 3: the series pages, and one bit per page set once its CRC has been checked.
+    /// Versions 3 and 4: the series pages, and one bit per page set once its CRC has been checked.
     pages: Vec<SeriesPage>,
     checked: Vec<AtomicU64>,
     num_series: u64,
@@ -515,7 +515,7 @@ impl IndexFile {
         Ok(ix)
     }
 
-    /// Reads the version-3 page table at `at`; the series section spans `[series_at, at)`.
+    /// Reads the version-3 or 4 page table at `at`; the series section spans `[series_at, at)`.
     fn read_pages(&mut self, series_at: u64, at: u64) -> Result<(), String> {
         let map = self.map.clone();
         let (_, body) = section_at(&map, at)?;
