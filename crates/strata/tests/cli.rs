@@ -45,6 +45,8 @@ fn import_analyze_and_dump_the_node_exporter_recording() {
     let text = run_ok(&["tsdb", "analyze", d, "--limit", "3"]);
     assert!(text.contains("2 blocks") && text.contains("total: 357446 samples"), "{text}");
     assert!(text.contains("66 node_interrupts_total"), "{text}");
+    // The block's bytes by file, and its index's by section.
+    assert!(text.contains("bytes: ") && text.contains("index bytes per series: symbols "), "{text}");
 
     let text = run_ok(&["tsdb", "dump", d, "--match", "node_load1"]);
     let lines: Vec<&str> = text.lines().collect();

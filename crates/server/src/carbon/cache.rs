@@ -79,8 +79,8 @@ impl SeriesCache {
         if self.budget.limit == 0 {
             return;
         }
-        if self.map.get(key).is_some() {
-            self.map.insert(key, series);
+        if let Some(slot) = self.map.get_mut(key) {
+            *slot = series;
             return;
         }
         if self.budget.entries.fetch_add(1, Ordering::Relaxed) >= self.budget.limit {
@@ -159,6 +159,12 @@ impl SlotTable {
     fn get(&self, key: u128) -> Option<&Arc<MemSeries>> {
         let i = self.find(key)?;
         self.slots[i].series.as_ref().filter(|_| self.slots[i].key == key)
+    }
+
+    fn get_mut(&mut self, key: u128) -> Option<&mut Arc<MemSeries>> {
+        let i = self.find(key)?;
+        let slot = &mut self.slots[i];
+        slot.series.as_mut().filter(|_| slot.key == key)
     }
 
     fn prefetch(&self, key: u128) {

@@ -421,8 +421,6 @@ pub struct IndexSections {
     pub page_table: u64,
     pub postings: u64,
     pub postings_table: u64,
-    /// The whole file, header and TOC included.
-    pub total: u64,
 }
 
 /// A memory-mapped index. Opening reads the TOC, the symbol table, the series page table and the
@@ -581,7 +579,6 @@ impl IndexFile {
             page_table,
             postings: table_at - pages_at - page_table,
             postings_table: section(table_at),
-            total: self.bytes(),
         })
     }
 
@@ -780,7 +777,6 @@ impl IndexFile {
             let (name, value) = cache.ids[i];
             let (name, value) = if self.version >= 3 {
                 // Series in label order repeat or advance each position's strings.
-                let i = labels.len();
                 if cache.symbols.len() < 2 * (i + 1) {
                     cache.symbols.resize_with(2 * (i + 1), Default::default);
                 }
