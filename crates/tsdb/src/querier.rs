@@ -776,21 +776,7 @@ impl<'a> Querier<'a> {
         // Sized as the pattern's last search found (bounded, the limit may be far larger).
         let out = NodeSet::with_capacity(nodes.min(limit).min(1 << 20), bytes.min(64 << 20));
         let mut found = FoundNames { out, limit, error: None, seen: 0, querier: self };
-        if !self.head.search_names(pattern, |node, flags| found.add(node, flags)) {
-            scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, |node, flags| found.add(node, flags));
-        }
-        for b in self.blocks() {
-            if found.error.is_some() {
-                break;
-            }
-            let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
-            match &data.names {
-                Some(dict) => dict.search(pattern, |node, flags| found.add(node, flags)),
-                None => {
-                    scan_names(&data.index.label_values(METRIC_NAME), pattern, |node, flags| found.add(node, flags))
-                }
-            }
-        }
+        self.walk_names(pattern, |node, flags| found.add(node, flags))?;
         if let Some(e) = found.error {
             return Err(e);
         }
@@ -800,6 +786,55 @@ impl<'a> Querier<'a> {
         }
         pattern.record_found(found.out.len(), found.out.text_bytes());
         Ok(found.out)
+    }
+
+    /// `find_names` keeping only the first node (in node order) of each name, a node's last
+    /// component: what graphite-web's `treejson` answers, one entry per name. Ten thousand
+    /// hosts' `*.*.*.net.eth0.rx_bytes` are one entry, kept as they come instead of ten
+    /// thousand nodes gathered, sorted and then collapsed. More than `limit` names is
+    /// `TooManySeries`.
+    pub fn find_first_of_each_name(&self, pattern: &NamePattern, limit: usize) -> Result<NodeSet> {
+        let mut found = FirstOfEachName {
+            out: NodeSet::default(),
+            index: std::collections::HashMap::default(),
+            last_name: Vec::new(),
+            last_entry: None,
+            limit,
+            error: None,
+            seen: 0,
+            querier: self,
+        };
+        self.walk_names(pattern, |node, flags| found.add(node, flags))?;
+        if let Some(e) = found.error {
+            return Err(e);
+        }
+        // One entry per name, so no repeats: this sorts them by node.
+        found.out.merge_repeats();
+        Ok(found.out)
+    }
+
+    /// Calls `visit` for every node `pattern` matches in the head and in each block in range
+    /// (a node held by several is visited once in each), until `visit` returns false.
+    fn walk_names(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) -> Result<()> {
+        let go_on = std::cell::Cell::new(true);
+        let mut visit = |node: &[u8], flags| {
+            go_on.set(visit(node, flags));
+            go_on.get()
+        };
+        if !self.head.search_names(pattern, &mut visit) {
+            scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, &mut visit);
+        }
+        for b in self.blocks() {
+            if !go_on.get() {
+                break;
+            }
+            let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
+            match &data.names {
+                Some(dict) => dict.search(pattern, &mut visit),
+                None => scan_names(&data.index.label_values(METRIC_NAME), pattern, &mut visit),
+            }
+        }
+        Ok(())
     }
 
     /// Adds to `out`, for every block in range, what `from_index` reads off the block's index
@@ -853,6 +888,61 @@ impl FoundNames<'_, '_> {
             }
         }
         self.out.push(node, flags);
+        true
+    }
+}
+
+/// Nodes found by `find_first_of_each_name` so far: the first (least) node of each name met,
+/// with the flags of its repeats merged.
+struct FirstOfEachName<'q, 'a> {
+    out: NodeSet,
+    /// A name's entry in `out`.
+    index: std::collections::HashMap<Vec<u8>, usize, foldhash::fast::RandomState>,
+    /// The name met last and its entry (if it had one).
+    last_name: Vec<u8>,
+    last_entry: Option<usize>,
+    limit: usize,
+    error: Option<crate::Error>,
+    seen: usize,
+    querier: &'q Querier<'a>,
+}
+
+impl FirstOfEachName<'_, '_> {
+    /// Takes one node; false (stop walking) past the limit or when interrupted.
+    fn add(&mut self, node: &[u8], flags: u8) -> bool {
+        self.seen += 1;
+        if let Err(e) = self.querier.check_interrupt(self.seen) {
+            self.error = Some(e);
+            return false;
+        }
+        let name = node.iter().rposition(|&b| b == b'.').map_or(node, |dot| &node[dot + 1..]);
+        // A walk meets a name's nodes in runs (a reversed walk all of them in one): the name
+        // before is checked before hashing.
+        let entry = if self.last_entry.is_some() && self.last_name == name {
+            self.last_entry
+        } else {
+            let entry = self.index.get(name).copied();
+            self.last_name.clear();
+            self.last_name.extend_from_slice(name);
+            self.last_entry = entry;
+            entry
+        };
+        match entry {
+            Some(i) => match node.cmp(self.out.get(i).0) {
+                Ordering::Less => self.out.replace(i, node, flags),
+                Ordering::Equal => self.out.add_flags(i, flags),
+                Ordering::Greater => {}
+            },
+            None => {
+                if self.out.len() >= self.limit {
+                    self.error = Some(crate::Error::TooManySeries { limit: self.limit });
+                    return false;
+                }
+                self.index.insert(name.to_vec(), self.out.len());
+                self.last_entry = Some(self.out.len());
+                self.out.push(node, flags);
+            }
+        }
         true
     }
 }

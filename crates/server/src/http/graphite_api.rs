@@ -200,10 +200,19 @@ pub(super) async fn find(
     };
     let db = db(&st)?;
     let st2 = st.clone();
+    // treejson answers the first node of each name: only those are kept as the walk meets
+    // nodes (not with `wildcards`, which asks whether more than one node matched, nor
+    // `leavesOnly`, which picks the first leaf).
+    let first_of_each_name = format == "treejson" && !wildcards && !leaves_only;
     let found = run_query(&st, move |stopper| {
         let stop = || stopper.stop();
         let q = limited_querier(&db, &st2.limits, &stop, from, until);
-        patterns.iter().map(|pattern| nodes_of(&q, pattern, &st2.limits)).collect::<Result<Vec<_>, _>>()
+        let limit = st2.limits.max_query_series;
+        let nodes_of = |pattern: &Arc<NamePattern>| {
+            if first_of_each_name { q.find_first_of_each_name(pattern, limit) } else { q.find_names(pattern, limit) }
+                .map_err(|e| ApiError::execution(e.to_string()))
+        };
+        patterns.iter().map(nodes_of).collect::<Result<Vec<_>, _>>()
     })
     .await?;
     let nodes_of_set = |set| {
@@ -1228,6 +1237,31 @@ mod tests {
         assert_eq!(completer_query("a.b,c", false), "a.b,c*");
     }
 
+    #[test]
+    fn a_first_of_each_name_find_counts_names_against_the_limit() {
+        let head = Head::in_memory(HeadOptions::default());
+        let mut app = head.appender();
+        for host in 0..50 {
+            for metric in ["rx", "tx", "drops"] {
+                app.append(
+                    &Labels::from_pairs([(METRIC_NAME, format!("h{host:02}.net.{metric}").as_str())]),
+                    1000,
+                    1.0,
+                )
+                .unwrap();
+            }
+        }
+        app.commit().unwrap();
+        let q = Querier::new(&head, i64::MIN, i64::MAX);
+        let pattern = glob_pattern("query", &Glob::parse("*.net.*").unwrap()).unwrap();
+        let got = q.find_first_of_each_name(&pattern, 3).unwrap();
+        let nodes = as_nodes(&got);
+        let paths: Vec<&str> = nodes.iter().map(|n| &*n.path).collect();
+        assert_eq!(paths, ["h00.net.drops", "h00.net.rx", "h00.net.tx"], "150 nodes, three names");
+        assert!(matches!(q.find_first_of_each_name(&pattern, 2), Err(strata_tsdb::Error::TooManySeries { limit: 2 })));
+        assert!(q.find_names(&pattern, 149).is_err(), "the full find counts every node");
+    }
+
     proptest::proptest! {
         /// A find through the head's names index (dictionary and delta) lists exactly the
         /// nodes the reference finder lists by reading every path.
@@ -1254,7 +1288,16 @@ mod tests {
             let q = Querier::new(&head, i64::MIN, i64::MAX);
             let limits = Limits { max_query_series: usize::MAX, ..Limits::default() };
             let got = nodes_of(&q, &glob_pattern("query", &g).unwrap(), &limits).map_err(|e| e.message).unwrap();
-            proptest::prop_assert_eq!(as_nodes(&got), want);
+            proptest::prop_assert_eq!(as_nodes(&got), want.clone());
+            // treejson's walk: the first node of each name, as the full find lists them.
+            let mut firsts: Vec<Node> = Vec::new();
+            for n in want {
+                if !firsts.iter().any(|f| f.name() == n.name()) {
+                    firsts.push(n);
+                }
+            }
+            let got = q.find_first_of_each_name(&glob_pattern("query", &g).unwrap(), usize::MAX).unwrap();
+            proptest::prop_assert_eq!(as_nodes(&got), firsts);
         }
     }
 }

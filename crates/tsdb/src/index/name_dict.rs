@@ -461,6 +461,25 @@ impl NodeSet {
         e.key(&self.bytes)
     }
 
+    /// The `i`th node held and its flags.
+    pub fn get(&self, i: usize) -> (&[u8], u8) {
+        let e = &self.nodes[i];
+        (self.key(e), e.flags)
+    }
+
+    /// Makes the `i`th entry `node` with `flags`. The old node's bytes stay in the buffer
+    /// until a `merge_repeats` packs it.
+    pub fn replace(&mut self, i: usize, node: &[u8], flags: u8) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(node);
+        self.nodes[i] = NodeEntry::new(start, self.bytes.len(), flags);
+    }
+
+    /// Adds `flags` to the `i`th entry's (the same node met again).
+    pub fn add_flags(&mut self, i: usize, flags: u8) {
+        self.nodes[i].flags |= flags;
+    }
+
     /// Sorts the nodes and keeps one entry per node with its flags merged. The bytes of dropped
     /// repeats stay in the buffer until they outweigh the rest: then it is rewritten.
     pub fn merge_repeats(&mut self) {
