@@ -6,14 +6,14 @@
 //! A cache belongs to one connection (no locks); all of them together hold at most the
 //! configured number of entries (`--carbon.path-cache-entries`): a connection that would pass
 //! the shared budget empties its own cache and starts over. An entry is the 128-bit hash of
-//! the path as sent and the series, a 32-byte slot (two to four slots an entry with the table's
+//! the path as sent and the series, a 24-byte slot (two to four slots an entry with the table's
 //! slack). A 128-bit hash makes two paths meeting in one entry about as likely as a cosmic ray
 //! flipping the bit that tells them apart, and saves keeping every path a second time.
 //!
 //! The table is our own (open addressing, linear probing), not a general map: a relay's
 //! connection sends hundreds of thousands of paths, so nearly every lookup misses the CPU's
 //! caches, and a lookup into a general map missed twice (its control bytes, then its entry). A
-//! slot here holds key and series in one cache line, and `prefetch` lets the reader ask for a
+//! slot here holds key and series together, and `prefetch` lets the reader ask for a
 //! line's slot while it parses the lines before it (profile of 1M paths × 10 points over 4
 //! connections: the two misses were a fifth of the server's CPU).
 
@@ -112,13 +112,25 @@ impl Drop for SeriesCache {
     }
 }
 
-/// A slot: a key and its series (`None`: empty). 32 bytes on a 32-byte boundary, so a slot is
-/// never split across two cache lines.
+/// A slot: a key and its series (`None`: empty), 24 bytes: the key as two words, so that it
+/// is not padded to a 16-byte boundary (32 bytes a slot, a third more; a slot that straddles
+/// two cache lines is rare to matter, as a probe reads on into the next slots anyway).
 #[derive(Debug, Default)]
-#[repr(align(32))]
 struct Slot {
-    key: u128,
+    key: [u64; 2],
     series: Option<Arc<MemSeries>>,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 24);
+
+/// A key as a slot holds it.
+fn words(key: u128) -> [u64; 2] {
+    [key as u64, (key >> 64) as u64]
+}
+
+/// A slot's key as a key.
+fn unwords([low, high]: [u64; 2]) -> u128 {
+    u128::from(low) | (u128::from(high) << 64)
 }
 
 /// Keys (hashes already: their low bits are the home slot) to series, by linear probing in a
@@ -149,7 +161,7 @@ impl SlotTable {
         let mut i = self.home(key);
         loop {
             let slot = &self.slots[i];
-            if slot.series.is_none() || slot.key == key {
+            if slot.series.is_none() || slot.key == words(key) {
                 return Some(i);
             }
             i = (i + 1) & self.mask();
@@ -158,13 +170,13 @@ impl SlotTable {
 
     fn get(&self, key: u128) -> Option<&Arc<MemSeries>> {
         let i = self.find(key)?;
-        self.slots[i].series.as_ref().filter(|_| self.slots[i].key == key)
+        self.slots[i].series.as_ref().filter(|_| self.slots[i].key == words(key))
     }
 
     fn get_mut(&mut self, key: u128) -> Option<&mut Arc<MemSeries>> {
         let i = self.find(key)?;
         let slot = &mut self.slots[i];
-        slot.series.as_mut().filter(|_| slot.key == key)
+        slot.series.as_mut().filter(|_| slot.key == words(key))
     }
 
     fn prefetch(&self, key: u128) {
@@ -190,7 +202,7 @@ impl SlotTable {
         if self.slots[i].series.is_none() {
             self.len += 1;
         }
-        self.slots[i] = Slot { key, series: Some(series) };
+        self.slots[i] = Slot { key: words(key), series: Some(series) };
     }
 
     fn grow(&mut self) {
@@ -198,7 +210,7 @@ impl SlotTable {
         let old = std::mem::replace(&mut self.slots, (0..n).map(|_| Slot::default()).collect());
         for slot in old {
             if slot.series.is_some() {
-                let i = self.find(slot.key).expect("the table has slots");
+                let i = self.find(unwords(slot.key)).expect("the table has slots");
                 self.slots[i] = slot;
             }
         }
@@ -206,7 +218,7 @@ impl SlotTable {
 
     fn remove(&mut self, key: u128) -> Option<Arc<MemSeries>> {
         let mut hole = self.find(key)?;
-        if self.slots[hole].key != key {
+        if self.slots[hole].key != words(key) {
             return None;
         }
         let removed = self.slots[hole].series.take()?;
@@ -216,7 +228,7 @@ impl SlotTable {
         let mask = self.mask();
         let mut j = (hole + 1) & mask;
         while self.slots[j].series.is_some() {
-            let home = self.home(self.slots[j].key);
+            let home = self.home(unwords(self.slots[j].key));
             if j.wrapping_sub(home) & mask >= j.wrapping_sub(hole) & mask {
                 self.slots[hole] = std::mem::take(&mut self.slots[j]);
                 hole = j;
