@@ -81,8 +81,9 @@ impl Value {
     }
 }
 
-/// An annotation attached to a result (Prometheus' warnings and infos).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An annotation attached to a result (Prometheus' warnings and infos). Ordered warnings
+/// first, then by message and position.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Annotation {
     pub info: bool,
     pub msg: String,

@@ -259,7 +259,7 @@ impl Engine {
                         ),
                     );
                     let stats = QueryStats { samples_read: buckets, peak_samples: ev.peak.load(Ordering::Relaxed) };
-                    return Ok(QueryOutput { value, annotations: ev.annotations.into_inner(), stats });
+                    return Ok(QueryOutput { value, annotations: ev.into_annotations(), stats });
                 }
             }
             let deadline = ev.deadline;
@@ -271,7 +271,7 @@ impl Engine {
             samples_read: ev.samples_read.load(Ordering::Relaxed),
             peak_samples: ev.peak.load(Ordering::Relaxed),
         };
-        Ok(QueryOutput { value, annotations: ev.annotations.into_inner(), stats })
+        Ok(QueryOutput { value, annotations: ev.into_annotations(), stats })
     }
 
     /// Evaluates `expr` at `start, start+step, … ≤ end`; the result is a matrix sorted by labels.
@@ -505,6 +505,14 @@ impl<'a> Evaluator<'a> {
             samples_read: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
         }
+    }
+
+    /// The annotations raised, in one order (sorted): workers evaluating series in parallel
+    /// raise them in any order, and the result cache compares the sets of two evaluations.
+    fn into_annotations(self) -> Vec<Annotation> {
+        let mut out = self.annotations.into_inner();
+        out.sort();
+        out
     }
 
     pub fn warn(&self, pos: usize, msg: impl Into<String>) {

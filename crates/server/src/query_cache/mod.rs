@@ -10,6 +10,13 @@
 //! own, so the merged answer is the one a whole evaluation gives, point for point, as long as
 //! the query holds nothing that reads the query's own start or end ([`cacheable`]).
 //!
+//! Annotations (Prometheus' warnings and infos) are kept with a result. Those the engine
+//! raises only grow with the steps evaluated (a series that is not a counter, a bucket out of
+//! order: each raised if some step meets it), so the kept steps' annotations hold those of any
+//! steps among them. A refresh whose new steps raise exactly the kept annotations therefore
+//! answers exactly them, as a whole evaluation would; when they differ it is evaluated whole.
+//! The engine sorts annotations, so that equal sets are equal lists.
+//!
 //! Data can still change behind the kept steps: a sender running late, out-of-order or
 //! backfilled writes, deletions, retention. The database notes such changes
 //! (`strata_tsdb::changes`, watching writes from `delay` back); a kept result is cut back to
@@ -23,7 +30,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_promql::ast::{Duration, Expr, ExprKind};
-use strata_promql::Series;
+use strata_promql::{Annotation, Series};
 use strata_tsdb::changes::ChangeLog;
 
 #[cfg(test)]
@@ -57,6 +64,8 @@ struct Entry {
     seq: u64,
     /// Shared with requests reading it, so that they copy their steps out without the lock.
     series: Arc<Vec<Series>>,
+    /// The annotations of the evaluation (sorted): those of the kept steps, or more.
+    annotations: Vec<Annotation>,
     bytes: usize,
     /// For least-recently-used eviction.
     used: u64,
@@ -100,6 +109,8 @@ pub struct QueryCache {
 pub struct Cached {
     pub last: i64,
     pub series: Vec<Series>,
+    /// The annotations kept with them (sorted): those of these steps, or more.
+    pub annotations: Vec<Annotation>,
 }
 
 impl QueryCache {
@@ -162,15 +173,28 @@ impl QueryCache {
         }
         let last = entry.last.min(end);
         let kept = entry.series.clone();
+        let annotations = entry.annotations.clone();
         drop(inner);
         let spare = usize::try_from((end - last) / key.step_ms).unwrap_or(0);
         let series = kept.iter().filter_map(|s| slice(s, start, last, spare)).collect();
-        Some(Cached { last, series })
+        Some(Cached { last, series, annotations })
     }
 
     /// Keeps the steps of `series` (a range result from `start`, evaluated when the database's
-    /// change number was `seq` and the wall clock `now`) that are at least the delay old.
-    pub fn put(&self, key: CacheKey, start: i64, end: i64, now: i64, seq: u64, series: &[Series]) {
+    /// change number was `seq` and the wall clock `now`) that are at least the delay old, with
+    /// the result's `annotations` (sorted).
+    #[allow(clippy::too_many_arguments, reason = "a result and the clock and log it was evaluated at")]
+    pub fn put(
+        &self,
+        key: CacheKey,
+        start: i64,
+        end: i64,
+        now: i64,
+        seq: u64,
+        series: &[Series],
+        annotations: &[Annotation],
+    ) {
+        debug_assert!(annotations.is_sorted(), "the engine sorts annotations");
         let horizon = now - self.delay_ms;
         if horizon <= start {
             return;
@@ -178,14 +202,16 @@ impl QueryCache {
         // The last step strictly before the horizon, and not after the end.
         let last = (start + (horizon - 1 - start) / key.step_ms * key.step_ms).min(end);
         let kept: Vec<Series> = series.iter().filter_map(|s| slice(s, start, last, 0)).collect();
-        let bytes = size_of_series(&kept) + key.query.len() + 64;
+        let bytes =
+            size_of_series(&kept) + annotations.iter().map(|a| a.msg.len() + 48).sum::<usize>() + key.query.len() + 64;
         if bytes > self.max_bytes {
             return;
         }
         let mut inner = self.inner.lock();
         inner.clock += 1;
         let used = inner.clock;
-        let entry = Entry { first: start, last, seq, series: Arc::new(kept), bytes, used };
+        let entry =
+            Entry { first: start, last, seq, series: Arc::new(kept), annotations: annotations.to_vec(), bytes, used };
         if let Some(old) = inner.entries.insert(key, entry) {
             inner.bytes -= old.bytes;
         }
@@ -293,8 +319,8 @@ pub enum Outcome {
 /// Evaluates the range query `expr` over `[start, end]` through the cache: kept steps are
 /// taken, the rest evaluated by `eval(from)` (the same query from step `from` to `end`), the
 /// result kept for the next request. `now` is the wall clock in ms, `changes` the database's.
-/// Results with annotations are neither kept nor assembled from pieces: their order follows
-/// the evaluation's, so they are evaluated whole.
+/// Kept steps with annotations answer only when steps evaluated now raise exactly the same
+/// (the new steps, or for a request wholly kept its last step): see the module's comment.
 #[allow(clippy::too_many_arguments, reason = "a range query and the clock and log it is cached against")]
 pub fn evaluate_range(
     cache: &QueryCache,
@@ -309,34 +335,44 @@ pub fn evaluate_range(
     let step = key.step_ms;
     // Before anything is read: changes from here on are seen by the next request.
     let seq = changes.seq();
-    // Statistics are of the work done: none for a hit, the new steps' for a partial hit.
-    let whole =
-        |series: Vec<Series>, stats| QueryOutput { value: Value::Matrix(series), annotations: Vec::new(), stats };
+    let whole = |eval: &mut dyn FnMut(i64) -> _| {
+        cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let out: QueryOutput = eval(start)?;
+        if let Value::Matrix(series) = &out.value {
+            cache.put(key.clone(), start, end, now, seq, series, &out.annotations);
+        }
+        Ok((out, Outcome::Miss))
+    };
     match cache.get(&key, start, end, changes) {
         Some(kept) if kept.last >= end => {
+            // Statistics are of the work done: none for a hit, unless its last step was
+            // evaluated to check the annotations.
+            let mut stats = Default::default();
+            if !kept.annotations.is_empty() {
+                let last = eval(end)?;
+                if last.annotations != kept.annotations {
+                    return whole(eval);
+                }
+                stats = last.stats;
+            }
             cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-            Ok((whole(kept.series, Default::default()), Outcome::Hit))
+            let value = Value::Matrix(kept.series);
+            Ok((QueryOutput { value, annotations: kept.annotations, stats }, Outcome::Hit))
         }
         Some(kept) => {
             let fresh = eval(kept.last + step)?;
             let Value::Matrix(series) = fresh.value else {
-                return Ok((eval(start)?, Outcome::Miss));
+                return whole(eval);
             };
-            if !fresh.annotations.is_empty() {
-                return Ok((eval(start)?, Outcome::Miss));
+            if fresh.annotations != kept.annotations {
+                return whole(eval);
             }
             cache.stats.partial_hits.fetch_add(1, Ordering::Relaxed);
             let merged = merge(kept.series, series);
-            cache.put(key, start, end, now, seq, &merged);
-            Ok((whole(merged, fresh.stats), Outcome::PartialHit))
+            cache.put(key, start, end, now, seq, &merged, &fresh.annotations);
+            let value = Value::Matrix(merged);
+            Ok((QueryOutput { value, annotations: fresh.annotations, stats: fresh.stats }, Outcome::PartialHit))
         }
-        None => {
-            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-            let out = eval(start)?;
-            if let (Value::Matrix(series), true) = (&out.value, out.annotations.is_empty()) {
-                cache.put(key, start, end, now, seq, series);
-            }
-            Ok((out, Outcome::Miss))
-        }
+        None => whole(eval),
     }
 }

@@ -24,6 +24,10 @@ const QUERIES: &[&str] = &[
     "count(g)",
     "topk(2, g)",
     "max_over_time(rate(c[1m])[2m:30s])",
+    // Annotated: every refresh raises the same info (g is not a counter's name)…
+    "rate(g[1m])",
+    // …or not: h only has samples where a late series put them.
+    r#"sum(rate({__name__=~"g|h"}[1m]))"#,
 ];
 
 /// One thing that happens between two refreshes of a dashboard.
@@ -105,8 +109,9 @@ fn run(ops: &[Op]) {
             Op::LateSeries { back_min, id } => {
                 let mut app = db.appender_with(OutOfOrder { window_ms: 2 * 3_600_000, replace: false });
                 let (from, to) = (wall() - back_min * 60_000, wall() - (back_min - 3) * 60_000);
+                let name = if id % 3 == 0 { "h" } else { "g" };
                 for (t, v) in scrapes(id % 8, from, to) {
-                    let _ = app.append(&labels("g", 10 + id % 8), t, v);
+                    let _ = app.append(&labels(name, 10 + id % 8), t, v);
                 }
                 app.commit().unwrap();
             }
@@ -200,6 +205,49 @@ fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
 }
 
 #[test]
+fn annotated_results_are_kept_while_new_steps_raise_the_same_annotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions { compact_interval: None, ..DbOptions::default() }).unwrap();
+    db.changes().watch(DELAY);
+    let now = wall();
+    let mut app = db.appender();
+    for (t, v) in scrapes(0, now - 3_600_000, now) {
+        app.append(&labels("g", 0), t, v).unwrap();
+    }
+    // h: only 50 to 40 minutes back.
+    for (t, v) in scrapes(1, now - 3_000_000, now - 2_400_000) {
+        app.append(&labels("h", 1), t, v).unwrap();
+    }
+    app.commit().unwrap();
+    let cache = QueryCache::new(1 << 20, DELAY);
+    let engine = Engine::new(EngineOptions::default());
+    let query = |q: &str, start: i64, end: i64| {
+        let expr = strata_promql::parser::parse(q).unwrap();
+        let key = CacheKey::new(&expr, start, STEP, 300_000);
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+            engine.range(&db, &expr, from, end, STEP)
+        })
+        .unwrap();
+        let direct = engine.range(&db, &expr, start, end, STEP).unwrap();
+        assert!(!direct.annotations.is_empty());
+        assert_eq!(out.annotations, direct.annotations, "{q} over [{start}, {end}]");
+        assert_eq!(out.value, direct.value, "{q} over [{start}, {end}]");
+        outcome
+    };
+    let end = (now - 10 * 60_000) / STEP * STEP;
+    let g = "rate(g[1m])";
+    assert_eq!(query(g, end - 1_800_000, end), Outcome::Miss);
+    assert_eq!(query(g, end - 1_800_000 + STEP, end + STEP), Outcome::PartialHit, "the same info again");
+    assert_eq!(query(g, end - 1_800_000 + STEP, end), Outcome::Hit, "its last step raises the same info");
+    // Both infos over the first window; the new steps raise only g's, so the refresh is
+    // evaluated whole (and still answers both, as h has samples in the moved window too).
+    let gh = r#"rate({__name__=~"g|h"}[1m])"#;
+    let start = end - 3_300_000;
+    assert_eq!(query(gh, start, end), Outcome::Miss);
+    assert_eq!(query(gh, start + STEP, end + STEP), Outcome::Miss);
+}
+
+#[test]
 fn queries_reading_their_own_start_or_end_are_not_cached() {
     for (q, ok) in [
         ("rate(x[5m])", true),
@@ -228,15 +276,15 @@ fn the_size_is_kept_by_dropping_the_least_recently_used() {
         )]
     };
     let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1 };
-    cache.put(key("a"), 0, 100 * STEP, now, 0, &series(100));
-    cache.put(key("b"), 0, 100 * STEP, now, 0, &series(100));
+    cache.put(key("a"), 0, 100 * STEP, now, 0, &series(100), &[]);
+    cache.put(key("b"), 0, 100 * STEP, now, 0, &series(100), &[]);
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some(), "a used last");
-    cache.put(key("c"), 0, 100 * STEP, now, 0, &series(100));
+    cache.put(key("c"), 0, 100 * STEP, now, 0, &series(100), &[]);
     assert!(cache.bytes() <= 4096);
     assert!(cache.get(&key("b"), 0, 100 * STEP, &log).is_none(), "b dropped first");
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some());
     assert!(cache.stats.evictions.load(Ordering::Relaxed) >= 1);
     // Never more than asked for, even by one big result.
-    cache.put(key("d"), 0, 10_000 * STEP, now, 0, &series(10_000));
+    cache.put(key("d"), 0, 10_000 * STEP, now, 0, &series(10_000), &[]);
     assert!(cache.get(&key("d"), 0, 10 * STEP, &log).is_none());
 }
