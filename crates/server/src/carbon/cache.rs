@@ -113,8 +113,8 @@ impl Drop for SeriesCache {
 }
 
 /// A slot: a key and its series (`None`: empty), 24 bytes: the key as two words, so that it
-/// is not padded to a 16-byte boundary (32 bytes a slot, a third more; a slot that straddles
-/// two cache lines is rare to matter, as a probe reads on into the next slots anyway).
+/// is not aligned to 16 bytes (which made a slot 32 bytes, a third more). Some slots straddle
+/// two cache lines; that costs little, as a probe reads on into the next slots anyway.
 #[derive(Debug, Default)]
 struct Slot {
     key: [u64; 2],
