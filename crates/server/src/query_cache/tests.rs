@@ -160,10 +160,10 @@ proptest! {
     }
 }
 
-#[test]
-fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), DbOptions { compact_interval: None, ..DbOptions::default() }).unwrap();
+/// A database watching changes from `DELAY` back, holding series `g` 0 over the last hour
+/// and the wall clock then.
+fn db_with_an_hour_of_g(dir: &std::path::Path) -> (Db, i64) {
+    let db = Db::open(dir, DbOptions { compact_interval: None, ..DbOptions::default() }).unwrap();
     db.changes().watch(DELAY);
     let now = wall();
     let mut app = db.appender();
@@ -171,6 +171,13 @@ fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
         app.append(&labels("g", 0), t, v).unwrap();
     }
     app.commit().unwrap();
+    (db, now)
+}
+
+#[test]
+fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, now) = db_with_an_hour_of_g(dir.path());
     let cache = QueryCache::new(1 << 20, DELAY);
     let engine = Engine::new(EngineOptions::default());
     let expr = strata_promql::parser::parse("g").unwrap();
@@ -207,13 +214,8 @@ fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
 #[test]
 fn annotated_results_are_kept_while_new_steps_raise_the_same_annotations() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), DbOptions { compact_interval: None, ..DbOptions::default() }).unwrap();
-    db.changes().watch(DELAY);
-    let now = wall();
+    let (db, now) = db_with_an_hour_of_g(dir.path());
     let mut app = db.appender();
-    for (t, v) in scrapes(0, now - 3_600_000, now) {
-        app.append(&labels("g", 0), t, v).unwrap();
-    }
     // h: only 50 to 40 minutes back.
     for (t, v) in scrapes(1, now - 3_000_000, now - 2_400_000) {
         app.append(&labels("h", 1), t, v).unwrap();
