@@ -775,11 +775,8 @@ impl<'a> Querier<'a> {
         let (nodes, bytes) = pattern.found_last();
         // Sized as the pattern's last search found (bounded, the limit may be far larger).
         let out = NodeSet::with_capacity(nodes.min(limit).min(1 << 20), bytes.min(64 << 20));
-        let mut found = FoundNames { out, limit, error: None, seen: 0, querier: self };
+        let mut found = FoundNames { out, limit };
         self.walk_names(pattern, |node, flags| found.add(node, flags))?;
-        if let Some(e) = found.error {
-            return Err(e);
-        }
         found.out.merge_repeats();
         if found.out.len() > limit {
             return Err(crate::Error::TooManySeries { limit });
@@ -800,32 +797,34 @@ impl<'a> Querier<'a> {
             last_name: Vec::new(),
             last_entry: None,
             limit,
-            error: None,
-            seen: 0,
-            querier: self,
         };
         self.walk_names(pattern, |node, flags| found.add(node, flags))?;
-        if let Some(e) = found.error {
-            return Err(e);
-        }
         // One entry per name, so no repeats: this sorts them by node.
         found.out.merge_repeats();
         Ok(found.out)
     }
 
     /// Calls `visit` for every node `pattern` matches in the head and in each block in range
-    /// (a node held by several is visited once in each), until `visit` returns false.
-    fn walk_names(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> bool) -> Result<()> {
-        let go_on = std::cell::Cell::new(true);
+    /// (a node held by several is visited once in each), asking the interrupt as nodes come;
+    /// stops at the first error, `visit`'s or the interrupt's, and returns it.
+    fn walk_names(&self, pattern: &NamePattern, mut visit: impl FnMut(&[u8], u8) -> Result<()>) -> Result<()> {
+        let mut seen = 0;
+        let error = std::cell::RefCell::new(None);
         let mut visit = |node: &[u8], flags| {
-            go_on.set(visit(node, flags));
-            go_on.get()
+            seen += 1;
+            match self.check_interrupt(seen).and_then(|()| visit(node, flags)) {
+                Ok(()) => true,
+                Err(e) => {
+                    *error.borrow_mut() = Some(e);
+                    false
+                }
+            }
         };
         if !self.head.search_names(pattern, &mut visit) {
             scan_names(&self.head.label_values(METRIC_NAME, &[]), pattern, &mut visit);
         }
         for b in self.blocks() {
-            if !go_on.get() {
+            if error.borrow().is_some() {
                 break;
             }
             let data = b.data().inspect_err(|e| b.mark_corrupt_if(e))?;
@@ -834,7 +833,7 @@ impl<'a> Querier<'a> {
                 None => scan_names(&data.index.label_values(METRIC_NAME), pattern, &mut visit),
             }
         }
-        Ok(())
+        error.into_inner().map_or(Ok(()), Err)
     }
 
     /// Adds to `out`, for every block in range, what `from_index` reads off the block's index
@@ -861,40 +860,31 @@ impl<'a> Querier<'a> {
     }
 }
 
-/// Nodes found by `find_names` so far (unsorted, possibly repeated), and why it stopped early.
-struct FoundNames<'q, 'a> {
+/// Nodes found by `find_names` so far (unsorted, possibly repeated).
+struct FoundNames {
     out: NodeSet,
     limit: usize,
-    error: Option<crate::Error>,
-    seen: usize,
-    querier: &'q Querier<'a>,
 }
 
-impl FoundNames<'_, '_> {
-    /// Takes one node; false (stop walking) past the limit or when interrupted.
-    fn add(&mut self, node: &[u8], flags: u8) -> bool {
-        self.seen += 1;
-        if let Err(e) = self.querier.check_interrupt(self.seen) {
-            self.error = Some(e);
-            return false;
-        }
+impl FoundNames {
+    /// Takes one node; `TooManySeries` past the limit.
+    fn add(&mut self, node: &[u8], flags: u8) -> Result<()> {
         // A node can come from the head's dictionary and its delta, and from every block:
         // repeats are merged when the set reaches twice the limit, and at the end.
         if self.out.len() >= self.limit.saturating_mul(2) {
             self.out.merge_repeats();
             if self.out.len() >= self.limit {
-                self.error = Some(crate::Error::TooManySeries { limit: self.limit });
-                return false;
+                return Err(crate::Error::TooManySeries { limit: self.limit });
             }
         }
         self.out.push(node, flags);
-        true
+        Ok(())
     }
 }
 
 /// Nodes found by `find_first_of_each_name` so far: the first (least) node of each name met,
 /// with the flags of its repeats merged.
-struct FirstOfEachName<'q, 'a> {
+struct FirstOfEachName {
     out: NodeSet,
     /// A name's entry in `out`.
     index: std::collections::HashMap<Vec<u8>, usize, foldhash::fast::RandomState>,
@@ -902,19 +892,11 @@ struct FirstOfEachName<'q, 'a> {
     last_name: Vec<u8>,
     last_entry: Option<usize>,
     limit: usize,
-    error: Option<crate::Error>,
-    seen: usize,
-    querier: &'q Querier<'a>,
 }
 
-impl FirstOfEachName<'_, '_> {
-    /// Takes one node; false (stop walking) past the limit or when interrupted.
-    fn add(&mut self, node: &[u8], flags: u8) -> bool {
-        self.seen += 1;
-        if let Err(e) = self.querier.check_interrupt(self.seen) {
-            self.error = Some(e);
-            return false;
-        }
+impl FirstOfEachName {
+    /// Takes one node; `TooManySeries` past the limit of names.
+    fn add(&mut self, node: &[u8], flags: u8) -> Result<()> {
         let name = node.iter().rposition(|&b| b == b'.').map_or(node, |dot| &node[dot + 1..]);
         // A walk meets a name's nodes in runs (a reversed walk all of them in one): the name
         // before is checked before hashing.
@@ -928,22 +910,21 @@ impl FirstOfEachName<'_, '_> {
             entry
         };
         match entry {
-            Some(i) => match node.cmp(self.out.get(i).0) {
+            Some(i) => match node.cmp(self.out.node(i)) {
                 Ordering::Less => self.out.replace(i, node, flags),
                 Ordering::Equal => self.out.add_flags(i, flags),
                 Ordering::Greater => {}
             },
             None => {
                 if self.out.len() >= self.limit {
-                    self.error = Some(crate::Error::TooManySeries { limit: self.limit });
-                    return false;
+                    return Err(crate::Error::TooManySeries { limit: self.limit });
                 }
                 self.index.insert(name.to_vec(), self.out.len());
                 self.last_entry = Some(self.out.len());
                 self.out.push(node, flags);
             }
         }
-        true
+        Ok(())
     }
 }
 

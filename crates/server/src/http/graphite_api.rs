@@ -1262,6 +1262,24 @@ mod tests {
         assert!(q.find_names(&pattern, 149).is_err(), "the full find counts every node");
     }
 
+    #[test]
+    fn finds_stop_when_the_query_is_interrupted() {
+        let head = Head::in_memory(HeadOptions::default());
+        let mut app = head.appender();
+        for host in 0..2000 {
+            app.append(&Labels::from_pairs([(METRIC_NAME, format!("h{host:04}.load").as_str())]), 1000, 1.0).unwrap();
+        }
+        app.commit().unwrap();
+        let stop = || Some(strata_tsdb::error::Stop::Timeout);
+        let q = Querier::new(&head, i64::MIN, i64::MAX).interrupt(&stop);
+        let pattern = glob_pattern("query", &Glob::parse("*.load").unwrap()).unwrap();
+        let stopped = |r: strata_tsdb::Result<_>| matches!(r, Err(strata_tsdb::Error::Stopped(_)));
+        assert!(stopped(q.find_names(&pattern, usize::MAX)), "2,000 nodes: the interrupt is asked");
+        assert!(stopped(q.find_first_of_each_name(&pattern, usize::MAX)));
+        let q = Querier::new(&head, i64::MIN, i64::MAX);
+        assert_eq!(q.find_first_of_each_name(&pattern, usize::MAX).unwrap().len(), 1, "one name");
+    }
+
     proptest::proptest! {
         /// A find through the head's names index (dictionary and delta) lists exactly the
         /// nodes the reference finder lists by reading every path.

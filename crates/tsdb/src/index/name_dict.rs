@@ -461,10 +461,9 @@ impl NodeSet {
         e.key(&self.bytes)
     }
 
-    /// The `i`th node held and its flags.
-    pub fn get(&self, i: usize) -> (&[u8], u8) {
-        let e = &self.nodes[i];
-        (self.key(e), e.flags)
+    /// The `i`th node held.
+    pub fn node(&self, i: usize) -> &[u8] {
+        self.key(&self.nodes[i])
     }
 
     /// Makes the `i`th entry `node` with `flags`. The old node's bytes stay in the buffer
