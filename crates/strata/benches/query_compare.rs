@@ -1,13 +1,19 @@
 //! PromQL query latency, Strata against Prometheus and VictoriaMetrics on the same data, in one
 //! run: a dashboard mix over the node-exporter recording replicated to INSTANCES instances.
 //!
-//! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS [STRIDE]]]` (defaults
-//! 1000, 5, 1).
+//! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS [STRIDE]] [minutes=M]
+//! [churn=PCT/MIN]]` (defaults 1000, 5, 1, the 24 h shape, no churn).
 //!
 //! Data: the recording's 600 scrapes (every STRIDE-th of them), re-stamped evenly over the
 //! 24 h before now (600 scrapes: 144 s apart), for INSTANCES `instance` values, plus a
 //! synthetic classic histogram per instance (two handlers × 12 buckets, with `_sum` and
-//! `_count`; the recording has none) so that `histogram_quantile` has input. Each server
+//! `_count`; the recording has none) so that `histogram_quantile` has input. `minutes=M`
+//! instead keeps the recording's first M minutes at their own 10 s spacing, ending two minutes
+//! before now: data still in the servers' heads (Strata's and Prometheus' heads hold up to
+//! two hours) rather than in compacted blocks, and the queries cover those M minutes.
+//! `churn=60/15` replaces the first 60% of the instances every 15 minutes (new `instance`
+//! values, as pods replaced by a rollout), so most selected series are dead for most of the
+//! range. Each server
 //! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
 //! `victoria-metrics` with its result cache off) is started on a fresh directory and loaded by
 //! remote write in time order over 4 connections, and left until its background work (head
@@ -116,7 +122,7 @@ fn histogram_samples(k: usize, instance: usize) -> Vec<Scraped> {
 
 /// Sends every sample by remote write in time order; series are sharded over connections so
 /// each series' samples stay in order. Returns the sample count.
-fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
+fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64, shape: Shape) -> u64 {
     let mut senders: Vec<SyncSender<Vec<u8>>> = Vec::new();
     let mut workers = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -157,13 +163,20 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
             }
         }));
     }
-    let n = scrapes.len() as i64;
     let mut batches: Vec<Vec<TimeSeries>> = vec![Vec::new(); CONNECTIONS];
     let mut total = 0u64;
-    for (k, (_, samples)) in scrapes.iter().enumerate() {
-        let t = end_ms - (n - 1 - k as i64) * (DAY_MS / n);
+    let begin_ms = end_ms - shape.span_ms();
+    for (k, (recorded, samples)) in scrapes.iter().enumerate() {
+        let t = shape.restamp(scrapes, k, *recorded, end_ms);
         for i in 0..instances {
-            let instance = format!("host-{i:05}:9100");
+            let instance = match shape.churn {
+                // The first PCT% of the instances are replaced each period.
+                Some((pct, minutes)) if i * 100 < instances * pct => {
+                    let generation = (t - begin_ms) / (minutes * 60_000);
+                    format!("host-{i:05}-{generation}:9100")
+                }
+                _ => format!("host-{i:05}:9100"),
+            };
             let shard = i % CONNECTIONS;
             let extra = histogram_samples(k, i);
             for (pairs, v) in samples.iter().chain(extra.iter()) {
@@ -197,13 +210,67 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64) -> u64 {
     total
 }
 
+/// Where the data lies in time, and whether instances churn.
+#[derive(Clone, Copy, PartialEq, Debug)]
+struct Shape {
+    /// The recording's first minutes at their own spacing, instead of 24 h.
+    minutes: Option<i64>,
+    /// (percent of the instances, minutes): that share replaced by new ones every period.
+    churn: Option<(usize, i64)>,
+}
+
+impl Shape {
+    fn parse(args: &[String]) -> Shape {
+        let mut shape = Shape { minutes: None, churn: None };
+        for a in args {
+            if let Some(m) = a.strip_prefix("minutes=") {
+                shape.minutes = Some(m.parse().expect("minutes=M: a whole number of minutes"));
+            } else if let Some(c) = a.strip_prefix("churn=") {
+                let (pct, min) = c.split_once('/').expect("churn=PCT/MIN");
+                shape.churn = Some((pct.parse().expect("churn's PCT"), min.parse().expect("churn's MIN")));
+            }
+        }
+        shape
+    }
+
+    fn span_ms(&self) -> i64 {
+        self.minutes.map_or(DAY_MS, |m| m * 60_000)
+    }
+
+    /// The time scrape `k` of `scrapes` (recorded at `recorded`) gets, for data ending at
+    /// `end_ms`: spread evenly over 24 h, or shifted whole so the last scrape is at the end.
+    fn restamp(&self, scrapes: &[Scrape], k: usize, recorded: i64, end_ms: i64) -> i64 {
+        match self.minutes {
+            None => {
+                let n = scrapes.len() as i64;
+                end_ms - (n - 1 - k as i64) * (DAY_MS / n)
+            }
+            Some(_) => end_ms - (scrapes.last().unwrap().0 - recorded),
+        }
+    }
+
+    /// For the table's caption and the kept data's parameters.
+    fn describe(&self) -> String {
+        let mut s = match self.minutes {
+            None => "24 h".to_string(),
+            Some(m) => format!("the last {m} min (head)"),
+        };
+        if let Some((pct, min)) = self.churn {
+            s += &format!(", {pct}% of instances replaced every {min} min");
+        }
+        s
+    }
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let words: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
+    let shape = Shape::parse(&words);
     let instances = args.first().copied().unwrap_or(1000);
     let runs = args.get(1).copied().unwrap_or(5).max(1);
     let built = std::process::Command::new(env!("CARGO"))
@@ -214,10 +281,19 @@ fn main() {
     assert!(built.success());
     // Every stride-th scrape (default all 600); rate windows hold about four samples.
     let stride = args.get(2).copied().unwrap_or(1).max(1);
-    let scrapes: Vec<Scrape> = read_recording().into_iter().step_by(stride).collect();
-    let window = format!("{}m", (4 * DAY_MS / scrapes.len() as i64 / 60_000).max(5));
+    let mut scrapes: Vec<Scrape> = read_recording();
+    if let Some(m) = shape.minutes {
+        let first = scrapes[0].0;
+        scrapes.retain(|(t, _)| *t < first + m * 60_000);
+    }
+    let scrapes: Vec<Scrape> = scrapes.into_iter().step_by(stride).collect();
+    let spacing_ms = match shape.minutes {
+        None => DAY_MS / scrapes.len() as i64,
+        Some(_) => (scrapes.last().unwrap().0 - scrapes[0].0) / (scrapes.len() as i64 - 1).max(1),
+    };
+    let window = format!("{}m", (4 * spacing_ms / 60_000).max(5));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    // Data ends two minutes before now, on a whole minute; queries cover the 24 h before that.
+    // Data ends two minutes before now, on a whole minute; queries cover the span before that.
     let mut end_ms = (now - 120_000) / 60_000 * 60_000;
     // QUERY_DATA_DIR keeps the loaded servers' directories for the next run with the same
     // instances and stride (which then reuses their end time and skips the load).
@@ -227,20 +303,21 @@ fn main() {
     if kept.is_some() {
         let params = root.join("params");
         let same = std::fs::read_to_string(&params).ok().and_then(|p| {
-            let v: Vec<i64> = p.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-            (v.len() == 3 && v[0] == instances as i64 && v[1] == stride as i64).then_some(v[2])
+            let v: Vec<i64> = p.lines().next()?.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            let same_shape = p.lines().nth(1) == Some(format!("{shape:?}").as_str());
+            (same_shape && v.len() == 3 && v[0] == instances as i64 && v[1] == stride as i64).then_some(v[2])
         });
         match same {
             Some(end) => end_ms = end,
             None => {
                 let _ = std::fs::remove_dir_all(&root);
                 std::fs::create_dir_all(&root).unwrap();
-                std::fs::write(&params, format!("{instances} {stride} {end_ms}\n")).unwrap();
+                std::fs::write(&params, format!("{instances} {stride} {end_ms}\n{shape:?}\n")).unwrap();
             }
         }
     }
     let end_s = end_ms / 1000;
-    let start_s = end_s - 24 * 3600;
+    let start_s = end_s - shape.span_ms() / 1000;
     // results[query][server] = (median, series)
     let servers = ["strata", "prometheus", "victoria-metrics", "strata-baseline"];
     let mut results: Vec<Vec<Option<(Duration, usize)>>> = vec![vec![None; servers.len()]; QUERIES.len()];
@@ -277,7 +354,7 @@ fn main() {
             println!("{name}: reusing the data loaded in {}", dir.display());
             0
         } else {
-            load(peer.port, &scrapes, instances, end_ms)
+            load(peer.port, &scrapes, instances, end_ms, shape)
         };
         let load_time = t0.elapsed();
         if *name == "victoria-metrics" {
@@ -388,7 +465,7 @@ fn main() {
         let small = format!(
             "/api/v1/query_range?query={}&start={}&end={end_s}&step={STEP_S}",
             urlencode(FAIRNESS_SMALL),
-            end_s - 3600
+            end_s - (shape.span_ms() / 1000).min(3600)
         );
         let heavy = format!(
             "/api/v1/query_range?query={}&start={start_s}&end={end_s}&step={STEP_S}",
@@ -439,8 +516,9 @@ fn main() {
         let _ = peer.child.wait();
     }
     println!(
-        "\n{instances} instances, {} scrapes per series over 24 h, rate windows {window}; 24 h range at {STEP_S} s step (instant: at the end), median of {runs} runs, ms (series returned)",
-        scrapes.len()
+        "\n{instances} instances, {} scrapes per series over {}, rate windows {window}; the whole range at {STEP_S} s step (instant: at the end), median of {runs} runs, ms (series returned)",
+        scrapes.len(),
+        shape.describe()
     );
     println!(
         "{:<28} {:>18} {:>18} {:>18} {:>18} {:>10} {:>10} {:>10}",
@@ -469,7 +547,7 @@ fn main() {
     }
     if !fairness.is_empty() {
         println!(
-            "\nfairness: `{FAIRNESS_SMALL}` over 1 h alone and while `{FAIRNESS_HEAVY}` over 24 h runs back to back on {FAIRNESS_HEAVY_CONNECTIONS} other connections; median of {FAIRNESS_RUNS}, ms (goal: at most 2x)"
+            "\nfairness: `{FAIRNESS_SMALL}` over (at most) 1 h alone and while `{FAIRNESS_HEAVY}` over the range runs back to back on {FAIRNESS_HEAVY_CONNECTIONS} other connections; median of {FAIRNESS_RUNS}, ms (goal: at most 2x)"
         );
         println!("{:<20} {:>10} {:>14} {:>10} {:>14}", "server", "alone", "beside heavy", "slowdown", "heavy answered");
         for (si, alone, loaded, heavy_done) in &fairness {
@@ -485,7 +563,7 @@ fn main() {
     }
     if !refreshes.is_empty() {
         println!(
-            "\nstrata's result cache: the 24 h range moved by one step ({STEP_S} s) per request, median of {runs}, ms"
+            "\nstrata's result cache: the range moved by one step ({STEP_S} s) per request, median of {runs}, ms"
         );
         println!("{:<28} {:>12} {:>12} {:>10}", "query", "evaluated", "refresh", "speed-up");
         for (label, cold, warm) in &refreshes {
