@@ -388,12 +388,20 @@ fn extrapolated_rate(s: &[Point], w: &Window, is_counter: bool, is_rate: bool) -
 /// with fewer than two samples.
 #[inline(always)]
 fn change_over(s: &[Point], is_counter: bool) -> Option<(f64, Sampled)> {
+    change_over_with(s, is_counter, is_counter)
+}
+
+/// `change_over`, told whether the window may hold a counter reset (`may_reset`: false when
+/// the caller knows no sample is below its predecessor, which skips the scan; the result is
+/// the same, as the scan would add nothing).
+#[inline(always)]
+fn change_over_with(s: &[Point], is_counter: bool, may_reset: bool) -> Option<(f64, Sampled)> {
     if s.len() < 2 {
         return None;
     }
     let (first, last) = (s[0], s[s.len() - 1]);
     let mut result = last.f - first.f;
-    if is_counter {
+    if may_reset {
         let mut prev = first.f;
         for p in &s[1..] {
             if p.f < prev {
@@ -427,6 +435,11 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
     // The window (lo, hi) `base` was computed for; (0, 0) holds no samples, as `None` says.
     let mut base_of = (0usize, 0usize);
     let mut base: Option<(f64, Sampled)> = None;
+    // The first counter reset after `lo` (a sample below the one before it), or the end: a
+    // window ending before it has none, and its change needs no scan. Windows only move
+    // forward, so finding it costs one pass over the samples in all.
+    let is_reset = |j: usize| samples[j].f < samples[j - 1].f;
+    let mut next_reset = 1;
     for i in 0..ctx.n {
         let end = spec.end_at(ctx.ts(i));
         let start = end - spec.range;
@@ -438,7 +451,15 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
         }
         if (lo, hi) != base_of {
             base_of = (lo, hi);
-            base = change_over(&samples[lo..hi], is_counter);
+            let mut may_reset = false;
+            if is_counter {
+                next_reset = next_reset.max(lo + 1);
+                while next_reset < hi && !is_reset(next_reset) {
+                    next_reset += 1;
+                }
+                may_reset = next_reset < hi;
+            }
+            base = change_over_with(&samples[lo..hi], is_counter, may_reset);
         }
         if let Some((change, sampled)) = &base {
             points.push(Point { t: ctx.ts(i), f: change * sampled.factor(end, spec.range, divisor) });
@@ -1012,8 +1033,20 @@ mod tests {
             range in 1_000i64..600_000,
             offset in 0i64..100_000,
             fun in 0usize..3,
+            counter_like in proptest::bool::ANY,
         ) {
             let mut t = 0;
+            // Counter-like: increments of the values, reset to zero where a value is below 1%
+            // of the range (rare resets, so most windows hold none; else most hold several).
+            let mut total = 0.0;
+            let values: Vec<f64> = values
+                .iter()
+                .map(|&f| match counter_like {
+                    false => f,
+                    true if f < 1e4 => { total = 0.0; total }
+                    true => { total += f; total }
+                })
+                .collect();
             let samples: Vec<Point> = gaps.iter().zip(&values).map(|(g, &f)| { t += g; Point { t, f } }).collect();
             let ctx = Ctx { start: -50_000, step, n: (t / step + 20) as usize };
             let spec = RangeSpec { range, offset, at: None, mode: RangeMode::Plain };
