@@ -415,8 +415,33 @@ impl std::fmt::Debug for ReadLimits<'_> {
     }
 }
 
-/// Fewer head series than this per thread are not worth a thread of their own.
-const HEAD_PARALLEL_SERIES_MIN: usize = 8192;
+/// Fewer head series than this per thread are not worth a thread of their own (a few
+/// microseconds each: a thread costs tens).
+const HEAD_PARALLEL_SERIES_MIN: usize = 256;
+
+/// The size of the buffers a head selection copies open chunks into.
+const ARENA_BLOCK: usize = 256 << 10;
+
+/// A buffer with less room left than this is sealed before the next series: an open chunk
+/// rarely holds more, and one that does only makes the buffer grow.
+const ARENA_BLOCK_SLACK: usize = 16 << 10;
+
+/// Points the open chunks of `found` that were copied into `arena` (their bytes still the
+/// `placeholder`) at it, now that it is complete.
+fn seal_arena(
+    arena: Vec<u8>,
+    placeholder: &Arc<bytes::Bytes>,
+    found: &mut [(Arc<crate::head::MemSeries>, Vec<QueryChunk>)],
+) {
+    let arena = Arc::new(bytes::Bytes::from(arena));
+    for c in found.iter_mut().flat_map(|(_, chunks)| chunks.iter_mut()) {
+        if let ChunkData::Mem(HeadChunkBytes::Mapped { file, .. }) = &mut c.data {
+            if Arc::ptr_eq(file, placeholder) {
+                *file = arena.clone();
+            }
+        }
+    }
+}
 
 /// Series selected between two questions to the interrupt: often enough that a deadline is
 /// seen within a millisecond or so, rarely enough to cost nothing.
@@ -627,12 +652,17 @@ impl<'a> Querier<'a> {
 
     /// The series of `refs` with chunks in range, sorted by labels.
     fn select_head_refs(&self, refs: &[SeriesRef]) -> Result<Vec<Series>> {
-        // The open chunks' copies go to one buffer, shared by the chunks that point into it
-        // once it is complete (the `Mapped` below are placeholders until then).
-        let mut arena = Vec::new();
+        // The open chunks' copies go to buffers of ARENA_BLOCK bytes, each shared by the
+        // chunks that point into it once it is full (the `Mapped` below are placeholders until
+        // then). Blocks of a fixed size rather than one growing buffer: a selection of many
+        // series would otherwise copy its buffer at each doubling and fault in fresh pages for
+        // each copy, and the allocator keeps blocks of this size for the next selection.
+        let mut arena = Vec::with_capacity(ARENA_BLOCK);
         let placeholder = Arc::new(bytes::Bytes::new());
         let mut pending = Vec::new();
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
+        // found[in_arena..] may point into `arena`.
+        let mut in_arena = 0;
         for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
             let Some(s) = self.head.series(r) else { continue };
@@ -678,20 +708,18 @@ impl<'a> Querier<'a> {
                 found.push((s, chunks));
                 self.check_limit(found.len())?;
             }
+            if arena.capacity() - arena.len() < ARENA_BLOCK_SLACK {
+                let full = std::mem::replace(&mut arena, Vec::with_capacity(ARENA_BLOCK));
+                seal_arena(full, &placeholder, &mut found[in_arena..]);
+                in_arena = found.len();
+            }
         }
-        let arena = Arc::new(bytes::Bytes::from(arena));
+        seal_arena(arena, &placeholder, &mut found[in_arena..]);
         let stones = self.head.tombstones_snapshot();
         let mut out: Vec<Series> = self.head.symbols.with(|get| {
             found
                 .into_iter()
-                .map(|(s, mut chunks)| {
-                    for c in &mut chunks {
-                        if let ChunkData::Mem(HeadChunkBytes::Mapped { file, .. }) = &mut c.data {
-                            if Arc::ptr_eq(file, &placeholder) {
-                                *file = arena.clone();
-                            }
-                        }
-                    }
+                .map(|(s, chunks)| {
                     let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
                     Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })

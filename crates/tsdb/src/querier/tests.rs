@@ -151,6 +151,42 @@ fn head_selection_on_threads_equals_one_thread() {
     }
 }
 
+/// Open chunks are copied into buffers of `ARENA_BLOCK` bytes: a selection whose open chunks
+/// fill several of them reads back every sample written, on one thread and on several.
+#[test]
+fn open_chunks_spanning_several_copy_buffers_read_back_whole() {
+    let head = Head::in_memory(HeadOptions::default());
+    let n = 1500;
+    let labels = |i: usize| Labels::from_pairs([("__name__", "s"), ("k", &format!("{i:05}"))]);
+    // Values whose XOR leaves most mantissa bits: about ten bytes a sample.
+    let value = |i: usize, k: i64| ((i as f64) + 1.0).sqrt() * (k as f64 + 0.1).ln();
+    for k in 0..100i64 {
+        let mut app = head.appender();
+        for i in 0..n {
+            app.append(&labels(i), k * 10_000 + (i % 3) as i64, value(i, k)).unwrap();
+        }
+        app.commit().unwrap();
+    }
+    let all = [Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()];
+    for threads in [1, 2] {
+        let got = Querier::new(&head, 0, 1_000_000).parallelism(threads).select(&all).unwrap();
+        assert_eq!(got.len(), n);
+        let mut copied = std::collections::HashSet::new();
+        for (i, s) in got.iter().enumerate() {
+            assert_eq!(s.labels, labels(i));
+            let want: Vec<Sample> =
+                (0..100).map(|k| Sample { t: k * 10_000 + (i % 3) as i64, v: value(i, k) }).collect();
+            assert_eq!(s.samples(), want, "{}", s.labels);
+            for c in &s.chunks {
+                if let ChunkData::Mem(HeadChunkBytes::Mapped { file, .. }) = &c.data {
+                    copied.insert(Arc::as_ptr(file));
+                }
+            }
+        }
+        assert!(copied.len() > 3, "the open chunks filled {} buffers", copied.len());
+    }
+}
+
 #[test]
 fn a_labels_only_selection_lists_the_series_without_their_chunks() {
     let tmp = tempfile::tempdir().unwrap();
