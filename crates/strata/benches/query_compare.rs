@@ -562,9 +562,7 @@ fn main() {
         }
     }
     if !refreshes.is_empty() {
-        println!(
-            "\nstrata's result cache: the range moved by one step ({STEP_S} s) per request, median of {runs}, ms"
-        );
+        println!("\nstrata's result cache: the range moved by one step ({STEP_S} s) per request, median of {runs}, ms");
         println!("{:<28} {:>12} {:>12} {:>10}", "query", "evaluated", "refresh", "speed-up");
         for (label, cold, warm) in &refreshes {
             println!(
