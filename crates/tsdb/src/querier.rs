@@ -426,6 +426,43 @@ const ARENA_BLOCK: usize = 256 << 10;
 /// rarely holds more, and one that does only makes the buffer grow.
 const ARENA_BLOCK_SLACK: usize = 16 << 10;
 
+/// The order of label sets (`Labels`' order) given as head symbol ids: indexes into `sets`.
+/// Series compare as runs of ranks instead of strings: the distinct symbols of the selection
+/// (a few thousand for hundreds of thousands of series) are sorted once by their strings, and
+/// a set becomes the ranks of its names and values in label order. Two runs compare as the
+/// label sets do: label by label, name then value, a prefix first. The string comparisons of a
+/// plain sort were about a tenth of a 131k-series head selection.
+fn label_order<'a>(
+    sets: impl Iterator<Item = &'a crate::head::symbols::PackedLabels> + Clone,
+    get: &dyn Fn(crate::head::symbols::SymbolId) -> Arc<str>,
+) -> Vec<u32> {
+    let mut rank: crate::hash::U64Map<crate::head::symbols::SymbolId, u32> = Default::default();
+    for set in sets.clone() {
+        for (n, v) in set.pairs() {
+            rank.entry(n).or_insert(0);
+            rank.entry(v).or_insert(0);
+        }
+    }
+    let mut symbols: Vec<(Arc<str>, crate::head::symbols::SymbolId)> = rank.keys().map(|&id| (get(id), id)).collect();
+    symbols.sort_unstable();
+    for (r, (_, id)) in symbols.iter().enumerate() {
+        rank.insert(*id, r as u32);
+    }
+    // Every set's ranks in one buffer; `ends[i]` is where set i's run ends.
+    let (mut runs, mut ends) = (Vec::new(), Vec::new());
+    for set in sets {
+        runs.extend(set.pairs().flat_map(|(n, v)| [rank[&n], rank[&v]]));
+        ends.push(runs.len());
+    }
+    let run = |i: u32| {
+        let i = i as usize;
+        &runs[if i == 0 { 0 } else { ends[i - 1] }..ends[i]]
+    };
+    let mut order: Vec<u32> = (0..ends.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| run(a).cmp(run(b)));
+    order
+}
+
 /// Points the open chunks of `found` that were copied into `arena` (their bytes still the
 /// `placeholder`) at it, now that it is complete.
 fn seal_arena(
@@ -716,16 +753,18 @@ impl<'a> Querier<'a> {
         }
         seal_arena(arena, &placeholder, &mut found[in_arena..]);
         let stones = self.head.tombstones_snapshot();
-        let mut out: Vec<Series> = self.head.symbols.with(|get| {
-            found
+        let out = self.head.symbols.with(|get| {
+            let order = label_order(found.iter().map(|(s, _)| &s.labels), get);
+            let mut slots: Vec<_> = found.into_iter().map(Some).collect();
+            order
                 .into_iter()
+                .map(|i| slots[i as usize].take().expect("each index once"))
                 .map(|(s, chunks)| {
                     let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).cloned()).unwrap_or_default();
                     Series { labels: s.labels.resolve_with(get), chunks, deleted, mint: self.mint, maxt: self.maxt }
                 })
                 .collect()
         });
-        out.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
         Ok(out)
     }
 

@@ -111,6 +111,32 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// Label sets ordered by their symbols' ranks are in `Labels`' order: names and values
+    /// drawn from strings that are prefixes of each other (and the empty value), sets of
+    /// different lengths, interned in any order.
+    #[test]
+    fn label_order_by_symbol_ranks_is_the_order_of_labels(
+        sets in proptest::collection::vec(
+            proptest::collection::btree_map(
+                proptest::sample::select(vec!["__name__", "a", "ab", "b", "instance", "z"]),
+                proptest::sample::select(vec!["", "0", "00", "1", "a", "ab", "b", "host-01", "host-1"]),
+                0..5,
+            ),
+            0..40,
+        ),
+    ) {
+        let symbols = crate::head::symbols::Symbols::default();
+        let labels: Vec<Labels> = sets.iter().map(|m| Labels::from_pairs(m.iter().map(|(n, v)| (*n, *v)))).collect();
+        let packed: Vec<_> = labels.iter().map(|l| symbols.intern_labels(l)).collect();
+        let order = symbols.with(|get| label_order(packed.iter(), get));
+        let got: Vec<&Labels> = order.iter().map(|&i| &labels[i as usize]).collect();
+        let mut want: Vec<&Labels> = labels.iter().collect();
+        want.sort();
+        proptest::prop_assert_eq!(got, want);
+    }
+}
+
 /// A selection large enough to be split over threads finds what one thread finds: the same
 /// series in the same order with the same samples, open chunks (copied into the shared
 /// buffer), closed chunks and late samples alike.
