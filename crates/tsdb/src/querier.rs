@@ -431,7 +431,7 @@ const ARENA_BLOCK_SLACK: usize = 16 << 10;
 /// (a few thousand for hundreds of thousands of series) are sorted once by their strings, and
 /// a set becomes the ranks of its names and values in label order. Two runs compare as the
 /// label sets do: label by label, name then value, a prefix first. The string comparisons of a
-/// plain sort were about a tenth of a 131k-series head selection.
+/// plain sort were about a tenth of an instant query over 131k head series.
 fn label_order<'a>(
     sets: impl Iterator<Item = &'a crate::head::symbols::PackedLabels> + Clone,
     get: &dyn Fn(crate::head::symbols::SymbolId) -> Arc<str>,
@@ -693,8 +693,10 @@ impl<'a> Querier<'a> {
         // chunks that point into it once it is full (the `Mapped` below are placeholders until
         // then). Blocks of a fixed size rather than one growing buffer: a selection of many
         // series would otherwise copy its buffer at each doubling and fault in fresh pages for
-        // each copy, and the allocator keeps blocks of this size for the next selection.
-        let mut arena = Vec::with_capacity(ARENA_BLOCK);
+        // each copy, and the allocator keeps blocks of this size for the next selection. A
+        // buffer is taken when a series may need one, so that a selection that copies nothing
+        // (labels only, or only closed chunks in range after the first series) takes at most one.
+        let mut arena = Vec::new();
         let placeholder = Arc::new(bytes::Bytes::new());
         let mut pending = Vec::new();
         let mut found: Vec<(Arc<crate::head::MemSeries>, Vec<QueryChunk>)> = Vec::with_capacity(refs.len());
@@ -710,6 +712,9 @@ impl<'a> Querier<'a> {
                     self.check_limit(found.len())?;
                 }
                 continue;
+            }
+            if arena.capacity() == 0 {
+                arena.reserve_exact(ARENA_BLOCK);
             }
             let chunks = {
                 let state = s.state.lock();
@@ -746,7 +751,7 @@ impl<'a> Querier<'a> {
                 self.check_limit(found.len())?;
             }
             if arena.capacity() - arena.len() < ARENA_BLOCK_SLACK {
-                let full = std::mem::replace(&mut arena, Vec::with_capacity(ARENA_BLOCK));
+                let full = std::mem::take(&mut arena);
                 seal_arena(full, &placeholder, &mut found[in_arena..]);
                 in_arena = found.len();
             }
