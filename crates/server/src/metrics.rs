@@ -12,6 +12,10 @@ use strata_tsdb::Db;
 
 use crate::scrape::ScrapeManager;
 
+/// How stale the head's memory gauges may be: walking every series' state costs milliseconds
+/// per million series, and `/metrics` may be read many times a second.
+const HEAD_MEMORY_MAX_AGE: Duration = Duration::from_secs(5);
+
 /// Latency buckets in seconds, as Prometheus' HTTP and query histograms use.
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
 
@@ -467,11 +471,11 @@ fn render_db(o: &mut String, db: &Db) {
             ),
         ],
     );
-    let mem = head.memory();
+    let mem = head.memory_recent(HEAD_MEMORY_MAX_AGE);
     family(
         o,
         "strata_tsdb_head_memory_bytes",
-        "Approximate heap bytes of the head, by part (series: structures, labels and maps; chunks: open chunks, closed ones not yet written out, late samples; chunk_index: per-series chunk handles).",
+        "Approximate heap bytes of the head, by part (series: structures, labels and maps; chunks: open chunks, closed ones not yet written out, late samples; chunk_index: per-series chunk handles); walked over every series at most every 5 s.",
         "gauge",
     );
     for (part, v) in [

@@ -25,8 +25,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use strata_model::{Labels, Matcher, SeriesRef, METRIC_NAME};
 
 pub use appender::{AppendError, Appender, CommitOutcome, OutOfOrder};
@@ -152,6 +153,8 @@ pub struct Head {
     pub changes: crate::changes::ChangeLog,
     /// The newest exemplars (`HeadOptions::max_exemplars`).
     pub exemplars: exemplars::ExemplarStorage,
+    /// The last walk of `memory`, and when it was taken, for `memory_recent`.
+    memory_walked: Mutex<Option<(Instant, HeadMemory)>>,
 }
 
 impl Head {
@@ -177,6 +180,7 @@ impl Head {
             stats: HeadStats::default(),
             changes: crate::changes::ChangeLog::default(),
             exemplars: exemplars::ExemplarStorage::new(opts.max_exemplars),
+            memory_walked: Mutex::new(None),
         }
     }
 
@@ -351,6 +355,22 @@ impl Head {
     /// samples).
     pub fn heap_chunk_bytes(&self) -> u64 {
         self.memory().chunks
+    }
+
+    /// `memory`, walked again only when the last walk is older than `max_age`: `/metrics` is
+    /// read often (a scraper every few seconds, a load test polling its counters), and each walk
+    /// locks every series' state, a few milliseconds per million series taken from appenders.
+    pub fn memory_recent(&self, max_age: Duration) -> HeadMemory {
+        let mut walked = self.memory_walked.lock();
+        let now = Instant::now();
+        match *walked {
+            Some((at, m)) if now.duration_since(at) < max_age => m,
+            _ => {
+                let m = self.memory();
+                *walked = Some((now, m));
+                m
+            }
+        }
     }
 
     /// Where the head's memory goes, approximately (heap bytes by part; a walk over every series:
