@@ -7,10 +7,12 @@ use super::{parse_float, timestamp_ms, CarbonPoint, PointError};
 use crate::path::GraphitePath;
 
 /// A line's fields, read and checked except for the path: the ingest path looks the path up
-/// among the series it has seen before it pays for the path's own checks (`GraphitePath::parse`).
+/// among the series it has seen before it pays for the path's own checks (`parse_path`: UTF-8
+/// and `GraphitePath::parse`), which a path seen before passed already.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RawPoint<'a> {
-    pub path: &'a str,
+    /// The path's bytes as sent, not yet checked.
+    pub path: &'a [u8],
     /// Milliseconds since the epoch.
     pub t_ms: i64,
     pub value: f64,
@@ -19,7 +21,22 @@ pub struct RawPoint<'a> {
 impl RawPoint<'_> {
     /// The point with its path checked and parsed.
     pub fn parse_path(&self) -> Result<CarbonPoint, PointError> {
-        Ok(CarbonPoint { path: GraphitePath::parse(self.path)?, t_ms: self.t_ms, value: self.value })
+        let path = std::str::from_utf8(self.path).map_err(|_| PointError::NotUtf8)?;
+        Ok(CarbonPoint { path: GraphitePath::parse(path)?, t_ms: self.t_ms, value: self.value })
+    }
+
+    /// The path for a log line (bytes that are not UTF-8 shown as replacement characters),
+    /// checked only if it is written.
+    pub fn path_display(&self) -> impl std::fmt::Display + '_ {
+        LossyPath(self.path)
+    }
+}
+
+struct LossyPath<'a>(&'a [u8]);
+
+impl std::fmt::Display for LossyPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.0))
     }
 }
 
@@ -28,28 +45,88 @@ pub fn parse_line(line: &[u8], now_ms: i64) -> Result<CarbonPoint, PointError> {
     parse_fields(line, now_ms)?.parse_path()
 }
 
-/// `parse_line` but for the path's checks, which are `RawPoint::parse_path`.
+/// `parse_line` but for the path's checks, which are `RawPoint::parse_path`. Fields are split on
+/// runs of ASCII whitespace, as `str::split_ascii_whitespace` splits them. Numbers as senders
+/// write them (`42`, `-0.75`, whole seconds) are read by `decimal` and `whole_seconds`; any other
+/// form by `parse_float`, Python's rules.
 pub fn parse_fields(line: &[u8], now_ms: i64) -> Result<RawPoint<'_>, PointError> {
-    let line = std::str::from_utf8(line).map_err(|_| PointError::NotUtf8)?;
-    let mut fields = line.split_ascii_whitespace();
+    let mut fields = line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty());
+    let field_count = || line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty()).count();
     let (Some(path), Some(value)) = (fields.next(), fields.next()) else {
-        return Err(PointError::FieldCount(line.split_ascii_whitespace().count()));
+        return Err(PointError::FieldCount(field_count()));
     };
     let ts = fields.next();
     if fields.next().is_some() {
-        return Err(PointError::FieldCount(line.split_ascii_whitespace().count()));
+        return Err(PointError::FieldCount(field_count()));
     }
-    let value = parse_float(value).ok_or_else(|| PointError::BadValue(value.to_owned()))?;
+    let value = match decimal(value) {
+        Some(v) => v,
+        None => {
+            let text = std::str::from_utf8(value).map_err(|_| PointError::NotUtf8)?;
+            parse_float(text).ok_or_else(|| PointError::BadValue(text.to_owned()))?
+        }
+    };
     if value.is_nan() {
         return Err(PointError::NanValue);
     }
     let t_ms = match ts {
-        Some(ts) => parse_float(ts)
-            .and_then(|seconds| timestamp_ms(seconds, now_ms))
-            .ok_or_else(|| PointError::BadTimestamp(ts.to_owned()))?,
+        Some(ts) => match whole_seconds(ts) {
+            Some(seconds) => seconds * 1000,
+            None => {
+                let text = std::str::from_utf8(ts).map_err(|_| PointError::NotUtf8)?;
+                parse_float(text)
+                    .and_then(|seconds| timestamp_ms(seconds, now_ms))
+                    .ok_or_else(|| PointError::BadTimestamp(text.to_owned()))?
+            }
+        },
         None => now_ms,
     };
     Ok(RawPoint { path, t_ms, value })
+}
+
+/// Powers of ten a double holds exactly.
+const EXACT_POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+    1e21, 1e22,
+];
+
+/// A plain decimal (`[+-]digits[.digits]`, a digit at least) whose digits, read as one integer,
+/// are below 2^53, with at most 22 after the point: that integer and the power of ten are both
+/// exact doubles, so one division gives the correctly rounded value, what `str::parse` gives.
+/// `None` for any other form (exponents, `inf`, long mantissas), read by `parse_float` instead.
+fn decimal(field: &[u8]) -> Option<f64> {
+    let (negative, digits) = match field.first()? {
+        b'-' => (true, &field[1..]),
+        b'+' => (false, &field[1..]),
+        _ => (false, field),
+    };
+    let (mut mantissa, mut seen, mut fraction, mut point) = (0u64, 0usize, 0usize, false);
+    for &b in digits {
+        match b {
+            b'0'..=b'9' => {
+                mantissa = mantissa.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+                seen += 1;
+                fraction += usize::from(point);
+            }
+            b'.' if !point => point = true,
+            _ => return None,
+        }
+    }
+    if seen == 0 || mantissa >= 1 << 53 || fraction >= EXACT_POWERS_OF_TEN.len() {
+        return None;
+    }
+    let magnitude = mantissa as f64 / EXACT_POWERS_OF_TEN[fraction];
+    Some(if negative { -magnitude } else { magnitude })
+}
+
+/// A timestamp of whole seconds, digits only, short enough that its milliseconds are exact in
+/// a double (below 2^53 / 1000), so that `seconds * 1000` is what `timestamp_ms` computes.
+/// `None` for any other form (fractions, `-1`, exponents), read by `parse_float`.
+fn whole_seconds(field: &[u8]) -> Option<i64> {
+    if field.is_empty() || field.len() > 12 || !field.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(field.iter().fold(0i64, |n, &b| n * 10 + i64::from(b - b'0')))
 }
 
 /// Whether `line` is blank (skipped, not counted).
@@ -76,8 +153,21 @@ mod tests {
         assert_eq!(p.path.to_string(), "disk.used;dc=eu;host=a");
         // The fields alone, the path as sent.
         let raw = parse_fields(b"disk.used;host=a;dc=eu 3 1", NOW).unwrap();
-        assert_eq!(raw, RawPoint { path: "disk.used;host=a;dc=eu", t_ms: 1000, value: 3.0 });
-        assert_eq!(parse_fields(b"a;b 1 1", NOW).unwrap().path, "a;b");
+        assert_eq!(raw, RawPoint { path: b"disk.used;host=a;dc=eu", t_ms: 1000, value: 3.0 });
+        assert_eq!(parse_fields(b"a;b 1 1", NOW).unwrap().path, b"a;b");
+        // Numbers in the forms the fast readers leave to `parse_float`.
+        for (field, want) in [
+            ("1e3", 1000.0f64),
+            ("+.5", 0.5),
+            ("5.", 5.0),
+            ("-0", -0.0),
+            ("12345678901234567890", 1.2345678901234567e19),
+        ] {
+            let v = parse_fields(format!("a {field} 1").as_bytes(), NOW).unwrap().value;
+            assert_eq!((v, v.is_sign_negative()), (want, want.is_sign_negative()), "{field}");
+        }
+        assert_eq!(parse_fields(b"a 1 9999999999999", NOW).unwrap().t_ms, 9_999_999_999_999_000);
+        assert_eq!(parse_fields(b"a 1 0", NOW).unwrap().t_ms, 0);
     }
 
     #[test]
@@ -92,10 +182,40 @@ mod tests {
             (b"a 1 inf", "bad_timestamp"),
             (b"a;b 1 1", "bad_path"),
             (b"\xff 1 1", "not_utf8"),
+            (b"a 1\xff 1", "not_utf8"),
+            (b"a 1 1\xff", "not_utf8"),
+            (b"a 1.2.3 1", "bad_value"),
+            (b"a . 1", "bad_value"),
+            (b"a - 1", "bad_value"),
         ] {
             let err = parse_line(line, NOW).unwrap_err();
             assert_eq!(err.reason(), want, "{:?}: {err}", String::from_utf8_lossy(line));
         }
         assert!(is_blank(b" \t\r"));
+    }
+
+    proptest::proptest! {
+        /// Decimals as senders write them read as `str::parse` (Python's `float()`) reads them,
+        /// bit for bit, fast path or not.
+        #[test]
+        fn decimals_read_as_the_standard_parser_reads_them(
+            sign in proptest::sample::select(vec!["", "-", "+"]),
+            whole in "[0-9]{0,20}",
+            fraction in proptest::option::of("[0-9]{0,25}"),
+        ) {
+            let field = format!("{sign}{whole}{}", fraction.as_ref().map_or(String::new(), |f| format!(".{f}")));
+            proptest::prop_assume!(!field.is_empty(), "an empty field is no field");
+            let want = field.parse::<f64>().ok();
+            let got = parse_fields(format!("a {field} 1").as_bytes(), NOW).ok().map(|p| p.value);
+            proptest::prop_assert_eq!(got.map(f64::to_bits), want.map(f64::to_bits), "{}", field);
+        }
+
+        /// Whole seconds give what the float reading gives.
+        #[test]
+        fn whole_seconds_read_as_the_float_reading_reads_them(seconds in "[0-9]{1,16}") {
+            let want = parse_float(&seconds).and_then(|s| timestamp_ms(s, NOW));
+            let got = parse_fields(format!("a 1 {seconds}").as_bytes(), NOW).ok().map(|p| p.t_ms);
+            proptest::prop_assert_eq!(got, want, "{}", seconds);
+        }
     }
 }

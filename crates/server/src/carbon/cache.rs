@@ -43,8 +43,8 @@ impl CacheBudget {
 
 /// The key of a path: the 128-bit hash of its bytes as sent (a tagged path's tags in the
 /// sender's order: another order is another entry for the same series).
-pub fn path_key(path: &str) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(path.as_bytes())
+pub fn path_key(path: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(path)
 }
 
 /// One connection's cache.
@@ -266,18 +266,18 @@ mod tests {
         let budget = CacheBudget::new(3);
         let (mut a, mut b) = (SeriesCache::new(budget.clone()), SeriesCache::new(budget.clone()));
         for p in ["a", "b"] {
-            a.insert(path_key(p), series(&head, p));
+            a.insert(path_key(p.as_bytes()), series(&head, p));
         }
-        b.insert(path_key("c"), series(&head, "c"));
+        b.insert(path_key(b"c"), series(&head, "c"));
         assert_eq!((a.len(), b.len(), budget.entries()), (2, 1, 3));
         // Past the budget, the inserting cache empties itself and keeps the new entry.
-        b.insert(path_key("d"), series(&head, "d"));
+        b.insert(path_key(b"d"), series(&head, "d"));
         assert_eq!((a.len(), b.len(), budget.entries()), (2, 1, 3));
-        assert!(b.get(path_key("d")).is_some() && b.get(path_key("c")).is_none());
+        assert!(b.get(path_key(b"d")).is_some() && b.get(path_key(b"c")).is_none());
         // Replacing an entry costs nothing; removing and dropping give entries back.
-        a.insert(path_key("a"), series(&head, "a"));
+        a.insert(path_key(b"a"), series(&head, "a"));
         assert_eq!(budget.entries(), 3);
-        a.remove(path_key("a"));
+        a.remove(path_key(b"a"));
         assert_eq!(budget.entries(), 2);
         drop(a);
         assert_eq!(budget.entries(), 1);
@@ -317,7 +317,7 @@ mod tests {
     fn a_zero_budget_caches_nothing() {
         let head = Head::in_memory(HeadOptions::default());
         let mut c = SeriesCache::new(CacheBudget::new(0));
-        c.insert(path_key("a"), series(&head, "a"));
+        c.insert(path_key(b"a"), series(&head, "a"));
         assert!(c.is_empty());
     }
 }

@@ -249,7 +249,7 @@ impl Ingest<'_> {
                     continue;
                 }
             };
-            if !self.in_window(raw.t_ms, bounds, &raw.path) {
+            if !self.in_window(raw.t_ms, bounds, &raw.path_display()) {
                 continue;
             }
             let key = path_key(raw.path);
@@ -284,7 +284,7 @@ impl Ingest<'_> {
                     // Removed from the head since (it had no samples left): found or made anew.
                     Err(AppendError::UnknownSeries(_)) => cache.remove(key),
                     Err(e) => {
-                        self.reject_append(&e, &raw.path);
+                        self.reject_append(&e, &raw.path_display());
                         continue;
                     }
                 }
@@ -304,7 +304,7 @@ impl Ingest<'_> {
                     *pending += 1;
                     cache.insert(key, series);
                 }
-                Err(e) => self.reject_append(&e, &raw.path),
+                Err(e) => self.reject_append(&e, &raw.path_display()),
             }
         }
     }
