@@ -153,6 +153,7 @@ pub(super) async fn plaintext_connection<R: AsyncRead + Unpin>(
             let lines = std::mem::replace(&mut buf, std::mem::take(&mut spare));
             let sh = shared.clone();
             let mut paths = cache.take().expect("the cache is back after every batch");
+            let _storing = shared.storing.acquire().await.expect("the store semaphore is never closed");
             match tokio::task::spawn_blocking(move || {
                 store_lines(&sh, protocol, &lines, &mut paths);
                 (lines, paths)
@@ -232,6 +233,7 @@ pub(super) async fn pickle_connection<R: AsyncRead + Unpin>(
             }
         }
         let sh = shared.clone();
+        let _storing = shared.storing.acquire().await.expect("the store semaphore is never closed");
         if tokio::task::spawn_blocking(move || store_pickle(&sh, &message)).await.is_err() {
             tracing::error!("storing a carbon pickle panicked; closing the connection");
             return false;
