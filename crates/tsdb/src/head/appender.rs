@@ -285,6 +285,14 @@ impl<'h> Appender<'h> {
                 self.push(series.clone(), t, st, PendingValue::Float(v))?;
                 return Ok(series);
             }
+            // Missed: created without hashing and looking up again (canonical pairs are the
+            // labels' order, so the hash is theirs).
+            let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
+                .map_err(AppendError::InvalidLabels)?;
+            labels.validate().map_err(AppendError::InvalidLabels)?;
+            let (series, _) = self.head.create_missing(&labels, hash)?;
+            self.push(series.clone(), t, st, PendingValue::Float(v))?;
+            return Ok(series);
         }
         let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
             .map_err(AppendError::InvalidLabels)?;

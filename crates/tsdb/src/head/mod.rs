@@ -448,6 +448,13 @@ impl Head {
         if let Some(s) = self.find(labels, hash) {
             return Ok((s, false));
         }
+        self.create_missing(labels, hash)
+    }
+
+    /// `get_or_create` of valid `labels` whose `stable_hash` is `hash`, which a lookup has just
+    /// missed: straight to the stripe's write lock (a new series costs one lookup less).
+    pub(crate) fn create_missing(&self, labels: &Labels, hash: u64) -> Result<(Arc<MemSeries>, bool), AppendError> {
+        debug_assert_eq!(labels.stable_hash(), hash, "the hash is the labels'");
         let mut stripe = self.by_hash[Self::stripe(hash)].write();
         // Re-check under the write lock: another appender may have created it meanwhile.
         if let Some(s) = self.find_locked(&stripe, labels, hash) {

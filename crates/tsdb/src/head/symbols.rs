@@ -57,6 +57,33 @@ impl Inner {
         let strings = &self.strings;
         self.ids.find(self.hasher.hash_one(s), |&id| *strings[id as usize] == *s).copied()
     }
+
+    /// The id of `s`, added if new as the string `shared` makes (a caller holding `s` in an
+    /// `Arc` shares it instead of copying it); `s` is hashed once.
+    fn intern_with(&mut self, s: &str, shared: impl FnOnce() -> Arc<str>) -> SymbolId {
+        let hash = self.hasher.hash_one(s);
+        let strings = &self.strings;
+        if let Some(&id) = self.ids.find(hash, |&id| *strings[id as usize] == *s) {
+            return id;
+        }
+        let a = shared();
+        debug_assert_eq!(&*a, s, "the shared string is the one interned");
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.strings[id as usize] = a;
+                id
+            }
+            None => {
+                let id = SymbolId::try_from(self.strings.len())
+                    .expect("more than 4 billion distinct label strings in the head");
+                self.strings.push(a);
+                id
+            }
+        };
+        let (strings, hasher) = (&self.strings, &self.hasher);
+        self.ids.insert_unique(hash, id, |&id| hasher.hash_one(&*strings[id as usize]));
+        id
+    }
 }
 
 /// Interned strings. Head truncation sweeps the ones no live series uses any more (`sweep`).
@@ -71,27 +98,7 @@ impl Symbols {
         if let Some(id) = self.inner.read().get(s) {
             return id;
         }
-        let mut w = self.inner.write();
-        if let Some(id) = w.get(s) {
-            return id;
-        }
-        let w = &mut *w;
-        let a: Arc<str> = Arc::from(s);
-        let id = match w.free.pop() {
-            Some(id) => {
-                w.strings[id as usize] = a;
-                id
-            }
-            None => {
-                let id = SymbolId::try_from(w.strings.len())
-                    .expect("more than 4 billion distinct label strings in the head");
-                w.strings.push(a);
-                id
-            }
-        };
-        let (strings, hasher) = (&w.strings, &w.hasher);
-        w.ids.insert_unique(hasher.hash_one(s), id, |&id| hasher.hash_one(&*strings[id as usize]));
-        id
+        self.inner.write().intern_with(s, || Arc::from(s))
     }
 
     /// The id of `s` if it is known.
@@ -138,14 +145,23 @@ impl Symbols {
     }
 
     pub fn intern_labels(&self, labels: &Labels) -> PackedLabels {
+        let strings = || labels.iter().flat_map(|l| [&l.name, &l.value]);
         // Usually every string is known already: one read lock for the whole set.
-        if let Some(packed) = self.lookup_labels(labels) {
-            return PackedLabels(packed.into_boxed_slice());
+        let mut ids: Vec<Option<SymbolId>> = {
+            let r = self.inner.read();
+            strings().map(|s| r.get(s)).collect()
+        };
+        if ids.contains(&None) {
+            // The write lock only for the new strings (readers and other appenders wait on
+            // it), each shares the label's `Arc` instead of being copied.
+            let mut w = self.inner.write();
+            for (id, s) in ids.iter_mut().zip(strings()).filter(|(id, _)| id.is_none()) {
+                *id = Some(w.intern_with(s, || s.clone()));
+            }
         }
         let mut out = Vec::with_capacity(labels.len() * 4);
-        for l in labels {
-            put_uvarint(&mut out, self.intern(&l.name) as u64);
-            put_uvarint(&mut out, self.intern(&l.value) as u64);
+        for id in ids {
+            put_uvarint(&mut out, u64::from(id.expect("every string interned")));
         }
         PackedLabels(out.into_boxed_slice())
     }
