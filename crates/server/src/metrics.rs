@@ -12,8 +12,9 @@ use strata_tsdb::Db;
 
 use crate::scrape::ScrapeManager;
 
-/// How stale the head's memory gauges may be: walking every series' state costs milliseconds
-/// per million series, and `/metrics` may be read many times a second.
+/// How stale the head's memory gauges may be: walking every series' state took ~0.1 s of CPU
+/// per million series (85 ms per `/metrics` read at 1M carbon paths), and `/metrics` may be
+/// read many times a second.
 const HEAD_MEMORY_MAX_AGE: Duration = Duration::from_secs(5);
 
 /// Latency buckets in seconds, as Prometheus' HTTP and query histograms use.

@@ -12,9 +12,9 @@
 //!
 //! Points are committed in batches: what one read brought in (at most `read_buffer_bytes`), so
 //! a point is stored, and with `--wal-fsync always` durable, soon after it arrives. TCP
-//! connections store their batches on blocking threads, at most one per core at a time: with
-//! four connections on two cores, letting all four store at once cost 5-20% more CPU per point
-//! (threads preempted while holding the head's locks, the others spinning and parking).
+//! connections store their batches on blocking threads, at most one per core at a time: more
+//! stores at once than cores only preempt each other while holding the head's locks (series
+//! creation takes the postings lock), the others spinning and parking.
 
 mod cache;
 pub mod ingest;

@@ -359,7 +359,7 @@ impl Head {
 
     /// `memory`, walked again only when the last walk is older than `max_age`: `/metrics` is
     /// read often (a scraper every few seconds, a load test polling its counters), and each walk
-    /// locks every series' state, a few milliseconds per million series taken from appenders.
+    /// locks every series' state (~0.1 s of CPU per million series, contending with appenders).
     pub fn memory_recent(&self, max_age: Duration) -> HeadMemory {
         let mut walked = self.memory_walked.lock();
         let now = Instant::now();
