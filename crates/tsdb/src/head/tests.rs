@@ -699,3 +699,24 @@ fn exemplars_are_logged_and_replayed_with_the_rules_kept() {
     assert_eq!(le1.len(), 1);
     assert_eq!(le1[0].1[0].labels.get("trace_id"), Some("b1"));
 }
+
+#[test]
+fn memory_recent_walks_again_only_past_its_age() {
+    let head = Head::in_memory(HeadOptions::default());
+    let mut app = head.appender();
+    app.append(&l(&[("__name__", "a")]), 1000, 1.0).unwrap();
+    app.commit().unwrap();
+    let first = head.memory_recent(Duration::from_secs(3600));
+    assert_eq!(first, head.memory());
+    let mut app = head.appender();
+    for i in 0..100 {
+        app.append(&l(&[("__name__", "b"), ("i", &i.to_string())]), 1000, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    let now = head.memory();
+    assert!(now.series > first.series, "the new series are counted by a walk");
+    // Within its age the last walk is answered; past it (here: any age) the head is walked.
+    assert_eq!(head.memory_recent(Duration::from_secs(3600)), first);
+    assert_eq!(head.memory_recent(Duration::ZERO), now);
+    assert_eq!(head.memory_recent(Duration::from_secs(3600)), now);
+}
