@@ -50,14 +50,14 @@ pub fn parse_line(line: &[u8], now_ms: i64) -> Result<CarbonPoint, PointError> {
 /// write them (`42`, `-0.75`, whole seconds) are read by `decimal` and `whole_seconds`; any other
 /// form by `parse_float`, Python's rules.
 pub fn parse_fields(line: &[u8], now_ms: i64) -> Result<RawPoint<'_>, PointError> {
-    let mut fields = line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty());
-    let field_count = || line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty()).count();
+    let split = || line.split(u8::is_ascii_whitespace).filter(|f| !f.is_empty());
+    let mut fields = split();
     let (Some(path), Some(value)) = (fields.next(), fields.next()) else {
-        return Err(PointError::FieldCount(field_count()));
+        return Err(PointError::FieldCount(split().count()));
     };
     let ts = fields.next();
     if fields.next().is_some() {
-        return Err(PointError::FieldCount(field_count()));
+        return Err(PointError::FieldCount(split().count()));
     }
     let value = match decimal(value) {
         Some(v) => v,

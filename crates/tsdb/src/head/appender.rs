@@ -278,6 +278,7 @@ impl<'h> Appender<'h> {
         st: i64,
         v: f64,
     ) -> Result<Arc<MemSeries>, AppendError> {
+        let mut missed = None;
         if strata_model::pairs_are_canonical(pairs) {
             self.check_too_old(t)?;
             let hash = strata_model::stable_hash_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
@@ -285,26 +286,36 @@ impl<'h> Appender<'h> {
                 self.push(series.clone(), t, st, PendingValue::Float(v))?;
                 return Ok(series);
             }
-            // Missed: created without hashing and looking up again (canonical pairs are the
-            // labels' order, so the hash is theirs).
-            let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
-                .map_err(AppendError::InvalidLabels)?;
-            labels.validate().map_err(AppendError::InvalidLabels)?;
-            let (series, _) = self.head.create_missing(&labels, hash)?;
-            self.push(series.clone(), t, st, PendingValue::Float(v))?;
-            return Ok(series);
+            // Canonical pairs are the labels' order: the hash is theirs, and the series is
+            // created without hashing and looking it up again.
+            missed = Some(hash);
         }
         let labels = Labels::try_from_pairs(pairs.iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
             .map_err(AppendError::InvalidLabels)?;
-        self.append_labels(&labels, t, st, v)
+        self.append_labels_missed(&labels, missed, t, st, v)
     }
 
     /// Appends a float to the series with `labels` (validated, created if needed) and returns it.
     fn append_labels(&mut self, labels: &Labels, t: i64, st: i64, v: f64) -> Result<Arc<MemSeries>, AppendError> {
+        self.append_labels_missed(labels, None, t, st, v)
+    }
+
+    /// `append_labels`; `missed`: the labels' hash, which a lookup has just missed.
+    fn append_labels_missed(
+        &mut self,
+        labels: &Labels,
+        missed: Option<u64>,
+        t: i64,
+        st: i64,
+        v: f64,
+    ) -> Result<Arc<MemSeries>, AppendError> {
         labels.validate().map_err(AppendError::InvalidLabels)?;
         // Before creating the series, so that a stream of too-old samples creates nothing.
         self.check_too_old(t)?;
-        let (series, _) = self.head.get_or_create(labels)?;
+        let (series, _) = match missed {
+            Some(hash) => self.head.create_missing(labels, hash)?,
+            None => self.head.get_or_create(labels)?,
+        };
         self.push(series.clone(), t, st, PendingValue::Float(v))?;
         Ok(series)
     }
