@@ -147,7 +147,7 @@ pub fn analyze(db: &Db, ulid: Option<&str>, limit: usize) -> Result<String, Stri
     if let Some(s) = ix.section_sizes() {
         writeln!(
             out,
-            "index bytes per series: symbols {:.1}, series entries {:.1}, page table {:.1}, postings lists {:.1}, postings table {:.1}",
+            "index bytes per series: symbols {:.1}, series entries {:.1}, page table and time bounds {:.1}, postings lists {:.1}, postings table {:.1}",
             per_series(s.symbols),
             per_series(s.series),
             per_series(s.page_table),

@@ -568,6 +568,14 @@ fn bench_churn() {
             end,
             vec![m(MatchOp::Equal, "__name__", "m5"), m(MatchOp::Equal, "instance", "i5")],
         ),
+        // In the head, which holds the last two hours or so: most generations of the churned
+        // series it holds have stopped before the range.
+        (
+            "m3 of job j1, last 5 min",
+            end - 300_000,
+            end,
+            vec![m(MatchOp::Equal, "__name__", "m3"), m(MatchOp::Equal, "job", "j1")],
+        ),
         (
             "m3 of job j1, last 1 h",
             end - 3_600_000,
@@ -607,7 +615,8 @@ fn bench_churn() {
             t0.elapsed()
         );
         let mut row = Vec::new();
-        // `CHURN_RUNS=N`: more runs per query (to profile one).
+        // `CHURN_RUNS=N`: more runs per query (to profile one); `CHURN_IDS=1`: also time each
+        // overlapping block's postings alone (`select_ids`).
         let runs: usize = std::env::var("CHURN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(31);
         for (name, mint, maxt, ms) in &queries {
             let mut lat = Vec::new();
@@ -618,6 +627,18 @@ fn bench_churn() {
                 let samples: usize = res.iter().map(|s| s.samples().len()).sum();
                 lat.push(t0.elapsed().as_secs_f64());
                 found = (res.len(), samples);
+            }
+            if std::env::var("CHURN_IDS").is_ok() {
+                for b in db.blocks().iter().filter(|b| b.overlaps(*mint, *maxt)) {
+                    let mut l = Vec::new();
+                    let mut n = 0;
+                    for _ in 0..runs {
+                        let t0 = Instant::now();
+                        n = b.select_ids(ms).unwrap().len();
+                        l.push(t0.elapsed().as_secs_f64());
+                    }
+                    println!("    block select_ids: {n} ids, {:.3} ms", median(l) * 1e3);
+                }
             }
             let med = median(lat);
             println!("  {name}: {} series, {} samples, {:.3} ms (median of {runs})", found.0, found.1, med * 1e3);

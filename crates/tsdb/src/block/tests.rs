@@ -154,6 +154,8 @@ mod index_round_trip {
             // Times in whole seconds or scrape intervals, as carbon and scrapers write them,
             // make a page's time unit more than a millisecond.
             unit in prop_oneof![Just(1i64), Just(1000), Just(15_000)],
+            // Query ranges (start from t0, length) for the series' time bounds.
+            ranges in prop::collection::vec((-1_000_000_000i64..30_000_000_000, 0i64..5_000_000_000), 1..12),
         ) {
             let t0 = t0 - t0.rem_euclid(unit);
             let mut sets: Vec<(Labels, Vec<ChunkMetaRef>)> = Vec::new();
@@ -209,6 +211,39 @@ mod index_round_trip {
                 for x in l {
                     let mut p = ix.postings(&x.name, &x.value).unwrap().unwrap();
                     prop_assert_eq!(p.seek(ids[i]), Some(ids[i]));
+                }
+            }
+            // Time bounds: a series with a chunk in range is never passed over, and one whose
+            // chunks all lie more than a bounds unit away from the range always is.
+            let hulls: Vec<Option<(i64, i64)>> =
+                sets.iter().map(|(_, m)| Some((m.first()?.mint, m.last()?.maxt))).collect();
+            let (base, top) = hulls.iter().flatten().fold((i64::MAX, i64::MIN), |(b, t), h| (b.min(h.0), t.max(h.1)));
+            let bounds_unit = if base <= top { ((top as i128 - base as i128) / 65536 + 1) as i64 } else { 1 };
+            let everything = ix.time_filter(i64::MIN, i64::MAX).expect("version 5 keeps time bounds");
+            for (&id, hull) in ids.iter().zip(&hulls) {
+                prop_assert_eq!(everything.may_overlap(id), hull.is_some());
+            }
+            // Random ranges, and ranges that end at a series' first sample or start at its last
+            // (or one millisecond short of them), where rounding to bounds steps could go wrong.
+            let mut queries: Vec<(i64, i64)> = ranges.iter().map(|&(from, len)| (t0 + from, t0 + from + len)).collect();
+            let len = ranges[0].1;
+            for &(first, last) in hulls.iter().flatten() {
+                queries.extend([(last, last + len), (last + 1, last + 1 + len), (first - len, first), (first - len - 1, first - 1)]);
+            }
+            for (mint, maxt) in queries {
+                let filter = ix.time_filter(mint, maxt).expect("version 5 keeps time bounds");
+                for ((&id, (_, metas)), hull) in ids.iter().zip(&sets).zip(&hulls) {
+                    let may = filter.may_overlap(id);
+                    if metas.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
+                        prop_assert!(may, "series {} with a chunk in [{}, {}] passed over", id.0, mint, maxt);
+                    }
+                    match hull {
+                        None => prop_assert!(!may),
+                        Some((first, last)) if *last < mint - bounds_unit || *first > maxt + bounds_unit => {
+                            prop_assert!(!may, "series {} over [{}, {}] kept for [{}, {}] (unit {})", id.0, first, last, mint, maxt, bounds_unit)
+                        }
+                        _ => {}
+                    }
                 }
             }
             let want: Vec<SeriesRef> =
@@ -357,6 +392,29 @@ fn version_3_indexes_are_still_read() {
     let p = ix.postings("x", "y").unwrap().unwrap();
     assert_eq!(crate::index::postings::expand(Box::new(p)), [SeriesRef(0), SeriesRef(1)]);
     assert_eq!(ix.label_values("a"), ["ab", "ac"]);
+}
+
+/// The version-4 example of `docs/format/block.md` as it was (no time bounds): such indexes
+/// still open and read, and every series may overlap any range.
+#[test]
+fn version_4_indexes_are_still_read() {
+    let hex = "53 54 49 58 04 00 00 00 00 00 00 0b 05 01 61 01 62 11 63 21 78 11 79 bb dd 34 dd 09 02 00 01 03 \
+               04 01 00 00 00 09 02 00 02 00 00 01 02 02 02 00 00 00 10 02 14 80 82 80 80 10 d0 0f 00 e8 07 24 \
+               6c 45 4c 7b 15 55 b7 00 00 00 03 02 00 00 2f 0b f1 77 00 00 00 09 03 01 01 01 00 04 04 8e 01 74 \
+               ca 20 e5 00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 1b 00 00 00 00 00 00 00 2f 00 00 00 00 00 \
+               00 00 52 00 00 00 00 00 00 03 e8 ca fb c2 b9";
+    let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let ix = index::IndexFile::from_bytes(Path::new("v4/index"), bytes::Bytes::from(bytes)).unwrap();
+    assert!(ix.time_filter(0, 1).is_none(), "version 4 has no time bounds");
+    let mut chunks = Vec::new();
+    let mut cache = index::ReadCache::default();
+    for (id, value, place, mint, maxt) in [(1, "ac", 1, 3000, 5000), (0, "ab", 0, 1000, 2000)] {
+        let labels = ix.series(SeriesRef(id), &mut chunks, &mut cache).unwrap();
+        assert_eq!(labels, Labels::from_pairs([("a", value), ("x", "y")]));
+        assert_eq!(chunks, [ChunkMetaRef { mint, maxt, chunk: ChunkRef::new(1, 0x100 + place) }]);
+    }
+    let p = ix.postings("x", "y").unwrap().unwrap();
+    assert_eq!(crate::index::postings::expand(Box::new(p)), [SeriesRef(0), SeriesRef(1)]);
 }
 
 mod packed_postings {

@@ -33,9 +33,10 @@ pub const MAGIC: u32 = 0x5354_4958;
 /// `SERIES_PAGE` with one checksum per page, a label pair held by one series pointing at it from
 /// the postings table without a list (version 3); series entries' label ids relative to their
 /// page's first entry and chunk times in the page's time unit, the next path of a name as a
-/// one-byte postings table row, and a front-coded symbol's two lengths in a byte (version 4).
-/// Versions 1 to 3 are still read.
-pub const VERSION: u8 = 4;
+/// one-byte postings table row, and a front-coded symbol's two lengths in a byte (version 4);
+/// every series' time bounds at the page table's end, so a query skips the series that have no
+/// chunk in its range without decoding their entries (version 5). Versions 1 to 4 are still read.
+pub const VERSION: u8 = 5;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
 pub const SERIES_ALIGN: u64 = 8;
@@ -51,6 +52,9 @@ pub const TOC_BYTES: usize = 5 * 8 + 4;
 pub const TOC_BYTES_V1: usize = 4 * 8 + 4;
 /// Series ids per block of a packed postings list.
 pub const POSTINGS_BLOCK: usize = 128;
+/// Version 5's series time bounds count time in units of the block's span divided into this
+/// many steps, so that one series' bounds take two u16.
+pub const BOUNDS_STEPS: u64 = 1 << 16;
 pub const INDEX_FILE: &str = "index";
 
 pub use symbols::SYMBOL_GROUP;
@@ -155,6 +159,9 @@ pub struct IndexWriter {
     buf: Vec<u8>,
     /// Chunk times of series entries are written relative to this: the first chunk's mint.
     base_time: Option<i64>,
+    /// Each series' first chunk's mint and last chunk's maxt (`(i64::MAX, i64::MIN)`: no
+    /// chunks), in id order, for the page table's time bounds.
+    bounds: Vec<(i64, i64)>,
 }
 
 impl IndexWriter {
@@ -176,6 +183,7 @@ impl IndexWriter {
             last: None,
             buf: Vec::new(),
             base_time: None,
+            bounds: Vec::new(),
         };
         w.write(&header(VERSION))?;
         let mut body = Vec::new();
@@ -223,6 +231,10 @@ impl IndexWriter {
             assert!(w[1].mint > w[0].maxt && w[1].chunk > w[0].chunk, "chunks of {labels} overlap or go backwards");
         }
         debug_assert!(chunks.iter().all(|c| c.mint <= c.maxt));
+        self.bounds.push(match (chunks.first(), chunks.last()) {
+            (Some(first), Some(last)) => (first.mint, last.maxt),
+            _ => (i64::MAX, i64::MIN),
+        });
         self.page.push((ids, chunks.to_vec()));
         self.last = Some(labels.clone());
         if self.page.len() == SERIES_PAGE {
@@ -317,6 +329,8 @@ impl IndexWriter {
         let mut table_body = Vec::with_capacity(self.pages.len() + 10);
         put_uvarint(&mut table_body, self.series as u64);
         table_body.extend_from_slice(&self.pages);
+        let base_time = self.base_time.unwrap_or(0);
+        encode_bounds(&self.bounds, base_time, &mut table_body);
         self.section(&table_body)?;
 
         let mut keys: Vec<(u32, u32)> = self.postings.keys().copied().collect();
@@ -333,7 +347,7 @@ impl IndexWriter {
         let table_at = self.pos;
         self.section(&table)?;
         let mut toc = Vec::with_capacity(TOC_BYTES);
-        for v in [HEADER_BYTES as u64, self.series_start, pages_at, table_at, self.base_time.unwrap_or(0) as u64] {
+        for v in [HEADER_BYTES as u64, self.series_start, pages_at, table_at, base_time as u64] {
             toc.extend_from_slice(&v.to_be_bytes());
         }
         let crc = crc32c::crc32c(&toc);
@@ -342,6 +356,57 @@ impl IndexWriter {
         let f = self.file.into_inner().map_err(|e| io_err("flush", &self.path)(e.into_error()))?;
         f.0.sync_data().map_err(io_err("fsync", &self.path))?;
         Ok(self.pos)
+    }
+}
+
+/// Appends version 5's series time bounds to the page table's body: `base` (varint, minus
+/// `base_time`), `unit` (uvarint), then per series its first mint and last maxt as steps of
+/// `unit` from `base` (u16 each, big-endian; rounded down, so a series' samples lie within
+/// `[base + first × unit, base + (last + 1) × unit)`; a series without chunks is `ffff 0000`).
+/// The unit is the smallest that puts the block's whole span in `BOUNDS_STEPS` steps.
+fn encode_bounds(bounds: &[(i64, i64)], base_time: i64, out: &mut Vec<u8>) {
+    let with_chunks = || bounds.iter().filter(|(mint, maxt)| mint <= maxt);
+    let base = with_chunks().map(|b| b.0).min().unwrap_or(base_time);
+    let top = with_chunks().map(|b| b.1).max().unwrap_or(base_time);
+    let unit = bounds_unit(base, top);
+    put_varint(out, base.wrapping_sub(base_time));
+    put_uvarint(out, unit);
+    out.reserve(bounds.len() * 4);
+    let step = |t: i64| -> u16 {
+        let s = (t as i128 - base as i128) / unit as i128;
+        u16::try_from(s).expect("the unit puts every time of the block in a u16 step")
+    };
+    for &(mint, maxt) in bounds {
+        let (first, last) = if mint <= maxt { (step(mint), step(maxt)) } else { (u16::MAX, 0) };
+        out.extend_from_slice(&first.to_be_bytes());
+        out.extend_from_slice(&last.to_be_bytes());
+    }
+}
+
+/// The smallest unit that counts `[base, top]` in `BOUNDS_STEPS` steps.
+fn bounds_unit(base: i64, top: i64) -> u64 {
+    let span = (top as i128 - base as i128).max(0) as u128;
+    u64::try_from(span / BOUNDS_STEPS as u128 + 1).expect("an i64 span over 2^16 steps fits a u64")
+}
+
+/// Which series of a version-5 index may have chunks in a time range (`IndexFile::time_filter`):
+/// the range in the bounds' steps, and the bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct TimeFilter<'a> {
+    bounds: &'a [u8],
+    first: i64,
+    last: i64,
+}
+
+impl TimeFilter<'_> {
+    /// False when series `id` surely has no chunk in the range (true for an id past the block's
+    /// series: reading it reports the error).
+    #[inline]
+    pub fn may_overlap(&self, id: SeriesRef) -> bool {
+        let Some(b) = usize::try_from(id.0).ok().and_then(|i| self.bounds.get(i * 4..i * 4 + 4)) else { return true };
+        let first = u16::from_be_bytes([b[0], b[1]]) as i64;
+        let last = u16::from_be_bytes([b[2], b[3]]) as i64;
+        first <= last && last >= self.first && first <= self.last
     }
 }
 
@@ -412,12 +477,13 @@ fn page_unit(page: &[PendingSeries], mint: i64, base_span: i64) -> u64 {
     g.max(1)
 }
 
-/// The bytes of each part of a version-3 or 4 index file (`IndexFile::section_sizes`), each with its
+/// The bytes of each part of a version-3 to 5 index file (`IndexFile::section_sizes`), each with its
 /// section framing (length and CRC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexSections {
     pub symbols: u64,
     pub series: u64,
+    /// The page table, with version 5's series time bounds at its end.
     pub page_table: u64,
     pub postings: u64,
     pub postings_table: u64,
@@ -443,6 +509,16 @@ pub struct IndexFile {
     version: u8,
     /// Chunk times of series entries are relative to it (version 2; 0 in version 1).
     base_time: i64,
+    /// Version 5: where the series' time bounds are in the file, and their base and unit.
+    bounds: Option<TimeBounds>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TimeBounds {
+    at: usize,
+    len: usize,
+    base: i64,
+    unit: u64,
 }
 
 impl IndexFile {
@@ -496,6 +572,7 @@ impl IndexFile {
             opened: INDEX_FILES_OPENED.fetch_add(1, Ordering::Relaxed),
             version,
             base_time,
+            bounds: None,
         };
         if version >= 3 {
             ix.read_pages(series_at, postings_or_pages).map_err(|e| fail(&format!("series page table: {e}")))?;
@@ -516,7 +593,7 @@ impl IndexFile {
     /// Reads the version-3 or 4 page table at `at`; the series section spans `[series_at, at)`.
     fn read_pages(&mut self, series_at: u64, at: u64) -> Result<(), String> {
         let map = self.map.clone();
-        let (_, body) = section_at(&map, at)?;
+        let (body_at, body) = section_at(&map, at)?;
         let mut d = Decoder::new(body);
         let count = d.uvarint("series count").map_err(|e| e.to_string())?;
         let n = count.div_ceil(SERIES_PAGE as u64);
@@ -545,8 +622,25 @@ impl IndexFile {
             self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span, mint, unit }, crc });
             start = end;
         }
-        if start != at || !d.is_empty() {
+        if start != at {
             return Err("pages do not cover the series exactly".into());
+        }
+        if self.version >= 5 {
+            let base = self.base_time.wrapping_add(d.varint("time bounds base").map_err(|e| e.to_string())?);
+            let unit = d.uvarint("time bounds unit").map_err(|e| e.to_string())?;
+            if unit == 0 {
+                return Err("the time bounds' unit is 0".into());
+            }
+            let len = count
+                .checked_mul(4)
+                .filter(|&l| l == d.remaining() as u64)
+                .ok_or_else(|| format!("{} bytes of time bounds for {count} series (4 each)", d.remaining()))?;
+            let bytes = d.bytes(len as usize, "time bounds").map_err(|e| e.to_string())?;
+            debug_assert_eq!(bytes.len() as u64, len);
+            self.bounds = Some(TimeBounds { at: body_at + d.offset() - len as usize, len: len as usize, base, unit });
+        }
+        if !d.is_empty() {
+            return Err("bytes after the page rows".into());
         }
         self.num_series = count;
         self.checked = (0..self.pages.len().div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
@@ -555,6 +649,17 @@ impl IndexFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Which series may have chunks in `[mint, maxt]`, from their time bounds, without reading
+    /// their entries; `None` for indexes before version 5 (every series may).
+    pub fn time_filter(&self, mint: i64, maxt: i64) -> Option<TimeFilter<'_>> {
+        let b = self.bounds?;
+        // In steps from the base, rounded down (a query before the base is step −1 or less);
+        // clamped, since the bounds are u16.
+        let step =
+            |t: i64| ((t as i128 - b.base as i128).div_euclid(b.unit as i128)).clamp(-1, BOUNDS_STEPS as i128) as i64;
+        Some(TimeFilter { bounds: &self.map[b.at..b.at + b.len], first: step(mint), last: step(maxt) })
     }
 
     pub fn bytes(&self) -> u64 {
