@@ -82,7 +82,15 @@ pub fn sample_value(out: &mut String, v: f64) {
             out.push_str(itoa::Buffer::new().format(v as i64));
         }
     } else {
-        plain_decimal(out, zmij::Buffer::new().format_finite(v));
+        let mut buffer = zmij::Buffer::new();
+        let shortest = buffer.format_finite(v);
+        if shortest.contains('e') {
+            plain_decimal(out, shortest);
+        } else {
+            // Already plain (`12.34`, `0.001234`; an integer past `EXACT_INTEGER` ends in
+            // `.0`): most values a query returns, written as they are.
+            out.push_str(shortest.strip_suffix(".0").unwrap_or(shortest));
+        }
     }
 }
 
@@ -443,6 +451,27 @@ mod tests {
                     let display = format!("{v}");
                     let trimmed = |s: &str| significant(s.trim_end_matches('0').trim_end_matches('.'));
                     proptest::prop_assert!(trimmed(&s) <= trimmed(&display), "{} vs {}", s, display);
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// zmij's plain output written as it is reads the same as every output rewritten
+        /// digit by digit (what all values went through before): fractions, decimals of a few
+        /// places, integers past `EXACT_INTEGER`, any bits.
+        #[test]
+        fn plain_shortest_decimals_are_written_as_rewritten(
+            bits in proptest::num::u64::ANY,
+            n in -1_000_000_000i64..1_000_000_000,
+            divisor in proptest::sample::select(vec![3.0, 7.0, 10.0, 100.0, 977.0, 1e6, 1e-3]),
+            big in 1e15f64..1e22,
+        ) {
+            for v in [f64::from_bits(bits), n as f64 / divisor, -(n as f64) / divisor, big, big.trunc(), -big.trunc()] {
+                if v.is_finite() && (v != v.trunc() || v.abs() >= EXACT_INTEGER) {
+                    let mut rewritten = String::new();
+                    plain_decimal(&mut rewritten, zmij::Buffer::new().format_finite(v));
+                    proptest::prop_assert_eq!(shown(v), rewritten);
                 }
             }
         }
