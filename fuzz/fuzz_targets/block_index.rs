@@ -43,6 +43,13 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    // Version 5's time bounds: any range, any id (one past the series too), never a panic.
+    let word = |i: usize| data.get(i * 8..i * 8 + 8).map_or(0, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")));
+    if let Some(filter) = ix.time_filter(word(1).min(word(2)), word(1).max(word(2))) {
+        for id in 0..=ix.num_series().min(10_000) {
+            let _ = filter.may_overlap(strata_model::SeriesRef(id));
+        }
+    }
     let mut chunks = Vec::new();
     let mut interner = ReadCache::default();
     let Ok(mut all) = ix.all_postings() else { return };

@@ -283,6 +283,39 @@ fn index_bytes_match_the_format_document() {
     }
 }
 
+/// Time bounds that cannot be read (a unit of 0, bounds for fewer series than the block has)
+/// make the index corrupt, named, however well their section's checksum matches.
+#[test]
+fn damaged_time_bounds_are_reported() {
+    let bytes: Vec<u8> =
+        doc_example_hex("block.md", "index-example").iter().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    // The page table section: its length at 0x2f, its body from 0x33, its CRC after the body.
+    let reopen = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = bytes.clone();
+        let mut body = b[0x33..0x33 + 26].to_vec();
+        edit(&mut body);
+        let mut section = (body.len() as u32).to_be_bytes().to_vec();
+        section.extend_from_slice(&body);
+        section.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+        b.splice(0x2f..0x33 + 26 + 4, section);
+        let toc_at = b.len() - index::TOC_BYTES;
+        // The postings table moved with the page table's length.
+        let shift = body.len() as i64 - 26;
+        let table_at = u64::from_be_bytes(b[toc_at + 24..toc_at + 32].try_into().unwrap()) as i64 + shift;
+        b[toc_at + 24..toc_at + 32].copy_from_slice(&(table_at as u64).to_be_bytes());
+        let crc = crc32c::crc32c(&b[toc_at..toc_at + index::TOC_BYTES - 4]);
+        let n = b.len();
+        b[n - 4..].copy_from_slice(&crc.to_be_bytes());
+        IndexFile::from_bytes(Path::new("b/index"), bytes::Bytes::from(b))
+    };
+    assert!(reopen(&|_| {}).is_ok(), "the example itself opens");
+    // Body: count, the page row (15 bytes), base, unit, 8 bytes of bounds.
+    let err = reopen(&|body| body[17] = 0).unwrap_err();
+    assert!(err.contains("unit is 0"), "{err}");
+    let err = reopen(&|body| body.truncate(body.len() - 4)).unwrap_err();
+    assert!(err.contains("4 bytes of time bounds for 2 series"), "{err}");
+}
+
 /// The bytes of the worked example after `<!-- marker -->` in `docs/format/<file>`: the first
 /// code block's lines, each an offset then hex bytes, then an optional `# comment`.
 pub(crate) fn doc_example_hex(file: &str, marker: &str) -> Vec<String> {

@@ -651,6 +651,11 @@ impl IndexFile {
         &self.path
     }
 
+    /// Series in the index (versions 3 to 5; 0 for older ones, which number series by offset).
+    pub fn num_series(&self) -> u64 {
+        self.num_series
+    }
+
     /// Which series may have chunks in `[mint, maxt]`, from their time bounds, without reading
     /// their entries; `None` for indexes before version 5 (every series may).
     pub fn time_filter(&self, mint: i64, maxt: i64) -> Option<TimeFilter<'_>> {
