@@ -778,16 +778,16 @@ impl<'a> Querier<'a> {
         let stones = block.tombstones();
         let mut metas = Vec::new();
         self.check_interrupt(0)?;
-        let ids = block.select_ids(matchers)?;
+        let mut ids = block.select_ids(matchers)?;
         // Series without a chunk in range (after churn, most of what matchers select in a long
-        // block) are passed over by their time bounds, without decoding their entries.
-        let bounds = data.index.time_filter(self.mint, self.maxt);
+        // block) are passed over by their time bounds, without decoding their entries, and
+        // before `out` is sized (the churn bench selects 18,144 ids and returns 140).
+        if let Some(bounds) = data.index.time_filter(self.mint, self.maxt) {
+            ids.retain(|&id| bounds.may_overlap(id));
+        }
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {
             self.check_interrupt(i)?;
-            if bounds.is_some_and(|b| !b.may_overlap(id)) {
-                continue;
-            }
             let Some(labels) = data
                 .index
                 .series_in_range(id, self.mint, self.maxt, &mut metas, interner)
