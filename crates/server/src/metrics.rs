@@ -460,7 +460,7 @@ fn render_db(o: &mut String, db: &Db) {
             ),
             (
                 "strata_tsdb_head_names_dictionaries",
-                "The head's names dictionaries: the main one and those of names folded in since it was built.",
+                "The head's names dictionaries: the main one and the sorted lists (levels) of names folded in since it was built.",
                 "gauge",
                 names.dictionaries as f64,
             ),

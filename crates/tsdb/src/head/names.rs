@@ -1,15 +1,20 @@
-//! The head's dictionary of metric names (`index::name_dict`): a main dictionary, smaller ones
+//! The head's dictionary of metric names (`index::name_dict`): a main dictionary, sorted lists
 //! of names folded in since (levels), and the names created since the last fold (a
 //! `NameDelta`), all searched by one pattern.
 //!
-//! Building the main dictionary costs about its size, so it is not done per new name: a new
-//! name is appended to the delta (a copy into a buffer, on the thread creating the series),
-//! which is searched name by name and so kept small: once it holds `DELTA_NAMES_MAX` names,
-//! maintenance (once a second) sorts it into a dictionary of its own, a new level. Levels are
-//! merged as a binary counter merges carries, whenever the newest is at least half the one
-//! before it, so there are at most a logarithm of them and each name is merged a logarithm of
-//! times. Once the levels outgrow a share of the main dictionary (or series were removed),
-//! everything is merged into a new main dictionary, at most a tenth of the time.
+//! Building the main dictionary (two fsts) costs about a microsecond per node, so it is not
+//! done per new name: a new name is appended to the delta (a copy into a buffer, on the thread
+//! creating the series), which is searched name by name and so kept small: once it holds
+//! `DELTA_NAMES_MAX` names, maintenance (once a second) sorts it into a `NameList` of its own,
+//! a new level. Levels are merged as a binary counter merges carries, whenever the newest is
+//! at least half the one before it, so there are at most a logarithm of them and each name is
+//! merged a logarithm of times; a merge of sorted lists costs a comparison per node. The
+//! levels hold the names' text, where the main dictionary shares repeated subtrees and is a
+//! few bytes per path: once they hold a share of the main dictionary (or series were removed)
+//! and new names have stopped coming for a moment, everything is merged into a new main
+//! dictionary, at most a tenth of the time. While a burst of new names goes on, that waits
+//! (up to `LEVELS_BYTES_MAX` of levels): rebuilding after each step of a burst of a million
+//! new carbon paths was a third of the server's CPU while it lasted.
 //! While the WAL is replayed nothing is collected; the dictionary is built once at the end.
 
 use std::sync::Arc;
@@ -17,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::index::name_dict::{NameDelta, NameDict, NamePattern};
+use crate::index::name_dict::{NameDelta, NameDict, NameList, NamePattern};
 
 /// The delta is folded into a level of its own once it holds this many names (a search reads
 /// each of them: up to about a tenth of a millisecond).
@@ -27,12 +32,15 @@ const SMALL_NODES_MIN: usize = 4096;
 /// Past `SMALL_NODES_MIN`, a rebuild is wanted once the levels and the delta hold this share of
 /// the main dictionary's node count.
 const SMALL_SHARE_DIVISOR: usize = 16;
-/// After a rebuild, the next one waits this many times as long as it took (unless the levels
-/// outgrew the main dictionary): while a burst of new paths arrives (a Graphite installation
-/// starting to send a million), rebuilds take at most a tenth of a core instead of rebuilding
-/// the whole dictionary every time the new names reached a sixteenth of it. Meanwhile new
-/// names go into levels, which cost a logarithm of merges per name.
+/// After a rebuild, the next one waits this many times as long as it took: rebuilds take at
+/// most a tenth of the time.
 const REBUILD_PAUSE_FACTOR: u32 = 9;
+/// A rebuild waits until no delta has been folded for this long (a burst of new names is
+/// over), unless the levels hold more than `LEVELS_BYTES_MAX`.
+const FOLDS_QUIET_FOR: Duration = Duration::from_secs(2);
+/// The levels' size past which a rebuild no longer waits for a burst to end (a million
+/// host-shaped paths take about 60 MiB of levels).
+const LEVELS_BYTES_MAX: usize = 256 << 20;
 
 #[derive(Debug)]
 pub(crate) struct HeadNames {
@@ -45,9 +53,9 @@ pub(crate) struct HeadNames {
 #[derive(Debug, Default)]
 struct Inner {
     dict: Arc<NameDict>,
-    /// Dictionaries of names folded out of the delta since `dict` was built, oldest first;
-    /// each less than half the size of the one before it once a fold is over.
-    levels: Vec<Arc<NameDict>>,
+    /// Names folded out of the delta since `dict` was built, oldest first; each less than
+    /// half the size of the one before it once a fold is over.
+    levels: Vec<Arc<NameList>>,
     delta: NameDelta,
     /// The delta being folded or read by a rebuild, searched until its names are installed
     /// in a dictionary.
@@ -58,6 +66,8 @@ struct Inner {
     stale: bool,
     /// When the last rebuild ended, and how long it took.
     last_build: Option<(Instant, Duration)>,
+    /// When the last fold ended.
+    last_fold: Option<Instant>,
 }
 
 impl Inner {
@@ -93,19 +103,19 @@ impl HeadNames {
     /// with a rebuild of its own, and backfill heads are not searched by name). A rebuild is
     /// due once the levels and the delta hold a sixteenth of the main dictionary's nodes or
     /// series were removed, and waits for the pause after the last one
-    /// (`REBUILD_PAUSE_FACTOR`) unless they outgrew the main dictionary; meanwhile a delta of
-    /// `DELTA_NAMES_MAX` names is folded into a level.
+    /// (`REBUILD_PAUSE_FACTOR`) and for folds to have stopped (`FOLDS_QUIET_FOR`) unless the
+    /// levels outgrew `LEVELS_BYTES_MAX`; meanwhile a delta of `DELTA_NAMES_MAX` names is
+    /// folded into a level.
     pub fn wanted(&self, now: Instant) -> Option<NamesMaintenance> {
         let g = self.inner.read();
         if !g.collecting {
             return None;
         }
-        let small = g.small();
-        if g.stale || small > SMALL_NODES_MIN.max(g.dict.len() / SMALL_SHARE_DIVISOR) {
-            // Past the main dictionary, a rebuild at least doubles it: rebuilds cost about
-            // twice the final build in all.
-            let outgrown = small > g.dict.len();
-            if outgrown || g.last_build.is_none_or(|(ended, took)| now >= ended + took * REBUILD_PAUSE_FACTOR) {
+        if g.stale || g.small() > SMALL_NODES_MIN.max(g.dict.len() / SMALL_SHARE_DIVISOR) {
+            let paused = g.last_build.is_some_and(|(ended, took)| now < ended + took * REBUILD_PAUSE_FACTOR);
+            let folding = g.last_fold.is_some_and(|ended| now < ended + FOLDS_QUIET_FOR);
+            let levels_bytes: usize = g.levels.iter().map(|l| l.bytes()).sum();
+            if !paused && (!folding || levels_bytes > LEVELS_BYTES_MAX) {
                 return Some(NamesMaintenance::Rebuild);
             }
         }
@@ -126,7 +136,7 @@ impl HeadNames {
             g.frozen = Some(frozen.clone());
             frozen
         };
-        let mut level = Arc::new(NameDict::union(&[], &frozen));
+        let mut level = Arc::new(NameList::from_delta(&frozen));
         let mut merged = 0;
         loop {
             let older = {
@@ -137,13 +147,14 @@ impl HeadNames {
                     _ => break,
                 }
             };
-            level = Arc::new(NameDict::union(&[&older, &level], &NameDelta::default()));
+            level = Arc::new(NameList::merge(&older, &level));
             merged += 1;
         }
         let mut g = self.inner.write();
         let keep = g.levels.len() - merged;
         let replaced: Vec<_> = g.levels.drain(keep..).collect();
         g.levels.push(level);
+        g.last_fold = Some(Instant::now());
         let frozen = g.frozen.take();
         drop(g);
         // Freed outside the lock.
@@ -157,24 +168,23 @@ impl HeadNames {
     pub fn rebuild(&self, head_names: impl FnOnce(&mut NameDelta)) {
         let _one = self.maintaining.lock();
         let started = Instant::now();
-        let (from_head, dicts, frozen) = {
+        let (from_head, dict, levels, frozen) = {
             let mut g = self.inner.write();
             let from_head = std::mem::take(&mut g.stale) || !g.collecting;
             let frozen = Arc::new(std::mem::take(&mut g.delta));
             g.frozen = Some(frozen.clone());
-            let dicts: Vec<Arc<NameDict>> = std::iter::once(&g.dict).chain(&g.levels).cloned().collect();
-            (from_head, dicts, frozen)
+            (from_head, g.dict.clone(), g.levels.clone(), frozen)
         };
         let dict = if from_head {
-            drop(dicts);
+            drop((dict, levels));
             let mut names = NameDelta::default();
             head_names(&mut names);
             NameDict::union(&[], &names)
         } else {
             // Merged with only the delta to sort: sorting the head's every name again was a
             // third of the server's CPU while a million new carbon paths arrived.
-            let dicts: Vec<&NameDict> = dicts.iter().map(|d| &**d).collect();
-            NameDict::union(&dicts, &frozen)
+            let levels: Vec<&NameList> = levels.iter().map(|l| &**l).collect();
+            NameDict::union_lists(&[&dict], &levels, &frozen)
         };
         let mut g = self.inner.write();
         let now = Instant::now();
@@ -196,9 +206,15 @@ impl HeadNames {
             return false;
         }
         let mut go_on = true;
-        for dict in std::iter::once(&g.dict).chain(&g.levels) {
-            if go_on && !dict.is_empty() {
-                dict.search(pattern, |k, f| {
+        if !g.dict.is_empty() {
+            g.dict.search(pattern, |k, f| {
+                go_on = visit(k, f);
+                go_on
+            });
+        }
+        for level in &g.levels {
+            if go_on {
+                level.search(pattern, |k, f| {
                     go_on = visit(k, f);
                     go_on
                 });
@@ -219,13 +235,14 @@ impl HeadNames {
     /// folded), and the bytes they hold.
     pub fn stats(&self) -> NamesStats {
         let g = self.inner.read();
-        let dicts = || std::iter::once(&g.dict).chain(&g.levels);
         let deltas = || g.frozen.as_deref().into_iter().chain([&g.delta]);
         NamesStats {
-            dictionary_nodes: dicts().map(|d| d.len()).sum(),
+            dictionary_nodes: g.dict.len() + g.levels.iter().map(|l| l.len()).sum::<usize>(),
             dictionaries: 1 + g.levels.len(),
             delta_names: deltas().map(NameDelta::len).sum(),
-            bytes: dicts().map(|d| d.bytes()).sum::<usize>() + deltas().map(NameDelta::heap_bytes).sum::<usize>(),
+            bytes: g.dict.bytes()
+                + g.levels.iter().map(|l| l.bytes()).sum::<usize>()
+                + deltas().map(NameDelta::heap_bytes).sum::<usize>(),
         }
     }
 }
@@ -249,4 +266,44 @@ pub(crate) enum NamesMaintenance {
     Rebuild,
     /// The delta folded into a level (`HeadNames::fold_delta`).
     Fold,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add_hosts(names: &HeadNames, hosts: std::ops::Range<usize>) {
+        for h in hosts {
+            for m in ["cpu.user", "net.eth0.rx_bytes"] {
+                names.add(&format!("servers.dc1.host-{h:05}.{m}"));
+            }
+        }
+    }
+
+    /// Past the pause after the last rebuild, a rebuild still waits while deltas are being
+    /// folded (a burst of new names may go on), then takes everything into one dictionary.
+    #[test]
+    fn a_rebuild_waits_for_a_burst_of_new_names_to_end() {
+        let names = HeadNames::new(true);
+        add_hosts(&names, 0..2_000);
+        names.rebuild(|_| unreachable!("nothing was removed"));
+        add_hosts(&names, 2_000..5_000);
+        assert_eq!(names.wanted(Instant::now()), Some(NamesMaintenance::Fold), "within the pause after a rebuild");
+        let after_pause = Instant::now() + Duration::from_secs(1);
+        assert_eq!(names.wanted(after_pause), Some(NamesMaintenance::Rebuild), "no fold yet: nothing to wait for");
+        names.fold_delta();
+        let folded = Instant::now();
+        assert_eq!(names.stats().dictionaries, 2);
+        assert_eq!(names.wanted(folded + Duration::from_millis(1500)), None, "a fold a moment ago");
+        assert_eq!(names.wanted(folded + FOLDS_QUIET_FOR), Some(NamesMaintenance::Rebuild));
+        names.rebuild(|_| unreachable!("nothing was removed"));
+        let stats = names.stats();
+        assert_eq!((stats.dictionaries, stats.delta_names), (1, 0));
+        let mut leaves = 0;
+        names.search(&NamePattern::new(r"servers\.dc1\.[^.]*\.cpu\.user").unwrap(), |_, _| {
+            leaves += 1;
+            true
+        });
+        assert_eq!(leaves, 5_000);
+    }
 }

@@ -30,6 +30,9 @@ use regex_automata::util::primitives::StateID;
 use regex_automata::util::start;
 use regex_automata::{Anchored, MatchKind};
 
+mod list;
+pub use list::NameList;
+
 /// The node is a name.
 pub const LEAF: u8 = 1;
 /// Longer names continue below the node.
@@ -84,11 +87,16 @@ impl NameDict {
     /// nodes are slices of the delta's names (read backwards for the reversed trie), not a key
     /// each. The forward trie is built on a second thread while the reversed nodes are sorted.
     pub fn union(dicts: &[&NameDict], delta: &NameDelta) -> NameDict {
+        NameDict::union_lists(dicts, &[], delta)
+    }
+
+    /// `union` with the nodes of `lists` too.
+    pub fn union_lists(dicts: &[&NameDict], lists: &[&NameList], delta: &NameDelta) -> NameDict {
         let forward_nodes = delta.nodes(false);
         let (forward, reversed) = std::thread::scope(|scope| {
-            let forward = scope.spawn(|| union_maps(dicts.iter().map(|d| &d.forward), &forward_nodes));
+            let forward = scope.spawn(|| union_maps(dicts.iter().map(|d| &d.forward), lists, &forward_nodes, false));
             let reversed_nodes = delta.nodes(true);
-            let reversed = union_maps(dicts.iter().map(|d| &d.reversed), &reversed_nodes);
+            let reversed = union_maps(dicts.iter().map(|d| &d.reversed), lists, &reversed_nodes, true);
             (forward.join().expect("the forward trie's build does not panic"), reversed)
         });
         debug_assert_eq!(forward.len(), reversed.len(), "both tries hold every node");
@@ -643,15 +651,25 @@ fn sort_words(keys: &mut Vec<u128>, scratch: &mut Vec<u128>) {
     }
 }
 
-/// An fst map of every key of `maps` and `runs` (all sorted the same way) with their flags
-/// merged.
-fn union_maps<'a>(maps: impl Iterator<Item = &'a fst::Map<Bytes>>, runs: &[SortedNodes]) -> fst::Map<Bytes> {
+/// An fst map of every key of `maps`, `lists` and `runs` (all sorted the same way:
+/// `reversed` or not) with their flags merged.
+fn union_maps<'a>(
+    maps: impl Iterator<Item = &'a fst::Map<Bytes>>,
+    lists: &[&NameList],
+    runs: &[SortedNodes],
+    reversed: bool,
+) -> fst::Map<Bytes> {
     let mut op = fst::map::OpBuilder::new();
     for m in maps {
         op.push(m.stream());
     }
     for nodes in runs {
-        op.push(NodeStream { nodes, next: 0, key: Vec::new() });
+        debug_assert_eq!(nodes.reversed, reversed);
+        let keys = nodes.nodes.iter().map(|e| (e.key(nodes.bytes), e.flags));
+        op.push(NodeStream { nodes: keys, reversed, key: Vec::new() });
+    }
+    for list in lists {
+        op.push(NodeStream { nodes: list.nodes(reversed), reversed, key: Vec::new() });
     }
     let mut union = op.union();
     let mut builder = fst::MapBuilder::memory();
@@ -663,27 +681,26 @@ fn union_maps<'a>(maps: impl Iterator<Item = &'a fst::Map<Bytes>>, runs: &[Sorte
     fst::Map::new(Bytes::from(bytes)).expect("a just-built fst is valid")
 }
 
-/// Sorted nodes as an fst stream (keys with their flags, reversed keys turned around), for
-/// `union_maps`.
-struct NodeStream<'s> {
-    nodes: &'s SortedNodes<'s>,
-    next: usize,
+/// Sorted nodes (as written, with their flags) as an fst stream, reversed keys turned around,
+/// for `union_maps`. Each key is copied into `key`: a stream hands out keys that live as long
+/// as its borrow, which the nodes' own slices cannot be made to (`OpBuilder::push`).
+struct NodeStream<I> {
+    nodes: I,
+    reversed: bool,
     key: Vec<u8>,
 }
 
-impl<'a> fst::Streamer<'a> for NodeStream<'_> {
+impl<'a, 's, I: Iterator<Item = (&'s [u8], u8)>> fst::Streamer<'a> for NodeStream<I> {
     type Item = (&'a [u8], u64);
 
     fn next(&'a mut self) -> Option<(&'a [u8], u64)> {
-        let e = *self.nodes.nodes.get(self.next)?;
-        self.next += 1;
-        let key = e.key(self.nodes.bytes);
-        if !self.nodes.reversed {
-            return Some((key, u64::from(e.flags)));
-        }
+        let (key, flags) = self.nodes.next()?;
         self.key.clear();
-        extend_reversed(&mut self.key, key);
-        Some((&self.key, u64::from(e.flags)))
+        match self.reversed {
+            false => self.key.extend_from_slice(key),
+            true => extend_reversed(&mut self.key, key),
+        }
+        Some((&self.key, u64::from(flags)))
     }
 }
 
@@ -1234,7 +1251,7 @@ mod tests {
     }
 
     /// Every node of `names` the `regex` crate matches whole, with its flags merged.
-    fn nodes_matching(names: &[String], re: &str) -> BTreeMap<String, u8> {
+    pub(super) fn nodes_matching(names: &[String], re: &str) -> BTreeMap<String, u8> {
         let r = regex::Regex::new(&format!("^(?s:{re})$")).unwrap();
         let mut want: BTreeMap<String, u8> = BTreeMap::new();
         for n in names {
@@ -1250,7 +1267,7 @@ mod tests {
 
     /// `hosts` hosts under two data centres with the given metrics each: host trees that
     /// repeat (the trie shares them, the walk's memo replays them) and some that differ.
-    fn host_names(hosts: usize) -> Vec<String> {
+    pub(super) fn host_names(hosts: usize) -> Vec<String> {
         let mut out = Vec::new();
         for h in 0..hosts {
             for dc in ["dc1", "dc2"] {
