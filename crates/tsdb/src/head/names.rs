@@ -103,9 +103,10 @@ impl HeadNames {
     /// with a rebuild of its own, and backfill heads are not searched by name). A rebuild is
     /// due once the levels and the delta hold a sixteenth of the main dictionary's nodes or
     /// series were removed, and waits for the pause after the last one
-    /// (`REBUILD_PAUSE_FACTOR`) and for folds to have stopped (`FOLDS_QUIET_FOR`) unless the
-    /// levels outgrew `LEVELS_BYTES_MAX`; meanwhile a delta of `DELTA_NAMES_MAX` names is
-    /// folded into a level.
+    /// (`REBUILD_PAUSE_FACTOR`) and for new names to have stopped (no fold for
+    /// `FOLDS_QUIET_FOR`, and fewer than a fold's worth in the delta) unless the levels
+    /// outgrew `LEVELS_BYTES_MAX`; meanwhile a delta of `DELTA_NAMES_MAX` names is folded into
+    /// a level.
     pub fn wanted(&self, now: Instant) -> Option<NamesMaintenance> {
         let g = self.inner.read();
         if !g.collecting {
@@ -113,7 +114,9 @@ impl HeadNames {
         }
         if g.stale || g.small() > SMALL_NODES_MIN.max(g.dict.len() / SMALL_SHARE_DIVISOR) {
             let paused = g.last_build.is_some_and(|(ended, took)| now < ended + took * REBUILD_PAUSE_FACTOR);
-            let folding = g.last_fold.is_some_and(|ended| now < ended + FOLDS_QUIET_FOR);
+            // New names are coming: a fold's worth since the last tick, or a fold a moment ago.
+            let folding =
+                g.delta.len() >= DELTA_NAMES_MAX || g.last_fold.is_some_and(|ended| now < ended + FOLDS_QUIET_FOR);
             let levels_bytes: usize = g.levels.iter().map(|l| l.bytes()).sum();
             if !paused && (!folding || levels_bytes > LEVELS_BYTES_MAX) {
                 return Some(NamesMaintenance::Rebuild);
@@ -288,9 +291,8 @@ mod tests {
         add_hosts(&names, 0..2_000);
         names.rebuild(|_| unreachable!("nothing was removed"));
         add_hosts(&names, 2_000..5_000);
-        assert_eq!(names.wanted(Instant::now()), Some(NamesMaintenance::Fold), "within the pause after a rebuild");
         let after_pause = Instant::now() + Duration::from_secs(1);
-        assert_eq!(names.wanted(after_pause), Some(NamesMaintenance::Rebuild), "no fold yet: nothing to wait for");
+        assert_eq!(names.wanted(after_pause), Some(NamesMaintenance::Fold), "a fold's worth of new names");
         names.fold_delta();
         let folded = Instant::now();
         assert_eq!(names.stats().dictionaries, 2);
