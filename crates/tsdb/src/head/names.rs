@@ -2,7 +2,7 @@
 //! of names folded in since (levels), and the names created since the last fold (a
 //! `NameDelta`), all searched by one pattern.
 //!
-//! Building the main dictionary (two fsts) costs about a microsecond per node, so it is not
+//! Building the main dictionary (two fsts) costs over a microsecond per node, so it is not
 //! done per new name: a new name is appended to the delta (a copy into a buffer, on the thread
 //! creating the series), which is searched name by name and so kept small: once it holds
 //! `DELTA_NAMES_MAX` names, maintenance (once a second) sorts it into a `NameList` of its own,

@@ -14,7 +14,9 @@
 //!
 //! Names the head has gained since its dictionaries were built are kept unsorted in a
 //! `NameDelta` and searched by running the automaton over each; sorting them both ways
-//! (`sorted_order`, a radix sort of slices of one buffer) is what turns them into a dictionary.
+//! (`sorted_order`, a radix sort of slices of one buffer) is what turns them into a dictionary,
+//! or into a `NameList` (`list`): the same nodes in sorted arrays, what the head folds new names
+//! into between two builds of its dictionary, as those merge far cheaper than tries build.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -950,7 +952,7 @@ impl CompiledDfa {
 /// name is a copy into one buffer: keeping the new nodes sorted both ways (two ordered maps,
 /// an insert per new node in each) was two fifths of series creation during a burst of new
 /// paths, on the carbon connections' threads. They are sorted once, in the background, when
-/// folded into a dictionary (`NameDict::union`); until then a search runs the automaton over
+/// folded into a list or a dictionary (`NameList::from_delta`, `NameDict::union`); until then a search runs the automaton over
 /// each name, resuming from the bytes it shares with the previous one (a sender's paths come
 /// grouped by host), which the bounded size of a delta (`head::names`) keeps cheap.
 #[derive(Debug, Default, Clone)]

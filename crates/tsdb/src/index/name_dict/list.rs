@@ -2,7 +2,7 @@
 //! the head folds recent names into between two builds of its main dictionary.
 //!
 //! A `NameDict` is small (its tries share every repeated subtree: a million host-shaped paths
-//! take a few KiB to a few MiB) but building one costs about a microsecond per node per trie;
+//! take a few KiB to a few MiB) but building one costs over half a microsecond per node and trie;
 //! while a burst of a million new carbon paths arrived, building the head's levels and main
 //! dictionary over and over was a third of the server's CPU. Two `NameList`s merge in one
 //! comparison per node, at the price of holding the names' text plus 16 bytes per node.
