@@ -952,9 +952,10 @@ impl CompiledDfa {
 /// name is a copy into one buffer: keeping the new nodes sorted both ways (two ordered maps,
 /// an insert per new node in each) was two fifths of series creation during a burst of new
 /// paths, on the carbon connections' threads. They are sorted once, in the background, when
-/// folded into a list or a dictionary (`NameList::from_delta`, `NameDict::union`); until then a search runs the automaton over
-/// each name, resuming from the bytes it shares with the previous one (a sender's paths come
-/// grouped by host), which the bounded size of a delta (`head::names`) keeps cheap.
+/// folded into a list or a dictionary (`NameList::from_delta`, `NameDict::union`); until then
+/// a search runs the automaton over each name, resuming from the bytes it shares with the
+/// previous one (a sender's paths come grouped by host), which the bounded size of a delta
+/// (`head::names`) keeps cheap.
 #[derive(Debug, Default, Clone)]
 pub struct NameDelta {
     bytes: Vec<u8>,
