@@ -95,8 +95,8 @@ impl NameList {
                 while let Some(a) = pairs.next() {
                     merged.push(match pairs.next() {
                         Some(b) => match reversed {
-                            false => merge::<Forward>(&text, &a, &b),
-                            true => merge::<Backward>(&text, &a, &b),
+                            false => merge::<Forward>(&text, &a, &b, 0),
+                            true => merge::<Backward>(&text, &a, &b, 0),
                         },
                         None => a,
                     });
@@ -114,10 +114,8 @@ impl NameList {
         let mut text = Vec::with_capacity(a.text.len() + b.text.len());
         text.extend_from_slice(&a.text);
         text.extend_from_slice(&b.text);
-        let by = a.text.len();
-        let shift = |nodes: &[Node]| nodes.iter().map(|n| n.shifted(by)).collect::<Vec<_>>();
-        let forward = merge::<Forward>(&text, &a.forward, &shift(&b.forward));
-        let reversed = merge::<Backward>(&text, &a.reversed, &shift(&b.reversed));
+        let forward = merge::<Forward>(&text, &a.forward, &b.forward, a.text.len());
+        let reversed = merge::<Backward>(&text, &a.reversed, &b.reversed, a.text.len());
         NameList { text, forward, reversed }
     }
 
@@ -154,19 +152,21 @@ impl NameList {
     }
 }
 
-/// `a` and `b` (each sorted in order `O`, one entry per key, keys in `text`) as one, the
-/// flags of a key in both merged.
-fn merge<O: KeyOrder>(text: &[u8], a: &[Node], b: &[Node]) -> Vec<Node> {
+/// `a` and `b` (each sorted in order `O`, one entry per key) as one, the flags of a key in
+/// both merged. `a`'s keys are in `text`, `b`'s in `text[b_at..]` (a merge of two lists
+/// appends the second's text to the first's): they come out pointing into `text`.
+fn merge<O: KeyOrder>(text: &[u8], a: &[Node], b: &[Node], b_at: usize) -> Vec<Node> {
+    let b_text = &text[b_at..];
     let mut out = Vec::with_capacity(a.len() + b.len());
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
-        match O::cmp(a[i].key(text), b[j].key(text)) {
+        match O::cmp(a[i].key(text), b[j].key(b_text)) {
             Ordering::Less => {
                 out.push(a[i]);
                 i += 1;
             }
             Ordering::Greater => {
-                out.push(b[j]);
+                out.push(b[j].shifted(b_at));
                 j += 1;
             }
             Ordering::Equal => {
@@ -176,7 +176,7 @@ fn merge<O: KeyOrder>(text: &[u8], a: &[Node], b: &[Node]) -> Vec<Node> {
         }
     }
     out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
+    out.extend(b[j..].iter().map(|n| n.shifted(b_at)));
     debug_assert!(out.windows(2).all(|w| O::cmp(w[0].key(text), w[1].key(text)) == Ordering::Less));
     out
 }
