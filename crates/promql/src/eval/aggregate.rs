@@ -10,7 +10,7 @@ use strata_model::histogram::{HistogramMean, KahanSum};
 use strata_model::{CounterResetHint, FloatHistogram, HistogramError, Label, Labels, METRIC_NAME};
 
 use super::labels::{go_quote_bytes, keep, without};
-use super::{Ctx, Evaluator, Val};
+use super::{point_buffers, Ctx, Evaluator, Val};
 use crate::ast::{Aggregate, AggregateOp, ExprKind};
 use crate::error::{exec, EvalError};
 use crate::value::{HPoint, Point, Series};
@@ -341,18 +341,20 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
                 haccs.push(None);
             }
             fold(a.op, &mut accs[g], &s.points, ctx);
-            if !s.hists.is_empty() {
+            let Series { points, hists, .. } = s;
+            point_buffers::POOL.give(points);
+            if !hists.is_empty() {
                 match a.op {
                     AggregateOp::Sum | AggregateOp::Avg => {
                         let h = haccs[g].get_or_insert_with(|| vec![HistAcc::default(); ctx.n]);
                         let mut steps = ctx.walker();
-                        for p in &s.hists {
+                        for p in &hists {
                             h[steps.index(p.t)].add(a.op, &p.h, &mut notes);
                         }
                     }
                     // A histogram is a sample like any other to count.
                     AggregateOp::Count | AggregateOp::Group => {
-                        let pts: Vec<Point> = s.hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
+                        let pts: Vec<Point> = hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
                         fold(a.op, &mut accs[g], &pts, ctx);
                     }
                     op => ev.info(a.expr.start, format!("ignored histogram in {} aggregation", op.name())),

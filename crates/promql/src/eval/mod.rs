@@ -17,6 +17,7 @@ mod functions;
 mod info;
 pub(crate) mod labels;
 mod native_histograms;
+pub(crate) mod point_buffers;
 mod range_functions;
 pub(crate) mod range_histograms;
 mod rollup;

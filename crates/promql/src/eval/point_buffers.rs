@@ -1,0 +1,113 @@
+//! Point buffers handed back by the consumers of series to their producers.
+//!
+//! A range query's series are produced on worker threads (one output vector per series,
+//! steps × 16 bytes: 23 KiB at 1,440 steps) and consumed on the evaluating thread, which
+//! often drops them at once (an aggregation folds a series into its group and is done with
+//! it). Allocated and freed that way, thousands of vectors per query went through the
+//! allocator's cross-thread frees and its purge of idle pages and came back as fresh zeroed
+//! pages: 9,500 page faults per `histogram_quantile(0.99, sum by (le, handler) (rate(…)))`
+//! over 7,200 series, 3,800 with the vectors handed back here.
+
+use std::sync::Mutex;
+
+use crate::value::Point;
+
+/// The process' pool, shared by every query.
+pub(crate) static POOL: PointBuffers = PointBuffers::new(KEPT_BYTES_MAX);
+
+/// The pool keeps at most this many bytes of buffers: a few per worker, as a pipeline holds
+/// (two batches of 32 series per worker in flight), beyond which buffers are freed.
+const KEPT_BYTES_MAX: usize = 8 << 20;
+
+/// Empty point vectors waiting for reuse, at most `bytes_max` of them.
+pub(crate) struct PointBuffers {
+    bytes_max: usize,
+    kept: Mutex<Kept>,
+}
+
+struct Kept {
+    buffers: Vec<Vec<Point>>,
+    bytes: usize,
+}
+
+impl PointBuffers {
+    pub(crate) const fn new(bytes_max: usize) -> PointBuffers {
+        PointBuffers { bytes_max, kept: Mutex::new(Kept { buffers: Vec::new(), bytes: 0 }) }
+    }
+
+    /// An empty vector with room for at least `capacity` points, reused when one is kept.
+    pub(crate) fn take(&self, capacity: usize) -> Vec<Point> {
+        if capacity > 0 {
+            let reused = {
+                let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+                let v = kept.buffers.pop();
+                if let Some(v) = &v {
+                    kept.bytes -= bytes_of(v);
+                }
+                v
+            };
+            if let Some(mut v) = reused {
+                debug_assert!(v.is_empty());
+                v.reserve(capacity);
+                return v;
+            }
+        }
+        Vec::with_capacity(capacity)
+    }
+
+    /// Keeps `points`' allocation for a later `take`, if there is room.
+    pub(crate) fn give(&self, mut points: Vec<Point>) {
+        let bytes = bytes_of(&points);
+        if bytes == 0 || bytes > self.bytes_max {
+            return;
+        }
+        points.clear();
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.bytes + bytes <= self.bytes_max {
+            kept.bytes += bytes;
+            kept.buffers.push(points);
+        }
+    }
+}
+
+fn bytes_of(points: &Vec<Point>) -> usize {
+    points.capacity() * std::mem::size_of::<Point>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_given_back_is_taken_again_empty_and_large_enough() {
+        let pool = PointBuffers::new(1 << 20);
+        let mut v = pool.take(100);
+        assert!(v.capacity() >= 100);
+        v.push(Point { t: 1, f: 2.0 });
+        let at = v.as_ptr();
+        pool.give(v);
+        let again = pool.take(50);
+        assert_eq!(again.as_ptr(), at, "the kept allocation is reused");
+        assert!(again.is_empty() && again.capacity() >= 100);
+        // Asking for more than it holds grows it.
+        pool.give(again);
+        assert!(pool.take(1000).capacity() >= 1000);
+    }
+
+    #[test]
+    fn the_pool_keeps_no_more_than_its_bytes() {
+        let pool = PointBuffers::new(10 * 16 * 100);
+        for _ in 0..20 {
+            pool.give(Vec::with_capacity(100));
+        }
+        let kept = pool.kept.lock().unwrap();
+        assert_eq!(kept.buffers.len(), 10);
+        assert_eq!(kept.bytes, 10 * 16 * 100);
+        drop(kept);
+        // A buffer larger than the whole pool is never kept.
+        pool.give(Vec::with_capacity(2000));
+        assert_eq!(pool.kept.lock().unwrap().buffers.len(), 10);
+        // Nothing is kept of an empty vector, and nothing reused for an empty request.
+        assert!(pool.take(0).capacity() == 0);
+    }
+}
