@@ -1065,6 +1065,8 @@ impl Starts<'_> {
 #[derive(Default)]
 struct SeriesBuf {
     floats: Vec<Point>,
+    /// Samples as `read_floats` appends them, before they become `floats`.
+    dense: Vec<strata_model::Sample>,
     hists: Vec<HPoint>,
     /// Whether to keep start times (the engine uses them).
     read_starts: bool,
@@ -1095,6 +1097,13 @@ fn read_series(s: &StoredSeries, buf: &mut SeriesBuf) -> Result<(), EvalError> {
     buf.float_starts.clear();
     buf.hist_starts.clear();
     let read_starts = buf.read_starts;
+    // Plain floats (no start times: chunks with them are left to `visit`), a chunk at a time.
+    let failed = |e| EvalError::Storage(format!("reading series {}: {e}", s.labels));
+    buf.dense.clear();
+    if s.read_floats(&mut buf.dense).map_err(failed)? {
+        buf.floats.extend(buf.dense.iter().map(|s| Point { t: s.t, f: s.v }));
+        return Ok(());
+    }
     s.visit(|x| match x.value {
         TypedValue::Float(f) => {
             buf.floats.push(Point { t: x.t, f });
@@ -1109,7 +1118,7 @@ fn read_series(s: &StoredSeries, buf: &mut SeriesBuf) -> Result<(), EvalError> {
             }
         }
     })
-    .map_err(|e| EvalError::Storage(format!("reading series {}: {e}", s.labels)))?;
+    .map_err(failed)?;
     // Pad to full length: a series whose later samples lack start times.
     if !buf.float_starts.is_empty() {
         buf.float_starts.resize(buf.floats.len(), 0);

@@ -625,7 +625,7 @@ fn with_columns<T>(f: impl FnOnce(&mut Columns) -> T) -> T {
 }
 
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
-pub(super) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     with_columns(|c| decode_with(data, out, &mut c.times, &mut c.ints))
 }
 

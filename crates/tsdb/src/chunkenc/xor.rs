@@ -253,7 +253,7 @@ struct DecodeState {
 
 impl<B: AsRef<[u8]>> XorIterator<B> {
     /// The caller has checked the encoding byte and that the header is present.
-    pub(super) fn new(data: B) -> Self {
+    pub(crate) fn new(data: B) -> Self {
         let d = data.as_ref();
         let total = u16::from_be_bytes([d[1], d[2]]);
         let st = DecodeState {

@@ -246,3 +246,78 @@ fn a_labels_only_selection_lists_the_series_without_their_chunks() {
     let err = db.querier(500, 300_000).limit_chunks(0).select(&all).unwrap_err();
     assert!(matches!(err, crate::Error::TooManyChunks { .. }), "{err}");
 }
+
+proptest::proptest! {
+    /// Reading a series of dense and XOR chunks chunk by chunk gives exactly what `visit`
+    /// hands over, for ranges that clip the first and last chunk or miss chunks; and with a
+    /// histogram chunk in the range, overlapping chunks or deletions it declines and appends
+    /// nothing.
+    #[test]
+    fn plain_floats_are_what_visit_reads(
+        gaps in proptest::collection::vec(1i64..5_000, 1..400),
+        per_chunk in 1usize..130,
+        mint in -1_000i64..400_000,
+        span in 0i64..2_000_000,
+        other_chunk in proptest::option::of((0usize..4, proptest::bool::ANY)),
+        overlap in proptest::bool::ANY,
+        deleted in proptest::bool::ANY,
+    ) {
+        use crate::chunkenc::{dense, xor::XorAppender};
+        let mut t = 0;
+        let samples: Vec<Sample> = gaps.iter().enumerate().map(|(i, g)| { t += g; Sample { t, v: (i % 7) as f64 * 0.1 } }).collect();
+        let mut chunks: Vec<QueryChunk> = samples
+            .chunks(per_chunk)
+            .enumerate()
+            .map(|(k, part)| {
+                let bytes = match other_chunk {
+                    // The head's XOR chunks, read as well; a histogram's header byte, not.
+                    Some((at, xor)) if at == k => {
+                        let mut c = XorAppender::new();
+                        part.iter().for_each(|s| c.append(s.t, s.v));
+                        let mut b = c.bytes().to_vec();
+                        if !xor {
+                            b[0] = Encoding::Histogram as u8;
+                        }
+                        b
+                    }
+                    _ => dense::encode(part),
+                };
+                QueryChunk {
+                    mint: part[0].t,
+                    maxt: part[part.len() - 1].t,
+                    data: ChunkData::Mem(HeadChunkBytes::from(&bytes[..])),
+                    rank: 0,
+                }
+            })
+            .collect();
+        if overlap && chunks.len() > 1 {
+            chunks[1].mint = chunks[0].maxt;
+        }
+        let series = Series {
+            labels: Labels::from_pairs([("a", "b")]),
+            chunks,
+            deleted: if deleted { vec![(mint, mint + 10)] } else { Vec::new() },
+            mint,
+            maxt: mint + span,
+        };
+        let mut got = vec![Sample { t: -1, v: 0.0 }];
+        let fast = series.read_floats(&mut got).unwrap();
+        let declines = deleted || (overlap && series.chunks.len() > 1)
+            || other_chunk.is_some_and(|(k, xor)| {
+                !xor && series.chunks.get(k).is_some_and(|c| c.maxt >= mint && c.mint <= mint + span)
+            });
+        proptest::prop_assert_eq!(fast, !declines);
+        if fast {
+            let mut want = vec![Sample { t: -1, v: 0.0 }];
+            series
+                .visit(|s| match s.value {
+                    crate::chunkenc::TypedValue::Float(v) => want.push(Sample { t: s.t, v }),
+                    crate::chunkenc::TypedValue::Histogram(_) => panic!("only floats were written"),
+                })
+                .unwrap();
+            proptest::prop_assert_eq!(got, want);
+        } else {
+            proptest::prop_assert_eq!(got.len(), 1);
+        }
+    }
+}
