@@ -648,18 +648,18 @@ fn select_small_k(op: AggregateOp, input: Vec<Series>, group_of: &[usize], ks: &
     if width == 0 {
         return Vec::new();
     }
-    let n_groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
-    let mut members: Vec<Vec<u32>> = vec![Vec::new(); n_groups];
-    for (si, &g) in group_of.iter().enumerate() {
-        members[g].push(si as u32);
-    }
+    // The series group by group (groups in order), in series order within each.
+    let mut by_group: Vec<u32> = (0..input.len() as u32).collect();
+    by_group.sort_by_key(|&si| group_of[si as usize]);
     // Step i's choice so far: best[i * width..][..lens[i]], best first.
     let mut best = vec![(0.0f64, 0u32, 0u32); ctx.n * width];
     let mut lens = vec![0u8; ctx.n];
-    // (series, point) of every choice, group by group, step by step, best first.
+    // The steps the group has a choice at: only they are read out and reset after it, so
+    // many small groups cost their points, not the steps each.
+    let mut touched: Vec<u32> = Vec::new();
+    // (series, point) of every choice, group by group, best first at each step.
     let mut chosen: Vec<(u32, u32)> = Vec::new();
-    for members in members.iter().filter(|m| !m.is_empty()) {
-        lens.fill(0);
+    for members in by_group.chunk_by(|&a, &b| group_of[a as usize] == group_of[b as usize]) {
         for &si in members {
             let mut steps = ctx.walker();
             for (pi, p) in input[si as usize].points.iter().enumerate() {
@@ -667,6 +667,9 @@ fn select_small_k(op: AggregateOp, input: Vec<Series>, group_of: &[usize], ks: &
                 let (kk, len) = (ks[i], lens[i] as usize);
                 let slots = &mut best[i * width..i * width + kk];
                 let c = (p.f, si, pi as u32);
+                if len == 0 && kk > 0 {
+                    touched.push(i as u32);
+                }
                 if op == AggregateOp::LimitK {
                     // The first k in series order, which is the order series come in.
                     if len < kk {
@@ -685,8 +688,10 @@ fn select_small_k(op: AggregateOp, input: Vec<Series>, group_of: &[usize], ks: &
                 lens[i] = (kept + 1) as u8;
             }
         }
-        for (i, &len) in lens.iter().enumerate() {
-            chosen.extend(best[i * width..][..len as usize].iter().map(|&(_, si, pi)| (si, pi)));
+        for i in touched.drain(..) {
+            let i = i as usize;
+            chosen.extend(best[i * width..][..lens[i] as usize].iter().map(|&(_, si, pi)| (si, pi)));
+            lens[i] = 0;
         }
     }
     let mut input: Vec<Option<Series>> = input.into_iter().map(Some).collect();
