@@ -430,7 +430,11 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
         return Vec::new();
     };
     let mut points = point_buffers::POOL.take(ctx.points_capacity(samples, spec.range, false));
-    let mut batch = Batch::new(is_counter, per_second_divisor(spec.range, is_rate));
+    // The batch (3 KiB) is reused from call to call: set up afresh for each series, it cost
+    // an instant query (one point per series) more than its point.
+    let mut scratch = BATCHES.with(|b| b.take()).unwrap_or_else(|| Box::new(Batch::new(false, None)));
+    let batch = &mut scratch;
+    batch.reset(is_counter, per_second_divisor(spec.range, is_rate));
     // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
     // after it, the last that can hold the last one starts before it.
     let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
@@ -479,7 +483,13 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
         }
     }
     batch.finish(&mut points);
+    BATCHES.with(|b| b.set(Some(scratch)));
     points
+}
+
+thread_local! {
+    /// `slide_extrapolated`'s batch, kept between calls on a thread (taken out while in use).
+    static BATCHES: std::cell::Cell<Option<Box<Batch>>> = const { std::cell::Cell::new(None) };
 }
 
 /// The change of a counter or gauge over a window of samples (a counter's resets added
@@ -558,22 +568,28 @@ impl Batch {
         self.len += 1;
     }
 
+    /// Empties the batch for a series with these parameters.
+    fn reset(&mut self, is_counter: bool, per_second: Option<f64>) {
+        (self.len, self.is_counter, self.per_second) = (0, is_counter, per_second);
+    }
+
     /// Writes the batch's values into the last `len` points and empties it.
     fn finish(&mut self, points: &mut [Point]) {
         let n = self.len;
         let mut values = [0.0f64; BATCH];
+        let values = &mut values[..n];
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, as just checked.
-            unsafe { self.values_avx2(&mut values) };
+            unsafe { self.values_avx2(values) };
         } else {
-            self.values(&mut values);
+            self.values(values);
         }
         #[cfg(not(target_arch = "x86_64"))]
-        self.values(&mut values);
+        self.values(values);
         let len = points.len();
         let out = &mut points[len - n..];
-        for (p, v) in out.iter_mut().zip(&values[..n]) {
+        for (p, v) in out.iter_mut().zip(values.iter()) {
             p.f = *v;
         }
         self.len = 0;
@@ -581,14 +597,14 @@ impl Batch {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn values_avx2(&self, values: &mut [f64; BATCH]) {
+    unsafe fn values_avx2(&self, values: &mut [f64]) {
         self.values(values)
     }
 
-    /// `extrapolated_rate`'s arithmetic for every slot (those past `len` compute garbage
-    /// that is not read; a whole array keeps the loop free of a remainder).
+    /// `extrapolated_rate`'s arithmetic for the first `values.len()` slots.
     #[inline(always)]
-    fn values(&self, values: &mut [f64; BATCH]) {
+    fn values(&self, values: &mut [f64]) {
+        assert!(values.len() <= BATCH);
         for (i, value) in values.iter_mut().enumerate() {
             let sampled = self.sampled_ms[i] / 1000.0;
             let avg_gap = sampled / self.gaps[i];
