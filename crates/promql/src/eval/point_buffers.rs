@@ -40,7 +40,10 @@ impl PointBuffers {
         if capacity > 0 {
             let reused = {
                 let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-                let v = kept.buffers.pop();
+                // Not one far larger than asked for: a series that keeps its points (one per
+                // series in an instant result) would hold the rest idle.
+                let fits = |v: &Vec<Point>| v.capacity() <= capacity.saturating_mul(4).max(64);
+                let v = if kept.buffers.last().is_some_and(fits) { kept.buffers.pop() } else { None };
                 if let Some(v) = &v {
                     kept.bytes -= bytes_of(v);
                 }
@@ -91,7 +94,13 @@ mod tests {
         assert!(again.is_empty() && again.capacity() >= 100);
         // Asking for more than it holds grows it.
         pool.give(again);
-        assert!(pool.take(1000).capacity() >= 1000);
+        let grown = pool.take(1000);
+        assert!(grown.capacity() >= 1000);
+        // Asking for far less than it holds leaves it kept.
+        pool.give(grown);
+        let small = pool.take(2);
+        assert!(small.capacity() < 1000);
+        assert_eq!(pool.kept.lock().unwrap().buffers.len(), 1);
     }
 
     #[test]
