@@ -822,7 +822,11 @@ impl<'a> Evaluator<'a> {
         let smoothed = sel.mode == RangeMode::Smoothed;
         let maxt = if smoothed { last + lookback } else { last };
         let per_series = |labels: &Labels, samples: &[Point], hsamples: &[HPoint], starts: Starts<'_>| {
-            let mut points = Vec::with_capacity(ctx.points_capacity(samples, lookback, at.is_some()));
+            let mut points = point_buffers::POOL.take(ctx.points_capacity(samples, lookback, at.is_some()));
+            if hsamples.is_empty() && !smoothed && value == SelectorValue::Value {
+                newest_float_at_steps(samples, ctx, end_at, lookback, &mut points);
+                return Some(Series::new(labels.clone(), points));
+            }
             let mut hists = Vec::new();
             let (mut j, mut k) = (0usize, 0usize);
             for i in 0..ctx.n {
@@ -1079,6 +1083,41 @@ struct SeriesBuf {
 impl SeriesBuf {
     fn starts(&self) -> Starts<'_> {
         Starts { floats: &self.float_starts, hists: &self.hist_starts }
+    }
+}
+
+/// An instant selector's value at each step of `ctx` over float samples only: the newest
+/// sample at or before the step's time (`end_at`), unless older than `lookback` or a stale
+/// marker. Range queries evaluate this for every series and step (a plain selector, `a / b`,
+/// `count by` over a selection), so the walk avoids the branch that mispredicts: with steps
+/// denser than samples (a 60 s step over 2-minute scrapes) the next sample is reached at an
+/// irregular fraction of the steps, which a loop guarded by that comparison mispredicts at
+/// most of them; a conditional add takes the first step forward without a branch, and the
+/// loop after it is entered only where samples are denser than steps (predictably so).
+fn newest_float_at_steps(
+    samples: &[Point],
+    ctx: &Ctx,
+    end_at: impl Fn(i64) -> i64,
+    lookback: i64,
+    points: &mut Vec<Point>,
+) {
+    let Some(first) = samples.first() else { return };
+    let mut j = 0usize;
+    for i in 0..ctx.n {
+        let te = end_at(ctx.ts(i));
+        if te < first.t {
+            continue;
+        }
+        // samples[..j] are all <= te afterwards.
+        let next_t = samples.get(j).map_or(i64::MAX, |s| s.t);
+        j += usize::from(next_t <= te);
+        while j < samples.len() && samples[j].t <= te {
+            j += 1;
+        }
+        let s = samples[j - 1];
+        if s.t > te - lookback && !is_stale_nan(s.f) {
+            points.push(Point { t: ctx.ts(i), f: s.f });
+        }
     }
 }
 

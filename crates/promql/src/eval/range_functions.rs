@@ -273,7 +273,7 @@ fn slide_plain(
     overlap: &Cell<bool>,
     f: impl Fn(&[Point], &Window) -> Option<f64>,
 ) -> Vec<Point> {
-    let mut points = Vec::with_capacity(ctx.points_capacity(samples, spec.range, spec.at.is_some()));
+    let mut points = point_buffers::POOL.take(ctx.points_capacity(samples, spec.range, spec.at.is_some()));
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut pinned: Option<Option<f64>> = None;
     for i in 0..ctx.n {

@@ -143,3 +143,46 @@ fn vector_matching_over_gaps_matches_instant_queries() {
         assert!(points > 100, "{q} matched only {points} points");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    /// The instant selector's step walk against its definition: at each step the newest
+    /// sample at or before the step's time, within the lookback and not a stale marker; over
+    /// steps denser and sparser than the samples, gaps, stale markers, offsets and `@`.
+    #[test]
+    fn newest_float_at_steps_is_the_newest_sample_in_the_lookback(
+        gaps in proptest::collection::vec(1i64..400_000, 0..60),
+        stale in proptest::collection::vec(proptest::bool::weighted(0.1), 60),
+        step in 1_000i64..200_000,
+        lookback in 1_000i64..600_000,
+        offset in -100_000i64..100_000,
+        at in proptest::option::weighted(0.1, 0i64..2_000_000),
+    ) {
+        let mut t = 0;
+        let samples: Vec<Point> = gaps
+            .iter()
+            .zip(&stale)
+            .enumerate()
+            .map(|(i, (g, &s))| {
+                t += g;
+                Point { t, f: if s { f64::from_bits(strata_model::STALE_NAN_BITS) } else { i as f64 } }
+            })
+            .collect();
+        let ctx = Ctx { start: -100_000, step, n: ((t + 200_000) / step + 2) as usize };
+        let end_at = |ts: i64| at.unwrap_or(ts) - offset;
+        let mut got = Vec::new();
+        newest_float_at_steps(&samples, &ctx, end_at, lookback, &mut got);
+        let mut want = Vec::new();
+        for i in 0..ctx.n {
+            let te = end_at(ctx.ts(i));
+            if let Some(s) = samples.iter().rev().find(|s| s.t <= te) {
+                if s.t > te - lookback && !is_stale_nan(s.f) {
+                    want.push(Point { t: ctx.ts(i), f: s.f });
+                }
+            }
+        }
+        let bits = |v: &[Point]| v.iter().map(|p| (p.t, p.f.to_bits())).collect::<Vec<_>>();
+        proptest::prop_assert_eq!(bits(&got), bits(&want));
+    }
+}
