@@ -91,31 +91,42 @@ fn header(version: u8) -> [u8; HEADER_BYTES] {
     super::file_header(MAGIC, version)
 }
 
-/// A decompressed group: its chunks back to back, and where each starts (the last entry is the
-/// end), so that finding a chunk is one lookup.
+/// A group read once: where each of its chunks starts and ends (one lookup per chunk), and,
+/// for a compressed group, its decompressed bytes. A group stored as it is keeps no bytes: its
+/// chunks are read in place from the mapped segment, and caching it only spares the next read
+/// the CRC over the whole group and the walk to the chunk.
 #[derive(Debug)]
 pub struct Group {
+    /// Decompressed chunks (`len uvarint | chunk` …); empty for a group read in place.
     bytes: Vec<u8>,
     starts: Vec<u32>,
+    in_place: bool,
 }
 
 impl Group {
-    /// Splits decompressed group bytes (`len uvarint | chunk` …) into its chunks.
-    fn parse(raw: Vec<u8>) -> Result<Group, String> {
+    /// A decompressed group's bytes (`len uvarint | chunk` …), split into its chunks.
+    fn decompressed(raw: Vec<u8>) -> Result<Group, String> {
+        Ok(Group { starts: Group::starts(&raw)?, bytes: raw, in_place: false })
+    }
+
+    /// A group stored as it is (`raw`: its bytes in the mapped segment), split into its chunks.
+    fn in_place(raw: &[u8]) -> Result<Group, String> {
+        Ok(Group { starts: Group::starts(raw)?, bytes: Vec::new(), in_place: true })
+    }
+
+    /// Each chunk's start and end in group bytes `raw`.
+    fn starts(raw: &[u8]) -> Result<Vec<u32>, String> {
         let mut starts = Vec::with_capacity(64);
-        let mut d = Decoder::new(&raw);
-        let mut at = 0usize;
+        let mut d = Decoder::new(raw);
         while d.offset() < raw.len() {
             let i = starts.len() / 2;
             let len = d.uvarint("chunk length").map_err(|e| format!("chunk {i} of the group: {e}"))? as usize;
             let start = d.offset();
             d.bytes(len, "chunk").map_err(|e| format!("chunk {i} of the group: {e}"))?;
             starts.push(start as u32);
-            at = start + len;
-            starts.push(at as u32);
+            starts.push((start + len) as u32);
         }
-        debug_assert_eq!(at, raw.len());
-        Ok(Group { bytes: raw, starts })
+        Ok(starts)
     }
 
     fn len(&self) -> usize {
@@ -129,7 +140,7 @@ impl Group {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.bytes.len() + self.starts.len() * 4
+        self.bytes.len() + self.starts.len() * 4 + std::mem::size_of::<Group>()
     }
 }
 
@@ -200,6 +211,9 @@ pub struct ChunkWriter {
     group: Vec<u8>,
     group_chunks: usize,
     compressor: Option<GroupCompressor>,
+    /// A group is stored compressed only when zstd takes at least this percentage off it (0:
+    /// any saving of more than 4 bytes).
+    min_saving_percent: usize,
     scratch: Vec<u8>,
 }
 
@@ -219,8 +233,17 @@ impl ChunkWriter {
             group: Vec::with_capacity(GROUP_RAW_BYTES + 4096),
             group_chunks: 0,
             compressor: None,
+            min_saving_percent: 0,
             scratch: Vec::new(),
         })
+    }
+
+    /// Stores a group compressed only when zstd takes at least `percent` % off it: for blocks
+    /// read far more often than their bytes cost (a rollup tier's), where a group that
+    /// compresses little would be decompressed on every read for a few percent of disk.
+    pub fn compress_only_saving(&mut self, percent: usize) {
+        assert!(percent < 100);
+        self.min_saving_percent = percent;
     }
 
     /// Adds one chunk (its encoding byte first) to the open group and returns where it will be.
@@ -257,7 +280,8 @@ impl ChunkWriter {
         let compressed = compressor.0.compress(&self.group).map_err(io_err("compress a chunk group of", &self.dir))?;
         let mut body = std::mem::take(&mut self.scratch);
         body.clear();
-        if compressed.len() + 4 < self.group.len() {
+        let saved = self.group.len().saturating_sub(compressed.len());
+        if saved > 4 && saved * 100 >= self.group.len() * self.min_saving_percent {
             body.push(GROUP_ZSTD);
             put_uvarint(&mut body, self.group.len() as u64);
             body.extend_from_slice(&compressed);
@@ -369,8 +393,8 @@ impl GroupCache {
         (inner.bytes, inner.groups.len(), self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed))
     }
 
-    /// The cached group, counted as a hit when found (a miss is counted where a group is
-    /// decompressed: uncompressed groups are read in place and never cached).
+    /// The cached group, counted as a hit when found (a miss is counted where a group is read
+    /// from its segment).
     fn get(&self, key: (u64, u32, u32)) -> Option<Arc<Group>> {
         let found = self.inner.lock().groups.get(&key).cloned();
         if found.is_some() {
@@ -472,7 +496,7 @@ impl ChunkReader {
 
     /// The chunk at `r`, checked against its CRC32C (its own in a version-1 segment, its
     /// group's in a version-2 one).
-    pub fn chunk(&self, r: ChunkRef) -> Result<ChunkBytes<'_>, ChunkError> {
+    pub fn chunk<'a>(&'a self, r: ChunkRef) -> Result<ChunkBytes<'a>, ChunkError> {
         let corrupt = |at: usize, problem: &str| {
             self.failed.store(true, Ordering::Relaxed);
             ChunkError::Corrupt(format!("{}/{} at byte {at}: {problem}", self.dir.display(), segment_name(r.segment())))
@@ -489,39 +513,44 @@ impl ChunkReader {
         }
         let (group_at, index) = r.group();
         let key = (self.id, r.segment(), group_at as u32);
-        let in_group = |group: Arc<Group>| match group.range(index) {
-            Some((start, end)) => Ok(ChunkBytes::InGroup { group, start, end }),
-            None => Err(corrupt(group_at, &format!("no chunk {index} in a group of {}", group.len()))),
+        // A cached group stored as it is is read in place: its CRC was checked when it was cached.
+        let in_group = |group: Arc<Group>, body: Option<&'a [u8]>| match (group.range(index), body) {
+            (Some((start, end)), Some(body)) if group.in_place && end < body.len() => {
+                Ok(ChunkBytes::Mapped(&body[1 + start..1 + end]))
+            }
+            (Some((start, end)), _) if !group.in_place => Ok(ChunkBytes::InGroup { group, start, end }),
+            (Some(_), _) => Err(corrupt(group_at, "group shorter than its cached layout")),
+            (None, _) => Err(corrupt(group_at, &format!("no chunk {index} in a group of {}", group.len()))),
         };
         if let Some(group) = GroupCache::global().get(key) {
-            return in_group(group);
+            let body =
+                if group.in_place { Some(entry_at(seg, group_at).map_err(|e| corrupt(group_at, &e))?.0) } else { None };
+            return in_group(group, body);
         }
         let (body, crc) = entry_at(seg, group_at).map_err(|e| corrupt(group_at, &e))?;
         if !checksum_ok(body, crc) {
             return Err(corrupt(group_at, "checksum mismatch"));
         }
-        match body.split_first() {
-            Some((&GROUP_RAW, raw)) => {
-                let (start, end) = chunk_in_group(raw, index).map_err(|e| corrupt(group_at, &e))?;
-                Ok(ChunkBytes::Mapped(&raw[start..end]))
-            }
+        let group = match body.split_first() {
+            Some((&GROUP_RAW, raw)) => Group::in_place(raw).map_err(|e| corrupt(group_at, &e))?,
             Some((&GROUP_ZSTD, rest)) => {
                 let mut d = Decoder::new(rest);
                 let raw_len = d.uvarint("group length").map_err(|e| corrupt(group_at, &e.to_string()))? as usize;
                 if raw_len > GROUP_RAW_MAX {
                     return Err(corrupt(group_at, &format!("group claims {raw_len} bytes, over {GROUP_RAW_MAX}")));
                 }
-                GroupCache::global().misses.fetch_add(1, Ordering::Relaxed);
                 let raw = decompress_group(&rest[d.offset()..], raw_len)
                     .filter(|g| g.len() == raw_len)
                     .ok_or_else(|| corrupt(group_at, "group does not decompress"))?;
-                let group = Arc::new(Group::parse(raw).map_err(|e| corrupt(group_at, &e))?);
-                GroupCache::global().insert(key, group.clone());
-                in_group(group)
+                Group::decompressed(raw).map_err(|e| corrupt(group_at, &e))?
             }
-            Some((kind, _)) => Err(corrupt(group_at, &format!("unknown group kind {kind}"))),
-            None => Err(corrupt(group_at, "empty group")),
-        }
+            Some((kind, _)) => return Err(corrupt(group_at, &format!("unknown group kind {kind}"))),
+            None => return Err(corrupt(group_at, "empty group")),
+        };
+        GroupCache::global().misses.fetch_add(1, Ordering::Relaxed);
+        let group = Arc::new(group);
+        GroupCache::global().insert(key, group.clone());
+        in_group(group, Some(body))
     }
 
     /// Whether a read failed its checks.
@@ -545,21 +574,6 @@ fn entry_at(seg: &[u8], start: usize) -> Result<(&[u8], &[u8]), String> {
     let body = d.bytes(len, "entry").map_err(|e| e.to_string())?;
     let crc = d.bytes(4, "checksum").map_err(|e| e.to_string())?;
     Ok((body, crc))
-}
-
-/// Where the `index`th chunk of a group stored as it is (`len uvarint | chunk` …) lies: `(start, end)`
-/// in `group`.
-fn chunk_in_group(group: &[u8], index: usize) -> Result<(usize, usize), String> {
-    let mut d = Decoder::new(group);
-    for i in 0..=index {
-        let len = d.uvarint("chunk length").map_err(|e| format!("chunk {i} of the group: {e}"))? as usize;
-        let start = d.offset();
-        d.bytes(len, "chunk").map_err(|e| format!("chunk {i} of the group: {e}"))?;
-        if i == index {
-            return Ok((start, start + len));
-        }
-    }
-    unreachable!("the loop returns at i == index")
 }
 
 #[cfg(test)]
@@ -629,6 +643,40 @@ mod tests {
     }
 
     #[test]
+    fn groups_saving_less_than_asked_are_stored_as_they_are_and_read_in_place_again() {
+        let chunks = sample_chunks(3000);
+        let write = |percent: usize| {
+            let tmp = tempfile::tempdir().unwrap();
+            let fs = crate::vfs::OsFs::shared();
+            let mut w = ChunkWriter::create(&fs, tmp.path()).unwrap();
+            w.compress_only_saving(percent);
+            let refs: Vec<ChunkRef> = chunks.iter().map(|c| w.write(c).unwrap()).collect();
+            let bytes = w.finish().unwrap();
+            (tmp, refs, bytes)
+        };
+        let (_, _, compressed) = write(0);
+        let raw: usize = chunks.iter().map(|c| c.len() + 1).sum();
+        let saving = 100 - compressed as usize * 100 / raw;
+        assert!(saving > 5, "the sample chunks compress ({compressed} bytes of {raw})");
+        // Asking for more than zstd saves leaves every group as it is; asking for less, as
+        // compressed as with no minimum.
+        let (tmp, refs, bytes) = write(saving + 5);
+        assert!(bytes as usize > raw, "{bytes} bytes for {raw} raw");
+        assert_eq!(write(saving.saturating_sub(5)).2, compressed);
+        let data = std::fs::read(tmp.path().join("chunks/000001")).unwrap();
+        assert_eq!(entry_at(&data, 32).unwrap().0[0], GROUP_RAW);
+        // The first pass caches each group's layout; the second reads through it, in place.
+        let r = ChunkReader::open(&*crate::vfs::OsFs::shared(), tmp.path()).unwrap();
+        for _ in 0..2 {
+            for i in (0..chunks.len()).rev().step_by(3).chain(0..chunks.len()) {
+                let c = r.chunk(refs[i]).unwrap();
+                assert!(matches!(c, ChunkBytes::Mapped(b) if b == &chunks[i][..]), "chunk {i}");
+            }
+        }
+        assert!(GroupCache::global().get((r.id, 1, 32)).is_some_and(|g| g.in_place && g.bytes.is_empty()));
+    }
+
+    #[test]
     fn a_damaged_group_is_named_and_its_neighbours_still_read() {
         let tmp = tempfile::tempdir().unwrap();
         let chunks = sample_chunks(1000);
@@ -689,13 +737,13 @@ mod tests {
             misses: AtomicU64::new(0),
         };
         for i in 0..100u32 {
-            cache.insert((1, 1, i), Arc::new(Group { bytes: vec![0u8; 1000], starts: Vec::new() }));
+            cache.insert((1, 1, i), Arc::new(Group { bytes: vec![0u8; 1000], starts: Vec::new(), in_place: false }));
             assert!(cache.stats().0 <= 10_000);
         }
         assert!(cache.get((1, 1, 99)).is_some());
         assert!(cache.get((1, 1, 0)).is_none(), "the oldest went first");
         cache.set_budget(0);
-        cache.insert((1, 2, 0), Arc::new(Group { bytes: vec![0u8; 10], starts: Vec::new() }));
+        cache.insert((1, 2, 0), Arc::new(Group { bytes: vec![0u8; 10], starts: Vec::new(), in_place: false }));
         assert!(cache.get((1, 2, 0)).is_none(), "nothing is kept past the budget");
     }
 }
