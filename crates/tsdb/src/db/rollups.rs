@@ -549,10 +549,13 @@ impl Inner {
                 let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
                 decode(&bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
             }
-            buckets.retain(|b| {
-                b.end >= first_end && b.end <= last_end && !deleted_touches(s.deleted_intervals(), b, tier.spec.meta())
-            });
             coalesce(&mut buckets);
+            // The buckets of the range (ends in order now), without those a deletion touches.
+            buckets.truncate(buckets.partition_point(|b| b.end <= last_end));
+            buckets.drain(..buckets.partition_point(|b| b.end < first_end));
+            if !s.deleted_intervals().is_empty() {
+                buckets.retain(|b| !deleted_touches(s.deleted_intervals(), b, tier.spec.meta()));
+            }
             Ok(buckets)
         };
         let mut from_raw = from_raw.into_iter().peekable();

@@ -301,6 +301,11 @@ pub fn merge_runs(a: &[Bucket], b: &[Bucket], out: &mut Vec<Bucket>) {
 /// with partial buckets at its edges) by end, and combines those of the same end in time order
 /// (`Bucket::absorb`: exact where their samples do not interleave).
 pub fn coalesce(buckets: &mut Vec<Bucket>) {
+    // The usual case, one tier block or blocks that do not share a bucket: nothing to do
+    // (checked first: the compaction below copies every bucket).
+    if buckets.windows(2).all(|p| p[0].end < p[1].end) {
+        return;
+    }
     buckets.sort_by_key(|b| (b.end, b.first.t));
     let mut kept = 0;
     for i in 0..buckets.len() {

@@ -159,6 +159,28 @@ proptest! {
         }
     }
 
+    /// Buckets of neighbouring parts gathered in any order (tier blocks side by side, cut
+    /// anywhere, even inside a bucket) coalesce into the whole's buckets; one part's buckets,
+    /// already in order, are left as they are.
+    #[test]
+    fn coalescing_parts_in_any_order_gives_the_whole(samples in samples(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..4), reverse in any::<bool>()) {
+        let interval = 60_000;
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(samples.len() + 1)).collect();
+        at.extend([0, samples.len()]);
+        at.sort_unstable();
+        let mut parts: Vec<Vec<Bucket>> = at.windows(2).map(|w| aggregate(&samples[w[0]..w[1]], interval)).collect();
+        if reverse {
+            parts.reverse();
+        }
+        let mut gathered: Vec<Bucket> = parts.concat();
+        coalesce(&mut gathered);
+        let whole = aggregate(&samples, interval);
+        prop_assert_eq!(gathered.len(), whole.len());
+        for (g, w) in gathered.iter().zip(&whole) {
+            assert_equivalent(g, w);
+        }
+    }
+
     /// Interleaved parts (backfill into rolled-up time): count, sum, min, max, first and last
     /// are those of the union.
     #[test]
