@@ -116,6 +116,15 @@ fn count_of(v: f64) -> Result<u64, ChunkError> {
     }
 }
 
+/// The bucket count a rollup chunk's header gives (0 for bytes that are no rollup chunk:
+/// `decode` says what is wrong with them). For sizing buffers; nothing is checked.
+pub fn bucket_count(data: &[u8]) -> usize {
+    match data {
+        [enc, hi, lo, ..] if *enc == Encoding::Rollup as u8 => u16::from_be_bytes([*hi, *lo]) as usize,
+        _ => 0,
+    }
+}
+
 /// Decodes the buckets of a rollup chunk into `out` (appended): the columns in `want` (and the
 /// bucket ends); the others are left zero. Every column's length and bucket count is checked;
 /// on error `out` is as it was.
@@ -141,8 +150,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         changes: 0,
         resets: 0,
     };
-    out.resize(start + n, blank);
-    let buckets = &mut out[start..];
+    out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
     let decoded = COLUMN_BUFFERS.with(|bufs| {
         let mut bufs = bufs.borrow_mut();
@@ -150,7 +158,8 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         for c in Column::ALL {
             let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
             let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
-            if !want.has(c) {
+            // The ends (in the count column) are always read.
+            if !want.has(c) && c != Column::Count {
                 continue;
             }
             if column.len() < HEADER_BYTES || column[0] != Encoding::Dense as u8 {
@@ -161,16 +170,25 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             }
             let damaged = |e: ChunkError| corrupt(&format!("column {c:?}: {e}"));
             match c {
-                // Columns whose sample times matter: the ends, and the first and last samples'.
-                Column::Count | Column::First | Column::Last => {
+                // The first column makes the buckets, in one pass: their ends and counts, the
+                // other aggregates zero until their columns fill them.
+                Column::Count => {
                     samples.clear();
                     dense::decode(column, samples).map_err(damaged)?;
-                    for (b, s) in buckets.iter_mut().zip(samples.iter()) {
+                    if samples.len() != n {
+                        return Err(corrupt("count column holds another bucket count"));
+                    }
+                    for s in samples.iter() {
+                        count_of(s.v)?;
+                    }
+                    out.extend(samples.iter().map(|s| Bucket { end: s.t, count: s.v as u64, ..blank }));
+                }
+                // Columns whose sample times matter: the first and last samples'.
+                Column::First | Column::Last => {
+                    samples.clear();
+                    dense::decode(column, samples).map_err(damaged)?;
+                    for (b, s) in out[start..].iter_mut().zip(samples.iter()) {
                         match c {
-                            Column::Count => {
-                                b.end = s.t;
-                                b.count = count_of(s.v)?;
-                            }
                             Column::First => b.first = *s,
                             _ => b.last = *s,
                         }
@@ -179,7 +197,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 _ => {
                     values.clear();
                     dense::decode_values(column, values).map_err(damaged)?;
-                    for (b, &v) in buckets.iter_mut().zip(values.iter()) {
+                    for (b, &v) in out[start..].iter_mut().zip(values.iter()) {
                         match c {
                             Column::Sum => b.sum = v,
                             Column::Min => b.min = v,
@@ -195,10 +213,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         if !columns.is_empty() {
             return Err(corrupt("bytes after the last column"));
         }
-        if want.has(Column::First) && buckets.iter().any(|b| b.first.t > b.end) {
+        if want.has(Column::First) && out[start..].iter().any(|b| b.first.t > b.end) {
             return Err(corrupt("a first sample after its bucket's end"));
         }
-        if want.has(Column::Last) && buckets.iter().any(|b| b.last.t > b.end) {
+        if want.has(Column::Last) && out[start..].iter().any(|b| b.last.t > b.end) {
             return Err(corrupt("a last sample after its bucket's end"));
         }
         Ok(())

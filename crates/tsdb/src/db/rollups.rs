@@ -47,13 +47,13 @@ use strata_model::{Labels, Matcher};
 
 use super::{open_blocks, swap_in, Db, Inner};
 use crate::block::{Block, BlockMeta, RollupMeta};
-use crate::chunkenc::rollup::{decode, ColumnSet};
+use crate::chunkenc::rollup::{bucket_count, decode, ColumnSet};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
-use crate::rollup::{coalesce, merge_runs, Aggregator, Bucket, RollupTier};
+use crate::rollup::{buffers, coalesce, merge_runs, Aggregator, Bucket, RollupTier};
 use crate::vfs::Vfs;
 
 /// The directory of the rollup tiers, inside the data directory.
@@ -538,16 +538,14 @@ impl Inner {
         let fresh: BlockList = RwLock::new(Arc::new(fresh));
         let selected =
             Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)?;
-        // Bucket buffers handed back once a series is consumed: a long read decodes a series'
-        // buckets into a buffer another series used, instead of faulting in fresh pages for
-        // every series (a third of a 1000-series, 30-day read's time).
-        let spare: parking_lot::Mutex<Vec<Vec<Bucket>>> = parking_lot::Mutex::new(Vec::new());
         let decode_one = |s: &crate::querier::Series| -> Result<Vec<Bucket>> {
-            let mut buckets = spare.lock().pop().unwrap_or_default();
-            buckets.clear();
-            for c in &s.chunks {
-                let bytes = c.data.bytes().map_err(|e| corrupt_tier(tier, &s.labels, e))?;
-                decode(&bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+            let chunks = s.chunks.iter().map(|c| c.data.bytes()).collect::<Result<Vec<_>, _>>();
+            let chunks = chunks.map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+            // Room for every bucket at once (the count is in each chunk's header), in a buffer
+            // an earlier series or read used (`rollup::buffers`).
+            let mut buckets = buffers::take(chunks.iter().map(|c| bucket_count(c)).sum());
+            for bytes in &chunks {
+                decode(bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
             }
             coalesce(&mut buckets);
             // The buckets of the range (ends in order now), without those a deletion touches.
@@ -565,16 +563,16 @@ impl Inner {
             }
             if from_raw.peek().is_some_and(|r| r.labels == s.labels) {
                 let raw_part = from_raw.next().expect("peeked");
-                let mut merged = Vec::with_capacity(buckets.len() + raw_part.buckets.len());
+                let mut merged = buffers::take(buckets.len() + raw_part.buckets.len());
                 merge_runs(&buckets, &raw_part.buckets, &mut merged);
-                buckets = merged;
+                buffers::give(std::mem::replace(&mut buckets, merged));
             }
             if !buckets.is_empty() {
                 let series = RollupSeries { labels: s.labels.clone(), buckets };
                 f(&series)?;
                 buckets = series.buckets;
             }
-            spare.lock().push(buckets);
+            buffers::give(buckets);
             Ok(())
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PARALLEL_THREADS_MAX);

@@ -4,6 +4,7 @@
 //! for the bytes.
 
 pub mod bucket;
+pub mod buffers;
 pub mod tier;
 pub mod write;
 

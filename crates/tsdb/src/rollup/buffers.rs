@@ -1,0 +1,84 @@
+//! Bucket buffers kept between tier reads. A long read decodes each series' buckets into a
+//! buffer, hands it to the caller and gets it back; the buffers in flight (a few batches of
+//! series per decoding worker) are the same from one read to the next, so keeping them spares
+//! each read the allocation and the page faults of fresh memory (a 30-day read of 1000 series
+//! allocated ~200 buffers of 69 KiB afresh, and growing them was a fifth of its CPU). Kept
+//! capacity is bounded by `KEPT_BYTES_MAX`; a buffer past it is freed.
+
+use parking_lot::Mutex;
+
+use super::Bucket;
+
+/// Bytes of bucket capacity kept at most.
+pub const KEPT_BYTES_MAX: usize = 16 << 20;
+
+/// A buffer that never holds more than this is not worth keeping (cheap to allocate).
+const KEPT_BUFFER_MIN: usize = 64;
+
+struct Kept {
+    buffers: Vec<Vec<Bucket>>,
+    bytes: usize,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept { buffers: Vec::new(), bytes: 0 });
+
+fn bytes_of(buffer: &Vec<Bucket>) -> usize {
+    buffer.capacity() * std::mem::size_of::<Bucket>()
+}
+
+/// An empty buffer with room for at least `capacity` buckets: a kept one if there is one.
+pub fn take(capacity: usize) -> Vec<Bucket> {
+    let kept = {
+        let mut kept = KEPT.lock();
+        let buffer = kept.buffers.pop();
+        if let Some(b) = &buffer {
+            kept.bytes -= bytes_of(b);
+        }
+        buffer
+    };
+    let mut buffer = kept.unwrap_or_default();
+    buffer.clear();
+    buffer.reserve(capacity);
+    buffer
+}
+
+/// Hands `buffer` back for a later `take`, unless the kept buffers are at their bound.
+pub fn give(buffer: Vec<Bucket>) {
+    let size = bytes_of(&buffer);
+    if buffer.capacity() < KEPT_BUFFER_MIN {
+        return;
+    }
+    let mut kept = KEPT.lock();
+    if kept.bytes + size <= KEPT_BYTES_MAX {
+        kept.bytes += size;
+        kept.buffers.push(buffer);
+    }
+}
+
+/// Bytes of capacity kept now (for tests and `/metrics`).
+pub fn kept_bytes() -> usize {
+    KEPT.lock().bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_empty_and_the_kept_bytes_stay_bounded() {
+        let mut b = take(1000);
+        assert!(b.is_empty() && b.capacity() >= 1000);
+        let blank = crate::rollup::aggregate(&[strata_model::Sample { t: 1, v: 1.0 }], 60_000)[0];
+        b.push(blank);
+        give(b);
+        let again = take(10);
+        assert!(again.is_empty(), "a kept buffer is handed out cleared");
+        give(again);
+        // Far more than the bound: the kept bytes never pass it.
+        let per = KEPT_BYTES_MAX / std::mem::size_of::<Bucket>() / 4;
+        for _ in 0..10 {
+            give(Vec::with_capacity(per));
+        }
+        assert!(kept_bytes() <= KEPT_BYTES_MAX);
+    }
+}
