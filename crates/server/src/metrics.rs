@@ -408,17 +408,23 @@ fn render_db(o: &mut String, db: &Db) {
         &[
             (
                 "strata_tsdb_chunk_cache_bytes",
-                "Bytes of decompressed block chunk groups held for queries (--storage.chunk-cache-size).",
+                "Bytes of block chunk groups held for queries, decompressed or as chunk offsets (--storage.chunk-cache-size).",
                 "gauge",
                 cache_bytes as f64,
             ),
-            ("strata_tsdb_chunk_cache_groups", "Decompressed chunk groups held.", "gauge", cache_groups as f64),
+            ("strata_tsdb_chunk_cache_groups", "Chunk groups held.", "gauge", cache_groups as f64),
             ("strata_tsdb_chunk_cache_hits_total", "Chunk reads served by a cached group.", "counter", hits as f64),
             (
                 "strata_tsdb_chunk_cache_misses_total",
-                "Chunk reads that had to decompress their group.",
+                "Chunk reads that had to read their group from its file (checksum, decompression).",
                 "counter",
                 misses as f64,
+            ),
+            (
+                "strata_tsdb_rollup_bucket_buffers_bytes",
+                "Bytes of bucket buffers kept between rollup tier reads (at most 16 MiB).",
+                "gauge",
+                strata_tsdb::rollup::buffers::kept_bytes() as f64,
             ),
         ],
     );

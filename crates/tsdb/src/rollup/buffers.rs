@@ -55,7 +55,7 @@ pub fn give(buffer: Vec<Bucket>) {
     }
 }
 
-/// Bytes of capacity kept now (for tests and `/metrics`).
+/// Bytes of capacity kept now (`strata_tsdb_rollup_bucket_buffers_bytes` in `/metrics`).
 pub fn kept_bytes() -> usize {
     KEPT.lock().bytes
 }
