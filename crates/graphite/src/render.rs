@@ -123,11 +123,19 @@ pub fn fetch(samples: &[(i64, f64)], policy: &Policy, from: i64, until: i64, now
     let plan = plan(policy, from, until, now)?;
     // The finest archive over the fetched range (aligned to the chosen step, which is a
     // multiple of every finer one), sparse: (interval, value).
-    let step0 = policy.archives[0].step_s;
     let (lo_ms, hi_ms) = (plan.from_interval.saturating_mul(1000), plan.until_interval.saturating_mul(1000));
     let first = samples.partition_point(|s| s.0 < lo_ms);
+    let level = finest_level(policy, samples[first..].iter().take_while(|s| s.0 < hi_ms).copied());
+    let level = cascade(policy, level, 0, plan.archive);
+    Some(lay_out(&plan, level))
+}
+
+/// The finest archive's values for `samples` (`(ms, value)`, in time order), sparse: each
+/// interval's last point.
+fn finest_level(policy: &Policy, samples: impl Iterator<Item = (i64, f64)>) -> Vec<(i64, f64)> {
+    let step0 = policy.archives[0].step_s;
     let mut level: Vec<(i64, f64)> = Vec::new();
-    for &(t_ms, v) in samples[first..].iter().take_while(|s| s.0 < hi_ms) {
+    for (t_ms, v) in samples {
         let t = t_ms.div_euclid(1000);
         let interval = t - t.rem_euclid(step0);
         match level.last_mut() {
@@ -135,8 +143,30 @@ pub fn fetch(samples: &[(i64, f64)], policy: &Policy, from: i64, until: i64, now
             _ => level.push((interval, v)),
         }
     }
-    let level = cascade(policy, level, 0, plan.archive);
-    Some(lay_out(&plan, level))
+    level
+}
+
+/// The archive of `policy` whose value a left-closed tier of `tier_step` seconds keeps in its
+/// buckets (`archive_value`): one coarser than the second, whose step is the tier's. The
+/// tier's other aggregates give the finest two archives' values as they are; coarser ones
+/// are whisper's averages of averages (or sums of sums, …), which only the finer archive's
+/// values give exactly.
+pub fn kept_archive(policy: &Policy, tier_step: i64) -> Option<usize> {
+    policy.archives.iter().position(|a| a.step_s == tier_step).filter(|&k| k >= 2)
+}
+
+/// Whisper's value of archive `archive` for the interval starting at `start` (epoch seconds)
+/// from the points stamped in it (`(ms, value)`, in time order, none outside): the cascade
+/// from the finest archive up; `None` where the archive has no value (too few known).
+pub fn archive_value(
+    policy: &Policy,
+    archive: usize,
+    start: i64,
+    samples: impl Iterator<Item = (i64, f64)>,
+) -> Option<f64> {
+    let level = cascade(policy, finest_level(policy, samples), 0, archive);
+    debug_assert!(level.len() <= 1 && level.iter().all(|l| l.0 == start), "one interval's points");
+    level.first().map(|l| l.1)
 }
 
 /// One interval of a left-closed rollup tier as `/render` reads it: the aggregates of a
@@ -149,11 +179,26 @@ pub struct TierInterval {
     pub min: f64,
     pub max: f64,
     pub last: f64,
+    /// Whisper's value for the interval where the tier keeps it (`archive_value`).
+    pub archive: IntervalArchive,
+}
+
+/// A tier interval's archive value, as the tier stored it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum IntervalArchive {
+    /// Not kept (another schema, data rolled up before archive values were kept, or an interval
+    /// whose points came from several places).
+    #[default]
+    NotKept,
+    /// Kept: the archive has no value for the interval.
+    Unknown,
+    Value(f64),
 }
 
 impl TierInterval {
     /// Adds the next interval's aggregates (all its points later than this one's).
     fn append(&mut self, next: &TierInterval) {
+        self.archive = IntervalArchive::NotKept;
         self.count += next.count;
         self.sum += next.sum;
         self.min = self.min.min(next.min);
@@ -199,11 +244,20 @@ pub enum TierFit {
     /// values follow exactly (the second archive's when each interval of the finest holds at
     /// most one point, as carbon senders send).
     Exact,
+    /// The tier's interval is a coarser archive's step (`kept_archive`): whisper's values for
+    /// that archive are kept in its buckets, and the read archive cascades from them exactly.
+    /// Intervals rolled up without them are answered as `Approximate` ones.
+    Archive,
     /// Coarser than the second archive: the read archive's value is aggregated over all its
     /// points at once instead of archive by archive, which differs only for `average`
     /// (or with an `xFilesFactor` above 0) where finer intervals are partly known.
     Approximate,
 }
+
+/// A tier read that needs each interval's archive value (`fetch_from_tier`, strict) met one the
+/// tier does not keep: read a finer tier instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchiveNotKept;
 
 /// The first archive a tier of `tier_step` seconds is read as (the finest archive at least as
 /// coarse), if the tier's intervals divide it.
@@ -221,15 +275,24 @@ pub struct TierNeeds {
     pub min: bool,
     pub max: bool,
     pub last: bool,
+    /// The archive values (`TierInterval::archive`).
+    pub archive: bool,
 }
 
 impl TierNeeds {
-    /// What reading `policy`'s archives from a tier of `tier_step` seconds needs.
-    pub fn of(policy: &Policy, tier_step: i64) -> TierNeeds {
+    /// What reading `policy`'s archives from a tier of `tier_step` seconds needs; `strict`: a
+    /// tier that keeps archive values is read for them alone (`fetch_from_tier`'s `strict`).
+    pub fn of(policy: &Policy, tier_step: i64, strict: bool) -> TierNeeds {
         let mut n = TierNeeds::default();
         if tier_archive(policy, tier_step) == Some(0) {
             n.last = true;
             return n;
+        }
+        if kept_archive(policy, tier_step).is_some() {
+            n.archive = true;
+            if strict {
+                return n;
+            }
         }
         match policy.aggregation {
             Aggregation::Average | Aggregation::Sum | Aggregation::AvgZero => n.sum = true,
@@ -248,6 +311,7 @@ impl TierNeeds {
             min: self.min || other.min,
             max: self.max || other.max,
             last: self.last || other.last,
+            archive: self.archive || other.archive,
         }
     }
 }
@@ -263,7 +327,13 @@ pub fn tier_serves(policy: &Policy, tier_step: i64) -> bool {
 /// divide the archive's and line up with the archive cascade. `None`: read raw samples.
 pub fn tier_fit(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -> Option<TierFit> {
     let (_, k) = tier_plan(policy, tier_step, from, until, now)?;
-    Some(if k <= 1 { TierFit::Exact } else { TierFit::Approximate })
+    Some(if k <= 1 {
+        TierFit::Exact
+    } else if kept_archive(policy, tier_step) == Some(k) {
+        TierFit::Archive
+    } else {
+        TierFit::Approximate
+    })
 }
 
 /// The fetch's plan and the archive the tier is read as, when the tier fits (`tier_fit`).
@@ -276,16 +346,17 @@ fn tier_plan(policy: &Policy, tier_step: i64, from: i64, until: i64, now: i64) -
 /// Whisper's answer for a path under `policy`, fetched over `[from, until]` at `now`, from the
 /// intervals of a left-closed tier of `tier_step` seconds (in time order) instead of raw
 /// samples. `None` when the range is outside the retention, as `fetch`, or when the tier does
-/// not fit the archive read (`tier_fit`).
+/// not fit the archive read (`tier_fit`). A tier that keeps archive values (`TierFit::Archive`)
+/// is read from them; an interval without one is an error when `strict` (a finer tier answers
+/// exactly), else answered from its aggregates as an approximate tier's.
 pub fn fetch_from_tier(
     intervals: &[TierInterval],
     tier_step: i64,
     policy: &Policy,
-    from: i64,
-    until: i64,
-    now: i64,
-) -> Option<Fetched> {
-    let (plan, k) = tier_plan(policy, tier_step, from, until, now)?;
+    (from, until, now): (i64, i64, i64),
+    strict: bool,
+) -> Result<Option<Fetched>, ArchiveNotKept> {
+    let Some((plan, k)) = tier_plan(policy, tier_step, from, until, now) else { return Ok(None) };
     let unit = policy.archives[k].step_s;
     let first = intervals.partition_point(|i| i.start < plan.from_interval);
     let last = first + intervals[first..].partition_point(|i| i.start < plan.until_interval);
@@ -309,19 +380,32 @@ pub fn fetch_from_tier(
         }
         std::borrow::Cow::Owned(merged)
     };
+    let slots = (unit / policy.archives[0].step_s) as usize;
+    // Archive `k`'s value from an interval's aggregates: exact for the finest two archives.
+    let from_aggregates = |m: &TierInterval| {
+        ((m.count as usize).min(slots) as f64 / slots as f64 >= whisper_xff(policy))
+            .then(|| m.value(policy.aggregation, slots))
+    };
     let level: Vec<(i64, f64)> = if k == 0 {
         // The finest archive keeps each interval's last point.
         merged.iter().map(|m| (m.start, m.last)).collect()
+    } else if kept_archive(policy, tier_step) == Some(k) {
+        let mut level = Vec::with_capacity(merged.len());
+        for m in merged.iter() {
+            let value = match m.archive {
+                IntervalArchive::Value(v) => Some(v),
+                IntervalArchive::Unknown => None,
+                IntervalArchive::NotKept if strict => return Err(ArchiveNotKept),
+                IntervalArchive::NotKept => from_aggregates(m),
+            };
+            level.extend(value.map(|v| (m.start, v)));
+        }
+        level
     } else {
-        let slots = (unit / policy.archives[0].step_s) as usize;
-        merged
-            .iter()
-            .filter(|m| (m.count as usize).min(slots) as f64 / slots as f64 >= whisper_xff(policy))
-            .map(|m| (m.start, m.value(policy.aggregation, slots)))
-            .collect()
+        merged.iter().filter_map(|m| Some((m.start, from_aggregates(m)?))).collect()
     };
     let level = cascade(policy, level, k, plan.archive);
-    Some(lay_out(&plan, level))
+    Ok(Some(lay_out(&plan, level)))
 }
 
 impl Series {

@@ -5,7 +5,10 @@
 
 use std::process::Command;
 
-use strata_graphite::render::{fetch, fetch_from_tier, tier_fit, TierFit, TierInterval, TierNeeds};
+use strata_graphite::render::{
+    archive_value, fetch, fetch_from_tier, kept_archive, tier_fit, ArchiveNotKept, IntervalArchive, TierFit,
+    TierInterval, TierNeeds,
+};
 use strata_graphite::schema::{Aggregation, Archive, Policy};
 
 /// Debian's interpreter, which has the package (a `python3` earlier on the PATH may not).
@@ -135,8 +138,9 @@ fn differs(got: &Answer, want: &serde_json::Value) -> Option<String> {
     None
 }
 
-/// Left-closed tier intervals of `step` seconds over `points` (seconds, in time order).
-fn tier_intervals(points: &[(i64, f64)], step: i64) -> Vec<TierInterval> {
+/// Left-closed tier intervals of `step` seconds over `points` (seconds, in time order), with
+/// the archive values a tier keeps for `policy` (`kept_archive`) computed as rollup does.
+fn tier_intervals(points: &[(i64, f64)], step: i64, policy: &Policy) -> Vec<TierInterval> {
     let mut out: Vec<TierInterval> = Vec::new();
     for &(t, v) in points {
         let start = t - t.rem_euclid(step);
@@ -148,7 +152,22 @@ fn tier_intervals(points: &[(i64, f64)], step: i64) -> Vec<TierInterval> {
                 i.max = i.max.max(v);
                 i.last = v;
             }
-            _ => out.push(TierInterval { start, count: 1, sum: v, min: v, max: v, last: v }),
+            _ => out.push(TierInterval {
+                start,
+                count: 1,
+                sum: v,
+                min: v,
+                max: v,
+                last: v,
+                archive: IntervalArchive::NotKept,
+            }),
+        }
+    }
+    if let Some(k) = kept_archive(policy, step) {
+        for i in &mut out {
+            let inside = points.iter().filter(|p| p.0 >= i.start && p.0 < i.start + step).map(|&(t, v)| (t * 1000, v));
+            i.archive =
+                archive_value(policy, k, i.start, inside).map_or(IntervalArchive::Unknown, IntervalArchive::Value);
         }
     }
     out
@@ -157,8 +176,10 @@ fn tier_intervals(points: &[(i64, f64)], step: i64) -> Vec<TierInterval> {
 /// Whisper files read over their coarse archives answer from a left-closed rollup tier what
 /// they answer from every point: exactly for tiers no coarser than the second archive (the
 /// points one per finest interval, several stamped exactly on an interval's start, some
-/// missing), and for coarser tiers exactly where `tier_fit` says the cascade does not matter
-/// (no `xFilesFactor`, a method other than `average`), close otherwise.
+/// missing), for a tier whose interval is a coarser archive's step exactly from the archive
+/// values it keeps (and, read strictly, refused where it has none), and for other coarser tiers
+/// exactly where `tier_fit` says the cascade does not matter (no `xFilesFactor`, a method other
+/// than `average`), close otherwise.
 #[test]
 fn tier_reads_answer_what_whisper_answers() {
     let py = python();
@@ -170,7 +191,7 @@ fn tier_reads_answer_what_whisper_answers() {
         (&[(10, 360), (60, 1440), (300, 2016)], &[5, 10, 30, 60, 300]),
         (&[(15, 240), (60, 120), (600, 144)], &[15, 60, 300, 600]),
     ];
-    let (mut exact, mut approximate, mut approximate_same) = (0, 0, 0);
+    let (mut exact, mut approximate, mut approximate_same, mut archived) = (0, 0, 0, 0);
     for (case, (archives, tiers)) in schemas.iter().enumerate() {
         for (m, &(method, aggregation)) in METHODS.iter().enumerate() {
             let xff = [0.0, 0.5, 0.0, 0.3][(case + m) % 4];
@@ -195,8 +216,8 @@ fn tier_reads_answer_what_whisper_answers() {
             let samples: Vec<(i64, f64)> = points.iter().map(|&(t, v)| (t * 1000, v)).collect();
             for &tier in tiers.iter() {
                 // Only the aggregates `TierNeeds` names are read from a tier: the rest zeroed.
-                let needs = TierNeeds::of(&policy, tier);
-                let intervals: Vec<TierInterval> = tier_intervals(&points, tier)
+                let needs = TierNeeds::of(&policy, tier, false);
+                let intervals: Vec<TierInterval> = tier_intervals(&points, tier, &policy)
                     .into_iter()
                     .map(|i| TierInterval {
                         sum: if needs.sum { i.sum } else { 0.0 },
@@ -208,7 +229,7 @@ fn tier_reads_answer_what_whisper_answers() {
                     .collect();
                 for (q, want) in queries.iter().zip(&answers) {
                     let Some(fit) = tier_fit(&policy, tier, q.0, q.1, q.2) else { continue };
-                    let got = fetch_from_tier(&intervals, tier, &policy, q.0, q.1, q.2);
+                    let got = fetch_from_tier(&intervals, tier, &policy, *q, true).expect("every archive value kept");
                     let ctx = format!("schema {archives:?}, tier {tier}s, {method}, xff {xff}, query {q:?}");
                     let difference = differs(&got, want);
                     // Raw samples too, points on interval starts included.
@@ -224,12 +245,38 @@ fn tier_reads_answer_what_whisper_answers() {
                             approximate_same += 1;
                         }
                         TierFit::Approximate => approximate += 1,
+                        TierFit::Archive => {
+                            assert_eq!(difference, None, "{ctx}");
+                            archived += 1;
+                            // Without archive values (data rolled up before they were kept): a
+                            // strict read is refused, a lenient one answers as an approximate
+                            // tier, which is whisper's where the cascade does not matter.
+                            let bare: Vec<TierInterval> = intervals
+                                .iter()
+                                .map(|i| TierInterval { archive: IntervalArchive::NotKept, ..*i })
+                                .collect();
+                            let lenient = fetch_from_tier(&bare, tier, &policy, *q, false).expect("lenient");
+                            if xff == 0.0 && aggregation != Aggregation::Average {
+                                assert_eq!(differs(&lenient, want), None, "lenient, {ctx}");
+                            }
+                            let answered = lenient.is_some_and(|l| l.3.iter().any(Option::is_some));
+                            if answered {
+                                assert_eq!(
+                                    fetch_from_tier(&bare, tier, &policy, *q, true),
+                                    Err(ArchiveNotKept),
+                                    "{ctx}"
+                                );
+                            }
+                        }
                     }
                 }
             }
         }
     }
-    assert!(exact > 100 && approximate_same > 10 && approximate > 10, "{exact} {approximate_same} {approximate}");
+    assert!(
+        exact > 100 && approximate_same > 10 && approximate > 10 && archived > 20,
+        "{exact} {approximate_same} {approximate} {archived}"
+    );
 }
 
 #[test]

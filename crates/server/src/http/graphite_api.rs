@@ -24,10 +24,7 @@ use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{
-    fetch_from_tier, to_csv, to_json, to_msgpack, to_pickle, to_raw, Fetched, Series as RenderSeries, TierInterval,
-    TierNeeds,
-};
+use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Fetched, Series as RenderSeries};
 use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_graphite::target::{self, Expr};
@@ -35,7 +32,7 @@ use strata_model::{Labels, MatchOp, Matcher, METRIC_NAME};
 use strata_tsdb::index::name_dict::{cached_pattern, NamePattern, NodeSet, LEAF};
 use strata_tsdb::querier::Querier;
 
-use super::graphite_tiers::{graphite_tiers, pick_tier, read_tier};
+use super::graphite_tiers::{answer_from_tiers, graphite_tiers, pick_tiers};
 use super::{
     db, limited_querier, params, read_body, read_limits, run_query, ApiError, ApiResult, AppState, Limits, Params,
 };
@@ -665,7 +662,7 @@ pub(super) async fn render(
                 // `--query.max-samples` though the tier answers); those left to raw samples
                 // are selected with their chunks after.
                 let tiers_may_answer =
-                    schemas.policies().iter().any(|p| pick_tier(&tiers, p, from, until, now).is_some());
+                    schemas.policies().iter().any(|p| !pick_tiers(&tiers, p, from, until, now).is_empty());
                 let mut selected = if tiers_may_answer { querier().labels_only() } else { querier() }
                     .select(matchers)
                     .map_err(|e| execution(&e))?;
@@ -680,43 +677,14 @@ pub(super) async fn render(
                         Some(PathSeries { name, tags, policy })
                     })
                     .collect();
-                let picks: Vec<Option<usize>> = named
-                    .iter()
-                    .map(|n| n.as_ref().and_then(|n| pick_tier(&tiers, &n.policy, from, until, now)))
-                    .collect();
                 // Each series' answer, first those tiers give: whisper's from the tier's intervals
-                // (`None` inside: outside the retention); a series the tier has no data for
-                // answers as from no points.
-                let mut answers: Vec<Option<Option<Fetched>>> = vec![None; selected.len()];
-                if picks.iter().any(Option::is_some) {
-                    let index: HashMap<&Labels, usize> =
-                        selected.iter().enumerate().map(|(i, s)| (&s.labels, i)).collect();
-                    let policy = |i: usize| &named[i].as_ref().expect("picked series are named").policy;
-                    for (t, tier) in tiers.iter().enumerate() {
-                        let picked: Vec<usize> = (0..selected.len()).filter(|&i| picks[i] == Some(t)).collect();
-                        if picked.is_empty() {
-                            continue;
-                        }
-                        let step_s = tier.interval_ms / 1000;
-                        let needs =
-                            picked.iter().fold(TierNeeds::default(), |n, &i| n.union(TierNeeds::of(policy(i), step_s)));
-                        let mut answer = |labels: &Labels, intervals: &[TierInterval]| {
-                            let Some(&i) = index.get(labels).filter(|&&i| picks[i] == Some(t)) else { return };
-                            answers[i] = Some(fetch_from_tier(intervals, step_s, policy(i), from, until, now));
-                        };
-                        let limits = read_limits(&st2.limits, &stop);
-                        let read = read_tier(&db, (tier, needs), matchers, (mint, maxt), &limits, &mut answer);
-                        // Series with native histograms make the tier answer nothing: read raw.
-                        let answered = read.map_err(|e| execution(&e))?;
-                        for &i in &picked {
-                            answers[i] = match answers[i].take() {
-                                _ if !answered => None,
-                                None => Some(fetch_from_tier(&[], step_s, policy(i), from, until, now)),
-                                done => done,
-                            };
-                        }
-                    }
-                }
+                // (`None` inside: outside the retention).
+                let candidates: Vec<(&Labels, Option<&Policy>)> =
+                    selected.iter().zip(&named).map(|(s, n)| (&s.labels, n.as_ref().map(|n| &n.policy))).collect();
+                let limits = read_limits(&st2.limits, &stop);
+                let mut answers =
+                    answer_from_tiers(&db, &tiers, &candidates, matchers, (mint, maxt), (from, until, now), &limits)
+                        .map_err(|e| execution(&e))?;
                 // The rest: each series decoded and laid on its schema's intervals, spread over
                 // the cores when there are enough to pay for the threads.
                 let raw: Vec<usize> =

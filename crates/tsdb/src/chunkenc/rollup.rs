@@ -14,7 +14,7 @@ use strata_model::Sample;
 
 use super::{dense, ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use crate::encoding::{put_bytes, Decoder};
-use crate::rollup::Bucket;
+use crate::rollup::{ArchiveValue, Bucket};
 
 /// The columns, in the order they are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,9 +32,16 @@ pub enum Column {
     ResetCorrection = 6,
     Changes = 7,
     Resets = 8,
+    /// Whether the bucket has a Graphite archive value (`ArchiveValue`: 0 not kept, 1 unknown,
+    /// 2 a value). This column and the next are written only when some bucket keeps one.
+    ArchiveState = 9,
+    /// The archive value (0 where there is none).
+    Archive = 10,
 }
 
-pub const COLUMNS: usize = 9;
+pub const COLUMNS: usize = 11;
+/// Columns every chunk holds; the archive pair follows only in chunks that keep archive values.
+const COLUMNS_ALWAYS: usize = 9;
 
 impl Column {
     pub const ALL: [Column; COLUMNS] = [
@@ -47,6 +54,8 @@ impl Column {
         Column::ResetCorrection,
         Column::Changes,
         Column::Resets,
+        Column::ArchiveState,
+        Column::Archive,
     ];
 
     fn of(self, b: &Bucket) -> Sample {
@@ -61,6 +70,15 @@ impl Column {
             Column::ResetCorrection => at_end(b.reset_correction),
             Column::Changes => at_end(b.changes as f64),
             Column::Resets => at_end(b.resets as f64),
+            Column::ArchiveState => at_end(match b.archive {
+                ArchiveValue::NotKept => 0.0,
+                ArchiveValue::Unknown => 1.0,
+                ArchiveValue::Value(_) => 2.0,
+            }),
+            Column::Archive => at_end(match b.archive {
+                ArchiveValue::Value(v) => v,
+                _ => 0.0,
+            }),
         }
     }
 }
@@ -73,8 +91,12 @@ impl ColumnSet {
     pub const ALL: ColumnSet = ColumnSet((1 << COLUMNS) - 1);
 
     pub fn of(columns: &[Column]) -> ColumnSet {
-        // The bucket ends come from the count column.
-        ColumnSet(columns.iter().fold(1, |m, &c| m | 1 << c as u16))
+        // The bucket ends come from the count column; the archive values need their states.
+        let mut set = columns.iter().fold(1, |m, &c| m | 1 << c as u16);
+        if set & (1 << Column::Archive as u16) != 0 {
+            set |= 1 << Column::ArchiveState as u16;
+        }
+        ColumnSet(set)
     }
 
     pub fn has(self, c: Column) -> bool {
@@ -89,7 +111,8 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     let mut out = vec![Encoding::Rollup as u8];
     out.extend_from_slice(&(buckets.len() as u16).to_be_bytes());
     let mut column = Vec::with_capacity(buckets.len());
-    for c in Column::ALL {
+    let archived = buckets.iter().any(|b| b.archive != ArchiveValue::NotKept);
+    for c in Column::ALL.into_iter().take(if archived { COLUMNS } else { COLUMNS_ALWAYS }) {
         column.clear();
         column.extend(buckets.iter().map(|b| c.of(b)));
         put_bytes(&mut out, &dense::encode(&column));
@@ -149,6 +172,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         reset_correction: 0.0,
         changes: 0,
         resets: 0,
+        archive: ArchiveValue::NotKept,
     };
     out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
@@ -156,6 +180,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         let mut bufs = bufs.borrow_mut();
         let (samples, values) = &mut *bufs;
         for c in Column::ALL {
+            // Chunks without archive values end after the ninth column.
+            if c == Column::ArchiveState && columns.is_empty() {
+                break;
+            }
             let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
             let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
             // The ends (in the count column) are always read.
@@ -204,7 +232,20 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                             Column::Max => b.max = v,
                             Column::ResetCorrection => b.reset_correction = v,
                             Column::Changes => b.changes = count_of(v)?,
-                            _ => b.resets = count_of(v)?,
+                            Column::Resets => b.resets = count_of(v)?,
+                            Column::ArchiveState => {
+                                b.archive = match count_of(v)? {
+                                    0 => ArchiveValue::NotKept,
+                                    1 => ArchiveValue::Unknown,
+                                    2 => ArchiveValue::Value(0.0),
+                                    _ => return Err(corrupt("archive state column holds no state")),
+                                }
+                            }
+                            _ => {
+                                if let ArchiveValue::Value(x) = &mut b.archive {
+                                    *x = v;
+                                }
+                            }
                         }
                     }
                 }
@@ -281,10 +322,55 @@ mod tests {
             }
         }
 
+        /// Archive values (any bit pattern) and their states come back as written; a chunk
+        /// whose buckets keep none is the nine-column layout, byte for byte, and reads as
+        /// keeping none.
+        #[test]
+        fn archive_values_round_trip(samples in series(), kinds in prop::collection::vec((0u8..3, any::<u64>()), 1..64)) {
+            let mut buckets = aggregate(&samples, 60_000);
+            let bare = encode(&buckets);
+            for (i, b) in buckets.iter_mut().enumerate() {
+                let (kind, bits) = kinds[i % kinds.len()];
+                b.archive = match kind {
+                    0 => ArchiveValue::NotKept,
+                    1 => ArchiveValue::Unknown,
+                    _ => ArchiveValue::Value(f64::from_bits(bits)),
+                };
+            }
+            let kept = buckets.iter().any(|b| b.archive != ArchiveValue::NotKept);
+            let chunk = encode(&buckets);
+            prop_assert_eq!(chunk == bare, !kept);
+            let mut back = Vec::new();
+            decode(&chunk, ColumnSet::ALL, &mut back).unwrap();
+            let bits = |a: ArchiveValue| match a {
+                ArchiveValue::Value(v) => (2, v.to_bits()),
+                ArchiveValue::Unknown => (1, 0),
+                ArchiveValue::NotKept => (0, 0),
+            };
+            for (a, b) in back.iter().zip(&buckets) {
+                prop_assert!(same(a, b));
+                prop_assert_eq!(bits(a.archive), bits(b.archive));
+            }
+            // Read for the archive values alone, and without them.
+            let mut only = Vec::new();
+            decode(&chunk, ColumnSet::of(&[Column::Archive]), &mut only).unwrap();
+            prop_assert!(only.iter().zip(&buckets).all(|(a, b)| bits(a.archive) == bits(b.archive) && a.end == b.end));
+            let mut without = Vec::new();
+            decode(&chunk, ColumnSet::of(&[Column::Sum]), &mut without).unwrap();
+            prop_assert!(without.iter().all(|a| a.archive == ArchiveValue::NotKept));
+        }
+
         /// Damaged bytes are an error, never a panic.
         #[test]
         fn damage_is_an_error(samples in series(), at in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
-            let mut chunk = encode(&aggregate(&samples, 60_000));
+            let mut buckets = aggregate(&samples, 60_000);
+            // Half the cases with archive values (the two columns after the nine).
+            if byte % 2 == 0 {
+                for (i, b) in buckets.iter_mut().enumerate() {
+                    b.archive = if i % 3 == 0 { ArchiveValue::Unknown } else { ArchiveValue::Value(i as f64 / 7.0) };
+                }
+            }
+            let mut chunk = encode(&buckets);
             let i = at.index(chunk.len());
             chunk[i] = byte;
             let _ = decode(&chunk, ColumnSet::ALL, &mut Vec::new());

@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
-use crate::rollup::{buffers, coalesce, merge_runs, Aggregator, Bucket, RollupTier};
+use crate::rollup::{buffers, coalesce, merge_runs, Aggregator, ArchiveValue, Bucket, RollupTier};
 use crate::vfs::Vfs;
 
 /// The directory of the rollup tiers, inside the data directory.
@@ -507,8 +507,28 @@ impl Inner {
         let unheld: BlockList = RwLock::new(Arc::new(unheld_raw));
         let mut from_raw = Vec::new();
         let mut histogram_series = 0;
+        // Archive values are kept for buckets the raw part holds whole: none of a tier block's
+        // range in their span (those are combined with the block's part, or lost a deleted part).
+        let mut fresh_ranges: Vec<(i64, i64)> = fresh.iter().map(|b| (b.meta().min_time, b.meta().max_time)).collect();
+        fresh_ranges.sort_unstable();
+        // The latest end among the ranges starting at or before each one (ranges are `[min, max)`).
+        let reach: Vec<i64> = fresh_ranges
+            .iter()
+            .scan(i64::MIN, |m, r| {
+                *m = (*m).max(r.1);
+                Some(*m)
+            })
+            .collect();
+        let whole = |b: &Bucket| {
+            let (first, last) = closed.span(b.end, interval);
+            let starting_before = fresh_ranges.partition_point(|r| r.0 <= last);
+            starting_before == 0 || reach[starting_before - 1] <= first
+        };
+        let filter = self.opts.rollup_filter.as_ref();
         for s in Querier::with_blocks(&self.head, &unheld, lo, hi).with_limits(limits).select(matchers)? {
-            let mut agg = Aggregator::closed(interval, closed);
+            let rule = filter.and_then(|f| f.archive_rule(&tier.spec, &s.labels));
+            let archived = rule.is_some();
+            let mut agg = Aggregator::closed(interval, closed).with_archive(rule);
             let mut buckets = Vec::new();
             let mut one = [strata_model::Sample { t: 0, v: 0.0 }];
             let mut histograms = false;
@@ -524,6 +544,11 @@ impl Inner {
                 reason: format!("series {}: {e}", s.labels),
             })?;
             agg.finish(&mut buckets);
+            if archived {
+                for b in buckets.iter_mut().filter(|b| !whole(b)) {
+                    b.archive = ArchiveValue::NotKept;
+                }
+            }
             histogram_series += histograms as usize;
             if !buckets.is_empty() {
                 from_raw.push(RollupSeries { labels: s.labels, buckets });

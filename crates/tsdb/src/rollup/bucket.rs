@@ -35,7 +35,29 @@ pub struct Bucket {
     /// Samples whose value differs from the previous one (`changes`), and drops (`resets`).
     pub changes: u64,
     pub resets: u64,
+    /// Whisper's value for the bucket's interval where the tier stands for a coarse archive of
+    /// a Graphite path's retention schema (`SeriesFilter::archive_rule`), computed from the
+    /// interval's samples when the bucket was made whole; `NotKept` otherwise.
+    pub archive: ArchiveValue,
 }
+
+/// A Graphite archive's value for one interval, as whisper's cascade from the finer archives
+/// gives it (each archive's value from the known values of the one below, by the path's
+/// aggregation method and `xFilesFactor`). It is not an aggregate that combines: a bucket made
+/// from parts (cut by a block boundary, merged with backfill) does not keep it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum ArchiveValue {
+    /// Not computed: no rule for the series and tier, or the bucket was combined from parts.
+    #[default]
+    NotKept,
+    /// Computed, and the archive has no value for the interval (too few of its slots known).
+    Unknown,
+    Value(f64),
+}
+
+/// Whisper's value for an interval of a coarse archive from the interval's samples (time
+/// order, stale markers left out) and the bucket's end; `None` where the archive has none.
+pub type ArchiveRule = std::sync::Arc<dyn Fn(i64, &[Sample]) -> Option<f64> + Send + Sync>;
 
 /// What a step from `prev` to `next` adds to the reset correction: `prev` if the value drops.
 fn correction(prev: f64, next: f64) -> f64 {
@@ -135,6 +157,7 @@ impl Bucket {
             reset_correction: 0.0,
             changes: 0,
             resets: 0,
+            archive: ArchiveValue::NotKept,
         }
     }
 
@@ -172,6 +195,7 @@ impl Bucket {
         self.changes += changed(prev, next.first.v) as u64 + next.changes;
         self.resets += (next.first.v < prev) as u64 + next.resets;
         self.last = next.last;
+        self.archive = ArchiveValue::NotKept;
     }
 
     /// Combines two buckets of the same `end` whose samples may interleave (data backfilled
@@ -204,17 +228,31 @@ impl Bucket {
         self.reset_correction += other.reset_correction;
         self.changes += other.changes;
         self.resets += other.resets;
+        self.archive = ArchiveValue::NotKept;
     }
 }
 
 /// Turns one series' samples (in time order) into buckets of `interval`, appending to `out`;
 /// a bucket whose samples continue in the next call is finished by `finish` or by more samples.
 /// Stale markers are skipped: they end a series for PromQL's lookback, they are not values.
-#[derive(Debug)]
+/// With an archive rule (`with_archive`), each bucket also gets the rule's value from its
+/// samples, which are kept while it is open.
 pub struct Aggregator {
     interval: i64,
     closed: Closed,
     open: Option<Bucket>,
+    archive: Option<(ArchiveRule, Vec<Sample>)>,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator")
+            .field("interval", &self.interval)
+            .field("closed", &self.closed)
+            .field("open", &self.open)
+            .field("archive", &self.archive.is_some())
+            .finish()
+    }
 }
 
 impl Aggregator {
@@ -225,7 +263,14 @@ impl Aggregator {
 
     pub fn closed(interval: i64, closed: Closed) -> Aggregator {
         assert!(interval > 0, "rollup interval must be positive");
-        Aggregator { interval, closed, open: None }
+        Aggregator { interval, closed, open: None, archive: None }
+    }
+
+    /// Each bucket's `archive` computed by `rule` (none: left `NotKept`). The caller marks
+    /// buckets it knows to be cut (`ArchiveValue::NotKept`): the rule sees the samples given.
+    pub fn with_archive(mut self, rule: Option<ArchiveRule>) -> Aggregator {
+        self.archive = rule.map(|r| (r, Vec::new()));
+        self
     }
 
     pub fn interval(&self) -> i64 {
@@ -241,19 +286,41 @@ impl Aggregator {
             match &mut self.open {
                 Some(b) if s.t <= self.closed.span(b.end, self.interval).1 => b.push(s),
                 open => {
-                    if let Some(done) = open.take() {
+                    if let Some(mut done) = open.take() {
+                        if let Some((rule, kept)) = &mut self.archive {
+                            done.archive = archive_of(rule, done.end, kept);
+                        }
                         out.push(done);
                     }
                     *open = Some(Bucket::ending(s, self.closed.bucket_end(s.t, self.interval)));
                 }
+            }
+            if let Some((_, kept)) = &mut self.archive {
+                kept.push(s);
             }
         }
     }
 
     /// Pushes the open bucket, if any.
     pub fn finish(&mut self, out: &mut Vec<Bucket>) {
-        out.extend(self.open.take());
+        if let Some(mut done) = self.open.take() {
+            if let Some((rule, kept)) = &mut self.archive {
+                done.archive = archive_of(rule, done.end, kept);
+            }
+            out.push(done);
+        }
     }
+}
+
+/// The rule's value for the closed bucket ending at `end` from its samples (`kept`, emptied
+/// for the next bucket).
+fn archive_of(rule: &ArchiveRule, end: i64, kept: &mut Vec<Sample>) -> ArchiveValue {
+    let value = match rule(end, kept) {
+        Some(v) => ArchiveValue::Value(v),
+        None => ArchiveValue::Unknown,
+    };
+    kept.clear();
+    value
 }
 
 /// The right-closed buckets of `samples` (in time order) at `interval`.

@@ -4,6 +4,7 @@ use std::fmt;
 
 use strata_model::{format_duration_ms, parse_duration_ms, Labels};
 
+use super::bucket::ArchiveRule;
 use super::Closed;
 use crate::block::RollupMeta;
 
@@ -25,18 +26,37 @@ pub struct RollupTier {
 /// Which series a tier keeps when raw blocks are rolled up (every one without a filter): a
 /// Graphite path is kept by the tiers its retention schema reads. Decided at rollup, so a
 /// change applies to data rolled up from then on; blocks already written keep what they hold.
+/// It may also give a rule for a series' archive values in a tier (`with_archive_rules`), which
+/// rollup and reads of raw data not rolled up yet apply to whole buckets.
 #[derive(Clone)]
-pub struct SeriesFilter(std::sync::Arc<KeepsFn>);
+pub struct SeriesFilter {
+    keeps: std::sync::Arc<KeepsFn>,
+    archive: Option<std::sync::Arc<ArchiveRuleFn>>,
+}
 
 type KeepsFn = dyn Fn(&RollupTier, &Labels) -> bool + Send + Sync;
+type ArchiveRuleFn = dyn Fn(&RollupTier, &Labels) -> Option<ArchiveRule> + Send + Sync;
 
 impl SeriesFilter {
     pub fn new(keeps: impl Fn(&RollupTier, &Labels) -> bool + Send + Sync + 'static) -> SeriesFilter {
-        SeriesFilter(std::sync::Arc::new(keeps))
+        SeriesFilter { keeps: std::sync::Arc::new(keeps), archive: None }
+    }
+
+    /// The rule (if any) for the archive values of a series' buckets in a tier.
+    pub fn with_archive_rules(
+        mut self,
+        rules: impl Fn(&RollupTier, &Labels) -> Option<ArchiveRule> + Send + Sync + 'static,
+    ) -> SeriesFilter {
+        self.archive = Some(std::sync::Arc::new(rules));
+        self
     }
 
     pub fn keeps(&self, tier: &RollupTier, labels: &Labels) -> bool {
-        (self.0)(tier, labels)
+        (self.keeps)(tier, labels)
+    }
+
+    pub fn archive_rule(&self, tier: &RollupTier, labels: &Labels) -> Option<ArchiveRule> {
+        self.archive.as_ref().and_then(|rules| rules(tier, labels))
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use strata_model::{Labels, Sample};
 
-use super::bucket::{aggregate_closed, coalesce, Bucket};
+use super::bucket::{coalesce, Aggregator, ArchiveValue, Bucket};
 use super::tier::{RollupTier, SeriesFilter};
 use crate::block::{Block, BlockMeta, BlockWriter, ChunkInput, Compaction, RollupMeta};
 use crate::chunkenc::{self, decode_merged, rollup::ColumnSet, Encoding};
@@ -108,7 +108,15 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
                     if t.filter.is_some_and(|f| !f.keeps(&t.tier, &cursor.labels)) {
                         continue;
                     }
-                    let buckets = aggregate_closed(&samples, t.tier.interval_ms, t.tier.closed);
+                    let rule = t.filter.and_then(|f| f.archive_rule(&t.tier, &cursor.labels));
+                    let mut buckets = Vec::new();
+                    let mut agg = Aggregator::closed(t.tier.interval_ms, t.tier.closed).with_archive(rule);
+                    agg.add(&samples, &mut buckets);
+                    agg.finish(&mut buckets);
+                    // A bucket the block's range cuts saw part of its interval: no archive value.
+                    for b in buckets.iter_mut().filter(|b| !whole_in(b, t.tier, (mint, maxt))) {
+                        b.archive = ArchiveValue::NotKept;
+                    }
                     if !buckets.is_empty() {
                         add_buckets(w, &cursor.labels, &buckets, &mut encoded)?;
                     }
@@ -137,6 +145,12 @@ pub fn roll_up_block(raw: &Block, targets: &[Target<'_>]) -> Result<RolledUp> {
         }
     }
     Ok(out)
+}
+
+/// Whether the span of a bucket of `tier` lies in `[mint, maxt)` (a block's range).
+fn whole_in(b: &Bucket, tier: RollupTier, (mint, maxt): (i64, i64)) -> bool {
+    let (first, last) = tier.closed.span(b.end, tier.interval_ms);
+    mint <= first && last < maxt
 }
 
 /// Merges tier blocks of one interval (sorted by start time) into one block in `parent`:

@@ -11,7 +11,7 @@ use crate::chunkenc::rollup::ColumnSet;
 use crate::db::DbOptions;
 use crate::head::{HeadOptions, OutOfOrder};
 use crate::querier::ReadLimits;
-use crate::rollup::{aggregate_closed, Closed, SeriesFilter};
+use crate::rollup::{aggregate_closed, ArchiveRule, ArchiveValue, Closed, SeriesFilter};
 
 const MIN: i64 = 60_000;
 /// PromQL's right-closed tiers and a left-closed one of the same interval (Graphite's).
@@ -263,4 +263,61 @@ fn a_series_filter_keeps_only_the_series_a_tier_serves() {
     let want: Vec<Sample> = model[&1].range(0..=hi).map(|(&t, &v)| Sample { t, v }).collect();
     let want = aggregate_closed(&want, interval, closed);
     assert_eq!(got.series[0].buckets.len(), want.len());
+}
+
+/// An archive rule (what Graphite's schemas give a tier whose interval is a coarse archive's
+/// step) is applied to buckets whole: in tier blocks, through tier compaction and raw
+/// retention, and in the raw data a read aggregates; every value it kept is the rule over all
+/// the bucket's samples, and a bucket made of parts keeps none.
+#[test]
+fn archive_values_are_the_rule_over_whole_buckets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    // Blocks start on whole minutes: 10-second buckets are never cut, 40-second ones are at
+    // every other minute.
+    let tiers = [RollupTier::left(10_000, 0), RollupTier::left(40_000, 0)];
+    let mut o = opts(5 * MIN, &tiers);
+    // A rule that sees every sample: their number and the first one's time; none for fewer
+    // than three samples (an archive without a value there).
+    let rule =
+        |_end: i64, samples: &[Sample]| (samples.len() >= 3).then(|| samples.len() as f64 * 1e13 + samples[0].t as f64);
+    o.rollup_filter =
+        Some(SeriesFilter::new(|_, _| true).with_archive_rules(move |_, labels| {
+            (labels.get("i") != Some("0")).then(|| Arc::new(rule) as ArchiveRule)
+        }));
+    let db = Db::open(tmp.path(), o).unwrap();
+    run(&db, &mut model, 0, 30 * MIN);
+    assert!(db.blocks().iter().all(|b| b.meta().min_time > 10 * MIN), "raw retention ran");
+    for tier in tiers {
+        let got = db.rollup_select(tier.meta(), &all(), 0, 30 * MIN, ColumnSet::ALL, &ReadLimits::default()).unwrap();
+        let (mut kept, mut unknown, mut not_kept) = (0, 0, 0);
+        for s in &got.series {
+            let i: usize = s.labels.get("i").unwrap().parse().unwrap();
+            for b in &s.buckets {
+                let (lo, hi) = tier.closed.span(b.end, tier.interval_ms);
+                let samples: Vec<Sample> = model[&i].range(lo..=hi).map(|(&t, &v)| Sample { t, v }).collect();
+                match b.archive {
+                    ArchiveValue::NotKept => not_kept += 1,
+                    _ if i == 0 => panic!("series 0 has no rule: {b:?}"),
+                    ArchiveValue::Unknown => {
+                        assert_eq!(rule(b.end, &samples), None, "series {i}: {b:?}");
+                        unknown += 1;
+                    }
+                    ArchiveValue::Value(v) => {
+                        assert_eq!(Some(v), rule(b.end, &samples), "series {i}: {b:?}");
+                        kept += 1;
+                    }
+                }
+            }
+        }
+        let counts = format!("tier {tier}: {kept} kept, {unknown} unknown, {not_kept} not kept");
+        if tier.interval_ms == 10_000 {
+            // Series 1 and 2 keep every value, the sparse series 3 (a sample every 20 s) none
+            // (unknown), series 0 none (no rule).
+            assert_eq!((kept, unknown, not_kept), (360, 90, 180), "{counts}");
+        } else {
+            // 45 buckets a series, 15 of them cut by a block boundary.
+            assert_eq!((kept + unknown, not_kept), (3 * 30, 45 + 3 * 15), "{counts}");
+        }
+    }
 }

@@ -40,6 +40,7 @@ fn reference(samples: &[Sample], end: i64) -> Bucket {
         reset_correction,
         changes,
         resets,
+        archive: ArchiveValue::NotKept,
     }
 }
 
