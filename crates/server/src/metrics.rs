@@ -81,6 +81,9 @@ pub struct ServerMetrics {
     /// Series `/render` answered from their raw samples and from a left-closed rollup tier.
     pub graphite_render_series_raw: AtomicU64,
     pub graphite_render_series_tier: AtomicU64,
+    /// Series a tier keeping archive values could not answer exactly (some interval without
+    /// one), moved on to a finer tier.
+    pub graphite_render_tier_archive_missing: AtomicU64,
     /// The listener's connection counters.
     pub connections: std::sync::Arc<crate::web::ConnectionStats>,
     /// The carbon listeners' counters (shown once a listener serves).
@@ -158,6 +161,12 @@ impl ServerMetrics {
                     "Series /render answered from a rollup tier (a coarse archive of their retention schema).",
                     "counter",
                     load(&self.graphite_render_series_tier),
+                ),
+                (
+                    "strata_graphite_render_tier_archive_missing_total",
+                    "Series a rollup tier could not answer with whisper's archive values (intervals rolled up without the retention schema, or cut by a block boundary), read from a finer tier instead.",
+                    "counter",
+                    load(&self.graphite_render_tier_archive_missing),
                 ),
                 (
                     "strata_http_handler_panics_total",

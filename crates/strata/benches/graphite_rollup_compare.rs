@@ -11,7 +11,8 @@
 //! senders stamp), a decimal random walk; backfilled a day at a time through `Db::import_head`
 //! (what `strata tsdb import` does) into a directory with the tiers the schema
 //! `60s:1d,10m:7d,1h:1y` derives with raw data kept forever (`10m:forever:left,
-//! 1h:forever:left`), compacted as the server would. The server then runs twice on it: with
+//! 1h:forever:left`, the hourly tier keeping whisper's hourly values), compacted as the server
+//! would. The server then runs twice on it: with
 //! the schema (renders read the tiers), and with the schema but a hand-set left-closed tier
 //! that fits none of its archives (renders read raw points; the answers must be the same).
 //!
@@ -35,7 +36,11 @@ fn tiers() -> Vec<RollupTier> {
 }
 
 fn load(dir: &std::path::Path, paths: usize, days: i64, start: i64) -> Duration {
-    let db = common::backfill_db(dir, tiers());
+    // As the server rolls up with the schema: the tiers keep the paths it serves, and the
+    // hourly tier whisper's hourly values.
+    let schemas = strata_graphite::schema::Schemas::parse(SCHEMA, None).unwrap();
+    let filter = strata_server::http::graphite_rollup_filter(std::sync::Arc::new(schemas));
+    let db = common::backfill_db(dir, tiers(), Some(filter));
     let mut values: Vec<(u64, f64)> = (0..paths).map(|p| (0x9e37_79b9_7f4a_7c15 ^ (p as u64 + 1) << 20, 0.0)).collect();
     let t0 = Instant::now();
     for d in 0..days {
@@ -149,6 +154,10 @@ fn main() {
         }
         if k == 0 {
             tier_series = common::counter(server.port, "strata_graphite_render_series_tier_total");
+            // The hourly tier kept whisper's values for every interval: no path moved on to
+            // the 10-minute tier.
+            let missing = common::counter(server.port, "strata_graphite_render_tier_archive_missing_total");
+            assert_eq!(missing, 0.0, "series read from a finer tier than the archive's");
         } else {
             assert_eq!(
                 common::counter(server.port, "strata_graphite_render_series_tier_total"),

@@ -100,7 +100,7 @@ fn load(
     days: i64,
     start: i64,
 ) -> LoadTimes {
-    let db = common::backfill_db(dir, tiers());
+    let db = common::backfill_db(dir, tiers(), None);
     let mut gens: Vec<Gen> = (0..instances).flat_map(|i| (0..METRICS.len()).map(move |m| Gen::new(i, m))).collect();
     let (mut strata_time, mut vm_time, mut promtool_time) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut samples = Vec::new();

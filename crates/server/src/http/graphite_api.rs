@@ -682,9 +682,10 @@ pub(super) async fn render(
                 let candidates: Vec<(&Labels, Option<&Policy>)> =
                     selected.iter().zip(&named).map(|(s, n)| (&s.labels, n.as_ref().map(|n| &n.policy))).collect();
                 let limits = read_limits(&st2.limits, &stop);
-                let mut answers =
+                let (mut answers, moved_on) =
                     answer_from_tiers(&db, &tiers, &candidates, matchers, (mint, maxt), (from, until, now), &limits)
                         .map_err(|e| execution(&e))?;
+                st2.metrics.graphite_render_tier_archive_missing.fetch_add(moved_on, Ordering::Relaxed);
                 // The rest: each series decoded and laid on its schema's intervals, spread over
                 // the cores when there are enough to pay for the threads.
                 let raw: Vec<usize> =

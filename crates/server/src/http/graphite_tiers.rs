@@ -146,7 +146,9 @@ fn read_tier(
 /// read over `[mint, maxt]` (ms) for the series `matchers` select. Per series: `None` where
 /// raw samples must answer (no tier fits, or native histograms met), else whisper's answer
 /// (itself `None` outside the retention); a series a tier has no data for answers as from no
-/// points.
+/// points. Also: how many times a series moved on from a tier lacking archive values.
+pub(super) type TierAnswers = (Vec<Option<Option<Fetched>>>, u64);
+
 pub(super) fn answer_from_tiers(
     db: &Db,
     tiers: &[RollupTier],
@@ -155,14 +157,15 @@ pub(super) fn answer_from_tiers(
     (mint, maxt): (i64, i64),
     (from, until, now): (i64, i64, i64),
     limits: &ReadLimits<'_>,
-) -> Result<Vec<Option<Option<Fetched>>>, strata_tsdb::Error> {
+) -> Result<TierAnswers, strata_tsdb::Error> {
     let n = series.len();
+    let mut moved_on = 0;
     let mut answers: Vec<Option<Option<Fetched>>> = vec![None; n];
     // The tiers to try for each series, in order, and which is next.
     let picks: Vec<Vec<usize>> =
         series.iter().map(|(_, p)| p.map_or_else(Vec::new, |p| pick_tiers(tiers, p, from, until, now))).collect();
     if picks.iter().all(Vec::is_empty) {
-        return Ok(answers);
+        return Ok((answers, moved_on));
     }
     let mut next_pick = vec![0usize; n];
     // Answered by a tier, or left to raw samples (native histograms met).
@@ -199,6 +202,7 @@ pub(super) fn answer_from_tiers(
             for &i in &picked {
                 if not_kept[i] {
                     next_pick[i] += 1;
+                    moved_on += 1;
                     continue;
                 }
                 settled[i] = true;
@@ -214,7 +218,7 @@ pub(super) fn answer_from_tiers(
             }
         }
     }
-    Ok(answers)
+    Ok((answers, moved_on))
 }
 
 #[cfg(test)]
@@ -341,8 +345,10 @@ mod tests {
             let range = (from * 1000, now * 1000);
             answer_from_tiers(&db, tiers, &candidates, &matcher, range, (from, now, now), &limits).unwrap()
         };
-        let hourly_alone = read(&tiers[1..]);
-        let both = read(&tiers);
+        let (hourly_alone, moved_on) = read(&tiers[1..]);
+        assert_eq!(moved_on, 0);
+        let (both, moved_on) = read(&tiers);
+        assert_eq!(moved_on, 0, "every interval has its archive value");
         for (p, samples) in samples.iter().enumerate() {
             let want = fetch(samples, &policy, from, now, now).unwrap();
             assert_eq!(want.2, 3600, "the hourly archive is read");

@@ -287,11 +287,16 @@ const BACKFILL_RANGE_MS: i64 = 2 * 3_600_000;
 
 /// A data directory to backfill with rollup `tiers`: raw data kept forever, no background
 /// compaction (the loader compacts as it goes, as the server would).
-pub fn backfill_db(dir: &Path, tiers: Vec<strata_tsdb::rollup::RollupTier>) -> strata_tsdb::Db {
+pub fn backfill_db(
+    dir: &Path,
+    tiers: Vec<strata_tsdb::rollup::RollupTier>,
+    rollup_filter: Option<strata_tsdb::rollup::SeriesFilter>,
+) -> strata_tsdb::Db {
     let opts = strata_tsdb::DbOptions {
         compact_interval: None,
         retention_ms: 0,
         rollups: tiers,
+        rollup_filter,
         head: strata_tsdb::head::HeadOptions { chunk_range_ms: BACKFILL_RANGE_MS, ..Default::default() },
         ..strata_tsdb::DbOptions::default()
     };

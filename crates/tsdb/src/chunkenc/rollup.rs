@@ -8,7 +8,8 @@
 //! `sum` and `count` for an average) decodes only those columns.
 //!
 //! Layout: `[0x06][bucket count u16 BE]`, then for each column in `Column` order its length as
-//! an unsigned LEB128 varint and its bytes (`encoding::put_bytes`). The byte layout is in `docs/format/rollup.md`.
+//! an unsigned LEB128 varint and its bytes (`encoding::put_bytes`); the last two (a Graphite
+//! archive's values) only in chunks where some bucket keeps one. The byte layout is in `docs/format/rollup.md`.
 
 use strata_model::Sample;
 
