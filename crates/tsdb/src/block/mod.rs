@@ -263,15 +263,13 @@ impl BlockIndexQuery<'_> {
 
 impl IndexReader for BlockIndexQuery<'_> {
     fn postings(&self, name: &str, values: &[&str]) -> BoxPostings {
-        let mut lists: Vec<BoxPostings> = Vec::new();
-        for v in values {
-            match self.ix.postings(name, v) {
-                Ok(Some(p)) => lists.push(Box::new(p)),
-                Ok(None) => {}
-                Err(e) => return self.note(e),
-            }
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        match self.ix.postings_of_values(name, &sorted) {
+            Ok(lists) => merge(lists.into_iter().map(|p| Box::new(p) as BoxPostings).collect()),
+            Err(e) => self.note(e),
         }
-        merge(lists)
     }
 
     fn postings_matching(&self, name: &str, prefix: &str, accept: &dyn Fn(&str) -> bool) -> BoxPostings {

@@ -250,6 +250,67 @@ mod index_round_trip {
                 sets.iter().zip(&ids).filter(|(s, _)| s.0.get("l0") == Some("v3")).map(|(_, id)| *id).collect();
             let got = ix.postings("l0", "v3").unwrap().map(|p| postings::expand(Box::new(p))).unwrap_or_default();
             prop_assert_eq!(got, want);
+            // Several values of a name at once (some absent): the series with any of them.
+            for (n, wanted) in [("l1", &["v0", "v2", "v5", "v9"][..]), ("l2", &["v7"][..]), ("l6", &["v1"][..])] {
+                let want: Vec<SeriesRef> = sets
+                    .iter()
+                    .zip(&ids)
+                    .filter(|(s, _)| s.0.get(n).is_some_and(|v| wanted.contains(&v)))
+                    .map(|(_, id)| *id)
+                    .collect();
+                let lists = ix.postings_of_values(n, wanted).unwrap();
+                let got = postings::expand(postings::merge(lists.into_iter().map(|p| Box::new(p) as Box<dyn Postings>).collect()));
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    /// Many values of one name asked at once are found in one walk over their rows, few far
+    /// apart one by one: the same series either way, absent values skipped.
+    #[test]
+    fn postings_of_many_values_equal_those_of_each() {
+        let names: Vec<String> = (0..3000).map(|i| format!("servers.host-{i:04}.load")).collect();
+        let sets: Vec<Labels> = names.iter().map(|n| Labels::from_pairs([("__name__", n.clone())])).collect();
+        let mut symbols: Vec<Arc<str>> = names.iter().map(|n| Arc::from(n.as_str())).collect();
+        symbols.push(Arc::from("__name__"));
+        symbols.sort();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("index");
+        let mut w = IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
+        for l in &sets {
+            w.add_series(l, &[]).unwrap();
+        }
+        w.finish().unwrap();
+        let ix = IndexFile::open(&crate::vfs::OsFs, &path).unwrap();
+        let ids = postings::expand(Box::new(ix.all_postings().unwrap()));
+        let one_by_one = |wanted: &[&str]| -> Vec<SeriesRef> {
+            wanted
+                .iter()
+                .filter_map(|v| ix.postings("__name__", v).unwrap())
+                .flat_map(|p| postings::expand(Box::new(p)))
+                .collect()
+        };
+        let absent = "servers.host-1500a.load";
+        let cases: [Vec<&str>; 4] = [
+            // A glob's worth: walked.
+            names[100..1100].iter().map(String::as_str).collect(),
+            // Every third of a range, with an absent one: walked.
+            names[10..400].iter().step_by(3).map(String::as_str).chain([absent]).collect(),
+            // Two far apart: looked up.
+            vec![names[5].as_str(), names[2900].as_str()],
+            vec![absent],
+        ];
+        for mut wanted in cases {
+            wanted.sort_unstable();
+            let lists = ix.postings_of_values("__name__", &wanted).unwrap();
+            let got = postings::expand(postings::merge(
+                lists.into_iter().map(|p| Box::new(p) as Box<dyn Postings>).collect(),
+            ));
+            let mut want = one_by_one(&wanted);
+            want.sort_unstable();
+            assert_eq!(got, want, "{} values", wanted.len());
+            assert_eq!(got.len(), wanted.iter().filter(|v| **v != absent).count());
+            assert!(got.iter().all(|id| ids.contains(id)));
         }
     }
 }
