@@ -100,6 +100,8 @@ enum TsdbCommand {
         format: ImportFormat,
         file: PathBuf,
         data_dir: PathBuf,
+        #[command(flatten)]
+        graphite: GraphiteSchemaArgs,
     },
     /// Blocks, sizes and the highest-cardinality labels, metric names and label pairs.
     Analyze {
@@ -121,6 +123,8 @@ enum TsdbCommand {
         /// no retention, nothing is deleted.
         #[arg(long)]
         retention: Option<String>,
+        #[command(flatten)]
+        graphite: GraphiteSchemaArgs,
     },
     /// Print samples as `labels value timestamp_ms` lines.
     Dump {
@@ -137,6 +141,45 @@ enum TsdbCommand {
     },
 }
 
+/// Graphite's retention schemas, for tools that roll data up: given, they roll up as a server
+/// with them does (its left-closed tiers added, each keeping the paths its schemas read and
+/// whisper's values of the coarse archives); without, the tiers on disk keep every series.
+#[derive(clap::Args, Debug, Default)]
+struct GraphiteSchemaArgs {
+    /// The `storage-schemas.conf` the server reads (`strata serve --graphite.storage-schemas`).
+    #[arg(long = "graphite.storage-schemas")]
+    storage_schemas: Option<PathBuf>,
+    /// The `storage-aggregation.conf` the server reads.
+    #[arg(long = "graphite.storage-aggregation")]
+    storage_aggregation: Option<PathBuf>,
+}
+
+/// Left-closed tiers and the filter that rolls Graphite paths up into them.
+type GraphiteRollup = (Vec<strata_tsdb::rollup::RollupTier>, strata_tsdb::rollup::SeriesFilter);
+
+impl GraphiteSchemaArgs {
+    /// The left-closed tiers the schemas give (kept forever: a tool never deletes data) and the
+    /// filter that rolls paths up by their schemas; `None` without schemas.
+    fn rollup(&self) -> Result<Option<GraphiteRollup>, Box<dyn std::error::Error>> {
+        let Some(schemas_file) = &self.storage_schemas else {
+            if self.storage_aggregation.is_some() {
+                return Err("--graphite.storage-aggregation needs --graphite.storage-schemas".into());
+            }
+            return Ok(None);
+        };
+        let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()));
+        let aggregation = self.storage_aggregation.as_ref().map(read).transpose()?;
+        let schemas = strata_graphite::schema::Schemas::parse(&read(schemas_file)?, aggregation.as_deref())
+            .map_err(|e| format!("{}: {e}", schemas_file.display()))?;
+        let (tiers, notes) = strata_server::config::graphite_rollup_tiers(&schemas, 0, 0);
+        for note in notes {
+            eprintln!("graphite.storage-schemas: {note}");
+        }
+        let tiers = tiers.into_iter().map(|t| strata_tsdb::rollup::RollupTier { retention_ms: 0, ..t }).collect();
+        Ok(Some((tiers, strata_server::http::graphite_rollup_filter(std::sync::Arc::new(schemas)))))
+    }
+}
+
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ImportFormat {
     Openmetrics,
@@ -148,17 +191,34 @@ enum ImportFormat {
 /// whose server keeps 15 days used to delete half of what it had just imported). The server
 /// applies its own retention when it next compacts, and logs every block it deletes.
 fn open_for_tool(data_dir: &std::path::Path) -> Result<Db, Box<dyn std::error::Error>> {
-    open_with_retention(data_dir, 0)
+    open_with_retention(data_dir, 0, &GraphiteSchemaArgs::default())
 }
 
-/// `open_for_tool`, deleting raw blocks `retention_ms` behind the newest sample when compacting.
-fn open_with_retention(data_dir: &std::path::Path, retention_ms: i64) -> Result<Db, Box<dyn std::error::Error>> {
+/// `open_for_tool`, deleting raw blocks `retention_ms` behind the newest sample when compacting,
+/// and rolling up by Graphite's retention schemas when `graphite` names them.
+fn open_with_retention(
+    data_dir: &std::path::Path,
+    retention_ms: i64,
+    graphite: &GraphiteSchemaArgs,
+) -> Result<Db, Box<dyn std::error::Error>> {
+    // The tiers on disk, kept forever: a tool never deletes data.
+    let mut rollups = strata_tsdb::db::discover_tiers(&strata_tsdb::vfs::OsFs, data_dir);
+    let mut rollup_filter = None;
+    if let Some((tiers, filter)) = graphite.rollup()? {
+        for t in tiers {
+            if !rollups.iter().any(|r| r.dir_name() == t.dir_name()) {
+                rollups.push(t);
+            }
+        }
+        rollups.sort_by_key(|t| (t.closed, t.interval_ms));
+        rollup_filter = Some(filter);
+    }
     let opts = DbOptions {
         compact_interval: None,
         retention_ms,
         retention_bytes: 0,
-        // The tiers on disk, kept forever: a tool never deletes data.
-        rollups: strata_tsdb::db::discover_tiers(&strata_tsdb::vfs::OsFs, data_dir),
+        rollups,
+        rollup_filter,
         ..StorageConfig::default().db_options()
     };
     Ok(Db::open(data_dir, opts)?)
@@ -166,7 +226,7 @@ fn open_with_retention(data_dir: &std::path::Path, retention_ms: i64) -> Result<
 
 fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
-        TsdbCommand::Import { format, file, data_dir } => {
+        TsdbCommand::Import { format, file, data_dir, graphite } => {
             let f = std::fs::File::open(&file).map_err(|e| format!("open {}: {e}", file.display()))?;
             let input: Box<dyn std::io::BufRead> = if file.extension().is_some_and(|e| e == "gz") {
                 Box::new(std::io::BufReader::with_capacity(1 << 20, flate2::read::GzDecoder::new(f)))
@@ -177,7 +237,7 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
                 ImportFormat::Openmetrics => Format::OpenMetrics,
                 ImportFormat::Prometheus => Format::Prometheus,
             };
-            let db = open_for_tool(&data_dir)?;
+            let db = open_with_retention(&data_dir, 0, &graphite)?;
             let started = std::time::Instant::now();
             let out = import::import_reader(&db, input, format).map_err(|e| format!("{}: {e}", file.display()))?;
             println!(
@@ -201,12 +261,12 @@ fn run_tsdb(cmd: TsdbCommand) -> Result<(), Box<dyn std::error::Error>> {
             }
             db.close()?;
         }
-        TsdbCommand::Compact { data_dir, retention } => {
+        TsdbCommand::Compact { data_dir, retention, graphite } => {
             let retention_ms = match retention {
                 None => 0,
                 Some(r) => strata_model::parse_duration_ms(&r).map_err(|e| format!("--retention {r:?}: {e}"))?,
             };
-            let db = open_with_retention(&data_dir, retention_ms)?;
+            let db = open_with_retention(&data_dir, retention_ms, &graphite)?;
             let out = db.compact()?;
             println!(
                 "wrote {} blocks from the head, ran {} compactions, set aside {} corrupt blocks; {} blocks now",

@@ -183,7 +183,9 @@ const PATHS: [&str; 3] = ["servers.a.load", "servers.b.max", "servers.c.load"];
 
 /// Twenty days of three Graphite paths, a point a minute ending at `end`: a quarter stamped on
 /// the minute itself (carbon senders often do), the rest jittered inside it; `servers.c.load`
-/// with gaps (every fifth minute, and six hours on day 9). As OpenMetrics with quoted names.
+/// with gaps (every seventh minute, so its 10-minute intervals hold 8 or 9 points and an hourly
+/// average of their averages is not the average of its points; and six hours on day 9). As
+/// OpenMetrics with quoted names.
 fn graphite_history(path: &std::path::Path, end: i64) -> Vec<Vec<(i64, f64)>> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let start = end - 20 * 24 * HOUR_S;
@@ -192,7 +194,7 @@ fn graphite_history(path: &std::path::Path, end: i64) -> Vec<Vec<(i64, f64)>> {
         let mut points = Vec::new();
         for k in 0..(20 * 24 * 60) as i64 {
             let t = start + 60 * k + if k % 4 == 0 { 0 } else { (k * 7 + p as i64) % 59 };
-            if p == 2 && (k % 5 == 0 || (9 * 1440..9 * 1440 + 360).contains(&k)) {
+            if p == 2 && (k % 7 == 0 || (9 * 1440..9 * 1440 + 360).contains(&k)) {
                 continue;
             }
             let v = ((k * 37 + p as i64 * 11) % 1000) as f64 / 8.0 - 20.0;
@@ -253,9 +255,7 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
     ];
     let schemas = Schemas::parse(SCHEMAS, Some(AGGREGATION)).unwrap();
     let now = end - 1;
-    // `hourly_exact`: the hourly tier has whisper's hourly values (kept when the server rolls
-    // up or reads raw data with the schemas; `strata tsdb compact` knows no schemas).
-    let check = |port: u16, hourly_exact: bool| {
+    let check = |port: u16| {
         for (span, archive_step) in [(15 * 24 * HOUR_S, 600), (60 * 24 * HOUR_S, HOUR_S)] {
             let got = render(port, span, now);
             assert_eq!(got.len(), 3, "{got:?}");
@@ -267,19 +267,12 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
                 assert_eq!(values.len(), want.len(), "{name} over {span} s");
                 let known = want.iter().flatten().count();
                 assert!(known > 300, "{name} over {span} s: {known} known values");
-                // Exact where whisper's cascade reads the tier's intervals as they are (the
-                // 10-minute archive; `max` without xFilesFactor at any archive) or the tier
-                // keeps whisper's values; else the hourly average of a path with gaps averages
-                // its minutes at once instead of its 10-minute averages: close, and known where
-                // whisper knows it.
-                let exact = hourly_exact
-                    || archive_step == 600
-                    || policy.x_files_factor == 0.0
-                    || !name.starts_with("servers.c");
+                // Exact: the 10-minute archive from the 10-minute tier's intervals, the hourly
+                // one from whisper's hourly values the hourly tier keeps (for the path with
+                // gaps, averages of 10-minute averages, not of its minutes).
                 for (i, (g, w)) in values.iter().zip(&want).enumerate() {
                     let same = match (g, w) {
-                        (Some(g), Some(w)) if exact => (g - w).abs() <= 1e-9 * w.abs().max(1.0),
-                        (Some(g), Some(w)) => (g - w).abs() <= 0.05 * w.abs().max(10.0),
+                        (Some(g), Some(w)) => (g - w).abs() <= 1e-9 * w.abs().max(1.0),
                         (None, None) => true,
                         _ => false,
                     };
@@ -296,27 +289,39 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
     // The imported blocks are not rolled up yet: the tiers' intervals are aggregated from raw
     // data as it is read.
     let mut server = Server::start(&dir, &flags);
-    check(server.port, true);
+    check(server.port);
     let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
     assert!(metrics.contains("strata_tsdb_rollup_tier_blocks{tier=\"10m-left\"} 0"), "{metrics}");
     assert!(metrics.contains("strata_tsdb_rollup_tier_blocks{tier=\"1h-left\"} 0"), "{metrics}");
     server.terminate();
 
-    // Rolled up, and raw data older than 3 days deleted: the tiers alone hold it.
-    let out = strata(&["tsdb", "compact", d, "--retention", "3d"]);
+    // Rolled up by the schemas, as the server rolls up, and raw data older than 3 days deleted:
+    // the tiers alone hold it, the hourly one with whisper's hourly values.
+    let out = strata(&[
+        "tsdb",
+        "compact",
+        d,
+        "--retention",
+        "3d",
+        "--graphite.storage-schemas",
+        schemas_file.to_str().unwrap(),
+        "--graphite.storage-aggregation",
+        aggregation_file.to_str().unwrap(),
+    ]);
     assert!(out.contains("retention deleted") && !out.contains("retention deleted 0 blocks"), "{out}");
     let old = strata(&["tsdb", "dump", d, "--max-time", &((end - 10 * 24 * HOUR_S) * 1000).to_string()]);
     assert!(old.is_empty(), "raw data 10 days old is still there: {}", &old[..old.len().min(200)]);
     let status = strata(&["status", "--data-dir", d]);
     assert!(status.lines().any(|l| l.starts_with("rollup 10m:") && l.contains("left")), "{status}");
     let server = Server::start(&dir, &flags);
-    check(server.port, false);
+    check(server.port);
     let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
     let tier_reads = metrics
         .lines()
         .find_map(|l| l.strip_prefix("strata_graphite_render_series_tier_total ")?.parse::<f64>().ok())
         .unwrap();
     assert_eq!(tier_reads, 6.0, "{metrics}");
+    assert!(metrics.contains("strata_graphite_render_tier_archive_missing_total 0\n"), "{metrics}");
     drop(server);
 
     // A chunk limit (samples + 2 × series: 40) far below what the 60 days' raw chunks take
