@@ -512,11 +512,33 @@ pub fn write_py_float(out: &mut String, v: f64) {
 }
 
 /// graphite-web's `format=json`: `[{"target", "tags", "datapoints": [[value, ts], …]}]`, with
-/// `maxDataPoints` applied over the span from the earliest start to the latest end.
+/// `maxDataPoints` applied over the span from the earliest start to the latest end; whole.
 pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String {
+    let mut whole = String::new();
+    write_json(series, max_data_points, usize::MAX, &mut |chunk| {
+        if whole.is_empty() {
+            whole = chunk;
+        } else {
+            whole.push_str(&chunk);
+        }
+        true
+    });
+    whole
+}
+
+/// `to_json` written in pieces of about `chunk_bytes` handed to `emit` as they fill (a response
+/// sent while it is written, never held whole); writing stops when `emit` returns `false`
+/// (the client went away).
+pub fn write_json(
+    series: &mut [Series],
+    max_data_points: Option<usize>,
+    chunk_bytes: usize,
+    emit: &mut dyn FnMut(String) -> bool,
+) {
     // graphite-web answers no series at all when every series is empty (its `any(data)`).
     if series.iter().all(|s| s.values.is_empty()) {
-        return "[]".into();
+        emit("[]".into());
+        return;
     }
     // The range maxDataPoints spreads over is the series' own, not the request's.
     let time_range =
@@ -525,7 +547,16 @@ pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String 
     // is 23 MB, which grown by doubling was copied and faulted in again and again.
     let points: usize = series.iter().map(|s| s.values.len()).sum();
     let names: usize = series.iter().map(|s| 64 + 2 * s.name.len()).sum();
-    let mut out = String::with_capacity(2 + names + points.min(1 << 26) * 24);
+    let capacity = (2 + names + points.min(1 << 26) * 24).min(chunk_bytes.saturating_add(256));
+    let mut out = String::with_capacity(capacity);
+    // Hands the filled piece over; `false` when writing should stop.
+    let mut flush = |out: &mut String| -> bool {
+        if out.len() < chunk_bytes {
+            return true;
+        }
+        let piece = std::mem::replace(out, String::with_capacity(capacity));
+        emit(piece)
+    };
     out.push('[');
     for (i, s) in series.iter_mut().enumerate() {
         if let Some(m) = max_data_points {
@@ -562,11 +593,14 @@ pub fn to_json(series: &mut [Series], max_data_points: Option<usize>) -> String 
             out.push_str(", ");
             out.push_str(itoa::Buffer::new().format(t));
             out.push(']');
+            if !flush(&mut out) {
+                return;
+            }
         }
         out.push_str("]}");
     }
     out.push(']');
-    out
+    emit(out);
 }
 
 fn serde_json_string(s: &str) -> String {
@@ -772,9 +806,25 @@ mod tests {
         assert!(to_json(&mut [m.clone()], Some(5)).contains("[null, 840]"));
         // A maximum of 1 folds the whole series; no series with values answers no series.
         assert!(to_json(&mut [s.clone()], Some(1)).contains("[[4.5, 600]]"));
-        let mut empty = s;
+        let mut empty = s.clone();
         empty.values.clear();
         assert_eq!(to_json(&mut [empty], None), "[]");
+        // Written in pieces, the same bytes; a piece as soon as one is full; stopped when asked.
+        for chunk_bytes in [1, 7, 64, 1 << 20] {
+            let mut pieces = Vec::new();
+            write_json(&mut [s.clone(), m.clone()], Some(5), chunk_bytes, &mut |p| {
+                pieces.push(p);
+                true
+            });
+            assert_eq!(pieces.concat(), to_json(&mut [s.clone(), m.clone()], Some(5)), "pieces of {chunk_bytes}");
+            assert!(pieces[..pieces.len() - 1].iter().all(|p| p.len() >= chunk_bytes.min(1 << 10)));
+        }
+        let mut pieces = 0;
+        write_json(&mut [s.clone(), m.clone()], None, 1, &mut |_| {
+            pieces += 1;
+            pieces < 2
+        });
+        assert_eq!(pieces, 2, "no piece after emit said stop");
     }
 
     #[test]

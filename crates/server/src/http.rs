@@ -1484,18 +1484,18 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 
 /// Results with fewer points than this are written in one piece, on the request's own task
 /// (well under a millisecond of work).
-const STREAMED_RESPONSE_POINTS: usize = 16 * 1024;
+pub(crate) const STREAMED_RESPONSE_POINTS: usize = 16 * 1024;
 /// Size of each piece of a streamed response.
-const RESPONSE_CHUNK_BYTES: usize = 128 * 1024;
+pub(crate) const RESPONSE_CHUNK_BYTES: usize = 128 * 1024;
 /// Size of each piece of a streamed gzipped response (a written piece of 128 KiB compresses
 /// to 15 to 45 KiB).
 const GZIP_PIECE_BYTES: usize = 32 * 1024;
 /// Pieces written ahead of the client before the writer waits for it.
-const RESPONSE_CHUNKS_QUEUED: usize = 4;
+pub(crate) const RESPONSE_CHUNKS_QUEUED: usize = 4;
 
 /// A response body fed piece by piece through a channel; it ends when the sender is dropped.
 #[derive(Debug)]
-struct ChunkedBody(tokio::sync::mpsc::Receiver<Bytes>);
+pub(crate) struct ChunkedBody(pub(crate) tokio::sync::mpsc::Receiver<Bytes>);
 
 impl http_body::Body for ChunkedBody {
     type Data = Bytes;

@@ -242,6 +242,30 @@ fn carbon_lines_and_pickles_are_stored_survive_a_sigkill_and_are_read_by_promql(
         let last = line.rsplit(',').find(|v| *v != "None").unwrap();
         assert_eq!(last, format!("{}.0", p * 1000 + POINTS - 1), "{line}");
     }
+    // Six hours of all paths, 18,000 points: JSON this large is written on a blocking thread
+    // and sent as it is written; it holds what the raw format holds, and JSONP wraps it whole.
+    let raw = render("target=servers.dc1.*.cpu.user&from=-6h&format=raw");
+    let json = render("target=servers.dc1.*.cpu.user&from=-6h&format=json");
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let series = parsed.as_array().unwrap();
+    assert_eq!((series.len(), raw.lines().count()), (PATHS, PATHS));
+    let mut points = 0;
+    for (s, line) in series.iter().zip(raw.lines()) {
+        let values: Vec<&str> = line.split_once('|').unwrap().1.split(',').collect();
+        let datapoints = s["datapoints"].as_array().unwrap();
+        assert_eq!(datapoints.len(), values.len(), "{line}");
+        for (point, value) in datapoints.iter().zip(&values) {
+            match *value {
+                "None" => assert!(point[0].is_null(), "{point}"),
+                v => assert_eq!(point[0].as_f64(), Some(v.parse::<f64>().unwrap()), "{point}"),
+            }
+        }
+        points += values.len();
+    }
+    assert!(points >= 16 * 1024, "{points} points: the streamed size");
+    let jsonp = render("target=servers.dc1.*.cpu.user&from=-6h&format=json&jsonp=show");
+    let wrapped = jsonp.strip_prefix("show(").and_then(|j| j.strip_suffix(')'));
+    assert!(wrapped == Some(json.as_str()), "JSONP is not show(<the JSON>): {}…", &jsonp[..jsonp.len().min(80)]);
     // `tz`: absolute times are read, and CSV times written, in the request's zone.
     let target = "target=servers.dc1.host-00000.cpu.user";
     let csv_minutes = |tz: &str| -> Vec<i64> {

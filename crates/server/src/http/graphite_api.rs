@@ -24,7 +24,9 @@ use strata_graphite::carbonapi;
 use strata_graphite::find::Node;
 use strata_graphite::functions::{self, Series as FnSeries};
 use strata_graphite::glob::Glob;
-use strata_graphite::render::{to_csv, to_json, to_msgpack, to_pickle, to_raw, Fetched, Series as RenderSeries};
+use strata_graphite::render::{
+    to_csv, to_json, to_msgpack, to_pickle, to_raw, write_json, Fetched, Series as RenderSeries,
+};
 use strata_graphite::schema::Policy;
 use strata_graphite::tagexpr::{parse_all, series_by_tag_args, TagExpr, TagOp};
 use strata_graphite::target::{self, Expr};
@@ -34,7 +36,8 @@ use strata_tsdb::querier::Querier;
 
 use super::graphite_tiers::{answer_from_tiers, graphite_tiers, pick_tiers};
 use super::{
-    db, limited_querier, params, read_body, read_limits, run_query, ApiError, ApiResult, AppState, Limits, Params,
+    db, limited_querier, params, read_body, read_limits, run_query, ApiError, ApiResult, AppState, ChunkedBody, Limits,
+    Params, RESPONSE_CHUNKS_QUEUED, RESPONSE_CHUNK_BYTES, STREAMED_RESPONSE_POINTS,
 };
 
 /// A glob from a request parameter; a 400 naming the parameter and the component.
@@ -791,9 +794,42 @@ pub(super) async fn render(
         "msgpack" => (to_msgpack(&series), "application/x-msgpack"),
         "protobuf" | "carbonapi_v2_pb" => (carbonapi::render_v2(&series), "application/x-protobuf"),
         "carbonapi_v3_pb" => (carbonapi::render_v3(&series, &requested), "application/x-protobuf"),
+        _ if series.iter().map(|s| s.values.len()).sum::<usize>() >= STREAMED_RESPONSE_POINTS => {
+            return Ok(streamed_json(series, max_data_points, jsonp));
+        }
         _ => return Ok(json_or_jsonp(to_json(&mut series, max_data_points).into_bytes(), jsonp.as_deref())),
     };
     Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+/// A large render's JSON (or JSONP), written on a blocking thread and sent piece by piece as it
+/// is written, as PromQL's large results are: the async workers stay free of the writing, and
+/// a month of a thousand paths (17 MB) is never held whole nor faulted in at once.
+fn streamed_json(
+    mut series: Vec<RenderSeries>,
+    max_data_points: Option<usize>,
+    jsonp: Option<String>,
+) -> axum::response::Response {
+    let content_type = if jsonp.is_some() { "text/javascript" } else { "application/json" };
+    let (tx, rx) = tokio::sync::mpsc::channel::<axum::body::Bytes>(RESPONSE_CHUNKS_QUEUED);
+    tokio::task::spawn_blocking(move || {
+        // A failed send means the body was dropped: the client went away, so stop writing.
+        let send = |bytes: Vec<u8>| tx.blocking_send(axum::body::Bytes::from(bytes)).is_ok();
+        if let Some(callback) = &jsonp {
+            if !send(format!("{callback}(").into_bytes()) {
+                return;
+            }
+        }
+        let mut sending = true;
+        write_json(&mut series, max_data_points, RESPONSE_CHUNK_BYTES, &mut |piece| {
+            sending = send(piece.into_bytes());
+            sending
+        });
+        if sending && jsonp.is_some() {
+            send(b")".to_vec());
+        }
+    });
+    ([(header::CONTENT_TYPE, content_type)], Body::new(ChunkedBody(rx))).into_response()
 }
 
 /// Fewest series a fetch spreads over several threads.
