@@ -297,17 +297,8 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
 
     // Rolled up by the schemas, as the server rolls up, and raw data older than 3 days deleted:
     // the tiers alone hold it, the hourly one with whisper's hourly values.
-    let out = strata(&[
-        "tsdb",
-        "compact",
-        d,
-        "--retention",
-        "3d",
-        "--graphite.storage-schemas",
-        schemas_file.to_str().unwrap(),
-        "--graphite.storage-aggregation",
-        aggregation_file.to_str().unwrap(),
-    ]);
+    // (The server's flags: the same retention and schema files.)
+    let out = strata(&[&["tsdb", "compact", d][..], &flags[..]].concat());
     assert!(out.contains("retention deleted") && !out.contains("retention deleted 0 blocks"), "{out}");
     let old = strata(&["tsdb", "dump", d, "--max-time", &((end - 10 * 24 * HOUR_S) * 1000).to_string()]);
     assert!(old.is_empty(), "raw data 10 days old is still there: {}", &old[..old.len().min(200)]);
