@@ -141,14 +141,16 @@ fn read_tier(
     Ok(histograms == 0)
 }
 
+/// `answer_from_tiers`' answers, and how many times a series moved on from a tier lacking
+/// archive values.
+pub(super) type TierAnswers = (Vec<Option<Option<Fetched>>>, u64);
+
 /// Whisper's answers for `series` (each one's labels, and its path's schema where it is a
 /// Graphite path) over `[from, until]` at `now` from the tiers that fit them (`pick_tiers`),
 /// read over `[mint, maxt]` (ms) for the series `matchers` select. Per series: `None` where
 /// raw samples must answer (no tier fits, or native histograms met), else whisper's answer
 /// (itself `None` outside the retention); a series a tier has no data for answers as from no
-/// points. Also: how many times a series moved on from a tier lacking archive values.
-pub(super) type TierAnswers = (Vec<Option<Option<Fetched>>>, u64);
-
+/// points.
 pub(super) fn answer_from_tiers(
     db: &Db,
     tiers: &[RollupTier],
