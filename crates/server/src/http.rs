@@ -1421,11 +1421,8 @@ fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bo
             (headers, json).into_response()
         };
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(RESPONSE_CHUNKS_QUEUED);
     let query = query.to_owned();
-    tokio::task::spawn_blocking(move || {
-        // A failed send means the body was dropped: the client went away, so stop writing.
-        let send = |bytes: Vec<u8>| tx.blocking_send(Bytes::from(bytes)).is_ok();
+    let body = streamed_body(move |send| {
         if !gzip {
             crate::query_json::render(
                 &out.value,
@@ -1458,7 +1455,17 @@ fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bo
             send(gz.finish().expect("compressing into memory"));
         }
     });
-    (headers, Body::new(ChunkedBody(rx))).into_response()
+    (headers, body).into_response()
+}
+
+/// A response body that `write` writes on a blocking thread, so the async workers stay free of
+/// the writing: each piece it hands to `send` goes out as soon as the client takes it (at most
+/// `RESPONSE_CHUNKS_QUEUED` ahead), and `send` returns `false` once the client went away (the
+/// body was dropped), when `write` should stop.
+pub(crate) fn streamed_body(write: impl FnOnce(&mut dyn FnMut(Vec<u8>) -> bool) + Send + 'static) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(RESPONSE_CHUNKS_QUEUED);
+    tokio::task::spawn_blocking(move || write(&mut |bytes| tx.blocking_send(Bytes::from(bytes)).is_ok()));
+    Body::new(ChunkedBody(rx))
 }
 
 /// `bytes` gzip-compressed, at the fastest level: query JSON still shrinks 3 to 9 times, and
@@ -1491,11 +1498,11 @@ pub(crate) const RESPONSE_CHUNK_BYTES: usize = 128 * 1024;
 /// to 15 to 45 KiB).
 const GZIP_PIECE_BYTES: usize = 32 * 1024;
 /// Pieces written ahead of the client before the writer waits for it.
-pub(crate) const RESPONSE_CHUNKS_QUEUED: usize = 4;
+const RESPONSE_CHUNKS_QUEUED: usize = 4;
 
 /// A response body fed piece by piece through a channel; it ends when the sender is dropped.
 #[derive(Debug)]
-pub(crate) struct ChunkedBody(pub(crate) tokio::sync::mpsc::Receiver<Bytes>);
+struct ChunkedBody(tokio::sync::mpsc::Receiver<Bytes>);
 
 impl http_body::Body for ChunkedBody {
     type Data = Bytes;

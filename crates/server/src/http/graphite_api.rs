@@ -36,8 +36,8 @@ use strata_tsdb::querier::Querier;
 
 use super::graphite_tiers::{answer_from_tiers, graphite_tiers, pick_tiers};
 use super::{
-    db, limited_querier, params, read_body, read_limits, run_query, ApiError, ApiResult, AppState, ChunkedBody, Limits,
-    Params, RESPONSE_CHUNKS_QUEUED, RESPONSE_CHUNK_BYTES, STREAMED_RESPONSE_POINTS,
+    db, limited_querier, params, read_body, read_limits, run_query, streamed_body, ApiError, ApiResult, AppState,
+    Limits, Params, RESPONSE_CHUNK_BYTES, STREAMED_RESPONSE_POINTS,
 };
 
 /// A glob from a request parameter; a 400 naming the parameter and the component.
@@ -811,10 +811,7 @@ fn streamed_json(
     jsonp: Option<String>,
 ) -> axum::response::Response {
     let content_type = if jsonp.is_some() { "text/javascript" } else { "application/json" };
-    let (tx, rx) = tokio::sync::mpsc::channel::<axum::body::Bytes>(RESPONSE_CHUNKS_QUEUED);
-    tokio::task::spawn_blocking(move || {
-        // A failed send means the body was dropped: the client went away, so stop writing.
-        let send = |bytes: Vec<u8>| tx.blocking_send(axum::body::Bytes::from(bytes)).is_ok();
+    let body = streamed_body(move |send| {
         if let Some(callback) = &jsonp {
             if !send(format!("{callback}(").into_bytes()) {
                 return;
@@ -829,7 +826,7 @@ fn streamed_json(
             send(b")".to_vec());
         }
     });
-    ([(header::CONTENT_TYPE, content_type)], Body::new(ChunkedBody(rx))).into_response()
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// Fewest series a fetch spreads over several threads.
