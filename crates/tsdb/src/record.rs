@@ -8,6 +8,7 @@
 use strata_model::histogram::Span;
 use strata_model::{CounterResetHint, FloatHistogram, Label, Labels, SeriesRef};
 
+use crate::chunkenc::dense;
 use crate::encoding::{put_bytes, put_uvarint, put_varint, DecodeError, Decoder};
 
 /// The first byte of every record.
@@ -29,7 +30,17 @@ pub enum RecordType {
     /// Exemplars: per exemplar the series reference and time as in `Samples`, the value's bit
     /// pattern, then its labels (count, then name and value as length-prefixed bytes).
     Exemplars = 8,
+    /// Float samples without start times, packed: each sample's reference and time as the
+    /// difference from the previous sample's, its value as a decimal `i / 10^e` where it is one
+    /// (`encode_samples`). Decoded as `Samples`.
+    PackedSamples = 9,
 }
+
+/// A packed sample's value code `zigzag(i) << 4 | e` is the decimal `i / 10^e` for `e` up to
+/// this; larger exponents cost more tries than the bytes they save.
+const PACKED_EXPONENT_MAX: u64 = 9;
+/// The value code of a value that is no such decimal: its 8 raw bytes follow.
+const PACKED_RAW: u64 = 15;
 
 /// A series and the reference the head gave it.
 #[derive(Clone, Debug, PartialEq)]
@@ -122,23 +133,35 @@ pub enum RecordError {
 pub fn encode_series<'a>(series: impl IntoIterator<Item = (SeriesRef, &'a Labels)>, buf: &mut Vec<u8>) {
     buf.push(RecordType::Series as u8);
     for (r, labels) in series {
-        buf.extend_from_slice(&r.0.to_le_bytes());
-        put_uvarint(buf, labels.len() as u64);
-        for l in labels {
-            put_bytes(buf, l.name.as_bytes());
-            put_bytes(buf, l.value.as_bytes());
-        }
+        encode_series_entry(r, labels, buf);
     }
 }
 
-/// Appends a samples record to `buf`: the first sample's reference and time in full, the rest as
-/// zig-zag varint deltas from them, values as raw 8-byte bit patterns. When any sample has a
-/// start time the record is a `SamplesWithStart` one: each sample's value is preceded by
-/// `t - st` as a zig-zag varint (`t` itself for "none").
+/// Appends one series' entry of a series record to `buf` (a series record is its type byte
+/// and entries one after another: `Wal::buffer_entry`).
+pub fn encode_series_entry(r: SeriesRef, labels: &Labels, buf: &mut Vec<u8>) {
+    buf.extend_from_slice(&r.0.to_le_bytes());
+    put_uvarint(buf, labels.len() as u64);
+    for l in labels {
+        put_bytes(buf, l.name.as_bytes());
+        put_bytes(buf, l.value.as_bytes());
+    }
+}
+
+/// Appends a samples record to `buf`. Without start times it is a `PackedSamples` record: the
+/// first sample's reference and time in full, the time unit (uvarint: the greatest common
+/// divisor of the time differences, 1 if none), then per sample its reference and time as
+/// zig-zag varint differences from the previous sample's, the time's in units (a remote-write
+/// request or a carbon batch lists series in creation order, a scrape's samples share a time,
+/// carbon's times are whole seconds: a byte each) and its value as a
+/// uvarint code, `zigzag(i) << 4 | e` for the decimal `i / 10^e` (`e` ≤ 9), or 15 then the raw
+/// 8 bytes. When any sample has a start time the record is a `SamplesWithStart` one, in
+/// `encode_timed`'s layout: each sample's value, raw, is preceded by `t - st` as a zig-zag
+/// varint.
 pub fn encode_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
     let put_v = |s: &RefSample, buf: &mut Vec<u8>| buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
     if samples.iter().all(|s| s.st == 0) {
-        encode_timed(RecordType::Samples, samples, |s| (s.series, s.t), put_v, buf);
+        encode_packed_samples(samples, buf);
     } else {
         let put = |s: &RefSample, buf: &mut Vec<u8>| {
             put_varint(buf, s.t.wrapping_sub(s.st));
@@ -146,6 +169,81 @@ pub fn encode_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
         };
         encode_timed(RecordType::SamplesWithStart, samples, |s| (s.series, s.t), put, buf);
     }
+}
+
+/// A `PackedSamples` record (layout at `encode_samples`).
+fn encode_packed_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
+    buf.push(RecordType::PackedSamples as u8);
+    let Some(first) = samples.first() else { return };
+    buf.reserve(16 + samples.len() * 5);
+    buf.extend_from_slice(&first.series.0.to_le_bytes());
+    buf.extend_from_slice(&first.t.to_le_bytes());
+    // Carbon's times are whole seconds: its jitter of a second or two then costs a byte, where
+    // milliseconds take two.
+    let unit = samples.windows(2).fold(0u64, |g, p| gcd(g, p[1].t.wrapping_sub(p[0].t).unsigned_abs())).max(1);
+    put_uvarint(buf, unit);
+    let (mut prev_ref, mut prev_t) = (first.series.0, first.t);
+    for s in samples {
+        put_varint(buf, s.series.0.wrapping_sub(prev_ref) as i64);
+        let dt = s.t.wrapping_sub(prev_t);
+        debug_assert_eq!(dt.unsigned_abs() % unit, 0);
+        // `unit` divides `dt`; the one quotient that overflows, `i64::MIN / -1`, cannot occur.
+        put_varint(buf, if unit == 1 { dt } else { dt / unit as i64 });
+        (prev_ref, prev_t) = (s.series.0, s.t);
+        match dense::as_decimal(s.v, PACKED_EXPONENT_MAX as usize) {
+            Some((i, e)) => put_uvarint(buf, zigzag(i) << 4 | e as u64),
+            None => {
+                buf.push(PACKED_RAW as u8);
+                buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
+            }
+        }
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// Decodes the body of a `PackedSamples` record (after the type byte), appending to `out`.
+fn decode_packed_samples_into(body: &[u8], out: &mut Vec<RefSample>) -> Result<(), RecordError> {
+    let m = malformed("packed samples");
+    let mut d = Decoder::new(body);
+    if d.is_empty() {
+        return Ok(());
+    }
+    let mut r = d.u64_le("base series ref").map_err(&m)?;
+    let mut t = d.u64_le("base timestamp").map_err(&m)? as i64;
+    let at = d.offset();
+    let unit = d.uvarint("time unit").map_err(&m)?;
+    if unit == 0 {
+        return Err(m(DecodeError { what: "time unit", offset: at, problem: "zero" }));
+    }
+    // At least three bytes a sample: the vector is sized once.
+    out.reserve(d.remaining() / 3);
+    while !d.is_empty() {
+        r = r.wrapping_add(d.varint("series ref delta").map_err(&m)? as u64);
+        t = t.wrapping_add(d.varint("timestamp delta").map_err(&m)?.wrapping_mul(unit as i64));
+        let at = d.offset();
+        let code = d.uvarint("value code").map_err(&m)?;
+        let v = match code & 15 {
+            PACKED_RAW => f64::from_bits(d.u64_le("value").map_err(&m)?),
+            e if e <= PACKED_EXPONENT_MAX => {
+                let z = code >> 4;
+                let i = (z >> 1) as i64 ^ -((z & 1) as i64);
+                dense::decimal_value(i, e as usize)
+            }
+            _ => return Err(m(DecodeError { what: "value code", offset: at, problem: "unknown decimal exponent" })),
+        };
+        out.push(RefSample { series: SeriesRef(r), t, st: 0, v });
+    }
+    Ok(())
 }
 
 /// Appends an out-of-order samples record to `buf`: `encode_samples`' layout under its own type;
@@ -361,6 +459,7 @@ pub fn record_type(rec: &[u8]) -> Result<RecordType, RecordError> {
         Some(6) => Ok(RecordType::HistogramsWithStart),
         Some(7) => Ok(RecordType::OutOfOrderSamples),
         Some(8) => Ok(RecordType::Exemplars),
+        Some(9) => Ok(RecordType::PackedSamples),
         Some(&t) => Err(RecordError::UnknownType(t)),
     }
 }
@@ -370,9 +469,9 @@ pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
     let kind = record_type(rec)?;
     match kind {
         RecordType::Series => decode_series(body).map(Record::Series),
-        RecordType::Samples | RecordType::SamplesWithStart => {
+        RecordType::Samples | RecordType::SamplesWithStart | RecordType::PackedSamples => {
             let mut out = Vec::new();
-            decode_samples_into(body, kind == RecordType::SamplesWithStart, &mut out)?;
+            decode_samples_into(kind, body, &mut out)?;
             Ok(Record::Samples(out))
         }
         RecordType::Tombstones => decode_tombstones(body).map(Record::Tombstones),
@@ -383,7 +482,7 @@ pub fn decode(rec: &[u8]) -> Result<Record, RecordError> {
         }
         RecordType::OutOfOrderSamples => {
             let mut out = Vec::new();
-            decode_samples_into(body, false, &mut out)?;
+            decode_samples_into(kind, body, &mut out)?;
             Ok(Record::OutOfOrderSamples(out))
         }
         RecordType::Exemplars => {
@@ -435,11 +534,17 @@ fn decode_series(body: &[u8]) -> Result<Vec<RefSeries>, RecordError> {
 
 /// Decodes the body of a samples record (after the type byte), appending to `out` so that replay
 /// can reuse one buffer; `with_start` for a `SamplesWithStart` record.
-pub fn decode_samples_into(body: &[u8], with_start: bool, out: &mut Vec<RefSample>) -> Result<(), RecordError> {
+/// Decodes the body (after the type byte) of a float samples record of type `kind` (`Samples`,
+/// `SamplesWithStart`, `PackedSamples` or `OutOfOrderSamples`), appending to `out`.
+pub fn decode_samples_into(kind: RecordType, body: &[u8], out: &mut Vec<RefSample>) -> Result<(), RecordError> {
+    if kind == RecordType::PackedSamples {
+        return decode_packed_samples_into(body, out);
+    }
+    debug_assert!(matches!(kind, RecordType::Samples | RecordType::SamplesWithStart | RecordType::OutOfOrderSamples));
     decode_timed(
         "samples",
         body,
-        with_start,
+        kind == RecordType::SamplesWithStart,
         |d| d.u64_le("value").map(f64::from_bits),
         |series, t, st, v| RefSample { series, t, st, v },
         out,
@@ -477,15 +582,48 @@ mod tests {
             let mut buf = Vec::new();
             encode_samples(&samples, &mut buf);
             let with_start = samples.iter().any(|s| s.st != 0);
-            prop_assert_eq!(record_type(&buf).unwrap() == RecordType::SamplesWithStart, with_start);
+            let kind = if with_start { RecordType::SamplesWithStart } else { RecordType::PackedSamples };
+            prop_assert_eq!(record_type(&buf).unwrap(), kind);
             prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.clone()));
             let samples: Vec<RefSample> = samples.into_iter().map(|s| RefSample { st: 0, ..s }).collect();
             let mut buf = Vec::new();
             encode_samples(&samples, &mut buf);
             prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.clone()));
+            // Records of type 2, as earlier versions wrote them, still decode.
+            let mut buf = Vec::new();
+            encode_unpacked_samples(&samples, &mut buf);
+            prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.clone()));
             let mut buf = Vec::new();
             encode_out_of_order_samples(&samples, &mut buf);
             prop_assert_eq!(decode(&buf).unwrap(), Record::OutOfOrderSamples(samples));
+        }
+
+        #[test]
+        fn packed_samples_keep_every_value_bit(
+            raw in prop::collection::vec((0u64..1000, -5000i64..5000, 0usize..6, any::<i64>(), any::<u64>()), 1..200),
+        ) {
+            // Decimals of every exponent up to the packed limit and past it, integers near 2^53,
+            // and arbitrary bit patterns (NaN payloads, -0.0, infinities, subnormals).
+            let samples: Vec<RefSample> = raw.iter().map(|&(r, t, kind, i, bits)| {
+                let v = match kind {
+                    0 => (i % 1_000_000) as f64 / 10f64.powi((bits % 12) as i32),
+                    1 => (i >> 10) as f64,
+                    2 => f64::from_bits(bits),
+                    3 => [f64::NAN, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::MIN_POSITIVE / 3.0][(bits % 5) as usize],
+                    4 => (i % 100_000) as f64 * 0.001,
+                    _ => i as f64,
+                };
+                RefSample { series: SeriesRef(r * 7919), t: 1_700_000_000_000 + t * 1000, st: 0, v }
+            }).collect();
+            let mut buf = Vec::new();
+            encode_samples(&samples, &mut buf);
+            prop_assert_eq!(decode(&buf).unwrap(), Record::Samples(samples));
+            // Cut anywhere, the record is an error or fewer samples, never a panic.
+            for cut in [1, buf.len() / 2, buf.len() - 1] {
+                if let Ok(Record::Samples(v)) = decode(&buf[..cut]) {
+                    prop_assert!(v.len() < raw.len());
+                }
+            }
         }
 
         #[test]
@@ -561,21 +699,55 @@ mod tests {
         );
     }
 
-    /// Byte-exact example from docs/format/wal.md.
+    /// A samples record of type 2, as versions before packed records wrote them.
+    fn encode_unpacked_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
+        let put_v = |s: &RefSample, buf: &mut Vec<u8>| buf.extend_from_slice(&s.v.to_bits().to_le_bytes());
+        encode_timed(RecordType::Samples, samples, |s| (s.series, s.t), put_v, buf);
+    }
+
+    /// Byte-exact examples from docs/format/wal.md.
     #[test]
     fn doc_example_bytes() {
         let mut buf = Vec::new();
         encode_series([(SeriesRef(1), &Labels::from_pairs([("__name__", "up")]))], &mut buf);
         assert_eq!(hex(&buf), "01010000000000000001085f5f6e616d655f5f027570");
+        let samples = [
+            RefSample { series: SeriesRef(1), t: 1000, st: 0, v: 1.0 },
+            RefSample { series: SeriesRef(2), t: 1500, st: 0, v: 0.0 },
+        ];
         buf.clear();
-        encode_samples(
-            &[
-                RefSample { series: SeriesRef(1), t: 1000, st: 0, v: 1.0 },
-                RefSample { series: SeriesRef(2), t: 1500, st: 0, v: 0.0 },
-            ],
-            &mut buf,
-        );
+        encode_unpacked_samples(&samples, &mut buf);
         assert_eq!(hex(&buf), "020100000000000000e8030000000000000000000000000000f03f02e8070000000000000000");
+        assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.to_vec()));
+        let samples = [
+            RefSample { series: SeriesRef(1), t: 1000, st: 0, v: 1.0 },
+            RefSample { series: SeriesRef(2), t: 1500, st: 0, v: 0.25 },
+            RefSample { series: SeriesRef(3), t: 1500, st: 0, v: -3.0 },
+            RefSample { series: SeriesRef(5), t: 1500, st: 0, v: f64::NAN },
+        ];
+        buf.clear();
+        encode_samples(&samples, &mut buf);
+        assert_eq!(hex(&buf), "090100000000000000e803000000000000f4030000200202a20602005004000f000000000000f87f");
+        assert_eq!(decode(&buf).unwrap(), Record::Samples(samples.to_vec()));
+    }
+
+    #[test]
+    fn packed_samples_take_a_few_bytes_each() {
+        // A scrape: consecutive references, one time, integers and short decimals.
+        let samples: Vec<RefSample> = (0..1000)
+            .map(|j| RefSample { series: SeriesRef(5000 + j), t: 1_700_000_000_123, st: 0, v: (j % 50) as f64 / 4.0 })
+            .collect();
+        let mut buf = Vec::new();
+        encode_samples(&samples, &mut buf);
+        assert!(buf.len() <= 17 + 5 * samples.len(), "{} bytes", buf.len());
+        let mut old = Vec::new();
+        encode_unpacked_samples(&samples, &mut old);
+        assert!(old.len() >= 17 + 10 * samples.len(), "{} bytes", old.len());
+        // An exponent past the limit in a value code is refused, not read.
+        let mut bad = vec![RecordType::PackedSamples as u8];
+        bad.extend_from_slice(&[0; 16]);
+        bad.extend_from_slice(&[0, 0, 0x0a]);
+        assert!(matches!(decode(&bad), Err(RecordError::Malformed { kind: "packed samples", .. })));
     }
 
     fn hex(b: &[u8]) -> String {
@@ -588,7 +760,7 @@ mod tests {
         encode_series([(SeriesRef(1), &Labels::from_pairs([("a", "b")]))], &mut buf);
         let cut = &buf[..buf.len() - 1];
         assert!(matches!(decode(cut), Err(RecordError::Malformed { kind: "series", .. })));
-        assert_eq!(decode(&[9]), Err(RecordError::UnknownType(9)));
+        assert_eq!(decode(&[10]), Err(RecordError::UnknownType(10)));
         assert_eq!(decode(&[]), Err(RecordError::Empty));
         // Duplicate label names inside a record are refused.
         let mut dup = vec![1u8];

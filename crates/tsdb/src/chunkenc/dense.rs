@@ -94,19 +94,37 @@ struct Decimal {
 /// The smallest `e` with `v == round(v · 10^e) / 10^e`, bit for bit; `None` for values that
 /// are no such decimal (non-finite, -0.0, too many digits).
 fn decimal_exponent(v: f64) -> Option<usize> {
+    as_decimal(v, DECIMAL_EXPONENT_MAX).map(|(_, e)| e)
+}
+
+/// `v` as the decimal `i / 10^e` with the smallest `e ≤ max_exponent` that gives `v` back bit
+/// for bit as `i as f64 / 10^e` (what `decimal_value` computes); `None` for values that are no
+/// such decimal (non-finite, -0.0, more digits, `|i| ≥ 2^53`).
+pub(crate) fn as_decimal(v: f64, max_exponent: usize) -> Option<(i64, usize)> {
     if !v.is_finite() || v.to_bits() == (-0.0f64).to_bits() {
         return None;
     }
-    for (e, p) in POW10.iter().enumerate() {
+    for (e, p) in POW10.iter().enumerate().take(max_exponent.min(DECIMAL_EXPONENT_MAX) + 1) {
         let scaled = v * p;
         if scaled.abs() >= EXACT_INT_MAX {
             return None;
         }
-        if (scaled.round() / p).to_bits() == v.to_bits() {
-            return Some(e);
+        let i = scaled.round();
+        if (i / p).to_bits() == v.to_bits() {
+            return Some((i as i64, e));
         }
     }
     None
+}
+
+/// The value of the decimal `i / 10^e` (`e ≤ DECIMAL_EXPONENT_MAX`): exact for what
+/// `as_decimal` returns.
+pub(crate) fn decimal_value(i: i64, e: usize) -> f64 {
+    if e == 0 {
+        i as f64
+    } else {
+        i as f64 / POW10[e]
+    }
 }
 
 /// `v` scaled by `10^e` if it comes back bit for bit.

@@ -500,9 +500,9 @@ impl Head {
             None => SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed)),
         };
         if let Some(wal) = &self.wal {
-            let mut rec = Vec::with_capacity(64);
-            record::encode_series([(r, labels)], &mut rec);
-            wal.buffer(&rec).map_err(|e| AppendError::Wal(e.to_string()))?;
+            let mut entry = Vec::with_capacity(64);
+            record::encode_series_entry(r, labels, &mut entry);
+            wal.buffer_entry(RecordType::Series as u8, &entry).map_err(|e| AppendError::Wal(e.to_string()))?;
         }
         let series = Arc::new(MemSeries::new(r, ids));
         self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
@@ -973,9 +973,9 @@ impl<'a> Replay<'a> {
 
     fn apply(&mut self, rec: &[u8]) -> Result<(), RecordError> {
         match record::record_type(rec)? {
-            kind @ (RecordType::Samples | RecordType::SamplesWithStart) => {
+            kind @ (RecordType::Samples | RecordType::SamplesWithStart | RecordType::PackedSamples) => {
                 self.decoded.clear();
-                record::decode_samples_into(&rec[1..], kind == RecordType::SamplesWithStart, &mut self.decoded)?;
+                record::decode_samples_into(kind, &rec[1..], &mut self.decoded)?;
                 let n = self.senders.len();
                 for i in 0..self.decoded.len() {
                     let mut s = self.decoded[i];

@@ -45,6 +45,10 @@ pub const FSYNC_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Buffered records are written out once they reach this size even without a commit.
 const PENDING_BYTES_MAX: usize = 1 << 20;
+/// A batch of buffered entries (`Wal::buffer_entry`) is framed as one record once it reaches
+/// this size: a million new Graphite paths are then some hundreds of compressed records, where
+/// a record per series could not be compressed (too short) and cost a frame header each.
+const BATCH_RECORD_BYTES: usize = 64 << 10;
 /// Records of failed writes kept to go out with the next write (see `write_locked`); a disk
 /// that stays broken while ingestion goes on must not grow this without end.
 const FAILED_BYTES_MAX: usize = 256 << 20;
@@ -122,6 +126,9 @@ struct Writer {
     failed: Option<String>,
     /// Framed records waiting to go out with the next write (see `Wal::buffer`).
     pending: Vec<u8>,
+    /// A record being built from buffered entries (its type byte first), not framed yet; framed
+    /// onto `pending` before anything else is (see `Wal::buffer_entry`).
+    batch: Vec<u8>,
     /// A copy of the current segment's bytes after `synced_bytes`, to write again if a failure
     /// makes them suspect (`recover_locked`). At most what one fsync interval writes.
     unsynced: Vec<u8>,
@@ -186,6 +193,7 @@ impl Wal {
                 lsn: 0,
                 failed: None,
                 pending: Vec::new(),
+                batch: Vec::new(),
                 unsynced: Vec::new(),
                 recoveries: 0,
             }),
@@ -248,17 +256,56 @@ impl Wal {
         Ok(())
     }
 
-    /// Queues a record to be written ahead of the next commit's records, without a system call.
-    /// The head logs each new series this way the moment it creates it: any commit that can use
-    /// the series is written after it, so replay always meets a series before its samples.
+    /// Queues a record to be written ahead of the next commit's records, without a system call:
+    /// any commit after it is written after it. (The head logs each new series so, through
+    /// `buffer_entry`, the moment it creates it: replay always meets a series before its
+    /// samples.)
     pub fn buffer(&self, record: &[u8]) -> Result<()> {
         check_record_size(record)?;
         let mut w = self.writer.lock();
+        self.seal_batch_locked(&mut w);
         frame_record(record, self.opts.compression, &mut w.pending);
         if w.pending.len() >= PENDING_BYTES_MAX {
             self.write_locked(&mut w, Vec::new(), 0)?;
         }
         Ok(())
+    }
+
+    /// As `buffer` for a record of type `record_type` holding `entry` alone, but entries
+    /// buffered one after another go into one record (up to `BATCH_RECORD_BYTES`), for record
+    /// types whose body is a sequence of entries (series, tombstones). The head logs each new
+    /// series this way: when many are created at once (a new rollout, a million new Graphite
+    /// paths) they are a few large compressed records instead of one small record each.
+    pub fn buffer_entry(&self, record_type: u8, entry: &[u8]) -> Result<()> {
+        check_record_size(entry)?;
+        let mut w = self.writer.lock();
+        if w.batch.first().is_some_and(|&t| t != record_type)
+            || w.batch.len() + entry.len() >= segment::RECORD_BYTES_MAX as usize
+        {
+            self.seal_batch_locked(&mut w);
+        }
+        if w.batch.is_empty() {
+            w.batch.push(record_type);
+        }
+        w.batch.extend_from_slice(entry);
+        if w.batch.len() >= BATCH_RECORD_BYTES {
+            self.seal_batch_locked(&mut w);
+            if w.pending.len() >= PENDING_BYTES_MAX {
+                self.write_locked(&mut w, Vec::new(), 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frames the batch being built, if any, onto the buffered records.
+    fn seal_batch_locked(&self, w: &mut Writer) {
+        if !w.batch.is_empty() {
+            let batch = std::mem::take(&mut w.batch);
+            frame_record(&batch, self.opts.compression, &mut w.pending);
+            // The buffer is kept for the next batch.
+            w.batch = batch;
+            w.batch.clear();
+        }
     }
 
     /// Frames `records` and writes them, after any buffered records, with one `write` call;
@@ -277,6 +324,7 @@ impl Wal {
     }
 
     fn write_locked(&self, w: &mut Writer, buf: Vec<u8>, records: usize) -> Result<u64> {
+        self.seal_batch_locked(w);
         let pending_len = w.pending.len();
         let buf = if w.pending.is_empty() {
             buf
@@ -460,7 +508,7 @@ impl Wal {
     pub fn sync_all(&self) -> Result<()> {
         let lsn = {
             let mut w = self.writer.lock();
-            if w.pending.is_empty() {
+            if w.pending.is_empty() && w.batch.is_empty() {
                 w.lsn
             } else {
                 self.write_locked(&mut w, Vec::new(), 0)?

@@ -174,6 +174,52 @@ fn oversized_records_are_refused_not_written() {
 }
 
 #[test]
+fn buffered_entries_go_out_as_few_records_ahead_of_the_next_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open_collect(tmp.path(), opts());
+    // 3,000 new series, logged one at a time as the head creates them, then a commit using them;
+    // a record of another kind ends the batch, and a later series starts a new one.
+    let mut entries = Vec::new();
+    for r in 1..=3000u64 {
+        let mut e = Vec::new();
+        crate::record::encode_series_entry(
+            SeriesRef(r),
+            &Labels::from_pairs([("__name__", &*format!("servers.host-{r:05}.cpu"))]),
+            &mut e,
+        );
+        wal.buffer_entry(1, &e).unwrap();
+        entries.push(e);
+    }
+    wal.buffer(&[3]).unwrap();
+    let mut last = Vec::new();
+    crate::record::encode_series_entry(SeriesRef(3001), &Labels::from_pairs([("__name__", "x")]), &mut last);
+    wal.buffer_entry(1, &last).unwrap();
+    assert_eq!(wal.stats.bytes_written.load(Ordering::Relaxed), 0, "nothing written before a commit");
+    wal.commit(&[&samples_rec(&[(1, 10), (3000, 10)])]).unwrap();
+    let written = wal.stats.bytes_written.load(Ordering::Relaxed);
+    drop(wal);
+    let (_, got, _) = open_collect(tmp.path(), opts());
+    // Every entry, in order, in records of at most BATCH_RECORD_BYTES and an entry; then the
+    // other record, the late series, the commit.
+    let n = got.len();
+    assert!((2..=3).contains(&(n - 3)), "{n} records");
+    let series: Vec<u8> = got[..n - 3]
+        .iter()
+        .flat_map(|r| {
+            assert_eq!(r[0], 1);
+            assert!(r.len() < BATCH_RECORD_BYTES + 100);
+            r[1..].to_vec()
+        })
+        .collect();
+    assert_eq!(series, entries.concat());
+    assert_eq!(got[n - 3], vec![3]);
+    assert_eq!(got[n - 2], [&[1u8][..], &last].concat());
+    assert_eq!(got[n - 1], samples_rec(&[(1, 10), (3000, 10)]));
+    // Compressed together, similar paths take a fraction of their bytes.
+    assert!(written * 3 < series.len() as u64, "{written} bytes written for {} of entries", series.len());
+}
+
+#[test]
 fn a_missing_segment_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let o = WalOptions { segment_bytes: 200, fsync: FsyncPolicy::Always, compression: true, progress: None };
