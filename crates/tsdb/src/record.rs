@@ -532,10 +532,9 @@ fn decode_series(body: &[u8]) -> Result<Vec<RefSeries>, RecordError> {
     Ok(out)
 }
 
-/// Decodes the body of a samples record (after the type byte), appending to `out` so that replay
-/// can reuse one buffer; `with_start` for a `SamplesWithStart` record.
 /// Decodes the body (after the type byte) of a float samples record of type `kind` (`Samples`,
-/// `SamplesWithStart`, `PackedSamples` or `OutOfOrderSamples`), appending to `out`.
+/// `SamplesWithStart`, `PackedSamples` or `OutOfOrderSamples`), appending to `out` so that
+/// replay can reuse one buffer.
 pub fn decode_samples_into(kind: RecordType, body: &[u8], out: &mut Vec<RefSample>) -> Result<(), RecordError> {
     if kind == RecordType::PackedSamples {
         return decode_packed_samples_into(body, out);

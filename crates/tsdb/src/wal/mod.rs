@@ -46,7 +46,7 @@ pub const FSYNC_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Buffered records are written out once they reach this size even without a commit.
 const PENDING_BYTES_MAX: usize = 1 << 20;
 /// A batch of buffered entries (`Wal::buffer_entry`) is framed as one record once it reaches
-/// this size: a million new Graphite paths are then some hundreds of compressed records, where
+/// this size: a million new Graphite paths are then about a thousand compressed records, where
 /// a record per series could not be compressed (too short) and cost a frame header each.
 const BATCH_RECORD_BYTES: usize = 64 << 10;
 /// Records of failed writes kept to go out with the next write (see `write_locked`); a disk
