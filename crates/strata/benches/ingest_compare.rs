@@ -11,7 +11,9 @@
 //! with `--web.enable-remote-write-receiver`, Debian's `victoria-metrics`), starts it on a
 //! fresh data directory, sends every request over CONNECTIONS keep-alive connections, and
 //! reports samples/s, server CPU seconds per million samples (from /proc), peak RSS and the
-//! bytes per sample of its data directory right after ingest.
+//! bytes per sample of its data directory right after ingest (and, for Strata, of everything
+//! written to its write-ahead log: the directory's size depends on when the log was last
+//! truncated).
 //! With `INGEST_TARGET_PORT=N` it only sends to a server already listening there (profiling).
 
 use std::io::Write;
@@ -182,6 +184,9 @@ fn main() {
         }
         std::thread::sleep(Duration::from_secs(1));
         let disk = common::dir_bytes(&tmp.path().join(name));
+        // What the directory holds right after ingest depends on when the log last rolled and
+        // was truncated; Strata's bytes written to its log are the log's density itself.
+        let log_written = (name == "strata").then(|| common::counter(peer.port, "strata_tsdb_wal_bytes_written_total"));
         println!(
             "{:<18} {:>12.2} {:>14.0} {:>16.2} {:>12.0} {:>14.2}",
             peer.name,
@@ -191,6 +196,9 @@ fn main() {
             rss as f64 / (1 << 20) as f64,
             disk as f64 / samples as f64
         );
+        if let Some(b) = log_written {
+            println!("{:<18} write-ahead log written: {:.2} B/sample", "", b / samples as f64);
+        }
         let _ = peer.child.kill();
         let _ = peer.child.wait();
     }
