@@ -12,7 +12,27 @@ pub fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
 
 /// Zig-zag LEB128.
 pub fn put_varint(buf: &mut Vec<u8>, v: i64) {
-    put_uvarint(buf, ((v << 1) ^ (v >> 63)) as u64);
+    put_uvarint(buf, zigzag(v));
+}
+
+/// Zig-zag: small magnitudes of either sign to small unsigned numbers (0, -1, 1, -2 → 0, 1, 2, 3).
+#[inline]
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// The inverse of `zigzag`.
+#[inline]
+pub fn unzigzag(u: u64) -> i64 {
+    ((u >> 1) as i64) ^ -((u & 1) as i64)
+}
+
+/// Greatest common divisor (`gcd(0, b) = b`): the unit a column of differences is written in.
+pub fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// Length-prefixed (uvarint) bytes.
@@ -108,8 +128,7 @@ impl<'a> Decoder<'a> {
     }
 
     pub fn varint(&mut self, what: &'static str) -> Result<i64, DecodeError> {
-        let u = self.uvarint(what)?;
-        Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
+        Ok(unzigzag(self.uvarint(what)?))
     }
 
     /// Length-prefixed UTF-8 text.

@@ -9,7 +9,7 @@ use strata_model::histogram::Span;
 use strata_model::{CounterResetHint, FloatHistogram, Label, Labels, SeriesRef};
 
 use crate::chunkenc::dense;
-use crate::encoding::{put_bytes, put_uvarint, put_varint, DecodeError, Decoder};
+use crate::encoding::{gcd, put_bytes, put_uvarint, put_varint, unzigzag, zigzag, DecodeError, Decoder};
 
 /// The first byte of every record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +180,14 @@ fn encode_packed_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
     buf.extend_from_slice(&first.t.to_le_bytes());
     // Carbon's times are whole seconds: its jitter of a second or two then costs a byte, where
     // milliseconds take two.
-    let unit = samples.windows(2).fold(0u64, |g, p| gcd(g, p[1].t.wrapping_sub(p[0].t).unsigned_abs())).max(1);
+    // Stops at 1: jittered milliseconds need no more divisions.
+    let unit = samples
+        .windows(2)
+        .try_fold(0u64, |g, p| match gcd(g, p[1].t.wrapping_sub(p[0].t).unsigned_abs()) {
+            1 => None,
+            g => Some(g),
+        })
+        .map_or(1, |g| g.max(1));
     put_uvarint(buf, unit);
     let (mut prev_ref, mut prev_t) = (first.series.0, first.t);
     for s in samples {
@@ -198,17 +205,6 @@ fn encode_packed_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
             }
         }
     }
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
 }
 
 /// Decodes the body of a `PackedSamples` record (after the type byte), appending to `out`.
@@ -234,11 +230,7 @@ fn decode_packed_samples_into(body: &[u8], out: &mut Vec<RefSample>) -> Result<(
         let code = d.uvarint("value code").map_err(&m)?;
         let v = match code & 15 {
             PACKED_RAW => f64::from_bits(d.u64_le("value").map_err(&m)?),
-            e if e <= PACKED_EXPONENT_MAX => {
-                let z = code >> 4;
-                let i = (z >> 1) as i64 ^ -((z & 1) as i64);
-                dense::decimal_value(i, e as usize)
-            }
+            e if e <= PACKED_EXPONENT_MAX => dense::decimal_value(unzigzag(code >> 4), e as usize),
             _ => return Err(m(DecodeError { what: "value code", offset: at, problem: "unknown decimal exponent" })),
         };
         out.push(RefSample { series: SeriesRef(r), t, st: 0, v });

@@ -88,7 +88,7 @@ impl BitWriter {
 
     /// Zig-zag signed LEB128.
     pub fn write_varint(&mut self, v: i64) {
-        self.write_uvarint(((v << 1) ^ (v >> 63)) as u64);
+        self.write_uvarint(crate::encoding::zigzag(v));
     }
 }
 
@@ -254,7 +254,7 @@ impl BitReader {
     #[inline]
     pub fn read_varint(&mut self, data: &[u8]) -> Option<i64> {
         let u = self.read_uvarint(data)?;
-        Some(((u >> 1) as i64) ^ -((u & 1) as i64))
+        Some(crate::encoding::unzigzag(u))
     }
 }
 

@@ -28,6 +28,7 @@
 use super::bstream::{BitReader, BitWriter};
 use super::xor::{read_xor, write_xor, NO_WINDOW};
 use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use crate::encoding::{gcd, zigzag};
 use strata_model::Sample;
 
 /// Largest decimal exponent `e` of a scaled value `i / 10^e` (10^18 and every smaller power of
@@ -315,13 +316,6 @@ struct Packed {
     bits: usize,
 }
 
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 fn varint_bits(v: u64) -> usize {
     8 * (((64 - v.leading_zeros()).max(1) as usize).div_ceil(7))
 }
@@ -386,7 +380,7 @@ fn plan(res: &[i64]) -> Packed {
             }
         }
     }
-    let overhead = varint_bits(((base << 1) ^ (base >> 63)) as u64) + varint_bits(factor) + 7 + 8;
+    let overhead = varint_bits(zigzag(base)) + varint_bits(factor) + 7 + 8;
     Packed { base, factor, packing, offsets, bits: best + overhead }
 }
 
@@ -395,8 +389,7 @@ fn plan(res: &[i64]) -> Packed {
 fn write_ints(w: &mut BitWriter, xs: &[i64]) {
     let try_order = |k: usize, step: i64| {
         let p = plan(&residuals(xs, k, step));
-        let head_bits: usize =
-            column_heads(xs, k, step).iter().map(|&h| varint_bits(((h << 1) ^ (h >> 63)) as u64)).sum();
+        let head_bits: usize = column_heads(xs, k, step).iter().map(|&h| varint_bits(zigzag(h))).sum();
         (p.bits + head_bits, k, step, p)
     };
     let mut best = (0..=2.min(xs.len().saturating_sub(1)))

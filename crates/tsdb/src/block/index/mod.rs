@@ -22,7 +22,7 @@ use strata_model::{Label, Labels, SeriesRef};
 
 use super::checksum_ok;
 use super::chunks::ChunkRef;
-use crate::encoding::{put_uvarint, put_varint, Decoder};
+use crate::encoding::{gcd, put_uvarint, put_varint, Decoder};
 use crate::error::{io_err, Error, Result};
 use crate::index::postings::Postings;
 use crate::vfs::{AppendWriter, Vfs};
@@ -453,12 +453,6 @@ impl Default for PageBase {
 /// The largest unit every time a page's entries write divides: 1000 for carbon's whole seconds,
 /// so a second of jitter is a byte, not two. 1 when nothing divides or a difference overflows.
 fn page_unit(page: &[PendingSeries], mint: i64, base_span: i64) -> u64 {
-    fn gcd(mut a: u64, mut b: u64) -> u64 {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    }
     let mut g = 0u64;
     for (_, chunks) in page {
         let mut prev: Option<&ChunkMetaRef> = None;

@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use crate::encoding::{put_uvarint, DecodeError, Decoder};
+use crate::encoding::{put_uvarint, unzigzag, zigzag, DecodeError, Decoder};
 
 /// Rows between restarts: a row is decoded from the restart before it, at most this many steps.
 pub const TABLE_RESTART: usize = 32;
@@ -80,7 +80,7 @@ pub(super) fn encode(rows: &[TableEntry], format: RowFormat, out: &mut Vec<u8>) 
             // series is the next series, a byte.
             let id = e.target >> 1;
             let gap = id.wrapping_sub(state.prev_single) as i64;
-            put_uvarint(out, (((gap << 1) ^ (gap >> 63)) as u64) << 1 | 1);
+            put_uvarint(out, zigzag(gap) << 1 | 1);
             state.prev_single = id;
         } else {
             put_uvarint(out, e.target);
@@ -125,8 +125,8 @@ fn decode_row(d: &mut Decoder<'_>, format: RowFormat, state: &mut RowState) -> R
         return Err(DecodeError { what: "postings table", offset: d.offset(), problem: "symbol id over 32 bits" });
     };
     let target = if target & 1 == 1 {
-        let zigzag = target >> 1;
-        let gap = (zigzag >> 1) as i64 ^ -((zigzag & 1) as i64);
+        let coded = target >> 1;
+        let gap = unzigzag(coded);
         state.prev_single = state.prev_single.wrapping_add(gap as u64) & u32::MAX as u64;
         state.prev_single << 1 | 1
     } else {
