@@ -18,6 +18,7 @@ pub mod exemplars;
 pub mod mem_postings;
 mod names;
 mod overlay;
+mod refs;
 pub mod series;
 pub mod symbols;
 
@@ -99,9 +100,6 @@ pub struct HeadStats {
     pub samples_appended_late: AtomicU64,
 }
 
-/// Series by reference, one map per lock stripe.
-type RefStripe = U64Map<SeriesRef, Arc<MemSeries>>;
-
 /// Series by label-set hash (collisions are rare, so the first sits inline). The series itself
 /// is held (a pointer, the size of a reference), so a lookup by labels takes no second lock.
 #[derive(Debug, Default)]
@@ -124,7 +122,7 @@ pub struct Head {
     opts: HeadOptions,
     pub(crate) symbols: Symbols,
     pub(crate) postings: MemPostings,
-    by_ref: Box<[RwLock<RefStripe>]>,
+    by_ref: Box<[RwLock<refs::RefTable>]>,
     by_hash: Box<[RwLock<HashStripe>]>,
     next_ref: AtomicU64,
     num_series: AtomicU64,
@@ -327,8 +325,8 @@ impl Head {
     pub fn written_until(&self) -> U64Map<SeriesRef, i64> {
         let mut out = U64Map::default();
         for stripe in self.by_ref.iter() {
-            for (r, s) in stripe.read().iter() {
-                out.insert(*r, s.state.lock().written_until().unwrap_or(i64::MIN));
+            for s in stripe.read().values() {
+                out.insert(s.series_ref, s.state.lock().written_until().unwrap_or(i64::MIN));
             }
         }
         out
@@ -380,8 +378,8 @@ impl Head {
         let series_fixed = std::mem::size_of::<MemSeries>() + 16;
         for stripe in self.by_ref.iter() {
             let stripe = stripe.read();
-            // The by-reference map's entry, and the by-hash map's entry of the same series.
-            m.series += (stripe.capacity() * (8 + 8 + 1) * 2) as u64;
+            // The by-reference table, and the by-hash map's entries of the same series.
+            m.series += (stripe.heap_bytes() + stripe.len() * (8 + 8 + 1) * 8 / 7) as u64;
             for s in stripe.values() {
                 m.series += (series_fixed + s.labels.as_bytes().len()) as u64;
                 let st = s.state.lock();
@@ -426,8 +424,13 @@ impl Head {
         (r as usize) & (STRIPES - 1)
     }
 
+    /// Where reference `r` sits in its stripe's `by_ref` table.
+    fn stripe_index(r: u64) -> u64 {
+        r / STRIPES as u64
+    }
+
     pub fn series(&self, r: SeriesRef) -> Option<Arc<MemSeries>> {
-        self.by_ref[Self::stripe(r.0)].read().get(&r).cloned()
+        self.by_ref[Self::stripe(r.0)].read().get(Self::stripe_index(r.0)).cloned()
     }
 
     /// The existing series with exactly `labels`, if the head has it.
@@ -505,7 +508,7 @@ impl Head {
             wal.buffer_entry(RecordType::Series as u8, &entry).map_err(|e| AppendError::Wal(e.to_string()))?;
         }
         let series = Arc::new(MemSeries::new(r, ids));
-        self.by_ref[Self::stripe(r.0)].write().insert(r, series.clone());
+        self.by_ref[Self::stripe(r.0)].write().insert(Self::stripe_index(r.0), series.clone());
         postings.add(r, series.labels.pairs());
         let new_name = name_symbol
             .and_then(|n| series.labels.pairs().find(|p| p.0 == n))
@@ -724,7 +727,7 @@ impl Head {
             if stripe.more.get(&hash).is_some_and(Vec::is_empty) {
                 stripe.more.remove(&hash);
             }
-            self.by_ref[Self::stripe(r.0)].write().remove(&r);
+            self.by_ref[Self::stripe(r.0)].write().remove(Self::stripe_index(r.0));
             dead.insert(r);
         }
         self.postings.delete(&dead);
@@ -1142,7 +1145,7 @@ impl ReplayShard {
         late: impl FnOnce() -> TypedSample,
     ) {
         let stripe = head.by_ref[Head::stripe(r.0)].read();
-        let Some(series) = stripe.get(&r) else {
+        let Some(series) = stripe.get(Head::stripe_index(r.0)) else {
             self.unknown_refs += 1;
             return;
         };

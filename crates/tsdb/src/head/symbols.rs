@@ -13,7 +13,7 @@ use crate::encoding::{put_uvarint, read_uvarint_trusted};
 pub type SymbolId = u32;
 
 /// A label set as varint-packed symbol ids `name value name value …`, in label order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PackedLabels(Box<[u8]>);
 
 impl PackedLabels {
