@@ -11,9 +11,12 @@
 //! dropped: the table spans the live references, not every reference ever handed out. A page
 //! with one long-lived series among dead ones stays (`PAGE_SLOTS` pointers for one series).
 //!
-//! A reference far outside the table's span (a replayed log's references are dense too, but
-//! nothing in a log bounds them) goes to a small map instead, so one stray reference never
-//! allocates pages for the gap.
+//! Long-lived series among churned ones (a node exporter's series born before a year of pods)
+//! would keep the span, and its page pointers, growing with every reference handed out since:
+//! once the span is mostly holes, the series of its oldest pages move to a small map (`far`),
+//! where they cost what a hash map entry costs. A reference far outside the span (a replayed
+//! log's references are dense too, but nothing in a log bounds them) goes there as well, so
+//! one stray reference never allocates pages for the gap.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,6 +29,10 @@ use crate::hash::U64Map;
 const PAGE_SLOTS: usize = 32;
 /// A reference whose page lies farther than this from the table's span goes to `far`.
 const MAX_GAP_PAGES: u64 = 1 << 16;
+/// The span is thinned (`thin`) once it is longer than this many pages and this many times
+/// the pages in use.
+const THIN_MIN_PAGES: usize = 64;
+const THIN_FACTOR: usize = 4;
 
 /// One stripe's series, by `index = r / STRIPES`.
 #[derive(Debug, Default)]
@@ -33,9 +40,11 @@ pub(super) struct RefTable {
     /// The page number (`index / PAGE_SLOTS`) of `pages[0]`.
     first_page: u64,
     pages: VecDeque<Option<Box<Page>>>,
-    /// Series whose reference lies far outside `pages`' span (never one inside it).
+    /// Series whose reference lies outside `pages`' span (never one inside it).
     far: U64Map<u64, Arc<MemSeries>>,
     len: usize,
+    /// Pages allocated (`Some`) in `pages`.
+    live_pages: usize,
 }
 
 #[derive(Debug, Default)]
@@ -69,7 +78,11 @@ impl RefTable {
     }
 
     fn place(&mut self, at: usize, slot: usize, index: u64, series: Arc<MemSeries>) {
-        let p = self.pages[at].get_or_insert_with(Box::default);
+        let page = &mut self.pages[at];
+        if page.is_none() {
+            self.live_pages += 1;
+        }
+        let p = page.get_or_insert_with(Box::default);
         assert!(p.slots[slot].is_none(), "series index {index} taken twice");
         p.slots[slot] = Some(series);
         p.live += 1;
@@ -103,7 +116,9 @@ impl RefTable {
         p.live -= 1;
         if p.live == 0 {
             self.pages[at] = None;
+            self.live_pages -= 1;
             self.trim();
+            self.thin();
         }
         self.len -= 1;
         Some(s)
@@ -121,8 +136,7 @@ impl RefTable {
 
     /// Heap bytes of the table itself (not of the series).
     pub fn heap_bytes(&self) -> usize {
-        let pages = self.pages.iter().flatten().count();
-        self.pages.capacity() * 8 + pages * std::mem::size_of::<Page>() + self.far.capacity() * (8 + 8 + 1)
+        self.pages.capacity() * 8 + self.live_pages * std::mem::size_of::<Page>() + self.far.capacity() * (8 + 8 + 1)
     }
 
     /// Where `page` sits in `pages`, growing the span to reach it; `None` if it lies too far.
@@ -154,6 +168,22 @@ impl RefTable {
             self.adopt_far();
         }
         Some(at as usize)
+    }
+
+    /// While the span is mostly holes, moves the series of its oldest page to `far` and drops it.
+    fn thin(&mut self) {
+        while self.pages.len() > THIN_MIN_PAGES && self.pages.len() > THIN_FACTOR * self.live_pages {
+            let page = self.pages.pop_front().flatten().expect("trimmed: the first page is in use");
+            self.live_pages -= 1;
+            let first = self.first_page * PAGE_SLOTS as u64;
+            self.first_page += 1;
+            for (slot, series) in page.slots.into_iter().enumerate() {
+                if let Some(series) = series {
+                    self.far.insert(first + slot as u64, series);
+                }
+            }
+            self.trim();
+        }
     }
 
     /// Drops empty pages at both ends.
@@ -197,14 +227,14 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         // Mostly dense indexes near each other, some far off (past MAX_GAP_PAGES pages).
-        let index = prop_oneof![8 => 0u64..2000, 1 => 0u64..(PAGE_SLOTS as u64 * MAX_GAP_PAGES * 3)];
+        let index = prop_oneof![8 => 0u64..5000, 1 => 0u64..(PAGE_SLOTS as u64 * MAX_GAP_PAGES * 3)];
         prop_oneof![index.clone().prop_map(Op::Insert), index.prop_map(Op::Remove)]
     }
 
     proptest! {
         /// The table answers as a map does, whatever the order of inserts and removals.
         #[test]
-        fn behaves_as_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+        fn behaves_as_a_map(ops in proptest::collection::vec(op(), 0..1500)) {
             let mut table = RefTable::default();
             let mut model: BTreeMap<u64, Arc<MemSeries>> = BTreeMap::new();
             for op in ops {
@@ -253,5 +283,32 @@ mod tests {
         assert_eq!(table.pages.len(), 10);
         assert_eq!(table.get(u64::MAX).map(|s| s.series_ref), Some(SeriesRef(7)));
         assert_eq!(table.len(), PAGE_SLOTS * 10 + 1);
+    }
+
+    #[test]
+    fn long_lived_series_among_churned_ones_do_not_stretch_the_span() {
+        let mut table = RefTable::default();
+        // One series that lives on (index 0), then a million churned through 1000 at a time.
+        table.insert(0, series(0));
+        let (mut next, batch) = (1u64, 1000u64);
+        let mut alive: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+        while next < 1_000_000 {
+            for _ in 0..batch {
+                table.insert(next, series(next));
+                alive.push_back(next);
+                next += 1;
+            }
+            while alive.len() > 2 * batch as usize {
+                table.remove(alive.pop_front().unwrap()).unwrap();
+            }
+        }
+        assert_eq!(table.len(), alive.len() + 1);
+        assert!(table.pages.len() <= THIN_MIN_PAGES.max(THIN_FACTOR * table.live_pages), "{} pages", table.pages.len());
+        assert_eq!(table.get(0).map(|s| s.series_ref), Some(SeriesRef(0)));
+        assert!(table.far.contains_key(&0), "the long-lived series moved out of the pages");
+        for &i in alive.iter().step_by(97) {
+            assert_eq!(table.get(i).map(|s| s.series_ref), Some(SeriesRef(i)));
+        }
+        assert_eq!(table.values().count(), table.len());
     }
 }
