@@ -508,7 +508,8 @@ impl Head {
             wal.buffer_entry(RecordType::Series as u8, &entry).map_err(|e| AppendError::Wal(e.to_string()))?;
         }
         let series = Arc::new(MemSeries::new(r, ids));
-        self.by_ref[Self::stripe(r.0)].write().insert(Self::stripe_index(r.0), series.clone());
+        let replaced = self.by_ref[Self::stripe(r.0)].write().insert(Self::stripe_index(r.0), series.clone());
+        debug_assert!(replaced.is_none(), "reference {r:?} handed out twice");
         postings.add(r, series.labels.pairs());
         let new_name = name_symbol
             .and_then(|n| series.labels.pairs().find(|p| p.0 == n))

@@ -64,28 +64,31 @@ impl RefTable {
         }
     }
 
-    /// Adds `series` at `index`, which must be free.
-    pub fn insert(&mut self, index: u64, series: Arc<MemSeries>) {
+    /// Puts `series` at `index`; returns the series it replaced there, as a map's insert does
+    /// (none: the head never hands out a reference twice).
+    pub fn insert(&mut self, index: u64, series: Arc<MemSeries>) -> Option<Arc<MemSeries>> {
         let (page, slot) = split(index);
-        let Some(at) = self.page_position(page) else {
-            let old = self.far.insert(index, series);
-            assert!(old.is_none(), "series index {index} taken twice");
-            self.len += 1;
-            return;
+        let old = match self.page_position(page) {
+            Some(at) => self.place(at, slot, series),
+            None => self.far.insert(index, series),
         };
-        self.place(at, slot, index, series);
-        self.len += 1;
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
     }
 
-    fn place(&mut self, at: usize, slot: usize, index: u64, series: Arc<MemSeries>) {
+    fn place(&mut self, at: usize, slot: usize, series: Arc<MemSeries>) -> Option<Arc<MemSeries>> {
         let page = &mut self.pages[at];
         if page.is_none() {
             self.live_pages += 1;
         }
         let p = page.get_or_insert_with(Box::default);
-        assert!(p.slots[slot].is_none(), "series index {index} taken twice");
-        p.slots[slot] = Some(series);
-        p.live += 1;
+        let old = p.slots[slot].replace(series);
+        if old.is_none() {
+            p.live += 1;
+        }
+        old
     }
 
     /// Moves the series of `far` that the grown span now covers into their pages.
@@ -98,7 +101,8 @@ impl RefTable {
         for index in covered {
             let series = self.far.remove(&index).expect("listed");
             let (page, slot) = split(index);
-            self.place((page - first) as usize, slot, index, series);
+            let old = self.place((page - first) as usize, slot, series);
+            debug_assert!(old.is_none(), "far holds no index inside the span");
         }
     }
 
@@ -243,7 +247,7 @@ mod tests {
                         if let std::collections::btree_map::Entry::Vacant(e) = model.entry(i) {
                             let s = series(i);
                             e.insert(s.clone());
-                            table.insert(i, s);
+                            prop_assert!(table.insert(i, s).is_none());
                         }
                     }
                     Op::Remove(i) => {
@@ -282,6 +286,10 @@ mod tests {
         table.insert(u64::MAX, series(7));
         assert_eq!(table.pages.len(), 10);
         assert_eq!(table.get(u64::MAX).map(|s| s.series_ref), Some(SeriesRef(7)));
+        assert_eq!(table.len(), PAGE_SLOTS * 10 + 1);
+        // A taken index is replaced, as in a map.
+        assert_eq!(table.insert(n - 1, series(8)).map(|s| s.series_ref), Some(SeriesRef(n - 1)));
+        assert_eq!(table.insert(u64::MAX, series(9)).map(|s| s.series_ref), Some(SeriesRef(7)));
         assert_eq!(table.len(), PAGE_SLOTS * 10 + 1);
     }
 
