@@ -179,8 +179,7 @@ fn encode_packed_samples(samples: &[RefSample], buf: &mut Vec<u8>) {
     buf.extend_from_slice(&first.series.0.to_le_bytes());
     buf.extend_from_slice(&first.t.to_le_bytes());
     // Carbon's times are whole seconds: its jitter of a second or two then costs a byte, where
-    // milliseconds take two.
-    // Stops at 1: jittered milliseconds need no more divisions.
+    // milliseconds take two. The search stops at 1 (jittered milliseconds divide no further).
     let unit = samples
         .windows(2)
         .try_fold(0u64, |g, p| match gcd(g, p[1].t.wrapping_sub(p[0].t).unsigned_abs()) {
@@ -734,11 +733,24 @@ mod tests {
         let mut old = Vec::new();
         encode_unpacked_samples(&samples, &mut old);
         assert!(old.len() >= 17 + 10 * samples.len(), "{} bytes", old.len());
-        // An exponent past the limit in a value code is refused, not read.
+        // After the base reference and time: a time unit of 1, a sample with both differences 0
+        // and the value code 0x0a (exponent 10, past the limit): refused, not read. The same
+        // with a time unit of 0: refused too.
         let mut bad = vec![RecordType::PackedSamples as u8];
         bad.extend_from_slice(&[0; 16]);
-        bad.extend_from_slice(&[0, 0, 0x0a]);
-        assert!(matches!(decode(&bad), Err(RecordError::Malformed { kind: "packed samples", .. })));
+        bad.extend_from_slice(&[1, 0, 0, 0x0a]);
+        let err = decode(&bad).unwrap_err();
+        assert!(err.to_string().contains("unknown decimal exponent"), "{err}");
+        bad[17] = 0;
+        let err = decode(&bad).unwrap_err();
+        assert!(err.to_string().contains("time unit"), "{err}");
+        // With exponent 9, the limit, the sample is read.
+        bad[17] = 1;
+        bad[20] = 0x09;
+        assert_eq!(
+            decode(&bad).unwrap(),
+            Record::Samples(vec![RefSample { series: SeriesRef(0), t: 0, st: 0, v: 0.0 }])
+        );
     }
 
     fn hex(b: &[u8]) -> String {

@@ -300,10 +300,8 @@ impl Wal {
     /// Frames the batch being built, if any, onto the buffered records.
     fn seal_batch_locked(&self, w: &mut Writer) {
         if !w.batch.is_empty() {
-            let batch = std::mem::take(&mut w.batch);
-            frame_record(&batch, self.opts.compression, &mut w.pending);
+            frame_record(&w.batch, self.opts.compression, &mut w.pending);
             // The buffer is kept for the next batch.
-            w.batch = batch;
             w.batch.clear();
         }
     }
