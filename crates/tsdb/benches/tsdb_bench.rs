@@ -5,7 +5,7 @@
 //! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
 //! replaced every 15 minutes: query latency over blocks; `CACHE_BYTES=N` sets the chunk group
 //! cache's budget, `CHURN_RUNS=N` the runs per query), `head_chunks` (head-resident queries with closed chunks on the heap, then
-//! written out to head chunk files). Each figure is the median of several runs; the machine is
+//! written out to head chunk files), `rollup` (rollup chunks: bytes and decode time per bucket). Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare ratios from one run rather than absolute times across runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -259,6 +259,67 @@ fn bench_chunks() {
                 median(next_rate) / 1e6,
                 median(batch_rate) / 1e6
             );
+        }
+    }
+}
+
+/// Rollup chunks: bytes and decode speed per bucket, by buckets per chunk (a tier block of a
+/// few hours holds a handful, a compacted one up to `SAMPLES_MAX`) and by the columns a reader
+/// asks for (a plain selector's `last`; `rate`'s count, first, last and reset correction; all).
+/// Series: a counter scraped every 60 s with ±250 ms jitter and a reset now and then, and a
+/// decimal gauge, rolled up at 1 h.
+fn bench_rollup() {
+    use strata_tsdb::chunkenc::rollup::{decode, encode, Column, ColumnSet};
+    use strata_tsdb::rollup::aggregate;
+    let (mut rng, mut counter, mut gauge) = (0x2545_f491_4f6c_dd1du64, 0.0f64, 20.0f64);
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut counters, mut gauges) = (Vec::new(), Vec::new());
+    for i in 0..200 * 24 * 60i64 {
+        let t = 1_700_000_000_000 + i * 60_000 + (next() % 501) as i64 - 250;
+        counter = if next() % 5000 == 0 { 0.0 } else { counter + (next() % 21) as f64 };
+        gauge += ((next() % 201) as f64 - 100.0) / 100.0;
+        counters.push(Sample { t, v: counter });
+        gauges.push(Sample { t, v: (gauge * 100.0).round() / 100.0 });
+    }
+    let sets: [(&str, &[Column]); 3] = [
+        ("last", &[Column::Last]),
+        ("rate", &[Column::First, Column::Last, Column::ResetCorrection]),
+        ("all", &Column::ALL),
+    ];
+    for (name, samples) in [("counter", &counters), ("gauge", &gauges)] {
+        let buckets = aggregate(samples, 3_600_000);
+        for per_chunk in [6usize, 24, 90, 240] {
+            let chunks: Vec<Vec<u8>> = buckets.chunks(per_chunk).map(encode).collect();
+            let bytes: usize = chunks.iter().map(Vec::len).sum();
+            let mut line = format!(
+                "rollup: {name:7} {per_chunk:3} buckets/chunk: {:5.2} bytes/bucket; decode ns/bucket",
+                bytes as f64 / buckets.len() as f64
+            );
+            for (set_name, columns) in sets {
+                let want = ColumnSet::of(columns);
+                let mut out = Vec::with_capacity(per_chunk);
+                let mut runs = Vec::new();
+                for _ in 0..7 {
+                    let t0 = Instant::now();
+                    let mut sum = 0u64;
+                    for _ in 0..20 {
+                        for c in &chunks {
+                            out.clear();
+                            decode(c, want, &mut out).unwrap();
+                            sum = sum.wrapping_add(out.len() as u64);
+                        }
+                    }
+                    std::hint::black_box(sum);
+                    runs.push(t0.elapsed().as_secs_f64() * 1e9 / (20 * buckets.len()) as f64);
+                }
+                line += &format!(" {set_name} {:.1}", median(runs));
+            }
+            println!("{line}");
         }
     }
 }
@@ -733,5 +794,8 @@ fn main() {
     }
     if want("head_chunks") {
         bench_head_chunks();
+    }
+    if want("rollup") {
+        bench_rollup();
     }
 }

@@ -527,6 +527,8 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
     out.reserve(n);
     out.extend(heads.iter().take(first));
     match packing {
+        Packing::Bits(0) => out.resize(first + m, 0),
+        Packing::Bits(width) if width <= UNPACK_WIDTH_MAX => unpack_bits(r, data, width, m, out),
         Packing::Bits(width) => {
             for _ in 0..m {
                 out.push(r.read_bits_unchecked(data, width) as i64);
@@ -571,6 +573,37 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
         }
     }
     Ok(())
+}
+
+/// The widest offsets `unpack_bits` reads: a field of up to 56 bits starting anywhere in a byte
+/// lies within the 8 bytes from that byte.
+const UNPACK_WIDTH_MAX: u32 = 56;
+
+/// Appends `m` offsets of `width` bits (1..=`UNPACK_WIDTH_MAX`) to `out`, each read from the
+/// 8 bytes at its own bit position rather than through the reader's register (no refill
+/// bookkeeping between values: one load and two shifts each). Values whose 8 bytes run past the
+/// data are read zero-padded, as the register would; the reader is left after the last one.
+fn unpack_bits(r: &mut BitReader, data: &[u8], width: u32, m: usize, out: &mut Vec<i64>) {
+    debug_assert!((1..=UNPACK_WIDTH_MAX).contains(&width));
+    let start = r.pos();
+    let w = width as usize;
+    // Offsets whose 8 bytes lie wholly inside `data`: the bit position `start + j·w` with
+    // `pos / 8 + 8 <= len`.
+    let whole = match (data.len() * 8).checked_sub(64 + start) {
+        Some(room) => (room / w + 1).min(m),
+        None => 0,
+    };
+    out.extend((0..whole).map(|j| {
+        let bit = start + j * w;
+        let word = u64::from_be_bytes(data[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+        ((word << (bit % 8)) >> (64 - width)) as i64
+    }));
+    let mut rest = BitReader::new(0);
+    rest.skip(data, start + whole * w);
+    for _ in whole..m {
+        out.push(rest.read_bits_unchecked(data, width) as i64);
+    }
+    *r = rest;
 }
 
 /// Appends `m` base-`radix` digits, read a group at a time, to `out`. Kept out of `read_ints`

@@ -143,6 +143,24 @@ fn count_of(v: f64) -> Result<u64, ChunkError> {
     }
 }
 
+/// Sets each bucket's aggregate from its column value.
+#[inline(always)]
+fn fill(buckets: &mut [Bucket], values: &[f64], set: impl Fn(&mut Bucket, f64)) {
+    for (b, &v) in buckets.iter_mut().zip(values) {
+        set(b, v);
+    }
+}
+
+/// `fill` for columns whose values are checked (counts).
+#[inline(always)]
+fn try_fill(
+    buckets: &mut [Bucket],
+    values: &[f64],
+    set: impl Fn(&mut Bucket, f64) -> Result<(), ChunkError>,
+) -> Result<(), ChunkError> {
+    buckets.iter_mut().zip(values).try_for_each(|(b, &v)| set(b, v))
+}
+
 /// The bucket count a rollup chunk's header gives (0 for bytes that are no rollup chunk:
 /// `decode` says what is wrong with them). For sizing buffers; nothing is checked.
 pub fn bucket_count(data: &[u8]) -> usize {
@@ -219,38 +237,39 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 Column::First | Column::Last => {
                     samples.clear();
                     dense::decode(column, samples).map_err(damaged)?;
-                    for (b, s) in out[start..].iter_mut().zip(samples.iter()) {
-                        match c {
-                            Column::First => b.first = *s,
-                            _ => b.last = *s,
-                        }
+                    let buckets = out[start..].iter_mut().zip(samples.iter());
+                    if c == Column::First {
+                        buckets.for_each(|(b, s)| b.first = *s);
+                    } else {
+                        buckets.for_each(|(b, s)| b.last = *s);
                     }
                 }
                 _ => {
                     values.clear();
                     dense::decode_values(column, values).map_err(damaged)?;
-                    for (b, &v) in out[start..].iter_mut().zip(values.iter()) {
-                        match c {
-                            Column::Sum => b.sum = v,
-                            Column::Min => b.min = v,
-                            Column::Max => b.max = v,
-                            Column::ResetCorrection => b.reset_correction = v,
-                            Column::Changes => b.changes = count_of(v)?,
-                            Column::Resets => b.resets = count_of(v)?,
-                            Column::ArchiveState => {
-                                b.archive = match count_of(v)? {
-                                    0 => ArchiveValue::NotKept,
-                                    1 => ArchiveValue::Unknown,
-                                    2 => ArchiveValue::Value(0.0),
-                                    _ => return Err(corrupt("archive state column holds no state")),
-                                }
+                    // One loop per column (the match outside it, not taken per bucket).
+                    let buckets = &mut out[start..];
+                    match c {
+                        Column::Sum => fill(buckets, values, |b, v| b.sum = v),
+                        Column::Min => fill(buckets, values, |b, v| b.min = v),
+                        Column::Max => fill(buckets, values, |b, v| b.max = v),
+                        Column::ResetCorrection => fill(buckets, values, |b, v| b.reset_correction = v),
+                        Column::Changes => try_fill(buckets, values, |b, v| count_of(v).map(|n| b.changes = n))?,
+                        Column::Resets => try_fill(buckets, values, |b, v| count_of(v).map(|n| b.resets = n))?,
+                        Column::ArchiveState => try_fill(buckets, values, |b, v| {
+                            b.archive = match count_of(v)? {
+                                0 => ArchiveValue::NotKept,
+                                1 => ArchiveValue::Unknown,
+                                2 => ArchiveValue::Value(0.0),
+                                _ => return Err(corrupt("archive state column holds no state")),
+                            };
+                            Ok(())
+                        })?,
+                        _ => fill(buckets, values, |b, v| {
+                            if let ArchiveValue::Value(x) = &mut b.archive {
+                                *x = v;
                             }
-                            _ => {
-                                if let ArchiveValue::Value(x) = &mut b.archive {
-                                    *x = v;
-                                }
-                            }
-                        }
+                        }),
                     }
                 }
             }

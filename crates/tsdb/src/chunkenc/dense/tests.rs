@@ -275,3 +275,32 @@ fn doc_example_bytes() {
     let doc = include_str!("../../../../../docs/format/chunks.md");
     assert!(doc.contains(expected), "docs/format/chunks.md shows other bytes");
 }
+
+proptest! {
+    /// Offsets read at their own bit positions are those the register reads, up to the last
+    /// bytes of the data (where the 8-byte load would run past it), and the reader ends after
+    /// the last one.
+    #[test]
+    fn unpacked_offsets_are_the_written_ones(
+        width in 1u32..=UNPACK_WIDTH_MAX,
+        lead in 0u32..64,
+        words in prop::collection::vec(any::<u64>(), 1..80),
+        trailing in 0usize..3,
+    ) {
+        let mut w = BitWriter::with_bytes(Vec::new());
+        w.write_bits(0x5a5a_5a5a_5a5a_5a5a >> (64 - lead.max(1)), lead);
+        let values: Vec<u64> = words.iter().map(|x| x >> (64 - width)).collect();
+        for &v in &values {
+            w.write_bits(v, width);
+        }
+        let mut data = w.into_bytes();
+        data.extend(std::iter::repeat_n(0xff, trailing));
+        let mut r = BitReader::new(0);
+        r.skip(&data, lead as usize);
+        let mut out = vec![-1i64];
+        unpack_bits(&mut r, &data, width, values.len(), &mut out);
+        prop_assert_eq!(&out[1..], &values.iter().map(|&v| v as i64).collect::<Vec<_>>()[..]);
+        prop_assert_eq!(r.pos(), lead as usize + values.len() * width as usize);
+        prop_assert!(!r.overran(&data));
+    }
+}
