@@ -833,13 +833,10 @@ impl<'a> Querier<'a> {
         let stones = block.tombstones();
         let mut metas = Vec::new();
         self.check_interrupt(0)?;
-        let mut ids = block.select_ids(matchers)?;
         // Series without a chunk in range (after churn, most of what matchers select in a long
         // block) are passed over by their time bounds, without decoding their entries, and
-        // before `out` is sized (the churn bench selects 18,144 ids and returns 140).
-        if let Some(bounds) = data.index.time_filter(self.mint, self.maxt) {
-            ids.retain(|&id| bounds.may_overlap(id));
-        }
+        // before `out` is sized (the churn bench's matchers select 18,144 ids; 140 are returned).
+        let ids = block.select_ids_in(matchers, Some((self.mint, self.maxt)))?;
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {
             self.check_interrupt(i)?;

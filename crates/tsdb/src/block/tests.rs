@@ -245,6 +245,24 @@ mod index_round_trip {
                         _ => {}
                     }
                 }
+                // The same filter as a postings cursor: alone (walked by `next`), and sought in
+                // by an intersection with a label's postings, it keeps exactly those series.
+                let kept: Vec<SeriesRef> = ids.iter().copied().filter(|&id| filter.may_overlap(id)).collect();
+                let walked: Vec<SeriesRef> = {
+                    let mut p = ix.overlap_postings(mint, maxt).expect("version 5 keeps time bounds");
+                    std::iter::from_fn(|| p.next()).take_while(|id| (id.0 as usize) < ids.len()).collect()
+                };
+                prop_assert_eq!(&walked, &kept);
+                for value in ["v0", "v3"] {
+                    let Some(label) = ix.postings("l0", value).unwrap() else { continue };
+                    let want: Vec<SeriesRef> = postings::expand(Box::new(label.clone()))
+                        .into_iter()
+                        .filter(|&id| filter.may_overlap(id))
+                        .collect();
+                    let overlapping = ix.overlap_postings(mint, maxt).expect("version 5 keeps time bounds");
+                    let got = postings::expand(postings::intersect(vec![Box::new(label), Box::new(overlapping)]));
+                    prop_assert_eq!(got, want);
+                }
             }
             let want: Vec<SeriesRef> =
                 sets.iter().zip(&ids).filter(|(s, _)| s.0.get("l0") == Some("v3")).map(|(_, id)| *id).collect();

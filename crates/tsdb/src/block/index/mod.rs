@@ -414,6 +414,73 @@ impl TimeFilter<'_> {
     }
 }
 
+/// The series a `TimeFilter` lets through, as a postings cursor over the bounds (ids in order).
+/// Intersected with the matchers' postings, it makes the intersection jump past runs of series
+/// with no chunk in the range (after churn, most of what the matchers select in a long block)
+/// instead of stepping through their postings one by one. Ids past the block's series are let
+/// through, as `TimeFilter::may_overlap` does (reading them reports the damage).
+#[derive(Debug)]
+pub struct OverlapPostings {
+    map: Bytes,
+    /// The bounds' bytes in `map`, 4 per series.
+    at: usize,
+    series: u64,
+    first: i64,
+    last: i64,
+    /// The current id (`None` before the start or past the end).
+    cur: Option<u64>,
+    done: bool,
+}
+
+impl OverlapPostings {
+    /// The first id at or after `from` that may overlap, made current.
+    fn scan_from(&mut self, from: u64) -> Option<SeriesRef> {
+        let mut id = from;
+        while id < self.series {
+            let i = self.at + id as usize * 4;
+            let b = &self.map[i..i + 4];
+            let first = u16::from_be_bytes([b[0], b[1]]) as i64;
+            let last = u16::from_be_bytes([b[2], b[3]]) as i64;
+            if first <= last && last >= self.first && first <= self.last {
+                break;
+            }
+            id += 1;
+        }
+        // Ids are u32 in postings: none lies past that.
+        if id > u32::MAX as u64 {
+            self.done = true;
+            self.cur = None;
+            return None;
+        }
+        self.cur = Some(id);
+        self.cur.map(SeriesRef)
+    }
+}
+
+impl Postings for OverlapPostings {
+    fn next(&mut self) -> Option<SeriesRef> {
+        if self.done {
+            return None;
+        }
+        let from = self.cur.map_or(0, |c| c + 1);
+        self.scan_from(from)
+    }
+
+    fn seek(&mut self, target: SeriesRef) -> Option<SeriesRef> {
+        if self.done {
+            return None;
+        }
+        match self.cur {
+            Some(c) if c >= target.0 => Some(SeriesRef(c)),
+            _ => self.scan_from(target.0),
+        }
+    }
+
+    fn at(&self) -> Option<SeriesRef> {
+        self.cur.map(SeriesRef)
+    }
+}
+
 /// Where a version-3 or 4 series entry is: what its page's entries are relative to, the page,
 /// and the entry's place in it.
 #[derive(Clone, Copy, Debug)]
@@ -663,6 +730,21 @@ impl IndexFile {
         let step =
             |t: i64| ((t as i128 - b.base as i128).div_euclid(b.unit as i128)).clamp(-1, BOUNDS_STEPS as i128) as i64;
         Some(TimeFilter { bounds: &self.map[b.at..b.at + b.len], first: step(mint), last: step(maxt) })
+    }
+
+    /// `time_filter` as a postings cursor, to intersect with the matchers' postings.
+    pub fn overlap_postings(&self, mint: i64, maxt: i64) -> Option<OverlapPostings> {
+        let b = self.bounds?;
+        let filter = self.time_filter(mint, maxt)?;
+        Some(OverlapPostings {
+            map: self.map.clone(),
+            at: b.at,
+            series: (b.len / 4) as u64,
+            first: filter.first,
+            last: filter.last,
+            cur: None,
+            done: false,
+        })
     }
 
     pub fn bytes(&self) -> u64 {
@@ -1247,14 +1329,20 @@ impl PackedPostings {
 
     /// The next block's first id and where its packed gaps start, without entering it.
     fn peek_block(&self) -> Option<(u32, usize, u32)> {
-        if self.ids_left == 0 || self.next_block >= self.end {
+        self.block_header(self.next_block, self.next_base, self.ids_left)
+    }
+
+    /// The header of the block at byte `at` whose first id is `base` plus its stored delta,
+    /// with `ids_left` ids in the blocks from there: (first id, where its gaps start, width).
+    fn block_header(&self, at: usize, base: u32, ids_left: usize) -> Option<(u32, usize, u32)> {
+        if ids_left == 0 || at >= self.end {
             return None;
         }
-        let mut d = Decoder::new(&self.map[self.next_block..self.end]);
+        let mut d = Decoder::new(&self.map[at..self.end]);
         let delta = u32::try_from(d.uvarint("block first").ok()?).ok()?;
-        let first = self.next_base.checked_add(delta)?;
+        let first = base.checked_add(delta)?;
         let width = *d.bytes(1, "block width").ok()?.first()? as u32;
-        (width <= 32).then_some((first, self.next_block + d.offset(), width))
+        (width <= 32).then_some((first, at + d.offset(), width))
     }
 
     /// Moves to the next block; decodes its ids only when `decode` (else just skips its bytes).
@@ -1336,6 +1424,10 @@ impl PackedPostings {
         if self.done {
             return self.finish();
         }
+        // Most seeks of an intersection land in the current block: no look at the next ones.
+        if self.pos < self.ids.len() && self.ids.last().is_some_and(|&last| last as u64 >= target.0) {
+            return Some(self.seek_in_block(target.0));
+        }
         // Skip whole blocks while the next one starts at or before the target.
         while let Some((first, _, _)) = self.peek_block() {
             if (first as u64) > target.0 {
@@ -1352,11 +1444,8 @@ impl PackedPostings {
         // The target is in the current block's rest or in the next block.
         loop {
             if self.pos < self.ids.len() {
-                let rest = &self.ids[self.pos..];
-                let i = rest.partition_point(|&id| (id as u64) < target.0);
-                if i < rest.len() {
-                    self.pos += i + 1;
-                    return Some(SeriesRef(self.ids[self.pos - 1] as u64));
+                if self.ids.last().is_some_and(|&last| last as u64 >= target.0) {
+                    return Some(self.seek_in_block(target.0));
                 }
                 self.pos = self.ids.len();
             }
@@ -1370,26 +1459,23 @@ impl PackedPostings {
     fn peek_block_after(&self) -> Option<u32> {
         let (first, data, width) = self.peek_block()?;
         let n = self.ids_left.min(POSTINGS_BLOCK);
-        let mut ahead = self.clone_header();
-        ahead.next_block = data + ((n - 1) * width as usize).div_ceil(8);
-        ahead.next_base = first;
-        ahead.ids_left = self.ids_left - n;
-        ahead.peek_block().map(|(f, _, _)| f)
+        let after = data + ((n - 1) * width as usize).div_ceil(8);
+        self.block_header(after, first, self.ids_left - n).map(|(f, _, _)| f)
     }
 
-    /// The block walk's state without the decoded ids (cheap to copy for a look ahead).
-    fn clone_header(&self) -> PackedPostings {
-        PackedPostings {
-            map: self.map.clone(),
-            end: self.end,
-            len: self.len,
-            next_block: self.next_block,
-            next_base: self.next_base,
-            ids_left: self.ids_left,
-            ids: Vec::new(),
-            pos: 0,
-            done: self.done,
-        }
+    /// The first id at or after `target` in the current block's rest, which holds one; made
+    /// current. An intersection's targets are mostly a few ids ahead: the next ones are
+    /// probed before the rest is halved.
+    fn seek_in_block(&mut self, target: u64) -> SeriesRef {
+        let rest = &self.ids[self.pos..];
+        debug_assert!(rest.last().is_some_and(|&id| id as u64 >= target));
+        const PROBES: usize = 8;
+        let i = match rest.iter().take(PROBES).position(|&id| id as u64 >= target) {
+            Some(i) => i,
+            None => PROBES + rest[PROBES..].partition_point(|&id| (id as u64) < target),
+        };
+        self.pos += i + 1;
+        SeriesRef(self.ids[self.pos - 1] as u64)
     }
 
     fn at(&self) -> Option<SeriesRef> {
