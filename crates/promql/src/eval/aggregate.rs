@@ -185,6 +185,61 @@ enum StepAccs {
     Full(Vec<Acc>),
 }
 
+/// A group's accumulation: its first member's points as they came, until a second member
+/// arrives (`sum by (instance)` over one series per instance is a common dashboard shape,
+/// and its thousands of groups then cost no accumulators at all), then `StepAccs`.
+enum GroupAcc {
+    Single(Vec<Point>),
+    Folded(StepAccs),
+}
+
+impl GroupAcc {
+    /// The accumulators, made from the single member's points if not yet.
+    fn folded(&mut self, op: AggregateOp, ctx: &Ctx) -> &mut StepAccs {
+        if let GroupAcc::Single(points) = self {
+            let mut accs = StepAccs::new(op, ctx.n);
+            fold(op, &mut accs, points, ctx);
+            point_buffers::POOL.give(std::mem::take(points));
+            *self = GroupAcc::Folded(accs);
+        }
+        match self {
+            GroupAcc::Folded(accs) => accs,
+            GroupAcc::Single(_) => unreachable!("folded above"),
+        }
+    }
+
+    /// The group's points: a single member's values as one value alone gives them.
+    fn into_points(self, op: AggregateOp, ctx: &Ctx) -> Vec<Point> {
+        match self {
+            GroupAcc::Single(mut points) => {
+                for p in &mut points {
+                    p.f = alone(op, p.f);
+                }
+                points
+            }
+            GroupAcc::Folded(acc) => {
+                (0..ctx.n).filter_map(|i| Some(Point { t: ctx.ts(i), f: acc.result(op, i)? })).collect()
+            }
+        }
+    }
+}
+
+/// What an accumulating aggregation gives for one value alone, as folding it into fresh
+/// accumulators and taking their result would (`alone_is_one_value_folded` checks it).
+fn alone(op: AggregateOp, f: f64) -> f64 {
+    match op {
+        // The value and a zero compensation, added.
+        AggregateOp::Sum => f + 0.0,
+        AggregateOp::Count | AggregateOp::Group => 1.0,
+        AggregateOp::Min | AggregateOp::Max => f,
+        _ => {
+            let mut acc = Acc::default();
+            acc.add(op, f);
+            acc.result(op)
+        }
+    }
+}
+
 impl StepAccs {
     fn new(op: AggregateOp, n: usize) -> StepAccs {
         match op {
@@ -328,20 +383,24 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
     if is_accumulating(a.op) {
         // Streams: each input series is folded into its group's per-step accumulators and
         // dropped, so memory is groups × steps, not input series × steps.
-        let mut accs: Vec<StepAccs> = Vec::new();
+        let mut accs: Vec<GroupAcc> = Vec::new();
         // Histogram sums of each group, made only for groups that meet a histogram.
         let mut haccs: Vec<Option<Vec<HistAcc>>> = Vec::new();
         let mut notes = HistNotes::default();
         let sums_histograms = matches!(a.op, AggregateOp::Sum | AggregateOp::Avg);
         ev.stream(&a.expr, ctx, &mut |s: Series| {
             let g = grouper.assign(&s, &a.grouping, a.without);
+            let Series { points, hists, .. } = s;
             if g == accs.len() {
                 ev.take(ctx.n, "aggregation")?;
-                accs.push(StepAccs::new(a.op, ctx.n));
                 haccs.push(None);
+                if hists.is_empty() {
+                    accs.push(GroupAcc::Single(points));
+                    return Ok(());
+                }
+                accs.push(GroupAcc::Folded(StepAccs::new(a.op, ctx.n)));
             }
-            fold(a.op, &mut accs[g], &s.points, ctx);
-            let Series { points, hists, .. } = s;
+            fold(a.op, accs[g].folded(a.op, ctx), &points, ctx);
             point_buffers::POOL.give(points);
             if !hists.is_empty() {
                 match a.op {
@@ -355,7 +414,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
                     // A histogram is a sample like any other to count.
                     AggregateOp::Count | AggregateOp::Group => {
                         let pts: Vec<Point> = hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
-                        fold(a.op, &mut accs[g], &pts, ctx);
+                        fold(a.op, accs[g].folded(a.op, ctx), &pts, ctx);
                     }
                     op => ev.info(a.expr.start, format!("ignored histogram in {} aggregation", op.name())),
                 }
@@ -376,20 +435,28 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         }
         let mut out = Vec::with_capacity(accs.len());
         let mut mixed = false;
-        for (((labels, acc), hacc), drops) in grouper.groups.into_iter().zip(accs).zip(haccs).zip(grouper.drops_name) {
+        for (((labels, mut acc), hacc), drops) in
+            grouper.groups.into_iter().zip(accs).zip(haccs).zip(grouper.drops_name)
+        {
             let mut points: Vec<Point> = Vec::new();
             let mut hists: Vec<HPoint> = Vec::new();
-            for i in 0..ctx.n {
-                let h = hacc.as_ref().filter(|_| sums_histograms).map(|h| &h[i]).filter(|h| h.count > 0.0);
-                match (acc.result(a.op, i), h) {
-                    (Some(f), None) => points.push(Point { t: ctx.ts(i), f }),
-                    (None, Some(h)) => {
-                        if let Some(r) = h.result() {
-                            hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
+            match hacc.as_ref().filter(|_| sums_histograms) {
+                // Floats only (a group that met a histogram was folded).
+                None => points = acc.into_points(a.op, ctx),
+                Some(hacc) => {
+                    let acc = acc.folded(a.op, ctx);
+                    for (i, h) in hacc.iter().enumerate() {
+                        match (acc.result(a.op, i), Some(h).filter(|h| h.count > 0.0)) {
+                            (Some(f), None) => points.push(Point { t: ctx.ts(i), f }),
+                            (None, Some(h)) => {
+                                if let Some(r) = h.result() {
+                                    hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
+                                }
+                            }
+                            (Some(_), Some(_)) => mixed = true,
+                            (None, None) => {}
                         }
                     }
-                    (Some(_), Some(_)) => mixed = true,
-                    (None, None) => {}
                 }
             }
             ev.release(ctx.n);
@@ -1002,6 +1069,34 @@ mod tests {
             let got = select_k(op, input, &group_of, &k, &ctx).unwrap();
             let show = |v: &[Series]| v.iter().map(|s| (s.labels.to_string(), s.points.iter().map(|p| p.t).collect::<Vec<_>>())).collect::<Vec<_>>();
             proptest::prop_assert_eq!(show(&got), show(&want));
+        }
+    }
+
+    /// A group of one member is answered from its points without accumulators: each value as
+    /// folding it alone into fresh ones gives it, bit for bit (NaN, -0 and infinities too).
+    #[test]
+    fn alone_is_one_value_folded() {
+        let ctx = Ctx { start: 1000, step: 10, n: 1 };
+        let ops = [
+            AggregateOp::Sum,
+            AggregateOp::Count,
+            AggregateOp::Group,
+            AggregateOp::Min,
+            AggregateOp::Max,
+            AggregateOp::Avg,
+            AggregateOp::Stddev,
+            AggregateOp::Stdvar,
+        ];
+        for op in ops {
+            for f in [0.0, -0.0, 1.5, -3.25, 1e308, -1e-308, f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+                let mut accs = StepAccs::new(op, ctx.n);
+                fold(op, &mut accs, &[Point { t: 1000, f }], &ctx);
+                let folded = accs.result(op, 0).expect("one value folded");
+                assert_eq!(alone(op, f).to_bits(), folded.to_bits(), "{op:?} of {f}");
+                let single = GroupAcc::Single(vec![Point { t: 1000, f }]).into_points(op, &ctx);
+                assert_eq!(single.len(), 1);
+                assert_eq!(single[0].f.to_bits(), folded.to_bits(), "{op:?} of {f}");
+            }
         }
     }
 

@@ -27,29 +27,10 @@ use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::rollup::{Bucket, RollupTier};
 
 use super::range_functions::{per_second_divisor, Sampled};
-use super::{Ctx, Evaluator, RangeSpec, SelectorValue};
+use super::{point_buffers, Ctx, Evaluator, RangeSpec, SelectorValue};
 use crate::ast::{Call, Expr, ExprKind, RangeMode, VectorSelector};
 use crate::error::EvalError;
 use crate::value::{Point, Series};
-
-/// Range functions a tier answers.
-const ROLLUP_FUNCTIONS: [&str; 15] = [
-    "rate",
-    "increase",
-    "delta",
-    "sum_over_time",
-    "avg_over_time",
-    "count_over_time",
-    "min_over_time",
-    "max_over_time",
-    "last_over_time",
-    "first_over_time",
-    "present_over_time",
-    "changes",
-    "resets",
-    "ts_of_first_over_time",
-    "ts_of_last_over_time",
-];
 
 /// Which tiers a query may read (`max_source_resolution`, as Thanos calls it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,7 +105,7 @@ impl Evaluator<'_> {
                 }
                 c.args.iter().all(|a| match &a.unparen().kind {
                     ExprKind::Matrix(m) => {
-                        (ROLLUP_FUNCTIONS.contains(&name) || name == "absent_over_time")
+                        (WindowFn::of(name).is_some() || name == "absent_over_time")
                             && aligned(self.duration_ms(&m.range))
                             && self.duration_ms(&m.range) > 0
                             && selector_fits(&m.vector)
@@ -175,7 +156,7 @@ impl Evaluator<'_> {
         let end_at = |t: i64| at.unwrap_or(t) - offset;
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
         self.visit_buckets(tier, sel, (first - lookback + 1, last), &[], &mut |s| {
-            let mut points = Vec::new();
+            let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, lookback, at.is_some()));
             let mut j = 0;
             for i in 0..ctx.n {
                 let te = end_at(ctx.ts(i));
@@ -193,7 +174,9 @@ impl Evaluator<'_> {
                 };
                 points.push(Point { t: ctx.ts(i), f });
             }
-            if !points.is_empty() {
+            if points.is_empty() {
+                point_buffers::POOL.give(points);
+            } else {
                 sink(Series::new(s.labels.clone(), points))?;
             }
             Ok(())
@@ -217,11 +200,14 @@ impl Evaluator<'_> {
         let spec: RangeSpec = self.range_spec(matrix)?;
         let (first, last) = (spec.end_at(ctx.start), spec.end_at(ctx.end()));
         let keeps_name = matches!(name, "last_over_time" | "first_over_time");
-        self.visit_buckets(tier, &m.vector, (first - spec.range + 1, last), columns_for(name), &mut |s| {
+        let Some(func) = WindowFn::of(name) else {
+            return Err(EvalError::RollupUnsuitable("a range function tiers do not answer"));
+        };
+        self.visit_buckets(tier, &m.vector, (first - spec.range + 1, last), func.columns(), &mut |s| {
             if matches!(name, "rate" | "increase") {
                 note_not_counter(self, &s.labels, matrix.start);
             }
-            let mut points = Vec::new();
+            let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, spec.range, spec.at.is_some()));
             let (mut lo, mut hi) = (0usize, 0usize);
             for i in 0..ctx.n {
                 let end = spec.end_at(ctx.ts(i));
@@ -231,16 +217,26 @@ impl Evaluator<'_> {
                 while lo < hi && s.buckets[lo].end <= end - spec.range {
                     lo += 1;
                 }
-                let Some((head, rest)) = s.buckets[lo..hi].split_first() else { continue };
-                let mut w = *head;
-                for b in rest {
-                    w.append(b);
-                }
-                if let Some(f) = window_value(name, &w, end, spec.range) {
+                // A window of one bucket (the step and range of the tier's interval, a
+                // dashboard's usual shape) is read in place.
+                let value = match &s.buckets[lo..hi] {
+                    [] => continue,
+                    [one] => func.value(one, end, spec.range),
+                    [head, rest @ ..] => {
+                        let mut w = *head;
+                        for b in rest {
+                            w.append(b);
+                        }
+                        func.value(&w, end, spec.range)
+                    }
+                };
+                if let Some(f) = value {
                     points.push(Point { t: ctx.ts(i), f });
                 }
             }
-            if !points.is_empty() {
+            if points.is_empty() {
+                point_buffers::POOL.give(points);
+            } else {
                 sink(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: !keeps_name })?;
             }
             Ok(())
@@ -248,16 +244,18 @@ impl Evaluator<'_> {
     }
 }
 
-/// The aggregates `window_value` reads for `name`, besides count, first and last.
-fn columns_for(name: &str) -> &'static [Column] {
-    match name {
-        "rate" | "increase" => &[Column::ResetCorrection],
-        "sum_over_time" | "avg_over_time" => &[Column::Sum],
-        "min_over_time" => &[Column::Min],
-        "max_over_time" => &[Column::Max],
-        "changes" => &[Column::Changes],
-        "resets" => &[Column::Resets],
-        _ => &[],
+/// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): the
+/// steps from its first bucket's end to its last one's plus `window`, all of them if pinned
+/// by `@`. Sized once, the buffer never grows (a 30-day range of a thousand series is
+/// megabytes of points).
+fn points_capacity(ctx: &Ctx, buckets: &[Bucket], window: i64, pinned: bool) -> usize {
+    match (buckets.first(), buckets.last()) {
+        (Some(a), Some(b)) if !pinned => {
+            let span = b.end.saturating_sub(a.end).saturating_add(window);
+            usize::try_from(span / ctx.step.max(1) + 1).unwrap_or(usize::MAX).min(ctx.n)
+        }
+        (Some(_), _) => ctx.n,
+        _ => 0,
     }
 }
 
@@ -273,33 +271,90 @@ fn note_not_counter(ev: &Evaluator, labels: &Labels, pos: usize) {
     }
 }
 
-/// A range function's value over the window `(end - range, end]` whose buckets combine to `w`.
-fn window_value(name: &str, w: &Bucket, end: i64, range: i64) -> Option<f64> {
-    Some(match name {
-        "rate" | "increase" | "delta" => {
-            if w.count < 2 {
-                return None;
-            }
-            let counter = name != "delta";
-            let change = if counter { w.increase() } else { w.last.v - w.first.v };
-            let zero_at = (counter && change > 0.0 && w.first.v >= 0.0).then(|| w.first.v / change);
-            let sampled = Sampled::new(w.first.t, w.last.t, w.count as usize, zero_at);
-            change * sampled.factor(end, range, per_second_divisor(range, name == "rate"))
+/// A range function a tier answers, named once per query rather than matched by name at every
+/// step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WindowFn {
+    Rate,
+    Increase,
+    Delta,
+    SumOverTime,
+    AvgOverTime,
+    CountOverTime,
+    MinOverTime,
+    MaxOverTime,
+    LastOverTime,
+    FirstOverTime,
+    PresentOverTime,
+    Changes,
+    Resets,
+    TsOfFirstOverTime,
+    TsOfLastOverTime,
+}
+
+impl WindowFn {
+    fn of(name: &str) -> Option<WindowFn> {
+        Some(match name {
+            "rate" => WindowFn::Rate,
+            "increase" => WindowFn::Increase,
+            "delta" => WindowFn::Delta,
+            "sum_over_time" => WindowFn::SumOverTime,
+            "avg_over_time" => WindowFn::AvgOverTime,
+            "count_over_time" => WindowFn::CountOverTime,
+            "min_over_time" => WindowFn::MinOverTime,
+            "max_over_time" => WindowFn::MaxOverTime,
+            "last_over_time" => WindowFn::LastOverTime,
+            "first_over_time" => WindowFn::FirstOverTime,
+            "present_over_time" => WindowFn::PresentOverTime,
+            "changes" => WindowFn::Changes,
+            "resets" => WindowFn::Resets,
+            "ts_of_first_over_time" => WindowFn::TsOfFirstOverTime,
+            "ts_of_last_over_time" => WindowFn::TsOfLastOverTime,
+            _ => return None,
+        })
+    }
+
+    /// The aggregates `value` reads, besides count, first and last.
+    fn columns(self) -> &'static [Column] {
+        match self {
+            WindowFn::Rate | WindowFn::Increase => &[Column::ResetCorrection],
+            WindowFn::SumOverTime | WindowFn::AvgOverTime => &[Column::Sum],
+            WindowFn::MinOverTime => &[Column::Min],
+            WindowFn::MaxOverTime => &[Column::Max],
+            WindowFn::Changes => &[Column::Changes],
+            WindowFn::Resets => &[Column::Resets],
+            _ => &[],
         }
-        "sum_over_time" => w.sum,
-        "avg_over_time" => w.sum / w.count as f64,
-        "count_over_time" => w.count as f64,
-        "min_over_time" => w.min,
-        "max_over_time" => w.max,
-        "last_over_time" => w.last.v,
-        "first_over_time" => w.first.v,
-        "present_over_time" => 1.0,
-        "changes" => w.changes as f64,
-        "resets" => w.resets as f64,
-        "ts_of_first_over_time" => w.first.t as f64 / 1000.0,
-        "ts_of_last_over_time" => w.last.t as f64 / 1000.0,
-        _ => return None,
-    })
+    }
+
+    /// The function's value over the window `(end - range, end]` whose buckets combine to `w`.
+    #[inline]
+    fn value(self, w: &Bucket, end: i64, range: i64) -> Option<f64> {
+        Some(match self {
+            WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
+                if w.count < 2 {
+                    return None;
+                }
+                let counter = self != WindowFn::Delta;
+                let change = if counter { w.increase() } else { w.last.v - w.first.v };
+                let zero_at = (counter && change > 0.0 && w.first.v >= 0.0).then(|| w.first.v / change);
+                let sampled = Sampled::new(w.first.t, w.last.t, w.count as usize, zero_at);
+                change * sampled.factor(end, range, per_second_divisor(range, self == WindowFn::Rate))
+            }
+            WindowFn::SumOverTime => w.sum,
+            WindowFn::AvgOverTime => w.sum / w.count as f64,
+            WindowFn::CountOverTime => w.count as f64,
+            WindowFn::MinOverTime => w.min,
+            WindowFn::MaxOverTime => w.max,
+            WindowFn::LastOverTime => w.last.v,
+            WindowFn::FirstOverTime => w.first.v,
+            WindowFn::PresentOverTime => 1.0,
+            WindowFn::Changes => w.changes as f64,
+            WindowFn::Resets => w.resets as f64,
+            WindowFn::TsOfFirstOverTime => w.first.t as f64 / 1000.0,
+            WindowFn::TsOfLastOverTime => w.last.t as f64 / 1000.0,
+        })
+    }
 }
 
 #[cfg(test)]
