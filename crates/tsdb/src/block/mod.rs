@@ -201,10 +201,10 @@ impl Block {
     }
 
     /// `select_ids`, and with `range` (`[mint, maxt]`) only series that may have chunks in
-    /// it, by their time bounds (indexes of version 5; older ones give every matching series):
-    /// the bounds are intersected with the matchers' postings, so that the series of a churned
-    /// block that stopped long before the range (most of what the matchers select) are jumped
-    /// over in runs rather than read one by one.
+    /// it, by their time bounds (where the index keeps them: versions 5 and 6; otherwise
+    /// every matching series): the bounds are intersected with the matchers' postings, so
+    /// that the series of a churned block that stopped long before the range (most of what
+    /// the matchers select) are jumped over in runs rather than read one by one.
     pub fn select_ids_in(&self, matchers: &[Matcher], range: Option<(i64, i64)>) -> Result<Vec<SeriesRef>> {
         let data = self.data()?;
         let q = BlockIndexQuery { ix: &data.index, names: data.names.as_ref(), err: Default::default() };

@@ -219,7 +219,13 @@ mod index_round_trip {
                 sets.iter().map(|(_, m)| Some((m.first()?.mint, m.last()?.maxt))).collect();
             let (base, top) = hulls.iter().flatten().fold((i64::MAX, i64::MIN), |(b, t), h| (b.min(h.0), t.max(h.1)));
             let bounds_unit = if base <= top { ((top as i128 - base as i128) / 65536 + 1) as i64 } else { 1 };
-            let everything = ix.time_filter(i64::MIN, i64::MAX).expect("version 5 keeps time bounds");
+            // Left out when fewer than one series in 16 spans less than half of the block (one
+            // without chunks counts as partial): then no series is passed over.
+            let half = if base <= top { (top as i128 - base as i128) / 2 } else { 0 };
+            let partial = hulls.iter().filter(|h| h.is_none_or(|(a, b)| (b as i128 - a as i128) < half)).count();
+            let kept = partial * super::index::BOUNDS_PARTIAL_SHARE_MIN >= hulls.len();
+            prop_assert_eq!(ix.time_filter(i64::MIN, i64::MAX).is_some(), kept);
+            if let Some(everything) = ix.time_filter(i64::MIN, i64::MAX) {
             for (&id, hull) in ids.iter().zip(&hulls) {
                 prop_assert_eq!(everything.may_overlap(id), hull.is_some());
             }
@@ -231,7 +237,7 @@ mod index_round_trip {
                 queries.extend([(last, last + len), (last + 1, last + 1 + len), (first - len, first), (first - len - 1, first - 1)]);
             }
             for (mint, maxt) in queries {
-                let filter = ix.time_filter(mint, maxt).expect("version 5 keeps time bounds");
+                let filter = ix.time_filter(mint, maxt).expect("kept time bounds");
                 for ((&id, (_, metas)), hull) in ids.iter().zip(&sets).zip(&hulls) {
                     let may = filter.may_overlap(id);
                     if metas.iter().any(|c| c.maxt >= mint && c.mint <= maxt) {
@@ -249,7 +255,7 @@ mod index_round_trip {
                 // by an intersection with a label's postings, it keeps exactly those series.
                 let kept: Vec<SeriesRef> = ids.iter().copied().filter(|&id| filter.may_overlap(id)).collect();
                 let walked: Vec<SeriesRef> = {
-                    let mut p = ix.overlap_postings(mint, maxt).expect("version 5 keeps time bounds");
+                    let mut p = ix.overlap_postings(mint, maxt).expect("kept time bounds");
                     std::iter::from_fn(|| p.next()).take_while(|id| (id.0 as usize) < ids.len()).collect()
                 };
                 prop_assert_eq!(&walked, &kept);
@@ -259,10 +265,11 @@ mod index_round_trip {
                         .into_iter()
                         .filter(|&id| filter.may_overlap(id))
                         .collect();
-                    let overlapping = ix.overlap_postings(mint, maxt).expect("version 5 keeps time bounds");
+                    let overlapping = ix.overlap_postings(mint, maxt).expect("kept time bounds");
                     let got = postings::expand(postings::intersect(vec![Box::new(label), Box::new(overlapping)]));
                     prop_assert_eq!(got, want);
                 }
+            }
             }
             let want: Vec<SeriesRef> =
                 sets.iter().zip(&ids).filter(|(s, _)| s.0.get("l0") == Some("v3")).map(|(_, id)| *id).collect();
@@ -527,6 +534,79 @@ fn version_4_indexes_are_still_read() {
     }
     let p = ix.postings("x", "y").unwrap().unwrap();
     assert_eq!(crate::index::postings::expand(Box::new(p)), [SeriesRef(0), SeriesRef(1)]);
+}
+
+/// Version 5 (time bounds always written) is still read: the worked example as version 5 wrote
+/// it, its bounds kept.
+#[test]
+fn version_5_indexes_are_still_read() {
+    let hex = "53 54 49 58 05 00 00 00 00 00 00 0b 05 01 61 01 62 11 63 21 78 11 79 bb dd 34 dd 09 02 00 01 03 \
+               04 01 00 00 00 09 02 00 02 00 00 01 02 02 02 00 00 00 1a 02 14 80 82 80 80 10 d0 0f 00 e8 07 24 \
+               6c 45 4c 00 01 00 00 03 e8 07 d0 0f a0 19 17 37 99 00 00 00 03 02 00 00 2f 0b f1 77 00 00 00 09 \
+               03 01 01 01 00 04 04 a2 01 d8 df 61 83 00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 1b 00 00 00 \
+               00 00 00 00 2f 00 00 00 00 00 00 00 5c 00 00 00 00 00 00 03 e8 41 d6 28 7c";
+    let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let ix = index::IndexFile::from_bytes(Path::new("v5/index"), bytes::Bytes::from(bytes)).unwrap();
+    let filter = ix.time_filter(2500, 2600).expect("version 5 has time bounds");
+    assert!(!filter.may_overlap(SeriesRef(0)) && !filter.may_overlap(SeriesRef(1)));
+    let filter = ix.time_filter(1500, 3000).expect("version 5 has time bounds");
+    assert!(filter.may_overlap(SeriesRef(0)) && filter.may_overlap(SeriesRef(1)));
+    let mut chunks = Vec::new();
+    let labels = ix.series(SeriesRef(1), &mut chunks, &mut index::ReadCache::default()).unwrap();
+    assert_eq!(labels, Labels::from_pairs([("a", "ac"), ("x", "y")]));
+    assert_eq!(chunks, [ChunkMetaRef { mint: 3000, maxt: 5000, chunk: ChunkRef::new(1, 0x101) }]);
+}
+
+/// Time bounds are left out of a block whose series all span most of it (they would pass over
+/// nothing), and kept once one series in `BOUNDS_PARTIAL_SHARE_MIN` spans less than half of it;
+/// either way every series and chunk reads back.
+#[test]
+fn time_bounds_are_left_out_where_they_would_pass_over_nothing() {
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 64usize;
+    let write = |partial: usize, name: &str| {
+        let path = tmp.path().join(name);
+        let values: Vec<String> = (0..n).map(|i| format!("{i:03}")).collect();
+        let mut symbols: Vec<Arc<str>> = values.iter().map(|v| Arc::from(v.as_str())).collect();
+        symbols.push(Arc::from("s"));
+        symbols.sort();
+        let mut w = index::IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
+        let mut written = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            // Whole-block series start within a second of the block's start and end within a
+            // second of its end (jittered scrapes); partial ones stop a third of the way in.
+            let mint = 1_000_000 + (i as i64 % 3) * 300;
+            let maxt = if i < partial { 1_000_000 + 200_000 } else { 1_600_000 - (i as i64 % 5) * 200 };
+            let meta = ChunkMetaRef { mint, maxt, chunk: ChunkRef::new(1, 0x100 + i as u32) };
+            let labels = Labels::from_pairs([("s", v.as_str())]);
+            w.add_series(&labels, &[meta]).unwrap();
+            written.push((labels, meta));
+        }
+        w.finish().unwrap();
+        let ix = IndexFile::open(&crate::vfs::OsFs, &path).unwrap();
+        let mut chunks = Vec::new();
+        for (id, (labels, meta)) in written.iter().enumerate() {
+            assert_eq!(
+                &ix.series(SeriesRef(id as u64), &mut chunks, &mut index::ReadCache::default()).unwrap(),
+                labels
+            );
+            assert_eq!(chunks, [*meta]);
+        }
+        (
+            ix.time_filter(1_500_000, 1_600_000)
+                .map(|f| (0..n as u64).filter(|&i| f.may_overlap(SeriesRef(i))).count()),
+            std::fs::metadata(&path).unwrap().len(),
+        )
+    };
+    let (none, bytes_without) = write(0, "steady");
+    assert_eq!(none, None, "every series spans the block: no bounds");
+    let few = n / index::BOUNDS_PARTIAL_SHARE_MIN;
+    let (under, _) = write(few - 1, "few");
+    assert_eq!(under, None, "fewer than one in 16 partial: no bounds");
+    let (kept, bytes_with) = write(few, "churned");
+    assert_eq!(kept, Some(n - few), "the partial series are passed over at the block's end");
+    assert!(bytes_with >= bytes_without + 4 * n as u64 - 8, "{bytes_with} vs {bytes_without}");
 }
 
 mod packed_postings {

@@ -35,8 +35,11 @@ pub const MAGIC: u32 = 0x5354_4958;
 /// page's first entry and chunk times in the page's time unit, the next path of a name as a
 /// one-byte postings table row, and a front-coded symbol's two lengths in a byte (version 4);
 /// every series' time bounds at the page table's end, so a query skips the series that have no
-/// chunk in its range without decoding their entries (version 5). Versions 1 to 4 are still read.
-pub const VERSION: u8 = 5;
+/// chunk in its range without decoding their entries (version 5); those bounds left out of a
+/// block where they would pass over next to nothing (`BOUNDS_PARTIAL_SHARE_MIN`): series that
+/// all span the block, as a Graphite server's or a steady scrape's do (version 6). Versions 1
+/// to 5 are still read.
+pub const VERSION: u8 = 6;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
 pub const SERIES_ALIGN: u64 = 8;
@@ -59,6 +62,11 @@ const VALUE_WALK_ROWS_PER_VALUE_MAX: usize = 16;
 /// Version 5's series time bounds count time in units of the block's span divided into this
 /// many steps, so that one series' bounds take two u16.
 pub const BOUNDS_STEPS: u64 = 1 << 16;
+/// The time bounds are written (version 6) when at least one series in this many spans less
+/// than half of the block: a query over part of the block can then pass over a share of the
+/// series worth four bytes each. Otherwise (every series spans most of the block: no churn)
+/// they would pass over next to nothing, and are left out.
+pub const BOUNDS_PARTIAL_SHARE_MIN: usize = 16;
 pub const INDEX_FILE: &str = "index";
 
 pub use symbols::SYMBOL_GROUP;
@@ -368,10 +376,21 @@ impl IndexWriter {
 /// `unit` from `base` (u16 each, big-endian; rounded down, so a series' samples lie within
 /// `[base + first × unit, base + (last + 1) × unit)`; a series without chunks is `ffff 0000`).
 /// The unit is the smallest that puts the block's whole span in `BOUNDS_STEPS` steps.
+///
+/// Left out (version 6) when fewer than one series in `BOUNDS_PARTIAL_SHARE_MIN` spans less
+/// than half of the block (a series without chunks counts as partial): then `base` and `unit`
+/// are both written 0 and no series follows.
 fn encode_bounds(bounds: &[(i64, i64)], base_time: i64, out: &mut Vec<u8>) {
     let with_chunks = || bounds.iter().filter(|(mint, maxt)| mint <= maxt);
     let base = with_chunks().map(|b| b.0).min().unwrap_or(base_time);
     let top = with_chunks().map(|b| b.1).max().unwrap_or(base_time);
+    let half = (top as i128 - base as i128) / 2;
+    let partial = bounds.iter().filter(|(mint, maxt)| (*maxt as i128 - *mint as i128) < half).count();
+    if partial * BOUNDS_PARTIAL_SHARE_MIN < bounds.len() {
+        put_varint(out, 0);
+        put_uvarint(out, 0);
+        return;
+    }
     let unit = bounds_unit(base, top);
     put_varint(out, base.wrapping_sub(base_time));
     put_uvarint(out, unit);
@@ -693,16 +712,21 @@ impl IndexFile {
         if self.version >= 5 {
             let base = self.base_time.wrapping_add(d.varint("time bounds base").map_err(|e| e.to_string())?);
             let unit = d.uvarint("time bounds unit").map_err(|e| e.to_string())?;
-            if unit == 0 {
+            // Version 6 leaves them out as base 0 and unit 0, with nothing after.
+            let left_out = self.version >= 6 && base == self.base_time && d.is_empty();
+            if unit == 0 && !left_out {
                 return Err("the time bounds' unit is 0".into());
             }
-            let len = count
-                .checked_mul(4)
-                .filter(|&l| l == d.remaining() as u64)
-                .ok_or_else(|| format!("{} bytes of time bounds for {count} series (4 each)", d.remaining()))?;
-            let bytes = d.bytes(len as usize, "time bounds").map_err(|e| e.to_string())?;
-            debug_assert_eq!(bytes.len() as u64, len);
-            self.bounds = Some(TimeBounds { at: body_at + d.offset() - len as usize, len: len as usize, base, unit });
+            if unit != 0 {
+                let len = count
+                    .checked_mul(4)
+                    .filter(|&l| l == d.remaining() as u64)
+                    .ok_or_else(|| format!("{} bytes of time bounds for {count} series (4 each)", d.remaining()))?;
+                let bytes = d.bytes(len as usize, "time bounds").map_err(|e| e.to_string())?;
+                debug_assert_eq!(bytes.len() as u64, len);
+                self.bounds =
+                    Some(TimeBounds { at: body_at + d.offset() - len as usize, len: len as usize, base, unit });
+            }
         }
         if !d.is_empty() {
             return Err("bytes after the page rows".into());
