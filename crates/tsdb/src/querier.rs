@@ -836,6 +836,7 @@ impl<'a> Querier<'a> {
         // Series without a chunk in range (after churn, most of what matchers select in a long
         // block) are passed over by their time bounds, without decoding their entries, and
         // before `out` is sized (the churn bench's matchers select 18,144 ids; 140 are returned).
+        // The few the bounds let through without a chunk in range are left out below.
         let ids = block.select_ids_in(matchers, Some((self.mint, self.maxt)))?;
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {

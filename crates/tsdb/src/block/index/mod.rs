@@ -67,6 +67,8 @@ pub const BOUNDS_STEPS: u64 = 1 << 16;
 /// series worth four bytes each. Otherwise (every series spans most of the block: no churn)
 /// they would pass over next to nothing, and are left out.
 pub const BOUNDS_PARTIAL_SHARE_MIN: usize = 16;
+/// Series an `OverlapPostings` scan passes over before it yields one anyway.
+pub const OVERLAP_SCAN_MAX: u64 = 256;
 pub const INDEX_FILE: &str = "index";
 
 pub use symbols::SYMBOL_GROUP;
@@ -438,6 +440,11 @@ impl TimeFilter<'_> {
 /// with no chunk in the range (after churn, most of what the matchers select in a long block)
 /// instead of stepping through their postings one by one. Ids past the block's series are let
 /// through, as `TimeFilter::may_overlap` does (reading them reports the damage).
+///
+/// A superset: a scan that meets `OVERLAP_SCAN_MAX` passed-over series in a row stops at the
+/// last one and yields it, so that an intersection never scans far past where the matchers'
+/// postings end (a selective matcher's one series, then a million dead ones). Whoever reads
+/// the ids it yields checks each series' chunks against the range anyway.
 #[derive(Debug)]
 pub struct OverlapPostings {
     map: Bytes,
@@ -452,10 +459,12 @@ pub struct OverlapPostings {
 }
 
 impl OverlapPostings {
-    /// The first id at or after `from` that may overlap, made current.
+    /// The first id at or after `from` that may overlap, or the last of `OVERLAP_SCAN_MAX`
+    /// that do not, made current.
     fn scan_from(&mut self, from: u64) -> Option<SeriesRef> {
         let mut id = from;
-        while id < self.series {
+        let scan_end = from.saturating_add(OVERLAP_SCAN_MAX - 1).min(self.series);
+        while id < scan_end {
             let i = self.at + id as usize * 4;
             let b = &self.map[i..i + 4];
             let first = u16::from_be_bytes([b[0], b[1]]) as i64;
