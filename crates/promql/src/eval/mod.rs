@@ -401,13 +401,19 @@ impl Ctx {
     /// (each valid for `window` after it) can reach, all steps when pinned by `@`. Sized once
     /// rather than grown step by step, and not the whole range for a short-lived series.
     pub fn points_capacity(&self, samples: &[Point], window: i64, pinned: bool) -> usize {
-        match (samples.first(), samples.last()) {
-            (Some(a), Some(b)) if !pinned => {
-                let span = b.t.saturating_sub(a.t).saturating_add(window);
+        let span = samples.first().zip(samples.last()).map(|(a, b)| (a.t, b.t));
+        self.capacity_for_span(span, window, pinned)
+    }
+
+    /// `points_capacity` for data from `first` to `last` (`None`: no data).
+    pub fn capacity_for_span(&self, span: Option<(i64, i64)>, window: i64, pinned: bool) -> usize {
+        match span {
+            Some((first, last)) if !pinned => {
+                let span = last.saturating_sub(first).saturating_add(window);
                 usize::try_from(span / self.step.max(1) + 1).unwrap_or(usize::MAX).min(self.n)
             }
-            (Some(_), _) => self.n,
-            _ => 0,
+            Some(_) => self.n,
+            None => 0,
         }
     }
 

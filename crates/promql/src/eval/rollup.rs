@@ -244,19 +244,11 @@ impl Evaluator<'_> {
     }
 }
 
-/// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): the
-/// steps from its first bucket's end to its last one's plus `window`, all of them if pinned
-/// by `@`. Sized once, the buffer never grows (a 30-day range of a thousand series is
-/// megabytes of points).
+/// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): sized
+/// once, the buffer never grows (a 30-day range of a thousand series is megabytes of points).
 fn points_capacity(ctx: &Ctx, buckets: &[Bucket], window: i64, pinned: bool) -> usize {
-    match (buckets.first(), buckets.last()) {
-        (Some(a), Some(b)) if !pinned => {
-            let span = b.end.saturating_sub(a.end).saturating_add(window);
-            usize::try_from(span / ctx.step.max(1) + 1).unwrap_or(usize::MAX).min(ctx.n)
-        }
-        (Some(_), _) => ctx.n,
-        _ => 0,
-    }
+    let span = buckets.first().zip(buckets.last()).map(|(a, b)| (a.end, b.end));
+    ctx.capacity_for_span(span, window, pinned)
 }
 
 /// Prometheus' note on `rate`/`increase` of a metric whose name does not say counter.
