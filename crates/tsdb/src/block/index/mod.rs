@@ -429,10 +429,17 @@ impl TimeFilter<'_> {
     #[inline]
     pub fn may_overlap(&self, id: SeriesRef) -> bool {
         let Some(b) = usize::try_from(id.0).ok().and_then(|i| self.bounds.get(i * 4..i * 4 + 4)) else { return true };
-        let first = u16::from_be_bytes([b[0], b[1]]) as i64;
-        let last = u16::from_be_bytes([b[2], b[3]]) as i64;
-        first <= last && last >= self.first && first <= self.last
+        bounds_overlap(b, self.first, self.last)
     }
+}
+
+/// Whether one series' bounds (`first u16 | last u16`, steps) may overlap the steps
+/// `[first, last]`; a series without chunks (`ffff 0000`) never does.
+#[inline]
+fn bounds_overlap(b: &[u8], first: i64, last: i64) -> bool {
+    let from = u16::from_be_bytes([b[0], b[1]]) as i64;
+    let to = u16::from_be_bytes([b[2], b[3]]) as i64;
+    from <= to && to >= first && from <= last
 }
 
 /// The series a `TimeFilter` lets through, as a postings cursor over the bounds (ids in order).
@@ -466,10 +473,7 @@ impl OverlapPostings {
         let scan_end = from.saturating_add(OVERLAP_SCAN_MAX - 1).min(self.series);
         while id < scan_end {
             let i = self.at + id as usize * 4;
-            let b = &self.map[i..i + 4];
-            let first = u16::from_be_bytes([b[0], b[1]]) as i64;
-            let last = u16::from_be_bytes([b[2], b[3]]) as i64;
-            if first <= last && last >= self.first && first <= self.last {
+            if bounds_overlap(&self.map[i..i + 4], self.first, self.last) {
                 break;
             }
             id += 1;
@@ -1458,11 +1462,9 @@ impl PackedPostings {
             return self.finish();
         }
         // Most seeks of an intersection land in the current block: no look at the next ones.
-        if self.pos < self.ids.len() && self.ids.last().is_some_and(|&last| last as u64 >= target.0) {
-            return Some(self.seek_in_block(target.0));
-        }
-        // Skip whole blocks while the next one starts at or before the target.
-        while let Some((first, _, _)) = self.peek_block() {
+        // Otherwise, skip whole blocks while the next one starts at or before the target.
+        while !self.rest_reaches(target.0) {
+            let Some((first, _, _)) = self.peek_block() else { break };
             if (first as u64) > target.0 {
                 break;
             }
@@ -1476,12 +1478,10 @@ impl PackedPostings {
         }
         // The target is in the current block's rest or in the next block.
         loop {
-            if self.pos < self.ids.len() {
-                if self.ids.last().is_some_and(|&last| last as u64 >= target.0) {
-                    return Some(self.seek_in_block(target.0));
-                }
-                self.pos = self.ids.len();
+            if self.rest_reaches(target.0) {
+                return Some(self.seek_in_block(target.0));
             }
+            self.pos = self.ids.len();
             if !self.enter_block(true) {
                 return self.finish();
             }
@@ -1494,6 +1494,11 @@ impl PackedPostings {
         let n = self.ids_left.min(POSTINGS_BLOCK);
         let after = data + ((n - 1) * width as usize).div_ceil(8);
         self.block_header(after, first, self.ids_left - n).map(|(f, _, _)| f)
+    }
+
+    /// Whether the current block's ids after the current one include one at or after `target`.
+    fn rest_reaches(&self, target: u64) -> bool {
+        self.pos < self.ids.len() && self.ids.last().is_some_and(|&last| last as u64 >= target)
     }
 
     /// The first id at or after `target` in the current block's rest, which holds one; made
