@@ -16,5 +16,7 @@ pub use parser::{parse, parse_with, Features};
 pub mod eval;
 pub mod value;
 
-pub use eval::{visit_rollup_with, Engine, EngineOptions, QueryOutput, QueryStats, SourceResolution, Storage};
+pub use eval::{
+    map_rollup_with, Engine, EngineOptions, QueryOutput, QueryStats, RollupMapFn, SourceResolution, Storage,
+};
 pub use value::{Annotation, Point, Series, Value};

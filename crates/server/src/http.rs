@@ -1319,18 +1319,19 @@ impl strata_promql::Storage for QueryStorage {
         self.db.rollup_tiers()
     }
 
-    fn visit_rollup(
+    fn map_rollup(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
         columns: strata_tsdb::chunkenc::rollup::ColumnSet,
-        f: &mut dyn FnMut(&strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+        map: &strata_promql::RollupMapFn<'_>,
+        sink: &mut dyn FnMut(strata_promql::Series) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         let stop = || self.stopper.stop();
         let limits = read_limits(&self.limits, &stop);
-        strata_promql::visit_rollup_with(&self.db, interval_ms, matchers, mint, maxt, columns, &limits, f)
+        strata_promql::map_rollup_with(&self.db, interval_ms, matchers, mint, maxt, columns, &limits, map, sink)
             .map_err(read_error)?
     }
 }

@@ -51,22 +51,27 @@ pub trait Storage: Sync {
         Vec::new()
     }
 
-    /// Hands `f` the buckets of the tier of `interval_ms`, the aggregates in `columns`, a
-    /// series at a time (`Db::rollup_visit`); returns the number of matching series of native
-    /// histograms instead when there are any.
+    /// The tier of `interval_ms`'s buckets for the series matching `matchers`, the aggregates
+    /// in `columns` (`Db::rollup_map`): each series turned into a result by `map` (on the
+    /// decoding workers, in parallel), the results handed to `sink` in label order. Returns
+    /// the number of matching series of native histograms instead when there are any.
     #[allow(clippy::too_many_arguments, reason = "a selection's range and its consumer")]
-    fn visit_rollup(
+    fn map_rollup(
         &self,
         interval_ms: i64,
         _matchers: &[Matcher],
         _mint: i64,
         _maxt: i64,
         _columns: ColumnSet,
-        _f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
+        _map: &RollupMapFn<'_>,
+        _sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
         Err(EvalError::Storage(format!("no rollup tier of {interval_ms} ms")))
     }
 }
+
+/// What evaluation makes of one series' tier buckets (run on the decoding workers).
+pub type RollupMapFn<'a> = dyn Fn(&RollupSeries) -> Result<Option<Series>, EvalError> + Sync + 'a;
 
 impl Storage for strata_tsdb::head::Head {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
@@ -85,24 +90,26 @@ impl Storage for strata_tsdb::Db {
         strata_tsdb::Db::rollup_tiers(self)
     }
 
-    fn visit_rollup(
+    fn map_rollup(
         &self,
         interval_ms: i64,
         matchers: &[Matcher],
         mint: i64,
         maxt: i64,
         columns: ColumnSet,
-        f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
+        map: &RollupMapFn<'_>,
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<usize, EvalError> {
-        visit_rollup_with(self, interval_ms, matchers, mint, maxt, columns, &Default::default(), f)
+        map_rollup_with(self, interval_ms, matchers, mint, maxt, columns, &Default::default(), map, sink)
             .map_err(|e| EvalError::Storage(e.to_string()))?
     }
 }
 
-/// `Db::rollup_visit` with a consumer that fails with the engine's errors: the first one
-/// stops the read and is returned as it is (`Ok(Err(e))`); storage errors are the outer ones.
-#[allow(clippy::too_many_arguments, reason = "Db::rollup_visit's arguments")]
-pub fn visit_rollup_with(
+/// `Db::rollup_map` with a consumer that fails with the engine's errors: the first one (from
+/// `map` or `sink`) stops the read and is returned as it is (`Ok(Err(e))`); storage errors are
+/// the outer ones.
+#[allow(clippy::too_many_arguments, reason = "Db::rollup_map's arguments")]
+pub fn map_rollup_with(
     db: &strata_tsdb::Db,
     interval_ms: i64,
     matchers: &[Matcher],
@@ -110,13 +117,14 @@ pub fn visit_rollup_with(
     maxt: i64,
     columns: ColumnSet,
     limits: &strata_tsdb::querier::ReadLimits<'_>,
-    f: &mut dyn FnMut(&RollupSeries) -> Result<(), EvalError>,
+    map: &RollupMapFn<'_>,
+    sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
 ) -> Result<Result<usize, EvalError>, strata_tsdb::Error> {
     let mut failed: Option<EvalError> = None;
     // PromQL's windows `(t - r, t]` are answered by right-closed tiers only.
     let tier = strata_tsdb::block::RollupMeta { interval_ms, closed: strata_tsdb::rollup::Closed::Right };
-    let out = db.rollup_visit(tier, matchers, mint, maxt, columns, limits, &mut |s| {
-        f(s).map_err(|e| {
+    let out = db.rollup_map(tier, matchers, mint, maxt, columns, limits, map, &mut |mapped| {
+        mapped.and_then(|s| s.map_or(Ok(()), &mut *sink)).map_err(|e| {
             failed = Some(e);
             strata_tsdb::Error::Stopped(strata_tsdb::error::Stop::Canceled)
         })

@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 
 use strata_model::{Labels, METRIC_NAME};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
+use strata_tsdb::db::RollupSeries;
 use strata_tsdb::rollup::{Bucket, RollupTier};
 
 use super::range_functions::{per_second_divisor, Sampled};
@@ -116,24 +117,27 @@ impl Evaluator<'_> {
         }
     }
 
-    /// Hands `f` the tier's buckets for `sel` over `[mint, maxt]`, a series at a time;
-    /// `RollupUnsuitable` if native histograms match (tiers do not hold them).
-    fn visit_buckets(
+    /// The tier's buckets for `sel` over `[mint, maxt]`, each series turned into a result by
+    /// `map` (on the decoding workers, in parallel), the results handed to `sink` in label
+    /// order; `RollupUnsuitable` if native histograms match (tiers do not hold them).
+    fn map_buckets(
         &self,
         tier: RollupTier,
         sel: &VectorSelector,
         (mint, maxt): (i64, i64),
         columns: &[Column],
-        f: &mut dyn FnMut(&strata_tsdb::db::RollupSeries) -> Result<(), EvalError>,
+        map: &(dyn Fn(&RollupSeries) -> Option<Series> + Sync),
+        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
         // First and last always: combining buckets in time order reads them.
         let columns = ColumnSet::of(&[columns, &[Column::First, Column::Last]].concat());
         let read = &self.buckets_read;
-        let histograms = self.st.visit_rollup(tier.interval_ms, &sel.matchers, mint, maxt, columns, &mut |s| {
+        let map = |s: &RollupSeries| {
             read.fetch_add(s.buckets.len(), Ordering::Relaxed);
             self.check("series selection")?;
-            f(s)
-        })?;
+            Ok(map(s))
+        };
+        let histograms = self.st.map_rollup(tier.interval_ms, &sel.matchers, mint, maxt, columns, &map, sink)?;
         if histograms > 0 {
             return Err(EvalError::RollupUnsuitable("native histograms match the selector"));
         }
@@ -155,7 +159,7 @@ impl Evaluator<'_> {
         let lookback = self.lookback();
         let end_at = |t: i64| at.unwrap_or(t) - offset;
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
-        self.visit_buckets(tier, sel, (first - lookback + 1, last), &[], &mut |s| {
+        let map = |s: &RollupSeries| {
             let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, lookback, at.is_some()));
             let mut j = 0;
             for i in 0..ctx.n {
@@ -176,11 +180,11 @@ impl Evaluator<'_> {
             }
             if points.is_empty() {
                 point_buffers::POOL.give(points);
-            } else {
-                sink(Series::new(s.labels.clone(), points))?;
+                return None;
             }
-            Ok(())
-        })
+            Some(Series::new(s.labels.clone(), points))
+        };
+        self.map_buckets(tier, sel, (first - lookback + 1, last), &[], &map, sink)
     }
 
     /// A range function over a plain range selector, from a tier: each step's window is a run
@@ -203,7 +207,7 @@ impl Evaluator<'_> {
         let Some(func) = WindowFn::of(name) else {
             return Err(EvalError::RollupUnsuitable("a range function tiers do not answer"));
         };
-        self.visit_buckets(tier, &m.vector, (first - spec.range + 1, last), func.columns(), &mut |s| {
+        let map = |s: &RollupSeries| {
             if matches!(name, "rate" | "increase") {
                 note_not_counter(self, &s.labels, matrix.start);
             }
@@ -236,11 +240,11 @@ impl Evaluator<'_> {
             }
             if points.is_empty() {
                 point_buffers::POOL.give(points);
-            } else {
-                sink(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: !keeps_name })?;
+                return None;
             }
-            Ok(())
-        })
+            Some(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: !keeps_name })
+        };
+        self.map_buckets(tier, &m.vector, (first - spec.range + 1, last), func.columns(), &map, sink)
     }
 }
 

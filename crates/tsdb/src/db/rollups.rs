@@ -183,7 +183,39 @@ impl Db {
         let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.meta() == tier) else {
             return Err(Error::NoSuchTier { tier });
         };
-        self.inner.visit_buckets(tier, matchers, mint, maxt, columns, limits, f)
+        let sink = &mut |s: RollupSeries| {
+            let handed = f(&s);
+            buffers::give(s.buckets);
+            handed
+        };
+        self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, &|s| s, sink)
+    }
+
+    /// `rollup_visit` with the work per series split in two: `map` turns each series into a
+    /// `T` on the decoding workers (in parallel, as soon as its buckets are decoded), `sink`
+    /// takes the results in label order on this thread. The buckets lent to `map` go back to
+    /// the reused buffers afterwards. Returns as `rollup_visit` does.
+    #[allow(clippy::too_many_arguments, reason = "a selection's range, limits and its consumer")]
+    pub fn rollup_map<T: Send>(
+        &self,
+        tier: RollupMeta,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        columns: ColumnSet,
+        limits: &ReadLimits<'_>,
+        map: &(dyn Fn(&RollupSeries) -> T + Sync),
+        sink: &mut dyn FnMut(T) -> Result<()>,
+    ) -> Result<usize> {
+        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.meta() == tier) else {
+            return Err(Error::NoSuchTier { tier });
+        };
+        let map = |s: RollupSeries| {
+            let mapped = map(&s);
+            buffers::give(s.buckets);
+            mapped
+        };
+        self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, &map, sink)
     }
 
     /// `rollup_visit`, collected.
@@ -454,7 +486,7 @@ impl Inner {
     }
 
     #[allow(clippy::too_many_arguments, reason = "Db::rollup_visit's arguments, passed through")]
-    fn visit_buckets(
+    fn map_buckets<T: Send>(
         &self,
         tier: &Tier,
         matchers: &[Matcher],
@@ -462,7 +494,8 @@ impl Inner {
         maxt: i64,
         columns: ColumnSet,
         limits: &ReadLimits<'_>,
-        f: &mut dyn FnMut(&RollupSeries) -> Result<()>,
+        map: &(dyn Fn(RollupSeries) -> T + Sync),
+        sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<usize> {
         let (interval, closed) = (tier.spec.interval_ms, tier.spec.closed);
         let (first_end, last_end) = (closed.bucket_end(mint, interval), closed.bucket_end(maxt, interval));
@@ -563,7 +596,20 @@ impl Inner {
         let fresh: BlockList = RwLock::new(Arc::new(fresh));
         let selected =
             Querier::with_blocks(&self.head, &fresh, lo, hi).with_limits(limits).without_head().select(matchers)?;
-        let decode_one = |s: &crate::querier::Series| -> Result<Vec<Bucket>> {
+        // Each tier series' raw part (both sides are in label order), and the series only the
+        // raw part has, each with the position among the tier's series it is handed over at.
+        let mut raw_parts: Vec<Option<RollupSeries>> = Vec::with_capacity(selected.len());
+        let mut raw_only: Vec<(usize, RollupSeries)> = Vec::new();
+        let mut from_raw = from_raw.into_iter().peekable();
+        for (i, s) in selected.iter().enumerate() {
+            while let Some(r) = from_raw.next_if(|r| r.labels < s.labels) {
+                raw_only.push((i, r));
+            }
+            raw_parts.push(from_raw.next_if(|r| r.labels == s.labels));
+        }
+        raw_only.extend(from_raw.map(|r| (selected.len(), r)));
+        // A tier series' buckets, merged with its raw part, mapped (on a decoding worker).
+        let decode_one = |i: usize, s: &crate::querier::Series| -> Result<Option<T>> {
             let chunks = s.chunks.iter().map(|c| c.data.bytes()).collect::<Result<Vec<_>, _>>();
             let chunks = chunks.map_err(|e| corrupt_tier(tier, &s.labels, e))?;
             // Room for every bucket at once (the count is in each chunk's header), in a buffer
@@ -579,46 +625,47 @@ impl Inner {
             if !s.deleted_intervals().is_empty() {
                 buckets.retain(|b| !deleted_touches(s.deleted_intervals(), b, tier.spec.meta()));
             }
-            Ok(buckets)
-        };
-        let mut from_raw = from_raw.into_iter().peekable();
-        let mut emit = |s: &crate::querier::Series, mut buckets: Vec<Bucket>| -> Result<()> {
-            while from_raw.peek().is_some_and(|r| r.labels < s.labels) {
-                f(&from_raw.next().expect("peeked"))?;
-            }
-            if from_raw.peek().is_some_and(|r| r.labels == s.labels) {
-                let raw_part = from_raw.next().expect("peeked");
+            if let Some(raw_part) = &raw_parts[i] {
                 let mut merged = buffers::take(buckets.len() + raw_part.buckets.len());
                 merge_runs(&buckets, &raw_part.buckets, &mut merged);
                 buffers::give(std::mem::replace(&mut buckets, merged));
             }
-            if !buckets.is_empty() {
-                let series = RollupSeries { labels: s.labels.clone(), buckets };
-                f(&series)?;
-                buckets = series.buckets;
+            if buckets.is_empty() {
+                buffers::give(buckets);
+                return Ok(None);
             }
-            buffers::give(buckets);
-            Ok(())
+            Ok(Some(map(RollupSeries { labels: s.labels.clone(), buckets })))
+        };
+        // Hands over, in label order, the raw-only series due before tier series `i`, then
+        // that series' result.
+        let mut raw_only = raw_only.into_iter().peekable();
+        let mut emit = |i: usize, mapped: Option<T>| -> Result<()> {
+            while let Some((_, r)) = raw_only.next_if(|(at, _)| *at <= i) {
+                sink(map(r))?;
+            }
+            mapped.map_or(Ok(()), &mut *sink)
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PARALLEL_THREADS_MAX);
         if threads <= 1 || selected.len() < PARALLEL_SERIES_MIN {
-            for s in &selected {
-                let buckets = decode_one(s)?;
-                emit(s, buckets)?;
+            for (i, s) in selected.iter().enumerate() {
+                let mapped = decode_one(i, s)?;
+                emit(i, mapped)?;
             }
         } else {
-            // Worker w decodes batches w, w+T, …; this thread takes them in turn, so series
-            // arrive in label order while a few batches are decoded ahead.
+            // Worker w decodes and maps batches w, w+T, …; this thread takes them in turn, so
+            // results arrive in label order while a few batches are decoded ahead.
             let batches: Vec<&[crate::querier::Series]> = selected.chunks(PARALLEL_BATCH).collect();
             std::thread::scope(|scope| -> Result<()> {
                 let mut rxs = Vec::with_capacity(threads);
                 for w in 0..threads {
-                    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Vec<Bucket>>>>(2);
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Option<T>>>>(2);
                     rxs.push(rx);
                     let (batches, decode_one) = (&batches, &decode_one);
                     scope.spawn(move || {
-                        for batch in batches.iter().skip(w).step_by(threads) {
-                            let r: Result<Vec<Vec<Bucket>>> = batch.iter().map(decode_one).collect();
+                        for b in (w..batches.len()).step_by(threads) {
+                            let first = b * PARALLEL_BATCH;
+                            let r: Result<Vec<Option<T>>> =
+                                batches[b].iter().enumerate().map(|(j, s)| decode_one(first + j, s)).collect();
                             let failed = r.is_err();
                             if tx.send(r).is_err() || failed {
                                 return;
@@ -626,21 +673,19 @@ impl Inner {
                         }
                     });
                 }
-                for (i, batch) in batches.iter().enumerate() {
-                    let decoded = rxs[i % threads].recv().map_err(|_| Error::BlockCorrupt {
+                for b in 0..batches.len() {
+                    let mapped = rxs[b % threads].recv().map_err(|_| Error::BlockCorrupt {
                         block: tier.dir.clone(),
                         reason: "a rollup decoding worker stopped".into(),
                     })??;
-                    for (s, buckets) in batch.iter().zip(decoded) {
-                        emit(s, buckets)?;
+                    for (j, m) in mapped.into_iter().enumerate() {
+                        emit(b * PARALLEL_BATCH + j, m)?;
                     }
                 }
                 Ok(())
             })?;
         }
-        for rest in from_raw {
-            f(&rest)?;
-        }
+        emit(selected.len(), None)?;
         Ok(0)
     }
 

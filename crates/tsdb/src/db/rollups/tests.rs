@@ -92,6 +92,21 @@ fn check(db: &Db, model: &Model, tier: RollupTier, mint: i64, maxt: i64) {
     let (interval, closed) = (tier.interval_ms, tier.closed);
     let selection = db.rollup_select(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
     let got = selection.series;
+    assert!(got.windows(2).all(|p| p[0].labels < p[1].labels), "series in label order, each once");
+    // Mapped on the decoding workers: the same series and buckets, in the same order.
+    let mut mapped = Vec::new();
+    // (NaN values compared by their bits.)
+    let brief = |s: &RollupSeries| -> (Labels, Vec<(i64, u64, i64, u64)>) {
+        (s.labels.clone(), s.buckets.iter().map(|b| (b.end, b.count, b.last.t, b.last.v.to_bits())).collect())
+    };
+    let histograms = db
+        .rollup_map(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default(), &brief, &mut |m| {
+            mapped.push(m);
+            Ok(())
+        })
+        .unwrap();
+    let selected: Vec<_> = got.iter().map(brief).collect();
+    assert_eq!((histograms, &mapped), (selection.histogram_series, &selected));
     let (first_end, last_end) = (closed.bucket_end(mint, interval), closed.bucket_end(maxt, interval));
     let mut want_series = 0;
     for (i, samples) in model {
@@ -163,6 +178,29 @@ fn tiers_hold_what_raw_retention_deleted_and_answer_as_raw_did() {
         db.rollup_select(RollupTier::left(30_000, 0).meta(), &all(), 0, MIN, ColumnSet::ALL, &ReadLimits::default()),
         Err(Error::NoSuchTier { tier }) if tier == RollupTier::left(30_000, 0).meta()
     ));
+}
+
+#[test]
+fn series_only_raw_data_holds_come_in_label_order_among_the_tiers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let db = Db::open(tmp.path(), opts(0, &TIERS)).unwrap();
+    run(&db, &mut model, 0, 12 * MIN);
+    assert!(db.status(1).unwrap().tiers.iter().all(|t| !t.blocks.is_empty()), "rolled up");
+    // New series, in the head only, whose labels sort between the rolled-up ones ("0" < "1" <
+    // "10" < "2" < "25" < "3" < "4"), and after them.
+    for t in (12 * MIN..14 * MIN).step_by(1000) {
+        let mut app = db.appender();
+        for i in [10usize, 25, 4] {
+            app.append(&series(i), t + 7, value(i, t + 7)).unwrap();
+            model.entry(i).or_default().insert(t + 7, value(i, t + 7));
+        }
+        app.commit().unwrap();
+    }
+    for tier in TIERS {
+        check(&db, &model, tier, 0, 14 * MIN);
+        check(&db, &model, tier, 11 * MIN, 14 * MIN);
+    }
 }
 
 #[test]
