@@ -15,6 +15,7 @@ use strata_graphite::render::{
 use strata_graphite::schema::{Policy, Schemas};
 use strata_model::{Labels, Matcher};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
+use strata_tsdb::db::RollupSeries;
 use strata_tsdb::querier::ReadLimits;
 use strata_tsdb::rollup::{ArchiveRule, ArchiveValue, Bucket, Closed, RollupTier, SeriesFilter};
 use strata_tsdb::Db;
@@ -118,24 +119,27 @@ fn columns(needs: TierNeeds) -> ColumnSet {
     ColumnSet::of(&columns)
 }
 
-/// Hands `answer` the intervals of `tier` over `[mint, maxt]` (ms) of each series `matchers`
-/// select (with data there), in label order, in one buffer reused from series to series; of
-/// the stored aggregates only those `needs` names are read (the others are zero).
-/// `false` when a matching series holds native histograms (tiers do not: read raw instead).
-fn read_tier(
+/// What `answer` makes of the intervals of `tier` over `[mint, maxt]` (ms) of each series
+/// `matchers` select (with data there), handed to `sink` in label order; `answer` runs on the
+/// tier's decoding workers, in parallel. Of the stored aggregates only those `needs` names are
+/// read (the others are zero). `false` when a matching series holds native histograms (tiers
+/// do not: read raw instead).
+fn read_tier<T: Send>(
     db: &Db,
     (tier, needs): (&RollupTier, TierNeeds),
     matchers: &[Matcher],
     (mint, maxt): (i64, i64),
     limits: &ReadLimits<'_>,
-    answer: &mut dyn FnMut(&Labels, &[TierInterval]),
+    answer: &(dyn Fn(&Labels, &[TierInterval]) -> Option<T> + Sync),
+    sink: &mut dyn FnMut(T),
 ) -> Result<bool, strata_tsdb::Error> {
     let step_s = tier.interval_ms / 1000;
-    let mut intervals = Vec::new();
-    let histograms = db.rollup_visit(tier.meta(), matchers, mint, maxt, columns(needs), limits, &mut |s| {
-        intervals.clear();
-        intervals.extend(s.buckets.iter().map(|b| interval_of(b, step_s)));
-        answer(&s.labels, &intervals);
+    let map = |s: &RollupSeries| {
+        let intervals: Vec<TierInterval> = s.buckets.iter().map(|b| interval_of(b, step_s)).collect();
+        answer(&s.labels, &intervals)
+    };
+    let histograms = db.rollup_map(tier.meta(), matchers, mint, maxt, columns(needs), limits, &map, &mut |t| {
+        t.map(&mut *sink);
         Ok(())
     })?;
     Ok(histograms == 0)
@@ -193,14 +197,15 @@ pub(super) fn answer_from_tiers(
                 acc.union(TierNeeds::of(policy(i), step_s, strict(i, &next_pick)))
             });
             let mut not_kept = vec![false; n];
-            let mut answer = |labels: &Labels, intervals: &[TierInterval]| {
-                let Some(&i) = index.get(labels).filter(|&&i| due(i, &next_pick)) else { return };
-                match fetch_from_tier(intervals, step_s, policy(i), (from, until, now), strict(i, &next_pick)) {
-                    Ok(fetched) => answers[i] = Some(fetched),
-                    Err(ArchiveNotKept) => not_kept[i] = true,
-                }
+            let answer = |labels: &Labels, intervals: &[TierInterval]| {
+                let &i = index.get(labels).filter(|&&i| due(i, &next_pick))?;
+                Some((i, fetch_from_tier(intervals, step_s, policy(i), (from, until, now), strict(i, &next_pick))))
             };
-            let answered = read_tier(db, (tier, needs), matchers, (mint, maxt), limits, &mut answer)?;
+            let mut keep = |(i, fetched)| match fetched {
+                Ok(fetched) => answers[i] = Some(fetched),
+                Err(ArchiveNotKept) => not_kept[i] = true,
+            };
+            let answered = read_tier(db, (tier, needs), matchers, (mint, maxt), limits, &answer, &mut keep)?;
             for &i in &picked {
                 if not_kept[i] {
                     next_pick[i] += 1;
