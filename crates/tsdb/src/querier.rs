@@ -452,11 +452,13 @@ pub struct ReadLimits<'a> {
     pub max_series: usize,
     pub max_chunks: usize,
     pub interrupt: Option<Interrupt<'a>>,
+    /// Threads the read may decode on (a tier's buckets); 0 for the machine's cores.
+    pub threads: usize,
 }
 
 impl Default for ReadLimits<'_> {
     fn default() -> Self {
-        ReadLimits { max_series: usize::MAX, max_chunks: usize::MAX, interrupt: None }
+        ReadLimits { max_series: usize::MAX, max_chunks: usize::MAX, interrupt: None, threads: 0 }
     }
 }
 
@@ -466,6 +468,7 @@ impl std::fmt::Debug for ReadLimits<'_> {
             .field("max_series", &self.max_series)
             .field("max_chunks", &self.max_chunks)
             .field("interrupt", &self.interrupt.is_some())
+            .field("threads", &self.threads)
             .finish()
     }
 }

@@ -645,7 +645,8 @@ impl Inner {
             }
             mapped.map_or(Ok(()), &mut *sink)
         };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(PARALLEL_THREADS_MAX);
+        let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = if limits.threads > 0 { limits.threads } else { cores() }.min(PARALLEL_THREADS_MAX);
         if threads <= 1 || selected.len() < PARALLEL_SERIES_MIN {
             for (i, s) in selected.iter().enumerate() {
                 let mapped = decode_one(i, s)?;

@@ -93,14 +93,16 @@ fn check(db: &Db, model: &Model, tier: RollupTier, mint: i64, maxt: i64) {
     let selection = db.rollup_select(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
     let got = selection.series;
     assert!(got.windows(2).all(|p| p[0].labels < p[1].labels), "series in label order, each once");
-    // Mapped on the decoding workers: the same series and buckets, in the same order.
+    // Mapped, on this thread alone (the selection above took the decoding workers): the same
+    // series and buckets, in the same order.
     let mut mapped = Vec::new();
+    let one_thread = ReadLimits { threads: 1, ..ReadLimits::default() };
     // (NaN values compared by their bits.)
     let brief = |s: &RollupSeries| -> (Labels, Vec<(i64, u64, i64, u64)>) {
         (s.labels.clone(), s.buckets.iter().map(|b| (b.end, b.count, b.last.t, b.last.v.to_bits())).collect())
     };
     let histograms = db
-        .rollup_map(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default(), &brief, &mut |m| {
+        .rollup_map(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &one_thread, &brief, &mut |m| {
             mapped.push(m);
             Ok(())
         })
