@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_model::{parse_selector, FloatHistogram, Labels, MatchOp, Matcher, Sample};
 use strata_promql::ast::ValueType;
-use strata_promql::{Engine, EngineOptions, EvalError, QueryOutput, SourceResolution};
+use strata_promql::{Engine, EngineOptions, EvalError, SourceResolution};
 use strata_tsdb::chunkenc::TypedValue;
 use strata_tsdb::head::exemplars::Exemplar;
 use strata_tsdb::querier::Series;
@@ -1270,6 +1270,7 @@ fn read_limits<'a>(
         max_series: limits.max_query_series,
         max_chunks: limits.max_query_samples.saturating_add(limits.max_query_series.saturating_mul(2)),
         interrupt: Some(stopper),
+        threads: limits.query_parallelism.max(1),
     }
 }
 
@@ -1407,15 +1408,15 @@ fn eval_error(e: EvalError) -> ApiError {
 /// A small result is written here. A large one is written on a blocking thread, so the async
 /// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
 /// sending overlaps writing, and the response is never held whole.
-fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bool) -> Response {
+fn query_response(out: query_cache::Answer, query: &str, stats: Option<String>, gzip: bool) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     if gzip {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
-    if crate::query_json::points(&out.value) < STREAMED_RESPONSE_POINTS {
-        let json = crate::query_json::response(&out.value, &out.annotations, query, stats.as_deref());
+    if crate::query_json::points(out.body()) < STREAMED_RESPONSE_POINTS {
+        let json = crate::query_json::response(out.body(), out.annotations(), query, stats.as_deref());
         return if gzip {
             (headers, gzipped(json.as_bytes())).into_response()
         } else {
@@ -1426,8 +1427,8 @@ fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bo
     let body = streamed_body(move |send| {
         if !gzip {
             crate::query_json::render(
-                &out.value,
-                &out.annotations,
+                out.body(),
+                out.annotations(),
                 &query,
                 stats.as_deref(),
                 RESPONSE_CHUNK_BYTES,
@@ -1439,8 +1440,8 @@ fn query_response(out: QueryOutput, query: &str, stats: Option<String>, gzip: bo
         let mut gz = GzEncoder::new(piece(), Compression::fast());
         let mut sending = true;
         crate::query_json::render(
-            &out.value,
-            &out.annotations,
+            out.body(),
+            out.annotations(),
             &query,
             stats.as_deref(),
             RESPONSE_CHUNK_BYTES,
@@ -1561,7 +1562,7 @@ async fn evaluate(
     query: String,
     headers: &HeaderMap,
     params: EvalParams,
-    run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<QueryOutput, EvalError> + Send + 'static,
+    run: impl FnOnce(&Engine, &QueryStorage, &AtomicBool) -> Result<query_cache::Answer, EvalError> + Send + 'static,
 ) -> ApiResult {
     let db = db(st)?;
     let st2 = st.clone();
@@ -1588,8 +1589,8 @@ async fn evaluate(
                 "execTotalTime": (queued + evaluated).as_secs_f64(),
             },
             "samples": {
-                "totalQueryableSamples": out.stats.samples_read,
-                "peakSamples": out.stats.peak_samples,
+                "totalQueryableSamples": out.stats().samples_read,
+                "peakSamples": out.stats().peak_samples,
             },
         })
         .to_string()
@@ -1610,7 +1611,7 @@ async fn query(
     let t = p.time("time", now_ms())?;
     let params = eval_params(&st, &p)?;
     evaluate(&st, q, &headers, params, move |engine, storage, cancel| {
-        engine.instant_with_cancel(storage, &expr, t, Some(cancel))
+        engine.instant_with_cancel(storage, &expr, t, Some(cancel)).map(Into::into)
     })
     .await
 }
@@ -1658,9 +1659,9 @@ async fn query_range(
             let key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
             let mut eval = |from| engine.range_with_cancel(storage, &expr, from, end, step, Some(cancel));
             query_cache::evaluate_range(cache, storage.db.changes(), key, start, end, now_ms(), &mut eval)
-                .map(|(out, _)| out)
+                .map(|(answer, _)| answer)
         }
-        None => engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)),
+        None => engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)).map(Into::into),
     })
     .await
 }

@@ -5,7 +5,8 @@
 use std::fmt::Write;
 
 use strata_model::{FloatHistogram, Labels};
-use strata_promql::{Annotation, Value};
+use strata_promql::value::HPoint;
+use strata_promql::{Annotation, Point, Series, Value};
 
 /// A JSON string literal.
 pub fn string(out: &mut String, s: &str) {
@@ -258,22 +259,52 @@ fn labels(out: &mut String, l: &Labels) {
     out.push('}');
 }
 
+/// What a response holds: a value, or a matrix's points in `[from, to]` (series without any
+/// there left out), as the result cache answers from the series it keeps.
+#[derive(Clone, Copy, Debug)]
+pub enum Body<'a> {
+    Value(&'a Value),
+    Matrix(&'a [Series], i64, i64),
+}
+
+impl<'a> From<&'a Value> for Body<'a> {
+    fn from(value: &'a Value) -> Body<'a> {
+        Body::Value(value)
+    }
+}
+
+/// The points and histograms of `s` in `[from, to]`.
+fn within(s: &Series, from: i64, to: i64) -> (&[Point], &[HPoint]) {
+    let points = &s.points[s.points.partition_point(|p| p.t < from)..s.points.partition_point(|p| p.t <= to)];
+    let hists = &s.hists[s.hists.partition_point(|p| p.t < from)..s.hists.partition_point(|p| p.t <= to)];
+    (points, hists)
+}
+
 /// The whole success response of `/api/v1/query` or `/api/v1/query_range`, in one string.
-pub fn response(value: &Value, annotations: &[Annotation], query: &str, stats: Option<&str>) -> String {
+pub fn response<'a>(body: impl Into<Body<'a>>, annotations: &[Annotation], query: &str, stats: Option<&str>) -> String {
     // With no chunk size, the whole response is the one piece written (sized up front).
     let mut whole = None;
-    render(value, annotations, query, stats, usize::MAX, &mut |piece| {
+    render(body, annotations, query, stats, usize::MAX, &mut |piece| {
         whole = Some(piece);
         true
     });
     whole.expect("a response is never empty")
 }
 
-/// Points a value holds, a histogram counted as several (for sizing what it is written into).
-pub fn points(value: &Value) -> usize {
-    match value {
-        Value::Vector(s) | Value::Matrix(s) => s.iter().map(|s| s.points.len() + 8 * s.hists.len()).sum(),
-        _ => 1,
+/// Points a response holds, a histogram counted as several (for sizing what it is written
+/// into).
+pub fn points<'a>(body: impl Into<Body<'a>>) -> usize {
+    let count = |points: &[Point], hists: &[HPoint]| points.len() + 8 * hists.len();
+    match body.into() {
+        Body::Value(Value::Vector(s) | Value::Matrix(s)) => s.iter().map(|s| count(&s.points, &s.hists)).sum(),
+        Body::Value(_) => 1,
+        Body::Matrix(series, from, to) => series
+            .iter()
+            .map(|s| {
+                let (points, hists) = within(s, from, to);
+                count(points, hists)
+            })
+            .sum(),
     }
 }
 
@@ -309,17 +340,18 @@ impl Chunks<'_> {
 
 /// Writes the success response of `/api/v1/query` or `/api/v1/query_range` in pieces of about
 /// `chunk` bytes, each handed to `emit`; stops early when `emit` says the receiver is gone.
-pub fn render(
-    value: &Value,
+pub fn render<'a>(
+    body: impl Into<Body<'a>>,
     annotations: &[Annotation],
     query: &str,
     stats: Option<&str>,
     chunk: usize,
     emit: &mut dyn FnMut(String) -> bool,
 ) {
-    let capacity = if chunk == usize::MAX { 64 + points(value) * 32 } else { chunk + chunk / 8 };
+    let body = body.into();
+    let capacity = if chunk == usize::MAX { 64 + points(body) * 32 } else { chunk + chunk / 8 };
     let mut w = Chunks { buf: String::with_capacity(capacity), chunk, emit };
-    if render_into(&mut w, value, annotations, query, stats).is_ok() {
+    if render_into(&mut w, body, annotations, query, stats).is_ok() {
         w.finish();
     }
 }
@@ -327,12 +359,19 @@ pub fn render(
 /// `stats`, when given, is a JSON object written as `data.stats` (Prometheus' `stats=all`).
 fn render_into(
     w: &mut Chunks<'_>,
-    value: &Value,
+    body: Body<'_>,
     annotations: &[Annotation],
     query: &str,
     stats: Option<&str>,
 ) -> Result<(), Gone> {
     w.buf.push_str(r#"{"status":"success","data":{"resultType":"#);
+    let value = match body {
+        Body::Value(value) => value,
+        Body::Matrix(series, from, to) => {
+            matrix(w, series, from, to)?;
+            return finish(w, annotations, query, stats);
+        }
+    };
     match value {
         Value::Scalar { t, v } => {
             w.buf.push_str(r#""scalar","result":"#);
@@ -376,48 +415,65 @@ fn render_into(
             }
             w.buf.push(']');
         }
-        Value::Matrix(series) => {
-            w.buf.push_str(r#""matrix","result":["#);
-            let mut stamps = Stamps::new(series.iter().map(|s| s.points.len()).max().unwrap_or(0));
-            for (i, s) in series.iter().enumerate() {
+        Value::Matrix(series) => matrix(w, series, i64::MIN, i64::MAX)?,
+    }
+    finish(w, annotations, query, stats)
+}
+
+/// A matrix result of the points of `series` in `[from, to]`: series without any there are
+/// left out (a whole matrix's series always have some).
+fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64) -> Result<(), Gone> {
+    w.buf.push_str(r#""matrix","result":["#);
+    let whole = from == i64::MIN && to == i64::MAX;
+    let mut stamps = Stamps::new(series.iter().map(|s| within(s, from, to).0.len()).max().unwrap_or(0));
+    let mut first = true;
+    for s in series {
+        let (points, hists) = within(s, from, to);
+        if !whole && points.is_empty() && hists.is_empty() {
+            continue;
+        }
+        let out = &mut w.buf;
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(r#"{"metric":"#);
+        labels(out, &s.labels);
+        if !points.is_empty() || hists.is_empty() {
+            w.buf.push_str(r#","values":["#);
+            stamps.learn_step(points);
+            for (j, p) in points.iter().enumerate() {
                 let out = &mut w.buf;
-                if i > 0 {
+                if j > 0 {
                     out.push(',');
                 }
-                out.push_str(r#"{"metric":"#);
-                labels(out, &s.labels);
-                if !s.points.is_empty() || s.hists.is_empty() {
-                    w.buf.push_str(r#","values":["#);
-                    stamps.learn_step(&s.points);
-                    for (j, p) in s.points.iter().enumerate() {
-                        let out = &mut w.buf;
-                        if j > 0 {
-                            out.push(',');
-                        }
-                        stamps.open_point(out, p.t);
-                        sample_value(out, p.f);
-                        out.push_str("\"]");
-                        w.check()?;
-                    }
-                    w.buf.push(']');
-                }
-                if !s.hists.is_empty() {
-                    w.buf.push_str(r#","histograms":["#);
-                    for (j, p) in s.hists.iter().enumerate() {
-                        let out = &mut w.buf;
-                        if j > 0 {
-                            out.push(',');
-                        }
-                        histogram_point(out, p.t, &p.h);
-                        w.check()?;
-                    }
-                    w.buf.push(']');
-                }
-                w.buf.push('}');
+                stamps.open_point(out, p.t);
+                sample_value(out, p.f);
+                out.push_str("\"]");
+                w.check()?;
             }
             w.buf.push(']');
         }
+        if !hists.is_empty() {
+            w.buf.push_str(r#","histograms":["#);
+            for (j, p) in hists.iter().enumerate() {
+                let out = &mut w.buf;
+                if j > 0 {
+                    out.push(',');
+                }
+                histogram_point(out, p.t, &p.h);
+                w.check()?;
+            }
+            w.buf.push(']');
+        }
+        w.buf.push('}');
     }
+    w.buf.push(']');
+    Ok(())
+}
+
+/// The end of a success response: statistics asked for, warnings and infos.
+fn finish(w: &mut Chunks<'_>, annotations: &[Annotation], query: &str, stats: Option<&str>) -> Result<(), Gone> {
     let out = &mut w.buf;
     if let Some(stats) = stats {
         out.push_str(r#","stats":"#);

@@ -23,6 +23,12 @@
 //! the steps before the oldest change made after it was evaluated.
 //!
 //! Memory is bounded (`max_bytes`, least recently used results dropped first).
+//!
+//! Kept series are shared, not copied: an answer is written from the same vectors the cache
+//! holds (`Answer::Shared`, the series restricted to the request's window), and a refresh
+//! takes them back from the cache, drops the steps that were too new to keep, appends the new
+//! steps in place and keeps the result again. Steps before the request's start stay until
+//! they are a quarter of what is kept (so a window moving by a step does not move every point).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +36,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_promql::ast::{Duration, Expr, ExprKind};
-use strata_promql::{Annotation, Series};
+use strata_promql::{Annotation, QueryOutput, QueryStats, Series, Value};
 use strata_tsdb::changes::ChangeLog;
 
 #[cfg(test)]
@@ -57,12 +63,13 @@ impl CacheKey {
 /// The kept steps of one result.
 #[derive(Debug)]
 struct Entry {
-    /// First and last kept step.
+    /// First and last kept step. The series may hold points after `last` (steps too new to
+    /// keep when they were evaluated, or cut back by a change): those are never answered.
     first: i64,
     last: i64,
     /// The database's change number when the result was evaluated (or last checked).
     seq: u64,
-    /// Shared with requests reading it, so that they copy their steps out without the lock.
+    /// Shared with the answers written from it.
     series: Arc<Vec<Series>>,
     /// The annotations of the evaluation (sorted): those of the kept steps, or more.
     annotations: Vec<Annotation>,
@@ -104,11 +111,13 @@ pub struct QueryCache {
     pub stats: CacheStats,
 }
 
-/// Kept steps for a request: the series' points from its start through `last`.
+/// Kept steps for a request: the series' points from `first` through `last` are the kept
+/// result's (points outside that are not).
 #[derive(Debug)]
 pub struct Cached {
+    pub first: i64,
     pub last: i64,
-    pub series: Vec<Series>,
+    pub series: Arc<Vec<Series>>,
     /// The annotations kept with them (sorted): those of these steps, or more.
     pub annotations: Vec<Annotation>,
 }
@@ -150,39 +159,38 @@ impl QueryCache {
                 inner.bytes -= gone.bytes;
                 return None;
             }
-            // The last step before the change.
+            // The last step before the change; the points after it are left to be cut off
+            // by the refresh that appends to them.
             let last = entry.first + (changed - 1 - entry.first) / key.step_ms * key.step_ms;
-            if last < entry.last {
-                entry.last = last;
-                let series = Arc::make_mut(&mut entry.series);
-                for s in series.iter_mut() {
-                    s.points.retain(|p| p.t <= last);
-                    s.hists.retain(|p| p.t <= last);
-                }
-                series.retain(|s| !s.is_empty());
-                let bytes = size_of_series(&entry.series);
-                let before = entry.bytes;
-                entry.bytes = bytes;
-                inner.bytes = inner.bytes - before + bytes;
-            }
+            entry.last = entry.last.min(last);
         }
         let entry = inner.entries.get_mut(key).expect("kept above");
         entry.seq = seq;
         if entry.first > start || entry.last < start {
             return None;
         }
-        let last = entry.last.min(end);
-        let kept = entry.series.clone();
-        let annotations = entry.annotations.clone();
-        drop(inner);
-        let spare = usize::try_from((end - last) / key.step_ms).unwrap_or(0);
-        let series = kept.iter().filter_map(|s| slice(s, start, last, spare)).collect();
-        Some(Cached { last, series, annotations })
+        Some(Cached {
+            first: entry.first,
+            last: entry.last.min(end),
+            series: entry.series.clone(),
+            annotations: entry.annotations.clone(),
+        })
     }
 
-    /// Keeps the steps of `series` (a range result from `start`, evaluated when the database's
-    /// change number was `seq` and the wall clock `now`) that are at least the delay old, with
-    /// the result's `annotations` (sorted).
+    /// Drops the result of `key` if it still is `series`, so that the caller holds the only
+    /// reference to them (and can append to them in place) unless an answer is being written
+    /// from them.
+    fn release(&self, key: &CacheKey, series: &Arc<Vec<Series>>) {
+        let mut inner = self.inner.lock();
+        if inner.entries.get(key).is_some_and(|e| Arc::ptr_eq(&e.series, series)) {
+            let gone = inner.entries.remove(key).expect("found");
+            inner.bytes -= gone.bytes;
+        }
+    }
+
+    /// Keeps the steps of `series` (a range result from `start` to `end`, evaluated when the
+    /// database's change number was `seq` and the wall clock `now`) that are at least the
+    /// delay old, with the result's `annotations` (sorted). The series are shared, not copied.
     #[allow(clippy::too_many_arguments, reason = "a result and the clock and log it was evaluated at")]
     pub fn put(
         &self,
@@ -191,7 +199,7 @@ impl QueryCache {
         end: i64,
         now: i64,
         seq: u64,
-        series: &[Series],
+        series: Arc<Vec<Series>>,
         annotations: &[Annotation],
     ) {
         debug_assert!(annotations.is_sorted(), "the engine sorts annotations");
@@ -201,17 +209,17 @@ impl QueryCache {
         }
         // The last step strictly before the horizon, and not after the end.
         let last = (start + (horizon - 1 - start) / key.step_ms * key.step_ms).min(end);
-        let kept: Vec<Series> = series.iter().filter_map(|s| slice(s, start, last, 0)).collect();
-        let bytes =
-            size_of_series(&kept) + annotations.iter().map(|a| a.msg.len() + 48).sum::<usize>() + key.query.len() + 64;
+        let bytes = size_of_series(&series)
+            + annotations.iter().map(|a| a.msg.len() + 48).sum::<usize>()
+            + key.query.len()
+            + 64;
         if bytes > self.max_bytes {
             return;
         }
         let mut inner = self.inner.lock();
         inner.clock += 1;
         let used = inner.clock;
-        let entry =
-            Entry { first: start, last, seq, series: Arc::new(kept), annotations: annotations.to_vec(), bytes, used };
+        let entry = Entry { first: start, last, seq, series, annotations: annotations.to_vec(), bytes, used };
         if let Some(old) = inner.entries.insert(key, entry) {
             inner.bytes -= old.bytes;
         }
@@ -225,23 +233,6 @@ impl QueryCache {
     }
 }
 
-/// `s` restricted to steps in `[from, to]`, or `None` when it has none there; with room for
-/// `spare` more points (the steps a refresh appends, so that they do not copy it again).
-fn slice(s: &Series, from: i64, to: i64, spare: usize) -> Option<Series> {
-    // Points are in time order: the range is found by bisection and copied at once.
-    let (a, b) = (s.points.partition_point(|p| p.t < from), s.points.partition_point(|p| p.t <= to));
-    let mut points = Vec::with_capacity(b.saturating_sub(a) + spare);
-    points.extend_from_slice(&s.points[a..b.max(a)]);
-    let (a, b) = (s.hists.partition_point(|p| p.t < from), s.hists.partition_point(|p| p.t <= to));
-    let hists = s.hists[a..b.max(a)].to_vec();
-    (!points.is_empty() || !hists.is_empty()).then(|| Series {
-        labels: s.labels.clone(),
-        points,
-        hists,
-        drop_name: s.drop_name,
-    })
-}
-
 fn size_of_series(series: &[Series]) -> usize {
     series
         .iter()
@@ -251,6 +242,14 @@ fn size_of_series(series: &[Series]) -> usize {
                 + s.hists.len() * 256
         })
         .sum()
+}
+
+/// The points of `s` from step `from` on and at most step `to` are those it keeps.
+fn keep_steps(s: &mut Series, from: i64, to: i64) {
+    s.points.truncate(s.points.partition_point(|p| p.t <= to));
+    s.hists.truncate(s.hists.partition_point(|p| p.t <= to));
+    s.points.drain(..s.points.partition_point(|p| p.t < from));
+    s.hists.drain(..s.hists.partition_point(|p| p.t < from));
 }
 
 /// Kept steps followed by newly evaluated ones, series by series in label order (both are
@@ -316,6 +315,46 @@ pub enum Outcome {
     Miss,
 }
 
+/// A range query's answer through the cache.
+#[derive(Debug)]
+pub enum Answer {
+    /// The evaluation's output, not kept (not a matrix).
+    Output(QueryOutput),
+    /// Series shared with the cache: the answer is their points in `[from, to]` (series
+    /// without any there are left out).
+    Shared { series: Arc<Vec<Series>>, from: i64, to: i64, annotations: Vec<Annotation>, stats: QueryStats },
+}
+
+impl From<QueryOutput> for Answer {
+    fn from(out: QueryOutput) -> Answer {
+        Answer::Output(out)
+    }
+}
+
+impl Answer {
+    pub fn annotations(&self) -> &[Annotation] {
+        match self {
+            Answer::Output(out) => &out.annotations,
+            Answer::Shared { annotations, .. } => annotations,
+        }
+    }
+
+    pub fn stats(&self) -> &QueryStats {
+        match self {
+            Answer::Output(out) => &out.stats,
+            Answer::Shared { stats, .. } => stats,
+        }
+    }
+
+    /// What is written for it.
+    pub fn body(&self) -> crate::query_json::Body<'_> {
+        match self {
+            Answer::Output(out) => crate::query_json::Body::Value(&out.value),
+            Answer::Shared { series, from, to, .. } => crate::query_json::Body::Matrix(series, *from, *to),
+        }
+    }
+}
+
 /// Evaluates the range query `expr` over `[start, end]` through the cache: kept steps are
 /// taken, the rest evaluated by `eval(from)` (the same query from step `from` to `end`), the
 /// result kept for the next request. `now` is the wall clock in ms, `changes` the database's.
@@ -329,19 +368,27 @@ pub fn evaluate_range(
     start: i64,
     end: i64,
     now: i64,
-    eval: &mut dyn FnMut(i64) -> Result<strata_promql::QueryOutput, strata_promql::EvalError>,
-) -> Result<(strata_promql::QueryOutput, Outcome), strata_promql::EvalError> {
-    use strata_promql::{QueryOutput, Value};
+    eval: &mut dyn FnMut(i64) -> Result<QueryOutput, strata_promql::EvalError>,
+) -> Result<(Answer, Outcome), strata_promql::EvalError> {
     let step = key.step_ms;
     // Before anything is read: changes from here on are seen by the next request.
     let seq = changes.seq();
+    let shared = |series: Arc<Vec<Series>>, annotations, stats| Answer::Shared {
+        series,
+        from: start,
+        to: end,
+        annotations,
+        stats,
+    };
     let whole = |eval: &mut dyn FnMut(i64) -> _| {
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
         let out: QueryOutput = eval(start)?;
-        if let Value::Matrix(series) = &out.value {
-            cache.put(key.clone(), start, end, now, seq, series, &out.annotations);
-        }
-        Ok((out, Outcome::Miss))
+        let QueryOutput { value: Value::Matrix(series), annotations, stats } = out else {
+            return Ok((Answer::Output(out), Outcome::Miss));
+        };
+        let series = Arc::new(series);
+        cache.put(key.clone(), start, end, now, seq, series.clone(), &annotations);
+        Ok((shared(series, annotations, stats), Outcome::Miss))
     };
     match cache.get(&key, start, end, changes) {
         Some(kept) if kept.last >= end => {
@@ -356,22 +403,30 @@ pub fn evaluate_range(
                 stats = last.stats;
             }
             cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-            let value = Value::Matrix(kept.series);
-            Ok((QueryOutput { value, annotations: kept.annotations, stats }, Outcome::Hit))
+            Ok((shared(kept.series, kept.annotations, stats), Outcome::Hit))
         }
         Some(kept) => {
             let fresh = eval(kept.last + step)?;
-            let Value::Matrix(series) = fresh.value else {
+            let Value::Matrix(fresh_series) = fresh.value else {
                 return whole(eval);
             };
             if fresh.annotations != kept.annotations {
                 return whole(eval);
             }
             cache.stats.partial_hits.fetch_add(1, Ordering::Relaxed);
-            let merged = merge(kept.series, series);
-            cache.put(key, start, end, now, seq, &merged, &fresh.annotations);
-            let value = Value::Matrix(merged);
-            Ok((QueryOutput { value, annotations: fresh.annotations, stats: fresh.stats }, Outcome::PartialHit))
+            // The kept series, taken from the cache (copied only while an answer is being
+            // written from them), without the steps too new to be kept, and without the steps
+            // before the start once they are a quarter of what is kept.
+            cache.release(&key, &kept.series);
+            let mut held = Arc::try_unwrap(kept.series).unwrap_or_else(|shared| (*shared).clone());
+            let first = if (start - kept.first) * 4 > kept.last - kept.first { start } else { kept.first };
+            for s in &mut held {
+                keep_steps(s, first, kept.last);
+            }
+            held.retain(|s| !s.is_empty());
+            let merged = Arc::new(merge(held, fresh_series));
+            cache.put(key, first, end, now, seq, merged.clone(), &fresh.annotations);
+            Ok((shared(merged, fresh.annotations, fresh.stats), Outcome::PartialHit))
         }
         None => whole(eval),
     }

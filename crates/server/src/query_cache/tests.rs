@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 use strata_model::Labels;
-use strata_promql::{Engine, EngineOptions, Value};
+use strata_promql::{Engine, EngineOptions};
 use strata_tsdb::head::OutOfOrder;
 use strata_tsdb::{Db, DbOptions};
 
@@ -139,11 +139,11 @@ fn run(ops: &[Op]) {
                 })
                 .unwrap();
                 let direct = engine.range(&db, &expr, start, end, STEP).unwrap();
-                let text = |out: &strata_promql::QueryOutput| {
-                    crate::query_json::response(&out.value, &out.annotations, QUERIES[query], None)
-                };
-                assert_eq!(text(&cached), text(&direct), "{} over [{start}, {end}] after {ops:?}", QUERIES[query]);
-                assert!(matches!(cached.value, Value::Matrix(_)));
+                let cached_text =
+                    crate::query_json::response(cached.body(), cached.annotations(), QUERIES[query], None);
+                let direct_text = crate::query_json::response(&direct.value, &direct.annotations, QUERIES[query], None);
+                assert_eq!(cached_text, direct_text, "{} over [{start}, {end}] after {ops:?}", QUERIES[query]);
+                assert!(matches!(cached, Answer::Shared { .. }));
             }
         }
     }
@@ -232,8 +232,9 @@ fn annotated_results_are_kept_while_new_steps_raise_the_same_annotations() {
         .unwrap();
         let direct = engine.range(&db, &expr, start, end, STEP).unwrap();
         assert!(!direct.annotations.is_empty());
-        assert_eq!(out.annotations, direct.annotations, "{q} over [{start}, {end}]");
-        assert_eq!(out.value, direct.value, "{q} over [{start}, {end}]");
+        assert_eq!(out.annotations(), direct.annotations, "{q} over [{start}, {end}]");
+        let text = crate::query_json::response(out.body(), &[], q, None);
+        assert_eq!(text, crate::query_json::response(&direct.value, &[], q, None), "{q} over [{start}, {end}]");
         outcome
     };
     let end = (now - 10 * 60_000) / STEP * STEP;
@@ -278,15 +279,43 @@ fn the_size_is_kept_by_dropping_the_least_recently_used() {
         )]
     };
     let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1 };
-    cache.put(key("a"), 0, 100 * STEP, now, 0, &series(100), &[]);
-    cache.put(key("b"), 0, 100 * STEP, now, 0, &series(100), &[]);
+    cache.put(key("a"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
+    cache.put(key("b"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some(), "a used last");
-    cache.put(key("c"), 0, 100 * STEP, now, 0, &series(100), &[]);
+    cache.put(key("c"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
     assert!(cache.bytes() <= 4096);
     assert!(cache.get(&key("b"), 0, 100 * STEP, &log).is_none(), "b dropped first");
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some());
     assert!(cache.stats.evictions.load(Ordering::Relaxed) >= 1);
     // Never more than asked for, even by one big result.
-    cache.put(key("d"), 0, 10_000 * STEP, now, 0, &series(10_000), &[]);
+    cache.put(key("d"), 0, 10_000 * STEP, now, 0, Arc::new(series(10_000)), &[]);
     assert!(cache.get(&key("d"), 0, 10 * STEP, &log).is_none());
+}
+
+#[test]
+fn a_window_moving_by_over_a_quarter_drops_the_steps_it_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, now) = db_with_an_hour_of_g(dir.path());
+    let cache = QueryCache::new(1 << 20, DELAY);
+    let engine = Engine::new(EngineOptions::default());
+    let expr = strata_promql::parser::parse("rate(g[1m])").unwrap();
+    let mut end = (now - 50 * 60_000) / STEP * STEP;
+    let mut bytes = Vec::new();
+    for round in 0..40 {
+        // Twelve steps, moved by one, then by four (a third of the window) at a time.
+        let start = end - 11 * STEP;
+        let key = CacheKey::new(&expr, start, STEP, 300_000);
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+            engine.range(&db, &expr, from, end, STEP)
+        })
+        .unwrap();
+        assert_eq!(outcome, if round == 0 { Outcome::Miss } else { Outcome::PartialHit });
+        let direct = engine.range(&db, &expr, start, end, STEP).unwrap();
+        let text = crate::query_json::response(out.body(), out.annotations(), "q", None);
+        assert_eq!(text, crate::query_json::response(&direct.value, &direct.annotations, "q", None), "round {round}");
+        bytes.push(cache.bytes());
+        end += if round % 2 == 0 { STEP } else { 4 * STEP };
+    }
+    // What the cache holds stays about one window's worth, however far the window moved.
+    assert!(bytes.iter().all(|&b| b <= 2 * bytes[0]), "{bytes:?}");
 }
