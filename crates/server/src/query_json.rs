@@ -393,12 +393,7 @@ fn render_into(
                     continue;
                 }
                 let out = &mut w.buf;
-                if !first {
-                    out.push(',');
-                }
-                first = false;
-                out.push_str(r#"{"metric":"#);
-                labels(out, &s.labels);
+                open_series(out, &s.labels, &mut first);
                 match (s.points.first(), s.hists.first()) {
                     (Some(p), _) => {
                         out.push_str(r#","value":"#);
@@ -420,6 +415,15 @@ fn render_into(
     finish(w, annotations, query, stats)
 }
 
+/// Opens a result's series object (after a comma unless it is the `first`) with its labels.
+fn open_series(out: &mut String, l: &Labels, first: &mut bool) {
+    if !std::mem::take(first) {
+        out.push(',');
+    }
+    out.push_str(r#"{"metric":"#);
+    labels(out, l);
+}
+
 /// A matrix result of the points of `series` in `[from, to]`: series without any there are
 /// left out (a whole matrix's series always have some).
 fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64) -> Result<(), Gone> {
@@ -432,13 +436,7 @@ fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64) -> Result<(
         if !whole && points.is_empty() && hists.is_empty() {
             continue;
         }
-        let out = &mut w.buf;
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(r#"{"metric":"#);
-        labels(out, &s.labels);
+        open_series(&mut w.buf, &s.labels, &mut first);
         if !points.is_empty() || hists.is_empty() {
             w.buf.push_str(r#","values":["#);
             stamps.learn_step(points);

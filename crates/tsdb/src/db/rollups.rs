@@ -180,9 +180,7 @@ impl Db {
         limits: &ReadLimits<'_>,
         f: &mut dyn FnMut(&RollupSeries) -> Result<()>,
     ) -> Result<usize> {
-        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.meta() == tier) else {
-            return Err(Error::NoSuchTier { tier });
-        };
+        let tier = self.tier_of(tier)?;
         let sink = &mut |s: RollupSeries| {
             let handed = f(&s);
             buffers::give(s.buckets);
@@ -207,15 +205,17 @@ impl Db {
         map: &(dyn Fn(&RollupSeries) -> T + Sync),
         sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<usize> {
-        let Some(tier) = self.inner.tiers.iter().find(|t| t.spec.meta() == tier) else {
-            return Err(Error::NoSuchTier { tier });
-        };
+        let tier = self.tier_of(tier)?;
         let map = |s: RollupSeries| {
             let mapped = map(&s);
             buffers::give(s.buckets);
             mapped
         };
         self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, &map, sink)
+    }
+
+    fn tier_of(&self, tier: RollupMeta) -> Result<&Tier> {
+        self.inner.tiers.iter().find(|t| t.spec.meta() == tier).ok_or(Error::NoSuchTier { tier })
     }
 
     /// `rollup_visit`, collected.
