@@ -3,7 +3,7 @@
 //! from the left-closed tier that fits that archive (`strata_graphite::render::tier_fit`)
 //! instead of its raw samples, so a month or a year of a path costs its tier's intervals,
 //! not every point. Tiers hold the head's and unrolled blocks' samples too
-//! (`Db::rollup_visit`), so the answer does not depend on how far rollup has got.
+//! (`Db::rollup_map`), so the answer does not depend on how far rollup has got.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -157,42 +157,20 @@ impl Db {
     }
 
     /// The buckets of the tier `tier` (its interval and closed side) whose ends fall in
-    /// `[bucket_end(mint), bucket_end(maxt)]`, for the series matching `matchers`, lent to `f`
-    /// one series at a time in label order (a consumer that keeps them clones them: their
-    /// buffers are reused). Each bucket aggregates all its samples: those the tier holds are
-    /// read from its blocks, the rest (raw blocks not rolled up yet, the head) are aggregated
-    /// from raw samples as they are read, so the answer does not depend on how far rollup has
-    /// got. Deleted buckets (any a deletion touches) are left out. Of the stored buckets only
-    /// the aggregates in `columns` are read (the others are zero; buckets aggregated from raw
-    /// samples have them all). `limits` bound each of the selections (tier blocks, raw data).
+    /// `[bucket_end(mint), bucket_end(maxt)]`, for the series matching `matchers`, each series
+    /// lent to `map` (on the decoding workers, in parallel, as soon as its buckets are decoded;
+    /// its buffers are reused afterwards) and the results handed to `sink` in label order on
+    /// this thread. Each bucket aggregates all its samples: those the tier holds are read from
+    /// its blocks, the rest (raw blocks not rolled up yet, the head) are aggregated from raw
+    /// samples as they are read, so the answer does not depend on how far rollup has got.
+    /// Deleted buckets (any a deletion touches) are left out. Of the stored buckets only the
+    /// aggregates in `columns` are read (the others are zero; buckets aggregated from raw
+    /// samples have them all). `limits` bound each of the selections (tier blocks, raw data)
+    /// and the decoding threads.
     ///
     /// Tiers hold no native histograms: if a matching series has histogram samples in the raw
-    /// data read, nothing is handed to `f` and the number of such series is returned (else 0).
-    /// `Error::NoSuchTier` if no tier has that interval; an error from `f` stops the read.
-    #[allow(clippy::too_many_arguments, reason = "a selection's range, limits and its consumer")]
-    pub fn rollup_visit(
-        &self,
-        tier: RollupMeta,
-        matchers: &[Matcher],
-        mint: i64,
-        maxt: i64,
-        columns: ColumnSet,
-        limits: &ReadLimits<'_>,
-        f: &mut dyn FnMut(&RollupSeries) -> Result<()>,
-    ) -> Result<usize> {
-        let tier = self.tier_of(tier)?;
-        let sink = &mut |s: RollupSeries| {
-            let handed = f(&s);
-            buffers::give(s.buckets);
-            handed
-        };
-        self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, &|s| s, sink)
-    }
-
-    /// `rollup_visit` with the work per series split in two: `map` turns each series into a
-    /// `T` on the decoding workers (in parallel, as soon as its buckets are decoded), `sink`
-    /// takes the results in label order on this thread. The buckets lent to `map` go back to
-    /// the reused buffers afterwards. Returns as `rollup_visit` does.
+    /// data read, nothing is handed over and the number of such series is returned (else 0).
+    /// `Error::NoSuchTier` if no tier has that interval; an error from `sink` stops the read.
     #[allow(clippy::too_many_arguments, reason = "a selection's range, limits and its consumer")]
     pub fn rollup_map<T: Send>(
         &self,
@@ -206,19 +184,14 @@ impl Db {
         sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<usize> {
         let tier = self.tier_of(tier)?;
-        let map = |s: RollupSeries| {
-            let mapped = map(&s);
-            buffers::give(s.buckets);
-            mapped
-        };
-        self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, &map, sink)
+        self.inner.map_buckets(tier, matchers, mint, maxt, columns, limits, map, sink)
     }
 
     fn tier_of(&self, tier: RollupMeta) -> Result<&Tier> {
         self.inner.tiers.iter().find(|t| t.spec.meta() == tier).ok_or(Error::NoSuchTier { tier })
     }
 
-    /// `rollup_visit`, collected.
+    /// `rollup_map`'s series, collected.
     pub fn rollup_select(
         &self,
         tier: RollupMeta,
@@ -229,10 +202,11 @@ impl Db {
         limits: &ReadLimits<'_>,
     ) -> Result<RollupSelection> {
         let mut series = Vec::new();
-        let histogram_series = self.rollup_visit(tier, matchers, mint, maxt, columns, limits, &mut |s| {
-            series.push(s.clone());
-            Ok(())
-        })?;
+        let histogram_series =
+            self.rollup_map(tier, matchers, mint, maxt, columns, limits, &RollupSeries::clone, &mut |s| {
+                series.push(s);
+                Ok(())
+            })?;
         Ok(RollupSelection { series, histogram_series })
     }
 }
@@ -485,7 +459,7 @@ impl Inner {
         Ok(gone)
     }
 
-    #[allow(clippy::too_many_arguments, reason = "Db::rollup_visit's arguments, passed through")]
+    #[allow(clippy::too_many_arguments, reason = "Db::rollup_map's arguments, passed through")]
     fn map_buckets<T: Send>(
         &self,
         tier: &Tier,
@@ -494,9 +468,15 @@ impl Inner {
         maxt: i64,
         columns: ColumnSet,
         limits: &ReadLimits<'_>,
-        map: &(dyn Fn(RollupSeries) -> T + Sync),
+        map: &(dyn Fn(&RollupSeries) -> T + Sync),
         sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<usize> {
+        // Each series lent to `map`, its buffer kept for the next.
+        let map = |s: RollupSeries| {
+            let mapped = map(&s);
+            buffers::give(s.buckets);
+            mapped
+        };
         let (interval, closed) = (tier.spec.interval_ms, tier.spec.closed);
         let (first_end, last_end) = (closed.bucket_end(mint, interval), closed.bucket_end(maxt, interval));
         // Every sample of those buckets.
