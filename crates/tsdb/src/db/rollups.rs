@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
-use crate::rollup::{buffers, coalesce, merge_runs, Aggregator, ArchiveValue, Bucket, RollupTier};
+use crate::rollup::{append_runs, buffers, coalesce, Aggregator, ArchiveValue, Bucket, RollupTier};
 use crate::vfs::Vfs;
 
 /// The directory of the rollup tiers, inside the data directory.
@@ -606,9 +606,7 @@ impl Inner {
                 buckets.retain(|b| !deleted_touches(s.deleted_intervals(), b, tier.spec.meta()));
             }
             if let Some(raw_part) = &raw_parts[i] {
-                let mut merged = buffers::take(buckets.len() + raw_part.buckets.len());
-                merge_runs(&buckets, &raw_part.buckets, &mut merged);
-                buffers::give(std::mem::replace(&mut buckets, merged));
+                append_runs(&mut buckets, &raw_part.buckets);
             }
             if buckets.is_empty() {
                 buffers::give(buckets);

@@ -364,6 +364,28 @@ pub fn merge_runs(a: &[Bucket], b: &[Bucket], out: &mut Vec<Bucket>) {
     out.extend_from_slice(&b[j..]);
 }
 
+/// `merge_runs` of `a` and `b` into `a`. When `b` starts at or after `a`'s last bucket (a tier
+/// series and its newest data, read raw from the head: the usual case) it is appended in place;
+/// otherwise the runs are merged through a buffer (`buffers`).
+pub fn append_runs(a: &mut Vec<Bucket>, b: &[Bucket]) {
+    let (Some(last), Some(next)) = (a.last_mut(), b.first()) else {
+        a.extend_from_slice(b);
+        return;
+    };
+    match next.end.cmp(&last.end) {
+        std::cmp::Ordering::Greater => a.extend_from_slice(b),
+        std::cmp::Ordering::Equal => {
+            last.absorb(next);
+            a.extend_from_slice(&b[1..]);
+        }
+        std::cmp::Ordering::Less => {
+            let mut merged = super::buffers::take(a.len() + b.len());
+            merge_runs(a, b, &mut merged);
+            super::buffers::give(std::mem::replace(a, merged));
+        }
+    }
+}
+
 /// Sorts buckets of one series gathered from several places (tier blocks side by side, each
 /// with partial buckets at its edges) by end, and combines those of the same end in time order
 /// (`Bucket::absorb`: exact where their samples do not interleave).

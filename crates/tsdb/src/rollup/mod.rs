@@ -9,7 +9,7 @@ pub mod tier;
 pub mod write;
 
 pub use bucket::{
-    aggregate, aggregate_closed, bucket_end, coalesce, merge_runs, Aggregator, ArchiveRule, ArchiveValue, Bucket,
-    Closed,
+    aggregate, aggregate_closed, append_runs, bucket_end, coalesce, merge_runs, Aggregator, ArchiveRule, ArchiveValue,
+    Bucket, Closed,
 };
 pub use tier::{check_tiers, parse_tiers, RollupTier, SeriesFilter, INTERVAL_MIN_MS, TIERS_MAX};

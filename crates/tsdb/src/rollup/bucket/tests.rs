@@ -160,6 +160,33 @@ proptest! {
         }
     }
 
+    /// `append_runs` is `merge_runs` in place: for parts cut anywhere (the appending case, a
+    /// shared bucket absorbed, or the later part first) and for interleaved parts.
+    #[test]
+    fn appending_runs_in_place_is_merging_them(samples in samples(), cut in any::<prop::sample::Index>(), picks in prop::collection::vec(any::<bool>(), 1..300), interleave in any::<bool>()) {
+        let interval = 60_000;
+        let (a, b) = if interleave {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (s, pick) in samples.iter().zip(picks.iter().cycle()) {
+                if *pick { a.push(*s) } else { b.push(*s) }
+            }
+            (aggregate(&a, interval), aggregate(&b, interval))
+        } else {
+            let at = cut.index(samples.len() + 1);
+            (aggregate(&samples[..at], interval), aggregate(&samples[at..], interval))
+        };
+        for (x, y) in [(&a, &b), (&b, &a)] {
+            let mut merged = Vec::new();
+            merge_runs(x, y, &mut merged);
+            let mut appended = x.clone();
+            append_runs(&mut appended, y);
+            prop_assert_eq!(appended.len(), merged.len());
+            for (g, w) in appended.iter().zip(&merged) {
+                prop_assert_eq!(format!("{g:?}"), format!("{w:?}"));
+            }
+        }
+    }
+
     /// Buckets of neighbouring parts gathered in any order (tier blocks side by side, cut
     /// anywhere, even inside a bucket) coalesce into the whole's buckets; one part's buckets,
     /// already in order, are left as they are.
