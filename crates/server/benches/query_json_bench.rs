@@ -2,7 +2,8 @@
 //! day at a 60 s step (1440 points each, as a dashboard's `rate(...)` over a day returns), with
 //! rate-like values (fractions), counter-like values (integers) and gauge-like values (a few
 //! decimals); timestamps whole seconds, or with milliseconds (a step of 1.5 s). Median of 9
-//! renders, streamed in 1 MiB chunks as the server streams them (the chunks are dropped).
+//! renders, streamed in 1 MiB chunks as the server streams them (the chunks are dropped), by
+//! one thread and by as many as there are cores (`--query.parallelism`'s default).
 //!
 //! `cargo bench -p strata-server --bench query_json_bench`
 
@@ -38,20 +39,28 @@ fn main() {
         ("gauge-like two decimals, 60 s step", matrix(60_000, |s, i| ((s * 31 + i * 17) % 10_000) as f64 / 100.0)),
         ("rate-like fractions, 1.5 s step", matrix(1_500, |s, i| (s * 7919 + i * 104_729) as f64 / 977.0)),
     ];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (name, value) in &shapes {
-        let mut times = Vec::new();
-        let mut bytes = 0;
-        for _ in 0..9 {
-            let t0 = Instant::now();
-            bytes = 0;
-            strata_server::query_json::render(value, &[], "q", None, 1 << 20, &mut |chunk| {
-                bytes += chunk.len();
-                true
-            });
-            times.push(t0.elapsed().as_secs_f64());
+        for threads in if cores > 1 { vec![1, cores] } else { vec![1] } {
+            let mut times = Vec::new();
+            let mut bytes = 0;
+            for _ in 0..9 {
+                let t0 = Instant::now();
+                bytes = 0;
+                strata_server::query_json::render(value, &[], "q", None, 1 << 20, threads, &mut |chunk| {
+                    bytes += chunk.len();
+                    true
+                });
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            let per_point = times[4] / (SERIES * POINTS) as f64 * 1e9;
+            println!(
+                "{name}, {threads} thread(s): {:.1} ns per point, {:.1} ms, {:.1} MB",
+                per_point,
+                times[4] * 1e3,
+                bytes as f64 / 1e6
+            );
         }
-        times.sort_by(f64::total_cmp);
-        let per_point = times[4] / (SERIES * POINTS) as f64 * 1e9;
-        println!("{name}: {:.1} ns per point, {:.1} ms, {:.1} MB", per_point, times[4] * 1e3, bytes as f64 / 1e6);
     }
 }

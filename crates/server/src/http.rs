@@ -1408,7 +1408,13 @@ fn eval_error(e: EvalError) -> ApiError {
 /// A small result is written here. A large one is written on a blocking thread, so the async
 /// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
 /// sending overlaps writing, and the response is never held whole.
-fn query_response(out: query_cache::Answer, query: &str, stats: Option<String>, gzip: bool) -> Response {
+fn query_response(
+    out: query_cache::Answer,
+    query: &str,
+    stats: Option<String>,
+    gzip: bool,
+    threads: usize,
+) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
@@ -1432,6 +1438,7 @@ fn query_response(out: query_cache::Answer, query: &str, stats: Option<String>, 
                 &query,
                 stats.as_deref(),
                 RESPONSE_CHUNK_BYTES,
+                threads,
                 &mut |chunk| send(chunk.into_bytes()),
             );
             return;
@@ -1445,6 +1452,7 @@ fn query_response(out: query_cache::Answer, query: &str, stats: Option<String>, 
             &query,
             stats.as_deref(),
             RESPONSE_CHUNK_BYTES,
+            threads,
             &mut |chunk| {
                 gz.write_all(chunk.as_bytes()).expect("compressing into memory");
                 if gz.get_ref().len() >= GZIP_PIECE_BYTES {
@@ -1595,7 +1603,7 @@ async fn evaluate(
         })
         .to_string()
     });
-    Ok(query_response(out, &query, stats, accepts_gzip(headers)))
+    Ok(query_response(out, &query, stats, accepts_gzip(headers), st.limits.query_parallelism.max(1)))
 }
 
 async fn query(

@@ -284,7 +284,7 @@ fn within(s: &Series, from: i64, to: i64) -> (&[Point], &[HPoint]) {
 pub fn response<'a>(body: impl Into<Body<'a>>, annotations: &[Annotation], query: &str, stats: Option<&str>) -> String {
     // With no chunk size, the whole response is the one piece written (sized up front).
     let mut whole = None;
-    render(body, annotations, query, stats, usize::MAX, &mut |piece| {
+    render(body, annotations, query, stats, usize::MAX, 1, &mut |piece| {
         whole = Some(piece);
         true
     });
@@ -331,6 +331,16 @@ impl Chunks<'_> {
         Ok(())
     }
 
+    /// Adds a written piece: handed on as it is when nothing waits before it and it is full
+    /// (no copy), else appended.
+    fn put(&mut self, piece: String) -> Result<(), Gone> {
+        if self.buf.is_empty() && piece.len() >= self.chunk {
+            return if (self.emit)(piece) { Ok(()) } else { Err(Gone) };
+        }
+        self.buf.push_str(&piece);
+        self.check()
+    }
+
     fn finish(self) {
         if !self.buf.is_empty() {
             (self.emit)(self.buf);
@@ -339,19 +349,21 @@ impl Chunks<'_> {
 }
 
 /// Writes the success response of `/api/v1/query` or `/api/v1/query_range` in pieces of about
-/// `chunk` bytes, each handed to `emit`; stops early when `emit` says the receiver is gone.
+/// `chunk` bytes, each handed to `emit`; stops early when `emit` says the receiver is gone. A
+/// large matrix is written by up to `threads` threads (`matrix_in_parallel`).
 pub fn render<'a>(
     body: impl Into<Body<'a>>,
     annotations: &[Annotation],
     query: &str,
     stats: Option<&str>,
     chunk: usize,
+    threads: usize,
     emit: &mut dyn FnMut(String) -> bool,
 ) {
     let body = body.into();
     let capacity = if chunk == usize::MAX { 64 + points(body) * 32 } else { chunk + chunk / 8 };
     let mut w = Chunks { buf: String::with_capacity(capacity), chunk, emit };
-    if render_into(&mut w, body, annotations, query, stats).is_ok() {
+    if render_into(&mut w, body, annotations, query, stats, threads).is_ok() {
         w.finish();
     }
 }
@@ -363,12 +375,13 @@ fn render_into(
     annotations: &[Annotation],
     query: &str,
     stats: Option<&str>,
+    threads: usize,
 ) -> Result<(), Gone> {
     w.buf.push_str(r#"{"status":"success","data":{"resultType":"#);
     let value = match body {
         Body::Value(value) => value,
         Body::Matrix(series, from, to) => {
-            matrix(w, series, from, to)?;
+            matrix(w, series, from, to, threads)?;
             return finish(w, annotations, query, stats);
         }
     };
@@ -410,7 +423,7 @@ fn render_into(
             }
             w.buf.push(']');
         }
-        Value::Matrix(series) => matrix(w, series, i64::MIN, i64::MAX)?,
+        Value::Matrix(series) => matrix(w, series, i64::MIN, i64::MAX, threads)?,
     }
     finish(w, annotations, query, stats)
 }
@@ -426,47 +439,143 @@ fn open_series(out: &mut String, l: &Labels, first: &mut bool) {
 
 /// A matrix result of the points of `series` in `[from, to]`: series without any there are
 /// left out (a whole matrix's series always have some).
-fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64) -> Result<(), Gone> {
+fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64, threads: usize) -> Result<(), Gone> {
     w.buf.push_str(r#""matrix","result":["#);
     let whole = from == i64::MIN && to == i64::MAX;
-    let mut stamps = Stamps::new(series.iter().map(|s| within(s, from, to).0.len()).max().unwrap_or(0));
-    let mut first = true;
-    for s in series {
-        let (points, hists) = within(s, from, to);
-        if !whole && points.is_empty() && hists.is_empty() {
-            continue;
+    let longest = series.iter().map(|s| within(s, from, to).0.len()).max().unwrap_or(0);
+    let total: usize = series.iter().map(|s| within(s, from, to).0.len()).sum();
+    if threads > 1 && total >= 2 * PARALLEL_BATCH_POINTS {
+        matrix_in_parallel(w, series, (from, to), whole, longest, threads)?;
+    } else {
+        let mut stamps = Stamps::new(longest);
+        let mut first = true;
+        for s in series {
+            series_object(w, s, (from, to), whole, &mut stamps, &mut first)?;
         }
-        open_series(&mut w.buf, &s.labels, &mut first);
-        if !points.is_empty() || hists.is_empty() {
-            w.buf.push_str(r#","values":["#);
-            stamps.learn_step(points);
-            for (j, p) in points.iter().enumerate() {
-                let out = &mut w.buf;
-                if j > 0 {
-                    out.push(',');
-                }
-                stamps.open_point(out, p.t);
-                sample_value(out, p.f);
-                out.push_str("\"]");
-                w.check()?;
-            }
-            w.buf.push(']');
-        }
-        if !hists.is_empty() {
-            w.buf.push_str(r#","histograms":["#);
-            for (j, p) in hists.iter().enumerate() {
-                let out = &mut w.buf;
-                if j > 0 {
-                    out.push(',');
-                }
-                histogram_point(out, p.t, &p.h);
-                w.check()?;
-            }
-            w.buf.push(']');
-        }
-        w.buf.push('}');
     }
     w.buf.push(']');
+    Ok(())
+}
+
+/// Points a batch of series written by one thread of `matrix_in_parallel` holds at least (but
+/// for the last): about 400 KB of text.
+const PARALLEL_BATCH_POINTS: usize = 16 * 1024;
+
+/// `matrix`'s series objects written by `threads` threads: formatting the values is most of
+/// writing a large result (a quarter of a 30-day, 1000-series `increase` from a tier, all of
+/// it on one thread after the evaluation). Consecutive series are cut into batches of about
+/// `PARALLEL_BATCH_POINTS`; thread `k` writes batches `k`, `k + threads`, … into pieces of
+/// `w.chunk` bytes, and this thread hands the pieces on in batch order, so the response is the
+/// bytes one thread would write. Each series object is written after a comma; the response's
+/// first loses it.
+fn matrix_in_parallel(
+    w: &mut Chunks<'_>,
+    series: &[Series],
+    (from, to): (i64, i64),
+    whole: bool,
+    longest: usize,
+    threads: usize,
+) -> Result<(), Gone> {
+    let mut batches = Vec::new();
+    let (mut start, mut points) = (0, 0);
+    for (i, s) in series.iter().enumerate() {
+        points += within(s, from, to).0.len();
+        if points >= PARALLEL_BATCH_POINTS {
+            batches.push(start..i + 1);
+            (start, points) = (i + 1, 0);
+        }
+    }
+    if start < series.len() {
+        batches.push(start..series.len());
+    }
+    let chunk = w.chunk;
+    std::thread::scope(|scope| {
+        let mut receivers = Vec::with_capacity(threads);
+        for k in 0..threads {
+            // Two batches written ahead per thread at most.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<String>>(2);
+            receivers.push(rx);
+            let batches = &batches;
+            scope.spawn(move || {
+                let mut stamps = Stamps::new(longest);
+                for batch in batches.iter().skip(k).step_by(threads) {
+                    let mut pieces = Vec::new();
+                    let mut emit = |piece: String| {
+                        pieces.push(piece);
+                        true
+                    };
+                    let mut out = Chunks { buf: String::with_capacity(chunk.min(1 << 20)), chunk, emit: &mut emit };
+                    for s in &series[batch.clone()] {
+                        // Never `Gone`: the pieces are only collected.
+                        let _ = series_object(&mut out, s, (from, to), whole, &mut stamps, &mut false);
+                    }
+                    out.finish();
+                    if tx.send(pieces).is_err() {
+                        // The writer stopped: the receiver went away.
+                        return;
+                    }
+                }
+            });
+        }
+        let mut first = true;
+        for b in 0..batches.len() {
+            // A writing thread ends only after its last batch, or once this one stopped.
+            let pieces = receivers[b % threads].recv().expect("a writing thread panicked");
+            for mut piece in pieces {
+                if std::mem::take(&mut first) {
+                    debug_assert!(piece.starts_with(','));
+                    piece.remove(0);
+                }
+                w.put(piece)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// One series object of a matrix (after a comma unless it is the `first`) with its points in
+/// `[from, to]`; left out when there are none and the matrix is not `whole`.
+fn series_object(
+    w: &mut Chunks<'_>,
+    s: &Series,
+    (from, to): (i64, i64),
+    whole: bool,
+    stamps: &mut Stamps,
+    first: &mut bool,
+) -> Result<(), Gone> {
+    let (points, hists) = within(s, from, to);
+    if !whole && points.is_empty() && hists.is_empty() {
+        return Ok(());
+    }
+    open_series(&mut w.buf, &s.labels, first);
+    if !points.is_empty() || hists.is_empty() {
+        w.buf.push_str(r#","values":["#);
+        stamps.learn_step(points);
+        for (j, p) in points.iter().enumerate() {
+            let out = &mut w.buf;
+            if j > 0 {
+                out.push(',');
+            }
+            stamps.open_point(out, p.t);
+            sample_value(out, p.f);
+            out.push_str("\"]");
+            w.check()?;
+        }
+        w.buf.push(']');
+    }
+    if !hists.is_empty() {
+        w.buf.push_str(r#","histograms":["#);
+        for (j, p) in hists.iter().enumerate() {
+            let out = &mut w.buf;
+            if j > 0 {
+                out.push(',');
+            }
+            histogram_point(out, p.t, &p.h);
+            w.check()?;
+        }
+        w.buf.push(']');
+    }
+    w.buf.push('}');
     Ok(())
 }
 
@@ -693,7 +802,7 @@ mod tests {
         let whole = response(&v, &a, "m", None);
         for chunk in [1, 100, 4096, 1 << 20] {
             let mut pieces = Vec::new();
-            render(&v, &a, "m", None, chunk, &mut |p| {
+            render(&v, &a, "m", None, chunk, 1, &mut |p| {
                 pieces.push(p);
                 true
             });
@@ -705,7 +814,69 @@ mod tests {
             );
         }
         let mut taken = 0;
-        render(&v, &a, "m", None, 4096, &mut |_| {
+        render(&v, &a, "m", None, 4096, 1, &mut |_| {
+            taken += 1;
+            taken < 3
+        });
+        assert_eq!(taken, 3, "nothing is written after the receiver is gone");
+    }
+
+    /// Written by several threads, a large matrix is the bytes one thread writes: whole, and
+    /// restricted to windows that leave out the first series, series in the middle and the
+    /// last (which have no points there), series whose points straddle a batch's end, with and
+    /// without histograms; when the receiver goes away, writing stops and the threads end.
+    #[test]
+    fn a_matrix_written_in_parallel_is_the_matrix_written_by_one_thread() {
+        use std::sync::Arc;
+        use strata_model::histogram::notation::parse;
+        use strata_promql::value::HPoint;
+        let h =
+            Arc::new(parse("{{count:5 sum:7.5 z_bucket:1 z_bucket_w:0.001 buckets:[1 0 2] n_buckets:[1]}}").unwrap());
+        // Series i has points at steps [i mod 7, i mod 7 + len), len varying across batches.
+        let series = |i: i64| {
+            let l = Labels::from_pairs([("__name__", "m"), ("i", &format!("{i:03}"))]);
+            let from = i % 7;
+            let len = [1, 3000, 20_000, 5, 9000][i as usize % 5];
+            let points: Vec<Point> =
+                (from..from + len).map(|k| Point { t: k * 60_000, f: (i * k) as f64 / 7.0 + 0.1 }).collect();
+            let mut s = Series::new(l, points);
+            if i % 11 == 3 {
+                s.hists = (0..3).map(|k| HPoint { t: (from + k) * 60_000, h: h.clone() }).collect();
+            }
+            s
+        };
+        let all: Vec<Series> = (0..40).map(series).collect();
+        let one = |body: Body<'_>, chunk: usize, threads: usize| {
+            let mut pieces = Vec::new();
+            render(body, &[], "m", None, chunk, threads, &mut |p| {
+                pieces.push(p);
+                true
+            });
+            pieces.concat()
+        };
+        let v = Value::Matrix(all.clone());
+        let serial = one(Body::Value(&v), usize::MAX, 1);
+        for threads in [2, 3, 8] {
+            assert_eq!(one(Body::Value(&v), crate::http::RESPONSE_CHUNK_BYTES, threads), serial, "{threads} threads");
+        }
+        for (from, to) in [
+            (6 * 60_000, 2_000 * 60_000),
+            (2_500 * 60_000, 10_000 * 60_000),
+            (9_500 * 60_000, 30_000 * 60_000),
+            (0, 3 * 60_000),
+        ] {
+            let serial = one(Body::Matrix(&all, from, to), usize::MAX, 1);
+            serde_json::from_str::<serde_json::Value>(&serial).expect("valid JSON");
+            for threads in [2, 5] {
+                assert_eq!(
+                    one(Body::Matrix(&all, from, to), crate::http::RESPONSE_CHUNK_BYTES, threads),
+                    serial,
+                    "[{from}, {to}]"
+                );
+            }
+        }
+        let mut taken = 0;
+        render(&v, &[], "m", None, 4096, 2, &mut |_| {
             taken += 1;
             taken < 3
         });
