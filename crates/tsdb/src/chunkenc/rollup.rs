@@ -152,6 +152,17 @@ fn fill(buckets: &mut [Bucket], values: &[f64], set: impl Fn(&mut Bucket, f64)) 
     }
 }
 
+/// Whether every value is a count (`count_of`), checked to the end without stopping at the
+/// first that is not (which only damage has), so that the loop vectorizes.
+#[inline(always)]
+fn all_counts<'a>(values: impl Iterator<Item = &'a f64>) -> Result<(), ChunkError> {
+    if values.fold(true, |ok, &v| ok & count_of(v).is_ok()) {
+        Ok(())
+    } else {
+        Err(corrupt("count column holds a value that is no count"))
+    }
+}
+
 /// `fill` for columns whose values are checked (counts).
 #[inline(always)]
 fn try_fill(
@@ -229,10 +240,9 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                     if samples.len() != n {
                         return Err(corrupt("count column holds another bucket count"));
                     }
-                    // One pass (a damaged chunk's buckets are dropped below).
-                    for s in samples.iter() {
-                        out.push(Bucket { end: s.t, count: count_of(s.v)?, ..blank });
-                    }
+                    // Checked first, then laid out in one pass of known length.
+                    all_counts(samples.iter().map(|s| &s.v))?;
+                    out.extend(samples.iter().map(|s| Bucket { end: s.t, count: s.v as u64, ..blank }));
                 }
                 // Columns whose sample times matter: the first and last samples'.
                 Column::First | Column::Last => {
@@ -255,8 +265,14 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                         Column::Min => fill(buckets, values, |b, v| b.min = v),
                         Column::Max => fill(buckets, values, |b, v| b.max = v),
                         Column::ResetCorrection => fill(buckets, values, |b, v| b.reset_correction = v),
-                        Column::Changes => try_fill(buckets, values, |b, v| count_of(v).map(|n| b.changes = n))?,
-                        Column::Resets => try_fill(buckets, values, |b, v| count_of(v).map(|n| b.resets = n))?,
+                        Column::Changes => {
+                            all_counts(values.iter())?;
+                            fill(buckets, values, |b, v| b.changes = v as u64);
+                        }
+                        Column::Resets => {
+                            all_counts(values.iter())?;
+                            fill(buckets, values, |b, v| b.resets = v as u64);
+                        }
                         Column::ArchiveState => try_fill(buckets, values, |b, v| {
                             b.archive = match count_of(v)? {
                                 0 => ArchiveValue::NotKept,
@@ -412,6 +428,40 @@ mod tests {
             let _ = decode(&chunk, ColumnSet::ALL, &mut Vec::new());
             let short = cut.index(chunk.len());
             prop_assert!(decode(&chunk[..short], ColumnSet::ALL, &mut Vec::new()).is_err() || short == chunk.len());
+        }
+    }
+
+    /// A count, changes or resets column holding a value that is no count (a fraction, a
+    /// negative, NaN; anywhere in the chunk) is damage, and nothing of the chunk is kept.
+    #[test]
+    fn counts_that_are_no_counts_are_damage() {
+        let samples: Vec<Sample> =
+            (0..3000).map(|i| Sample { t: 1_700_000_000_000 + i * 15_000, v: ((i * 7) % 50) as f64 }).collect();
+        let buckets = aggregate(&samples, 60_000);
+        let chunk_with = |bad: Option<(Column, usize, f64)>| {
+            let mut chunk = vec![Encoding::Rollup as u8];
+            chunk.extend_from_slice(&(buckets.len() as u16).to_be_bytes());
+            for c in Column::ALL.into_iter().take(COLUMNS_ALWAYS) {
+                let mut column: Vec<Sample> = buckets.iter().map(|b| c.of(b)).collect();
+                if let Some((_, at, v)) = bad.filter(|(col, _, _)| *col == c) {
+                    column[at].v = v;
+                }
+                put_bytes(&mut chunk, &dense::encode(&column));
+            }
+            chunk
+        };
+        let mut out = Vec::new();
+        decode(&chunk_with(None), ColumnSet::ALL, &mut out).unwrap();
+        assert_eq!(out.len(), buckets.len());
+        for column in [Column::Count, Column::Changes, Column::Resets] {
+            for at in [0, buckets.len() / 2, buckets.len() - 1] {
+                for v in [2.5, -1.0, f64::NAN] {
+                    let mut out = vec![buckets[0]];
+                    let err = decode(&chunk_with(Some((column, at, v))), ColumnSet::ALL, &mut out).unwrap_err();
+                    assert!(err.to_string().contains("no count"), "{column:?} {at} {v}: {err}");
+                    assert_eq!(out.len(), 1, "nothing of a damaged chunk is kept");
+                }
+            }
         }
     }
 

@@ -174,6 +174,25 @@ fn corrupt_chunks_report_an_error() {
     assert!(ChunkIterator::new(&trailing[..]).unwrap().err().is_some(), "bytes past the chunk's end");
 }
 
+/// Timestamps that repeat or go back (anywhere: the first pair, the middle, the last pair) are
+/// damage the decoder names.
+#[test]
+fn timestamps_that_do_not_increase_are_damage() {
+    let samples = scrape(240, |j| j as f64);
+    for at in [1, 120, 239] {
+        for back in [0, 1, 60_000] {
+            let mut times: Vec<i64> = samples.iter().map(|s| s.t).collect();
+            times[at] = times[at - 1] - back;
+            let mut w = BitWriter::with_bytes(vec![Encoding::Dense as u8, 0, 240]);
+            write_ints(&mut w, &times);
+            write_decimal_values(&mut w, &decimal_values(&samples).unwrap());
+            let bytes = w.into_bytes();
+            let err = ChunkIterator::new(&bytes[..]).unwrap().err().map(|e| e.to_string());
+            assert!(err.as_deref().is_some_and(|e| e.contains("timestamps do not increase")), "{at} {back}: {err:?}");
+        }
+    }
+}
+
 fn value() -> impl Strategy<Value = f64> {
     prop_oneof![
         any::<u64>().prop_map(f64::from_bits),
