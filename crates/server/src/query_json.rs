@@ -294,17 +294,10 @@ pub fn response<'a>(body: impl Into<Body<'a>>, annotations: &[Annotation], query
 /// Points a response holds, a histogram counted as several (for sizing what it is written
 /// into).
 pub fn points<'a>(body: impl Into<Body<'a>>) -> usize {
-    let count = |points: &[Point], hists: &[HPoint]| points.len() + 8 * hists.len();
     match body.into() {
-        Body::Value(Value::Vector(s) | Value::Matrix(s)) => s.iter().map(|s| count(&s.points, &s.hists)).sum(),
+        Body::Value(Value::Vector(s) | Value::Matrix(s)) => s.iter().map(|s| weight(s, i64::MIN, i64::MAX)).sum(),
         Body::Value(_) => 1,
-        Body::Matrix(series, from, to) => series
-            .iter()
-            .map(|s| {
-                let (points, hists) = within(s, from, to);
-                count(points, hists)
-            })
-            .sum(),
+        Body::Matrix(series, from, to) => series.iter().map(|s| weight(s, from, to)).sum(),
     }
 }
 
@@ -443,7 +436,7 @@ fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64, threads: us
     w.buf.push_str(r#""matrix","result":["#);
     let whole = from == i64::MIN && to == i64::MAX;
     let longest = series.iter().map(|s| within(s, from, to).0.len()).max().unwrap_or(0);
-    let total: usize = series.iter().map(|s| within(s, from, to).0.len()).sum();
+    let total: usize = series.iter().map(|s| weight(s, from, to)).sum();
     if threads > 1 && total >= 2 * PARALLEL_BATCH_POINTS {
         matrix_in_parallel(w, series, (from, to), whole, longest, threads)?;
     } else {
@@ -458,8 +451,14 @@ fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64, threads: us
 }
 
 /// Points a batch of series written by one thread of `matrix_in_parallel` holds at least (but
-/// for the last): about 400 KB of text.
+/// for the last), a histogram counted as several (`weight`): about 400 KB of text.
 const PARALLEL_BATCH_POINTS: usize = 16 * 1024;
+
+/// The points of `s` in `[from, to]`, a histogram counted as several (as `points` counts).
+fn weight(s: &Series, from: i64, to: i64) -> usize {
+    let (points, hists) = within(s, from, to);
+    points.len() + 8 * hists.len()
+}
 
 /// `matrix`'s series objects written by `threads` threads: formatting the values is most of
 /// writing a large result (a quarter of a 30-day, 1000-series `increase` from a tier, all of
@@ -479,7 +478,7 @@ fn matrix_in_parallel(
     let mut batches = Vec::new();
     let (mut start, mut points) = (0, 0);
     for (i, s) in series.iter().enumerate() {
-        points += within(s, from, to).0.len();
+        points += weight(s, from, to);
         if points >= PARALLEL_BATCH_POINTS {
             batches.push(start..i + 1);
             (start, points) = (i + 1, 0);
