@@ -175,12 +175,21 @@ fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels 
     }
 }
 
-/// One group's accumulators at every step, laid out by what the operator needs. `sum`,
-/// `count`, `group`, `min` and `max` keep a value and a compensation (16 bytes a step, and a
-/// flag); `avg`, `stddev` and `stdvar` the whole `Acc`. Every input point is added into its
-/// group's step, and with thousands of groups the accumulators do not fit in the cache, so
-/// their size is most of what folding costs.
-enum StepAccs {
+/// One group's accumulators at the steps from `base` on that its members' points span so far,
+/// laid out by what the operator needs. `sum`, `count`, `group`, `min` and `max` keep a value
+/// and a compensation (16 bytes a step, and a flag); `avg`, `stddev` and `stdvar` the whole
+/// `Acc`. Every input point is added into its group's step, and with thousands of groups the
+/// accumulators do not fit in the cache, so their size is most of what folding costs. Only
+/// the span is kept: under churn (pods replaced every few minutes, a day's range) each group
+/// lives for a few dozen of the range's thousands of steps, and accumulators for every step
+/// were most of such a query's memory and time (zeroed pages, then read back step by step).
+struct StepAccs {
+    base: usize,
+    steps: Steps,
+}
+
+/// The accumulators of consecutive steps, `StepAccs::base` first.
+enum Steps {
     Compact { seen: Vec<bool>, sums: Vec<(f64, f64)> },
     Full(Vec<Acc>),
 }
@@ -197,7 +206,7 @@ impl GroupAcc {
     /// The accumulators, made from the single member's points if not yet.
     fn folded(&mut self, op: AggregateOp, ctx: &Ctx) -> &mut StepAccs {
         if let GroupAcc::Single(points) = self {
-            let mut accs = StepAccs::new(op, ctx.n);
+            let mut accs = StepAccs::new(op);
             fold(op, &mut accs, points, ctx);
             point_buffers::POOL.give(std::mem::take(points));
             *self = GroupAcc::Folded(accs);
@@ -218,7 +227,7 @@ impl GroupAcc {
                 points
             }
             GroupAcc::Folded(acc) => {
-                (0..ctx.n).filter_map(|i| Some(Point { t: ctx.ts(i), f: acc.result(op, i)? })).collect()
+                acc.span().filter_map(|i| Some(Point { t: ctx.ts(i), f: acc.result(op, i)? })).collect()
             }
         }
     }
@@ -241,35 +250,82 @@ fn alone(op: AggregateOp, f: f64) -> f64 {
 }
 
 impl StepAccs {
-    fn new(op: AggregateOp, n: usize) -> StepAccs {
-        match op {
-            AggregateOp::Avg | AggregateOp::Stddev | AggregateOp::Stdvar => StepAccs::Full(vec![Acc::default(); n]),
-            _ => StepAccs::Compact { seen: vec![false; n], sums: vec![(0.0, 0.0); n] },
+    /// Accumulators for no step yet: `fold` makes room for the steps its points fall on.
+    fn new(op: AggregateOp) -> StepAccs {
+        let steps = match op {
+            AggregateOp::Avg | AggregateOp::Stddev | AggregateOp::Stdvar => Steps::Full(Vec::new()),
+            _ => Steps::Compact { seen: Vec::new(), sums: Vec::new() },
+        };
+        StepAccs { base: 0, steps }
+    }
+
+    /// How many steps from `base` are kept.
+    fn len(&self) -> usize {
+        match &self.steps {
+            Steps::Compact { seen, .. } => seen.len(),
+            Steps::Full(acc) => acc.len(),
         }
+    }
+
+    /// Makes the kept steps span `from..=to` too (fresh accumulators for the steps added).
+    fn cover(&mut self, from: usize, to: usize) {
+        debug_assert!(from <= to);
+        let (base, len) = (self.base, self.len());
+        if len > 0 && from >= base && to < base + len {
+            return;
+        }
+        let (lo, hi) = if len == 0 { (from, to + 1) } else { (from.min(base), (to + 1).max(base + len)) };
+        // Fresh steps before the kept ones (which land at `base - lo`) and after them.
+        fn widen<T: Clone>(v: &mut Vec<T>, fresh: T, before: usize, after: usize) {
+            let mut w = Vec::with_capacity(before + v.len() + after);
+            w.resize(before, fresh.clone());
+            w.append(v);
+            w.resize(w.len() + after, fresh);
+            *v = w;
+        }
+        let (before, after) = if len == 0 { (0, hi - lo) } else { (base - lo, hi - (base + len)) };
+        match &mut self.steps {
+            Steps::Compact { seen, sums } => {
+                widen(seen, false, before, after);
+                widen(sums, (0.0, 0.0), before, after);
+            }
+            Steps::Full(acc) => widen(acc, Acc::default(), before, after),
+        }
+        self.base = lo;
+        debug_assert_eq!(self.len(), hi - lo);
     }
 
     /// The result at step `i`, if any sample came.
     fn result(&self, op: AggregateOp, i: usize) -> Option<f64> {
-        match self {
-            StepAccs::Compact { seen, sums } => seen[i].then(|| match op {
-                AggregateOp::Sum => sums[i].0 + sums[i].1,
-                _ => sums[i].0,
+        let k = i.checked_sub(self.base).filter(|&k| k < self.len())?;
+        match &self.steps {
+            Steps::Compact { seen, sums } => seen[k].then(|| match op {
+                AggregateOp::Sum => sums[k].0 + sums[k].1,
+                _ => sums[k].0,
             }),
-            StepAccs::Full(acc) => acc[i].seen.then(|| acc[i].result(op)),
+            Steps::Full(acc) => acc[k].seen.then(|| acc[k].result(op)),
         }
+    }
+
+    /// The steps kept, as indexes of the range.
+    fn span(&self) -> std::ops::Range<usize> {
+        self.base..self.base + self.len()
     }
 }
 
 /// Adds a series' points into its group's accumulators, with the operator fixed per loop so the
 /// per-point work has no dispatch.
 fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
-    let (seen, sums) = match accs {
-        StepAccs::Full(acc) => {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
+    accs.cover(ctx.index(first.t), ctx.index(last.t));
+    let base = accs.base;
+    let (seen, sums) = match &mut accs.steps {
+        Steps::Full(acc) => {
             macro_rules! each {
                 ($op:expr) => {{
                     let mut steps = ctx.walker();
                     for p in points {
-                        acc[steps.index(p.t)].add($op, p.f);
+                        acc[steps.index(p.t) - base].add($op, p.f);
                     }
                 }};
             }
@@ -281,12 +337,12 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
             }
             return;
         }
-        StepAccs::Compact { seen, sums } => (seen, sums),
+        Steps::Compact { seen, sums } => (seen, sums),
     };
     // A step's new (value, compensation) from its old one, the point's value and whether the
     // step was set: the first sample sets it, the others combine.
     match op {
-        AggregateOp::Sum => fold_compact(seen, sums, points, ctx, |v, f, set| {
+        AggregateOp::Sum => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
             let next = kahan_inc(f, v.0, v.1);
             if set {
                 next
@@ -295,13 +351,13 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
             }
         }),
         AggregateOp::Count => {
-            fold_compact(seen, sums, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
+            fold_compact(seen, sums, base, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
         }
-        AggregateOp::Group => fold_compact(seen, sums, points, ctx, |v, _, _| (1.0, v.1)),
-        AggregateOp::Min => fold_compact(seen, sums, points, ctx, |v, f, set| {
+        AggregateOp::Group => fold_compact(seen, sums, base, points, ctx, |v, _, _| (1.0, v.1)),
+        AggregateOp::Min => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
             (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)
         }),
-        AggregateOp::Max => fold_compact(seen, sums, points, ctx, |v, f, set| {
+        AggregateOp::Max => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
             (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)
         }),
         _ => unreachable!("not an accumulating aggregation"),
@@ -316,12 +372,14 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
 fn fold_compact(
     seen: &mut [bool],
     sums: &mut [(f64, f64)],
+    base: usize,
     points: &[Point],
     ctx: &Ctx,
     update: impl Fn((f64, f64), f64, bool) -> (f64, f64),
 ) {
     let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
-    let (from, to) = (ctx.index(first.t), ctx.index(last.t));
+    // Indexes among the kept steps (`fold` made them span the points).
+    let (from, to) = (ctx.index(first.t) - base, ctx.index(last.t) - base);
     if to - from + 1 == points.len() {
         for ((set, v), p) in seen[from..=to].iter_mut().zip(&mut sums[from..=to]).zip(points) {
             *v = update(*v, p.f, *set);
@@ -330,7 +388,7 @@ fn fold_compact(
     } else {
         let mut steps = ctx.walker();
         for p in points {
-            let i = steps.index(p.t);
+            let i = steps.index(p.t) - base;
             sums[i] = update(sums[i], p.f, seen[i]);
             seen[i] = true;
         }
@@ -398,7 +456,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
                     accs.push(GroupAcc::Single(points));
                     return Ok(());
                 }
-                accs.push(GroupAcc::Folded(StepAccs::new(a.op, ctx.n)));
+                accs.push(GroupAcc::Folded(StepAccs::new(a.op)));
             }
             fold(a.op, accs[g].folded(a.op, ctx), &points, ctx);
             point_buffers::POOL.give(points);
@@ -1191,7 +1249,7 @@ mod tests {
         ];
         for op in ops {
             for f in [0.0, -0.0, 1.5, -3.25, 1e308, -1e-308, f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
-                let mut accs = StepAccs::new(op, ctx.n);
+                let mut accs = StepAccs::new(op);
                 fold(op, &mut accs, &[Point { t: 1000, f }], &ctx);
                 let folded = accs.result(op, 0).expect("one value folded");
                 assert_eq!(alone(op, f).to_bits(), folded.to_bits(), "{op:?} of {f}");
@@ -1214,7 +1272,7 @@ mod tests {
         ) {
             let pick = [0.0, -0.0, 1.5, -3.25, 1e100, -1e100, f64::INFINITY, f64::NAN];
             let ctx = Ctx { start: 1000, step: 10, n: 8 };
-            let mut accs = StepAccs::new(op, ctx.n);
+            let mut accs = StepAccs::new(op);
             let mut want: Vec<Option<(f64, f64)>> = vec![None; ctx.n];
             for vs in &values {
                 let points: Vec<Point> =
