@@ -317,8 +317,11 @@ impl StepAccs {
 /// per-point work has no dispatch.
 fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
     let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
-    accs.cover(ctx.index(first.t), ctx.index(last.t));
+    let (first, last) = (ctx.index(first.t), ctx.index(last.t));
+    accs.cover(first, last);
     let base = accs.base;
+    // The points' first and last steps among the kept ones.
+    let span = (first - base, last - base);
     let (seen, sums) = match &mut accs.steps {
         Steps::Full(acc) => {
             macro_rules! each {
@@ -342,7 +345,7 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
     // A step's new (value, compensation) from its old one, the point's value and whether the
     // step was set: the first sample sets it, the others combine.
     match op {
-        AggregateOp::Sum => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
+        AggregateOp::Sum => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
             let next = kahan_inc(f, v.0, v.1);
             if set {
                 next
@@ -351,13 +354,13 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
             }
         }),
         AggregateOp::Count => {
-            fold_compact(seen, sums, base, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
+            fold_compact(seen, sums, base, span, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
         }
-        AggregateOp::Group => fold_compact(seen, sums, base, points, ctx, |v, _, _| (1.0, v.1)),
-        AggregateOp::Min => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
+        AggregateOp::Group => fold_compact(seen, sums, base, span, points, ctx, |v, _, _| (1.0, v.1)),
+        AggregateOp::Min => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
             (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)
         }),
-        AggregateOp::Max => fold_compact(seen, sums, base, points, ctx, |v, f, set| {
+        AggregateOp::Max => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
             (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)
         }),
         _ => unreachable!("not an accumulating aggregation"),
@@ -367,19 +370,19 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
 /// Folds points into compact accumulators by `update`. A series on consecutive steps (present
 /// throughout the range: the common case) is a straight walk over its steps' slices, which the
 /// compiler vectorizes (`update` choosing on `set` by a select, not a branch); other series
-/// find their steps by walking (points are in step order) rather than by dividing.
+/// find their steps by walking (points are in step order) rather than by dividing. `from` and
+/// `to` are the points' first and last steps among the kept ones (from `base`), as `fold` made
+/// the accumulators span them.
 #[inline(always)]
 fn fold_compact(
     seen: &mut [bool],
     sums: &mut [(f64, f64)],
     base: usize,
+    (from, to): (usize, usize),
     points: &[Point],
     ctx: &Ctx,
     update: impl Fn((f64, f64), f64, bool) -> (f64, f64),
 ) {
-    let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
-    // Indexes among the kept steps (`fold` made them span the points).
-    let (from, to) = (ctx.index(first.t) - base, ctx.index(last.t) - base);
     if to - from + 1 == points.len() {
         for ((set, v), p) in seen[from..=to].iter_mut().zip(&mut sums[from..=to]).zip(points) {
             *v = update(*v, p.f, *set);
@@ -1306,6 +1309,36 @@ mod tests {
                 let want = w.map(|(v, c)| if op == AggregateOp::Sum { v + c } else { v }).map(f64::to_bits);
                 proptest::prop_assert_eq!(accs.result(op, i).map(f64::to_bits), want, "step {}", i);
             }
+        }
+    }
+
+    /// A folded group whose members live on steps 3..=5 and 4..=7 of ten gives points at those
+    /// steps only, each at its own step's timestamp with that step's sum; the steps before and
+    /// after the span are "no sample", not zeros.
+    #[test]
+    fn folded_group_gives_points_of_its_span_only() {
+        let ctx = Ctx { start: 1000, step: 10, n: 10 };
+        let member = |steps: std::ops::RangeInclusive<usize>, f: f64| -> Vec<Point> {
+            steps.map(|i| Point { t: ctx.ts(i), f: f * i as f64 }).collect()
+        };
+        for op in [AggregateOp::Sum, AggregateOp::Avg] {
+            let mut group = GroupAcc::Single(member(3..=5, 1.0));
+            fold(op, group.folded(op, &ctx), &member(4..=7, 10.0), &ctx);
+            let want: Vec<(i64, f64)> = (3..=7)
+                .map(|i| {
+                    let (a, b) = (i as f64, 10.0 * i as f64);
+                    let both = (4..=5).contains(&i);
+                    let v = match (op, i) {
+                        (_, 3) => a,
+                        (AggregateOp::Sum, _) if both => a + b,
+                        (AggregateOp::Avg, _) if both => (a + b) / 2.0,
+                        _ => b,
+                    };
+                    (ctx.ts(i), v)
+                })
+                .collect();
+            let got: Vec<(i64, f64)> = group.into_points(op, &ctx).iter().map(|p| (p.t, p.f)).collect();
+            assert_eq!(got, want, "{op:?}");
         }
     }
 
