@@ -83,7 +83,7 @@ pub fn write_head_block(
     let mut series: Vec<Arc<crate::head::MemSeries>> = postings::expand(head.postings_for(&[]))
         .into_iter()
         .filter_map(|r| head.series(r))
-        .filter(|s| s.state.lock().overlaps(mint, maxt - 1))
+        .filter(|s| s.lock().overlaps(mint, maxt - 1))
         .collect();
     let strings = head.symbols.snapshot();
     let mut used = vec![false; strings.len()];
@@ -101,7 +101,7 @@ pub fn write_head_block(
     let mut scratch = Scratch::default();
     for s in &series {
         let mut chunks = Vec::new();
-        s.state.lock().each_chunk(mint, maxt - 1, cut.max_epoch, |c, rank| chunks.push((c, rank)));
+        s.lock().each_chunk(mint, maxt - 1, cut.max_epoch, |c, rank| chunks.push((c, rank)));
         let labels = head.symbols.resolve(&s.labels);
         let deleted = stones.as_ref().and_then(|t| t.get(&s.series_ref).map(Vec::as_slice)).unwrap_or(&[]);
         let mut inputs: Vec<ChunkInput<'_>> = chunks

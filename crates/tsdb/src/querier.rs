@@ -762,10 +762,12 @@ impl<'a> Querier<'a> {
         let mut in_arena = 0;
         for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
-            let Some(s) = self.head.series(r) else { continue };
+            // Series that ended before the range (most of a churned selection's) are passed
+            // over without their lock.
+            let Some(s) = self.head.series_if(r, |s| s.may_hold_samples_since(self.mint)) else { continue };
             if self.labels_only {
                 // Whether it has samples in range, without copying its open chunk.
-                if s.state.lock().overlaps(self.mint, self.maxt) {
+                if s.lock().overlaps(self.mint, self.maxt) {
                     found.push((s, Vec::new()));
                     self.check_limit(found.len())?;
                 }
@@ -775,7 +777,7 @@ impl<'a> Querier<'a> {
                 arena.reserve_exact(ARENA_BLOCK);
             }
             let chunks = {
-                let state = s.state.lock();
+                let state = s.lock();
                 state.each_chunk_into(self.mint, self.maxt, u64::MAX, &mut arena, |c, rank| pending.push((c, rank)));
                 drop(state);
                 let mut chunks = Vec::with_capacity(pending.len());

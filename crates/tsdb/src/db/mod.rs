@@ -1175,7 +1175,7 @@ mod tests {
         let stopped =
             db.head().series(db.head().postings_for(&[Matcher::equal("__name__", "stopped")]).next().unwrap());
         let st = stopped.unwrap();
-        assert_eq!(st.state.lock().heap_chunk_bytes(), 0);
+        assert_eq!(st.lock().heap_chunk_bytes(), 0);
         let mut app = db.appender();
         app.append(&l("stopped"), 3_000_000, 3.0).unwrap();
         app.commit().unwrap();

@@ -399,7 +399,7 @@ impl<'h> Appender<'h> {
             }
             Some(_) => Ok(Appended::Sample { chunk_created: false }),
             None => {
-                let st = series.state.lock();
+                let st = series.lock();
                 // Truncation cannot run while this appender holds the gate, so a series not
                 // removed now stays until the commit.
                 if st.removed {
@@ -419,7 +419,7 @@ impl<'h> Appender<'h> {
         let verdict = match verdict {
             Err(e) if self.may_be_late(t, &v, &e) => {
                 let PendingValue::Float(f) = v else { unreachable!("only floats are taken late") };
-                let checked = self.check_late(&series.state.lock(), t, f);
+                let checked = self.check_late(&series.lock(), t, f);
                 match checked {
                     Ok(Appended::Same) => return Ok(()),
                     Ok(Appended::Sample { .. }) => {
@@ -512,7 +512,7 @@ impl<'h> Appender<'h> {
         let mut pending = std::mem::take(&mut self.pending);
         for (series, t, st, v, late) in pending.drain(..) {
             let res = {
-                let mut state = series.state.lock();
+                let mut state = series.lock();
                 let store_late = |state: &mut SeriesState, f: f64| {
                     let res = self.check_late(state, t, f);
                     if res.is_ok_and(|a| a != Appended::Same) {

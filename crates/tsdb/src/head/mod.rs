@@ -294,7 +294,7 @@ impl Head {
             let series: Vec<Arc<MemSeries>> = stripe.read().values().cloned().collect();
             for s in series {
                 pending.clear();
-                let mut st = s.state.lock();
+                let mut st = s.lock();
                 out.idle_closed += usize::from(st.close_if_idle(idle_before));
                 pending.extend(st.unwritten_closed().cloned());
                 drop(st);
@@ -310,7 +310,7 @@ impl Head {
         }
         let Some(mapped) = w.finish()? else { return Ok(out) };
         for (s, mint, p, samples) in placed {
-            if s.state.lock().set_written(mint, HeadChunkBytes::mapped(&mapped, p.start, p.len)) {
+            if s.lock().set_written(mint, HeadChunkBytes::mapped(&mapped, p.start, p.len)) {
                 out.chunks += 1;
                 out.samples += u64::from(samples);
             }
@@ -326,7 +326,7 @@ impl Head {
         let mut out = U64Map::default();
         for stripe in self.by_ref.iter() {
             for s in stripe.read().values() {
-                out.insert(s.series_ref, s.state.lock().written_until().unwrap_or(i64::MIN));
+                out.insert(s.series_ref, s.lock().written_until().unwrap_or(i64::MIN));
             }
         }
         out
@@ -382,7 +382,7 @@ impl Head {
             m.series += (stripe.heap_bytes() + stripe.len() * (8 + 8 + 1) * 8 / 7) as u64;
             for s in stripe.values() {
                 m.series += (series_fixed + s.labels.as_bytes().len()) as u64;
-                let st = s.state.lock();
+                let st = s.lock();
                 m.chunks += st.heap_chunk_bytes() as u64;
                 m.chunk_index += st.chunk_index_bytes() as u64;
             }
@@ -431,6 +431,12 @@ impl Head {
 
     pub fn series(&self, r: SeriesRef) -> Option<Arc<MemSeries>> {
         self.by_ref[Self::stripe(r.0)].read().get(Self::stripe_index(r.0)).cloned()
+    }
+
+    /// The series at `r` if `keep` says so: a selection that passes over most of the series
+    /// it looks up (ended ones, after churn) does not take a handle on each.
+    pub fn series_if(&self, r: SeriesRef, keep: impl FnOnce(&MemSeries) -> bool) -> Option<Arc<MemSeries>> {
+        self.by_ref[Self::stripe(r.0)].read().get(Self::stripe_index(r.0)).filter(|s| keep(s)).cloned()
     }
 
     /// The existing series with exactly `labels`, if the head has it.
@@ -686,7 +692,7 @@ impl Head {
         for stripe in self.by_ref.iter() {
             let stripe = stripe.read();
             for s in stripe.values() {
-                let mut st = s.state.lock();
+                let mut st = s.lock();
                 dropped_chunks += st.truncate_before(mint, max_epoch);
                 match st.min_time() {
                     Some(t) => new_min = new_min.min(t),
@@ -703,7 +709,7 @@ impl Head {
         for s in empty {
             // Re-check under the gate: an appender may have added samples since the scan.
             {
-                let mut st = s.state.lock();
+                let mut st = s.lock();
                 if st.min_time().is_some() {
                     continue;
                 }
@@ -964,7 +970,7 @@ impl<'a> Replay<'a> {
             self.head.note_time(first.mint);
             self.head.note_time(last.maxt);
         }
-        series.state.lock().attach_written(chunks);
+        series.lock().attach_written(chunks);
     }
 
     fn resolve(&self, r: SeriesRef) -> SeriesRef {
@@ -1150,7 +1156,7 @@ impl ReplayShard {
             self.unknown_refs += 1;
             return;
         };
-        let mut state = series.state.lock();
+        let mut state = series.lock();
         if in_order && head.chunk_files.is_some() && state.written_until().is_some_and(|w| t <= w) {
             // Logged before its chunk was written out: the chunk file has it.
             return;
@@ -1192,7 +1198,7 @@ fn finish_replay(head: &Head, shards: Vec<ReplayShard>) {
                 for s in &samples {
                     head.note_time(s.t);
                 }
-                series.state.lock().merge_late(&mut samples, head.opts.chunk_range_ms);
+                series.lock().merge_late(&mut samples, head.opts.chunk_range_ms);
             }
         }
     }

@@ -98,6 +98,11 @@ impl Overlay {
         })
     }
 
+    pub(crate) fn max_time(&self) -> Option<i64> {
+        let chunks = self.chunks.iter().map(|c| c.chunk.maxt);
+        chunks.chain(self.buffer.last().map(|s| s.t)).max()
+    }
+
     pub(crate) fn min_time(&self) -> Option<i64> {
         let chunks = self.chunks.iter().map(|c| c.chunk.mint);
         chunks.chain(self.buffer.first().map(|s| s.t)).min()

@@ -4,9 +4,10 @@
 //! exact-size shared byte slices with their time range, and the open chunk's appender doubles as
 //! the record of the last sample (no separate copy).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use strata_model::{CounterResetHint, FloatHistogram, SeriesRef};
 
 use super::overlay::Overlay;
@@ -188,7 +189,9 @@ impl Open {
 
 #[derive(Debug, Default)]
 pub struct SeriesState {
-    closed: Vec<ChunkMeta>,
+    /// A boxed slice, not a vector: a series cuts a chunk every couple of hours at most, and
+    /// the 8 bytes a capacity takes pay for `MemSeries::newest_s`.
+    closed: Box<[ChunkMeta]>,
     open: Option<Box<Open>>,
     /// Set when head truncation removed the series from the head's indexes: a handle kept
     /// elsewhere (a scrape cache) must not append to it any more.
@@ -223,12 +226,77 @@ pub struct MemSeries {
     pub series_ref: SeriesRef,
     /// Label symbol ids, packed; sorted by name.
     pub labels: PackedLabels,
-    pub state: Mutex<SeriesState>,
+    /// At or after the newest sample the series has ever held (in order or late), in whole
+    /// seconds rounded up (`NEWEST_UNBOUNDED` past what 32 bits hold), read without the lock:
+    /// after churn most series a selection's postings name have ended before its range (pods
+    /// replaced since), and a lookup that locks each of them and walks its chunks was most of
+    /// what such a query cost. Only raised, by `SeriesGuard` as the lock is released, so it is
+    /// never below a sample any reader could see.
+    newest_s: AtomicU32,
+    /// Locked through `lock`, which keeps `newest_s`.
+    state: Mutex<SeriesState>,
+}
+
+/// `MemSeries::newest_s` that bounds nothing (a timestamp past 2106).
+const NEWEST_UNBOUNDED: u32 = u32::MAX;
+
+/// Whole seconds at or after `t` milliseconds, as `MemSeries::newest_s` keeps them.
+fn seconds_at_or_after(t: i64) -> u32 {
+    let s = t.div_euclid(1000) + i64::from(t.rem_euclid(1000) != 0);
+    u32::try_from(s.max(0)).unwrap_or(NEWEST_UNBOUNDED)
 }
 
 impl MemSeries {
     pub fn new(series_ref: SeriesRef, labels: PackedLabels) -> Self {
-        MemSeries { series_ref, labels, state: Mutex::new(SeriesState::default()) }
+        MemSeries { series_ref, labels, newest_s: AtomicU32::new(0), state: Mutex::new(SeriesState::default()) }
+    }
+
+    /// The series' state, locked. Every change goes through this guard, which raises
+    /// `newest_s` to the state's newest sample before it unlocks.
+    pub fn lock(&self) -> SeriesGuard<'_> {
+        SeriesGuard { series: self, state: self.state.lock() }
+    }
+
+    /// False only if the series holds no sample at or after `t` (without taking its lock):
+    /// its newest sample, in order or late, is older. A sample being appended concurrently
+    /// may or may not be counted, as with the lock.
+    pub fn may_hold_samples_since(&self, t: i64) -> bool {
+        let newest = self.newest_s.load(Ordering::Acquire);
+        newest == NEWEST_UNBOUNDED || i64::from(newest) * 1000 >= t
+    }
+}
+
+/// `MemSeries::lock`'s guard.
+#[derive(Debug)]
+pub struct SeriesGuard<'a> {
+    series: &'a MemSeries,
+    state: MutexGuard<'a, SeriesState>,
+}
+
+impl std::ops::Deref for SeriesGuard<'_> {
+    type Target = SeriesState;
+
+    fn deref(&self) -> &SeriesState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for SeriesGuard<'_> {
+    fn deref_mut(&mut self) -> &mut SeriesState {
+        &mut self.state
+    }
+}
+
+impl Drop for SeriesGuard<'_> {
+    /// Raises `newest_s` while the lock is still held (the fields drop after this), so that
+    /// whoever sees a sample through the lock, or after it, sees a bound that covers it.
+    fn drop(&mut self) {
+        if let Some(t) = self.state.newest_time() {
+            let s = seconds_at_or_after(t);
+            if s > self.series.newest_s.load(Ordering::Relaxed) {
+                self.series.newest_s.store(s, Ordering::Release);
+            }
+        }
     }
 }
 
@@ -246,6 +314,15 @@ impl SeriesState {
         match self.open_chunk() {
             Some(a) if a.num_samples() > 0 => Some(a.last_t()),
             _ => self.closed.last().map(|c| c.maxt),
+        }
+    }
+
+    /// Timestamp of the newest sample, in order or late, if any.
+    pub fn newest_time(&self) -> Option<i64> {
+        let late = self.overlay.as_ref().and_then(|o| o.max_time());
+        match (self.max_time(), late) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -485,12 +562,11 @@ impl SeriesState {
             if o.chunk.num_samples() > 0 {
                 let maxt = o.chunk.last_t();
                 let data = o.bytes();
-                if self.closed.len() == self.closed.capacity() {
-                    // Vec's first growth makes room for four (160 bytes), and a churned series
-                    // never holds more than one or two: grow by half, from one.
-                    self.closed.reserve_exact(self.closed.len() / 2 + 1);
-                }
-                self.closed.push(ChunkMeta { mint: o.mint, maxt, data });
+                // Exactly one more: the slice's length is its capacity.
+                let mut closed = std::mem::take(&mut self.closed).into_vec();
+                closed.reserve_exact(1);
+                closed.push(ChunkMeta { mint: o.mint, maxt, data });
+                self.closed = closed.into_boxed_slice();
             }
         }
     }
@@ -579,9 +655,10 @@ impl SeriesState {
     /// epochs up to `max_epoch`; returns how many chunks went.
     pub fn truncate_before(&mut self, mint: i64, max_epoch: u64) -> usize {
         let before = self.num_chunks();
-        self.closed.retain(|c| c.maxt >= mint);
-        if self.closed.capacity() > 2 * self.closed.len() + 1 {
-            self.closed.shrink_to_fit();
+        if self.closed.iter().any(|c| c.maxt < mint) {
+            let mut closed = std::mem::take(&mut self.closed).into_vec();
+            closed.retain(|c| c.maxt >= mint);
+            self.closed = closed.into_boxed_slice();
         }
         if self.open_ends_before(mint) {
             self.open = None;
@@ -633,7 +710,7 @@ impl SeriesState {
     pub(crate) fn attach_written(&mut self, chunks: Vec<ChunkMeta>) {
         debug_assert!(self.closed.is_empty() && self.open.is_none(), "attached to a series with samples");
         debug_assert!(chunks.iter().all(|c| c.data.is_mapped()));
-        self.closed = chunks;
+        self.closed = chunks.into_boxed_slice();
     }
 
     /// Heap bytes held by chunks (closed and open, late ones included), for the memory breakdown.
@@ -644,7 +721,7 @@ impl SeriesState {
 
     /// Heap bytes of the closed chunks' handles and the open chunk's appender state.
     pub fn chunk_index_bytes(&self) -> usize {
-        self.closed.capacity() * std::mem::size_of::<ChunkMeta>()
+        self.closed.len() * std::mem::size_of::<ChunkMeta>()
             + self.open.as_ref().map_or(0, |o| {
                 std::mem::size_of::<Open>() + o.starts.as_ref().map_or(0, |_| std::mem::size_of::<StartTimeWriter>())
             })
@@ -670,13 +747,13 @@ impl SeriesState {
         all.sort_by_key(|s| s.t);
         all.dedup_by(|b, a| a.t == b.t);
         let overlay = self.overlay.take();
-        let mut closed = std::mem::take(&mut self.closed);
+        let mut closed = std::mem::take(&mut self.closed).into_vec();
         closed.truncate(written);
         if let Some(last) = closed.last() {
             let after = last.maxt;
             all.retain(|s| s.t > after);
         }
-        *self = SeriesState { overlay, closed, ..SeriesState::default() };
+        *self = SeriesState { overlay, closed: closed.into_boxed_slice(), ..SeriesState::default() };
         for s in &all {
             self.append_typed(s, chunk_range).expect("sorted, deduplicated samples always append");
         }
@@ -735,6 +812,87 @@ mod tests {
             c.iter().map(|c| (c.mint, c.maxt)).collect::<Vec<_>>(),
             vec![(RANGE - 1, RANGE - 1), (RANGE, RANGE)]
         );
+    }
+
+    /// The head holds millions of these: the lock-free time bound took the 8 bytes a closed
+    /// chunks' capacity did, and a series stays 80 bytes (an allocator size class).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_series_stays_eighty_bytes() {
+        assert_eq!(std::mem::size_of::<MemSeries>(), 80);
+    }
+
+    #[test]
+    fn the_newest_bound_is_whole_seconds_at_or_after() {
+        for (t, s) in [
+            (0, 0),
+            (1, 1),
+            (999, 1),
+            (1000, 1),
+            (1001, 2),
+            (-1, 0),
+            (-5000, 0),
+            (i64::MIN, 0),
+            (u32::MAX as i64 * 1000 - 1, u32::MAX),
+            (i64::MAX, NEWEST_UNBOUNDED),
+        ] {
+            assert_eq!(seconds_at_or_after(t), s, "{t}");
+        }
+    }
+
+    fn series() -> MemSeries {
+        let symbols = super::super::symbols::Symbols::default();
+        MemSeries::new(SeriesRef(1), symbols.intern_labels(&strata_model::Labels::from_pairs([("x", "a")])))
+    }
+
+    proptest::proptest! {
+        /// Whatever reaches a series (in-order samples, late ones, a replay's merge, head
+        /// truncation, idle closing), a lock-free look never passes over it while it holds a
+        /// sample at or after the time asked, and does pass over it from the second after its
+        /// newest sample (what lets a churned selection skip ended series).
+        #[test]
+        fn the_newest_bound_covers_every_sample_and_no_more(
+            ops in proptest::collection::vec((0u8..5, 0i64..200_000), 1..60),
+        ) {
+            let m = series();
+            let mut newest = i64::MIN;
+            for (op, t) in ops {
+                let mut st = m.lock();
+                match op {
+                    0 | 1 => {
+                        if st.append(t, 1.0, RANGE).is_ok() {
+                            newest = newest.max(t);
+                        }
+                    }
+                    2 => {
+                        if st.max_time().is_some_and(|max| t < max) {
+                            st.insert_late(t, 2.0, 0);
+                            newest = newest.max(t);
+                        }
+                    }
+                    3 => {
+                        let mut late = vec![TypedSample { t, st: 0, value: TypedValue::Float(3.0) }];
+                        st.merge_late(&mut late, RANGE);
+                        newest = newest.max(t);
+                    }
+                    _ => {
+                        st.truncate_before(t, u64::MAX);
+                        st.close_if_idle(t);
+                    }
+                }
+                drop(st);
+                if newest > i64::MIN {
+                    proptest::prop_assert!(m.may_hold_samples_since(newest), "newest {}", newest);
+                    let held = m.lock().newest_time();
+                    if let Some(h) = held {
+                        proptest::prop_assert!(h <= newest);
+                        proptest::prop_assert!(m.may_hold_samples_since(h));
+                    }
+                    let past = (newest.div_euclid(1000) + 1) * 1000 + 1;
+                    proptest::prop_assert!(!m.may_hold_samples_since(past), "newest {}, asked {}", newest, past);
+                }
+            }
+        }
     }
 
     /// Float-only series must not pay for histograms: the open chunk is no larger than an XOR
