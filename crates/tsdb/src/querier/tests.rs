@@ -49,6 +49,23 @@ fn series_without_samples_in_range_are_not_selected() {
     assert_eq!(sel(&head, 100, 100).len(), 1);
 }
 
+/// A series that ended is passed over from the second after its newest sample by the bound it
+/// keeps outside its lock (and before that by the check under it); once it takes a sample
+/// again it is selected again.
+#[test]
+fn an_ended_series_is_passed_over_until_it_takes_a_sample_again() {
+    let head = head_with(&[(100_000, 1.0), (100_500, 2.0)]);
+    assert_eq!(sel(&head, 100_500, 100_500).len(), 1);
+    assert!(sel(&head, 100_501, 300_000).is_empty(), "under the lock");
+    assert!(sel(&head, 101_001, 300_000).is_empty(), "by the bound");
+    let mut app = head.appender();
+    app.append(&Labels::from_pairs([("__name__", "s")]), 250_000, 3.0).unwrap();
+    app.commit().unwrap();
+    let got = sel(&head, 101_001, 300_000);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].samples().iter().map(|s| (s.t, s.v)).collect::<Vec<_>>(), vec![(250_000, 3.0)]);
+}
+
 #[test]
 fn select_stops_at_the_series_limit() {
     let head = Head::in_memory(HeadOptions::default());
