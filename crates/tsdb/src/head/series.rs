@@ -252,9 +252,10 @@ impl MemSeries {
     }
 
     /// The series' state, locked. Every change goes through this guard, which raises
-    /// `newest_s` to the state's newest sample before it unlocks.
+    /// `newest_s` to the state's newest sample before it unlocks (if it was changed: reads,
+    /// such as every query's, leave the bound alone).
     pub fn lock(&self) -> SeriesGuard<'_> {
-        SeriesGuard { series: self, state: self.state.lock() }
+        SeriesGuard { series: self, state: self.state.lock(), changed: false }
     }
 
     /// False only if the series holds no sample at or after `t` (without taking its lock):
@@ -271,6 +272,8 @@ impl MemSeries {
 pub struct SeriesGuard<'a> {
     series: &'a MemSeries,
     state: MutexGuard<'a, SeriesState>,
+    /// Whether the state was borrowed mutably: only then can its newest sample have moved.
+    changed: bool,
 }
 
 impl std::ops::Deref for SeriesGuard<'_> {
@@ -283,6 +286,7 @@ impl std::ops::Deref for SeriesGuard<'_> {
 
 impl std::ops::DerefMut for SeriesGuard<'_> {
     fn deref_mut(&mut self) -> &mut SeriesState {
+        self.changed = true;
         &mut self.state
     }
 }
@@ -291,6 +295,9 @@ impl Drop for SeriesGuard<'_> {
     /// Raises `newest_s` while the lock is still held (the fields drop after this), so that
     /// whoever sees a sample through the lock, or after it, sees a bound that covers it.
     fn drop(&mut self) {
+        if !self.changed {
+            return;
+        }
         if let Some(t) = self.state.newest_time() {
             let s = seconds_at_or_after(t);
             if s > self.series.newest_s.load(Ordering::Relaxed) {
