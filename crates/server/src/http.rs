@@ -1666,7 +1666,8 @@ async fn query_range(
         Some(cache) => {
             let key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
             let mut eval = |from| engine.range_with_cancel(storage, &expr, from, end, step, Some(cancel));
-            query_cache::evaluate_range(cache, storage.db.changes(), key, start, end, now_ms(), &mut eval)
+            let threads = storage.parallelism.max(1);
+            query_cache::evaluate_range(cache, storage.db.changes(), key, start, end, now_ms(), threads, &mut eval)
                 .map(|(answer, _)| answer)
         }
         None => engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)).map(Into::into),

@@ -100,7 +100,7 @@ pub struct ServeArgs {
     #[arg(long = "query.lookback-delta")]
     lookback_delta: Option<String>,
     /// Memory for range query results kept so that a dashboard's refresh evaluates only the
-    /// steps it has not seen (0: no cache; a request turns it off with nocache=1) [default: 64MB].
+    /// steps it has not seen (0: no cache; a request turns it off with nocache=1) [default: 256MB].
     #[arg(long = "query.cache-size")]
     query_cache_size: Option<String>,
     /// Steps of a range result newer than this behind now are never kept, since samples for
@@ -490,9 +490,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         strata_model::parse_duration_ms,
     )?;
     let mut limits = limits;
-    limits.query_cache_bytes =
-        pick(&mut flags, "query.cache-size", args.query_cache_size.clone(), li.query_cache_size, "64MB", size_or_zero)?
-            as usize;
+    limits.query_cache_bytes = pick(
+        &mut flags,
+        "query.cache-size",
+        args.query_cache_size.clone(),
+        li.query_cache_size,
+        "256MB",
+        size_or_zero,
+    )? as usize;
     let delay_default = strata_model::format_duration_ms(limits.lookback_ms.max(out_of_order_window_ms));
     limits.query_cache_delay_ms = pick(
         &mut flags,

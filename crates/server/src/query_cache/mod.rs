@@ -24,11 +24,14 @@
 //!
 //! Memory is bounded (`max_bytes`, least recently used results dropped first).
 //!
-//! Kept series are shared, not copied: an answer is written from the same vectors the cache
-//! holds (`Answer::Shared`, the series restricted to the request's window), and a refresh
-//! takes them back from the cache, drops the steps that were too new to keep, appends the new
-//! steps in place and keeps the result again. Steps before the request's start stay until
-//! they are a quarter of what is kept (so a window moving by a step does not move every point).
+//! Series are kept as the JSON text of their points (`query_json::KeptSeries`): an answer
+//! from kept steps copies their text rather than formatting each value again, which was
+//! nearly all of a hit's work. They are shared, not copied: an answer is written from the
+//! same text the cache holds (`Answer::Shared`, the series restricted to the request's
+//! window), and a refresh takes it back from the cache, drops the steps that were too new to
+//! keep, appends the text of the new steps in place and keeps the result again. Steps before
+//! the request's start stay until they are a quarter of what is kept (so a window moving by a
+//! step does not move every point).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +39,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_promql::ast::{Duration, Expr, ExprKind};
-use strata_promql::{Annotation, QueryOutput, QueryStats, Series, Value};
+use strata_promql::{Annotation, QueryOutput, QueryStats, Value};
 use strata_tsdb::changes::ChangeLog;
+
+use crate::query_json::{keep_series, KeptSeries};
 
 #[cfg(test)]
 mod tests;
@@ -70,7 +75,7 @@ struct Entry {
     /// The database's change number when the result was evaluated (or last checked).
     seq: u64,
     /// Shared with the answers written from it.
-    series: Arc<Vec<Series>>,
+    series: Arc<Vec<KeptSeries>>,
     /// The annotations of the evaluation (sorted): those of the kept steps, or more.
     annotations: Vec<Annotation>,
     bytes: usize,
@@ -117,7 +122,7 @@ pub struct QueryCache {
 pub struct Cached {
     pub first: i64,
     pub last: i64,
-    pub series: Arc<Vec<Series>>,
+    pub series: Arc<Vec<KeptSeries>>,
     /// The annotations kept with them (sorted): those of these steps, or more.
     pub annotations: Vec<Annotation>,
 }
@@ -180,7 +185,7 @@ impl QueryCache {
     /// Drops the result of `key` if it still is `series`, so that the caller holds the only
     /// reference to them (and can append to them in place) unless an answer is being written
     /// from them.
-    fn release(&self, key: &CacheKey, series: &Arc<Vec<Series>>) {
+    fn release(&self, key: &CacheKey, series: &Arc<Vec<KeptSeries>>) {
         let mut inner = self.inner.lock();
         if inner.entries.get(key).is_some_and(|e| Arc::ptr_eq(&e.series, series)) {
             let gone = inner.entries.remove(key).expect("found");
@@ -199,7 +204,7 @@ impl QueryCache {
         end: i64,
         now: i64,
         seq: u64,
-        series: Arc<Vec<Series>>,
+        series: Arc<Vec<KeptSeries>>,
         annotations: &[Annotation],
     ) {
         debug_assert!(annotations.is_sorted(), "the engine sorts annotations");
@@ -209,7 +214,7 @@ impl QueryCache {
         }
         // The last step strictly before the horizon, and not after the end.
         let last = (start + (horizon - 1 - start) / key.step_ms * key.step_ms).min(end);
-        let bytes = size_of_series(&series)
+        let bytes = series.iter().map(KeptSeries::bytes).sum::<usize>()
             + annotations.iter().map(|a| a.msg.len() + 48).sum::<usize>()
             + key.query.len()
             + 64;
@@ -233,28 +238,9 @@ impl QueryCache {
     }
 }
 
-fn size_of_series(series: &[Series]) -> usize {
-    series
-        .iter()
-        .map(|s| {
-            64 + s.labels.iter().map(|l| l.name.len() + l.value.len() + 16).sum::<usize>()
-                + s.points.len() * std::mem::size_of::<strata_promql::Point>()
-                + s.hists.len() * 256
-        })
-        .sum()
-}
-
-/// The points of `s` from step `from` on and at most step `to` are those it keeps.
-fn keep_steps(s: &mut Series, from: i64, to: i64) {
-    s.points.truncate(s.points.partition_point(|p| p.t <= to));
-    s.hists.truncate(s.hists.partition_point(|p| p.t <= to));
-    s.points.drain(..s.points.partition_point(|p| p.t < from));
-    s.hists.drain(..s.hists.partition_point(|p| p.t < from));
-}
-
 /// Kept steps followed by newly evaluated ones, series by series in label order (both are
 /// sorted by labels, as range results are).
-pub fn merge(kept: Vec<Series>, fresh: Vec<Series>) -> Vec<Series> {
+pub fn merge(kept: Vec<KeptSeries>, fresh: Vec<KeptSeries>) -> Vec<KeptSeries> {
     let mut out = Vec::with_capacity(kept.len().max(fresh.len()));
     let mut a = kept.into_iter().peekable();
     let mut b = fresh.into_iter().peekable();
@@ -265,10 +251,7 @@ pub fn merge(kept: Vec<Series>, fresh: Vec<Series>) -> Vec<Series> {
                 std::cmp::Ordering::Greater => out.push(b.next().expect("peeked")),
                 std::cmp::Ordering::Equal => {
                     let mut x = a.next().expect("peeked");
-                    let y = b.next().expect("peeked");
-                    debug_assert!(x.points.last().is_none_or(|p| y.points.first().is_none_or(|q| p.t < q.t)));
-                    x.points.extend(y.points);
-                    x.hists.extend(y.hists);
+                    x.append(b.next().expect("peeked"));
                     out.push(x);
                 }
             },
@@ -322,7 +305,7 @@ pub enum Answer {
     Output(QueryOutput),
     /// Series shared with the cache: the answer is their points in `[from, to]` (series
     /// without any there are left out).
-    Shared { series: Arc<Vec<Series>>, from: i64, to: i64, annotations: Vec<Annotation>, stats: QueryStats },
+    Shared { series: Arc<Vec<KeptSeries>>, from: i64, to: i64, annotations: Vec<Annotation>, stats: QueryStats },
 }
 
 impl From<QueryOutput> for Answer {
@@ -350,14 +333,15 @@ impl Answer {
     pub fn body(&self) -> crate::query_json::Body<'_> {
         match self {
             Answer::Output(out) => crate::query_json::Body::Value(&out.value),
-            Answer::Shared { series, from, to, .. } => crate::query_json::Body::Matrix(series, *from, *to),
+            Answer::Shared { series, from, to, .. } => crate::query_json::Body::Kept(series, *from, *to),
         }
     }
 }
 
 /// Evaluates the range query `expr` over `[start, end]` through the cache: kept steps are
 /// taken, the rest evaluated by `eval(from)` (the same query from step `from` to `end`), the
-/// result kept for the next request. `now` is the wall clock in ms, `changes` the database's.
+/// result kept for the next request. `now` is the wall clock in ms, `changes` the database's;
+/// up to `threads` threads write the text of new steps.
 /// Kept steps with annotations answer only when steps evaluated now raise exactly the same
 /// (the new steps, or for a request wholly kept its last step): see the module's comment.
 #[allow(clippy::too_many_arguments, reason = "a range query and the clock and log it is cached against")]
@@ -368,12 +352,13 @@ pub fn evaluate_range(
     start: i64,
     end: i64,
     now: i64,
+    threads: usize,
     eval: &mut dyn FnMut(i64) -> Result<QueryOutput, strata_promql::EvalError>,
 ) -> Result<(Answer, Outcome), strata_promql::EvalError> {
     let step = key.step_ms;
     // Before anything is read: changes from here on are seen by the next request.
     let seq = changes.seq();
-    let shared = |series: Arc<Vec<Series>>, annotations, stats| Answer::Shared {
+    let shared = |series: Arc<Vec<KeptSeries>>, annotations, stats| Answer::Shared {
         series,
         from: start,
         to: end,
@@ -386,7 +371,7 @@ pub fn evaluate_range(
         let QueryOutput { value: Value::Matrix(series), annotations, stats } = out else {
             return Ok((Answer::Output(out), Outcome::Miss));
         };
-        let series = Arc::new(series);
+        let series = Arc::new(keep_series(&series, threads));
         cache.put(key.clone(), start, end, now, seq, series.clone(), &annotations);
         Ok((shared(series, annotations, stats), Outcome::Miss))
     };
@@ -421,10 +406,10 @@ pub fn evaluate_range(
             let mut held = Arc::try_unwrap(kept.series).unwrap_or_else(|shared| (*shared).clone());
             let first = if (start - kept.first) * 4 > kept.last - kept.first { start } else { kept.first };
             for s in &mut held {
-                keep_steps(s, first, kept.last);
+                s.keep(first, kept.last);
             }
             held.retain(|s| !s.is_empty());
-            let merged = Arc::new(merge(held, fresh_series));
+            let merged = Arc::new(merge(held, keep_series(&fresh_series, threads)));
             cache.put(key, first, end, now, seq, merged.clone(), &fresh.annotations);
             Ok((shared(merged, fresh.annotations, fresh.stats), Outcome::PartialHit))
         }

@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 use strata_model::Labels;
-use strata_promql::{Engine, EngineOptions};
+use strata_promql::{Engine, EngineOptions, Series};
 use strata_tsdb::head::OutOfOrder;
 use strata_tsdb::{Db, DbOptions};
 
@@ -134,7 +134,7 @@ fn run(ops: &[Op]) {
                 let expr = strata_promql::parser::parse(QUERIES[query]).unwrap();
                 assert!(cacheable(&expr));
                 let key = CacheKey::new(&expr, start, STEP, EngineOptions::default().lookback_ms);
-                let (cached, _) = evaluate_range(&cache, db.changes(), key, start, end, wall(), &mut |from| {
+                let (cached, _) = evaluate_range(&cache, db.changes(), key, start, end, wall(), 2, &mut |from| {
                     engine.range(&db, &expr, from, end, STEP)
                 })
                 .unwrap();
@@ -185,7 +185,7 @@ fn a_refresh_moved_by_a_step_evaluates_only_the_new_steps() {
     let evaluated = std::cell::RefCell::new(Vec::new());
     let query = |start: i64, end: i64| {
         let key = CacheKey::new(&expr, start, STEP, 300_000);
-        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, 2, &mut |from| {
             evaluated.borrow_mut().push((from, end));
             engine.range(&db, &expr, from, end, STEP)
         })
@@ -226,7 +226,7 @@ fn annotated_results_are_kept_while_new_steps_raise_the_same_annotations() {
     let query = |q: &str, start: i64, end: i64| {
         let expr = strata_promql::parser::parse(q).unwrap();
         let key = CacheKey::new(&expr, start, STEP, 300_000);
-        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, 2, &mut |from| {
             engine.range(&db, &expr, from, end, STEP)
         })
         .unwrap();
@@ -279,16 +279,16 @@ fn the_size_is_kept_by_dropping_the_least_recently_used() {
         )]
     };
     let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1 };
-    cache.put(key("a"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
-    cache.put(key("b"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
+    cache.put(key("a"), 0, 100 * STEP, now, 0, Arc::new(keep_series(&series(100), 1)), &[]);
+    cache.put(key("b"), 0, 100 * STEP, now, 0, Arc::new(keep_series(&series(100), 1)), &[]);
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some(), "a used last");
-    cache.put(key("c"), 0, 100 * STEP, now, 0, Arc::new(series(100)), &[]);
+    cache.put(key("c"), 0, 100 * STEP, now, 0, Arc::new(keep_series(&series(100), 1)), &[]);
     assert!(cache.bytes() <= 4096);
     assert!(cache.get(&key("b"), 0, 100 * STEP, &log).is_none(), "b dropped first");
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some());
     assert!(cache.stats.evictions.load(Ordering::Relaxed) >= 1);
     // Never more than asked for, even by one big result.
-    cache.put(key("d"), 0, 10_000 * STEP, now, 0, Arc::new(series(10_000)), &[]);
+    cache.put(key("d"), 0, 10_000 * STEP, now, 0, Arc::new(keep_series(&series(10_000), 1)), &[]);
     assert!(cache.get(&key("d"), 0, 10 * STEP, &log).is_none());
 }
 
@@ -305,7 +305,7 @@ fn a_window_moving_by_over_a_quarter_drops_the_steps_it_left() {
         // Twelve steps, moved by one, then by four (a third of the window) at a time.
         let start = end - 11 * STEP;
         let key = CacheKey::new(&expr, start, STEP, 300_000);
-        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, &mut |from| {
+        let (out, outcome) = evaluate_range(&cache, db.changes(), key, start, end, now, 2, &mut |from| {
             engine.range(&db, &expr, from, end, STEP)
         })
         .unwrap();

@@ -5,8 +5,10 @@
 use std::fmt::Write;
 
 use strata_model::{FloatHistogram, Labels};
-use strata_promql::value::HPoint;
 use strata_promql::{Annotation, Point, Series, Value};
+
+mod kept;
+pub use kept::{keep_series, KeptSeries};
 
 /// A JSON string literal.
 pub fn string(out: &mut String, s: &str) {
@@ -238,6 +240,14 @@ fn histogram(out: &mut String, h: &FloatHistogram) {
     out.push('}');
 }
 
+/// A float point of a range result, `[<seconds>,"<value>"]`, its opening kept in `stamps`.
+#[inline]
+fn value_point(out: &mut String, stamps: &mut Stamps, p: &Point) {
+    stamps.open_point(out, p.t);
+    sample_value(out, p.f);
+    out.push_str("\"]");
+}
+
 fn histogram_point(out: &mut String, t: i64, h: &FloatHistogram) {
     out.push('[');
     seconds(out, t);
@@ -260,24 +270,17 @@ fn labels(out: &mut String, l: &Labels) {
 }
 
 /// What a response holds: a value, or a matrix's points in `[from, to]` (series without any
-/// there left out), as the result cache answers from the series it keeps.
+/// there left out) from the text the result cache keeps.
 #[derive(Clone, Copy, Debug)]
 pub enum Body<'a> {
     Value(&'a Value),
-    Matrix(&'a [Series], i64, i64),
+    Kept(&'a [KeptSeries], i64, i64),
 }
 
 impl<'a> From<&'a Value> for Body<'a> {
     fn from(value: &'a Value) -> Body<'a> {
         Body::Value(value)
     }
-}
-
-/// The points and histograms of `s` in `[from, to]`.
-fn within(s: &Series, from: i64, to: i64) -> (&[Point], &[HPoint]) {
-    let points = &s.points[s.points.partition_point(|p| p.t < from)..s.points.partition_point(|p| p.t <= to)];
-    let hists = &s.hists[s.hists.partition_point(|p| p.t < from)..s.hists.partition_point(|p| p.t <= to)];
-    (points, hists)
 }
 
 /// The whole success response of `/api/v1/query` or `/api/v1/query_range`, in one string.
@@ -291,13 +294,14 @@ pub fn response<'a>(body: impl Into<Body<'a>>, annotations: &[Annotation], query
     whole.expect("a response is never empty")
 }
 
-/// Points a response holds, a histogram counted as several (for sizing what it is written
-/// into).
+/// Points a response holds (at most, for kept series), a histogram counted as several (for
+/// sizing what it is written into).
 pub fn points<'a>(body: impl Into<Body<'a>>) -> usize {
     match body.into() {
-        Body::Value(Value::Vector(s) | Value::Matrix(s)) => s.iter().map(|s| weight(s, i64::MIN, i64::MAX)).sum(),
+        Body::Value(Value::Vector(s) | Value::Matrix(s)) => s.iter().map(weight).sum(),
         Body::Value(_) => 1,
-        Body::Matrix(series, from, to) => series.iter().map(|s| weight(s, from, to)).sum(),
+        // At most: reading where a window starts in each series costs more than it saves.
+        Body::Kept(series, ..) => series.iter().map(KeptSeries::weight).sum(),
     }
 }
 
@@ -318,6 +322,19 @@ impl Chunks<'_> {
         if self.buf.len() >= self.chunk {
             let full = std::mem::replace(&mut self.buf, String::with_capacity(self.chunk + self.chunk / 8));
             if !(self.emit)(full) {
+                return Err(Gone);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for `n` more bytes: hands the buffer on first when they would not fit (so a
+    /// large piece of kept text is copied once, never again by a buffer growing around it).
+    /// A response written whole (no chunk size) grows instead.
+    fn room(&mut self, n: usize) -> Result<(), Gone> {
+        if self.chunk != usize::MAX && !self.buf.is_empty() && self.buf.len() + n > self.buf.capacity() {
+            let next = String::with_capacity((self.chunk + self.chunk / 8).max(n));
+            if !(self.emit)(std::mem::replace(&mut self.buf, next)) {
                 return Err(Gone);
             }
         }
@@ -373,8 +390,8 @@ fn render_into(
     w.buf.push_str(r#"{"status":"success","data":{"resultType":"#);
     let value = match body {
         Body::Value(value) => value,
-        Body::Matrix(series, from, to) => {
-            matrix(w, series, from, to, threads)?;
+        Body::Kept(series, from, to) => {
+            kept::matrix(w, series, from, to)?;
             return finish(w, annotations, query, stats);
         }
     };
@@ -416,7 +433,7 @@ fn render_into(
             }
             w.buf.push(']');
         }
-        Value::Matrix(series) => matrix(w, series, i64::MIN, i64::MAX, threads)?,
+        Value::Matrix(series) => matrix(w, series, threads)?,
     }
     finish(w, annotations, query, stats)
 }
@@ -430,20 +447,18 @@ fn open_series(out: &mut String, l: &Labels, first: &mut bool) {
     labels(out, l);
 }
 
-/// A matrix result of the points of `series` in `[from, to]`: series without any there are
-/// left out (a whole matrix's series always have some).
-fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64, threads: usize) -> Result<(), Gone> {
+/// A matrix result.
+fn matrix(w: &mut Chunks<'_>, series: &[Series], threads: usize) -> Result<(), Gone> {
     w.buf.push_str(r#""matrix","result":["#);
-    let whole = from == i64::MIN && to == i64::MAX;
-    let longest = series.iter().map(|s| within(s, from, to).0.len()).max().unwrap_or(0);
-    let total: usize = series.iter().map(|s| weight(s, from, to)).sum();
+    let longest = series.iter().map(|s| s.points.len()).max().unwrap_or(0);
+    let total: usize = series.iter().map(weight).sum();
     if threads > 1 && total >= 2 * PARALLEL_BATCH_POINTS {
-        matrix_in_parallel(w, series, (from, to), whole, longest, threads)?;
+        matrix_in_parallel(w, series, longest, threads)?;
     } else {
         let mut stamps = Stamps::new(longest);
         let mut first = true;
         for s in series {
-            series_object(w, s, (from, to), whole, &mut stamps, &mut first)?;
+            series_object(w, s, &mut stamps, &mut first)?;
         }
     }
     w.buf.push(']');
@@ -454,10 +469,9 @@ fn matrix(w: &mut Chunks<'_>, series: &[Series], from: i64, to: i64, threads: us
 /// for the last), a histogram counted as several (`weight`): about 400 KB of text.
 const PARALLEL_BATCH_POINTS: usize = 16 * 1024;
 
-/// The points of `s` in `[from, to]`, a histogram counted as several (as `points` counts).
-fn weight(s: &Series, from: i64, to: i64) -> usize {
-    let (points, hists) = within(s, from, to);
-    points.len() + 8 * hists.len()
+/// The points of `s`, a histogram counted as several (as `points` counts).
+fn weight(s: &Series) -> usize {
+    s.points.len() + 8 * s.hists.len()
 }
 
 /// `matrix`'s series objects written by `threads` threads: formatting the values is most of
@@ -467,18 +481,11 @@ fn weight(s: &Series, from: i64, to: i64) -> usize {
 /// `w.chunk` bytes, and this thread hands the pieces on in batch order, so the response is the
 /// bytes one thread would write. Each series object is written after a comma; the response's
 /// first loses it.
-fn matrix_in_parallel(
-    w: &mut Chunks<'_>,
-    series: &[Series],
-    (from, to): (i64, i64),
-    whole: bool,
-    longest: usize,
-    threads: usize,
-) -> Result<(), Gone> {
+fn matrix_in_parallel(w: &mut Chunks<'_>, series: &[Series], longest: usize, threads: usize) -> Result<(), Gone> {
     let mut batches = Vec::new();
     let (mut start, mut points) = (0, 0);
     for (i, s) in series.iter().enumerate() {
-        points += weight(s, from, to);
+        points += weight(s);
         if points >= PARALLEL_BATCH_POINTS {
             batches.push(start..i + 1);
             (start, points) = (i + 1, 0);
@@ -506,7 +513,7 @@ fn matrix_in_parallel(
                     let mut out = Chunks { buf: String::with_capacity(chunk.min(1 << 20)), chunk, emit: &mut emit };
                     for s in &series[batch.clone()] {
                         // Never `Gone`: the pieces are only collected.
-                        let _ = series_object(&mut out, s, (from, to), whole, &mut stamps, &mut false);
+                        let _ = series_object(&mut out, s, &mut stamps, &mut false);
                     }
                     out.finish();
                     if tx.send(pieces).is_err() {
@@ -532,20 +539,9 @@ fn matrix_in_parallel(
     })
 }
 
-/// One series object of a matrix (after a comma unless it is the `first`) with its points in
-/// `[from, to]`; left out when there are none and the matrix is not `whole`.
-fn series_object(
-    w: &mut Chunks<'_>,
-    s: &Series,
-    (from, to): (i64, i64),
-    whole: bool,
-    stamps: &mut Stamps,
-    first: &mut bool,
-) -> Result<(), Gone> {
-    let (points, hists) = within(s, from, to);
-    if !whole && points.is_empty() && hists.is_empty() {
-        return Ok(());
-    }
+/// One series object of a matrix (after a comma unless it is the `first`) with its points.
+fn series_object(w: &mut Chunks<'_>, s: &Series, stamps: &mut Stamps, first: &mut bool) -> Result<(), Gone> {
+    let (points, hists) = (&s.points, &s.hists);
     open_series(&mut w.buf, &s.labels, first);
     if !points.is_empty() || hists.is_empty() {
         w.buf.push_str(r#","values":["#);
@@ -555,9 +551,7 @@ fn series_object(
             if j > 0 {
                 out.push(',');
             }
-            stamps.open_point(out, p.t);
-            sample_value(out, p.f);
-            out.push_str("\"]");
+            value_point(out, stamps, p);
             w.check()?;
         }
         w.buf.push(']');
@@ -820,18 +814,15 @@ mod tests {
         assert_eq!(taken, 3, "nothing is written after the receiver is gone");
     }
 
-    /// Written by several threads, a large matrix is the bytes one thread writes: whole, and
-    /// restricted to windows that leave out the first series, series in the middle and the
-    /// last (which have no points there), series whose points straddle a batch's end, with and
-    /// without histograms; when the receiver goes away, writing stops and the threads end.
-    #[test]
-    fn a_matrix_written_in_parallel_is_the_matrix_written_by_one_thread() {
+    /// Series of a test matrix: series `i` has points at steps `[i mod 7, i mod 7 + len)`, len
+    /// varying across batches (of `matrix_in_parallel` and `keep_series`), and every eleventh
+    /// has histograms too.
+    fn test_matrix(n: i64) -> Vec<Series> {
         use std::sync::Arc;
         use strata_model::histogram::notation::parse;
         use strata_promql::value::HPoint;
         let h =
             Arc::new(parse("{{count:5 sum:7.5 z_bucket:1 z_bucket_w:0.001 buckets:[1 0 2] n_buckets:[1]}}").unwrap());
-        // Series i has points at steps [i mod 7, i mod 7 + len), len varying across batches.
         let series = |i: i64| {
             let l = Labels::from_pairs([("__name__", "m"), ("i", &format!("{i:03}"))]);
             let from = i % 7;
@@ -844,35 +835,31 @@ mod tests {
             }
             s
         };
-        let all: Vec<Series> = (0..40).map(series).collect();
-        let one = |body: Body<'_>, chunk: usize, threads: usize| {
-            let mut pieces = Vec::new();
-            render(body, &[], "m", None, chunk, threads, &mut |p| {
-                pieces.push(p);
-                true
-            });
-            pieces.concat()
-        };
-        let v = Value::Matrix(all.clone());
-        let serial = one(Body::Value(&v), usize::MAX, 1);
+        (0..n).map(series).collect()
+    }
+
+    fn written(body: Body<'_>, chunk: usize, threads: usize) -> String {
+        let mut pieces = Vec::new();
+        render(body, &[], "m", None, chunk, threads, &mut |p| {
+            pieces.push(p);
+            true
+        });
+        pieces.concat()
+    }
+
+    /// Written by several threads, a large matrix is the bytes one thread writes, with and
+    /// without histograms; when the receiver goes away, writing stops and the threads end.
+    #[test]
+    fn a_matrix_written_in_parallel_is_the_matrix_written_by_one_thread() {
+        let v = Value::Matrix(test_matrix(40));
+        let serial = written(Body::Value(&v), usize::MAX, 1);
+        serde_json::from_str::<serde_json::Value>(&serial).expect("valid JSON");
         for threads in [2, 3, 8] {
-            assert_eq!(one(Body::Value(&v), crate::http::RESPONSE_CHUNK_BYTES, threads), serial, "{threads} threads");
-        }
-        for (from, to) in [
-            (6 * 60_000, 2_000 * 60_000),
-            (2_500 * 60_000, 10_000 * 60_000),
-            (9_500 * 60_000, 30_000 * 60_000),
-            (0, 3 * 60_000),
-        ] {
-            let serial = one(Body::Matrix(&all, from, to), usize::MAX, 1);
-            serde_json::from_str::<serde_json::Value>(&serial).expect("valid JSON");
-            for threads in [2, 5] {
-                assert_eq!(
-                    one(Body::Matrix(&all, from, to), crate::http::RESPONSE_CHUNK_BYTES, threads),
-                    serial,
-                    "[{from}, {to}]"
-                );
-            }
+            assert_eq!(
+                written(Body::Value(&v), crate::http::RESPONSE_CHUNK_BYTES, threads),
+                serial,
+                "{threads} threads"
+            );
         }
         let mut taken = 0;
         render(&v, &[], "m", None, 4096, 2, &mut |_| {
@@ -880,6 +867,55 @@ mod tests {
             taken < 3
         });
         assert_eq!(taken, 3, "nothing is written after the receiver is gone");
+    }
+
+    /// A matrix's kept text (written by one thread or several), answered for a window, is the
+    /// matrix of the points in that window written directly: for windows that leave out the
+    /// first series, series in the middle and the last (which have no points there), that
+    /// start or end between points, with and without histograms; and after cutting the kept
+    /// text to a window and appending the rest again.
+    #[test]
+    fn kept_text_answers_a_window_as_its_points_written() {
+        let all = test_matrix(40);
+        let window = |from: i64, to: i64| {
+            let mut series = all.clone();
+            for s in &mut series {
+                s.points.retain(|p| (from..=to).contains(&p.t));
+                s.hists.retain(|p| (from..=to).contains(&p.t));
+            }
+            series.retain(|s| !s.is_empty());
+            Value::Matrix(series)
+        };
+        for threads in [1, 2, 5] {
+            let kept = keep_series(&all, threads);
+            assert_eq!(kept, all.iter().map(KeptSeries::new).collect::<Vec<_>>(), "{threads} threads");
+            for (from, to) in [
+                (i64::MIN, i64::MAX),
+                (6 * 60_000, 2_000 * 60_000),
+                (2_500 * 60_000 - 1, 10_000 * 60_000 + 1),
+                (9_500 * 60_000, 30_000 * 60_000),
+                (0, 3 * 60_000),
+                (4 * 60_000 + 1, 5 * 60_000 - 1),
+            ] {
+                let direct = written(Body::Value(&window(from, to)), usize::MAX, 1);
+                for chunk in [usize::MAX, crate::http::RESPONSE_CHUNK_BYTES] {
+                    assert_eq!(written(Body::Kept(&kept, from, to), chunk, 1), direct, "[{from}, {to}]");
+                }
+                // Cut to the window, then the points after it appended again.
+                let mut cut = kept.clone();
+                let mut rest = kept.clone();
+                for (c, r) in cut.iter_mut().zip(&mut rest) {
+                    c.keep(from, to);
+                    r.keep(to.saturating_add(1), i64::MAX);
+                }
+                assert_eq!(written(Body::Kept(&cut, i64::MIN, i64::MAX), usize::MAX, 1), direct, "[{from}, {to}]");
+                for (c, r) in cut.iter_mut().zip(rest) {
+                    c.append(r);
+                }
+                let after = written(Body::Value(&window(from, i64::MAX)), usize::MAX, 1);
+                assert_eq!(written(Body::Kept(&cut, i64::MIN, i64::MAX), usize::MAX, 1), after, "[{from}, ..]");
+            }
+        }
     }
 
     #[test]
