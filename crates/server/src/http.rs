@@ -1407,7 +1407,8 @@ fn eval_error(e: EvalError) -> ApiError {
 ///
 /// A small result is written here. A large one is written on a blocking thread, so the async
 /// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
-/// sending overlaps writing, and the response is never held whole.
+/// sending overlaps writing, and the response is never held whole. Its pieces are compressed
+/// by up to `threads` threads (`gzip`).
 fn query_response(
     out: query_cache::Answer,
     query: &str,
@@ -1443,27 +1444,21 @@ fn query_response(
             );
             return;
         }
-        let piece = || Vec::with_capacity(GZIP_PIECE_BYTES + GZIP_PIECE_BYTES / 2);
-        let mut gz = GzEncoder::new(piece(), Compression::fast());
-        let mut sending = true;
-        crate::query_json::render(
-            out.body(),
-            out.annotations(),
-            &query,
-            stats.as_deref(),
-            RESPONSE_CHUNK_BYTES,
+        gzip::gzip_in_parallel(
             threads,
-            &mut |chunk| {
-                gz.write_all(chunk.as_bytes()).expect("compressing into memory");
-                if gz.get_ref().len() >= GZIP_PIECE_BYTES {
-                    sending = send(std::mem::replace(gz.get_mut(), piece()));
-                }
-                sending
+            |emit| {
+                crate::query_json::render(
+                    out.body(),
+                    out.annotations(),
+                    &query,
+                    stats.as_deref(),
+                    RESPONSE_CHUNK_BYTES,
+                    threads,
+                    emit,
+                )
             },
+            send,
         );
-        if sending {
-            send(gz.finish().expect("compressing into memory"));
-        }
     });
     (headers, body).into_response()
 }
@@ -1504,9 +1499,6 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 pub(crate) const STREAMED_RESPONSE_POINTS: usize = 16 * 1024;
 /// Size of each piece of a streamed response.
 pub(crate) const RESPONSE_CHUNK_BYTES: usize = 128 * 1024;
-/// Size of each piece of a streamed gzipped response (a written piece of 128 KiB compresses
-/// to 15 to 45 KiB).
-const GZIP_PIECE_BYTES: usize = 32 * 1024;
 /// Pieces written ahead of the client before the writer waits for it.
 const RESPONSE_CHUNKS_QUEUED: usize = 4;
 
@@ -2164,6 +2156,7 @@ mod exemplars_api;
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
+mod gzip;
 mod otlp_api;
 mod query_syntax;
 mod rules_api;
