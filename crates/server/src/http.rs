@@ -1432,33 +1432,15 @@ fn query_response(
     }
     let query = query.to_owned();
     let body = streamed_body(move |send| {
-        if !gzip {
-            crate::query_json::render(
-                out.body(),
-                out.annotations(),
-                &query,
-                stats.as_deref(),
-                RESPONSE_CHUNK_BYTES,
-                threads,
-                &mut |chunk| send(chunk.into_bytes()),
-            );
-            return;
+        let write = |emit: &mut dyn FnMut(String) -> bool| {
+            let (body, annotations) = (out.body(), out.annotations());
+            crate::query_json::render(body, annotations, &query, stats.as_deref(), RESPONSE_CHUNK_BYTES, threads, emit)
+        };
+        if gzip {
+            gzip::gzip_in_parallel(threads, write, send);
+        } else {
+            write(&mut |chunk| send(chunk.into_bytes()));
         }
-        gzip::gzip_in_parallel(
-            threads,
-            |emit| {
-                crate::query_json::render(
-                    out.body(),
-                    out.annotations(),
-                    &query,
-                    stats.as_deref(),
-                    RESPONSE_CHUNK_BYTES,
-                    threads,
-                    emit,
-                )
-            },
-            send,
-        );
     });
     (headers, body).into_response()
 }
