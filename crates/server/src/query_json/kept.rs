@@ -13,7 +13,7 @@ use std::ops::Range;
 use strata_model::Labels;
 use strata_promql::Series;
 
-use super::{histogram_point, labels, value_point, Chunks, Gone, Stamps};
+use super::{histogram_point, open_series, value_point, weight, Chunks, Gone, Stamps};
 
 /// Points as the text written for them, each after a comma, and where each starts.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,10 +51,14 @@ impl KeptPoints {
     /// text no cache holds, were most of an answer's cost.)
     fn position(&self, t: i64) -> usize {
         let n = self.len();
-        if n == 0 || t <= self.time(0) {
+        if n == 0 {
             return 0;
         }
-        let (first, last) = (self.time(0), self.time(n - 1));
+        let first = self.time(0);
+        if t <= first {
+            return 0;
+        }
+        let last = self.time(n - 1);
         if t > last {
             return n;
         }
@@ -169,8 +173,8 @@ impl KeptSeries {
     }
 
     fn written_with(s: &Series, stamps: &mut Stamps) -> KeptSeries {
-        let mut head = String::from(r#"{"metric":"#);
-        labels(&mut head, &s.labels);
+        let mut head = String::new();
+        open_series(&mut head, &s.labels, &mut true);
         let mut values = KeptPoints::default();
         values.text.reserve(s.points.len() * 24);
         values.starts.reserve_exact(s.points.len());
@@ -250,7 +254,7 @@ impl KeptSeries {
 /// The text of `series` (a range result), written by up to `threads` threads when it is large
 /// (formatting its values is most of the work).
 pub fn keep_series(series: &[Series], threads: usize) -> Vec<KeptSeries> {
-    let total: usize = series.iter().map(|s| s.points.len() + 8 * s.hists.len()).sum();
+    let total: usize = series.iter().map(weight).sum();
     let threads = threads.clamp(1, 1 + total / super::PARALLEL_BATCH_POINTS);
     let longest = series.iter().map(|s| s.points.len()).max().unwrap_or(0);
     if threads == 1 {
@@ -261,7 +265,7 @@ pub fn keep_series(series: &[Series], threads: usize) -> Vec<KeptSeries> {
     let mut parts = Vec::with_capacity(threads);
     let (mut start, mut points) = (0, 0);
     for (i, s) in series.iter().enumerate() {
-        points += s.points.len() + 8 * s.hists.len();
+        points += weight(s);
         if points * threads >= total * (parts.len() + 1) && parts.len() + 1 < threads {
             parts.push(start..i + 1);
             start = i + 1;
