@@ -546,40 +546,48 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
         let high = r.read_uvarint(data).ok_or_else(ends)?;
         out[first + j] = (out[first + j] as u64).wrapping_add(high.wrapping_mul(modulus)) as i64;
     }
-    // Baseline x86-64 has no vector 64-bit multiply: a factor of 1 (most columns) and the
-    // line's points are added, not multiplied (a fifth of `read_ints` was these multiplies).
-    if factor == 1 {
+    // Baseline x86-64 has no vector 64-bit multiply: a factor of 1 (most columns) is not
+    // multiplied (a fifth of `read_ints` was these multiplies).
+    if factor != 1 {
         for o in &mut out[first..] {
-            *o = base.wrapping_add(*o);
-        }
-    } else {
-        for o in &mut out[first..] {
-            *o = base.wrapping_add((*o as u64).wrapping_mul(factor) as i64);
+            *o = (*o as u64).wrapping_mul(factor) as i64;
         }
     }
-    if order == ORDER_LINE {
-        // The first value is the head; the others lie `residual` off the line `x0 + j × step`.
-        let (x0, step) = (heads[0], heads[1]);
-        let mut line = x0;
-        for x in out.iter_mut().skip(1) {
-            line = line.wrapping_add(step);
-            *x = line.wrapping_add(*x);
+    // The base is added, and the differencing undone, in one pass over the values (wrapping
+    // sums in any order are the same sums).
+    match order {
+        ORDER_LINE => {
+            // The first value is the head; the others lie `residual` off the line `x0 + j × step`.
+            let (mut line, step) = (heads[0], heads[1]);
+            for x in out.iter_mut().skip(1) {
+                line = line.wrapping_add(step);
+                *x = line.wrapping_add(base).wrapping_add(*x);
+            }
         }
-        return Ok(());
-    }
-    // Undo the differencing: deltas of deltas into deltas (from the first delta), then values.
-    if order == 2 {
-        let mut d = out[1];
-        for x in &mut out[2..] {
-            d = d.wrapping_add(*x);
-            *x = d;
+        0 => {
+            for x in out.iter_mut() {
+                *x = base.wrapping_add(*x);
+            }
         }
-    }
-    if order >= 1 {
-        let mut v = out[0];
-        for x in &mut out[1..] {
-            v = v.wrapping_add(*x);
-            *x = v;
+        1 => {
+            // Deltas from the head.
+            let mut v = out[0];
+            for x in out.iter_mut().skip(1) {
+                v = v.wrapping_add(base).wrapping_add(*x);
+                *x = v;
+            }
+        }
+        _ => {
+            debug_assert_eq!(order, 2);
+            // Deltas of deltas from the head and the first delta.
+            let (mut v, mut d) = (out[0], out[1]);
+            v = v.wrapping_add(d);
+            out[1] = v;
+            for x in out.iter_mut().skip(2) {
+                d = d.wrapping_add(base).wrapping_add(*x);
+                v = v.wrapping_add(d);
+                *x = v;
+            }
         }
     }
     Ok(())
@@ -680,33 +688,32 @@ fn with_columns<T>(f: impl FnOnce(&mut Columns) -> T) -> T {
 
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
 pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
-    with_columns(|c| decode_with(data, out, &mut c.times, &mut c.ints))
-}
-
-fn decode_with(
-    data: &[u8],
-    out: &mut Vec<Sample>,
-    times: &mut Vec<i64>,
-    ints: &mut Vec<i64>,
-) -> Result<(), ChunkError> {
-    let n = u16::from_be_bytes([data[1], data[2]]) as usize;
-    if n == 0 {
-        return Ok(());
-    }
-    let mut r = BitReader::new(HEADER_BYTES);
-    read_ints(&mut r, data, n, times)?;
-    // Checked without stopping at the first disorder (which only damage has): a loop that
-    // runs to the end vectorizes, one that may stop does not.
-    if times.iter().zip(&times[1..]).fold(false, |disorder, (a, b)| disorder | (a >= b)) {
-        return Err(corrupt("timestamps do not increase"));
-    }
     let start = out.len();
-    read_values(&mut r, data, n, ints, &mut Samples { out, times, start })
+    decode_into(data, &mut Samples { out, start })
 }
 
-/// Decodes the values of a whole dense chunk into `out` (appended), skipping its timestamps
-/// (a rollup chunk's columns share theirs). The header must have been checked.
-pub(super) fn decode_values(data: &[u8], out: &mut Vec<f64>) -> Result<(), ChunkError> {
+/// Decodes a whole dense chunk into `sink`, its timestamps with its values. The header must
+/// have been checked.
+pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<(), ChunkError> {
+    with_columns(|c| {
+        let n = u16::from_be_bytes([data[1], data[2]]) as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut r = BitReader::new(HEADER_BYTES);
+        read_ints(&mut r, data, n, &mut c.times)?;
+        // Checked without stopping at the first disorder (which only damage has): a loop that
+        // runs to the end vectorizes, one that may stop does not.
+        if c.times.iter().zip(&c.times[1..]).fold(false, |disorder, (a, b)| disorder | (a >= b)) {
+            return Err(corrupt("timestamps do not increase"));
+        }
+        read_values(&mut r, data, n, &mut c.ints, &c.times, sink)
+    })
+}
+
+/// Decodes the values of a whole dense chunk into `sink`, skipping its timestamps (a rollup
+/// chunk's columns share theirs: `sink` is given none). The header must have been checked.
+pub(super) fn decode_values_into(data: &[u8], sink: &mut impl ValueSink) -> Result<(), ChunkError> {
     with_columns(|c| {
         let n = u16::from_be_bytes([data[1], data[2]]) as usize;
         if n == 0 {
@@ -714,50 +721,34 @@ pub(super) fn decode_values(data: &[u8], out: &mut Vec<f64>) -> Result<(), Chunk
         }
         let mut r = BitReader::new(HEADER_BYTES);
         skip_ints(&mut r, data, n)?;
-        let start = out.len();
-        read_values(&mut r, data, n, &mut c.ints, &mut Values { out, start })
+        read_values(&mut r, data, n, &mut c.ints, &[], sink)
     })
 }
 
-/// Where `read_values` puts the values it decodes, in one pass.
-trait ValueSink {
-    fn extend(&mut self, values: impl Iterator<Item = f64>);
-    /// Replaces the `j`-th value decoded.
+/// Where a chunk's decoded values go, in one pass: the rollup chunk fills its buckets' fields
+/// straight from its columns.
+pub(super) trait ValueSink {
+    /// Takes the chunk's values in order, with its timestamps (`times`: empty when they were
+    /// skipped, else one per value).
+    fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>);
+    /// Replaces the `j`-th value taken (an exception: a value stored as its raw bits).
     fn patch(&mut self, j: usize, v: f64);
 }
 
 /// Values paired with the chunk's timestamps into samples.
 struct Samples<'a> {
     out: &'a mut Vec<Sample>,
-    times: &'a [i64],
     start: usize,
 }
 
 impl ValueSink for Samples<'_> {
     #[inline(always)]
-    fn extend(&mut self, values: impl Iterator<Item = f64>) {
-        self.out.extend(self.times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
+    fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
+        self.out.extend(times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
     }
 
     fn patch(&mut self, j: usize, v: f64) {
         self.out[self.start + j].v = v;
-    }
-}
-
-/// Values alone.
-struct Values<'a> {
-    out: &'a mut Vec<f64>,
-    start: usize,
-}
-
-impl ValueSink for Values<'_> {
-    #[inline(always)]
-    fn extend(&mut self, values: impl Iterator<Item = f64>) {
-        self.out.extend(values);
-    }
-
-    fn patch(&mut self, j: usize, v: f64) {
-        self.out[self.start + j] = v;
     }
 }
 
@@ -768,6 +759,7 @@ fn read_values(
     data: &[u8],
     n: usize,
     ints: &mut Vec<i64>,
+    times: &[i64],
     sink: &mut impl ValueSink,
 ) -> Result<(), ChunkError> {
     let ends = || corrupt("value section ends early");
@@ -790,9 +782,9 @@ fn read_values(
             read_ints(r, data, n, ints)?;
             let p = POW10[e];
             if e == 0 {
-                sink.extend(ints.iter().map(|&i| i as f64));
+                sink.extend(times, ints.iter().map(|&i| i as f64));
             } else {
-                sink.extend(ints.iter().map(|&i| i as f64 / p));
+                sink.extend(times, ints.iter().map(|&i| i as f64 / p));
             }
             for (j, bits) in patches {
                 sink.patch(j, f64::from_bits(bits));
@@ -803,13 +795,16 @@ fn read_values(
             let (mut leading, mut trailing) = (0u8, 0u8);
             let mut bad_window = false;
             let mut first = true;
-            sink.extend((0..n).map_while(|_| {
-                if !std::mem::take(&mut first) && !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
-                    bad_window = true;
-                    return None;
-                }
-                Some(f64::from_bits(bits))
-            }));
+            sink.extend(
+                times,
+                (0..n).map_while(|_| {
+                    if !std::mem::take(&mut first) && !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
+                        bad_window = true;
+                        return None;
+                    }
+                    Some(f64::from_bits(bits))
+                }),
+            );
             if bad_window {
                 return Err(corrupt("XOR value window over 64 bits"));
             }

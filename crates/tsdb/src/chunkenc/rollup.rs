@@ -13,7 +13,8 @@
 
 use strata_model::Sample;
 
-use super::{dense, ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
+use super::dense::{self, ValueSink};
+use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use crate::encoding::{put_bytes, Decoder};
 use crate::rollup::{ArchiveValue, Bucket};
 
@@ -121,12 +122,6 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     out
 }
 
-thread_local! {
-    /// A column's samples or values while a chunk is decoded, kept per thread.
-    static COLUMN_BUFFERS: std::cell::RefCell<(Vec<Sample>, Vec<f64>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
 fn corrupt(what: &str) -> ChunkError {
     ChunkError::Corrupt(format!("rollup chunk: {what}"))
 }
@@ -144,34 +139,155 @@ fn count_of(v: f64) -> Result<u64, ChunkError> {
     }
 }
 
-/// Sets each bucket's aggregate from its column value.
+/// Whether `v` is a count (`count_of`), as a flag: folded over a whole column, the check does
+/// not stop at the first value that is not (which only damage has) and stays out of the way of
+/// the loop around it.
 #[inline(always)]
-fn fill(buckets: &mut [Bucket], values: &[f64], set: impl Fn(&mut Bucket, f64)) {
-    for (b, &v) in buckets.iter_mut().zip(values) {
-        set(b, v);
+fn is_count(v: f64) -> bool {
+    count_of(v).is_ok()
+}
+
+/// The count column, which makes the buckets: each one's end (the column's timestamps) and
+/// count, the other aggregates zero until their columns fill them.
+struct NewBuckets<'a> {
+    out: &'a mut Vec<Bucket>,
+    start: usize,
+    counts: bool,
+}
+
+impl ValueSink for NewBuckets<'_> {
+    #[inline(always)]
+    fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
+        let mut counts = true;
+        self.out.extend(times.iter().zip(values).map(|(&end, v)| {
+            counts &= is_count(v);
+            Bucket { end, count: v as u64, ..BLANK }
+        }));
+        self.counts &= counts;
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        self.counts &= is_count(v);
+        self.out[self.start + j].count = v as u64;
     }
 }
 
-/// Whether every value is a count (`count_of`), checked to the end without stopping at the
-/// first that is not (which only damage has), so that the loop vectorizes.
-#[inline(always)]
-fn all_counts<'a>(values: impl Iterator<Item = &'a f64>) -> Result<(), ChunkError> {
-    if values.fold(true, |ok, &v| ok & count_of(v).is_ok()) {
-        Ok(())
-    } else {
-        Err(corrupt("count column holds a value that is no count"))
+/// The first (`LAST` false) or last sample column: each bucket's sample.
+struct SetSamples<'a, const LAST: bool> {
+    buckets: &'a mut [Bucket],
+}
+
+impl<const LAST: bool> SetSamples<'_, LAST> {
+    #[inline(always)]
+    fn sample(b: &mut Bucket) -> &mut Sample {
+        if LAST {
+            &mut b.last
+        } else {
+            &mut b.first
+        }
     }
 }
 
-/// `fill` for columns whose values are checked (counts).
+impl<const LAST: bool> ValueSink for SetSamples<'_, LAST> {
+    #[inline(always)]
+    fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
+        for (b, (&t, v)) in self.buckets.iter_mut().zip(times.iter().zip(values)) {
+            *Self::sample(b) = Sample { t, v };
+        }
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        Self::sample(&mut self.buckets[j]).v = v;
+    }
+}
+
+/// Any other column: each bucket's aggregate (`set`), the values checked to be counts where
+/// they are (`counts` starts true for those columns).
+struct SetValues<'a, F> {
+    buckets: &'a mut [Bucket],
+    set: F,
+    counted: bool,
+    counts: bool,
+}
+
+impl<F: Fn(&mut Bucket, f64)> ValueSink for SetValues<'_, F> {
+    #[inline(always)]
+    fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
+        let mut counts = true;
+        for (b, v) in self.buckets.iter_mut().zip(values) {
+            if self.counted {
+                counts &= is_count(v);
+            }
+            (self.set)(b, v);
+        }
+        self.counts &= counts;
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        if self.counted {
+            self.counts &= is_count(v);
+        }
+        (self.set)(&mut self.buckets[j], v);
+    }
+}
+
+/// The archive state column: 0 not kept, 1 unknown, 2 a value (set by the next column).
+struct ArchiveStates<'a> {
+    buckets: &'a mut [Bucket],
+    states: bool,
+}
+
+impl ArchiveStates<'_> {
+    fn set(b: &mut Bucket, v: f64) -> bool {
+        b.archive = match count_of(v) {
+            Ok(0) => ArchiveValue::NotKept,
+            Ok(1) => ArchiveValue::Unknown,
+            Ok(2) => ArchiveValue::Value(0.0),
+            _ => return false,
+        };
+        true
+    }
+}
+
+impl ValueSink for ArchiveStates<'_> {
+    fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
+        for (b, v) in self.buckets.iter_mut().zip(values) {
+            self.states &= ArchiveStates::set(b, v);
+        }
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        self.states &= ArchiveStates::set(&mut self.buckets[j], v);
+    }
+}
+
+/// Decodes a values column into `sink`'s buckets; whether its values are counts where they
+/// must be.
 #[inline(always)]
-fn try_fill(
+fn decode_values<F: Fn(&mut Bucket, f64)>(
+    column: &[u8],
     buckets: &mut [Bucket],
-    values: &[f64],
-    set: impl Fn(&mut Bucket, f64) -> Result<(), ChunkError>,
-) -> Result<(), ChunkError> {
-    buckets.iter_mut().zip(values).try_for_each(|(b, &v)| set(b, v))
+    counted: bool,
+    set: F,
+) -> Result<bool, ChunkError> {
+    let mut sink = SetValues { buckets, set, counted, counts: true };
+    dense::decode_values_into(column, &mut sink)?;
+    Ok(sink.counts)
 }
+
+const BLANK: Bucket = Bucket {
+    end: 0,
+    count: 0,
+    sum: 0.0,
+    min: 0.0,
+    max: 0.0,
+    first: Sample { t: 0, v: 0.0 },
+    last: Sample { t: 0, v: 0.0 },
+    reset_correction: 0.0,
+    changes: 0,
+    resets: 0,
+    archive: ArchiveValue::NotKept,
+};
 
 /// The bucket count a rollup chunk's header gives (0 for bytes that are no rollup chunk:
 /// `decode` says what is wrong with them). For sizing buffers; nothing is checked.
@@ -194,25 +310,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     }
     let n = u16::from_be_bytes([data[1], data[2]]) as usize;
     let start = out.len();
-    let zero = Sample { t: 0, v: 0.0 };
-    let blank = Bucket {
-        end: 0,
-        count: 0,
-        sum: 0.0,
-        min: 0.0,
-        max: 0.0,
-        first: zero,
-        last: zero,
-        reset_correction: 0.0,
-        changes: 0,
-        resets: 0,
-        archive: ArchiveValue::NotKept,
-    };
     out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
-    let decoded = COLUMN_BUFFERS.with(|bufs| {
-        let mut bufs = bufs.borrow_mut();
-        let (samples, values) = &mut *bufs;
+    let no_count = || corrupt("count column holds a value that is no count");
+    let decoded = (|| {
         for c in Column::ALL {
             // Chunks without archive values end after the ninth column.
             if c == Column::ArchiveState && columns.is_empty() {
@@ -231,64 +332,56 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 return Err(corrupt("column holds another bucket count"));
             }
             let damaged = |e: ChunkError| corrupt(&format!("column {c:?}: {e}"));
-            match c {
-                // The first column makes the buckets, in one pass: their ends and counts, the
-                // other aggregates zero until their columns fill them.
+            // Each column is decoded straight into the buckets' field, one loop per column
+            // (the match outside it, not taken per bucket).
+            let counts = match c {
                 Column::Count => {
-                    samples.clear();
-                    dense::decode(column, samples).map_err(damaged)?;
-                    if samples.len() != n {
+                    let mut sink = NewBuckets { out: &mut *out, start, counts: true };
+                    dense::decode_into(column, &mut sink).map_err(damaged)?;
+                    let counts = sink.counts;
+                    if out.len() - start != n {
                         return Err(corrupt("count column holds another bucket count"));
                     }
-                    // Checked first, then laid out in one pass of known length.
-                    all_counts(samples.iter().map(|s| &s.v))?;
-                    out.extend(samples.iter().map(|s| Bucket { end: s.t, count: s.v as u64, ..blank }));
+                    counts
                 }
-                // Columns whose sample times matter: the first and last samples'.
                 Column::First | Column::Last => {
-                    samples.clear();
-                    dense::decode(column, samples).map_err(damaged)?;
-                    let buckets = out[start..].iter_mut().zip(samples.iter());
+                    let buckets = &mut out[start..];
                     if c == Column::First {
-                        buckets.for_each(|(b, s)| b.first = *s);
+                        dense::decode_into(column, &mut SetSamples::<false> { buckets })
                     } else {
-                        buckets.for_each(|(b, s)| b.last = *s);
+                        dense::decode_into(column, &mut SetSamples::<true> { buckets })
                     }
+                    .map_err(damaged)?;
+                    true
+                }
+                Column::ArchiveState => {
+                    let mut sink = ArchiveStates { buckets: &mut out[start..], states: true };
+                    dense::decode_values_into(column, &mut sink).map_err(damaged)?;
+                    if !sink.states {
+                        return Err(corrupt("archive state column holds no state"));
+                    }
+                    true
                 }
                 _ => {
-                    values.clear();
-                    dense::decode_values(column, values).map_err(damaged)?;
-                    // One loop per column (the match outside it, not taken per bucket).
                     let buckets = &mut out[start..];
                     match c {
-                        Column::Sum => fill(buckets, values, |b, v| b.sum = v),
-                        Column::Min => fill(buckets, values, |b, v| b.min = v),
-                        Column::Max => fill(buckets, values, |b, v| b.max = v),
-                        Column::ResetCorrection => fill(buckets, values, |b, v| b.reset_correction = v),
-                        Column::Changes => {
-                            all_counts(values.iter())?;
-                            fill(buckets, values, |b, v| b.changes = v as u64);
-                        }
-                        Column::Resets => {
-                            all_counts(values.iter())?;
-                            fill(buckets, values, |b, v| b.resets = v as u64);
-                        }
-                        Column::ArchiveState => try_fill(buckets, values, |b, v| {
-                            b.archive = match count_of(v)? {
-                                0 => ArchiveValue::NotKept,
-                                1 => ArchiveValue::Unknown,
-                                2 => ArchiveValue::Value(0.0),
-                                _ => return Err(corrupt("archive state column holds no state")),
-                            };
-                            Ok(())
-                        })?,
-                        _ => fill(buckets, values, |b, v| {
+                        Column::Sum => decode_values(column, buckets, false, |b, v| b.sum = v),
+                        Column::Min => decode_values(column, buckets, false, |b, v| b.min = v),
+                        Column::Max => decode_values(column, buckets, false, |b, v| b.max = v),
+                        Column::ResetCorrection => decode_values(column, buckets, false, |b, v| b.reset_correction = v),
+                        Column::Changes => decode_values(column, buckets, true, |b, v| b.changes = v as u64),
+                        Column::Resets => decode_values(column, buckets, true, |b, v| b.resets = v as u64),
+                        _ => decode_values(column, buckets, false, |b, v| {
                             if let ArchiveValue::Value(x) = &mut b.archive {
                                 *x = v;
                             }
                         }),
                     }
+                    .map_err(damaged)?
                 }
+            };
+            if !counts {
+                return Err(no_count());
             }
         }
         if !columns.is_empty() {
@@ -301,7 +394,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             return Err(corrupt("a last sample after its bucket's end"));
         }
         Ok(())
-    });
+    })();
     // Nothing of a damaged chunk is kept.
     if decoded.is_err() {
         out.truncate(start);

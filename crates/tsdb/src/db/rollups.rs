@@ -595,8 +595,14 @@ impl Inner {
             // Room for every bucket at once (the count is in each chunk's header), in a buffer
             // an earlier series or read used (`rollup::buffers`).
             let mut buckets = buffers::take(chunks.iter().map(|c| bucket_count(c)).sum());
-            for bytes in &chunks {
+            for (k, bytes) in chunks.iter().enumerate() {
                 decode(bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+                if k == 0 {
+                    // Buckets before the range are dropped while they are all there is (the
+                    // first chunk, in time order): dropped at the end, the rest of a long read
+                    // would move over them. Those of later chunks are dropped below.
+                    buckets.drain(..buckets.partition_point(|b| b.end < first_end));
+                }
             }
             coalesce(&mut buckets);
             // The buckets of the range (ends in order now), without those a deletion touches.
