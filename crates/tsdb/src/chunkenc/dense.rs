@@ -464,6 +464,7 @@ fn read_exception_index(
 }
 
 /// The fields of an integer column before its packed offsets.
+#[derive(Clone, Copy)]
 struct IntsHeader {
     order: usize,
     heads: [i64; HEADS_MAX],
@@ -518,24 +519,90 @@ fn reciprocal(d: u64) -> u64 {
 
 /// Reads an integer column of `n` values written by `write_ints` into `out`.
 fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ChunkError> {
-    let ends = || corrupt("integer column ends early");
     out.clear();
-    let IntsHeader { order, heads, base, factor, packing, exceptions } = read_ints_header(r, data, n)?;
-    let m = residual_count(order, n);
-    let first = n - m;
-    // Packed offsets first, in `out` (as u64 bits), then patched and turned into values.
-    out.reserve(n);
-    out.extend(heads.iter().take(first));
-    match packing {
-        Packing::Bits(0) => out.resize(first + m, 0),
-        Packing::Bits(width) if width <= UNPACK_WIDTH_MAX => unpack_bits(r, data, width, m, out),
-        Packing::Bits(width) => {
-            for _ in 0..m {
-                out.push(r.read_bits_unchecked(data, width) as i64);
+    let header = read_ints_header(r, data, n)?;
+    // One loop per order, the order's arithmetic inlined into it.
+    match header.order {
+        0 => read_offsets::<0>(r, data, n, &header, out),
+        1 => read_offsets::<1>(r, data, n, &header, out),
+        2 => read_offsets::<2>(r, data, n, &header, out),
+        _ => read_offsets::<ORDER_LINE>(r, data, n, &header, out),
+    }
+}
+
+/// Turns a column's packed offsets into its values, one after another (`value`), keeping what
+/// the next one is computed from.
+struct Offsets<const ORDER: usize> {
+    base: i64,
+    factor: u64,
+    /// The last value (the line's last point for `ORDER_LINE`).
+    value: i64,
+    /// The last delta (order 2), or the line's step.
+    delta: i64,
+}
+
+impl<const ORDER: usize> Offsets<ORDER> {
+    /// The next value from its packed offset: scaled by the factor, moved by the base, then the
+    /// differencing undone (order 1, 2) or the line added (`ORDER_LINE`).
+    #[inline(always)]
+    fn value(&mut self, offset: u64) -> i64 {
+        // Baseline x86-64 has no vector 64-bit multiply: a factor of 1 (most columns) is not
+        // multiplied (a fifth of `read_ints` was these multiplies).
+        let scaled = if self.factor == 1 { offset } else { offset.wrapping_mul(self.factor) };
+        let residual = self.base.wrapping_add(scaled as i64);
+        match ORDER {
+            0 => residual,
+            1 => {
+                self.value = self.value.wrapping_add(residual);
+                self.value
+            }
+            2 => {
+                self.delta = self.delta.wrapping_add(residual);
+                self.value = self.value.wrapping_add(self.delta);
+                self.value
+            }
+            _ => {
+                self.value = self.value.wrapping_add(self.delta);
+                self.value.wrapping_add(residual)
             }
         }
-        Packing::Radix(radix) => unpack_radix(r, data, radix, m, out),
     }
+}
+
+/// `read_ints` after the header, for its order: the heads' values, then each packed offset
+/// turned into its value as it is unpacked (one pass), or, where exceptions patch offsets,
+/// once they are patched.
+#[inline(always)]
+fn read_offsets<const ORDER: usize>(
+    r: &mut BitReader,
+    data: &[u8],
+    n: usize,
+    header: &IntsHeader,
+    out: &mut Vec<i64>,
+) -> Result<(), ChunkError> {
+    let ends = || corrupt("integer column ends early");
+    let IntsHeader { heads, base, factor, packing, exceptions, .. } = *header;
+    let m = residual_count(ORDER, n);
+    let first = n - m;
+    out.reserve(n);
+    // The values the heads stand for: `x0` (orders 1, 2 and the line), `x1 = x0 + d0` (order 2).
+    let mut offsets = Offsets::<ORDER> { base, factor, value: heads[0], delta: heads[1] };
+    match ORDER {
+        0 => {}
+        1 | ORDER_LINE => out.push(heads[0]),
+        _ => {
+            offsets.value = heads[0].wrapping_add(heads[1]);
+            out.extend([heads[0], offsets.value]);
+        }
+    }
+    debug_assert_eq!(out.len(), first);
+    if exceptions == 0 {
+        unpack(r, data, packing, m, out, |o| offsets.value(o));
+        return if r.overran(data) { Err(ends()) } else { Ok(()) };
+    }
+    // Exceptions add their high part to offsets: the offsets first (as u64 bits), patched,
+    // then turned into values.
+    unpack(r, data, packing, m, out, |o| o as i64);
     if r.overran(data) {
         return Err(ends());
     }
@@ -546,51 +613,32 @@ fn read_ints(r: &mut BitReader, data: &[u8], n: usize, out: &mut Vec<i64>) -> Re
         let high = r.read_uvarint(data).ok_or_else(ends)?;
         out[first + j] = (out[first + j] as u64).wrapping_add(high.wrapping_mul(modulus)) as i64;
     }
-    // Baseline x86-64 has no vector 64-bit multiply: a factor of 1 (most columns) is not
-    // multiplied (a fifth of `read_ints` was these multiplies).
-    if factor != 1 {
-        for o in &mut out[first..] {
-            *o = (*o as u64).wrapping_mul(factor) as i64;
-        }
-    }
-    // The base is added, and the differencing undone, in one pass over the values (wrapping
-    // sums in any order are the same sums).
-    match order {
-        ORDER_LINE => {
-            // The first value is the head; the others lie `residual` off the line `x0 + j × step`.
-            let (mut line, step) = (heads[0], heads[1]);
-            for x in out.iter_mut().skip(1) {
-                line = line.wrapping_add(step);
-                *x = line.wrapping_add(base).wrapping_add(*x);
-            }
-        }
-        0 => {
-            for x in out.iter_mut() {
-                *x = base.wrapping_add(*x);
-            }
-        }
-        1 => {
-            // Deltas from the head.
-            let mut v = out[0];
-            for x in out.iter_mut().skip(1) {
-                v = v.wrapping_add(base).wrapping_add(*x);
-                *x = v;
-            }
-        }
-        _ => {
-            debug_assert_eq!(order, 2);
-            // Deltas of deltas from the head and the first delta.
-            let (mut v, mut d) = (out[0], out[1]);
-            v = v.wrapping_add(d);
-            out[1] = v;
-            for x in out.iter_mut().skip(2) {
-                d = d.wrapping_add(base).wrapping_add(*x);
-                v = v.wrapping_add(d);
-                *x = v;
-            }
-        }
+    for x in &mut out[first..] {
+        *x = offsets.value(*x as u64);
     }
     Ok(())
+}
+
+/// Appends `m` packed offsets, each turned into a value by `value`, to `out`.
+#[inline(always)]
+fn unpack(
+    r: &mut BitReader,
+    data: &[u8],
+    packing: Packing,
+    m: usize,
+    out: &mut Vec<i64>,
+    mut value: impl FnMut(u64) -> i64,
+) {
+    match packing {
+        Packing::Bits(0) => out.extend((0..m).map(|_| value(0))),
+        Packing::Bits(width) if width <= UNPACK_WIDTH_MAX => unpack_bits(r, data, width, m, out, value),
+        Packing::Bits(width) => {
+            for _ in 0..m {
+                out.push(value(r.read_bits_unchecked(data, width)));
+            }
+        }
+        Packing::Radix(radix) => unpack_radix(r, data, radix, m, out, value),
+    }
 }
 
 /// The widest offsets `unpack_bits` reads: a field of up to 56 bits starting anywhere in a byte
@@ -601,7 +649,15 @@ const UNPACK_WIDTH_MAX: u32 = 56;
 /// 8 bytes at its own bit position rather than through the reader's register (no refill
 /// bookkeeping between values: one load and two shifts each). Values whose 8 bytes run past the
 /// data are read zero-padded, as the register would; the reader is left after the last one.
-fn unpack_bits(r: &mut BitReader, data: &[u8], width: u32, m: usize, out: &mut Vec<i64>) {
+#[inline(always)]
+fn unpack_bits(
+    r: &mut BitReader,
+    data: &[u8],
+    width: u32,
+    m: usize,
+    out: &mut Vec<i64>,
+    mut value: impl FnMut(u64) -> i64,
+) {
     debug_assert!((1..=UNPACK_WIDTH_MAX).contains(&width));
     let start = r.pos();
     let w = width as usize;
@@ -614,12 +670,12 @@ fn unpack_bits(r: &mut BitReader, data: &[u8], width: u32, m: usize, out: &mut V
     out.extend((0..whole).map(|j| {
         let bit = start + j * w;
         let word = u64::from_be_bytes(data[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
-        ((word << (bit % 8)) >> (64 - width)) as i64
+        value((word << (bit % 8)) >> (64 - width))
     }));
     let mut rest = BitReader::new(0);
     rest.skip(data, start + whole * w);
     for _ in whole..m {
-        out.push(rest.read_bits_unchecked(data, width) as i64);
+        out.push(value(rest.read_bits_unchecked(data, width)));
     }
     *r = rest;
 }
@@ -627,7 +683,14 @@ fn unpack_bits(r: &mut BitReader, data: &[u8], width: u32, m: usize, out: &mut V
 /// Appends `m` base-`radix` digits, read a group at a time, to `out`. Kept out of `read_ints`
 /// so that its loop over bit-packed offsets (most columns) stays as tight as before radixes.
 #[inline(never)]
-fn unpack_radix(r: &mut BitReader, data: &[u8], radix: u64, m: usize, out: &mut Vec<i64>) {
+fn unpack_radix(
+    r: &mut BitReader,
+    data: &[u8],
+    radix: u64,
+    m: usize,
+    out: &mut Vec<i64>,
+    mut value: impl FnMut(u64) -> i64,
+) {
     let (k, bits) = radix_group(radix, SAMPLES_MAX);
     let inverse = reciprocal(radix);
     let mut left = m;
@@ -638,7 +701,7 @@ fn unpack_radix(r: &mut BitReader, data: &[u8], radix: u64, m: usize, out: &mut 
         let mut v = r.read_bits_unchecked(data, group_bits as u32);
         for _ in 0..digits {
             let q = divide(v, radix, inverse);
-            out.push((v - q * radix) as i64);
+            out.push(value(v - q * radix));
             v = q;
         }
         left -= digits;

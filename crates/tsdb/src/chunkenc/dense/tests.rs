@@ -317,7 +317,7 @@ proptest! {
         let mut r = BitReader::new(0);
         r.skip(&data, lead as usize);
         let mut out = vec![-1i64];
-        unpack_bits(&mut r, &data, width, values.len(), &mut out);
+        unpack_bits(&mut r, &data, width, values.len(), &mut out, |o| o as i64);
         prop_assert_eq!(&out[1..], &values.iter().map(|&v| v as i64).collect::<Vec<_>>()[..]);
         prop_assert_eq!(r.pos(), lead as usize + values.len() * width as usize);
         prop_assert!(!r.overran(&data));
