@@ -430,11 +430,8 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
         return Vec::new();
     };
     let mut points = point_buffers::POOL.take(ctx.points_capacity(samples, spec.range, false));
-    // The batch (3 KiB) is reused from call to call: set up afresh for each series, it cost
-    // an instant query (one point per series) more than its point.
-    let mut scratch = BATCHES.with(|b| b.take()).unwrap_or_else(|| Box::new(Batch::new(false, None)));
+    let mut scratch = take_batch(is_counter, per_second_divisor(spec.range, is_rate));
     let batch = &mut scratch;
-    batch.reset(is_counter, per_second_divisor(spec.range, is_rate));
     // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
     // after it, the last that can hold the last one starts before it.
     let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
@@ -483,13 +480,26 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
         }
     }
     batch.finish(&mut points);
-    BATCHES.with(|b| b.set(Some(scratch)));
+    give_batch(scratch);
     points
 }
 
 thread_local! {
-    /// `slide_extrapolated`'s batch, kept between calls on a thread (taken out while in use).
+    /// A batch kept between calls on a thread (taken out while in use).
     static BATCHES: std::cell::Cell<Option<Box<Batch>>> = const { std::cell::Cell::new(None) };
+}
+
+/// This thread's batch, set up for a series (`Batch::reset`); `give_batch` returns it. The
+/// batch (3 KiB) is reused from call to call: set up afresh for each series, it cost an
+/// instant query (one point per series) more than its point.
+pub(super) fn take_batch(is_counter: bool, per_second: Option<f64>) -> Box<Batch> {
+    let mut batch = BATCHES.with(|b| b.take()).unwrap_or_else(|| Box::new(Batch::new(false, None)));
+    batch.reset(is_counter, per_second);
+    batch
+}
+
+pub(super) fn give_batch(batch: Box<Batch>) {
+    BATCHES.with(|b| b.set(Some(batch)));
 }
 
 /// The change of a counter or gauge over a window of samples (a counter's resets added
@@ -519,7 +529,7 @@ const BATCH: usize = 64;
 /// What `extrapolated_rate` needs of each point of a batch, as floats (the millisecond
 /// differences are exact in a double), one array per quantity so that `finish` runs down
 /// them a vector at a time.
-struct Batch {
+pub(super) struct Batch {
     len: usize,
     is_counter: bool,
     per_second: Option<f64>,
@@ -556,25 +566,36 @@ impl Batch {
     /// whose change is `change`.
     #[inline(always)]
     fn push(&mut self, window: &[Point], change: f64, end: i64, range: i64) {
-        debug_assert!(window.len() >= 2 && self.len < BATCH);
-        let (first, last) = (window[0], window[window.len() - 1]);
+        self.push_parts(window[0], window[window.len() - 1].t, window.len(), change, end, range);
+    }
+
+    /// `push` for a window known by its first sample, its last sample's time and its sample
+    /// count (`samples`, two or more): a rollup tier's buckets.
+    #[inline(always)]
+    pub(super) fn push_parts(&mut self, first: Point, last_t: i64, samples: usize, change: f64, end: i64, range: i64) {
+        debug_assert!(samples >= 2 && self.len < BATCH);
         let i = self.len;
-        self.sampled_ms[i] = (last.t - first.t) as f64;
-        self.gaps[i] = (window.len() - 1) as f64;
+        self.sampled_ms[i] = (last_t - first.t) as f64;
+        self.gaps[i] = (samples - 1) as f64;
         self.change[i] = change;
         self.first_f[i] = first.f;
         self.to_start_ms[i] = (first.t - (end - range)) as f64;
-        self.to_end_ms[i] = (end - last.t) as f64;
+        self.to_end_ms[i] = (end - last_t) as f64;
         self.len += 1;
     }
 
+    /// Whether the batch must be finished before the next push.
+    pub(super) fn is_full(&self) -> bool {
+        self.len == BATCH
+    }
+
     /// Empties the batch for a series with these parameters.
-    fn reset(&mut self, is_counter: bool, per_second: Option<f64>) {
+    pub(super) fn reset(&mut self, is_counter: bool, per_second: Option<f64>) {
         (self.len, self.is_counter, self.per_second) = (0, is_counter, per_second);
     }
 
     /// Writes the batch's values into the last `len` points and empties it.
-    fn finish(&mut self, points: &mut [Point]) {
+    pub(super) fn finish(&mut self, points: &mut [Point]) {
         let n = self.len;
         let mut values = [0.0f64; BATCH];
         let values = &mut values[..n];

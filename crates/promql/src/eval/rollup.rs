@@ -27,7 +27,7 @@ use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::db::RollupSeries;
 use strata_tsdb::rollup::{Bucket, RollupTier};
 
-use super::range_functions::{per_second_divisor, Sampled};
+use super::range_functions::{give_batch, per_second_divisor, take_batch};
 use super::{point_buffers, Ctx, Evaluator, RangeSpec, SelectorValue};
 use crate::ast::{Call, Expr, ExprKind, RangeMode, VectorSelector};
 use crate::error::EvalError;
@@ -212,7 +212,13 @@ impl Evaluator<'_> {
                 note_not_counter(self, &s.labels, matrix.start);
             }
             let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, spec.range, spec.at.is_some()));
+            // `rate`, `increase` and `delta` extrapolate as on raw data, and by the same
+            // arithmetic: a batch of windows at a time (`Batch`), so every bit is the same.
+            let mut batch = func
+                .extrapolates()
+                .then(|| take_batch(func != WindowFn::Delta, per_second_divisor(spec.range, func == WindowFn::Rate)));
             let (mut lo, mut hi) = (0usize, 0usize);
+            let mut combined;
             for i in 0..ctx.n {
                 let end = spec.end_at(ctx.ts(i));
                 while hi < s.buckets.len() && s.buckets[hi].end <= end {
@@ -223,20 +229,34 @@ impl Evaluator<'_> {
                 }
                 // A window of one bucket (the step and range of the tier's interval, a
                 // dashboard's usual shape) is read in place.
-                let value = match &s.buckets[lo..hi] {
+                let w = match &s.buckets[lo..hi] {
                     [] => continue,
-                    [one] => func.value(one, end, spec.range),
+                    [one] => one,
                     [head, rest @ ..] => {
-                        let mut w = *head;
+                        combined = *head;
                         for b in rest {
-                            w.append(b);
+                            combined.append(b);
                         }
-                        func.value(&w, end, spec.range)
+                        &combined
                     }
                 };
-                if let Some(f) = value {
-                    points.push(Point { t: ctx.ts(i), f });
+                if let Some(batch) = batch.as_deref_mut() {
+                    if w.count < 2 {
+                        continue;
+                    }
+                    let first = Point { t: w.first.t, f: w.first.v };
+                    batch.push_parts(first, w.last.t, w.count as usize, func.change(w), end, spec.range);
+                    points.push(Point { t: ctx.ts(i), f: 0.0 });
+                    if batch.is_full() {
+                        batch.finish(&mut points);
+                    }
+                } else {
+                    points.push(Point { t: ctx.ts(i), f: func.value(w) });
                 }
+            }
+            if let Some(mut batch) = batch {
+                batch.finish(&mut points);
+                give_batch(batch);
             }
             if points.is_empty() {
                 point_buffers::POOL.give(points);
@@ -323,19 +343,30 @@ impl WindowFn {
         }
     }
 
-    /// The function's value over the window `(end - range, end]` whose buckets combine to `w`.
+    /// Whether the function extrapolates a change over the window (`rate`, `increase`,
+    /// `delta`): computed in batches (`Batch`), not by `value`.
+    fn extrapolates(self) -> bool {
+        matches!(self, WindowFn::Rate | WindowFn::Increase | WindowFn::Delta)
+    }
+
+    /// The change an extrapolating function extrapolates over the window whose buckets combine
+    /// to `w`: a counter's increase (resets accounted), or a gauge's last less first value.
+    fn change(self, w: &Bucket) -> f64 {
+        debug_assert!(self.extrapolates());
+        if self == WindowFn::Delta {
+            w.last.v - w.first.v
+        } else {
+            w.increase()
+        }
+    }
+
+    /// The value over the window whose buckets combine to `w`, of a function that does not
+    /// extrapolate.
     #[inline]
-    fn value(self, w: &Bucket, end: i64, range: i64) -> Option<f64> {
-        Some(match self {
+    fn value(self, w: &Bucket) -> f64 {
+        match self {
             WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
-                if w.count < 2 {
-                    return None;
-                }
-                let counter = self != WindowFn::Delta;
-                let change = if counter { w.increase() } else { w.last.v - w.first.v };
-                let zero_at = (counter && change > 0.0 && w.first.v >= 0.0).then(|| w.first.v / change);
-                let sampled = Sampled::new(w.first.t, w.last.t, w.count as usize, zero_at);
-                change * sampled.factor(end, range, per_second_divisor(range, self == WindowFn::Rate))
+                unreachable!("extrapolating functions are computed in batches")
             }
             WindowFn::SumOverTime => w.sum,
             WindowFn::AvgOverTime => w.sum / w.count as f64,
@@ -349,7 +380,7 @@ impl WindowFn {
             WindowFn::Resets => w.resets as f64,
             WindowFn::TsOfFirstOverTime => w.first.t as f64 / 1000.0,
             WindowFn::TsOfLastOverTime => w.last.t as f64 / 1000.0,
-        })
+        }
     }
 }
 
