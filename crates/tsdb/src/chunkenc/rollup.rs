@@ -130,13 +130,21 @@ fn corrupt(what: &str) -> ChunkError {
 #[inline(always)]
 fn count_of(v: f64) -> Result<u64, ChunkError> {
     // Cast there and back rather than `fract`, which baseline x86-64 (no SSE4.1 rounding)
-    // computes in software: it was a tenth of decoding a Graphite tier's chunks.
-    let count = v as u64;
-    if (0.0..9_007_199_254_740_992.0).contains(&v) && count as f64 == v {
-        Ok(count)
+    // computes in software: it was a tenth of decoding a Graphite tier's chunks. Through i64,
+    // which it converts in one instruction (u64 takes a branch and two conversions: 6% of a
+    // tier read's CPU). A NaN casts to 0, and an infinity to the end of i64: neither comes back.
+    let count = count_bits(v);
+    if (0..1 << 53).contains(&count) && count as f64 == v {
+        Ok(count as u64)
     } else {
         Err(corrupt("count column holds a value that is no count"))
     }
+}
+
+/// A count column's value as an integer (`count_of` checks it).
+#[inline(always)]
+fn count_bits(v: f64) -> i64 {
+    v as i64
 }
 
 /// Whether `v` is a count (`count_of`), as a flag: folded over a whole column, the check does
@@ -161,14 +169,14 @@ impl ValueSink for NewBuckets<'_> {
         let mut counts = true;
         self.out.extend(times.iter().zip(values).map(|(&end, v)| {
             counts &= is_count(v);
-            Bucket { end, count: v as u64, ..BLANK }
+            Bucket { end, count: count_bits(v) as u64, ..BLANK }
         }));
         self.counts &= counts;
     }
 
     fn patch(&mut self, j: usize, v: f64) {
         self.counts &= is_count(v);
-        self.out[self.start + j].count = v as u64;
+        self.out[self.start + j].count = count_bits(v) as u64;
     }
 }
 
@@ -369,8 +377,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                         Column::Min => decode_values(column, buckets, false, |b, v| b.min = v),
                         Column::Max => decode_values(column, buckets, false, |b, v| b.max = v),
                         Column::ResetCorrection => decode_values(column, buckets, false, |b, v| b.reset_correction = v),
-                        Column::Changes => decode_values(column, buckets, true, |b, v| b.changes = v as u64),
-                        Column::Resets => decode_values(column, buckets, true, |b, v| b.resets = v as u64),
+                        Column::Changes => {
+                            decode_values(column, buckets, true, |b, v| b.changes = count_bits(v) as u64)
+                        }
+                        Column::Resets => decode_values(column, buckets, true, |b, v| b.resets = count_bits(v) as u64),
                         _ => decode_values(column, buckets, false, |b, v| {
                             if let ArchiveValue::Value(x) = &mut b.archive {
                                 *x = v;
