@@ -245,7 +245,11 @@ fn make_certificates(dir: &Path) {
 
 fn client(dir: &Path, with_cert: bool) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
-    let mut b = reqwest::Client::builder().add_root_certificate(ca).tls_built_in_root_certs(false);
+    // A request the server never answers fails the test instead of hanging it.
+    let mut b = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .tls_built_in_root_certs(false)
+        .timeout(Duration::from_secs(20));
     if with_cert {
         let mut pem = std::fs::read(dir.join("client.pem")).unwrap();
         pem.extend(std::fs::read(dir.join("client.key")).unwrap());
@@ -290,7 +294,7 @@ async fn tls_with_client_certificates_and_basic_auth_reloaded_on_change() {
     // Without a client certificate the handshake is refused.
     assert!(status(&client(&d, false), &url, Some(("alice", "pw"))).await.is_err());
     // Plain HTTP on the TLS port is not served.
-    let plain = reqwest::Client::new();
+    let plain = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     assert!(!matches!(status(&plain, &format!("http://{}/", srv.addr), None).await, Ok(200)));
     assert!(srv.stats.tls_handshake_failures.load(Ordering::Relaxed) >= 1);
 
