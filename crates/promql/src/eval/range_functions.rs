@@ -474,7 +474,7 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
             let window = &samples[lo..hi];
             batch.push(window, change, end, spec.range);
             points.push(Point { t: ctx.ts(i), f: 0.0 });
-            if batch.len == BATCH {
+            if batch.is_full() {
                 batch.finish(&mut points);
             }
         }
