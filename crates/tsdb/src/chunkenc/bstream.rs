@@ -278,8 +278,12 @@ mod tests {
             }
         }
 
+        /// Varints of every length: any bits (mostly ten bytes), small values and single bits.
         #[test]
-        fn varints_round_trip(vs in prop::collection::vec(any::<i64>(), 0..50), pad in 0u32..8) {
+        fn varints_round_trip(
+            vs in prop::collection::vec(prop_oneof![any::<i64>(), -100_000i64..100_000, (0u32..64).prop_map(|s| 1i64 << s)], 0..50),
+            pad in 0u32..8,
+        ) {
             let mut w = BitWriter::default();
             w.write_bits(0, pad);
             for &v in &vs { w.write_varint(v); w.write_uvarint(v as u64); }
