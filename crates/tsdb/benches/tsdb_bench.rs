@@ -267,8 +267,13 @@ fn bench_chunks() {
 /// few hours holds a handful, a compacted one up to `SAMPLES_MAX`) and by the columns a reader
 /// asks for (a plain selector's `last`; `rate`'s count, first, last and reset correction; all).
 /// Series: a counter scraped every 60 s with ±250 ms jitter and a reset now and then, and a
-/// decimal gauge, rolled up at 1 h.
+/// decimal gauge, rolled up at 1 h. `ROLLUP_RUNS=N` sets the timed runs (7), each of 20
+/// passes; with 1 the pass runs once (for counting instructions under callgrind).
+/// `ROLLUP_SET=rate` decodes only that column set, `ROLLUP_SIZE=90` only chunks of that size,
+/// `ROLLUP_SERIES=counter` only that series.
 fn bench_rollup() {
+    let runs_wanted: usize = std::env::var("ROLLUP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let passes = if runs_wanted == 1 { 1 } else { 20 };
     use strata_tsdb::chunkenc::rollup::{decode, encode, Column, ColumnSet};
     use strata_tsdb::rollup::aggregate;
     let (mut rng, mut counter, mut gauge) = (0x2545_f491_4f6c_dd1du64, 0.0f64, 20.0f64);
@@ -291,23 +296,29 @@ fn bench_rollup() {
         ("rate", &[Column::First, Column::Last, Column::ResetCorrection]),
         ("all", &Column::ALL),
     ];
-    for (name, samples) in [("counter", &counters), ("gauge", &gauges)] {
+    let only_series = std::env::var("ROLLUP_SERIES").ok();
+    for (name, samples) in [("counter", &counters), ("gauge", &gauges)]
+        .into_iter()
+        .filter(|(n, _)| only_series.as_deref().is_none_or(|o| o == *n))
+    {
         let buckets = aggregate(samples, 3_600_000);
-        for per_chunk in [6usize, 24, 90, 240] {
+        let size: Option<usize> = std::env::var("ROLLUP_SIZE").ok().and_then(|v| v.parse().ok());
+        for per_chunk in [6usize, 24, 90, 240].into_iter().filter(|n| size.is_none_or(|s| s == *n)) {
             let chunks: Vec<Vec<u8>> = buckets.chunks(per_chunk).map(encode).collect();
             let bytes: usize = chunks.iter().map(Vec::len).sum();
             let mut line = format!(
                 "rollup: {name:7} {per_chunk:3} buckets/chunk: {:5.2} bytes/bucket; decode ns/bucket",
                 bytes as f64 / buckets.len() as f64
             );
-            for (set_name, columns) in sets {
+            let only = std::env::var("ROLLUP_SET").ok();
+            for (set_name, columns) in sets.into_iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
                 let want = ColumnSet::of(columns);
                 let mut out = Vec::with_capacity(per_chunk);
                 let mut runs = Vec::new();
-                for _ in 0..7 {
+                for _ in 0..runs_wanted {
                     let t0 = Instant::now();
                     let mut sum = 0u64;
-                    for _ in 0..20 {
+                    for _ in 0..passes {
                         for c in &chunks {
                             out.clear();
                             decode(c, want, &mut out).unwrap();
@@ -315,7 +326,7 @@ fn bench_rollup() {
                         }
                     }
                     std::hint::black_box(sum);
-                    runs.push(t0.elapsed().as_secs_f64() * 1e9 / (20 * buckets.len()) as f64);
+                    runs.push(t0.elapsed().as_secs_f64() * 1e9 / (passes * buckets.len()) as f64);
                 }
                 line += &format!(" {set_name} {:.1}", median(runs));
             }
