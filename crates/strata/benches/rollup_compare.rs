@@ -18,6 +18,13 @@
 //! file at a time, and is started on them once they are written, then left to compact them
 //! until idle (Prometheus has no downsampling either: it reads raw samples).
 //!
+//! `RAW_RETENTION_DAYS=N` loads the same samples into a second Strata directory that keeps raw
+//! data for N days only, as a server started with `--retention Nd` would hold them: raw blocks
+//! compacted to at most a tenth of N days (18 h blocks for 15 days), older raw data deleted once
+//! rolled up, so its tiers are split as a live server's are (blocks of the last N days follow
+//! the raw ones: 18 buckets per 1 h chunk). Its tier answers are timed as "tier Nd" and checked
+//! against the first directory's raw answers.
+//!
 //! Each query (a 30-day dashboard at a 1 h step, `start` aligned to the step as Grafana sends
 //! it) runs once per server to warm up, then RUNS rounds, each asking every server in turn (the
 //! order rotating). The table shows the median wall time per request (HTTP, evaluation, JSON),
@@ -86,14 +93,18 @@ fn labels(instance: usize, metric: usize) -> Labels {
 /// Load times: Strata, VictoriaMetrics, promtool.
 struct LoadTimes {
     strata: Duration,
+    /// Loading the `RAW_RETENTION_DAYS` directory.
+    short: Duration,
     vm: Duration,
     promtool: Duration,
 }
 
 /// Writes the data into Strata's directory, VictoriaMetrics and (with `prom`, a directory)
 /// Prometheus blocks through promtool, a day at a time.
+#[allow(clippy::too_many_arguments, reason = "a bench's load step, called once")]
 fn load(
     dir: &std::path::Path,
+    short: Option<(&std::path::Path, i64)>,
     vm: Option<&Peer>,
     prom: Option<&std::path::Path>,
     instances: usize,
@@ -101,6 +112,8 @@ fn load(
     start: i64,
 ) -> LoadTimes {
     let db = common::backfill_db(dir, tiers(), None);
+    let short_db = short.map(|(dir, days)| common::backfill_db_retaining(dir, tiers(), None, days * DAY_MS));
+    let mut short_time = Duration::ZERO;
     let mut gens: Vec<Gen> = (0..instances).flat_map(|i| (0..METRICS.len()).map(move |m| Gen::new(i, m))).collect();
     let (mut strata_time, mut vm_time, mut promtool_time) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut samples = Vec::new();
@@ -156,6 +169,12 @@ fn load(
         db.import_head(&head).unwrap();
         db.compact().unwrap();
         strata_time += t0.elapsed() - gen_time;
+        if let Some(short_db) = &short_db {
+            let t0 = Instant::now();
+            short_db.import_head(&head).unwrap();
+            short_db.compact().unwrap();
+            short_time += t0.elapsed();
+        }
         if let Some(vm) = vm {
             let t0 = Instant::now();
             post(vm.port, "/api/v1/import", body.as_bytes());
@@ -183,7 +202,13 @@ fn load(
     db.compact().unwrap();
     db.close().unwrap();
     strata_time += t0.elapsed();
-    LoadTimes { strata: strata_time, vm: vm_time, promtool: promtool_time }
+    if let Some(short_db) = short_db {
+        let t0 = Instant::now();
+        short_db.compact().unwrap();
+        short_db.close().unwrap();
+        short_time += t0.elapsed();
+    }
+    LoadTimes { strata: strata_time, short: short_time, vm: vm_time, promtool: promtool_time }
 }
 
 fn tiers() -> Vec<RollupTier> {
@@ -250,6 +275,14 @@ fn main() {
 
     let strata_dir = kept.clone().unwrap_or_else(|| tmp.path().join("strata"));
     let reuse = strata_dir.join("data").exists();
+    let short_days: Option<i64> =
+        std::env::var("RAW_RETENTION_DAYS").ok().map(|v| v.parse().expect("RAW_RETENTION_DAYS"));
+    let short_dir = short_days.map(|n| {
+        let mut name = strata_dir.clone().into_os_string();
+        name.push(format!("-raw{n}d"));
+        std::path::PathBuf::from(name)
+    });
+    let short_reuse = short_dir.as_ref().is_none_or(|d| d.join("data").exists());
     let vm = if kept.is_some() { None } else { start_vm(&tmp.path().join("vm")) };
     let promtool = std::process::Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success());
     if !promtool && kept.is_none() {
@@ -259,14 +292,19 @@ fn main() {
     if let Some(p) = &prom_dir {
         std::fs::create_dir_all(p.join("data")).unwrap();
     }
-    let times = if reuse {
-        LoadTimes { strata: Duration::ZERO, vm: Duration::ZERO, promtool: Duration::ZERO }
+    let times = if reuse && short_reuse {
+        LoadTimes { strata: Duration::ZERO, short: Duration::ZERO, vm: Duration::ZERO, promtool: Duration::ZERO }
     } else {
-        load(&strata_dir.join("data"), vm.as_ref(), prom_dir.as_deref(), instances, days, start)
+        assert!(!reuse, "ROLLUP_DATA_DIR holds data but not the RAW_RETENTION_DAYS directory: remove it");
+        let short_data = short_dir.as_ref().map(|d| d.join("data"));
+        let short = short_data.as_deref().zip(short_days);
+        load(&strata_dir.join("data"), short, vm.as_ref(), prom_dir.as_deref(), instances, days, start)
     };
     println!(
-        "load: strata {:.1} s (import and compaction, rollups included){}{}",
+        "load: strata {:.1} s (import and compaction, rollups included){}{}{}",
         times.strata.as_secs_f64(),
+        short_days
+            .map_or(String::new(), |n| format!(", strata with {n} d of raw data {:.1} s", times.short.as_secs_f64())),
         vm.as_ref()
             .map_or(String::new(), |_| format!(", victoria-metrics {:.1} s (import API)", times.vm.as_secs_f64())),
         prom_dir.as_ref().map_or(String::new(), |_| format!(
@@ -301,6 +339,17 @@ fn main() {
         ],
     )
     .expect("target/release/strata (cargo build --release -p strata)");
+    let short_strata = short_dir.as_ref().zip(short_days).map(|(dir, n)| {
+        let args = [
+            "--retention",
+            &format!("{n}d"),
+            "--storage.rollup-tiers",
+            "5m:forever,1h:forever",
+            "--query.cache-size",
+            "0",
+        ];
+        common::start("strata", dir, &args.map(String::from)).expect("target/release/strata")
+    });
 
     let queries = [
         ("sum(rate(requests_total[1h]))", "sum of rates"),
@@ -325,8 +374,13 @@ fn main() {
         servers.push(("prometheus", p.port, ""));
         servers.len() - 1
     });
+    let short_column = short_strata.as_ref().map(|p| {
+        servers.push(("strata tier, short raw retention", p.port, ""));
+        servers.len() - 1
+    });
+    let short_name = short_days.map_or(String::new(), |n| format!("tier {n}d"));
     println!(
-        "\n{:<24} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9}  read (raw samples → buckets)",
+        "\n{:<24} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>12} {:>9}  read (raw samples → buckets)",
         format!("query ({days} d, 1 h step)"),
         "strata raw",
         "strata tier",
@@ -334,7 +388,9 @@ fn main() {
         "Prom 2.42",
         "raw/tier",
         "VM/tier",
-        "Prom/tier"
+        "Prom/tier",
+        short_name,
+        "raw/short"
     );
     for (q, name) in queries {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
@@ -352,17 +408,21 @@ fn main() {
                 times[k].push(took.as_secs_f64() * 1000.0);
             }
         }
-        // The tier's answer is the raw one.
-        let (raw, tier) = (matrix(&bodies[0]), matrix(&bodies[1]));
-        assert_eq!(raw.len(), tier.len(), "{q}: series");
-        for ((la, pa), (lb, pb)) in raw.iter().zip(&tier) {
-            assert_eq!(la, lb);
-            assert_eq!(pa.len(), pb.len(), "{q} {la}: points");
-            for (a, b) in pa.iter().zip(pb) {
-                assert!(
-                    a.0 == b.0 && (a.1 - b.1).abs() <= 1e-9 * a.1.abs().max(b.1.abs()).max(1.0),
-                    "{q} {la}: {a:?} vs {b:?}"
-                );
+        // Each tier's answer is the raw one.
+        let raw = matrix(&bodies[0]);
+        for k in std::iter::once(1).chain(short_column) {
+            let tier = matrix(&bodies[k]);
+            assert_eq!(raw.len(), tier.len(), "{q} ({}): series", servers[k].0);
+            for ((la, pa), (lb, pb)) in raw.iter().zip(&tier) {
+                assert_eq!(la, lb);
+                assert_eq!(pa.len(), pb.len(), "{q} {la} ({}): points", servers[k].0);
+                for (a, b) in pa.iter().zip(pb) {
+                    assert!(
+                        a.0 == b.0 && (a.1 - b.1).abs() <= 1e-9 * a.1.abs().max(b.1.abs()).max(1.0),
+                        "{q} {la} ({}): {a:?} vs {b:?}",
+                        servers[k].0
+                    );
+                }
             }
         }
         let m: Vec<f64> = times.into_iter().map(common::median).collect();
@@ -370,7 +430,7 @@ fn main() {
         let time = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}ms", m[c]));
         let ratio = |c: Option<usize>| c.map_or("-".into(), |c| format!("{:.1}×", m[c] / m[1]));
         println!(
-            "{:<24} {:>10.1}ms {:>10.1}ms {:>12} {:>12} {:>8.1}× {:>9} {:>9}  {metric_samples} → {}",
+            "{:<24} {:>10.1}ms {:>10.1}ms {:>12} {:>12} {:>8.1}× {:>9} {:>9} {:>12} {:>9}  {metric_samples} → {}",
             name,
             m[0],
             m[1],
@@ -379,12 +439,18 @@ fn main() {
             m[0] / m[1],
             ratio(vm_column),
             ratio(prom_column),
+            time(short_column),
+            short_column.map_or("-".into(), |c| format!("{:.1}×", m[0] / m[c])),
             buckets_read(&bodies[1]).map_or("raw (no tier)".into(), |b| b.to_string()),
         );
     }
     let mut strata = strata;
     let _ = strata.child.kill();
     let _ = strata.child.wait();
+    if let Some(mut p) = short_strata {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
     let raw_bytes: u64 = std::fs::read_dir(strata_dir.join("data"))
         .unwrap()
         .flatten()
@@ -401,6 +467,20 @@ fn main() {
             b as f64 / buckets as f64,
             100.0 * b as f64 / raw_bytes as f64
         );
+    }
+    if let Some((dir, n)) = short_dir.as_ref().zip(short_days) {
+        let blocks = |d: std::path::PathBuf| {
+            std::fs::read_dir(d).map_or(0, |es| es.flatten().filter(|e| e.path().join("meta.json").exists()).count())
+        };
+        let raw_blocks = blocks(dir.join("data"));
+        let tier_blocks: Vec<String> = tiers()
+            .iter()
+            .map(|t| {
+                let d = dir.join("data/rollups").join(t.dir_name());
+                format!("{} tier {} blocks, {} B", t.dir_name(), blocks(d.clone()), common::dir_bytes(&d))
+            })
+            .collect();
+        println!("      strata with {n} d of raw data: {raw_blocks} raw blocks; {}", tier_blocks.join("; "));
     }
     if let Some(mut p) = prometheus {
         let b = common::dir_bytes(&tmp.path().join("prometheus/data"));

@@ -292,9 +292,21 @@ pub fn backfill_db(
     tiers: Vec<strata_tsdb::rollup::RollupTier>,
     rollup_filter: Option<strata_tsdb::rollup::SeriesFilter>,
 ) -> strata_tsdb::Db {
+    backfill_db_retaining(dir, tiers, rollup_filter, 0)
+}
+
+/// `backfill_db` keeping raw data for `retention_ms` (0: forever): compaction then caps raw
+/// block ranges at a tenth of it and deletes raw blocks past it once their rollups exist, as
+/// a server started with `--retention` does.
+pub fn backfill_db_retaining(
+    dir: &Path,
+    tiers: Vec<strata_tsdb::rollup::RollupTier>,
+    rollup_filter: Option<strata_tsdb::rollup::SeriesFilter>,
+    retention_ms: i64,
+) -> strata_tsdb::Db {
     let opts = strata_tsdb::DbOptions {
         compact_interval: None,
-        retention_ms: 0,
+        retention_ms,
         rollups: tiers,
         rollup_filter,
         head: strata_tsdb::head::HeadOptions { chunk_range_ms: BACKFILL_RANGE_MS, ..Default::default() },
