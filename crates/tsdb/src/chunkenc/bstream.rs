@@ -239,11 +239,23 @@ impl BitReader {
         self.read_bits(data, 8).map(|b| b as u8)
     }
 
-    /// An unsigned LEB128 varint (at most 10 bytes). Up to 7 bytes are decoded from one look
-    /// at the register (chunk headers are mostly such small varints).
-    #[inline]
+    /// An unsigned LEB128 varint (at most 10 bytes). A one-byte varint (most chunk header
+    /// fields: orders, factors, exception counts) is read inline; a longer one by
+    /// `read_long_uvarint`.
+    #[inline(always)]
     pub fn read_uvarint(&mut self, data: &[u8]) -> Option<u64> {
         let reg = self.peek(data);
+        if reg >> 63 == 0 {
+            self.consume(8);
+            return (!self.overran(data)).then_some(reg >> 56);
+        }
+        self.read_long_uvarint(data, reg)
+    }
+
+    /// `read_uvarint` of a varint of two bytes or more, `reg` the register peeked at it: up to
+    /// 7 bytes are decoded from that one look.
+    #[inline(never)]
+    fn read_long_uvarint(&mut self, data: &[u8], reg: u64) -> Option<u64> {
         let mut v = 0u64;
         for i in 0..7u32 {
             let b = (reg >> (56 - 8 * i)) as u8;
