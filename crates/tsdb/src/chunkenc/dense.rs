@@ -752,40 +752,67 @@ fn with_columns<T>(f: impl FnOnce(&mut Columns) -> T) -> T {
 /// Decodes a whole dense chunk into `out` (appended). The header has been checked.
 pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     let start = out.len();
-    decode_into(data, &mut Samples { out, start })
+    decode_into(data, &mut Samples { out, start }).map(|_| ())
 }
 
 /// Decodes a whole dense chunk into `sink`, its timestamps with its values. The header must
-/// have been checked.
-pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<(), ChunkError> {
+/// have been checked. Returns where its timestamps end (a bit position in `data`), for
+/// `decode_values_into` of columns with the same timestamps.
+pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<usize, ChunkError> {
     with_columns(|c| {
         let n = u16::from_be_bytes([data[1], data[2]]) as usize;
         if n == 0 {
-            return Ok(());
+            return Ok(HEADER_BYTES * 8);
         }
         let mut r = BitReader::new(HEADER_BYTES);
         read_ints(&mut r, data, n, &mut c.times)?;
+        let times_end = r.pos();
         // Checked without stopping at the first disorder (which only damage has): a loop that
         // runs to the end vectorizes, one that may stop does not.
         if c.times.iter().zip(&c.times[1..]).fold(false, |disorder, (a, b)| disorder | (a >= b)) {
             return Err(corrupt("timestamps do not increase"));
         }
-        read_values(&mut r, data, n, &mut c.ints, &c.times, sink)
+        read_values(&mut r, data, n, &mut c.ints, &c.times, sink)?;
+        Ok(times_end)
     })
 }
 
 /// Decodes the values of a whole dense chunk into `sink`, skipping its timestamps (a rollup
 /// chunk's columns share theirs: `sink` is given none). The header must have been checked.
-pub(super) fn decode_values_into(data: &[u8], sink: &mut impl ValueSink) -> Result<(), ChunkError> {
+///
+/// `shared`: a chunk of as many samples and where its timestamps end (`decode_into`'s
+/// answer). Where this chunk's timestamp bits are those bits, they are the same integer column
+/// and end at the same place, so they are stepped over without reading their header and
+/// exception list (each column of a rollup chunk stamped at its buckets' ends writes the same
+/// bits: at a few buckets per chunk, reading them was a tenth of decoding). Otherwise they are
+/// read through as any others.
+pub(super) fn decode_values_into(
+    data: &[u8],
+    shared: Option<(&[u8], usize)>,
+    sink: &mut impl ValueSink,
+) -> Result<(), ChunkError> {
     with_columns(|c| {
         let n = u16::from_be_bytes([data[1], data[2]]) as usize;
         if n == 0 {
             return Ok(());
         }
         let mut r = BitReader::new(HEADER_BYTES);
-        skip_ints(&mut r, data, n)?;
+        match shared {
+            Some((other, end)) if same_bits(data, other, end) => r.skip(data, end - HEADER_BYTES * 8),
+            _ => skip_ints(&mut r, data, n)?,
+        }
         read_values(&mut r, data, n, &mut c.ints, &[], sink)
     })
+}
+
+/// Whether `a` and `b` hold the same bits from the end of the header up to bit `end`.
+fn same_bits(a: &[u8], b: &[u8], end: usize) -> bool {
+    let (whole, rest) = (end / 8, end % 8);
+    if end < HEADER_BYTES * 8 || a.len() < end.div_ceil(8) || b.len() < end.div_ceil(8) {
+        return false;
+    }
+    let mask = !(0xffu8 >> rest);
+    a[HEADER_BYTES..whole] == b[HEADER_BYTES..whole] && (rest == 0 || a[whole] & mask == b[whole] & mask)
 }
 
 /// Where a chunk's decoded values go, in one pass: the rollup chunk fills its buckets' fields

@@ -274,12 +274,13 @@ impl ValueSink for ArchiveStates<'_> {
 #[inline(always)]
 fn decode_values<F: Fn(&mut Bucket, f64)>(
     column: &[u8],
+    ends: (&[u8], usize),
     buckets: &mut [Bucket],
     counted: bool,
     set: F,
 ) -> Result<bool, ChunkError> {
     let mut sink = SetValues { buckets, set, counted, counts: true };
-    dense::decode_values_into(column, &mut sink)?;
+    dense::decode_values_into(column, Some(ends), &mut sink)?;
     Ok(sink.counts)
 }
 
@@ -321,6 +322,9 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
     let no_count = || corrupt("count column holds a value that is no count");
+    // The count column and where its timestamps (the bucket ends) end: the columns stamped at
+    // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
+    let mut ends: (&[u8], usize) = (&[], 0);
     let decoded = (|| {
         for c in Column::ALL {
             // Chunks without archive values end after the ninth column.
@@ -345,7 +349,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             let counts = match c {
                 Column::Count => {
                     let mut sink = NewBuckets { out: &mut *out, start, counts: true };
-                    dense::decode_into(column, &mut sink).map_err(damaged)?;
+                    ends = (column, dense::decode_into(column, &mut sink).map_err(damaged)?);
                     let counts = sink.counts;
                     if out.len() - start != n {
                         return Err(corrupt("count column holds another bucket count"));
@@ -364,7 +368,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 }
                 Column::ArchiveState => {
                     let mut sink = ArchiveStates { buckets: &mut out[start..], states: true };
-                    dense::decode_values_into(column, &mut sink).map_err(damaged)?;
+                    dense::decode_values_into(column, Some(ends), &mut sink).map_err(damaged)?;
                     if !sink.states {
                         return Err(corrupt("archive state column holds no state"));
                     }
@@ -373,15 +377,19 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 _ => {
                     let buckets = &mut out[start..];
                     match c {
-                        Column::Sum => decode_values(column, buckets, false, |b, v| b.sum = v),
-                        Column::Min => decode_values(column, buckets, false, |b, v| b.min = v),
-                        Column::Max => decode_values(column, buckets, false, |b, v| b.max = v),
-                        Column::ResetCorrection => decode_values(column, buckets, false, |b, v| b.reset_correction = v),
-                        Column::Changes => {
-                            decode_values(column, buckets, true, |b, v| b.changes = count_bits(v) as u64)
+                        Column::Sum => decode_values(column, ends, buckets, false, |b, v| b.sum = v),
+                        Column::Min => decode_values(column, ends, buckets, false, |b, v| b.min = v),
+                        Column::Max => decode_values(column, ends, buckets, false, |b, v| b.max = v),
+                        Column::ResetCorrection => {
+                            decode_values(column, ends, buckets, false, |b, v| b.reset_correction = v)
                         }
-                        Column::Resets => decode_values(column, buckets, true, |b, v| b.resets = count_bits(v) as u64),
-                        _ => decode_values(column, buckets, false, |b, v| {
+                        Column::Changes => {
+                            decode_values(column, ends, buckets, true, |b, v| b.changes = count_bits(v) as u64)
+                        }
+                        Column::Resets => {
+                            decode_values(column, ends, buckets, true, |b, v| b.resets = count_bits(v) as u64)
+                        }
+                        _ => decode_values(column, ends, buckets, false, |b, v| {
                             if let ArchiveValue::Value(x) = &mut b.archive {
                                 *x = v;
                             }
@@ -513,6 +521,35 @@ mod tests {
             let mut without = Vec::new();
             decode(&chunk, ColumnSet::of(&[Column::Sum]), &mut without).unwrap();
             prop_assert!(without.iter().all(|a| a.archive == ArchiveValue::NotKept));
+        }
+
+        /// Columns stamped at the bucket ends step over timestamps with the count column's
+        /// bits; one whose timestamps are other bits (another writer's, or other times: a
+        /// reader skips them either way) has them read through, and its values are the same.
+        #[test]
+        fn end_stamped_columns_with_other_timestamps_read_the_same(samples in series(), shift in 1i64..100_000, which in 0usize..6) {
+            let buckets = aggregate(&samples, 60_000);
+            let stamped = [Column::Sum, Column::Min, Column::Max, Column::ResetCorrection, Column::Changes, Column::Resets];
+            let moved = stamped[which];
+            let mut chunk = vec![Encoding::Rollup as u8];
+            chunk.extend_from_slice(&(buckets.len() as u16).to_be_bytes());
+            for c in Column::ALL.into_iter().take(COLUMNS_ALWAYS) {
+                let mut column: Vec<Sample> = buckets.iter().map(|b| c.of(b)).collect();
+                if c == moved {
+                    // Later times, spread out and jittered: another integer column, other
+                    // bits, most often another length (still increasing: ends are a minute apart).
+                    for (j, s) in column.iter_mut().enumerate() {
+                        s.t += shift * (j as i64 + 1) + (j as i64 % 5) * 3;
+                    }
+                }
+                put_bytes(&mut chunk, &dense::encode(&column));
+            }
+            let mut back = Vec::new();
+            decode(&chunk, ColumnSet::ALL, &mut back).unwrap();
+            prop_assert_eq!(back.len(), buckets.len());
+            for (a, b) in back.iter().zip(&buckets) {
+                prop_assert!(same(a, b), "{:?}: {:?} vs {:?}", moved, a, b);
+            }
         }
 
         /// Damaged bytes are an error, never a panic.

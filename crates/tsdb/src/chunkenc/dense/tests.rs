@@ -323,3 +323,19 @@ proptest! {
         prop_assert!(!r.overran(&data));
     }
 }
+
+/// `same_bits` compares from the end of the header up to the bit given, not past it.
+#[test]
+fn same_bits_stops_at_the_bit() {
+    let a = [5u8, 0, 1, 0b1010_1100, 0b1110_0000, 0xff];
+    let mut b = a;
+    b[0] = 9; // the header is not compared
+    b[4] = 0b1111_0000; // differs at bit 3 of byte 4 (bit 35)
+    b[5] = 0; // after it
+    assert!(same_bits(&a, &b, 35));
+    assert!(!same_bits(&a, &b, 36));
+    assert!(same_bits(&a, &b, 32));
+    assert!(same_bits(&a, &b, 24), "nothing to compare");
+    assert!(!same_bits(&a, &b[..4], 35), "b is too short");
+    assert!(!same_bits(&a, &b, 23), "before the end of the header");
+}
