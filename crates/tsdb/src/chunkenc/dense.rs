@@ -781,14 +781,15 @@ pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<usiz
 /// chunk's columns share theirs: `sink` is given none). The header must have been checked.
 ///
 /// `shared`: a chunk of as many samples and where its timestamps end (`decode_into`'s
-/// answer). Where this chunk's timestamp bits are those bits, they are the same integer column
+/// answer; a position before the end of the header when there is none). Where this chunk's
+/// timestamp bits are those bits, they are the same integer column
 /// and end at the same place, so they are stepped over without reading their header and
 /// exception list (each column of a rollup chunk stamped at its buckets' ends writes the same
 /// bits: at a few buckets per chunk, reading them was a tenth of decoding). Otherwise they are
 /// read through as any others.
 pub(super) fn decode_values_into(
     data: &[u8],
-    shared: Option<(&[u8], usize)>,
+    (other, end): (&[u8], usize),
     sink: &mut impl ValueSink,
 ) -> Result<(), ChunkError> {
     with_columns(|c| {
@@ -797,9 +798,10 @@ pub(super) fn decode_values_into(
             return Ok(());
         }
         let mut r = BitReader::new(HEADER_BYTES);
-        match shared {
-            Some((other, end)) if same_bits(data, other, end) => r.skip(data, end - HEADER_BYTES * 8),
-            _ => skip_ints(&mut r, data, n)?,
+        if same_bits(data, other, end) {
+            r.skip(data, end - HEADER_BYTES * 8);
+        } else {
+            skip_ints(&mut r, data, n)?;
         }
         read_values(&mut r, data, n, &mut c.ints, &[], sink)
     })

@@ -280,7 +280,7 @@ fn decode_values<F: Fn(&mut Bucket, f64)>(
     set: F,
 ) -> Result<bool, ChunkError> {
     let mut sink = SetValues { buckets, set, counted, counts: true };
-    dense::decode_values_into(column, Some(ends), &mut sink)?;
+    dense::decode_values_into(column, ends, &mut sink)?;
     Ok(sink.counts)
 }
 
@@ -368,7 +368,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
                 }
                 Column::ArchiveState => {
                     let mut sink = ArchiveStates { buckets: &mut out[start..], states: true };
-                    dense::decode_values_into(column, Some(ends), &mut sink).map_err(damaged)?;
+                    dense::decode_values_into(column, ends, &mut sink).map_err(damaged)?;
                     if !sink.states {
                         return Err(corrupt("archive state column holds no state"));
                     }
