@@ -295,7 +295,12 @@ fn main() {
     let times = if reuse && short_reuse {
         LoadTimes { strata: Duration::ZERO, short: Duration::ZERO, vm: Duration::ZERO, promtool: Duration::ZERO }
     } else {
-        assert!(!reuse, "ROLLUP_DATA_DIR holds data but not the RAW_RETENTION_DAYS directory: remove it");
+        // Both directories are loaded together, from the same days: never one into the other's
+        // leftovers (a second import would put every sample in twice).
+        assert!(
+            !reuse && short_dir.as_ref().is_none_or(|d| !d.join("data").exists()),
+            "ROLLUP_DATA_DIR holds one of the two directories but not the other: remove it"
+        );
         let short_data = short_dir.as_ref().map(|d| d.join("data"));
         let short = short_data.as_deref().zip(short_days);
         load(&strata_dir.join("data"), short, vm.as_ref(), prom_dir.as_deref(), instances, days, start)

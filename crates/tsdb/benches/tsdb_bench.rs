@@ -272,8 +272,11 @@ fn bench_chunks() {
 /// `ROLLUP_SET=rate` decodes only that column set, `ROLLUP_SIZE=90` only chunks of that size,
 /// `ROLLUP_SERIES=counter` only that series.
 fn bench_rollup() {
-    let runs_wanted: usize = std::env::var("ROLLUP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let env = |name: &str| std::env::var(name).ok();
+    let runs_wanted: usize = env("ROLLUP_RUNS").and_then(|v| v.parse().ok()).unwrap_or(7);
     let passes = if runs_wanted == 1 { 1 } else { 20 };
+    let (only_series, only_set) = (env("ROLLUP_SERIES"), env("ROLLUP_SET"));
+    let only_size: Option<usize> = env("ROLLUP_SIZE").and_then(|v| v.parse().ok());
     use strata_tsdb::chunkenc::rollup::{decode, encode, Column, ColumnSet};
     use strata_tsdb::rollup::aggregate;
     let (mut rng, mut counter, mut gauge) = (0x2545_f491_4f6c_dd1du64, 0.0f64, 20.0f64);
@@ -296,22 +299,19 @@ fn bench_rollup() {
         ("rate", &[Column::First, Column::Last, Column::ResetCorrection]),
         ("all", &Column::ALL),
     ];
-    let only_series = std::env::var("ROLLUP_SERIES").ok();
     for (name, samples) in [("counter", &counters), ("gauge", &gauges)]
         .into_iter()
         .filter(|(n, _)| only_series.as_deref().is_none_or(|o| o == *n))
     {
         let buckets = aggregate(samples, 3_600_000);
-        let size: Option<usize> = std::env::var("ROLLUP_SIZE").ok().and_then(|v| v.parse().ok());
-        for per_chunk in [6usize, 24, 90, 240].into_iter().filter(|n| size.is_none_or(|s| s == *n)) {
+        for per_chunk in [6usize, 24, 90, 240].into_iter().filter(|n| only_size.is_none_or(|s| s == *n)) {
             let chunks: Vec<Vec<u8>> = buckets.chunks(per_chunk).map(encode).collect();
             let bytes: usize = chunks.iter().map(Vec::len).sum();
             let mut line = format!(
                 "rollup: {name:7} {per_chunk:3} buckets/chunk: {:5.2} bytes/bucket; decode ns/bucket",
                 bytes as f64 / buckets.len() as f64
             );
-            let only = std::env::var("ROLLUP_SET").ok();
-            for (set_name, columns) in sets.into_iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
+            for (set_name, columns) in sets.into_iter().filter(|(n, _)| only_set.as_deref().is_none_or(|o| o == *n)) {
                 let want = ColumnSet::of(columns);
                 let mut out = Vec::with_capacity(per_chunk);
                 let mut runs = Vec::new();
