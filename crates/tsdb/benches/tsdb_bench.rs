@@ -1,11 +1,13 @@
 //! Storage benchmarks, run with `cargo bench -p strata-tsdb --bench tsdb_bench [-- GROUP…]`.
-//! Groups: `chunks` (bytes/sample and encode/decode speed of each chunk encoding on the
+//! Groups: `chunks` (ten-point chunks of carbon paths (also alone: `small_chunks`), bytes/sample and encode/decode speed of each chunk encoding on the
 //! node-exporter recording, the same with jittered timestamps, and gauges with many decimals), `append` (1M series from
 //! 20kseries.json, two threads; memory per series), `select` (two-matcher query over 1M series),
 //! `wal` (append with the WAL on disk), `churn` (7 days on disk, with and without 60% of series
 //! replaced every 15 minutes: query latency over blocks; `CACHE_BYTES=N` sets the chunk group
 //! cache's budget, `CHURN_RUNS=N` the runs per query), `head_chunks` (head-resident queries with closed chunks on the heap, then
-//! written out to head chunk files), `rollup` (rollup chunks: bytes and decode time per bucket). Each figure is the median of several runs; the machine is
+//! written out to head chunk files), `rollup` (rollup chunks: bytes and decode time per bucket), `names` (the head's names
+//! dictionary: a delta of 1M Graphite host paths folded into a sorted list, lists merged, a
+//! dictionary built; in carbon's arrival order and shuffled). Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare ratios from one run rather than absolute times across runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -189,6 +191,49 @@ fn decimal_gauges(rec: &[Vec<Sample>]) -> Vec<Vec<Sample>> {
                 .collect()
         })
         .collect()
+}
+
+/// Ten-point dense chunks of carbon paths (a million paths × 10 points is what the Graphite
+/// issue's benchmark writes as one block): whole-second timestamps 10 s apart, jittered by a
+/// second either way, in milliseconds; values as `carbon_compare` sends them (decimals, large
+/// integers stepping by the path, small random integers).
+fn bench_small_chunks() {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let series: Vec<Vec<Sample>> = (0..200_000usize)
+        .map(|p| {
+            (0..10usize)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let t = (1_764_000_000 + 10 * i as i64 + (x % 3) as i64 - 1) * 1000;
+                    let v = match p % 3 {
+                        0 => ((p * 7 + i * 13) % 1000) as f64 / 10.0,
+                        1 => (p * 1000 + i * (p % 17)) as f64,
+                        _ => (x % 100) as f64,
+                    };
+                    Sample { t, v }
+                })
+                .collect()
+        })
+        .collect();
+    let bytes: usize = series.iter().map(|s| dense::encode(s).len()).sum();
+    let mut rates = Vec::new();
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        let mut n = 0;
+        for s in &series {
+            n += dense::encode(s).len();
+        }
+        std::hint::black_box(n);
+        rates.push(t0.elapsed().as_nanos() as f64 / series.len() as f64);
+    }
+    println!(
+        "chunks: carbon paths, {} series of 10 points: dense {:.2} bytes/point, encode {:.0} ns per chunk (median of 7, one thread)",
+        series.len(),
+        bytes as f64 / (10 * series.len()) as f64,
+        median(rates)
+    );
 }
 
 fn bench_chunks() {
@@ -791,6 +836,9 @@ fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with `-` selects groups.
     let groups: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let want = |g: &str| groups.is_empty() || groups.iter().any(|x| x == g);
+    if want("chunks") || want("small_chunks") {
+        bench_small_chunks();
+    }
     if want("chunks") {
         bench_chunks();
     }
@@ -808,5 +856,102 @@ fn main() {
     }
     if want("rollup") {
         bench_rollup();
+    }
+    if want("names") {
+        bench_names();
+    }
+}
+
+/// `n` Graphite paths of a host tree (`servers.dc<D>.host-<NNNNN>.<metric>`, 100 metrics per
+/// host over 5 data centres, as `carbon_compare` sends them), in the order a server takes them
+/// from four connections (each connection's paths in order, the connections' batches of 400
+/// lines interleaved), or shuffled.
+fn host_paths(n: usize, shuffled: bool) -> Vec<String> {
+    let mut metrics = Vec::new();
+    for cpu in 0..8 {
+        for k in ["user", "system", "idle", "iowait"] {
+            metrics.push(format!("cpu.cpu{cpu}.{k}"));
+        }
+    }
+    metrics
+        .extend(["mem.free", "mem.used", "mem.cached", "mem.buffers", "load.1", "load.5", "load.15"].map(String::from));
+    for eth in 0..4 {
+        for k in ["rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors"] {
+            metrics.push(format!("net.eth{eth}.{k}"));
+        }
+    }
+    for dev in ["sda", "sdb", "sdc", "sdd", "sde", "sdf", "sdg", "sdh"] {
+        for k in ["reads", "writes", "read_bytes", "write_bytes", "io_time"] {
+            metrics.push(format!("disk.{dev}.{k}"));
+        }
+    }
+    metrics.push("uptime".into());
+    let all: Vec<String> = (0..)
+        .flat_map(|h| (0..5).flat_map(move |dc| (0..100).map(move |m| (h, dc, m))))
+        .take(n)
+        .map(|(h, dc, m)| format!("servers.dc{dc}.host-{h:05}.{}", metrics[m]))
+        .collect();
+    if shuffled {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut out = all;
+        for i in (1..out.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            out.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+        return out;
+    }
+    let connections: Vec<Vec<&String>> = (0..4).map(|c| all.iter().skip(c).step_by(4).collect()).collect();
+    let mut out = Vec::with_capacity(n);
+    for batch in 0.. {
+        let before = out.len();
+        for c in &connections {
+            out.extend(c.iter().skip(batch * 400).take(400).map(|s| s.to_string()));
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    out
+}
+
+fn bench_names() {
+    use strata_tsdb::index::name_dict::{NameDelta, NameDict, NameList};
+    let runs = 5;
+    for (order, shuffled) in [("arrival", false), ("shuffled", true)] {
+        let paths = host_paths(1_000_000, shuffled);
+        let mut delta = NameDelta::default();
+        for p in &paths {
+            delta.add(p);
+        }
+        let mut half = NameDelta::default();
+        for p in &paths[..paths.len() / 2] {
+            half.add(p);
+        }
+        let (mut fold, mut merge, mut build) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let t = Instant::now();
+            let list = NameList::from_delta(&delta);
+            fold.push(t.elapsed());
+            let other = NameList::from_delta(&half);
+            let t = Instant::now();
+            let merged = NameList::merge(&other, &list);
+            merge.push(t.elapsed());
+            let t = Instant::now();
+            let dict = NameDict::union_lists(&[], &[&merged], &NameDelta::default());
+            build.push(t.elapsed());
+            assert_eq!(dict.len(), list.len());
+        }
+        let ns = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_nanos() as f64 / paths.len() as f64
+        };
+        println!(
+            "names {order:>8}: 1M paths folded {:>6.1} ns/path, lists merged (1.5M) {:>6.1} ns/path, dictionary built {:>6.1} ns/path",
+            ns(&mut fold),
+            ns(&mut merge),
+            ns(&mut build)
+        );
     }
 }
