@@ -492,7 +492,7 @@ impl NodeSet {
     /// Sorts the nodes and keeps one entry per node with its flags merged. The bytes of dropped
     /// repeats stay in the buffer until they outweigh the rest: then it is rewritten.
     pub fn merge_repeats(&mut self) {
-        self.nodes = merged_in_order(&self.bytes, std::mem::take(&mut self.nodes), false);
+        self.nodes = merged_in_order(&self.bytes, &mut self.nodes, false, &mut SortBuffers::default());
         let live: usize = self.nodes.iter().map(|e| e.len as usize).sum();
         if self.bytes.len() > 2 * live {
             let mut packed = Vec::with_capacity(live);
@@ -525,11 +525,29 @@ impl NodeSet {
     }
 }
 
+/// The working buffers of `sorted_order`, kept from one run of names to the next: a fold of a
+/// burst of a million new carbon paths sorts a few dozen runs, and each run's buffers (tens of
+/// MiB in all) freed and allocated again came back from the allocator as fresh pages, their
+/// zeroing by the kernel two fifths of the fold's CPU time.
+#[derive(Debug, Default)]
+struct SortBuffers {
+    order: Vec<u32>,
+    keys: Vec<u128>,
+    scratch: Vec<u128>,
+    runs: Vec<(usize, usize, usize)>,
+}
+
 /// `nodes` (keys in `bytes`, read last byte first if `reversed`) sorted, one entry per key
-/// with the flags of its repeats merged.
-fn merged_in_order(bytes: &[u8], mut nodes: Vec<NodeEntry>, reversed: bool) -> Vec<NodeEntry> {
+/// with the flags of its repeats merged; `nodes` is left empty (its buffer kept, to be filled
+/// again) or, if it was already in order, taken.
+fn merged_in_order(
+    bytes: &[u8],
+    nodes: &mut Vec<NodeEntry>,
+    reversed: bool,
+    buffers: &mut SortBuffers,
+) -> Vec<NodeEntry> {
     if nodes.len() < 2 || (!reversed && nodes.windows(2).all(|w| w[0].key(bytes) < w[1].key(bytes))) {
-        return nodes;
+        return std::mem::take(nodes);
     }
     let mut merged: Vec<NodeEntry> = Vec::with_capacity(nodes.len());
     let mut keep = |e: NodeEntry| match merged.last_mut() {
@@ -537,7 +555,8 @@ fn merged_in_order(bytes: &[u8], mut nodes: Vec<NodeEntry>, reversed: bool) -> V
         _ => merged.push(e),
     };
     if u32::try_from(nodes.len()).is_ok() {
-        for i in sorted_order(bytes, &nodes, reversed) {
+        sorted_order(bytes, nodes, reversed, buffers);
+        for &i in &buffers.order {
             keep(nodes[i as usize]);
         }
     } else {
@@ -546,17 +565,18 @@ fn merged_in_order(bytes: &[u8], mut nodes: Vec<NodeEntry>, reversed: bool) -> V
             false => a.key(bytes).cmp(b.key(bytes)),
             true => a.key(bytes).iter().rev().cmp(b.key(bytes).iter().rev()),
         });
-        nodes.into_iter().for_each(keep);
+        nodes.iter().copied().for_each(keep);
     }
+    nodes.clear();
     merged
 }
 
-/// The entries' indexes in key order (keys read last byte first if `reversed`); fewer than
-/// 2^32 entries. Keys are sorted eight bytes at a time: by the first eight as one integer,
+/// The entries' indexes in key order (keys read last byte first if `reversed`), in
+/// `buffers.order`; fewer than 2^32 entries. Keys are sorted eight bytes at a time: by the first eight as one integer,
 /// then each run of keys that agree on them by the next eight, and so on. Sorting integers
 /// beats comparing byte strings, and paths that share long prefixes (`servers.dc1.host-…`)
 /// are told apart within a word or two.
-fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool) -> Vec<u32> {
+fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut SortBuffers) {
     let n = nodes.len();
     debug_assert!(u32::try_from(n).is_ok(), "indexes fit in 32 bits");
     // A word's key: its eight bytes (zero-padded), then how many of them the node has
@@ -583,10 +603,12 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool) -> Vec<u32> {
         };
         (u128::from(word) << 40) | ((len as u128) << 32) | u128::from(i)
     };
-    let mut order: Vec<u32> = (0..n as u32).collect();
+    let SortBuffers { order, keys, scratch, runs } = buffers;
+    order.clear();
+    order.extend(0..n as u32);
     // Runs still to sort: (start, end, depth), an explicit stack (paths can be long).
-    let mut runs = vec![(0, n, 0)];
-    let (mut keys, mut scratch): (Vec<u128>, Vec<u128>) = (Vec::new(), Vec::new());
+    runs.clear();
+    runs.push((0, n, 0));
     while let Some((start, end, depth)) = runs.pop() {
         keys.clear();
         keys.extend(order[start..end].iter().map(|&i| word_key(i, depth)));
@@ -597,8 +619,8 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool) -> Vec<u32> {
             }
             continue;
         }
-        sort_words(&mut keys, &mut scratch);
-        for (slot, k) in order[start..end].iter_mut().zip(&keys) {
+        sort_words(keys, scratch);
+        for (slot, k) in order[start..end].iter_mut().zip(keys.iter()) {
             *slot = *k as u32;
         }
         let mut i = 0;
@@ -611,7 +633,6 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool) -> Vec<u32> {
             i += same;
         }
     }
-    order
 }
 
 /// Runs shorter than this are sorted by comparisons; longer ones by radix.
@@ -1040,11 +1061,12 @@ impl NameDelta {
     fn nodes(&self, reversed: bool) -> Vec<SortedNodes<'_>> {
         let mut runs = Vec::with_capacity(self.len().div_ceil(NAMES_PER_RUN));
         let mut nodes = Vec::new();
+        let mut buffers = SortBuffers::default();
         let (mut start, mut prev): (usize, &[u8]) = (0, &[]);
         for (k, (name, &end)) in self.names().zip(&self.ends).enumerate() {
             if k % NAMES_PER_RUN == 0 {
                 if k > 0 {
-                    runs.push(SortedNodes::of(&self.bytes, std::mem::take(&mut nodes), reversed));
+                    runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, &mut buffers));
                 }
                 nodes.reserve(NAMES_PER_RUN.min(self.len() - k) * 5 / 4);
             }
@@ -1057,7 +1079,7 @@ impl NameDelta {
             (start, prev) = (end, name);
         }
         if !nodes.is_empty() {
-            runs.push(SortedNodes::of(&self.bytes, nodes, reversed));
+            runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, &mut buffers));
         }
         runs
     }
@@ -1076,8 +1098,14 @@ struct SortedNodes<'a> {
 }
 
 impl SortedNodes<'_> {
-    fn of(bytes: &[u8], nodes: Vec<NodeEntry>, reversed: bool) -> SortedNodes<'_> {
-        SortedNodes { bytes, nodes: merged_in_order(bytes, nodes, reversed), reversed }
+    /// `nodes` sorted (the buffer left empty, to be filled again; see `merged_in_order`).
+    fn of<'a>(
+        bytes: &'a [u8],
+        nodes: &mut Vec<NodeEntry>,
+        reversed: bool,
+        buffers: &mut SortBuffers,
+    ) -> SortedNodes<'a> {
+        SortedNodes { bytes, nodes: merged_in_order(bytes, nodes, reversed, buffers), reversed }
     }
 }
 
