@@ -1059,14 +1059,18 @@ impl NameDelta {
     /// them. A node is a slice of a name (a branch is its start), so the entries point into
     /// the names' buffer and no key is copied.
     fn nodes(&self, reversed: bool) -> Vec<SortedNodes<'_>> {
+        self.nodes_sorted_in(reversed, &mut SortBuffers::default())
+    }
+
+    /// `nodes`, sorted in `buffers` (kept for a caller that sorts again: both ways round).
+    fn nodes_sorted_in(&self, reversed: bool, buffers: &mut SortBuffers) -> Vec<SortedNodes<'_>> {
         let mut runs = Vec::with_capacity(self.len().div_ceil(NAMES_PER_RUN));
         let mut nodes = Vec::new();
-        let mut buffers = SortBuffers::default();
         let (mut start, mut prev): (usize, &[u8]) = (0, &[]);
         for (k, (name, &end)) in self.names().zip(&self.ends).enumerate() {
             if k % NAMES_PER_RUN == 0 {
                 if k > 0 {
-                    runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, &mut buffers));
+                    runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, buffers));
                 }
                 nodes.reserve(NAMES_PER_RUN.min(self.len() - k) * 5 / 4);
             }
@@ -1079,7 +1083,7 @@ impl NameDelta {
             (start, prev) = (end, name);
         }
         if !nodes.is_empty() {
-            runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, &mut buffers));
+            runs.push(SortedNodes::of(&self.bytes, &mut nodes, reversed, buffers));
         }
         runs
     }

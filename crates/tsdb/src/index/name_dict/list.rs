@@ -19,7 +19,9 @@ use std::cmp::Ordering;
 
 use regex_automata::dfa::Automaton as _;
 
-use super::{common_prefix_len, start_state, CompiledDfa, NameDelta, NamePattern, SortedNodes, BRANCH, LEAF};
+use super::{
+    common_prefix_len, start_state, CompiledDfa, NameDelta, NamePattern, SortBuffers, SortedNodes, BRANCH, LEAF,
+};
 
 /// The nodes of a set of names, sorted both ways.
 #[derive(Debug, Default, Clone)]
@@ -80,9 +82,12 @@ impl NameList {
     /// The nodes of `delta`'s names.
     pub fn from_delta(delta: &NameDelta) -> NameList {
         let text = delta.bytes.clone();
-        let sorted = |reversed: bool| {
+        // One set of sort buffers for both orders: freed in between, they came back as fresh
+        // pages to fault in again.
+        let mut buffers = SortBuffers::default();
+        let mut sorted = |reversed: bool| {
             let mut runs: Vec<Vec<Node>> = delta
-                .nodes(reversed)
+                .nodes_sorted_in(reversed, &mut buffers)
                 .into_iter()
                 .map(|run: SortedNodes<'_>| {
                     run.nodes.iter().map(|e| Node::new(e.start, e.len as usize, e.flags)).collect()
