@@ -34,8 +34,17 @@ pub fn read_recording() -> Vec<Scrape> {
     by_time.into_iter().collect()
 }
 
+/// A loopback port free now and not handed out before by this process (the kernel may give a
+/// port it just gave again once the probe closes: a server's two listeners on one port).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Reads one HTTP/1.1 response (status, body) from a keep-alive connection.

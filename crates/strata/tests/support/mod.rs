@@ -23,8 +23,18 @@ pub fn which(bin: &str) -> String {
 }
 
 /// A free loopback port (bound, then released for the server to take).
+/// A loopback port free now and not handed out before by this test process: the kernel may
+/// give a port it just gave again once the probe closes, and a server started with its HTTP
+/// and carbon listeners on the same port refuses to start (a clean-clone CI run failed so).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A peer process, killed (and reaped) when dropped: a failing test leaves none behind.
@@ -131,11 +141,16 @@ impl Server {
             .stderr(out)
             .spawn()
             .expect("start strata serve");
-        let srv = Server { port, child: Some(child), log };
+        let mut srv = Server { port, child: Some(child), log };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if ready(&srv) {
                 return srv;
+            }
+            // A server that gave up (a listener it could not bind) is reported at once, not
+            // waited for.
+            if let Some(status) = srv.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("server exited ({status}) before it was ready:\n{}", srv.log_text());
             }
             assert!(Instant::now() < deadline, "server not ready in 60 s:\n{}", srv.log_text());
             std::thread::sleep(Duration::from_millis(50));
