@@ -22,7 +22,6 @@ pub fn which(bin: &str) -> String {
     path
 }
 
-/// A free loopback port (bound, then released for the server to take).
 /// A loopback port free now and not handed out before by this test process: the kernel may
 /// give a port it just gave again once the probe closes, and a server started with its HTTP
 /// and carbon listeners on the same port refuses to start (a clean-clone CI run failed so).
