@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use strata_graphite::carbon::plaintext::parse_fields;
+use strata_graphite::carbon::plaintext::{self, parse_fields};
 
 fn lines(n: usize, general_every: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * 60);
@@ -32,7 +32,7 @@ fn median_ns_per_line(buf: &[u8], n: usize) -> f64 {
     for _ in 0..9 {
         let started = Instant::now();
         let mut sum = 0.0;
-        for line in buf.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        for line in plaintext::lines(buf).filter(|l| !l.is_empty()) {
             let p = parse_fields(line, 0).expect("the bench's lines parse");
             sum += p.value + p.t_ms as f64 + p.path.len() as f64;
         }

@@ -443,6 +443,14 @@ fn main() {
         } else {
             report += &format!("  ingest   not all points stored within {deadline_s} s\n");
         }
+        // Where the head's memory goes (its own estimate, by part), to read beside the RSS.
+        if name == "strata" {
+            let parts = ["series", "chunks", "chunk_index", "symbols", "postings", "names"].map(|part| {
+                let mib = common::counter(srv.http, &format!("strata_tsdb_head_memory_bytes{{part=\"{part}\"}}"));
+                format!("{part} {:.0}", mib / 1048576.0)
+            });
+            report += &format!("  head     MiB by part: {}\n", parts.join(", "));
+        }
         // Disk, as written.
         if name == "victoria-metrics" {
             let _ = get(srv.http, "/internal/force_flush");

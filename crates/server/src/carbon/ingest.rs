@@ -230,7 +230,7 @@ impl Ingest<'_> {
         app.reserve(buf.len() / 50 + 1);
         let (mut received, mut pending) = (0u64, 0u64);
         let mut batch = Vec::with_capacity(PREFETCH_BATCH);
-        for line in buf.split(|&b| b == b'\n') {
+        for line in plaintext::lines(buf) {
             if plaintext::is_blank(line) {
                 continue;
             }
