@@ -34,6 +34,8 @@
 //!
 //! With `--hold SECONDS`, each server is kept running that long after its measurements, its
 //! pid and HTTP port printed (to profile it, or to query it by hand).
+//! With `CARBON_SNAPSHOT_TO=DIR` set, Strata's compacted snapshot is copied to `DIR` (to read
+//! with `strata tsdb analyze`).
 //!
 //! Heavy: not a test. Run the two shapes of the Graphite issue: `-- --paths 20000 --points 60`
 //! and `-- --paths 1000000 --points 10 --servers strata,victoria-metrics` (carbon-cache creates
@@ -462,7 +464,13 @@ fn main() {
             let (status, body, _) = http_post(srv.http, "/api/v1/admin/tsdb/snapshot");
             if status == 200 {
                 let snap = body.split("\"name\":\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("");
-                let (_, compacted) = files_and_bytes(&srv.data.join("snapshots").join(snap));
+                let snapshot = srv.data.join("snapshots").join(snap);
+                let (_, compacted) = files_and_bytes(&snapshot);
+                // `CARBON_SNAPSHOT_TO=DIR` keeps the compacted block (e.g. for `strata tsdb analyze`).
+                if let Some(to) = std::env::var_os("CARBON_SNAPSHOT_TO") {
+                    let status = Command::new("cp").arg("-r").arg(&snapshot).arg(&to).status();
+                    assert!(status.is_ok_and(|s| s.success()), "copying the snapshot to {to:?}");
+                }
                 report += &format!(
                     "  disk     {:>10.2} bytes/point compacted (a snapshot: the head as a block, {compacted} bytes)\n",
                     compacted as f64 / total

@@ -534,6 +534,8 @@ impl NodeSet {
 #[derive(Debug, Default)]
 struct SortBuffers {
     order: Vec<u32>,
+    /// `repeats[p]`: the key at `order[p]` is the one at `order[p - 1]` again.
+    repeats: Vec<bool>,
     keys: Vec<u128>,
     scratch: Vec<u128>,
     runs: Vec<(usize, usize, usize)>,
@@ -552,14 +554,19 @@ fn merged_in_order(
         return std::mem::take(nodes);
     }
     let mut merged: Vec<NodeEntry> = Vec::with_capacity(nodes.len());
-    let mut keep = |e: NodeEntry| match merged.last_mut() {
-        Some(last) if last.key(bytes) == e.key(bytes) => last.flags |= e.flags,
-        _ => merged.push(e),
-    };
     if u32::try_from(nodes.len()).is_ok() {
         sorted_order(bytes, nodes, reversed, buffers);
-        for &i in &buffers.order {
-            keep(nodes[i as usize]);
+        // The sort tells repeats apart, so keys are not compared again here: that was a
+        // memcmp of two nodes' whole (long, shared) prefixes per entry.
+        for (&i, &repeat) in buffers.order.iter().zip(&buffers.repeats) {
+            let e = nodes[i as usize];
+            match merged.last_mut() {
+                Some(last) if repeat => {
+                    debug_assert_eq!(last.key(bytes), e.key(bytes), "a repeat is its first's key");
+                    last.flags |= e.flags;
+                }
+                _ => merged.push(e),
+            }
         }
     } else {
         // More entries than the radix sort indexes (past 64 GiB of them): compared in place.
@@ -567,16 +574,21 @@ fn merged_in_order(
             false => a.key(bytes).cmp(b.key(bytes)),
             true => a.key(bytes).iter().rev().cmp(b.key(bytes).iter().rev()),
         });
-        nodes.iter().copied().for_each(keep);
+        for &e in nodes.iter() {
+            match merged.last_mut() {
+                Some(last) if last.key(bytes) == e.key(bytes) => last.flags |= e.flags,
+                _ => merged.push(e),
+            }
+        }
     }
     nodes.clear();
     merged
 }
 
 /// The entries' indexes in key order (keys read last byte first if `reversed`), in
-/// `buffers.order`; fewer than 2^32 entries. Keys are sorted eight bytes at a time: by the
-/// first eight as one integer, then each run of keys that agree on them by the next eight, and
-/// so on. Sorting integers
+/// `buffers.order`, and which of them repeat the key before (`buffers.repeats`); fewer than
+/// 2^32 entries. Keys are sorted eight bytes at a time: by the first eight as one integer,
+/// then each run of keys that agree on them by the next eight, and so on. Sorting integers
 /// beats comparing byte strings, and paths that share long prefixes (`servers.dc1.host-…`)
 /// are told apart within a word or two.
 fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut SortBuffers) {
@@ -584,31 +596,18 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut
     debug_assert!(u32::try_from(n).is_ok(), "indexes fit in 32 bits");
     // A word's key: its eight bytes (zero-padded), then how many of them the node has
     // (so `a` sorts before `a\0`), then the entry's index; equal words with 8 bytes
-    // leave the run undecided.
+    // leave the run undecided, equal words with fewer are the same key.
     let word_key = |i: u32, depth: usize| -> u128 {
         let e = &nodes[i as usize];
-        let key = e.key(bytes);
-        let left = key.len().saturating_sub(depth);
-        let (word, len) = if left >= 8 {
-            let word = match reversed {
-                // The eight bytes ending `depth` bytes before the end, last one first.
-                true => u64::from_le_bytes(key[left - 8..left].try_into().expect("eight bytes")),
-                false => u64::from_be_bytes(key[depth..depth + 8].try_into().expect("eight bytes")),
-            };
-            (word, 8)
-        } else {
-            let mut word = [0u8; 8];
-            match reversed {
-                true => word.iter_mut().zip(key[..left].iter().rev()).for_each(|(w, b)| *w = *b),
-                false => word.iter_mut().zip(&key[key.len() - left..]).for_each(|(w, b)| *w = *b),
-            }
-            (u64::from_be_bytes(word), left)
-        };
-        (u128::from(word) << 40) | ((len as u128) << 32) | u128::from(i)
+        let left = (e.len as usize).saturating_sub(depth);
+        let word = key_word(bytes, e, depth, reversed);
+        (u128::from(word) << 40) | ((left.min(8) as u128) << 32) | u128::from(i)
     };
-    let SortBuffers { order, keys, scratch, runs } = buffers;
+    let SortBuffers { order, repeats, keys, scratch, runs } = buffers;
     order.clear();
     order.extend(0..n as u32);
+    repeats.clear();
+    repeats.resize(n, false);
     // Runs still to sort: (start, end, depth), an explicit stack (paths can be long).
     runs.clear();
     runs.push((0, n, 0));
@@ -617,8 +616,9 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut
         keys.extend(order[start..end].iter().map(|&i| word_key(i, depth)));
         // A word every key of the run shares (a common prefix) needs no sort.
         if keys.iter().all(|k| k >> 32 == keys[0] >> 32) {
-            if keys[0] >> 32 & 0xff == 8 {
-                runs.push((start, end, depth + 8));
+            match keys[0] >> 32 & 0xff == 8 {
+                true => runs.push((start, end, depth + 8)),
+                false => repeats[start + 1..end].fill(true),
             }
             continue;
         }
@@ -630,10 +630,53 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut
         while i < keys.len() {
             let word = keys[i] >> 32;
             let same = keys[i..].iter().take_while(|k| *k >> 32 == word).count();
-            if same > 1 && word & 0xff == 8 {
-                runs.push((start + i, start + i + same, depth + 8));
+            if same > 1 {
+                match word & 0xff == 8 {
+                    true => runs.push((start + i, start + i + same, depth + 8)),
+                    false => repeats[start + i + 1..start + i + same].fill(true),
+                }
             }
             i += same;
+        }
+    }
+}
+
+/// The eight bytes of `e`'s key from `depth` bytes in (from its end if `reversed`), the first
+/// read as the most significant; past the key's end, zeros. Read as one unaligned word of
+/// `bytes` and masked where the key has fewer than eight bytes left and the buffer has eight
+/// around them (all but its first and last few keys): copying those bytes one by one was a
+/// call to `memcpy` per key, a sixth of the sort.
+fn key_word(bytes: &[u8], e: &NodeEntry, depth: usize, reversed: bool) -> u64 {
+    let left = (e.len as usize).saturating_sub(depth);
+    // The high `left` bytes of a word (`left` < 8).
+    let high = |left: usize| u64::MAX.checked_shl(8 * (8 - left) as u32).unwrap_or(0);
+    let word = |at: usize| -> [u8; 8] { bytes[at..at + 8].try_into().expect("eight bytes") };
+    match reversed {
+        // The eight bytes ending `depth` bytes before the key's end, last one first: in
+        // little-endian order the last byte is the most significant.
+        true => {
+            let end = e.start + left;
+            match (left >= 8, end >= 8) {
+                (true, _) => u64::from_le_bytes(word(end - 8)),
+                (false, true) => u64::from_le_bytes(word(end - 8)) & high(left),
+                (false, false) => {
+                    let mut w = [0u8; 8];
+                    w.iter_mut().zip(bytes[e.start..end].iter().rev()).for_each(|(w, b)| *w = *b);
+                    u64::from_be_bytes(w)
+                }
+            }
+        }
+        false => {
+            let at = e.start + depth;
+            match (left >= 8, at + 8 <= bytes.len()) {
+                (true, _) => u64::from_be_bytes(word(at)),
+                (false, true) => u64::from_be_bytes(word(at)) & high(left),
+                (false, false) => {
+                    let mut w = [0u8; 8];
+                    w.iter_mut().zip(&bytes[at.min(e.end())..e.end()]).for_each(|(w, b)| *w = *b);
+                    u64::from_be_bytes(w)
+                }
+            }
         }
     }
 }
@@ -1475,6 +1518,31 @@ mod tests {
             extend_reversed(&mut out, &bytes);
             let want: Vec<u8> = prefix.iter().copied().chain(bytes.iter().rev().copied()).collect();
             prop_assert_eq!(out, want);
+        }
+
+        /// A key's word, read in place and masked, is its bytes from `depth` on (from the
+        /// end if reversed) zero-padded: wherever the key lies in the buffer.
+        #[test]
+        fn key_words_are_the_keys_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 1..40),
+            at in any::<proptest::sample::Index>(),
+            len in any::<proptest::sample::Index>(),
+            depth in any::<proptest::sample::Index>(),
+        ) {
+            let start = at.index(bytes.len());
+            let len = len.index(bytes.len() - start + 1);
+            let depth = depth.index(len + 1);
+            let e = NodeEntry::new(start, start + len, LEAF);
+            let key = &bytes[start..start + len];
+            for reversed in [false, true] {
+                let read: Vec<u8> = match reversed {
+                    false => key[depth..].to_vec(),
+                    true => key[..len - depth].iter().rev().copied().collect(),
+                };
+                let mut want = [0u8; 8];
+                want.iter_mut().zip(&read).for_each(|(w, b)| *w = *b);
+                prop_assert_eq!(key_word(&bytes, &e, depth, reversed), u64::from_be_bytes(want), "reversed {}", reversed);
+            }
         }
 
         /// A delta's nodes, either way round, are what a map of every node of every name
