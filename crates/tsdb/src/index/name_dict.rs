@@ -645,7 +645,7 @@ fn sorted_order(bytes: &[u8], nodes: &[NodeEntry], reversed: bool, buffers: &mut
 /// read as the most significant; past the key's end, zeros. Read as one unaligned word of
 /// `bytes` and masked where the key has fewer than eight bytes left and the buffer has eight
 /// around them (all but its first and last few keys): copying those bytes one by one was a
-/// call to `memcpy` per key, a sixth of the sort.
+/// call to `memcpy` per key, a tenth of the sort's `perf` samples (a fold of 1M paths).
 fn key_word(bytes: &[u8], e: &NodeEntry, depth: usize, reversed: bool) -> u64 {
     let left = (e.len as usize).saturating_sub(depth);
     // The high `left` bytes of a word (`left` < 8).
