@@ -553,6 +553,13 @@ fn merged_in_order(
     if nodes.len() < 2 || (!reversed && nodes.windows(2).all(|w| w[0].key(bytes) < w[1].key(bytes))) {
         return std::mem::take(nodes);
     }
+    /// Appends `e`, or merges its flags into the last entry if `repeats` says it is that key.
+    fn keep(merged: &mut Vec<NodeEntry>, e: NodeEntry, repeats: impl FnOnce(&NodeEntry) -> bool) {
+        match merged.last_mut() {
+            Some(last) if repeats(last) => last.flags |= e.flags,
+            _ => merged.push(e),
+        }
+    }
     let mut merged: Vec<NodeEntry> = Vec::with_capacity(nodes.len());
     if u32::try_from(nodes.len()).is_ok() {
         sorted_order(bytes, nodes, reversed, buffers);
@@ -560,13 +567,10 @@ fn merged_in_order(
         // memcmp of two nodes' whole (long, shared) prefixes per entry.
         for (&i, &repeat) in buffers.order.iter().zip(&buffers.repeats) {
             let e = nodes[i as usize];
-            match merged.last_mut() {
-                Some(last) if repeat => {
-                    debug_assert_eq!(last.key(bytes), e.key(bytes), "a repeat is its first's key");
-                    last.flags |= e.flags;
-                }
-                _ => merged.push(e),
-            }
+            keep(&mut merged, e, |last| {
+                debug_assert!(!repeat || last.key(bytes) == e.key(bytes), "a repeat is its first's key");
+                repeat
+            });
         }
     } else {
         // More entries than the radix sort indexes (past 64 GiB of them): compared in place.
@@ -575,10 +579,7 @@ fn merged_in_order(
             true => a.key(bytes).iter().rev().cmp(b.key(bytes).iter().rev()),
         });
         for &e in nodes.iter() {
-            match merged.last_mut() {
-                Some(last) if last.key(bytes) == e.key(bytes) => last.flags |= e.flags,
-                _ => merged.push(e),
-            }
+            keep(&mut merged, e, |last| last.key(bytes) == e.key(bytes));
         }
     }
     nodes.clear();
