@@ -109,6 +109,17 @@ impl Group {
         Ok(Group { starts: Group::starts(&raw)?, bytes: raw, in_place: false })
     }
 
+    /// Decompressed bytes that are not chunks (an index's series pages, `index::frames`): kept
+    /// whole, in the same cache and budget as chunk groups.
+    pub(crate) fn whole(raw: Vec<u8>) -> Group {
+        Group { bytes: raw, starts: Vec::new(), in_place: false }
+    }
+
+    /// The bytes of a group made by `whole`.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// A group stored as it is (`raw`: its bytes in the mapped segment), split into its chunks.
     fn in_place(raw: &[u8]) -> Result<Group, String> {
         Ok(Group { starts: Group::starts(raw)?, bytes: Vec::new(), in_place: true })
@@ -179,7 +190,7 @@ thread_local! {
 }
 
 /// A compressed group's `raw_len` bytes, `None` if they do not decompress.
-fn decompress_group(compressed: &[u8], raw_len: usize) -> Option<Vec<u8>> {
+pub(crate) fn decompress_group(compressed: &[u8], raw_len: usize) -> Option<Vec<u8>> {
     GROUP_DECOMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
@@ -395,12 +406,18 @@ impl GroupCache {
 
     /// The cached group, counted as a hit when found (a miss is counted where a group is read
     /// from its segment).
-    fn get(&self, key: (u64, u32, u32)) -> Option<Arc<Group>> {
+    pub(crate) fn get(&self, key: (u64, u32, u32)) -> Option<Arc<Group>> {
         let found = self.inner.lock().groups.get(&key).cloned();
         if found.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
         found
+    }
+
+    /// Caches `group` (read from its file: counted as a miss).
+    pub(crate) fn insert_missed(&self, key: (u64, u32, u32), group: Arc<Group>) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.insert(key, group);
     }
 
     fn insert(&self, key: (u64, u32, u32), group: Arc<Group>) {
@@ -424,6 +441,11 @@ impl GroupCache {
 
 /// Gives each opened reader its own key space in the group cache.
 static NEXT_READER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A key space of the group cache for a new reader (of chunks or of an index's frames).
+pub(crate) fn next_reader_id() -> u64 {
+    NEXT_READER_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Reads chunks from the memory-mapped segments of one block.
 #[derive(Debug)]
@@ -486,12 +508,7 @@ impl ChunkReader {
             };
             segments.push((map, version));
         }
-        Ok(ChunkReader {
-            dir: dir.to_owned(),
-            segments,
-            failed: AtomicBool::new(false),
-            id: NEXT_READER_ID.fetch_add(1, Ordering::Relaxed),
-        })
+        Ok(ChunkReader { dir: dir.to_owned(), segments, failed: AtomicBool::new(false), id: next_reader_id() })
     }
 
     /// The chunk at `r`, checked against its CRC32C (its own in a version-1 segment, its

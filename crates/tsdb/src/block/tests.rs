@@ -106,7 +106,7 @@ fn a_corrupt_index_is_detected_and_named() {
     flip(&dir.join("index"), -10);
 
     // A series is checked when read (its page, once): flip a byte inside the first one (where
-    // the TOC's second offset says the series start).
+    // the TOC's second offset says the series start: the first frame of pages, compressed).
     let b = Block::open(&dir).unwrap();
     let first = b.select_ids(&[]).unwrap()[0];
     let second = b.select_ids(&[]).unwrap()[1];
@@ -119,7 +119,11 @@ fn a_corrupt_index_is_detected_and_named() {
     let mut metas = Vec::new();
     for id in [first, second] {
         let err = b.data().unwrap().index.series(id, &mut metas, &mut Default::default()).unwrap_err();
-        assert!(err.contains(&format!("series {}: checksum mismatch in series page 0", id.0)), "{err}");
+        assert!(
+            err.contains(&format!("series {}: checksum mismatch in series page 0", id.0))
+                || err.contains(&format!("series {}: series frame 0 does not decompress", id.0)),
+            "{err}"
+        );
     }
 }
 
@@ -370,8 +374,9 @@ fn index_bytes_match_the_format_document() {
     }
 }
 
-/// Time bounds that cannot be read (a unit of 0, bounds for fewer series than the block has)
-/// make the index corrupt, named, however well their section's checksum matches.
+/// Time bounds that cannot be read (a unit of 0, bounds for fewer series than the block has) and
+/// frame rows that do not fit the pages make the index corrupt, named, however well their
+/// section's checksum matches.
 #[test]
 fn damaged_time_bounds_are_reported() {
     let bytes: Vec<u8> =
@@ -379,15 +384,15 @@ fn damaged_time_bounds_are_reported() {
     // The page table section: its length at 0x2f, its body from 0x33, its CRC after the body.
     let reopen = |edit: &dyn Fn(&mut Vec<u8>)| {
         let mut b = bytes.clone();
-        let mut body = b[0x33..0x33 + 26].to_vec();
+        let mut body = b[0x33..0x33 + 29].to_vec();
         edit(&mut body);
         let mut section = (body.len() as u32).to_be_bytes().to_vec();
         section.extend_from_slice(&body);
         section.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
-        b.splice(0x2f..0x33 + 26 + 4, section);
+        b.splice(0x2f..0x33 + 29 + 4, section);
         let toc_at = b.len() - index::TOC_BYTES;
         // The postings table moved with the page table's length.
-        let shift = body.len() as i64 - 26;
+        let shift = body.len() as i64 - 29;
         let table_at = u64::from_be_bytes(b[toc_at + 24..toc_at + 32].try_into().unwrap()) as i64 + shift;
         b[toc_at + 24..toc_at + 32].copy_from_slice(&(table_at as u64).to_be_bytes());
         let crc = crc32c::crc32c(&b[toc_at..toc_at + index::TOC_BYTES - 4]);
@@ -396,11 +401,16 @@ fn damaged_time_bounds_are_reported() {
         IndexFile::from_bytes(Path::new("b/index"), bytes::Bytes::from(b))
     };
     assert!(reopen(&|_| {}).is_ok(), "the example itself opens");
-    // Body: count, the page row (15 bytes), base, unit, 8 bytes of bounds.
-    let err = reopen(&|body| body[17] = 0).unwrap_err();
+    // Body: count, the page row (15 bytes), the frame rows (3), base, unit, 8 bytes of bounds.
+    let err = reopen(&|body| body[20] = 0).unwrap_err();
     assert!(err.contains("unit is 0"), "{err}");
     let err = reopen(&|body| body.truncate(body.len() - 4)).unwrap_err();
     assert!(err.contains("4 bytes of time bounds for 2 series"), "{err}");
+    // The one frame claims two pages; then 19 compressed bytes of the 20 it has.
+    let err = reopen(&|body| body[17] = 2).unwrap_err();
+    assert!(err.contains("frame 0 holds 2 pages past the last"), "{err}");
+    let err = reopen(&|body| body[18] = 19).unwrap_err();
+    assert!(err.contains("frames do not cover the series exactly"), "{err}");
 }
 
 /// The bytes of the worked example after `<!-- marker -->` in `docs/format/<file>`: the first
@@ -463,9 +473,9 @@ fn version_1_indexes_are_still_read() {
     assert_eq!(ix.pair_counts(), [("a".to_owned(), "b".to_owned(), 1)]);
 
     let mut unknown = bytes;
-    unknown[4] = 7;
-    let err = index::IndexFile::from_bytes(Path::new("v7/index"), bytes::Bytes::from(unknown)).unwrap_err();
-    assert!(err.contains("unknown index version 7"), "{err}");
+    unknown[4] = index::VERSION + 1;
+    let err = index::IndexFile::from_bytes(Path::new("vN/index"), bytes::Bytes::from(unknown)).unwrap_err();
+    assert!(err.contains(&format!("unknown index version {}", index::VERSION + 1)), "{err}");
 }
 
 /// The version-2 example of `docs/format/block.md` as it was: such indexes still open and read.
@@ -540,12 +550,19 @@ fn version_4_indexes_are_still_read() {
 /// Version 5 (time bounds always written) is still read: the worked example as version 5 wrote
 /// it, its bounds kept.
 #[test]
-fn version_5_indexes_are_still_read() {
-    let hex = "53 54 49 58 05 00 00 00 00 00 00 0b 05 01 61 01 62 11 63 21 78 11 79 bb dd 34 dd 09 02 00 01 03 \
+fn versions_5_and_6_indexes_are_still_read() {
+    for version in ["05", "06"] {
+        version_5_or_6_index_is_read(version);
+    }
+}
+
+fn version_5_or_6_index_is_read(version: &str) {
+    let hex = "53 54 49 58 VV 00 00 00 00 00 00 0b 05 01 61 01 62 11 63 21 78 11 79 bb dd 34 dd 09 02 00 01 03 \
                04 01 00 00 00 09 02 00 02 00 00 01 02 02 02 00 00 00 1a 02 14 80 82 80 80 10 d0 0f 00 e8 07 24 \
                6c 45 4c 00 01 00 00 03 e8 07 d0 0f a0 19 17 37 99 00 00 00 03 02 00 00 2f 0b f1 77 00 00 00 09 \
                03 01 01 01 00 04 04 a2 01 d8 df 61 83 00 00 00 00 00 00 00 08 00 00 00 00 00 00 00 1b 00 00 00 \
                00 00 00 00 2f 00 00 00 00 00 00 00 5c 00 00 00 00 00 00 03 e8 41 d6 28 7c";
+    let hex = hex.replace("VV", version);
     let bytes: Vec<u8> = hex.split_whitespace().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
     let ix = index::IndexFile::from_bytes(Path::new("v5/index"), bytes::Bytes::from(bytes)).unwrap();
     let filter = ix.time_filter(2500, 2600).expect("version 5 has time bounds");

@@ -7,6 +7,7 @@
 //! lists are sorted by construction, and merging blocks or answering a query in label order
 //! needs no sort.
 
+mod frames;
 mod symbols;
 mod table;
 
@@ -21,11 +22,12 @@ use bytes::Bytes;
 use strata_model::{Label, Labels, SeriesRef};
 
 use super::checksum_ok;
-use super::chunks::ChunkRef;
+use super::chunks::{ChunkRef, Group};
 use crate::encoding::{gcd, put_uvarint, put_varint, Decoder};
 use crate::error::{io_err, Error, Result};
 use crate::index::postings::Postings;
 use crate::vfs::{AppendWriter, Vfs};
+use frames::PageBytes;
 
 /// "STIX": Strata index.
 pub const MAGIC: u32 = 0x5354_4958;
@@ -37,9 +39,10 @@ pub const MAGIC: u32 = 0x5354_4958;
 /// every series' time bounds at the page table's end, so a query skips the series that have no
 /// chunk in its range without decoding their entries (version 5); those bounds left out of a
 /// block where they would pass over next to nothing (`BOUNDS_PARTIAL_SHARE_MIN`): series that
-/// all span the block, as a Graphite server's or a steady scrape's do (version 6). Versions 1
-/// to 5 are still read.
-pub const VERSION: u8 = 6;
+/// all span the block, as a Graphite server's or a steady scrape's do (version 6); the series
+/// pages zstd-compressed in frames of about `frames::FRAME_RAW_BYTES` (version 7). Versions 1
+/// to 6 are still read.
+pub const VERSION: u8 = 7;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
 pub const SERIES_ALIGN: u64 = 8;
@@ -105,16 +108,18 @@ pub struct ReadCache {
     first_of: Option<(u64, usize)>,
     /// The series being decoded's label ids.
     ids: Vec<(u32, u32)>,
+    /// Version 7: the frame of series pages read last, and which frame (of which opened file).
+    frame: Option<(u64, usize, Arc<Group>)>,
 }
 
 /// The entry after the last series read: in page `page` of the index opened as `file`, entry
-/// `index` of the page, at byte `offset` of the file.
+/// `index` of the page, at byte `offset` of the file (version 7: of its frames' raw bytes).
 #[derive(Debug, Clone, Copy)]
 struct PagePosition {
     file: u64,
     page: usize,
     index: usize,
-    offset: usize,
+    offset: u64,
 }
 
 /// Numbers opened indexes, so a `ReadCache` position is never taken for another file's.
@@ -176,6 +181,8 @@ pub struct IndexWriter {
     /// Each series' first chunk's mint and last chunk's maxt (`(i64::MAX, i64::MIN)`: no
     /// chunks), in id order, for the page table's time bounds.
     bounds: Vec<(i64, i64)>,
+    /// The pages' bytes go through it into compressed frames.
+    frames: frames::FrameWriter,
 }
 
 impl IndexWriter {
@@ -198,6 +205,7 @@ impl IndexWriter {
             buf: Vec::new(),
             base_time: None,
             bounds: Vec::new(),
+            frames: frames::FrameWriter::new().map_err(io_err("start zstd for", path))?,
         };
         w.write(&header(VERSION))?;
         let mut body = Vec::new();
@@ -273,7 +281,7 @@ impl IndexWriter {
         let base_time = *self.base_time.get_or_insert(mint);
         let unit = page_unit(&page, mint, base.span);
         let base = PageBase { mint, unit, ..base };
-        let start = self.pos;
+        let start = self.frames.raw().len();
         let mut crc = 0;
         let mut body = std::mem::take(&mut self.buf);
         let mut head = Vec::with_capacity(10);
@@ -312,11 +320,12 @@ impl IndexWriter {
             head.clear();
             put_uvarint(&mut head, body.len() as u64);
             crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &head), &body);
-            self.write(&head)?;
-            self.write(&body)?;
+            let raw = self.frames.raw();
+            raw.extend_from_slice(&head);
+            raw.extend_from_slice(&body);
         }
         self.buf = body;
-        put_uvarint(&mut self.pages, self.pos - start);
+        put_uvarint(&mut self.pages, (self.frames.raw().len() - start) as u64);
         put_uvarint(&mut self.pages, base.chunk);
         put_varint(&mut self.pages, base.span);
         put_varint(&mut self.pages, mint.wrapping_sub(base_time));
@@ -324,6 +333,9 @@ impl IndexWriter {
         self.pages.extend_from_slice(&crc.to_be_bytes());
         self.page = page;
         self.page.clear();
+        if let Some(frame) = self.frames.page_done().map_err(io_err("compress series of", &self.path))? {
+            self.write(&frame)?;
+        }
         Ok(())
     }
 
@@ -339,10 +351,14 @@ impl IndexWriter {
     /// file's size.
     pub fn finish(mut self) -> Result<u64> {
         self.write_page()?;
+        if let Some(frame) = self.frames.finish().map_err(io_err("compress series of", &self.path))? {
+            self.write(&frame)?;
+        }
         let pages_at = self.pos;
         let mut table_body = Vec::with_capacity(self.pages.len() + 10);
         put_uvarint(&mut table_body, self.series as u64);
         table_body.extend_from_slice(&self.pages);
+        self.frames.rows(&mut table_body);
         let base_time = self.base_time.unwrap_or(0);
         encode_bounds(&self.bounds, base_time, &mut table_body);
         self.section(&table_body)?;
@@ -530,6 +546,8 @@ struct SeriesPage {
     end: u64,
     base: PageBase,
     crc: u32,
+    /// Version 7: the frame that holds it (`start` and `end` then count raw bytes of frames).
+    frame: u32,
 }
 
 /// What a page's series entries write their first chunk relative to: the first chunk of the
@@ -608,6 +626,10 @@ pub struct IndexFile {
     base_time: i64,
     /// Version 5: where the series' time bounds are in the file, and their base and unit.
     bounds: Option<TimeBounds>,
+    /// Version 7: the frames that hold the series pages, and this reader's key space in the
+    /// group cache that keeps them decompressed.
+    frames: Vec<frames::FrameRow>,
+    cache_id: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -670,6 +692,8 @@ impl IndexFile {
             version,
             base_time,
             bounds: None,
+            frames: Vec::new(),
+            cache_id: super::chunks::next_reader_id(),
         };
         if version >= 3 {
             ix.read_pages(series_at, postings_or_pages).map_err(|e| fail(&format!("series page table: {e}")))?;
@@ -698,7 +722,9 @@ impl IndexFile {
         if n > body.len() as u64 / 6 + 1 {
             return Err(format!("{count} series in a {}-byte page table", body.len()));
         }
-        let mut start = series_at;
+        // Version 7's pages are counted in raw bytes of their frames, from the first page's start.
+        let framed = self.version >= 7;
+        let mut start = if framed { 0 } else { series_at };
         for _ in 0..n {
             let len = d.uvarint("page length").map_err(|e| e.to_string())?;
             let chunk = d.uvarint("page base chunk").map_err(|e| e.to_string())?;
@@ -714,12 +740,19 @@ impl IndexFile {
                 (self.base_time, 1)
             };
             let crc = d.bytes(4, "page checksum").map_err(|e| e.to_string())?;
-            let end = start.checked_add(len).filter(|&e| e <= at).ok_or("a page runs past the series")?;
+            let end = start.checked_add(len).filter(|&e| framed || e <= at).ok_or("a page runs past the series")?;
             let crc = u32::from_be_bytes(crc.try_into().expect("4 bytes"));
-            self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span, mint, unit }, crc });
+            self.pages.push(SeriesPage { start, end, base: PageBase { chunk, span, mint, unit }, crc, frame: 0 });
             start = end;
         }
-        if start != at {
+        if framed {
+            let ends: Vec<u64> = self.pages.iter().map(|p| p.end).collect();
+            let (rows, frame_of) = frames::parse_rows(&mut d, &ends, series_at, at)?;
+            for (page, f) in self.pages.iter_mut().zip(frame_of) {
+                page.frame = f;
+            }
+            self.frames = rows;
+        } else if start != at {
             return Err("pages do not cover the series exactly".into());
         }
         if self.version >= 5 {
@@ -861,10 +894,47 @@ impl IndexFile {
         self.series_entry(id, Some((mint, maxt)), chunks, cache)
     }
 
-    /// Where series `id`'s entry body is, and (versions 3 and 4) its page and place in it. The
-    /// entry is found from the last one `cache` read when that was before it in its page, else
-    /// from the page's start.
-    fn entry_body(&self, id: SeriesRef, cache: &mut ReadCache) -> Result<(&[u8], Option<EntryPlace>), String> {
+    /// Page `p`'s bytes: in the mapped file, or (version 7) in its frame, decompressed once
+    /// and held by `cache` while the series read are in that frame. The page's CRC is checked
+    /// the first time it is read.
+    fn page_bytes(&self, p: usize, cache: &mut ReadCache) -> Result<PageBytes<'_>, String> {
+        let page = self.pages[p];
+        let bytes = match self.frames.get(page.frame as usize) {
+            None => PageBytes::Mapped { bytes: &self.map, base: 0 },
+            Some(row) if !row.compressed => {
+                PageBytes::Mapped { bytes: &self.map[row.file_at..row.file_at + row.file_len], base: row.raw_at }
+            }
+            Some(row) => {
+                let f = page.frame as usize;
+                let frame = match &cache.frame {
+                    Some((file, at, frame)) if *file == self.opened && *at == f => frame.clone(),
+                    _ => {
+                        let frame = frames::read(&self.map, row, (self.cache_id, 0, f as u32))?;
+                        cache.frame = Some((self.opened, f, frame.clone()));
+                        frame
+                    }
+                };
+                PageBytes::Decompressed { frame, base: row.raw_at }
+            }
+        };
+        let bit = 1u64 << (p % 64);
+        if self.checked[p / 64].load(Ordering::Relaxed) & bit == 0 {
+            if crc32c::crc32c(bytes.range(page.start, page.end)) != page.crc {
+                return Err(format!("checksum mismatch in series page {p}"));
+            }
+            self.checked[p / 64].fetch_or(bit, Ordering::Relaxed);
+        }
+        Ok(bytes)
+    }
+
+    /// Where series `id`'s entry body is (its bytes, and its range in them), and (versions 3
+    /// and up) its page and place in it. The entry is found from the last one `cache` read when
+    /// that was before it in its page, else from the page's start.
+    fn entry_body(
+        &self,
+        id: SeriesRef,
+        cache: &mut ReadCache,
+    ) -> Result<(PageBytes<'_>, std::ops::Range<u64>, Option<EntryPlace>), String> {
         if self.version >= 3 {
             if id.0 >= self.num_series {
                 return Err(format!("no such series (the block has {})", self.num_series));
@@ -872,28 +942,27 @@ impl IndexFile {
             let p = (id.0 / SERIES_PAGE as u64) as usize;
             let index = (id.0 % SERIES_PAGE as u64) as usize;
             let page = self.pages[p];
-            let bit = 1u64 << (p % 64);
-            if self.checked[p / 64].load(Ordering::Relaxed) & bit == 0 {
-                if crc32c::crc32c(&self.map[page.start as usize..page.end as usize]) != page.crc {
-                    return Err(format!("checksum mismatch in series page {p}"));
-                }
-                self.checked[p / 64].fetch_or(bit, Ordering::Relaxed);
-            }
-            let (mut at, mut skip) = (page.start as usize, index);
+            let bytes = self.page_bytes(p, cache)?;
+            let (mut at, mut skip) = (page.start, index);
             if let Some(pos) = cache.position {
                 if pos.file == self.opened && pos.page == p && pos.index <= index {
                     (at, skip) = (pos.offset, index - pos.index);
                 }
             }
-            let mut d = Decoder::new(&self.map[at..page.end as usize]);
-            let mut entry = || d.uvarint("series length").and_then(|n| d.bytes(n as usize, "series entry"));
+            let mut d = Decoder::new(bytes.range(at, page.end));
+            let mut entry = || {
+                let len = d.uvarint("series length")?;
+                let start = d.offset();
+                d.bytes(len as usize, "series entry").map(|_| start..d.offset())
+            };
             for _ in 0..skip {
                 entry().map_err(|e| e.to_string())?;
             }
             let body = entry().map_err(|e| e.to_string())?;
-            cache.position =
-                Some(PagePosition { file: self.opened, page: p, index: index + 1, offset: at + d.offset() });
-            return Ok((body, Some(EntryPlace { base: page.base, page: p, index })));
+            let end = at + d.offset() as u64;
+            cache.position = Some(PagePosition { file: self.opened, page: p, index: index + 1, offset: end });
+            let body = at + body.start as u64..at + body.end as u64;
+            return Ok((bytes, body, Some(EntryPlace { base: page.base, page: p, index })));
         }
         let align = if self.version == 1 { SERIES_ALIGN_V1 } else { SERIES_ALIGN };
         let Some(at) = id.0.checked_mul(align).and_then(|a| usize::try_from(a).ok()) else {
@@ -909,7 +978,8 @@ impl IndexFile {
         if !checksum_ok(body, crc) {
             return Err("checksum mismatch".into());
         }
-        Ok((body, None))
+        let start = (at + d.offset() - 4 - body.len()) as u64;
+        Ok((PageBytes::Mapped { bytes: &self.map, base: 0 }, start..start + body.len() as u64, None))
     }
 
     /// A series entry's chunks, and its labels unless `range` is given and no chunk overlaps it.
@@ -921,32 +991,37 @@ impl IndexFile {
         cache: &mut ReadCache,
     ) -> Result<Option<Labels>, String> {
         let fail = |what: String| format!("{}: series {}: {what}", self.path.display(), id.0);
-        let (body, place) = self.entry_body(id, cache).map_err(fail)?;
+        let (bytes, body, place) = self.entry_body(id, cache).map_err(fail)?;
         if self.version >= 4 {
             let place = place.expect("version 4 entries are in pages");
             if place.index > 0 && cache.first_of != Some((self.opened, place.page)) {
                 self.read_first_labels(place.page, cache).map_err(|e| fail(format!("page {}: {e}", place.page)))?;
             }
         }
+        let body = bytes.range(body.start, body.end);
         self.decode_series(body, place, range, chunks, cache).map_err(|e| fail(e.to_string()))
     }
 
     /// Reads the label ids of page `p`'s first entry into `cache` (version 4: the page's other
     /// entries are written relative to them).
-    fn read_first_labels(&self, p: usize, cache: &mut ReadCache) -> Result<(), crate::encoding::DecodeError> {
+    fn read_first_labels(&self, p: usize, cache: &mut ReadCache) -> Result<(), String> {
         let page = self.pages[p];
-        let mut d = Decoder::new(&self.map[page.start as usize..page.end as usize]);
-        let len = d.uvarint("series length")?;
-        let mut d = Decoder::new(d.bytes(len as usize, "series entry")?);
-        cache.first_labels.clear();
-        cache.first_of = None;
-        for _ in 0..d.uvarint("label count")? {
-            let name = d.uvarint("label name symbol")?;
-            let value = d.uvarint("label value symbol")?;
-            cache.first_labels.push((self.symbol_id(name, &d)?, self.symbol_id(value, &d)?));
-        }
-        cache.first_of = Some((self.opened, p));
-        Ok(())
+        let bytes = self.page_bytes(p, cache)?;
+        let mut read = || -> Result<(), crate::encoding::DecodeError> {
+            let mut d = Decoder::new(bytes.range(page.start, page.end));
+            let len = d.uvarint("series length")?;
+            let mut d = Decoder::new(d.bytes(len as usize, "series entry")?);
+            cache.first_labels.clear();
+            cache.first_of = None;
+            for _ in 0..d.uvarint("label count")? {
+                let name = d.uvarint("label name symbol")?;
+                let value = d.uvarint("label value symbol")?;
+                cache.first_labels.push((self.symbol_id(name, &d)?, self.symbol_id(value, &d)?));
+            }
+            cache.first_of = Some((self.opened, p));
+            Ok(())
+        };
+        read().map_err(|e| e.to_string())
     }
 
     /// `id` as a symbol id, if the symbol exists.
