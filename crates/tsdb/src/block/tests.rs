@@ -381,15 +381,15 @@ fn index_bytes_match_the_format_document() {
 fn damaged_time_bounds_are_reported() {
     let bytes: Vec<u8> =
         doc_example_hex("block.md", "index-example").iter().map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
-    // The page table section: its length at 0x2f, its body from 0x33, its CRC after the body.
+    // The page table section: its length at 0x33, its body from 0x37, its CRC after the body.
     let reopen = |edit: &dyn Fn(&mut Vec<u8>)| {
         let mut b = bytes.clone();
-        let mut body = b[0x33..0x33 + 29].to_vec();
+        let mut body = b[0x37..0x37 + 29].to_vec();
         edit(&mut body);
         let mut section = (body.len() as u32).to_be_bytes().to_vec();
         section.extend_from_slice(&body);
         section.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
-        b.splice(0x2f..0x33 + 29 + 4, section);
+        b.splice(0x33..0x37 + 29 + 4, section);
         let toc_at = b.len() - index::TOC_BYTES;
         // The postings table moved with the page table's length.
         let shift = body.len() as i64 - 29;

@@ -1,6 +1,7 @@
-//! Version 7's series frames: the series pages, concatenated, cut into *frames* of whole pages
-//! of about `FRAME_RAW_BYTES` each, every frame zstd-compressed on its own (or stored as it is
-//! when zstd would not make it smaller). Byte layout: `docs/format/block.md`.
+//! Version 7's frames: the series pages (and the symbol table's groups), concatenated, cut into
+//! *frames* of whole pages (groups) of about `FRAME_RAW_BYTES` each, every frame
+//! zstd-compressed on its own (or stored as it is when zstd would not make it smaller). Byte
+//! layout: `docs/format/block.md`.
 //!
 //! A series entry is a handful of small deltas that repeat from series to series (label ids one
 //! apart, chunk refs a chunk's length apart, the same span), which the entry's own varints
@@ -17,6 +18,9 @@ use crate::encoding::{put_uvarint, Decoder};
 
 /// A frame is closed after the page that takes its raw bytes to this many.
 pub const FRAME_RAW_BYTES: usize = 16 << 10;
+/// The group cache's key spaces of a reader: its series frames and its symbol frames.
+pub(super) const SERIES_FRAMES: u32 = 0;
+pub(super) const SYMBOL_FRAMES: u32 = 1;
 /// A reader refuses a frame whose pages claim more raw bytes than this (a page of 32 series
 /// with thousands of chunks each takes a few hundred KiB).
 pub const FRAME_RAW_MAX: u64 = 1 << 30;
@@ -24,20 +28,19 @@ pub const FRAME_RAW_MAX: u64 = 1 << 30;
 /// (`zstd -1/-3/-19` over 16 KiB pieces of a 20k-path index's series), several times faster.
 const FRAME_ZSTD_LEVEL: i32 = 3;
 
-/// Gathers series pages into frames and writes them compressed.
+/// Gathers units (series pages, symbol groups) into frames and compresses them.
 pub(super) struct FrameWriter {
     compressor: zstd::bulk::Compressor<'static>,
-    /// The open frame's raw bytes, and how many pages it holds.
+    /// The open frame's raw bytes, and how many units it holds.
     raw: Vec<u8>,
-    pages: u64,
-    /// The frame rows written so far (`pages uvarint | stored uvarint`), and their count.
-    rows: Vec<u8>,
-    count: u64,
+    units: u64,
+    /// Per frame closed so far: its units, raw length and stored length (0: stored as it is).
+    rows: Vec<(u64, u64, u64)>,
 }
 
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameWriter").field("raw", &self.raw.len()).field("frames", &self.count).finish()
+        f.debug_struct("FrameWriter").field("raw", &self.raw.len()).field("frames", &self.rows.len()).finish()
     }
 }
 
@@ -46,56 +49,61 @@ impl FrameWriter {
         Ok(FrameWriter {
             compressor: zstd::bulk::Compressor::new(FRAME_ZSTD_LEVEL)?,
             raw: Vec::with_capacity(FRAME_RAW_BYTES + (FRAME_RAW_BYTES >> 2)),
-            pages: 0,
+            units: 0,
             rows: Vec::new(),
-            count: 0,
         })
     }
 
-    /// The open frame's raw bytes, for the next page to be appended to.
+    /// The open frame's raw bytes, for the next unit to be appended to.
     pub(super) fn raw(&mut self) -> &mut Vec<u8> {
         &mut self.raw
     }
 
-    /// Ends a page appended through `raw`; returns the frame's stored bytes when the page closed
+    /// Ends a unit appended through `raw`; returns the frame's stored bytes when the unit closed
     /// it (to be written next in the file).
-    pub(super) fn page_done(&mut self) -> std::io::Result<Option<Vec<u8>>> {
-        self.pages += 1;
+    pub(super) fn unit_done(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        self.units += 1;
         if self.raw.len() < FRAME_RAW_BYTES {
             return Ok(None);
         }
         self.close().map(Some)
     }
 
-    /// Closes the open frame, if it holds a page: its stored bytes.
+    /// Closes the open frame, if it holds a unit: its stored bytes.
     pub(super) fn finish(&mut self) -> std::io::Result<Option<Vec<u8>>> {
-        if self.pages == 0 {
+        if self.units == 0 {
             return Ok(None);
         }
         self.close().map(Some)
     }
 
-    /// The frame rows, `count uvarint` first, for the page table.
-    pub(super) fn rows(&self, out: &mut Vec<u8>) {
-        put_uvarint(out, self.count);
-        out.extend_from_slice(&self.rows);
+    /// The frame rows, `count uvarint` first, then per frame `units uvarint | [raw uvarint] |
+    /// stored uvarint` (the raw length only `with_raw`: the page table knows its pages' lengths,
+    /// the symbol table does not).
+    pub(super) fn rows(&self, with_raw: bool, out: &mut Vec<u8>) {
+        put_uvarint(out, self.rows.len() as u64);
+        for &(units, raw, stored) in &self.rows {
+            put_uvarint(out, units);
+            if with_raw {
+                put_uvarint(out, raw);
+            }
+            put_uvarint(out, stored);
+        }
     }
 
     fn close(&mut self) -> std::io::Result<Vec<u8>> {
-        debug_assert!(self.pages > 0);
+        debug_assert!(self.units > 0);
         let compressed = self.compressor.compress(&self.raw)?;
+        let raw = self.raw.len() as u64;
         // Stored: the compressed length, or 0 for a frame kept as it is.
         let stored = if compressed.len() < self.raw.len() {
-            put_uvarint(&mut self.rows, self.pages);
-            put_uvarint(&mut self.rows, compressed.len() as u64);
+            self.rows.push((self.units, raw, compressed.len() as u64));
             compressed
         } else {
-            put_uvarint(&mut self.rows, self.pages);
-            put_uvarint(&mut self.rows, 0);
+            self.rows.push((self.units, raw, 0));
             self.raw.clone()
         };
-        self.count += 1;
-        self.pages = 0;
+        self.units = 0;
         self.raw.clear();
         Ok(stored)
     }
@@ -181,15 +189,17 @@ impl PageBytes<'_> {
     }
 }
 
-/// Frame `f`'s raw bytes, from the group cache (`key`) or decompressed from `map` and cached.
+/// A compressed frame's raw bytes, from the group cache (`key`: the reader's, 0 for series
+/// frames or 1 for symbol frames, the frame) or decompressed from `map` and cached.
 pub(super) fn read(map: &[u8], row: &FrameRow, key: (u64, u32, u32)) -> Result<Arc<Group>, String> {
     if let Some(frame) = GroupCache::global().get(key) {
         return Ok(frame);
     }
     let stored = &map[row.file_at..row.file_at + row.file_len];
-    let raw = decompress_group(stored, row.raw_len)
-        .filter(|r| r.len() == row.raw_len)
-        .ok_or_else(|| format!("series frame {} does not decompress to its {} bytes", key.2, row.raw_len))?;
+    let raw = decompress_group(stored, row.raw_len).filter(|r| r.len() == row.raw_len).ok_or_else(|| {
+        let what = if key.1 == SYMBOL_FRAMES { "symbol" } else { "series" };
+        format!("{what} frame {} does not decompress to its {} bytes", key.2, row.raw_len)
+    })?;
     let frame = Arc::new(Group::whole(raw));
     GroupCache::global().insert_missed(key, frame.clone());
     Ok(frame)
@@ -315,7 +325,7 @@ mod tests {
             w.raw().extend_from_slice(&page);
             raw.extend_from_slice(&page);
             ends.push(raw.len() as u64);
-            if let Some(stored) = w.page_done().unwrap() {
+            if let Some(stored) = w.unit_done().unwrap() {
                 file.extend_from_slice(&stored);
             }
         }
@@ -323,7 +333,7 @@ mod tests {
             file.extend_from_slice(&stored);
         }
         let mut rows = Vec::new();
-        w.rows(&mut rows);
+        w.rows(false, &mut rows);
         let (frames, frame_of) = parse_rows(&mut Decoder::new(&rows), &ends, 0, file.len() as u64).unwrap();
         assert!(frames.len() > 2 && frames.iter().any(|f| !f.compressed) && frames.iter().any(|f| f.compressed));
         assert!(frame_of.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1));

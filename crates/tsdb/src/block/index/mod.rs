@@ -40,8 +40,8 @@ pub const MAGIC: u32 = 0x5354_4958;
 /// chunk in its range without decoding their entries (version 5); those bounds left out of a
 /// block where they would pass over next to nothing (`BOUNDS_PARTIAL_SHARE_MIN`): series that
 /// all span the block, as a Graphite server's or a steady scrape's do (version 6); the series
-/// pages zstd-compressed in frames of about `frames::FRAME_RAW_BYTES` (version 7). Versions 1
-/// to 6 are still read.
+/// pages and the symbol table's groups zstd-compressed in frames of about
+/// `frames::FRAME_RAW_BYTES` (version 7). Versions 1 to 6 are still read.
 pub const VERSION: u8 = 7;
 pub const HEADER_BYTES: usize = 8;
 /// Version 2's series entries start at multiples of this; an id is the offset divided by it.
@@ -209,7 +209,7 @@ impl IndexWriter {
         };
         w.write(&header(VERSION))?;
         let mut body = Vec::new();
-        symbols::encode_front_coded(symbols, EntryFormat::Nibbles, &mut body);
+        symbols::encode_framed(symbols, &mut body).map_err(io_err("compress symbols of", path))?;
         w.section(&body)?;
         w.series_start = w.pos;
         Ok(w)
@@ -333,7 +333,7 @@ impl IndexWriter {
         self.pages.extend_from_slice(&crc.to_be_bytes());
         self.page = page;
         self.page.clear();
-        if let Some(frame) = self.frames.page_done().map_err(io_err("compress series of", &self.path))? {
+        if let Some(frame) = self.frames.unit_done().map_err(io_err("compress series of", &self.path))? {
             self.write(&frame)?;
         }
         Ok(())
@@ -358,7 +358,7 @@ impl IndexWriter {
         let mut table_body = Vec::with_capacity(self.pages.len() + 10);
         put_uvarint(&mut table_body, self.series as u64);
         table_body.extend_from_slice(&self.pages);
-        self.frames.rows(&mut table_body);
+        self.frames.rows(false, &mut table_body);
         let base_time = self.base_time.unwrap_or(0);
         encode_bounds(&self.bounds, base_time, &mut table_body);
         self.section(&table_body)?;
@@ -671,8 +671,11 @@ impl IndexFile {
         let (symbols_at, series_at, postings_or_pages, table_at) = (off(0), off(1), off(2), off(3));
         let base_time = if version == 1 { 0 } else { off(4) as i64 };
         let (start, body) = section_at(&map, symbols_at).map_err(|e| fail(&format!("symbol table: {e}")))?;
+        let cache_id = super::chunks::next_reader_id();
         let symbols = if version < 3 {
             SymbolTable::parse_plain(start, body)
+        } else if version >= 7 {
+            SymbolTable::parse_framed(&map, start, body, cache_id)
         } else {
             let format = if version == 3 { EntryFormat::SharedLen } else { EntryFormat::Nibbles };
             SymbolTable::parse_front_coded(start, body, format)
@@ -693,7 +696,7 @@ impl IndexFile {
             base_time,
             bounds: None,
             frames: Vec::new(),
-            cache_id: super::chunks::next_reader_id(),
+            cache_id,
         };
         if version >= 3 {
             ix.read_pages(series_at, postings_or_pages).map_err(|e| fail(&format!("series page table: {e}")))?;
@@ -909,7 +912,7 @@ impl IndexFile {
                 let frame = match &cache.frame {
                     Some((file, at, frame)) if *file == self.opened && *at == f => frame.clone(),
                     _ => {
-                        let frame = frames::read(&self.map, row, (self.cache_id, 0, f as u32))?;
+                        let frame = frames::read(&self.map, row, (self.cache_id, frames::SERIES_FRAMES, f as u32))?;
                         cache.frame = Some((self.opened, f, frame.clone()));
                         frame
                     }
