@@ -417,15 +417,15 @@ fn render_db(o: &mut String, db: &Db) {
         &[
             (
                 "strata_tsdb_chunk_cache_bytes",
-                "Bytes of block chunk groups held for queries, decompressed or as chunk offsets (--storage.chunk-cache-size).",
+                "Bytes of block chunk groups and index frames held for queries, decompressed or as chunk offsets (--storage.chunk-cache-size).",
                 "gauge",
                 cache_bytes as f64,
             ),
-            ("strata_tsdb_chunk_cache_groups", "Chunk groups held.", "gauge", cache_groups as f64),
-            ("strata_tsdb_chunk_cache_hits_total", "Chunk reads served by a cached group.", "counter", hits as f64),
+            ("strata_tsdb_chunk_cache_groups", "Chunk groups and index frames held.", "gauge", cache_groups as f64),
+            ("strata_tsdb_chunk_cache_hits_total", "Chunk and index reads served by a cached group or frame.", "counter", hits as f64),
             (
                 "strata_tsdb_chunk_cache_misses_total",
-                "Chunk reads that had to read their group from its file (checksum, decompression).",
+                "Chunk and index reads that had to read their group or frame from its file (checksum, decompression).",
                 "counter",
                 misses as f64,
             ),

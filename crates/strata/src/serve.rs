@@ -70,8 +70,8 @@ pub struct ServeArgs {
     /// the WAL shorter [default: 32MB].
     #[arg(long = "storage.wal-segment-size")]
     wal_segment_size: Option<String>,
-    /// Memory kept for decompressed chunk groups of blocks, shared by every query (a group is
-    /// about 16 KiB); 0 decompresses a group at each read [default: 16MB].
+    /// Memory kept for decompressed chunk groups and index frames of blocks, shared by every
+    /// query (a group or frame is about 16 KiB); 0 decompresses one at each read [default: 16MB].
     #[arg(long = "storage.chunk-cache-size")]
     chunk_cache_size: Option<String>,
     /// Largest request body accepted (compressed size for remote write and read) [default: 32MB].

@@ -174,8 +174,16 @@ pub(super) fn parse_rows(
 /// or a decompressed frame, with the raw offset their first byte stands for.
 #[derive(Clone, Debug)]
 pub(super) enum PageBytes<'a> {
-    Mapped { bytes: &'a [u8], base: u64 },
-    Decompressed { frame: Arc<Group>, base: u64 },
+    Mapped {
+        bytes: &'a [u8],
+        base: u64,
+    },
+    /// Frame number `index`.
+    Decompressed {
+        frame: Arc<Group>,
+        index: usize,
+        base: u64,
+    },
 }
 
 impl PageBytes<'_> {
@@ -183,7 +191,7 @@ impl PageBytes<'_> {
     pub(super) fn range(&self, start: u64, end: u64) -> &[u8] {
         let (bytes, base) = match self {
             PageBytes::Mapped { bytes, base } => (*bytes, *base),
-            PageBytes::Decompressed { frame, base } => (frame.bytes(), *base),
+            PageBytes::Decompressed { frame, base, .. } => (frame.bytes(), *base),
         };
         &bytes[(start - base) as usize..(end - base) as usize]
     }

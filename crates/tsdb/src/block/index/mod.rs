@@ -898,8 +898,9 @@ impl IndexFile {
     }
 
     /// Page `p`'s bytes: in the mapped file, or (version 7) in its frame, decompressed once
-    /// and held by `cache` while the series read are in that frame. The page's CRC is checked
-    /// the first time it is read.
+    /// and held by `cache` while the series read are in that frame (taken out of it meanwhile:
+    /// `give_back` returns it, so a series read costs no reference count). The page's CRC is
+    /// checked the first time it is read.
     fn page_bytes(&self, p: usize, cache: &mut ReadCache) -> Result<PageBytes<'_>, String> {
         let page = self.pages[p];
         let bytes = match self.frames.get(page.frame as usize) {
@@ -909,15 +910,11 @@ impl IndexFile {
             }
             Some(row) => {
                 let f = page.frame as usize;
-                let frame = match &cache.frame {
-                    Some((file, at, frame)) if *file == self.opened && *at == f => frame.clone(),
-                    _ => {
-                        let frame = frames::read(&self.map, row, (self.cache_id, frames::SERIES_FRAMES, f as u32))?;
-                        cache.frame = Some((self.opened, f, frame.clone()));
-                        frame
-                    }
+                let frame = match cache.frame.take() {
+                    Some((file, at, frame)) if file == self.opened && at == f => frame,
+                    _ => frames::read(&self.map, row, (self.cache_id, frames::SERIES_FRAMES, f as u32))?,
                 };
-                PageBytes::Decompressed { frame, base: row.raw_at }
+                PageBytes::Decompressed { frame, index: f, base: row.raw_at }
             }
         };
         let bit = 1u64 << (p % 64);
@@ -928,6 +925,13 @@ impl IndexFile {
             self.checked[p / 64].fetch_or(bit, Ordering::Relaxed);
         }
         Ok(bytes)
+    }
+
+    /// Puts the frame `page_bytes` took (if any) back into `cache`.
+    fn give_back(&self, bytes: PageBytes<'_>, cache: &mut ReadCache) {
+        if let PageBytes::Decompressed { frame, index, .. } = bytes {
+            cache.frame = Some((self.opened, index, frame));
+        }
     }
 
     /// Where series `id`'s entry body is (its bytes, and its range in them), and (versions 3
@@ -998,18 +1002,19 @@ impl IndexFile {
         if self.version >= 4 {
             let place = place.expect("version 4 entries are in pages");
             if place.index > 0 && cache.first_of != Some((self.opened, place.page)) {
-                self.read_first_labels(place.page, cache).map_err(|e| fail(format!("page {}: {e}", place.page)))?;
+                self.read_first_labels(place.page, &bytes, cache)
+                    .map_err(|e| fail(format!("page {}: {e}", place.page)))?;
             }
         }
-        let body = bytes.range(body.start, body.end);
-        self.decode_series(body, place, range, chunks, cache).map_err(|e| fail(e.to_string()))
+        let decoded = self.decode_series(bytes.range(body.start, body.end), place, range, chunks, cache);
+        self.give_back(bytes, cache);
+        decoded.map_err(|e| fail(e.to_string()))
     }
 
-    /// Reads the label ids of page `p`'s first entry into `cache` (version 4: the page's other
-    /// entries are written relative to them).
-    fn read_first_labels(&self, p: usize, cache: &mut ReadCache) -> Result<(), String> {
+    /// Reads the label ids of page `p`'s first entry (in `bytes`, the page's) into `cache`
+    /// (version 4: the page's other entries are written relative to them).
+    fn read_first_labels(&self, p: usize, bytes: &PageBytes<'_>, cache: &mut ReadCache) -> Result<(), String> {
         let page = self.pages[p];
-        let bytes = self.page_bytes(p, cache)?;
         let mut read = || -> Result<(), crate::encoding::DecodeError> {
             let mut d = Decoder::new(bytes.range(page.start, page.end));
             let len = d.uvarint("series length")?;

@@ -8,7 +8,9 @@
 //! paths). Version 4 writes both lengths in one byte when they are short, as they nearly always
 //! are (the next path drops a few bytes of the one before and adds a few): 9.4 bytes per path.
 //! A reader keeps one offset per group in memory and decodes at most a group to reach a symbol.
-//! Versions 1 and 2 store every symbol whole; a reader keeps each one's offset.
+//! Version 7 stores the groups in zstd frames of about 16 KiB (`frames`), which also share what
+//! front coding cannot (a metric's name under every host): 0.5 bytes per path for the same 20k
+//! paths. Versions 1 and 2 store every symbol whole; a reader keeps each one's offset.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -133,6 +135,11 @@ impl SymbolFrames {
     /// The frame that holds group `g`.
     fn frame_of(&self, g: usize) -> usize {
         self.first_group.partition_point(|&first| first as usize <= g) - 1
+    }
+
+    /// The groups of frame `f`, of `groups` in all.
+    fn groups_of(&self, f: usize, groups: usize) -> std::ops::Range<usize> {
+        self.first_group[f] as usize..self.first_group.get(f + 1).map_or(groups, |&g| g as usize)
     }
 
     /// Frame `f`'s raw bytes. They decompressed when the table was opened, so a failure now is
@@ -324,8 +331,7 @@ impl SymbolTable {
                     Some(frames) => {
                         let f =
                             frames.first_symbols.partition_point(|first| **first <= *s.as_bytes()).checked_sub(1)?;
-                        let end = frames.first_group.get(f + 1).map_or(groups.len(), |&g| g as usize);
-                        (frames.first_group[f] as usize..end, frames.bytes(map, f))
+                        (frames.groups_of(f, groups.len()), frames.bytes(map, f))
                     }
                     None => (0..groups.len(), GroupBytes::Mapped(map)),
                 };
@@ -388,8 +394,10 @@ pub(super) struct SymbolCursor {
     /// Where the entry after it starts, in the mapped file (version 7: in its frame).
     next: usize,
     buf: Vec<u8>,
-    /// Version 7: the decompressed frame the symbol is in (`None` when the file holds it).
-    frame: Option<Arc<Group>>,
+    /// Version 7: the decompressed frame the symbol is in (`None` when the file holds it), with
+    /// the opening and the frame's groups: the next symbol is mostly in the same frame, which
+    /// is then taken from here, not from the group cache.
+    frame: Option<(u64, std::ops::Range<usize>, Arc<Group>)>,
 }
 
 impl SymbolTable {
@@ -408,23 +416,29 @@ impl SymbolTable {
             _ => None,
         };
         let SymbolCursor { at, next, buf, frame } = cursor;
-        let mapped = match from {
-            Some(_) if frame.is_some() => None,
-            Some(_) => Some(self.group_bytes(map, group)),
-            None => match self.group_bytes(map, group) {
+        let frames = match self {
+            SymbolTable::FrontCoded { frames: Some(frames), .. } => Some(frames),
+            _ => None,
+        };
+        let held = matches!(&*frame, Some((f, groups, _)) if *f == file && groups.contains(&group));
+        let mapped = if held {
+            None
+        } else {
+            match self.group_bytes(map, group) {
                 GroupBytes::Frame(f) => {
-                    *frame = Some(f);
+                    let groups = frames.map_or(0..0, |frames| frames.groups_of(frames.frame_of(group), groups.len()));
+                    *frame = Some((file, groups, f));
                     None
                 }
                 bytes => {
                     *frame = None;
                     Some(bytes)
                 }
-            },
+            }
         };
         let bytes: &[u8] = match (&mapped, &*frame) {
             (Some(bytes), _) => bytes,
-            (None, Some(f)) => f.bytes(),
+            (None, Some((_, _, f))) => f.bytes(),
             (None, None) => unreachable!("a group's bytes are mapped or in the cursor's frame"),
         };
         // The decoder reads from `base` of `bytes`.
