@@ -410,78 +410,247 @@ pub(super) fn per_second_divisor(range: i64, per_second: bool) -> Option<f64> {
 }
 
 /// `rate`, `increase` and `delta` over plain windows without `@` or start times: as
-/// `slide_plain` with `extrapolated_rate`, but the change over a window (with its counter
-/// resets) is computed once for as long as consecutive steps' windows hold the same samples,
-/// which is several steps when samples are further apart than the step. Every value is
-/// computed by `extrapolated_rate`'s operations in its order, so every bit is the same.
+/// `slide_plain` with `extrapolated_rate`, every value computed by `extrapolated_rate`'s
+/// operations in its order, so every bit is the same.
 ///
-/// Two passes: the walk over windows (branches that follow the samples' jitter) gathers each
-/// point's integers and the window's change into a `Batch`, and `Batch::finish` then does
-/// the floating-point part for the whole batch without a branch. That part is seven
-/// divisions per point (Prometheus divides milliseconds by 1000 and the interval by the
-/// sample count, and extrapolates by a ratio); done per step they waited on each other and
-/// on the walk's mispredictions, over a batch they run four to a vector instruction: a step
-/// went from 9.0 to 8.3 ns with a sample every 144 s at a 60 s step, 12.2 to 9.3 ns with
-/// one a minute, 17.9 to 13.3 ns with one every 15 s. Steps whose windows cannot reach a
-/// sample are not visited.
+/// The work splits into what depends only on the samples' timestamps and what depends on
+/// their values. The first part, a `WindowPlan`, is the walk of windows over the steps
+/// (branches that follow the samples' jitter) and five of the seven divisions per point
+/// (Prometheus divides milliseconds by 1000 and the interval by the sample count); it is
+/// kept on the thread and reused by the next series whose samples have the same timestamps,
+/// as every series of one scrape has (Prometheus stamps a scrape's samples with one time, and
+/// a histogram's buckets, a node's CPUs and modes sit next to each other in label order). The
+/// second part, per series, is each window's change (with its counter resets, computed once
+/// while consecutive steps' windows hold the same samples) and the two or three divisions
+/// that involve it, done over the whole series a vector at a time. Steps whose windows cannot
+/// reach two samples are not in the plan.
 fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter: bool, is_rate: bool) -> Vec<Point> {
     debug_assert!(spec.at.is_none(), "pinned windows go through slide_plain");
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+    if samples.len() < 2 {
         return Vec::new();
-    };
-    let mut points = point_buffers::POOL.take(ctx.points_capacity(samples, spec.range, false));
-    let mut scratch = take_batch(is_counter, per_second_divisor(spec.range, is_rate));
-    let batch = &mut scratch;
-    // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
-    // after it, the last that can hold the last one starts before it.
-    let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
-    let from = usize::try_from(steps_to(first.t - 1) + 1).unwrap_or(0).min(ctx.n);
-    let to = usize::try_from(steps_to(last.t.saturating_add(spec.range) - 1) + 1).unwrap_or(0).min(ctx.n);
-    let (mut lo, mut hi) = (0usize, 0usize);
-    // The window (lo, hi) `change` was computed for; (0, 0) holds no samples, as `None` says.
-    let mut change_of = (0usize, 0usize);
-    let mut change: Option<f64> = None;
-    // The first counter reset after `lo` (a sample below the one before it), or the end: a
-    // window ending at or before it holds none, and its change needs no scan. It is looked
-    // for again only once `lo` has passed it (not at every step up to `hi`, a loop whose
-    // exit the samples' jitter made unpredictable), so all the looking costs one pass.
-    let is_reset = |j: usize| samples[j].f < samples[j - 1].f;
-    let mut next_reset = 0;
-    for i in from..to {
-        let end = spec.end_at(ctx.ts(i));
-        let start = end - spec.range;
-        while hi < samples.len() && samples[hi].t <= end {
-            hi += 1;
+    }
+    let mut plan = PLANS.with(|p| p.take()).unwrap_or_default();
+    if !plan.is_for(samples, ctx, spec) {
+        plan.build(samples, ctx, spec);
+    }
+    let mut points = point_buffers::POOL.take(plan.steps.len());
+    plan.apply(samples, ctx, is_counter, per_second_divisor(spec.range, is_rate), &mut points);
+    PLANS.with(|p| p.set(Some(plan)));
+    points
+}
+
+thread_local! {
+    /// The window plan of the last series `slide_extrapolated` evaluated on this thread
+    /// (taken out while in use).
+    static PLANS: std::cell::Cell<Option<Box<WindowPlan>>> = const { std::cell::Cell::new(None) };
+}
+
+/// The windows of two samples or more that a range query's steps make of one series'
+/// timestamps, with the part of `extrapolated_rate`'s arithmetic that needs only timestamps
+/// done. Valid for any series with the same timestamps, whatever its values.
+#[derive(Default)]
+struct WindowPlan {
+    /// What the plan was made for: the steps (`Ctx`), the range and offset, the timestamps.
+    key: (i64, i64, usize, i64, i64),
+    times: Vec<i64>,
+    /// Per planned step (steps whose window holds two samples or more, in order): the step,
+    /// its window's samples `lo..hi`, whether that window differs from the previous planned
+    /// step's (its change must be computed again).
+    steps: Vec<usize>,
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    fresh: Vec<bool>,
+    /// Seconds from the window's first sample to its last.
+    sampled: Vec<f64>,
+    /// Seconds the change is extrapolated towards the window's start and towards its end
+    /// (each the distance to the edge, or half an average interval past the samples when the
+    /// edge is further than 1.1 intervals), before a counter's clamp at zero.
+    to_start: Vec<f64>,
+    to_end: Vec<f64>,
+    /// A series' changes and first values per planned step, and its values: scratch.
+    change: Vec<f64>,
+    first_f: Vec<f64>,
+    values: Vec<f64>,
+}
+
+impl WindowPlan {
+    fn key(ctx: &Ctx, spec: &RangeSpec) -> (i64, i64, usize, i64, i64) {
+        (ctx.start, ctx.step, ctx.n, spec.range, spec.offset)
+    }
+
+    /// Whether the plan holds for `samples` (their timestamps, not their values).
+    fn is_for(&self, samples: &[Point], ctx: &Ctx, spec: &RangeSpec) -> bool {
+        self.key == Self::key(ctx, spec)
+            && self.times.len() == samples.len()
+            && samples.iter().zip(&self.times).all(|(p, &t)| p.t == t)
+    }
+
+    /// Walks the steps' windows over `samples`' timestamps.
+    fn build(&mut self, samples: &[Point], ctx: &Ctx, spec: &RangeSpec) {
+        self.key = Self::key(ctx, spec);
+        self.times.clear();
+        self.times.extend(samples.iter().map(|p| p.t));
+        for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
+            v.clear();
         }
-        while lo < hi && samples[lo].t <= start {
-            lo += 1;
+        self.fresh.clear();
+        for v in [&mut self.sampled, &mut self.to_start, &mut self.to_end] {
+            v.clear();
         }
-        if (lo, hi) != change_of {
-            change_of = (lo, hi);
-            let mut may_reset = false;
-            if is_counter {
-                if next_reset <= lo {
-                    next_reset = lo + 1;
-                    while next_reset < samples.len() && !is_reset(next_reset) {
-                        next_reset += 1;
-                    }
-                }
-                may_reset = next_reset < hi;
+        let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+            return;
+        };
+        // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
+        // after it, the last that can hold the last one starts before it.
+        let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
+        let from = usize::try_from(steps_to(first.t - 1) + 1).unwrap_or(0).min(ctx.n);
+        let to = usize::try_from(steps_to(last.t.saturating_add(spec.range) - 1) + 1).unwrap_or(0).min(ctx.n);
+        let (mut lo, mut hi) = (0usize, 0usize);
+        let mut previous = (0usize, 0usize);
+        // Each quantity as `extrapolated_rate` first has it (milliseconds, the sample count
+        // less one), turned into seconds by `seconds` below.
+        let mut gaps = Vec::with_capacity(to.saturating_sub(from));
+        for i in from..to {
+            let end = spec.end_at(ctx.ts(i));
+            let start = end - spec.range;
+            while hi < samples.len() && samples[hi].t <= end {
+                hi += 1;
             }
-            change = window_change(&samples[lo..hi], may_reset);
-        }
-        if let Some(change) = change {
-            let window = &samples[lo..hi];
-            batch.push(window, change, end, spec.range);
-            points.push(Point { t: ctx.ts(i), f: 0.0 });
-            if batch.is_full() {
-                batch.finish(&mut points);
+            while lo < hi && samples[lo].t <= start {
+                lo += 1;
             }
+            if hi - lo < 2 {
+                continue;
+            }
+            self.steps.push(i);
+            self.lo.push(lo);
+            self.hi.push(hi);
+            self.fresh.push((lo, hi) != previous);
+            previous = (lo, hi);
+            let (first_t, last_t) = (samples[lo].t, samples[hi - 1].t);
+            self.sampled.push((last_t - first_t) as f64);
+            gaps.push((hi - lo - 1) as f64);
+            self.to_start.push((first_t - start) as f64);
+            self.to_end.push((end - last_t) as f64);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, as just checked.
+            unsafe { self.seconds_avx2(&gaps) };
+            return;
+        }
+        self.seconds(&gaps);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn seconds_avx2(&mut self, gaps: &[f64]) {
+        self.seconds(gaps)
+    }
+
+    /// The timestamp-only arithmetic, from milliseconds to `sampled`, `to_start` and `to_end`.
+    #[inline(always)]
+    fn seconds(&mut self, gaps: &[f64]) {
+        let n = self.sampled.len();
+        assert!(gaps.len() == n && self.to_start.len() == n && self.to_end.len() == n);
+        for (i, &gaps) in gaps.iter().enumerate() {
+            let sampled = self.sampled[i] / 1000.0;
+            let avg_gap = sampled / gaps;
+            let half_gap = avg_gap / 2.0;
+            let threshold = avg_gap * 1.1;
+            let mut to_start = self.to_start[i] / 1000.0;
+            if to_start >= threshold {
+                to_start = half_gap;
+            }
+            let mut to_end = self.to_end[i] / 1000.0;
+            if to_end >= threshold {
+                to_end = half_gap;
+            }
+            (self.sampled[i], self.to_start[i], self.to_end[i]) = (sampled, to_start, to_end);
         }
     }
-    batch.finish(&mut points);
-    give_batch(scratch);
-    points
+
+    /// The series' points (`samples` must have the plan's timestamps) appended to `points`.
+    fn apply(
+        &mut self,
+        samples: &[Point],
+        ctx: &Ctx,
+        is_counter: bool,
+        per_second: Option<f64>,
+        points: &mut Vec<Point>,
+    ) {
+        debug_assert!(self.times.len() == samples.len());
+        let n = self.steps.len();
+        self.change.clear();
+        self.first_f.clear();
+        // The first counter reset after `lo` (a sample below the one before it), or the end:
+        // a window ending at or before it holds none, and its change needs no scan. It is
+        // looked for again only once `lo` has passed it (not at every step up to `hi`, a loop
+        // whose exit the samples' jitter made unpredictable), so all the looking costs one
+        // pass.
+        let is_reset = |j: usize| samples[j].f < samples[j - 1].f;
+        let mut next_reset = 0;
+        let mut change = 0.0;
+        for k in 0..n {
+            let (lo, hi) = (self.lo[k], self.hi[k]);
+            if self.fresh[k] {
+                let mut may_reset = false;
+                if is_counter {
+                    if next_reset <= lo {
+                        next_reset = lo + 1;
+                        while next_reset < samples.len() && !is_reset(next_reset) {
+                            next_reset += 1;
+                        }
+                    }
+                    may_reset = next_reset < hi;
+                }
+                change = window_change(&samples[lo..hi], may_reset).expect("a planned window has two samples");
+            }
+            self.change.push(change);
+            self.first_f.push(samples[lo].f);
+        }
+        self.values.clear();
+        self.values.resize(n, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, as just checked.
+            unsafe { self.values_avx2(is_counter, per_second) };
+        } else {
+            self.values(is_counter, per_second);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.values(is_counter, per_second);
+        points.extend(self.steps.iter().zip(&self.values).map(|(&i, &f)| Point { t: ctx.ts(i), f }));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn values_avx2(&mut self, is_counter: bool, per_second: Option<f64>) {
+        self.values(is_counter, per_second)
+    }
+
+    /// `extrapolated_rate`'s arithmetic that involves the values, for every planned step.
+    #[inline(always)]
+    fn values(&mut self, is_counter: bool, per_second: Option<f64>) {
+        let n = self.values.len();
+        let (change, first_f) = (&self.change[..n], &self.first_f[..n]);
+        let (sampled, to_start, to_end) = (&self.sampled[..n], &self.to_start[..n], &self.to_end[..n]);
+        for (i, value) in self.values.iter_mut().enumerate() {
+            let (change, first_f, sampled) = (change[i], first_f[i], sampled[i]);
+            // A counter cannot have been below zero: extrapolate at most to where it was.
+            let clamps = is_counter & (change > 0.0) & (first_f >= 0.0);
+            let to_zero = if clamps { sampled * (first_f / change) } else { f64::INFINITY };
+            let mut to_start = to_start[i];
+            if to_zero < to_start {
+                to_start = to_zero;
+            }
+            let mut factor = (sampled + to_start + to_end[i]) / sampled;
+            if let Some(d) = per_second {
+                factor /= d;
+            }
+            *value = change * factor;
+        }
+    }
 }
 
 thread_local! {
@@ -522,13 +691,13 @@ fn window_change(s: &[Point], may_reset: bool) -> Option<f64> {
     Some(result)
 }
 
-/// Points `slide_extrapolated` gathers before finishing them: enough for whole vectors and
-/// overlapping divisions, few enough for the batch to stay in L1.
+/// Points a rollup tier's `rate`, `increase` or `delta` gathers before finishing them: enough
+/// for whole vectors and overlapping divisions, few enough for the batch to stay in L1.
 const BATCH: usize = 64;
 
-/// What `extrapolated_rate` needs of each point of a batch, as floats (the millisecond
-/// differences are exact in a double), one array per quantity so that `finish` runs down
-/// them a vector at a time.
+/// What `extrapolated_rate` needs of each point of a batch of a tier's buckets, as floats (the
+/// millisecond differences are exact in a double), one array per quantity so that `finish`
+/// runs down them a vector at a time. (Raw samples go through a `WindowPlan` instead.)
 pub(super) struct Batch {
     len: usize,
     is_counter: bool,
@@ -562,15 +731,8 @@ impl Batch {
         }
     }
 
-    /// Adds a point: the window `(end - range, end]` holding `window` (two samples or more),
-    /// whose change is `change`.
-    #[inline(always)]
-    fn push(&mut self, window: &[Point], change: f64, end: i64, range: i64) {
-        self.push_parts(window[0], window[window.len() - 1].t, window.len(), change, end, range);
-    }
-
-    /// `push` for a window known by its first sample, its last sample's time and its sample
-    /// count (`samples`, two or more): a rollup tier's buckets.
+    /// Adds a point: the window `(end - range, end]` known by its first sample, its last
+    /// sample's time and its sample count (`samples`, two or more), whose change is `change`.
     #[inline(always)]
     pub(super) fn push_parts(&mut self, first: Point, last_t: i64, samples: usize, change: f64, end: i64, range: i64) {
         debug_assert!(samples >= 2 && self.len < BATCH);
@@ -1242,6 +1404,46 @@ mod tests {
         }
     }
 
+    /// Counter-like values made of `values`: increments, reset to zero where a value is below
+    /// 1% of the range (rare resets, so most windows hold none; else most hold several).
+    fn counter_like(values: &[f64]) -> Vec<f64> {
+        let mut total = 0.0;
+        values
+            .iter()
+            .map(|&f| {
+                if f < 1e4 {
+                    total = 0.0;
+                } else {
+                    total += f;
+                }
+                total
+            })
+            .collect()
+    }
+
+    /// Upstream's formula at every step, for the steps it gives a value: (time, bits).
+    fn upstream_slide(
+        samples: &[Point],
+        ctx: &Ctx,
+        spec: &RangeSpec,
+        is_counter: bool,
+        is_rate: bool,
+    ) -> Vec<(i64, u64)> {
+        let mut want = Vec::new();
+        for i in 0..ctx.n {
+            let end = spec.end_at(ctx.ts(i));
+            let window: Vec<Point> = samples.iter().copied().filter(|p| p.t > end - spec.range && p.t <= end).collect();
+            if let Some(f) = upstream_rate(&window, end, spec.range, is_counter, is_rate) {
+                want.push((ctx.ts(i), f.to_bits()));
+            }
+        }
+        want
+    }
+
+    fn bits(points: &[Point]) -> Vec<(i64, u64)> {
+        points.iter().map(|p| (p.t, p.f.to_bits())).collect()
+    }
+
     proptest::proptest! {
         /// Sliding with the sample-only part reused across steps gives, at every step, the
         /// bits upstream's formula gives for that step's window.
@@ -1253,35 +1455,59 @@ mod tests {
             range in 1_000i64..600_000,
             offset in 0i64..100_000,
             fun in 0usize..3,
-            counter_like in proptest::bool::ANY,
+            counter in proptest::bool::ANY,
         ) {
             let mut t = 0;
-            // Counter-like: increments of the values, reset to zero where a value is below 1%
-            // of the range (rare resets, so most windows hold none; else most hold several).
-            let mut total = 0.0;
-            let values: Vec<f64> = values
-                .iter()
-                .map(|&f| match counter_like {
-                    false => f,
-                    true if f < 1e4 => { total = 0.0; total }
-                    true => { total += f; total }
-                })
-                .collect();
+            let values = if counter { counter_like(&values) } else { values };
             let samples: Vec<Point> = gaps.iter().zip(&values).map(|(g, &f)| { t += g; Point { t, f } }).collect();
             let ctx = Ctx { start: -50_000, step, n: (t / step + 20) as usize };
             let spec = RangeSpec { range, offset, at: None, mode: RangeMode::Plain };
             let (is_counter, is_rate) = [(true, true), (true, false), (false, false)][fun];
             let got = slide_extrapolated(&samples, &ctx, &spec, is_counter, is_rate);
-            let mut want = Vec::new();
-            for i in 0..ctx.n {
-                let end = spec.end_at(ctx.ts(i));
-                let window: Vec<Point> = samples.iter().copied().filter(|p| p.t > end - range && p.t <= end).collect();
-                if let Some(f) = upstream_rate(&window, end, range, is_counter, is_rate) {
-                    want.push((ctx.ts(i), f.to_bits()));
-                }
+            proptest::prop_assert_eq!(bits(&got), upstream_slide(&samples, &ctx, &spec, is_counter, is_rate));
+        }
+
+        /// Series evaluated one after another on a thread, as a query's series are: the window
+        /// plan made for one is reused by the next with the same timestamps (other values,
+        /// another function) and made again when the timestamps, the steps or the range
+        /// differ; every answer has upstream's bits.
+        #[test]
+        fn series_sharing_timestamps_share_a_plan_and_keep_upstreams_bits(
+            gaps in proptest::collection::vec(1i64..200_000, 2..40),
+            values in proptest::collection::vec(-5.0f64..1e6, 40),
+            others in proptest::collection::vec(-5.0f64..1e6, 40),
+            steps in (1_000i64..120_000, 1_000i64..120_000),
+            ranges in (1_000i64..600_000, 1_000i64..600_000),
+            offset in 0i64..100_000,
+            moved in 0usize..40,
+        ) {
+            let mut t = 0;
+            let times: Vec<i64> = gaps.iter().map(|g| { t += g; t }).collect();
+            let series = |times: &[i64], values: &[f64]| -> Vec<Point> {
+                times.iter().zip(values).map(|(&t, &f)| Point { t, f }).collect()
+            };
+            let a = series(&times, &counter_like(&values));
+            let b = series(&times, &others);
+            // One sample a millisecond later (its neighbours are at least 1 ms away).
+            let mut moved_times = times.clone();
+            let m = moved % times.len();
+            moved_times[m] += if m + 1 < times.len() && times[m + 1] == times[m] + 1 { 0 } else { 1 };
+            let c = series(&moved_times, &counter_like(&others));
+            let ctx = |step: i64| Ctx { start: -50_000, step, n: (t / step + 20) as usize };
+            let spec = |range: i64| RangeSpec { range, offset, at: None, mode: RangeMode::Plain };
+            let runs = [
+                (&a, ctx(steps.0), spec(ranges.0), (true, true)),
+                (&b, ctx(steps.0), spec(ranges.0), (false, false)),
+                (&a, ctx(steps.0), spec(ranges.0), (true, false)),
+                (&a, ctx(steps.1), spec(ranges.0), (true, true)),
+                (&b, ctx(steps.1), spec(ranges.1), (false, false)),
+                (&c, ctx(steps.1), spec(ranges.1), (true, true)),
+                (&a, ctx(steps.1), spec(ranges.1), (true, true)),
+            ];
+            for (samples, ctx, spec, (is_counter, is_rate)) in runs {
+                let got = slide_extrapolated(samples, &ctx, &spec, is_counter, is_rate);
+                proptest::prop_assert_eq!(bits(&got), upstream_slide(samples, &ctx, &spec, is_counter, is_rate));
             }
-            let got: Vec<(i64, u64)> = got.iter().map(|p| (p.t, p.f.to_bits())).collect();
-            proptest::prop_assert_eq!(got, want);
         }
     }
 }
