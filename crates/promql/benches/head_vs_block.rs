@@ -8,6 +8,10 @@
 //! replaces 60% of the instances every 5 minutes (churn), so most series a selector finds have
 //! no samples in the last minutes. Each figure is the median of several runs; the machine is
 //! shared and noisy, so compare the ratio column, not absolute times across runs.
+//! `HEAD_VS_BLOCK_STAMPS=scrape` stamps samples as Prometheus does instead: every sample of
+//! one scrape of an instance has that scrape's time (±5 ms of jitter per scrape), and each
+//! instance is scraped at its own offset within the 15 s, so series of one instance share
+//! timestamps and series of different instances do not.
 //! `HEAD_VS_BLOCK_QUERY=text` runs only the queries that contain `text`, `HEAD_VS_BLOCK_RUNS=n`
 //! each n times (15), `HEAD_VS_BLOCK_SET=churn` (or `steady`) loads only that data set, `HEAD_VS_BLOCK_SELECT=1` also times the selection of `{job="node"}` over
 //! the last 5 minutes alone, and dropping it.
@@ -63,7 +67,13 @@ fn instance_series(instance: &str, out: &mut Vec<Labels>) {
 
 /// `instances` live for the whole window; with `churn_every_ms`, 60% of them are replaced by
 /// new ones (new `instance` values) at each period.
-fn generate(name: &'static str, instances: usize, minutes: i64, churn_every_ms: Option<i64>) -> DataSet {
+fn generate(
+    name: &'static str,
+    instances: usize,
+    minutes: i64,
+    churn_every_ms: Option<i64>,
+    per_scrape: bool,
+) -> DataSet {
     let end = minutes * 60_000;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut series = Vec::new();
@@ -92,9 +102,16 @@ fn generate(name: &'static str, instances: usize, minutes: i64, churn_every_ms: 
                 }
             }
         }
-        for &first in &slots {
+        for (slot, &first) in slots.iter().enumerate() {
+            // With `per_scrape`: the instance's offset within the interval and this scrape's
+            // jitter, for all its samples.
+            let offset = (slot as i64 * SCRAPE_MS / instances as i64).min(SCRAPE_MS - 6);
+            let scrape_at = t + offset + (xorshift(&mut seed) % 11) as i64 - 5;
             for k in 0..per {
-                let at = (t + (xorshift(&mut seed) % 11) as i64 - 5).max(0);
+                let at = match per_scrape {
+                    true => scrape_at.max(0),
+                    false => (t + (xorshift(&mut seed) % 11) as i64 - 5).max(0),
+                };
                 let v = if k < COUNTERS {
                     (t / SCRAPE_MS) as f64 * (k as f64 + 1.0) * 100.0 + (xorshift(&mut seed) % 100) as f64
                 } else {
@@ -140,15 +157,19 @@ fn main() {
     let instances = args.first().copied().unwrap_or(1000) as usize;
     let minutes = args.get(1).copied().unwrap_or(20);
     // Generated lazily would save little: both are small next to loading them.
+    let per_scrape = std::env::var("HEAD_VS_BLOCK_STAMPS").is_ok_and(|s| s == "scrape");
     let sets = [
-        generate("steady", instances, minutes, None),
-        generate("churn (60% of instances replaced every 5 min)", instances / 5, minutes, Some(5 * 60_000)),
+        generate("steady", instances, minutes, None, per_scrape),
+        generate("churn (60% of instances replaced every 5 min)", instances / 5, minutes, Some(5 * 60_000), per_scrape),
     ];
     let queries = [
         ("range", "sum by (instance) (rate(node_counter_7_total[5m]))"),
         ("range", "rate(node_counter_7_total[5m])"),
         ("range", "node_gauge_3"),
         ("range", "max by (device) (rate(node_counter_1_total{instance=~\"10.0.1.*\"}[5m]))"),
+        // A host's dashboard: every counter of one instance (one scrape's timestamps).
+        ("range", "sum by (device) (rate({__name__=~\"node_counter_.*\", instance=\"10.0.0.7:9100\"}[5m]))"),
+        ("range", "sum by (instance) (rate({__name__=~\"node_counter_.*\"}[5m]))"),
         ("range", "count by (job) ({__name__=~\"node_counter_.*\"})"),
         ("instant", "count({job=\"node\"})"),
         ("instant", "sum(node_gauge_9)"),

@@ -460,8 +460,10 @@ struct WindowPlan {
     lo: Vec<usize>,
     hi: Vec<usize>,
     fresh: Vec<bool>,
-    /// Seconds from the window's first sample to its last.
+    /// Seconds from the window's first sample to its last, and the window's sample count less
+    /// one (only while the plan is built).
     sampled: Vec<f64>,
+    gaps: Vec<f64>,
     /// Seconds the change is extrapolated towards the window's start and towards its end
     /// (each the distance to the edge, or half an average interval past the samples when the
     /// edge is further than 1.1 intervals), before a counter's clamp at zero.
@@ -490,14 +492,8 @@ impl WindowPlan {
         self.key = Self::key(ctx, spec);
         self.times.clear();
         self.times.extend(samples.iter().map(|p| p.t));
-        for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
-            v.clear();
-        }
-        self.fresh.clear();
-        for v in [&mut self.sampled, &mut self.to_start, &mut self.to_end] {
-            v.clear();
-        }
         let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+            self.truncate(0);
             return;
         };
         // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
@@ -505,11 +501,25 @@ impl WindowPlan {
         let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
         let from = usize::try_from(steps_to(first.t - 1) + 1).unwrap_or(0).min(ctx.n);
         let to = usize::try_from(steps_to(last.t.saturating_add(spec.range) - 1) + 1).unwrap_or(0).min(ctx.n);
-        let (mut lo, mut hi) = (0usize, 0usize);
-        let mut previous = (0usize, 0usize);
+        // Room for every step, written through slices and cut to the planned ones after (a
+        // push stores its vector's length back at every step).
+        let room = to.saturating_sub(from);
+        for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
+            v.resize(room, 0);
+        }
+        self.fresh.resize(room, false);
+        for v in [&mut self.sampled, &mut self.gaps, &mut self.to_start, &mut self.to_end] {
+            v.resize(room, 0.0);
+        }
+        let (steps, lo_at, hi_at, fresh) =
+            (&mut self.steps[..], &mut self.lo[..], &mut self.hi[..], &mut self.fresh[..]);
         // Each quantity as `extrapolated_rate` first has it (milliseconds, the sample count
         // less one), turned into seconds by `seconds` below.
-        let mut gaps = Vec::with_capacity(to.saturating_sub(from));
+        let (sampled, gaps) = (&mut self.sampled[..], &mut self.gaps[..]);
+        let (to_start, to_end) = (&mut self.to_start[..], &mut self.to_end[..]);
+        let (mut lo, mut hi) = (0usize, 0usize);
+        let mut previous = (0usize, 0usize);
+        let mut m = 0;
         for i in from..to {
             let end = spec.end_at(ctx.ts(i));
             let start = end - spec.range;
@@ -522,51 +532,60 @@ impl WindowPlan {
             if hi - lo < 2 {
                 continue;
             }
-            self.steps.push(i);
-            self.lo.push(lo);
-            self.hi.push(hi);
-            self.fresh.push((lo, hi) != previous);
+            (steps[m], lo_at[m], hi_at[m], fresh[m]) = (i, lo, hi, (lo, hi) != previous);
             previous = (lo, hi);
             let (first_t, last_t) = (samples[lo].t, samples[hi - 1].t);
-            self.sampled.push((last_t - first_t) as f64);
-            gaps.push((hi - lo - 1) as f64);
-            self.to_start.push((first_t - start) as f64);
-            self.to_end.push((end - last_t) as f64);
+            sampled[m] = (last_t - first_t) as f64;
+            gaps[m] = (hi - lo - 1) as f64;
+            to_start[m] = (first_t - start) as f64;
+            to_end[m] = (end - last_t) as f64;
+            m += 1;
         }
+        self.truncate(m);
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, as just checked.
-            unsafe { self.seconds_avx2(&gaps) };
+            unsafe { self.seconds_avx2() };
             return;
         }
-        self.seconds(&gaps);
+        self.seconds();
+    }
+
+    /// Keeps the first `m` planned steps.
+    fn truncate(&mut self, m: usize) {
+        for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
+            v.truncate(m);
+        }
+        self.fresh.truncate(m);
+        for v in [&mut self.sampled, &mut self.gaps, &mut self.to_start, &mut self.to_end] {
+            v.truncate(m);
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn seconds_avx2(&mut self, gaps: &[f64]) {
-        self.seconds(gaps)
+    unsafe fn seconds_avx2(&mut self) {
+        self.seconds()
     }
 
     /// The timestamp-only arithmetic, from milliseconds to `sampled`, `to_start` and `to_end`.
     #[inline(always)]
-    fn seconds(&mut self, gaps: &[f64]) {
-        let n = self.sampled.len();
-        assert!(gaps.len() == n && self.to_start.len() == n && self.to_end.len() == n);
-        for (i, &gaps) in gaps.iter().enumerate() {
-            let sampled = self.sampled[i] / 1000.0;
-            let avg_gap = sampled / gaps;
+    fn seconds(&mut self) {
+        let quantities =
+            self.sampled.iter_mut().zip(&self.gaps).zip(self.to_start.iter_mut().zip(self.to_end.iter_mut()));
+        for ((sampled, &gaps), (to_start, to_end)) in quantities {
+            *sampled /= 1000.0;
+            let avg_gap = *sampled / gaps;
             let half_gap = avg_gap / 2.0;
             let threshold = avg_gap * 1.1;
-            let mut to_start = self.to_start[i] / 1000.0;
-            if to_start >= threshold {
-                to_start = half_gap;
+            *to_start /= 1000.0;
+            if *to_start >= threshold {
+                *to_start = half_gap;
             }
-            let mut to_end = self.to_end[i] / 1000.0;
-            if to_end >= threshold {
-                to_end = half_gap;
+            *to_end /= 1000.0;
+            if *to_end >= threshold {
+                *to_end = half_gap;
             }
-            (self.sampled[i], self.to_start[i], self.to_end[i]) = (sampled, to_start, to_end);
         }
     }
 
@@ -581,8 +600,10 @@ impl WindowPlan {
     ) {
         debug_assert!(self.times.len() == samples.len());
         let n = self.steps.len();
-        self.change.clear();
-        self.first_f.clear();
+        // Written through slices zipped with the plan's, not pushed: a push stored each
+        // vector's length back at every step (perf: the loop's hottest instructions).
+        self.change.resize(n, 0.0);
+        self.first_f.resize(n, 0.0);
         // The first counter reset after `lo` (a sample below the one before it), or the end:
         // a window ending at or before it holds none, and its change needs no scan. It is
         // looked for again only once `lo` has passed it (not at every step up to `hi`, a loop
@@ -591,9 +612,11 @@ impl WindowPlan {
         let is_reset = |j: usize| samples[j].f < samples[j - 1].f;
         let mut next_reset = 0;
         let mut change = 0.0;
-        for k in 0..n {
-            let (lo, hi) = (self.lo[k], self.hi[k]);
-            if self.fresh[k] {
+        let windows = self.lo.iter().zip(&self.hi).zip(&self.fresh);
+        for (((&lo, &hi), &fresh), (change_out, first_out)) in
+            windows.zip(self.change.iter_mut().zip(self.first_f.iter_mut()))
+        {
+            if fresh {
                 let mut may_reset = false;
                 if is_counter {
                     if next_reset <= lo {
@@ -606,8 +629,8 @@ impl WindowPlan {
                 }
                 change = window_change(&samples[lo..hi], may_reset).expect("a planned window has two samples");
             }
-            self.change.push(change);
-            self.first_f.push(samples[lo].f);
+            *change_out = change;
+            *first_out = samples[lo].f;
         }
         self.values.clear();
         self.values.resize(n, 0.0);
