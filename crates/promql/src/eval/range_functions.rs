@@ -415,7 +415,7 @@ pub(super) fn per_second_divisor(range: i64, per_second: bool) -> Option<f64> {
 ///
 /// The work splits into what depends only on the samples' timestamps and what depends on
 /// their values. The first part, a `WindowPlan`, is the walk of windows over the steps
-/// (branches that follow the samples' jitter) and five of the seven divisions per point
+/// (branches that follow the samples' jitter) and the divisions that need only timestamps
 /// (Prometheus divides milliseconds by 1000 and the interval by the sample count); it is
 /// kept on the thread and reused by the next series whose samples have the same timestamps,
 /// as every series of one scrape has (Prometheus stamps a scrape's samples with one time, and
@@ -435,9 +435,18 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
     }
     let mut points = point_buffers::POOL.take(plan.steps.len());
     plan.apply(samples, ctx, is_counter, per_second_divisor(spec.range, is_rate), &mut points);
-    PLANS.with(|p| p.set(Some(plan)));
+    // A plan grown for a very long series is not kept idle on the thread.
+    if plan.times.capacity() <= PLAN_KEPT_SAMPLES_MAX && plan.steps.capacity() <= PLAN_KEPT_SAMPLES_MAX {
+        PLANS.with(|p| p.set(Some(plan)));
+    }
     points
 }
+
+/// The most samples, and planned steps, of a plan kept on a thread between series: 1.4 MiB at
+/// most (8 bytes a timestamp, 81 a planned step with its scratch); a day at a 15 s scrape
+/// interval is 5,760 samples, a week at 60 s steps 10,080 steps. A longer series makes its
+/// plan afresh, as one with other timestamps does.
+const PLAN_KEPT_SAMPLES_MAX: usize = 1 << 14;
 
 thread_local! {
     /// The window plan of the last series `slide_extrapolated` evaluated on this thread
