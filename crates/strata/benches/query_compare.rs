@@ -2,7 +2,7 @@
 //! run: a dashboard mix over the node-exporter recording replicated to INSTANCES instances.
 //!
 //! `cargo bench -p strata --bench query_compare [-- INSTANCES [RUNS [STRIDE]] [minutes=M]
-//! [churn=PCT/MIN]]` (defaults 1000, 5, 1, the 24 h shape, no churn).
+//! [churn=PCT/MIN] [stagger]]` (defaults 1000, 5, 1, the 24 h shape, no churn).
 //!
 //! Data: the recording's 600 scrapes (every STRIDE-th of them), re-stamped evenly over the
 //! 24 h before now (600 scrapes: 144 s apart), for INSTANCES `instance` values, plus a
@@ -13,7 +13,9 @@
 //! two hours) rather than in compacted blocks, and the queries cover those M minutes.
 //! `churn=60/15` replaces the first 60% of the instances every 15 minutes (new `instance`
 //! values, as pods replaced by a rollout), so most selected series are dead for most of the
-//! range. Each server
+//! range. `stagger` scrapes each instance at its own offset within the interval, with up to
+//! 20 ms of jitter per scrape, as Prometheus scrapes targets (without it every instance has the
+//! same timestamps, which flatters work shared between series of equal timestamps). Each server
 //! (`strata` from this build, Debian's `prometheus` with the remote-write receiver, Debian's
 //! `victoria-metrics` with its result cache off) is started on a fresh directory and loaded by
 //! remote write in time order over 4 connections, and left until its background work (head
@@ -166,9 +168,11 @@ fn load(port: u16, scrapes: &[Scrape], instances: usize, end_ms: i64, shape: Sha
     let mut batches: Vec<Vec<TimeSeries>> = vec![Vec::new(); CONNECTIONS];
     let mut total = 0u64;
     let begin_ms = end_ms - shape.span_ms();
+    let spacing_ms = shape.spacing_ms(scrapes);
     for (k, (recorded, samples)) in scrapes.iter().enumerate() {
-        let t = shape.restamp(scrapes, k, *recorded, end_ms);
+        let scrape_t = shape.restamp(scrapes, k, *recorded, end_ms);
         for i in 0..instances {
+            let t = scrape_t - shape.stagger_ms(k, i, instances, spacing_ms);
             let instance = match shape.churn {
                 // The first PCT% of the instances are replaced each period.
                 Some((pct, minutes)) if i * 100 < instances * pct => {
@@ -217,12 +221,19 @@ struct Shape {
     minutes: Option<i64>,
     /// (percent of the instances, minutes): that share replaced by new ones every period.
     churn: Option<(usize, i64)>,
+    /// Each instance scraped at its own offset within the scrape interval, with up to 20 ms
+    /// of jitter per scrape (as Prometheus scrapes targets), instead of every instance at the
+    /// same times. All samples of one scrape of an instance still share its time.
+    stagger: bool,
 }
 
 impl Shape {
     fn parse(args: &[String]) -> Shape {
-        let mut shape = Shape { minutes: None, churn: None };
+        let mut shape = Shape { minutes: None, churn: None, stagger: false };
         for a in args {
+            if a == "stagger" {
+                shape.stagger = true;
+            }
             if let Some(m) = a.strip_prefix("minutes=") {
                 shape.minutes = Some(m.parse().expect("minutes=M: a whole number of minutes"));
             } else if let Some(c) = a.strip_prefix("churn=") {
@@ -231,6 +242,20 @@ impl Shape {
             }
         }
         shape
+    }
+
+    /// How much earlier than `t` instance `i` of `instances` takes scrape `k` (scrapes
+    /// `spacing_ms` apart): its offset within the interval and this scrape's jitter, with
+    /// `stagger`; else 0.
+    fn stagger_ms(&self, k: usize, i: usize, instances: usize, spacing_ms: i64) -> i64 {
+        if !self.stagger {
+            return 0;
+        }
+        let mut x = (k as u64) << 32 ^ i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (i as i64 * (spacing_ms - 20) / instances as i64) + (x % 21) as i64
     }
 
     fn span_ms(&self) -> i64 {
@@ -249,6 +274,14 @@ impl Shape {
         }
     }
 
+    /// The time between scrapes: 24 h over the scrapes, or the recording's own mean interval.
+    fn spacing_ms(&self, scrapes: &[Scrape]) -> i64 {
+        match self.minutes {
+            None => DAY_MS / scrapes.len() as i64,
+            Some(_) => (scrapes.last().unwrap().0 - scrapes[0].0) / (scrapes.len() as i64 - 1).max(1),
+        }
+    }
+
     /// For the table's caption and the kept data's parameters.
     fn describe(&self) -> String {
         let mut s = match self.minutes {
@@ -257,6 +290,9 @@ impl Shape {
         };
         if let Some((pct, min)) = self.churn {
             s += &format!(", {pct}% of instances replaced every {min} min");
+        }
+        if self.stagger {
+            s += ", instances scraped at their own offsets";
         }
         s
     }
@@ -287,10 +323,7 @@ fn main() {
         scrapes.retain(|(t, _)| *t < first + m * 60_000);
     }
     let scrapes: Vec<Scrape> = scrapes.into_iter().step_by(stride).collect();
-    let spacing_ms = match shape.minutes {
-        None => DAY_MS / scrapes.len() as i64,
-        Some(_) => (scrapes.last().unwrap().0 - scrapes[0].0) / (scrapes.len() as i64 - 1).max(1),
-    };
+    let spacing_ms = shape.spacing_ms(&scrapes);
     let window = format!("{}m", (4 * spacing_ms / 60_000).max(5));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     // Data ends two minutes before now, on a whole minute; queries cover the span before that.
