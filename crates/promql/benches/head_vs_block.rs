@@ -105,7 +105,7 @@ fn generate(
         for (slot, &first) in slots.iter().enumerate() {
             // With `per_scrape`: the instance's offset within the interval and this scrape's
             // jitter, for all its samples.
-            let offset = (slot as i64 * SCRAPE_MS / instances as i64).min(SCRAPE_MS - 6);
+            let offset = slot as i64 * SCRAPE_MS / instances as i64;
             let scrape_at = t + offset + (xorshift(&mut seed) % 11) as i64 - 5;
             for k in 0..per {
                 let at = match per_scrape {

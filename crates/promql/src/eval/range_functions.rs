@@ -583,18 +583,7 @@ impl WindowPlan {
         let quantities =
             self.sampled.iter_mut().zip(&self.gaps).zip(self.to_start.iter_mut().zip(self.to_end.iter_mut()));
         for ((sampled, &gaps), (to_start, to_end)) in quantities {
-            *sampled /= 1000.0;
-            let avg_gap = *sampled / gaps;
-            let half_gap = avg_gap / 2.0;
-            let threshold = avg_gap * 1.1;
-            *to_start /= 1000.0;
-            if *to_start >= threshold {
-                *to_start = half_gap;
-            }
-            *to_end /= 1000.0;
-            if *to_end >= threshold {
-                *to_end = half_gap;
-            }
+            (*sampled, *to_start, *to_end) = edges_in_seconds(*sampled, gaps, *to_start, *to_end);
         }
     }
 
@@ -668,19 +657,7 @@ impl WindowPlan {
         let (change, first_f) = (&self.change[..n], &self.first_f[..n]);
         let (sampled, to_start, to_end) = (&self.sampled[..n], &self.to_start[..n], &self.to_end[..n]);
         for (i, value) in self.values.iter_mut().enumerate() {
-            let (change, first_f, sampled) = (change[i], first_f[i], sampled[i]);
-            // A counter cannot have been below zero: extrapolate at most to where it was.
-            let clamps = is_counter & (change > 0.0) & (first_f >= 0.0);
-            let to_zero = if clamps { sampled * (first_f / change) } else { f64::INFINITY };
-            let mut to_start = to_start[i];
-            if to_zero < to_start {
-                to_start = to_zero;
-            }
-            let mut factor = (sampled + to_start + to_end[i]) / sampled;
-            if let Some(d) = per_second {
-                factor /= d;
-            }
-            *value = change * factor;
+            *value = extrapolated(change[i], first_f[i], (sampled[i], to_start[i], to_end[i]), is_counter, per_second);
         }
     }
 }
@@ -821,32 +798,52 @@ impl Batch {
     fn values(&self, values: &mut [f64]) {
         assert!(values.len() <= BATCH);
         for (i, value) in values.iter_mut().enumerate() {
-            let sampled = self.sampled_ms[i] / 1000.0;
-            let avg_gap = sampled / self.gaps[i];
-            let half_gap = avg_gap / 2.0;
-            let threshold = avg_gap * 1.1;
-            let (change, first_f) = (self.change[i], self.first_f[i]);
-            // A counter cannot have been below zero: extrapolate at most to where it was.
-            let clamps = self.is_counter & (change > 0.0) & (first_f >= 0.0);
-            let to_zero = if clamps { sampled * (first_f / change) } else { f64::INFINITY };
-            let mut to_start = self.to_start_ms[i] / 1000.0;
-            if to_start >= threshold {
-                to_start = half_gap;
-            }
-            if to_zero < to_start {
-                to_start = to_zero;
-            }
-            let mut to_end = self.to_end_ms[i] / 1000.0;
-            if to_end >= threshold {
-                to_end = half_gap;
-            }
-            let mut factor = (sampled + to_start + to_end) / sampled;
-            if let Some(d) = self.per_second {
-                factor /= d;
-            }
-            *value = change * factor;
+            let edges = edges_in_seconds(self.sampled_ms[i], self.gaps[i], self.to_start_ms[i], self.to_end_ms[i]);
+            *value = extrapolated(self.change[i], self.first_f[i], edges, self.is_counter, self.per_second);
         }
     }
+}
+
+/// `extrapolated_rate`'s arithmetic that needs only a window's timestamps: from the
+/// milliseconds between its first and last sample, its sample count less one (`gaps`) and
+/// the milliseconds from its start to the first sample and from the last to its end, the
+/// seconds sampled and the seconds to extrapolate towards each edge (the distance, or half an
+/// average interval when the edge is further than 1.1 intervals). The same operations in the
+/// same order as upstream's, so the same bits.
+#[inline(always)]
+fn edges_in_seconds(sampled_ms: f64, gaps: f64, to_start_ms: f64, to_end_ms: f64) -> (f64, f64, f64) {
+    let sampled = sampled_ms / 1000.0;
+    let avg_gap = sampled / gaps;
+    let half_gap = avg_gap / 2.0;
+    let threshold = avg_gap * 1.1;
+    let mut to_start = to_start_ms / 1000.0;
+    if to_start >= threshold {
+        to_start = half_gap;
+    }
+    let mut to_end = to_end_ms / 1000.0;
+    if to_end >= threshold {
+        to_end = half_gap;
+    }
+    (sampled, to_start, to_end)
+}
+
+/// The rest of `extrapolated_rate`: the window's `change` (first value `first_f`) scaled over
+/// `edges_in_seconds`' (sampled, to_start, to_end), a counter's extrapolation towards the
+/// start stopping where it would reach zero, divided by `per_second` if given.
+#[inline(always)]
+fn extrapolated(change: f64, first_f: f64, edges: (f64, f64, f64), is_counter: bool, per_second: Option<f64>) -> f64 {
+    let (sampled, mut to_start, to_end) = edges;
+    // A counter cannot have been below zero: extrapolate at most to where it was.
+    let clamps = is_counter & (change > 0.0) & (first_f >= 0.0);
+    let to_zero = if clamps { sampled * (first_f / change) } else { f64::INFINITY };
+    if to_zero < to_start {
+        to_start = to_zero;
+    }
+    let mut factor = (sampled + to_start + to_end) / sampled;
+    if let Some(d) = per_second {
+        factor /= d;
+    }
+    change * factor
 }
 
 /// Whether start times say a counter reset between two consecutive samples (`prev_st` and
