@@ -12,6 +12,7 @@
 //! one scrape of an instance has that scrape's time (±5 ms of jitter per scrape), and each
 //! instance is scraped at its own offset within the 15 s, so series of one instance share
 //! timestamps and series of different instances do not.
+//! `HEAD_VS_BLOCK_SCRAPE_S=n` scrapes every n seconds instead of 15.
 //! `HEAD_VS_BLOCK_QUERY=text` runs only the queries that contain `text`, `HEAD_VS_BLOCK_RUNS=n`
 //! each n times (15), `HEAD_VS_BLOCK_SET=churn` (or `steady`) loads only that data set, `HEAD_VS_BLOCK_SELECT=1` also times the selection of `{job="node"}` over
 //! the last 5 minutes alone, and dropping it.
@@ -24,7 +25,10 @@ use strata_tsdb::head::{Appender, Head, HeadOptions};
 use strata_tsdb::querier::Series as StoredSeries;
 use strata_tsdb::{Db, DbOptions};
 
-const SCRAPE_MS: i64 = 15_000;
+/// The scrape interval: 15 s, or `HEAD_VS_BLOCK_SCRAPE_S` seconds.
+static SCRAPE_MS: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
+    std::env::var("HEAD_VS_BLOCK_SCRAPE_S").ok().and_then(|s| s.parse::<i64>().ok()).map_or(15_000, |s| s * 1000)
+});
 const COUNTERS: usize = 50;
 const GAUGES: usize = 50;
 
@@ -105,7 +109,7 @@ fn generate(
         for (slot, &first) in slots.iter().enumerate() {
             // With `per_scrape`: the instance's offset within the interval and this scrape's
             // jitter, for all its samples.
-            let offset = slot as i64 * SCRAPE_MS / instances as i64;
+            let offset = slot as i64 * *SCRAPE_MS / instances as i64;
             let scrape_at = t + offset + (xorshift(&mut seed) % 11) as i64 - 5;
             for k in 0..per {
                 let at = match per_scrape {
@@ -113,21 +117,21 @@ fn generate(
                     false => (t + (xorshift(&mut seed) % 11) as i64 - 5).max(0),
                 };
                 let v = if k < COUNTERS {
-                    (t / SCRAPE_MS) as f64 * (k as f64 + 1.0) * 100.0 + (xorshift(&mut seed) % 100) as f64
+                    (t / *SCRAPE_MS) as f64 * (k as f64 + 1.0) * 100.0 + (xorshift(&mut seed) % 100) as f64
                 } else {
                     (xorshift(&mut seed) % 10_000) as f64 / 100.0
                 };
                 samples.push((at, (first + k) as u32, v));
             }
         }
-        t += SCRAPE_MS;
+        t += *SCRAPE_MS;
     }
     DataSet { name, series, samples, end }
 }
 
 /// Appends the data set's samples a scrape per commit.
 fn fill<'a>(appender: &dyn Fn() -> Appender<'a>, data: &DataSet) {
-    for scrape in data.samples.chunk_by(|a, b| a.0 / SCRAPE_MS == b.0 / SCRAPE_MS) {
+    for scrape in data.samples.chunk_by(|a, b| a.0 / *SCRAPE_MS == b.0 / *SCRAPE_MS) {
         let mut app = appender();
         for &(t, i, v) in scrape {
             app.append(&data.series[i as usize], t, v).unwrap();

@@ -162,7 +162,9 @@ pub(super) fn stream(
             // window's arithmetic is inlined into it.
             let (st, o) = (starts.floats, overlap);
             let points = match name {
-                "rate" | "increase" | "delta" if st.is_empty() && spec.at.is_none() => {
+                "rate" | "increase" | "delta"
+                    if st.is_empty() && spec.at.is_none() && WindowPlan::fits(samples, ctx) =>
+                {
                     slide_extrapolated(samples, ctx, &spec, name != "delta", name == "rate")
                 }
                 "rate" => slide_plain(samples, st, ctx, &spec, o, |s, w| extrapolated_rate(s, w, true, true)),
@@ -420,8 +422,9 @@ pub(super) fn per_second_divisor(range: i64, per_second: bool) -> Option<f64> {
 /// kept on the thread and reused by the next series whose samples have the same timestamps,
 /// as every series of one scrape has (Prometheus stamps a scrape's samples with one time, and
 /// a histogram's buckets, a node's CPUs and modes sit next to each other in label order). The
-/// second part, per series, is each window's change (with its counter resets, computed once
-/// while consecutive steps' windows hold the same samples) and the two or three divisions
+/// second part, per series, is each window's change (its last value less its first when the
+/// series has no counter reset; else with the resets its window holds, computed once while
+/// consecutive steps' windows hold the same samples) and the two or three divisions
 /// that involve it, done over the whole series a vector at a time. Steps whose windows cannot
 /// reach two samples are not in the plan.
 fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter: bool, is_rate: bool) -> Vec<Point> {
@@ -442,8 +445,8 @@ fn slide_extrapolated(samples: &[Point], ctx: &Ctx, spec: &RangeSpec, is_counter
     points
 }
 
-/// The most samples, and planned steps, of a plan kept on a thread between series: 1.4 MiB at
-/// most (8 bytes a timestamp, 81 a planned step with its scratch); a day at a 15 s scrape
+/// The most samples, and planned steps, of a plan kept on a thread between series: 1.1 MiB at
+/// most (8 bytes a timestamp, 60 a planned step with its scratch); a day at a 15 s scrape
 /// interval is 5,760 samples, a week at 60 s steps 10,080 steps. A longer series makes its
 /// plan afresh, as one with other timestamps does.
 const PLAN_KEPT_SAMPLES_MAX: usize = 1 << 14;
@@ -456,23 +459,21 @@ thread_local! {
 
 /// The windows of two samples or more that a range query's steps make of one series'
 /// timestamps, with the part of `extrapolated_rate`'s arithmetic that needs only timestamps
-/// done. Valid for any series with the same timestamps, whatever its values.
+/// done. Valid for any series with the same timestamps, whatever its values. Indexes are
+/// `u32` (half the bytes to write and read back per step); `fits` says whether a series and
+/// its steps can be planned.
 #[derive(Default)]
 struct WindowPlan {
     /// What the plan was made for: the steps (`Ctx`), the range and offset, the timestamps.
     key: (i64, i64, usize, i64, i64),
     times: Vec<i64>,
-    /// Per planned step (steps whose window holds two samples or more, in order): the step,
-    /// its window's samples `lo..hi`, whether that window differs from the previous planned
-    /// step's (its change must be computed again).
-    steps: Vec<usize>,
-    lo: Vec<usize>,
-    hi: Vec<usize>,
-    fresh: Vec<bool>,
-    /// Seconds from the window's first sample to its last, and the window's sample count less
-    /// one (only while the plan is built).
+    /// Per planned step (steps whose window holds two samples or more, in order): the step
+    /// and its window's samples `lo..hi`.
+    steps: Vec<u32>,
+    lo: Vec<u32>,
+    hi: Vec<u32>,
+    /// Seconds from the window's first sample to its last.
     sampled: Vec<f64>,
-    gaps: Vec<f64>,
     /// Seconds the change is extrapolated towards the window's start and towards its end
     /// (each the distance to the edge, or half an average interval past the samples when the
     /// edge is further than 1.1 intervals), before a counter's clamp at zero.
@@ -489,6 +490,12 @@ impl WindowPlan {
         (ctx.start, ctx.step, ctx.n, spec.range, spec.offset)
     }
 
+    /// Whether a series of `samples` over `ctx`'s steps fits a plan's indexes (a window's
+    /// sample count less one is converted through `i32`, which vectorizes).
+    fn fits(samples: &[Point], ctx: &Ctx) -> bool {
+        samples.len() <= i32::MAX as usize && ctx.n <= u32::MAX as usize
+    }
+
     /// Whether the plan holds for `samples` (their timestamps, not their values).
     fn is_for(&self, samples: &[Point], ctx: &Ctx, spec: &RangeSpec) -> bool {
         self.key == Self::key(ctx, spec)
@@ -496,59 +503,50 @@ impl WindowPlan {
             && samples.iter().zip(&self.times).all(|(p, &t)| p.t == t)
     }
 
-    /// Walks the steps' windows over `samples`' timestamps.
+    /// Walks the steps' windows over `samples`' timestamps (two or more, `fits`).
     fn build(&mut self, samples: &[Point], ctx: &Ctx, spec: &RangeSpec) {
+        debug_assert!(samples.len() >= 2 && Self::fits(samples, ctx));
         self.key = Self::key(ctx, spec);
         self.times.clear();
         self.times.extend(samples.iter().map(|p| p.t));
-        let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
-            self.truncate(0);
-            return;
-        };
+        let times = &self.times[..];
+        let n = times.len();
         // Windows end at `ts(i) - offset`: the first that can hold the first sample ends at or
         // after it, the last that can hold the last one starts before it.
         let steps_to = |t: i64| (t.saturating_add(spec.offset).saturating_sub(ctx.start)).div_euclid(ctx.step.max(1));
-        let from = usize::try_from(steps_to(first.t - 1) + 1).unwrap_or(0).min(ctx.n);
-        let to = usize::try_from(steps_to(last.t.saturating_add(spec.range) - 1) + 1).unwrap_or(0).min(ctx.n);
+        let from = usize::try_from(steps_to(times[0] - 1) + 1).unwrap_or(0).min(ctx.n);
+        let to = usize::try_from(steps_to(times[n - 1].saturating_add(spec.range) - 1) + 1).unwrap_or(0).min(ctx.n);
         // Room for every step, written through slices and cut to the planned ones after (a
         // push stores its vector's length back at every step).
         let room = to.saturating_sub(from);
         for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
             v.resize(room, 0);
         }
-        self.fresh.resize(room, false);
-        for v in [&mut self.sampled, &mut self.gaps, &mut self.to_start, &mut self.to_end] {
+        for v in [&mut self.sampled, &mut self.to_start, &mut self.to_end] {
             v.resize(room, 0.0);
         }
-        let (steps, lo_at, hi_at, fresh) =
-            (&mut self.steps[..], &mut self.lo[..], &mut self.hi[..], &mut self.fresh[..]);
-        // Each quantity as `extrapolated_rate` first has it (milliseconds, the sample count
-        // less one), turned into seconds by `seconds` below.
-        let (sampled, gaps) = (&mut self.sampled[..], &mut self.gaps[..]);
-        let (to_start, to_end) = (&mut self.to_start[..], &mut self.to_end[..]);
+        let (steps, lo_at, hi_at) = (&mut self.steps[..], &mut self.lo[..], &mut self.hi[..]);
+        // In milliseconds here; `seconds` below turns them into seconds.
+        let (sampled, to_start, to_end) = (&mut self.sampled[..], &mut self.to_start[..], &mut self.to_end[..]);
         let (mut lo, mut hi) = (0usize, 0usize);
-        let mut previous = (0usize, 0usize);
         let mut m = 0;
         for i in from..to {
             let end = spec.end_at(ctx.ts(i));
             let start = end - spec.range;
-            while hi < samples.len() && samples[hi].t <= end {
+            while hi < n && times[hi] <= end {
                 hi += 1;
             }
-            while lo < hi && samples[lo].t <= start {
+            while lo < hi && times[lo] <= start {
                 lo += 1;
             }
-            if hi - lo < 2 {
-                continue;
-            }
-            (steps[m], lo_at[m], hi_at[m], fresh[m]) = (i, lo, hi, (lo, hi) != previous);
-            previous = (lo, hi);
-            let (first_t, last_t) = (samples[lo].t, samples[hi - 1].t);
+            // Every step is written at `m`, which moves on only past a window of two samples
+            // or more: no branch on the window's size (`m` never passes the step's own slot).
+            let (first_t, last_t) = (times[lo.min(n - 1)], times[hi.max(1) - 1]);
+            (steps[m], lo_at[m], hi_at[m]) = (i as u32, lo as u32, hi as u32);
             sampled[m] = (last_t - first_t) as f64;
-            gaps[m] = (hi - lo - 1) as f64;
             to_start[m] = (first_t - start) as f64;
             to_end[m] = (end - last_t) as f64;
-            m += 1;
+            m += usize::from(hi - lo >= 2);
         }
         self.truncate(m);
         #[cfg(target_arch = "x86_64")]
@@ -565,8 +563,7 @@ impl WindowPlan {
         for v in [&mut self.steps, &mut self.lo, &mut self.hi] {
             v.truncate(m);
         }
-        self.fresh.truncate(m);
-        for v in [&mut self.sampled, &mut self.gaps, &mut self.to_start, &mut self.to_end] {
+        for v in [&mut self.sampled, &mut self.to_start, &mut self.to_end] {
             v.truncate(m);
         }
     }
@@ -580,10 +577,13 @@ impl WindowPlan {
     /// The timestamp-only arithmetic, from milliseconds to `sampled`, `to_start` and `to_end`.
     #[inline(always)]
     fn seconds(&mut self) {
-        let quantities =
-            self.sampled.iter_mut().zip(&self.gaps).zip(self.to_start.iter_mut().zip(self.to_end.iter_mut()));
-        for ((sampled, &gaps), (to_start, to_end)) in quantities {
-            (*sampled, *to_start, *to_end) = edges_in_seconds(*sampled, gaps, *to_start, *to_end);
+        let n = self.steps.len();
+        let (lo, hi) = (&self.lo[..n], &self.hi[..n]);
+        let (sampled, to_start, to_end) = (&mut self.sampled[..n], &mut self.to_start[..n], &mut self.to_end[..n]);
+        for k in 0..n {
+            // A window's sample count less one (`fits`: below 2^31).
+            let gaps = f64::from((hi[k] - lo[k] - 1) as i32);
+            (sampled[k], to_start[k], to_end[k]) = edges_in_seconds(sampled[k], gaps, to_start[k], to_end[k]);
         }
     }
 
@@ -602,33 +602,39 @@ impl WindowPlan {
         // vector's length back at every step (perf: the loop's hottest instructions).
         self.change.resize(n, 0.0);
         self.first_f.resize(n, 0.0);
-        // The first counter reset after `lo` (a sample below the one before it), or the end:
-        // a window ending at or before it holds none, and its change needs no scan. It is
-        // looked for again only once `lo` has passed it (not at every step up to `hi`, a loop
-        // whose exit the samples' jitter made unpredictable), so all the looking costs one
-        // pass.
+        let windows = self.lo.iter().zip(&self.hi);
+        let outputs = self.change.iter_mut().zip(self.first_f.iter_mut());
+        // A counter reset: a sample below the one before it.
         let is_reset = |j: usize| samples[j].f < samples[j - 1].f;
-        let mut next_reset = 0;
-        let mut change = 0.0;
-        let windows = self.lo.iter().zip(&self.hi).zip(&self.fresh);
-        for (((&lo, &hi), &fresh), (change_out, first_out)) in
-            windows.zip(self.change.iter_mut().zip(self.first_f.iter_mut()))
-        {
-            if fresh {
-                let mut may_reset = false;
-                if is_counter {
+        if !is_counter || !(1..samples.len()).fold(false, |any, j| any | is_reset(j)) {
+            // No window holds a reset: each change is its last value less its first.
+            for ((&lo, &hi), (change_out, first_out)) in windows.zip(outputs) {
+                let (first, last) = (samples[lo as usize].f, samples[hi as usize - 1].f);
+                (*change_out, *first_out) = (last - first, first);
+            }
+        } else {
+            // The first reset after `lo`, or the end: a window ending at or before it holds
+            // none. It is looked for again only once `lo` has passed it, so all the looking
+            // costs one pass; a window's change is computed again only when it differs from
+            // the previous planned step's.
+            let mut next_reset = 0;
+            let (mut change, mut previous) = (0.0, (0, 0));
+            for ((&lo, &hi), (change_out, first_out)) in windows.zip(outputs) {
+                let (lo, hi) = (lo as usize, hi as usize);
+                if (lo, hi) != previous {
+                    previous = (lo, hi);
                     if next_reset <= lo {
                         next_reset = lo + 1;
                         while next_reset < samples.len() && !is_reset(next_reset) {
                             next_reset += 1;
                         }
                     }
-                    may_reset = next_reset < hi;
+                    change =
+                        window_change(&samples[lo..hi], next_reset < hi).expect("a planned window has two samples");
                 }
-                change = window_change(&samples[lo..hi], may_reset).expect("a planned window has two samples");
+                *change_out = change;
+                *first_out = samples[lo].f;
             }
-            *change_out = change;
-            *first_out = samples[lo].f;
         }
         self.values.clear();
         self.values.resize(n, 0.0);
@@ -641,7 +647,7 @@ impl WindowPlan {
         }
         #[cfg(not(target_arch = "x86_64"))]
         self.values(is_counter, per_second);
-        points.extend(self.steps.iter().zip(&self.values).map(|(&i, &f)| Point { t: ctx.ts(i), f }));
+        points.extend(self.steps.iter().zip(&self.values).map(|(&i, &f)| Point { t: ctx.ts(i as usize), f }));
     }
 
     #[cfg(target_arch = "x86_64")]
