@@ -195,8 +195,13 @@ pub struct Engine {
 
 /// Below this many series a selector is evaluated on the calling thread.
 const PARALLEL_SERIES_MIN: usize = 512;
-/// Series a selection worker maps before handing them to the consumer at once.
-const PIPELINE_BATCH: usize = 32;
+/// Points a selection worker's batch of mapped series holds, about, before it hands them to
+/// the consumer at once: 32 series of a day at a 60 s step. Fewer points per series make
+/// larger batches (an instant query's series hold one point each), between these bounds, so
+/// that handing over (a wake-up of the consumer per batch) stays a small part of the work.
+const PIPELINE_POINTS: usize = 32 * 1440;
+const PIPELINE_BATCH_MIN: usize = 32;
+const PIPELINE_BATCH_MAX: usize = 1024;
 /// Batches a selection worker may hold ahead of the consumer.
 const PIPELINE_DEPTH: usize = 2;
 
@@ -658,14 +663,14 @@ impl<'a> Evaluator<'a> {
 
     /// Reads the series a selector matches in `[mint, maxt]`, maps each through `f` and hands
     /// the results to `sink` in label order. `f` runs in parallel over batches of series, so
-    /// memory holds one batch of results, not the whole selection. Stale markers are kept
-    /// (instant selectors need them).
+    /// memory holds a few batches of results (sized by the `steps` each result may hold), not
+    /// the whole selection. Stale markers are kept (instant selectors need them).
     fn for_each_selected<F>(
         &self,
         matchers: &[Matcher],
         stats_only: bool,
-        mint: i64,
-        maxt: i64,
+        (mint, maxt): (i64, i64),
+        steps: usize,
         f: F,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError>
@@ -702,7 +707,8 @@ impl<'a> Evaluator<'a> {
         // order (deterministic sums) while the consumer overlaps with reading and only a few
         // batches are held at once. Batches, not single series, so that handing results over
         // costs a wake-up per batch.
-        let batches = stored.chunks(PIPELINE_BATCH);
+        let batch = (PIPELINE_POINTS / steps.max(1)).clamp(PIPELINE_BATCH_MIN, PIPELINE_BATCH_MAX);
+        let batches = stored.chunks(batch);
         let n_batches = batches.len();
         std::thread::scope(|scope| {
             let mut rxs = Vec::with_capacity(threads);
@@ -900,7 +906,7 @@ impl<'a> Evaluator<'a> {
             }
             Some(Series::with_hists(labels.clone(), points, hists))
         };
-        self.for_each_selected(&sel.matchers, sel.stats_only, first - lookback + 1, maxt, per_series, sink)
+        self.for_each_selected(&sel.matchers, sel.stats_only, (first - lookback + 1, maxt), ctx.n, per_series, sink)
     }
 
     /// The window a range selector or subquery reads at each step.
@@ -967,7 +973,7 @@ impl<'a> Evaluator<'a> {
                         f(labels, samples, hists, Starts { floats: starts.floats, hists: hist_starts }, false)
                     }
                 };
-                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, mint, maxt, per_series, sink)
+                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, (mint, maxt), ctx.n, per_series, sink)
             }
             ExprKind::Subquery(sq) => {
                 let step = match &sq.step {
