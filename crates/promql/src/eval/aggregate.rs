@@ -190,7 +190,13 @@ struct StepAccs {
 
 /// The accumulators of consecutive steps, `StepAccs::base` first.
 enum Steps {
-    Compact { seen: Vec<bool>, sums: Vec<(f64, f64)> },
+    /// A value and a compensation per step, apart (so that a fold runs down both a vector of
+    /// steps at a time).
+    Compact {
+        seen: Vec<bool>,
+        values: Vec<f64>,
+        comps: Vec<f64>,
+    },
     Full(Vec<Acc>),
 }
 
@@ -254,7 +260,7 @@ impl StepAccs {
     fn new(op: AggregateOp) -> StepAccs {
         let steps = match op {
             AggregateOp::Avg | AggregateOp::Stddev | AggregateOp::Stdvar => Steps::Full(Vec::new()),
-            _ => Steps::Compact { seen: Vec::new(), sums: Vec::new() },
+            _ => Steps::Compact { seen: Vec::new(), values: Vec::new(), comps: Vec::new() },
         };
         StepAccs { base: 0, steps }
     }
@@ -285,9 +291,10 @@ impl StepAccs {
         }
         let (before, after) = if len == 0 { (0, hi - lo) } else { (base - lo, hi - (base + len)) };
         match &mut self.steps {
-            Steps::Compact { seen, sums } => {
+            Steps::Compact { seen, values, comps } => {
                 widen(seen, false, before, after);
-                widen(sums, (0.0, 0.0), before, after);
+                widen(values, 0.0, before, after);
+                widen(comps, 0.0, before, after);
             }
             Steps::Full(acc) => widen(acc, Acc::default(), before, after),
         }
@@ -299,9 +306,9 @@ impl StepAccs {
     fn result(&self, op: AggregateOp, i: usize) -> Option<f64> {
         let k = i.checked_sub(self.base).filter(|&k| k < self.len())?;
         match &self.steps {
-            Steps::Compact { seen, sums } => seen[k].then(|| match op {
-                AggregateOp::Sum => sums[k].0 + sums[k].1,
-                _ => sums[k].0,
+            Steps::Compact { seen, values, comps } => seen[k].then(|| match op {
+                AggregateOp::Sum => values[k] + comps[k],
+                _ => values[k],
             }),
             Steps::Full(acc) => acc[k].seen.then(|| acc[k].result(op)),
         }
@@ -322,7 +329,7 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
     let base = accs.base;
     // The points' first and last steps among the kept ones.
     let span = (first - base, last - base);
-    let (seen, sums) = match &mut accs.steps {
+    let (seen, values, comps) = match &mut accs.steps {
         Steps::Full(acc) => {
             macro_rules! each {
                 ($op:expr) => {{
@@ -340,61 +347,103 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
             }
             return;
         }
-        Steps::Compact { seen, sums } => (seen, sums),
+        Steps::Compact { seen, values, comps } => (seen, values, comps),
     };
     // A step's new (value, compensation) from its old one, the point's value and whether the
     // step was set: the first sample sets it, the others combine.
+    let accs = Compact { seen, values, comps, base };
     match op {
-        AggregateOp::Sum => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
-            let next = kahan_inc(f, v.0, v.1);
+        AggregateOp::Sum => accs.fold(span, points, ctx, |v, c, f, set| {
+            let next = kahan_inc(f, v, c);
             if set {
                 next
             } else {
                 (f, 0.0)
             }
         }),
-        AggregateOp::Count => {
-            fold_compact(seen, sums, base, span, points, ctx, |v, _, set| (if set { v.0 + 1.0 } else { 1.0 }, v.1))
+        AggregateOp::Count => accs.fold(span, points, ctx, |v, c, _, set| (if set { v + 1.0 } else { 1.0 }, c)),
+        AggregateOp::Group => accs.fold(span, points, ctx, |_, c, _, _| (1.0, c)),
+        AggregateOp::Min => {
+            accs.fold(span, points, ctx, |v, c, f, set| (if !set || v > f || v.is_nan() { f } else { v }, c))
         }
-        AggregateOp::Group => fold_compact(seen, sums, base, span, points, ctx, |v, _, _| (1.0, v.1)),
-        AggregateOp::Min => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
-            (if !set || v.0 > f || v.0.is_nan() { f } else { v.0 }, v.1)
-        }),
-        AggregateOp::Max => fold_compact(seen, sums, base, span, points, ctx, |v, f, set| {
-            (if !set || v.0 < f || v.0.is_nan() { f } else { v.0 }, v.1)
-        }),
+        AggregateOp::Max => {
+            accs.fold(span, points, ctx, |v, c, f, set| (if !set || v < f || v.is_nan() { f } else { v }, c))
+        }
         _ => unreachable!("not an accumulating aggregation"),
     }
 }
 
-/// Folds points into compact accumulators by `update`. A series on consecutive steps (present
-/// throughout the range: the common case) is a straight walk over its steps' slices, which the
-/// compiler vectorizes (`update` choosing on `set` by a select, not a branch); other series
-/// find their steps by walking (points are in step order) rather than by dividing. `from` and
-/// `to` are the points' first and last steps among the kept ones (from `base`), as `fold` made
-/// the accumulators span them.
-#[inline(always)]
-fn fold_compact(
-    seen: &mut [bool],
-    sums: &mut [(f64, f64)],
+/// A group's compact accumulators, borrowed for one series' fold.
+struct Compact<'a> {
+    seen: &'a mut [bool],
+    values: &'a mut [f64],
+    comps: &'a mut [f64],
     base: usize,
-    (from, to): (usize, usize),
+}
+
+impl Compact<'_> {
+    /// Folds points into the accumulators by `update` (old value, old compensation, the
+    /// point's value, whether the step was set). A series on consecutive steps (present
+    /// throughout the range: the common case) is a straight walk over its steps' slices, which
+    /// the compiler vectorizes (`update` choosing on `set` by a select, not a branch), with
+    /// AVX2 where the CPU has it; other series find their steps by walking (points are in step
+    /// order) rather than by dividing. `from` and `to` are the points' first and last steps
+    /// among the kept ones (from `base`), as `fold` made the accumulators span them.
+    #[inline(always)]
+    fn fold(
+        self,
+        (from, to): (usize, usize),
+        points: &[Point],
+        ctx: &Ctx,
+        update: impl Fn(f64, f64, f64, bool) -> (f64, f64),
+    ) {
+        if to - from + 1 == points.len() {
+            let (seen, values, comps) =
+                (&mut self.seen[from..=to], &mut self.values[from..=to], &mut self.comps[from..=to]);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, as just checked.
+                unsafe { fold_steps_avx2(seen, values, comps, points, update) };
+                return;
+            }
+            fold_steps(seen, values, comps, points, update);
+        } else {
+            let mut steps = ctx.walker();
+            for p in points {
+                let i = steps.index(p.t) - self.base;
+                (self.values[i], self.comps[i]) = update(self.values[i], self.comps[i], p.f, self.seen[i]);
+                self.seen[i] = true;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fold_steps_avx2(
+    seen: &mut [bool],
+    values: &mut [f64],
+    comps: &mut [f64],
     points: &[Point],
-    ctx: &Ctx,
-    update: impl Fn((f64, f64), f64, bool) -> (f64, f64),
+    update: impl Fn(f64, f64, f64, bool) -> (f64, f64),
 ) {
-    if to - from + 1 == points.len() {
-        for ((set, v), p) in seen[from..=to].iter_mut().zip(&mut sums[from..=to]).zip(points) {
-            *v = update(*v, p.f, *set);
-            *set = true;
-        }
-    } else {
-        let mut steps = ctx.walker();
-        for p in points {
-            let i = steps.index(p.t) - base;
-            sums[i] = update(sums[i], p.f, seen[i]);
-            seen[i] = true;
-        }
+    fold_steps(seen, values, comps, points, update)
+}
+
+/// Folds one point per step into steps' accumulators of the same length.
+#[inline(always)]
+fn fold_steps(
+    seen: &mut [bool],
+    values: &mut [f64],
+    comps: &mut [f64],
+    points: &[Point],
+    update: impl Fn(f64, f64, f64, bool) -> (f64, f64),
+) {
+    let n = points.len();
+    let (seen, values, comps) = (&mut seen[..n], &mut values[..n], &mut comps[..n]);
+    for k in 0..n {
+        (values[k], comps[k]) = update(values[k], comps[k], points[k].f, seen[k]);
+        seen[k] = true;
     }
 }
 
