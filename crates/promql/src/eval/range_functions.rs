@@ -525,13 +525,15 @@ impl WindowPlan {
         for v in [&mut self.sampled, &mut self.to_start, &mut self.to_end] {
             v.resize(room, 0.0);
         }
-        let (steps, lo_at, hi_at) = (&mut self.steps[..], &mut self.lo[..], &mut self.hi[..]);
+        // Each sliced to `room`, so that one comparison of `m` bounds all six stores.
+        let (steps, lo_at, hi_at) = (&mut self.steps[..room], &mut self.lo[..room], &mut self.hi[..room]);
         // In milliseconds here; `seconds` below turns them into seconds.
-        let (sampled, to_start, to_end) = (&mut self.sampled[..], &mut self.to_start[..], &mut self.to_end[..]);
+        let (sampled, to_start, to_end) =
+            (&mut self.sampled[..room], &mut self.to_start[..room], &mut self.to_end[..room]);
         let (mut lo, mut hi) = (0usize, 0usize);
         let mut m = 0;
+        let mut end = spec.end_at(ctx.ts(from));
         for i in from..to {
-            let end = spec.end_at(ctx.ts(i));
             let start = end - spec.range;
             while hi < n && times[hi] <= end {
                 hi += 1;
@@ -547,6 +549,8 @@ impl WindowPlan {
             to_start[m] = (first_t - start) as f64;
             to_end[m] = (end - last_t) as f64;
             m += usize::from(hi - lo >= 2);
+            // Wrapping: past the last step the value is not used, and may lie past i64.
+            end = end.wrapping_add(ctx.step);
         }
         self.truncate(m);
         #[cfg(target_arch = "x86_64")]
