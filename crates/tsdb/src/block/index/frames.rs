@@ -251,6 +251,43 @@ mod tests {
         written
     }
 
+    /// One reader cache taking series from two indexes in turn, whose symbols have the same
+    /// ids but other strings, gives each series its own index's labels (a reader's cache keeps
+    /// the last symbol resolved at each label position, and must not take it for the other
+    /// file's).
+    #[test]
+    fn one_reader_cache_across_indexes_keeps_each_ones_symbols() {
+        let tmp = tempfile::tempdir().unwrap();
+        let write = |name: &str, prefix: &str| {
+            let path = tmp.path().join(name);
+            let names: Vec<String> = (0..300).map(|i| format!("{prefix}.host-{i:04}.load")).collect();
+            let mut symbols: Vec<Arc<str>> = names.iter().map(|s| Arc::from(s.as_str())).collect();
+            symbols.push(Arc::from("__name__"));
+            symbols.sort();
+            let mut w = IndexWriter::create(&crate::vfs::OsFs, &path, &symbols).unwrap();
+            let mut written = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                let labels = Labels::from_pairs([("__name__", n.as_str())]);
+                let meta = ChunkMetaRef {
+                    mint: 1000 * i as i64,
+                    maxt: 1000 * i as i64 + 500,
+                    chunk: ChunkRef::in_group(1, 32, i),
+                };
+                w.add_series(&labels, &[meta]).unwrap();
+                written.push(labels);
+            }
+            w.finish().unwrap();
+            (IndexFile::open(&crate::vfs::OsFs, &path).unwrap(), written)
+        };
+        let (a, b) = (write("a", "alpha"), write("b", "bravo"));
+        let (mut shared, mut chunks) = (ReadCache::default(), Vec::new());
+        for i in 0..300 {
+            for (ix, written) in [&a, &b] {
+                assert_eq!(ix.series(SeriesRef(i as u64), &mut chunks, &mut shared).unwrap(), written[i], "series {i}");
+            }
+        }
+    }
+
     /// Every series of a many-frame index reads back, in order, backwards and scattered, with
     /// one reader cache or a fresh one each time; the frames are compressed, and a frame that
     /// is damaged fails the reads of its own series, named, and no other.
