@@ -7,6 +7,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use strata_model::{Labels, Matcher, Sample, SeriesRef, METRIC_NAME};
@@ -423,7 +424,7 @@ pub struct Querier<'a> {
     /// any sample is read.
     max_chunks: usize,
     /// Chunks found so far by this querier's selections (sources run on several threads).
-    chunks_found: std::sync::atomic::AtomicUsize,
+    chunks_found: AtomicUsize,
     /// False: `select` reads the blocks only (a rollup tier's, which the head has no part of).
     read_head: bool,
     /// `select` lists the series with samples in range without their chunks (`labels_only`).
@@ -566,7 +567,7 @@ impl<'a> Querier<'a> {
             threads: 1,
             interrupt: None,
             max_chunks: usize::MAX,
-            chunks_found: std::sync::atomic::AtomicUsize::new(0),
+            chunks_found: AtomicUsize::new(0),
             read_head: true,
             labels_only: false,
         }
@@ -709,10 +710,11 @@ impl<'a> Querier<'a> {
         matchers: &[Matcher],
         threads: usize,
     ) -> Result<(Vec<Series>, Vec<Vec<Series>>)> {
-        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        use std::sync::atomic::Ordering::Relaxed;
         use std::sync::{Barrier, Mutex, OnceLock};
         let next_block = AtomicUsize::new(0);
         let ids: Vec<OnceLock<Result<Vec<SeriesRef>>>> = blocks.iter().map(|_| OnceLock::new()).collect();
+        let found: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
         let found_ids = Barrier::new(threads);
         // Pieces in block order, then id order: (block, range of its ids).
         let pieces_of = |ids: &[OnceLock<Result<Vec<SeriesRef>>>]| -> Vec<(usize, std::ops::Range<usize>)> {
@@ -750,7 +752,7 @@ impl<'a> Querier<'a> {
                         let (block, block_ids) = (&blocks[*b], ids[*b].get().and_then(|r| r.as_ref().ok()));
                         let piece = &block_ids.expect("pieces are of blocks whose ids were found")[range.clone()];
                         let r = self
-                            .select_block_series(block, piece, &mut interner)
+                            .select_block_series(block, piece, &mut interner, &found[*b])
                             .inspect_err(|e| block.mark_corrupt_if(e));
                         let failed = r.is_err();
                         read.lock().unwrap_or_else(|e| e.into_inner()).push((p, r));
@@ -895,7 +897,7 @@ impl<'a> Querier<'a> {
 
     fn select_block(&self, block: &Block, matchers: &[Matcher], interner: &mut ReadCache) -> Result<Vec<Series>> {
         let ids = self.select_block_ids(block, matchers)?;
-        self.select_block_series(block, &ids, interner)
+        self.select_block_series(block, &ids, interner, &AtomicUsize::new(0))
     }
 
     /// The ids of a block's series that `matchers` select and whose time bounds reach the
@@ -908,8 +910,17 @@ impl<'a> Querier<'a> {
     }
 
     /// The series `ids` of a block (in order) that have a chunk in range, with those chunks;
-    /// the few the time bounds let through without one are left out.
-    fn select_block_series(&self, block: &Block, ids: &[SeriesRef], interner: &mut ReadCache) -> Result<Vec<Series>> {
+    /// the few the time bounds let through without one are left out. `found` counts the
+    /// block's series found so far, by every thread reading a piece of it: the series limit
+    /// holds for the block's whole selection, as soon as it is passed.
+    fn select_block_series(
+        &self,
+        block: &Block,
+        ids: &[SeriesRef],
+        interner: &mut ReadCache,
+        found: &AtomicUsize,
+    ) -> Result<Vec<Series>> {
+        let count_one = || self.check_limit(found.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         let data = block.data()?;
         let stones = block.tombstones();
         let mut metas = Vec::new();
@@ -931,7 +942,7 @@ impl<'a> Querier<'a> {
             let deleted = stones.get(&id.0).cloned().unwrap_or_default();
             if self.labels_only {
                 out.push(Series { labels, chunks: Vec::new(), deleted, mint: self.mint, maxt: self.maxt });
-                self.check_limit(out.len())?;
+                count_one()?;
                 continue;
             }
             self.count_chunks(count)?;
@@ -944,7 +955,7 @@ impl<'a> Querier<'a> {
                 rank,
             }));
             out.push(Series { labels, chunks, deleted, mint: self.mint, maxt: self.maxt });
-            self.check_limit(out.len())?;
+            count_one()?;
         }
         Ok(out)
     }
