@@ -271,7 +271,7 @@ mod tests {
                 let meta = ChunkMetaRef {
                     mint: 1000 * i as i64,
                     maxt: 1000 * i as i64 + 500,
-                    chunk: ChunkRef::in_group(1, 32, i),
+                    chunk: ChunkRef::in_group(1, 32 * (i as u64 / 200 + 1), i % 200),
                 };
                 w.add_series(&labels, &[meta]).unwrap();
                 written.push(labels);
