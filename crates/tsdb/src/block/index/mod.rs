@@ -102,10 +102,6 @@ pub struct ReadCache {
     position: Option<PagePosition>,
     /// Symbol cursors (versions 3 and 4) by label position: a name's and a value's for each.
     symbols: Vec<symbols::SymbolCursor>,
-    /// By the same positions, the last symbol resolved there (of which opened file) and its
-    /// shared string: series in label order repeat most of their neighbour's names and
-    /// values, which then cost neither decoding nor a lookup in `strings`.
-    resolved: Vec<Option<(u64, u32, Arc<str>)>>,
     /// Version 4: the label ids of a page's first entry, which the page's other entries are
     /// written relative to, and which page (of which opened file) they are of.
     first_labels: Vec<(u32, u32)>,
@@ -1093,18 +1089,16 @@ impl IndexFile {
                 // Series in label order repeat or advance each position's strings.
                 if cache.symbols.len() < 2 * (i + 1) {
                     cache.symbols.resize_with(2 * (i + 1), Default::default);
-                    cache.resolved.resize(2 * (i + 1), None);
                 }
-                let ReadCache { strings, symbols, resolved, .. } = cache;
+                let ReadCache { strings, symbols, .. } = cache;
                 let mut resolve = |at: usize, id: u32| -> Arc<str> {
-                    match &resolved[at] {
-                        Some((file, last, s)) if *file == self.opened && *last == id => s.clone(),
-                        _ => {
-                            let s = intern(strings, self.symbols.get_via(&self.map, self.opened, id, &mut symbols[at]));
-                            resolved[at] = Some((self.opened, id, s.clone()));
-                            s
-                        }
+                    let cursor = &mut symbols[at];
+                    if let Some(s) = cursor.shared(self.opened, id) {
+                        return s.clone();
                     }
+                    let s = intern(strings, self.symbols.get_via(&self.map, self.opened, id, cursor));
+                    cursor.keep_shared(s.clone());
+                    s
                 };
                 (resolve(2 * i, name), resolve(2 * i + 1, value))
             } else {

@@ -398,12 +398,31 @@ pub(super) struct SymbolCursor {
     /// the opening and the frame's groups: the next symbol is mostly in the same frame, which
     /// is then taken from here, not from the group cache.
     frame: Option<(u64, std::ops::Range<usize>, Arc<Group>)>,
+    /// The reader's shared string for the symbol at `at`, once it kept one (`keep_shared`):
+    /// series in label order repeat most of their neighbour's names and values, which then
+    /// cost neither decoding nor a lookup among the reader's strings.
+    shared: Option<Arc<str>>,
+}
+
+impl SymbolCursor {
+    /// The shared string kept for symbol `id` of the index opened as `file`, if the cursor is
+    /// at that symbol.
+    pub(super) fn shared(&self, file: u64, id: u32) -> Option<&Arc<str>> {
+        self.shared.as_ref().filter(|_| self.at == Some((file, id)))
+    }
+
+    /// Keeps `s` as the shared string of the symbol the cursor is at (read by `get_via`).
+    pub(super) fn keep_shared(&mut self, s: Arc<str>) {
+        self.shared = Some(s);
+    }
 }
 
 impl SymbolTable {
     /// Symbol `id` of the index opened as `file`, through `cursor`: from the symbol it holds when
     /// that is in the same group and not after `id`.
     pub(super) fn get_via<'c>(&self, map: &[u8], file: u64, id: u32, cursor: &'c mut SymbolCursor) -> &'c str {
+        // The kept string is of the symbol the cursor leaves.
+        cursor.shared = None;
         let SymbolTable::FrontCoded { groups, format, .. } = self else {
             cursor.buf.clear();
             cursor.buf.extend_from_slice(self.get(map, id).as_bytes());
@@ -415,7 +434,7 @@ impl SymbolTable {
             Some((f, last)) if f == file && last as usize / SYMBOL_GROUP == group && last <= id => Some(last),
             _ => None,
         };
-        let SymbolCursor { at, next, buf, frame } = cursor;
+        let SymbolCursor { at, next, buf, frame, .. } = cursor;
         let frames = match self {
             SymbolTable::FrontCoded { frames: Some(frames), .. } => Some(frames),
             _ => None,
@@ -609,6 +628,23 @@ mod tests {
                 symbols.iter().enumerate().filter(|(i, _)| i % 3 != 1).map(|(i, s)| (i as u32, s.clone())).collect();
             prop_assert_eq!(seen, want);
         }
+    }
+
+    /// A cursor gives back the shared string kept for the symbol it is at, and only for that
+    /// symbol of that file: reading another symbol through it drops the string.
+    #[test]
+    fn a_cursor_keeps_the_shared_string_of_its_symbol_only() {
+        let symbols: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let (body, t) = table_in(&symbols, EntryFormat::Nibbles);
+        let mut cursor = SymbolCursor::default();
+        assert_eq!(t.get_via(&body, 7, 1, &mut cursor), "b");
+        cursor.keep_shared(Arc::from("b"));
+        assert_eq!(cursor.shared(7, 1).map(|s| &**s), Some("b"));
+        assert!(cursor.shared(8, 1).is_none(), "another file's symbol 1");
+        assert!(cursor.shared(7, 2).is_none(), "another symbol");
+        assert_eq!(t.get_via(&body, 7, 2, &mut cursor), "c");
+        assert!(cursor.shared(7, 2).is_none(), "symbol 2 read, but no string kept for it");
+        assert!(cursor.shared(7, 1).is_none());
     }
 
     fn framed_table(symbols: &[String]) -> (Vec<u8>, SymbolTable) {
