@@ -364,10 +364,17 @@ fn main() {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
             continue;
         }
+        // Strata and VictoriaMetrics get the same series limit (the churned shape's 131k query
+        // selects 1.5M series, past Strata's default of 1M).
         let extra: Vec<String> = match *name {
-            "strata" | "strata-baseline" => {
-                vec!["--query.max-samples".into(), "1000000000".into(), "--retention".into(), "30d".into()]
-            }
+            "strata" | "strata-baseline" => vec![
+                "--query.max-samples".into(),
+                "1000000000".into(),
+                "--query.max-series".into(),
+                "10000000".into(),
+                "--retention".into(),
+                "30d".into(),
+            ],
             "prometheus" => vec!["--query.max-samples=1000000000".into(), "--storage.tsdb.retention.time=30d".into()],
             _ => vec![
                 "-search.disableCache".into(),
