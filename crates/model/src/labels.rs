@@ -73,13 +73,39 @@ pub fn pairs_are_canonical<N: AsRef<str>, V: AsRef<str>>(pairs: &[(N, V)]) -> bo
 }
 
 /// A sorted label set. Invariant: sorted by name, names unique and non-empty, values non-empty.
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Labels(Vec<Label>);
+///
+/// Immutable once built, and shared: a clone is one reference count, not a copy of the labels
+/// with two counts per label. Queries clone a selected series' labels into each of its
+/// results, on several threads at once; with a vector, each clone and drop also raised and
+/// lowered the counts of the strings every series shares (`__name__`, `instance`) from those
+/// threads.
+#[derive(Clone, Eq)]
+pub struct Labels(Arc<[Label]>);
+
+impl Default for Labels {
+    fn default() -> Self {
+        Labels::empty()
+    }
+}
+
+/// Equal by content (two sets that share their labels are equal without reading them), so
+/// hashed by content too.
+impl PartialEq for Labels {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl std::hash::Hash for Labels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
+    }
+}
 
 impl Labels {
     /// An empty label set (the identity for building).
     pub fn empty() -> Self {
-        Labels(Vec::new())
+        Labels(Arc::from(Vec::new()))
     }
 
     /// Builds a validated label set from pairs in any order. Pairs with an empty value are
@@ -116,7 +142,7 @@ impl Labels {
         if let Some(w) = v.windows(2).find(|w| w[0].name == w[1].name) {
             return Err(LabelsError::DuplicateName { name: w[0].name.to_string() });
         }
-        Ok(Labels(v))
+        Ok(Labels(v.into()))
     }
 
     /// Wraps labels already known to be sorted, unique and non-empty (e.g. decoded from our own
@@ -124,7 +150,7 @@ impl Labels {
     pub fn from_sorted_unchecked(v: Vec<Label>) -> Self {
         debug_assert!(v.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
         debug_assert!(v.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
-        Labels(v)
+        Labels(v.into())
     }
 
     /// Checks the invariants; used on label sets that come from outside.
@@ -182,6 +208,9 @@ impl Ord for Labels {
         // Strings shared between label sets (a reader's interned symbols) are equal without
         // reading their bytes.
         let cmp_str = |a: &Arc<str>, b: &Arc<str>| if Arc::ptr_eq(a, b) { Ordering::Equal } else { a.cmp(b) };
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return Ordering::Equal;
+        }
         for (a, b) in self.0.iter().zip(other.0.iter()) {
             match cmp_str(&a.name, &b.name).then_with(|| cmp_str(&a.value, &b.value)) {
                 Ordering::Equal => continue,
@@ -239,7 +268,7 @@ pub struct LabelsBuilder {
 
 impl LabelsBuilder {
     pub fn new(base: &Labels) -> Self {
-        LabelsBuilder { labels: base.0.clone() }
+        LabelsBuilder { labels: base.0.to_vec() }
     }
 
     /// Sets `name` to `value`; an empty value deletes the label.
@@ -274,6 +303,23 @@ mod tests {
         assert_eq!(l.get("a"), None);
         assert_eq!(l.metric_name(), Some("up"));
         assert_eq!(l.to_string(), r#"up{b="2", c="3"}"#);
+    }
+
+    #[test]
+    fn clones_share_their_labels_and_compare_by_content() {
+        let a = Labels::from_pairs([("__name__", "up"), ("job", "a")]);
+        let b = a.clone();
+        assert!(std::ptr::eq(a.as_slice(), b.as_slice()), "a clone shares the labels");
+        assert_eq!((a == b, a.cmp(&b)), (true, Ordering::Equal));
+        let same = Labels::from_pairs([("job", "a"), ("__name__", "up")]);
+        assert_eq!((a == same, a.cmp(&same)), (true, Ordering::Equal));
+        let other = Labels::from_pairs([("__name__", "up"), ("job", "b")]);
+        assert_eq!((a == other, a.cmp(&other)), (false, Ordering::Less));
+        let mut changed = LabelsBuilder::new(&b);
+        changed.set("job", "z");
+        let changed = changed.build().unwrap();
+        assert_eq!((a.get("job"), b.get("job"), changed.get("job")), (Some("a"), Some("a"), Some("z")));
+        assert_eq!(Labels::default(), Labels::empty());
     }
 
     #[test]
