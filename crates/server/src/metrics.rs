@@ -622,6 +622,12 @@ fn render_db(o: &mut String, db: &Db) {
                 "counter",
                 load(&d.rollup_histogram_series_skipped),
             ),
+            (
+                "strata_tsdb_rollup_coarse_blocks_dropped_total",
+                "Coarse rollup tier blocks dropped to roll their raw blocks up again (late data, raw retention).",
+                "counter",
+                load(&d.rollup_coarse_blocks_dropped),
+            ),
         ],
     );
     render_tiers(o, &db.tier_status());

@@ -109,6 +109,9 @@ pub struct DbStats {
     pub rollup_compactions: AtomicU64,
     pub rollup_blocks_deleted_by_retention: AtomicU64,
     pub rollup_histogram_series_skipped: AtomicU64,
+    /// Coarse tier blocks (merged while their raw blocks remain) dropped so that their raw
+    /// blocks are rolled up again one by one: late data reached one, or retention deletes one.
+    pub rollup_coarse_blocks_dropped: AtomicU64,
 }
 
 /// What one `compact` call did.
@@ -762,7 +765,7 @@ impl Inner {
 }
 
 /// Replaces `remove` by `add` in `list`, atomically for readers; the list stays sorted by start.
-fn swap_in(list: &BlockList, remove: &[Arc<Block>], add: Option<Arc<Block>>) {
+fn swap_in(list: &BlockList, remove: &[Arc<Block>], add: impl IntoIterator<Item = Arc<Block>>) {
     let mut w = list.write();
     let mut next: Vec<Arc<Block>> = w.iter().filter(|b| !remove.iter().any(|r| Arc::ptr_eq(r, b))).cloned().collect();
     next.extend(add);

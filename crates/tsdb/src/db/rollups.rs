@@ -18,11 +18,17 @@
 //! - A tier **holds** a raw block when every source of the raw block is among its blocks'
 //!   sources. A tier block whose sources a newer rolled-up raw block includes (late data merged
 //!   into a range already rolled up) is replaced by the new one, as compaction replaces inputs.
+//! - Tier blocks of settled raw blocks (at the largest raw range, overlapping nothing, without
+//!   deletions) are merged into **coarse** blocks of 3× that range while the raw blocks remain,
+//!   except in the window of the oldest raw block (`coarse_candidates`). A coarse block is
+//!   never rewritten in part: when late data merges into one of its raw blocks, or retention is
+//!   about to delete one, it is dropped and its raw blocks (all still there) rolled up again
+//!   one by one (`roll_up`); readers read raw whatever a left-out tier block held.
 //! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
 //!   (raw data deleted by retention): until then each is one raw block's rollup (or the merge
-//!   of raw blocks merged since), so late data replaces it exactly. Merged blocks span the
-//!   tier's compaction ranges (×3 from the largest raw range, up to 31 days or a tenth of the
-//!   tier's retention).
+//!   of raw blocks merged since, or a coarse block), so late data replaces it exactly. Merged
+//!   blocks span the tier's compaction ranges (×3 from the largest raw range, up to 31 days or
+//!   a tenth of the tier's retention).
 //! - Raw retention deletes a block only once every tier holds it, and not while it overlaps
 //!   another raw block (their samples may be the same ones: merged first, then rolled up); a
 //!   tier's retention deletes its blocks older than the tier's retention behind the newest
@@ -211,8 +217,23 @@ impl Db {
     }
 }
 
+/// The raw blocks (by their first ULIDs) block `b` holds the samples of.
+fn block_sources(b: &Block) -> impl Iterator<Item = &str> {
+    b.meta().compaction.sources.iter().map(String::as_str)
+}
+
 fn holds(sources: &HashSet<String>, b: &Block) -> bool {
     b.meta().compaction.sources.iter().all(|s| sources.contains(s))
+}
+
+/// Whether tier block `c` holds some of the raw `sources` together with other raw blocks'
+/// data: it holds a part of them only (late data merged into one of its raw blocks), or, with
+/// `whole_too`, all of them and more (a coarse block, one of whose raw blocks retention
+/// deletes).
+fn holds_part_with_others(c: &Block, sources: &[String], whole_too: bool) -> bool {
+    let theirs = &c.meta().compaction.sources;
+    let shared = theirs.iter().filter(|s| sources.binary_search(s).is_ok()).count();
+    shared > 0 && shared < theirs.len() && (whole_too || shared < sources.len())
 }
 
 /// The tiers whose directories `dir` holds, each kept forever: what a tool opening a data
@@ -260,7 +281,7 @@ impl Inner {
             let overlapped =
                 raw.iter().enumerate().any(|(j, o)| j != i && o.meta().min_time < maxt && mint < o.meta().max_time);
             if !overlapped {
-                n += self.roll_up(b)? as usize;
+                n += self.roll_up(b, false)? as usize;
             }
         }
         Ok(n)
@@ -313,8 +334,54 @@ impl Inner {
         }
     }
 
-    /// Writes `raw`'s rollup for every tier that lacks it; true if any did.
-    fn roll_up(&self, raw: &Arc<Block>) -> Result<bool> {
+    /// Writes `raw`'s rollup for every tier that lacks it; true if any did. A coarse tier
+    /// block that holds part of `raw`'s data beside other raw blocks' (late data merged into one
+    /// of its raw blocks), or with `for_deletion` any coarse block holding `raw` with others, is
+    /// dropped first (`drop_coarse`), and the other raw blocks it held are rolled up again one
+    /// by one after `raw`.
+    fn roll_up(&self, raw: &Arc<Block>, for_deletion: bool) -> Result<bool> {
+        let mine = &raw.meta().compaction.sources;
+        let mut dropped: HashSet<String> = HashSet::new();
+        for t in &self.tiers {
+            let listed = live(&t.blocks.read());
+            for c in listed.iter().filter(|c| holds_part_with_others(c, mine, for_deletion)) {
+                self.drop_coarse(t, c, raw)?;
+                dropped.extend(c.meta().compaction.sources.iter().cloned());
+            }
+        }
+        let rolled = self.roll_up_one(raw)?;
+        if dropped.is_empty() {
+            return Ok(rolled);
+        }
+        let blocks = self.blocks.read().clone();
+        for x in blocks.iter().filter(|x| !Arc::ptr_eq(x, raw)) {
+            let (mint, maxt) = (x.meta().min_time, x.meta().max_time);
+            let overlapped =
+                blocks.iter().any(|o| !Arc::ptr_eq(o, x) && o.meta().min_time < maxt && mint < o.meta().max_time);
+            if !overlapped && x.meta().compaction.sources.iter().any(|s| dropped.contains(s)) {
+                self.roll_up_one(x)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Unlists and deletes coarse tier block `c` of tier `t`, whose raw blocks all remain: read
+    /// raw until they are rolled up again, they answer exactly as `c` did. Rewriting `c`
+    /// without one raw block's part cannot be exact (a bucket at a block boundary holds samples
+    /// of both sides, combined), and dropping it first keeps a crash from leaving both `c` and
+    /// a newer rollup of the same samples.
+    fn drop_coarse(&self, t: &Tier, c: &Arc<Block>, because: &Block) -> Result<()> {
+        swap_in(&t.blocks, std::slice::from_ref(c), None);
+        self.stats.rollup_coarse_blocks_dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            tier = %t.spec, ulid = c.ulid(), raw = because.ulid(),
+            "dropped a coarse rollup block to roll its raw blocks up again one by one"
+        );
+        self.delete_unlisted_from(&t.blocks, c)
+    }
+
+    /// `roll_up` without the coarse blocks.
+    fn roll_up_one(&self, raw: &Arc<Block>) -> Result<bool> {
         let needing: Vec<&Tier> = self.tiers.iter().filter(|t| !holds(&t.sources(), raw)).collect();
         if needing.is_empty() {
             return Ok(false);
@@ -372,7 +439,7 @@ impl Inner {
             );
             return false;
         }
-        match self.roll_up(b) {
+        match self.roll_up(b, true) {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(block = b.ulid(), error = %e, "could not roll up a block retention would delete; it is kept");
@@ -410,26 +477,84 @@ impl Inner {
                     .cloned()
                     .collect();
                 let Some(group) = compact::plan(&settled, &ranges) else { break };
-                let started = std::time::Instant::now();
-                let meta = merge_tier_blocks(&t.dir, t.spec.meta(), &group).inspect_err(|e| {
-                    for b in &group {
-                        b.mark_corrupt_if(e);
-                    }
-                })?;
-                let out = meta.as_ref().map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m.clone())));
-                swap_in(&t.blocks, &group, out);
-                for b in &group {
-                    self.delete_unlisted_from(&t.blocks, b)?;
-                }
-                self.stats.rollup_compactions.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    tier = %t.spec, inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
-                    elapsed_ms = started.elapsed().as_millis() as u64, "compacted rollup blocks"
-                );
+                self.merge_tier_group(t, &group, "compacted rollup blocks")?;
                 n += 1;
+            }
+            // Blocks of settled raw blocks, merged while those remain (`coarse_candidates`).
+            if let [base, coarse, ..] = ranges[..] {
+                loop {
+                    let candidates = self.coarse_candidates(t, base, coarse);
+                    let Some(group) = compact::plan(&candidates, &[base, coarse]) else { break };
+                    self.merge_tier_group(t, &group, "merged rollup blocks of settled raw blocks")?;
+                    n += 1;
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Merges tier `t`'s blocks `group` into one, listed in their place.
+    fn merge_tier_group(&self, t: &Tier, group: &[Arc<Block>], what: &'static str) -> Result<()> {
+        let started = std::time::Instant::now();
+        let meta = merge_tier_blocks(&t.dir, t.spec.meta(), group).inspect_err(|e| {
+            for b in group {
+                b.mark_corrupt_if(e);
+            }
+        })?;
+        let out = meta.as_ref().map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m.clone())));
+        swap_in(&t.blocks, group, out);
+        for b in group {
+            self.delete_unlisted_from(&t.blocks, b)?;
+        }
+        self.stats.rollup_compactions.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            tier = %t.spec, inputs = group.len(), output = ?meta.as_ref().map(|m| &m.ulid),
+            elapsed_ms = started.elapsed().as_millis() as u64, "{what}"
+        );
+        Ok(())
+    }
+
+    /// Tier `t`'s blocks that may be merged into coarse blocks (windows of `coarse`) while
+    /// their raw blocks remain, sorted by start. Each holds exactly the sources of the raw
+    /// blocks its sources are in, and those are settled: at the largest raw range `base` (never
+    /// merged side by side again), overlapping no other raw block nor the head (late data would
+    /// merge into them), without deletions. The window of the oldest raw block is left out: it
+    /// is the one retention reaches first, and a coarse block is dropped when retention deletes
+    /// one of its raw blocks (`roll_up`), so merging there would only be undone.
+    fn coarse_candidates(&self, t: &Tier, base: i64, coarse: i64) -> Vec<Arc<Block>> {
+        let raw = self.blocks.read().clone();
+        let Some(oldest) = raw.iter().map(|b| b.meta().min_time).min() else { return Vec::new() };
+        let first_window_end = (oldest.div_euclid(coarse) + 1).saturating_mul(coarse);
+        let head = self.head.time_range();
+        let overlap = |a: (i64, i64), b: (i64, i64)| a.0 < b.1 && b.0 < a.1;
+        let span = |b: &Block| (b.meta().min_time, b.meta().max_time);
+        let settled = |x: &Arc<Block>| {
+            x.meta().max_time - x.meta().min_time >= base
+                && x.tombstones().is_empty()
+                && !raw.iter().any(|o| !Arc::ptr_eq(o, x) && overlap(span(o), span(x)))
+                && !head.is_some_and(|(lo, hi)| overlap((lo, hi.saturating_add(1)), span(x)))
+        };
+        let mut out: Vec<Arc<Block>> = live(&t.blocks.read())
+            .into_iter()
+            .filter(|b| {
+                let mine = &b.meta().compaction.sources;
+                if b.meta().min_time < first_window_end || !b.tombstones().is_empty() {
+                    return false;
+                }
+                let theirs: Vec<&Arc<Block>> = raw
+                    .iter()
+                    .filter(|x| x.meta().compaction.sources.iter().any(|s| mine.binary_search(s).is_ok()))
+                    .collect();
+                let covered: usize = theirs.iter().map(|x| x.meta().compaction.sources.len()).sum();
+                !theirs.is_empty()
+                    && covered == mine.len()
+                    && theirs.iter().all(|x| {
+                        settled(x) && x.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok())
+                    })
+            })
+            .collect();
+        out.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+        out
     }
 
     /// Deletes tier blocks entirely older than their tier's retention behind the newest sample.
@@ -493,6 +618,10 @@ impl Inner {
         let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || in_head(b)).collect();
         let overlap =
             |a: &Block, b: &Block| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time;
+        // A tier block some of whose raw data is read raw (merged with late samples since, or
+        // overlapped by them) is left out: that raw data is read instead, and so is the rest of
+        // what it holds (a coarse block holds several raw blocks, which all remain).
+        let mut unheld_sources: HashSet<&str> = HashSet::new();
         let mut grew = true;
         while grew {
             grew = false;
@@ -502,18 +631,24 @@ impl Inner {
                     grew = true;
                 }
             }
+            unheld_sources =
+                raw.iter().zip(&read_raw).filter(|(_, r)| **r).flat_map(|(b, _)| block_sources(b)).collect();
+            let left_out: HashSet<&str> = stored
+                .iter()
+                .filter(|r| block_sources(r).any(|s| unheld_sources.contains(s)))
+                .flat_map(|r| block_sources(r))
+                .collect();
+            for (b, r) in raw.iter().zip(read_raw.iter_mut()) {
+                if !*r && block_sources(b).any(|s| left_out.contains(s)) {
+                    *r = true;
+                    grew = true;
+                }
+            }
         }
         let unheld_raw: Vec<Arc<Block>> =
             raw.iter().zip(&read_raw).filter(|(_, r)| **r).map(|(b, _)| b.clone()).collect();
-        // A tier block some of whose raw data is read raw (merged with late samples since, or
-        // overlapped by them) is left out: that raw data is read instead.
-        let unheld_sources: HashSet<&str> =
-            unheld_raw.iter().flat_map(|b| b.meta().compaction.sources.iter().map(String::as_str)).collect();
-        let fresh: Vec<Arc<Block>> = stored
-            .iter()
-            .filter(|r| !r.meta().compaction.sources.iter().any(|s| unheld_sources.contains(s.as_str())))
-            .cloned()
-            .collect();
+        let fresh: Vec<Arc<Block>> =
+            stored.iter().filter(|r| !block_sources(r).any(|s| unheld_sources.contains(s))).cloned().collect();
 
         // The raw part first (it is the newest data, usually small): it decides whether a
         // native histogram matches.

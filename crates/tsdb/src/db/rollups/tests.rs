@@ -361,3 +361,85 @@ fn archive_values_are_the_rule_over_whole_buckets() {
         }
     }
 }
+
+/// Tier blocks whose raw blocks are at the largest raw range are merged into coarse blocks
+/// while the raw blocks remain (fewer blocks and chunks to read), and dropped and rolled up
+/// again one raw block at a time when late data reaches one of those raw blocks or retention
+/// deletes one; the answers stay the samples' all along.
+#[test]
+fn coarse_tier_blocks_over_remaining_raw_blocks_answer_as_the_samples_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    // Raw kept 30 min: raw ranges 1 and 3 min, so the tiers' coarse windows are 9 min.
+    let tiers = &TIERS[..2];
+    let db = Db::open(tmp.path(), opts(30 * MIN, tiers)).unwrap();
+    run(&db, &mut model, 0, 45 * MIN);
+    let raw_sources: std::collections::HashSet<String> =
+        db.blocks().iter().flat_map(|b| b.meta().compaction.sources.clone()).collect();
+    let coarse = |db: &Db| -> Vec<(usize, BlockMeta)> {
+        let status = db.status(1).unwrap();
+        let raw: Vec<BlockMeta> = db.blocks().iter().map(|b| b.meta().clone()).collect();
+        let mut out = Vec::new();
+        for (k, t) in status.tiers.iter().enumerate() {
+            for b in &t.blocks {
+                let theirs =
+                    raw.iter().filter(|r| r.compaction.sources.iter().any(|s| b.compaction.sources.contains(s)));
+                if theirs.count() > 1 {
+                    out.push((k, b.clone()));
+                }
+            }
+        }
+        out
+    };
+    let merged = coarse(&db);
+    assert!(
+        (0..tiers.len()).all(|k| merged.iter().any(|(t, b)| *t == k && b.max_time - b.min_time == 9 * MIN)),
+        "each tier holds a coarse block over remaining raw blocks: {merged:?}"
+    );
+    assert!(merged.iter().all(|(_, b)| b.compaction.sources.iter().all(|s| raw_sources.contains(s))));
+    assert!(
+        db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed) > 0,
+        "retention reached a coarse block's raw blocks and dropped it"
+    );
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 45 * MIN);
+        check(&db, &model, *tier, 19 * MIN + 4_321, 44 * MIN + 17);
+    }
+
+    // Late samples into the middle raw block of a coarse block.
+    let (_, target) = merged.iter().find(|(t, _)| *t == 1).unwrap().clone();
+    let late_from = target.min_time + 3 * MIN + 500;
+    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
+    let mut app = backfill.appender();
+    for t in (late_from..late_from + 2 * MIN).step_by(1000) {
+        app.append(&series(0), t, 5.0).unwrap();
+        model.get_mut(&0).unwrap().insert(t, 5.0);
+    }
+    app.commit().unwrap();
+    db.import_head(&backfill).unwrap();
+    // Before compaction the late block and the raw block it overlaps are read raw, and so are
+    // the coarse block's other raw blocks.
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 45 * MIN);
+    }
+    let dropped = db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed);
+    db.compact().unwrap();
+    assert!(db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed) > dropped, "the late data dropped it");
+    assert!(!db.status(1).unwrap().tiers[1].blocks.iter().any(|b| b.ulid == target.ulid));
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 45 * MIN);
+        check(&db, &model, *tier, target.min_time + 17, target.max_time - 17);
+    }
+    db.close().unwrap();
+
+    // Reopened, and on until retention has passed every block above.
+    let db = Db::open(tmp.path(), opts(30 * MIN, tiers)).unwrap();
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 45 * MIN);
+    }
+    run(&db, &mut model, 45 * MIN, 90 * MIN);
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 90 * MIN);
+    }
+    assert!(!coarse(&db).is_empty(), "newer coarse blocks");
+}
