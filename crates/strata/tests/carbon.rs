@@ -6,7 +6,7 @@ mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{free_port, http, which, Server};
@@ -487,10 +487,14 @@ fn carbon_c_relay_relays_plaintext_into_strata() {
     )
     .unwrap();
     let relay_port = free_port();
+    // The relay's own words, for a failure message (once, in CI, nothing arrived in 60 s and
+    // nothing said why).
+    let relay_log = dir.path().join("relay.log");
+    let log_file = std::fs::File::create(&relay_log).unwrap();
     let mut relay = Command::new(relay_bin)
         .args(["-f", conf.to_str().unwrap(), "-p", &relay_port.to_string(), "-s"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -509,7 +513,21 @@ fn carbon_c_relay_relays_plaintext_into_strata() {
     }
     drop(s);
     let total = (PATHS * POINTS) as f64;
-    wait_for(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}", total);
+    let stored = "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(srv.port, stored) < total {
+        if Instant::now() > deadline {
+            let running = relay.try_wait().map(|status| status.map_or("running".to_string(), |s| s.to_string()));
+            let _ = relay.kill();
+            panic!(
+                "{stored} stayed at {}, not {total}; carbon-c-relay: {running:?}, said:\n{}\nstrata said:\n{}",
+                metric(srv.port, stored),
+                std::fs::read_to_string(&relay_log).unwrap_or_default(),
+                srv.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = relay.kill();
     let _ = relay.wait();
     let matcher = r#"{__name__=~"servers\\.dc1\\..*"}"#;
