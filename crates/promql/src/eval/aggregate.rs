@@ -948,13 +948,6 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     if q > 1.0 {
         return f64::INFINITY;
     }
-    // NaN first, as Prometheus' sort does.
-    let order = |a: &f64, b: &f64| match (a.is_nan(), b.is_nan()) {
-        (true, true) => std::cmp::Ordering::Equal,
-        (true, false) => std::cmp::Ordering::Less,
-        (false, true) => std::cmp::Ordering::Greater,
-        _ => a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal),
-    };
     let n = values.len() as f64;
     let rank = q * (n - 1.0);
     let lower = rank.floor().max(0.0) as usize;
@@ -962,10 +955,50 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     let weight = rank - rank.floor();
     // Only the two ranks are needed, not a whole sort (a 30-day dashboard takes a quantile
     // over every series at each of 720 steps): the lower by selection, the upper as the least
-    // of what selection left above it.
-    let (_, &mut low, above) = values.select_nth_unstable_by(lower, order);
-    let high = if upper == lower { low } else { *above.iter().min_by(|a, b| order(a, b)).expect("upper is in range") };
+    // of what selection left above it. Both compare integer keys (`order_key`), held in the
+    // values' own slots meanwhile (moved, never computed with, so their bits stay as written),
+    // and the values are put back after: with a comparator that checks for NaN at each
+    // comparison, 720 steps of 1000 values took 3.7 times as long.
+    for v in values.iter_mut() {
+        *v = f64::from_bits(order_key(*v));
+    }
+    let (_, low, above) = values.select_nth_unstable_by_key(lower, |v| v.to_bits());
+    let low = low.to_bits();
+    let high = if upper == lower { low } else { above.iter().map(|v| v.to_bits()).min().expect("upper is in range") };
+    // The values again (in the order selection left them): `mad_over_time` reads them after.
+    for v in values.iter_mut() {
+        *v = from_order_key(v.to_bits());
+    }
+    let (low, high) = (from_order_key(low), from_order_key(high));
     low * (1.0 - weight) + high * weight
+}
+
+/// `v`'s place in the order Prometheus sorts values in before taking a quantile, as an
+/// integer: NaN lowest (every NaN alike: Prometheus' sort puts them first), then the numbers
+/// ascending, with -0 just below +0 (the float order counts them equal, so either order is one
+/// it allows). For numbers, the bits of a negative one inverted (larger magnitudes lower) and
+/// those of a positive one with the top bit set: an order-preserving bijection onto 1..2^64.
+#[inline(always)]
+fn order_key(v: f64) -> u64 {
+    if v.is_nan() {
+        return 0;
+    }
+    let bits = v.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    }
+}
+
+/// The value `order_key` gave `key` for (a NaN for 0).
+#[inline(always)]
+fn from_order_key(key: u64) -> f64 {
+    match key {
+        0 => f64::NAN,
+        k if k >> 63 == 1 => f64::from_bits(k & !(1 << 63)),
+        k => f64::from_bits(!k),
+    }
 }
 
 fn quantiles(
@@ -1129,6 +1162,31 @@ mod tests {
         assert_eq!(quantile(-1.0, &mut [1.0]), f64::NEG_INFINITY);
     }
 
+    #[test]
+    fn order_keys_rank_as_prometheus_sorts_and_give_each_number_back() {
+        let ascending = [
+            f64::NAN,
+            f64::NEG_INFINITY,
+            -f64::MAX,
+            -1.5,
+            -f64::MIN_POSITIVE,
+            -0.0,
+            0.0,
+            f64::MIN_POSITIVE,
+            2.0,
+            f64::MAX,
+            f64::INFINITY,
+        ];
+        for pair in ascending.windows(2) {
+            assert!(order_key(pair[0]) < order_key(pair[1]), "{} before {}", pair[0], pair[1]);
+        }
+        for v in &ascending[1..] {
+            assert_eq!(from_order_key(order_key(*v)).to_bits(), v.to_bits(), "{v}");
+        }
+        assert_eq!(order_key(-f64::NAN), 0);
+        assert!(from_order_key(0).is_nan());
+    }
+
     /// Steps' quantiles from one laid-out buffer, by one thread or several (runs of steps cut
     /// anywhere, steps without values among them), are each step's quantile of its values.
     #[test]
@@ -1225,7 +1283,11 @@ mod tests {
         #[test]
         fn quantile_by_selection_matches_sorting(
             values in proptest::collection::vec(
-                proptest::prop_oneof![8 => proptest::strategy::Strategy::prop_map(-20i8..20, |v| f64::from(v) / 4.0), 1 => proptest::strategy::Just(f64::NAN)],
+                proptest::prop_oneof![
+                    8 => proptest::strategy::Strategy::prop_map(-20i8..20, |v| f64::from(v) / 4.0),
+                    1 => proptest::strategy::Just(f64::NAN),
+                    1 => proptest::sample::select(vec![-0.0, f64::INFINITY, f64::NEG_INFINITY, f64::MIN_POSITIVE, -f64::MAX]),
+                ],
                 1..40,
             ),
             q in 0.0f64..=1.0,
@@ -1242,8 +1304,16 @@ mod tests {
             let upper = (lower + 1).min(sorted.len() - 1);
             let weight = rank - rank.floor();
             let want = sorted[lower] * (1.0 - weight) + sorted[upper] * weight;
-            let got = quantile(q, &mut values.clone());
+            let mut after = values.clone();
+            let got = quantile(q, &mut after);
             proptest::prop_assert!(got == want || (got.is_nan() && want.is_nan()), "{got} != {want}");
+            // The same values are left, bit for bit (NaN as NaN), in some order.
+            let bits = |vs: &[f64]| {
+                let mut b: Vec<u64> = vs.iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect();
+                b.sort_unstable();
+                b
+            };
+            proptest::prop_assert_eq!(bits(&after), bits(&values));
         }
     }
 
