@@ -172,6 +172,12 @@ impl Series {
         let chunks = &self.chunks;
         let mut i = 0;
         while i < chunks.len() {
+            // Chunks are in time order: one that starts past the range ends the read, not
+            // decoded (as `read_floats` does; decoded, its first sample ended it, and bytes
+            // it cannot read were an error for a chunk the range does not reach).
+            if chunks[i].mint > maxt {
+                break;
+            }
             let mut end = i + 1;
             let mut group_maxt = chunks[i].maxt;
             while end < chunks.len() && chunks[end].mint <= group_maxt {
