@@ -222,6 +222,18 @@ fn block_sources(b: &Block) -> impl Iterator<Item = &str> {
     b.meta().compaction.sources.iter().map(String::as_str)
 }
 
+/// Whether another block of `blocks` overlaps `b` in time (their samples may be the same
+/// ones, or interleave: such raw blocks are merged before they are rolled up).
+fn overlaps_another(blocks: &[Arc<Block>], b: &Arc<Block>) -> bool {
+    let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
+    blocks.iter().any(|o| !Arc::ptr_eq(o, b) && o.meta().min_time < maxt && mint < o.meta().max_time)
+}
+
+/// Whether the head's samples (its inclusive range `head`) reach into block `b`'s `[min, max)`.
+fn overlaps_head(head: Option<(i64, i64)>, b: &Block) -> bool {
+    head.is_some_and(|(lo, hi)| b.meta().min_time <= hi && lo < b.meta().max_time)
+}
+
 fn holds(sources: &HashSet<String>, b: &Block) -> bool {
     b.meta().compaction.sources.iter().all(|s| sources.contains(s))
 }
@@ -276,13 +288,8 @@ impl Inner {
         }
         let raw = self.blocks.read().clone();
         let mut n = 0;
-        for (i, b) in raw.iter().enumerate() {
-            let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
-            let overlapped =
-                raw.iter().enumerate().any(|(j, o)| j != i && o.meta().min_time < maxt && mint < o.meta().max_time);
-            if !overlapped {
-                n += self.roll_up(b, false)? as usize;
-            }
+        for b in raw.iter().filter(|b| !overlaps_another(&raw, b)) {
+            n += self.roll_up(b, false)? as usize;
         }
         Ok(n)
     }
@@ -355,10 +362,7 @@ impl Inner {
         }
         let blocks = self.blocks.read().clone();
         for x in blocks.iter().filter(|x| !Arc::ptr_eq(x, raw)) {
-            let (mint, maxt) = (x.meta().min_time, x.meta().max_time);
-            let overlapped =
-                blocks.iter().any(|o| !Arc::ptr_eq(o, x) && o.meta().min_time < maxt && mint < o.meta().max_time);
-            if !overlapped && x.meta().compaction.sources.iter().any(|s| dropped.contains(s)) {
+            if !overlaps_another(&blocks, x) && block_sources(x).any(|s| dropped.contains(s)) {
                 self.roll_up_one(x)?;
             }
         }
@@ -426,12 +430,7 @@ impl Inner {
         if self.tiers.is_empty() {
             return true;
         }
-        let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
-        let overlapped = self
-            .blocks
-            .read()
-            .iter()
-            .any(|o| !Arc::ptr_eq(o, b) && o.meta().min_time < maxt && mint < o.meta().max_time);
+        let overlapped = overlaps_another(&self.blocks.read(), b);
         if overlapped && !self.tiers.iter().all(|t| holds(&t.sources(), b)) {
             tracing::warn!(
                 block = b.ulid(),
@@ -526,13 +525,11 @@ impl Inner {
         let Some(oldest) = raw.iter().map(|b| b.meta().min_time).min() else { return Vec::new() };
         let first_window_end = (oldest.div_euclid(coarse) + 1).saturating_mul(coarse);
         let head = self.head.time_range();
-        let overlap = |a: (i64, i64), b: (i64, i64)| a.0 < b.1 && b.0 < a.1;
-        let span = |b: &Block| (b.meta().min_time, b.meta().max_time);
         let settled = |x: &Arc<Block>| {
             x.meta().max_time - x.meta().min_time >= base
                 && x.tombstones().is_empty()
-                && !raw.iter().any(|o| !Arc::ptr_eq(o, x) && overlap(span(o), span(x)))
-                && !head.is_some_and(|(lo, hi)| overlap((lo, hi.saturating_add(1)), span(x)))
+                && !overlaps_another(&raw, x)
+                && !overlaps_head(head, x)
         };
         let mut out: Vec<Arc<Block>> = live(&t.blocks.read())
             .into_iter()
@@ -614,8 +611,7 @@ impl Inner {
         // and in the log, replayed into the head): their samples interleave or repeat, and
         // only the raw read, which merges them by timestamp, aggregates them exactly.
         let head = self.head.time_range();
-        let in_head = |b: &Block| head.is_some_and(|(lo, hi)| b.meta().min_time <= hi && lo < b.meta().max_time);
-        let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || in_head(b)).collect();
+        let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || overlaps_head(head, b)).collect();
         let overlap =
             |a: &Block, b: &Block| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time;
         // A tier block some of whose raw data is read raw (merged with late samples since, or
