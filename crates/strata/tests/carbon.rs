@@ -32,13 +32,20 @@ fn metric(port: u16, prefix: &str) -> f64 {
 }
 
 fn wait_for(port: u16, prefix: &str, want: f64) {
+    wait_for_or_say(port, prefix, want, String::new);
+}
+
+/// `wait_for`, whose failure message adds what `context` says then (peers' logs).
+fn wait_for_or_say(port: u16, prefix: &str, want: f64, context: impl FnOnce() -> String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let got = metric(port, prefix);
         if got >= want {
             return;
         }
-        assert!(Instant::now() < deadline, "{prefix} stayed at {got}, not {want}");
+        if Instant::now() >= deadline {
+            panic!("{prefix} stayed at {got}, not {want}{}", context());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -513,21 +520,15 @@ fn carbon_c_relay_relays_plaintext_into_strata() {
     }
     drop(s);
     let total = (PATHS * POINTS) as f64;
-    let stored = "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}";
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while metric(srv.port, stored) < total {
-        if Instant::now() > deadline {
-            let running = relay.try_wait().map(|status| status.map_or("running".to_string(), |s| s.to_string()));
-            let _ = relay.kill();
-            panic!(
-                "{stored} stayed at {}, not {total}; carbon-c-relay: {running:?}, said:\n{}\nstrata said:\n{}",
-                metric(srv.port, stored),
-                std::fs::read_to_string(&relay_log).unwrap_or_default(),
-                srv.log_text()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_or_say(srv.port, "strata_carbon_points_stored_total{protocol=\"plaintext_tcp\"}", total, || {
+        let running = relay.try_wait().map(|status| status.map_or("running".to_string(), |s| s.to_string()));
+        let _ = relay.kill();
+        format!(
+            "; carbon-c-relay: {running:?}, said:\n{}\nstrata said:\n{}",
+            std::fs::read_to_string(&relay_log).unwrap_or_default(),
+            srv.log_text()
+        )
+    });
     let _ = relay.kill();
     let _ = relay.wait();
     let matcher = r#"{__name__=~"servers\\.dc1\\..*"}"#;
