@@ -129,8 +129,7 @@ impl Evaluator<'_> {
         map: &(dyn Fn(&RollupSeries) -> Option<Series> + Sync),
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
-        // First and last always: combining buckets in time order reads them.
-        let columns = ColumnSet::of(&[columns, &[Column::First, Column::Last]].concat());
+        let columns = ColumnSet::of(columns);
         let read = &self.buckets_read;
         let map = |s: &RollupSeries| {
             read.fetch_add(s.buckets.len(), Ordering::Relaxed);
@@ -184,7 +183,9 @@ impl Evaluator<'_> {
             }
             Some(Series::new(s.labels.clone(), points))
         };
-        self.map_buckets(tier, sel, (first - lookback + 1, last), &[], &map, sink)
+        // The first sample too, though only the last is read: runs of buckets are combined in
+        // time order by their first and last samples' times (`Bucket::absorb`).
+        self.map_buckets(tier, sel, (first - lookback + 1, last), &[Column::First, Column::Last], &map, sink)
     }
 
     /// A range function over a plain range selector, from a tier: each step's window is a run
@@ -235,7 +236,11 @@ impl Evaluator<'_> {
                     [head, rest @ ..] => {
                         combined = *head;
                         for b in rest {
-                            combined.append(b);
+                            if func.reads_ends() {
+                                combined.append(b);
+                            } else {
+                                combined.append_totals(b);
+                            }
                         }
                         &combined
                     }
@@ -330,16 +335,39 @@ impl WindowFn {
         })
     }
 
-    /// The aggregates `value` reads, besides count, first and last.
+    /// Whether the function reads a window's first or last sample, or what combining buckets
+    /// in time order computes from them (`changes`, `resets` and the reset correction count the
+    /// step from one bucket's last sample to the next one's first).
+    fn reads_ends(self) -> bool {
+        !matches!(
+            self,
+            WindowFn::SumOverTime
+                | WindowFn::AvgOverTime
+                | WindowFn::CountOverTime
+                | WindowFn::MinOverTime
+                | WindowFn::MaxOverTime
+                | WindowFn::PresentOverTime
+        )
+    }
+
+    /// The aggregates `value` reads (the count and the bucket ends come with every read):
+    /// the first and last samples only where the function reads them (`reads_ends`), since
+    /// they are four of a bucket's columns (two timestamps, two values) and most of the cost
+    /// of decoding one for an average or an extreme.
     fn columns(self) -> &'static [Column] {
         match self {
-            WindowFn::Rate | WindowFn::Increase => &[Column::ResetCorrection],
+            WindowFn::Rate | WindowFn::Increase => &[Column::First, Column::Last, Column::ResetCorrection],
             WindowFn::SumOverTime | WindowFn::AvgOverTime => &[Column::Sum],
             WindowFn::MinOverTime => &[Column::Min],
             WindowFn::MaxOverTime => &[Column::Max],
-            WindowFn::Changes => &[Column::Changes],
-            WindowFn::Resets => &[Column::Resets],
-            _ => &[],
+            WindowFn::Changes => &[Column::First, Column::Last, Column::Changes],
+            WindowFn::Resets => &[Column::First, Column::Last, Column::Resets],
+            WindowFn::CountOverTime | WindowFn::PresentOverTime => &[],
+            WindowFn::Delta
+            | WindowFn::LastOverTime
+            | WindowFn::FirstOverTime
+            | WindowFn::TsOfFirstOverTime
+            | WindowFn::TsOfLastOverTime => &[Column::First, Column::Last],
         }
     }
 

@@ -198,6 +198,20 @@ impl Bucket {
         self.archive = ArchiveValue::NotKept;
     }
 
+    /// Combines `next`, whose samples all follow this bucket's, into this one as `append` does,
+    /// for a reader of the count, sum, min and max only: those combine in any order and with the
+    /// same arithmetic as in `append` (bit for bit the same), and the first and last samples are
+    /// not read, so they may be absent (buckets decoded without their columns). The other
+    /// aggregates are left as they were: not this bucket's.
+    pub fn append_totals(&mut self, next: &Bucket) {
+        self.end = self.end.max(next.end);
+        self.count += next.count;
+        self.sum += next.sum;
+        self.min = min_of(self.min, next.min);
+        self.max = max_of(self.max, next.max);
+        self.archive = ArchiveValue::NotKept;
+    }
+
     /// Combines two buckets of the same `end` whose samples may interleave (data backfilled
     /// into a range whose raw samples are gone): count, sum, min and max as if the samples were
     /// one set (a sample present in both counts twice), first and last by time (`self` winning

@@ -160,6 +160,25 @@ proptest! {
         }
     }
 
+    /// `append_totals` gives the count, sum, min and max that `append` gives, bit for bit, and
+    /// reads no first or last sample: buckets whose ends were never decoded (zeroed, as a read
+    /// without those columns leaves them) combine to the same totals.
+    #[test]
+    fn appending_totals_is_appending_for_the_totals(samples in samples(), fine in prop::sample::select(vec![1_000i64, 15_000, 60_000])) {
+        let buckets = aggregate(&samples, fine);
+        let (mut appended, mut totals) = (buckets[0], buckets[0]);
+        let blank = |b: &Bucket| Bucket { first: Sample { t: 0, v: 0.0 }, last: Sample { t: 0, v: 0.0 }, ..*b };
+        let mut blanked = blank(&buckets[0]);
+        for b in &buckets[1..] {
+            appended.append(b);
+            totals.append_totals(b);
+            blanked.append_totals(&blank(b));
+        }
+        let totals_of = |b: &Bucket| (b.end, b.count, b.sum.to_bits(), b.min.to_bits(), b.max.to_bits());
+        prop_assert_eq!(totals_of(&totals), totals_of(&appended));
+        prop_assert_eq!(totals_of(&blanked), totals_of(&appended));
+    }
+
     /// `append_runs` is `merge_runs` in place: for parts cut anywhere (the appending case, a
     /// shared bucket absorbed, or the later part first) and for interleaved parts.
     #[test]
