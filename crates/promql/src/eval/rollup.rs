@@ -183,9 +183,8 @@ impl Evaluator<'_> {
             }
             Some(Series::new(s.labels.clone(), points))
         };
-        // The first sample too, though only the last is read: runs of buckets are combined in
-        // time order by their first and last samples' times (`Bucket::absorb`).
-        self.map_buckets(tier, sel, (first - lookback + 1, last), &[Column::First, Column::Last], &map, sink)
+        // The last samples only (the decoder gives each bucket its last as its first too).
+        self.map_buckets(tier, sel, (first - lookback + 1, last), &[Column::Last], &map, sink)
     }
 
     /// A range function over a plain range selector, from a tier: each step's window is a run

@@ -308,7 +308,8 @@ pub fn bucket_count(data: &[u8]) -> usize {
 }
 
 /// Decodes the buckets of a rollup chunk into `out` (appended): the columns in `want` (and the
-/// bucket ends); the others are left zero. Every column's length and bucket count is checked;
+/// bucket ends); the others are left zero, except the first sample, which is the last one
+/// where only that is wanted. Every column's length and bucket count is checked;
 /// on error `out` is as it was.
 pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(), ChunkError> {
     if data.len() < HEADER_BYTES {
@@ -405,6 +406,15 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         if !columns.is_empty() {
             return Err(corrupt("bytes after the last column"));
         }
+        // A read of the last samples without the first ones (a plain selector's) takes each
+        // bucket's last sample as its first too, rather than a zero: runs of buckets cut by
+        // block boundaries are combined in time order by those times (`Bucket::absorb`), and
+        // the last sample then stays the latest one at any timestamp, negative ones included.
+        if want.has(Column::Last) && !want.has(Column::First) {
+            for b in &mut out[start..] {
+                b.first = b.last;
+            }
+        }
         if want.has(Column::First) && out[start..].iter().any(|b| b.first.t > b.end) {
             return Err(corrupt("a first sample after its bucket's end"));
         }
@@ -482,6 +492,13 @@ mod tests {
             decode(&chunk, ColumnSet::of(&[Column::Sum]), &mut sums).unwrap();
             for (a, b) in sums.iter().zip(&buckets) {
                 prop_assert_eq!((a.end, a.count, a.sum.to_bits()), (b.end, b.count, b.sum.to_bits()));
+            }
+            // The last samples without the first: each bucket's last sample stands for both.
+            let mut lasts = Vec::new();
+            decode(&chunk, ColumnSet::of(&[Column::Last]), &mut lasts).unwrap();
+            for (a, b) in lasts.iter().zip(&buckets) {
+                prop_assert_eq!((a.end, a.last.t, a.last.v.to_bits()), (b.end, b.last.t, b.last.v.to_bits()));
+                prop_assert_eq!((a.first.t, a.first.v.to_bits()), (b.last.t, b.last.v.to_bits()));
             }
         }
 
