@@ -128,8 +128,8 @@ pub(crate) fn decimal_value(i: i64, e: usize) -> f64 {
     }
 }
 
-/// `v` scaled by `10^e` if it comes back bit for bit.
-fn scaled(v: f64, e: usize) -> Option<i64> {
+/// `v` scaled by `10^e` (`e ≤ DECIMAL_EXPONENT_MAX`) if it comes back bit for bit.
+pub(crate) fn scaled(v: f64, e: usize) -> Option<i64> {
     if v.to_bits() == (-0.0f64).to_bits() {
         return None;
     }

@@ -10,6 +10,10 @@
 //! first, last, changes and resets, and up to float rounding for the sum and the counter reset
 //! correction (added in a different order). That is what lets a bucket cut by a block boundary be finished when the next
 //! block is rolled up or read, and a coarse window be answered from its buckets.
+//!
+//! A bucket made from samples that are all short decimals keeps their exact sum and reset
+//! correction, rounded once (`ExactSums`): nearer the true sums than float additions, and a
+//! decimal the tier's chunk stores in a byte or two rather than 64 XOR-coded bits.
 
 use strata_model::{is_stale_nan, Sample};
 
@@ -255,6 +259,9 @@ pub struct Aggregator {
     interval: i64,
     closed: Closed,
     open: Option<Bucket>,
+    /// The open bucket's sum and reset correction kept exactly while its samples are short
+    /// decimals (`ExactSums`).
+    exact: Option<ExactSums>,
     archive: Option<(ArchiveRule, Vec<Sample>)>,
 }
 
@@ -277,7 +284,7 @@ impl Aggregator {
 
     pub fn closed(interval: i64, closed: Closed) -> Aggregator {
         assert!(interval > 0, "rollup interval must be positive");
-        Aggregator { interval, closed, open: None, archive: None }
+        Aggregator { interval, closed, open: None, exact: None, archive: None }
     }
 
     /// Each bucket's `archive` computed by `rule` (none: left `NotKept`). The caller marks
@@ -298,15 +305,22 @@ impl Aggregator {
                 continue;
             }
             match &mut self.open {
-                Some(b) if s.t <= self.closed.span(b.end, self.interval).1 => b.push(s),
+                Some(b) if s.t <= self.closed.span(b.end, self.interval).1 => {
+                    b.push(s);
+                    self.exact = self.exact.and_then(|x| x.push(s.v));
+                }
                 open => {
                     if let Some(mut done) = open.take() {
                         if let Some((rule, kept)) = &mut self.archive {
                             done.archive = archive_of(rule, done.end, kept);
                         }
+                        exact_sums(&mut done, self.exact);
                         out.push(done);
                     }
                     *open = Some(Bucket::ending(s, self.closed.bucket_end(s.t, self.interval)));
+                    // The last bucket's exponent first: a series' values usually keep theirs.
+                    let hint = self.exact.map_or(0, |x| x.exponent);
+                    self.exact = ExactSums::of(s.v, hint);
                 }
             }
             if let Some((_, kept)) = &mut self.archive {
@@ -321,8 +335,94 @@ impl Aggregator {
             if let Some((rule, kept)) = &mut self.archive {
                 done.archive = archive_of(rule, done.end, kept);
             }
+            exact_sums(&mut done, self.exact.take());
             out.push(done);
         }
+    }
+}
+
+/// Most decimal exponent a sample may have for its bucket's sums to be kept exactly (a
+/// Prometheus exporter's or a Graphite sender's values rarely have more than 6 decimals).
+const EXACT_EXPONENT_MAX: usize = 15;
+
+/// The sum and the reset correction of a bucket's samples, exactly, while every sample is a
+/// short decimal `i / 10^e` (`dense::as_decimal`): as integers scaled by the largest `e` met.
+///
+/// Why: added as floats, decimals give sums that are themselves no short decimal (`0.1 + 0.2`
+/// is `0.30000000000000004`), and a tier's chunk then stores them as 64-bit XOR values: the sum
+/// and reset correction columns of a decimal gauge were 13 of its 22 bytes per 5-minute
+/// bucket. The exact sum, rounded once to a double, is the decimal it should be, so the
+/// chunk's decimal coding takes it (and it is nearer the true sum than the float one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ExactSums {
+    sum: i64,
+    correction: i64,
+    /// The last sample, scaled: a drop below it adds it to the correction.
+    last: i64,
+    exponent: usize,
+}
+
+impl ExactSums {
+    /// `v` as a decimal `i / 10^e`, at `exponent` if it is one there (any exponent that
+    /// gives `v` back will do: scaled further, the sums stay exact), else at the smallest
+    /// exponent that does; `None` when `v` is no short decimal. Trying the exponent already
+    /// in use first is one multiplication and one division for most samples, where finding
+    /// the smallest tries every exponent up to it.
+    fn decimal(v: f64, exponent: usize) -> Option<(i64, usize)> {
+        use crate::chunkenc::dense::{as_decimal, scaled};
+        match scaled(v, exponent) {
+            Some(i) => Some((i, exponent)),
+            None => as_decimal(v, EXACT_EXPONENT_MAX),
+        }
+    }
+
+    /// The sums of a bucket of one sample `v` (tried at exponent `hint` first); `None` when
+    /// `v` is no short decimal.
+    fn of(v: f64, hint: usize) -> Option<ExactSums> {
+        let (i, exponent) = ExactSums::decimal(v, hint)?;
+        Some(ExactSums { sum: i, correction: 0, last: i, exponent })
+    }
+
+    /// The sums with a later sample `v` added; `None` when `v` is no short decimal or a sum
+    /// leaves i64 (the bucket then keeps its float sums).
+    fn push(self, v: f64) -> Option<ExactSums> {
+        let (mut i, e) = ExactSums::decimal(v, self.exponent)?;
+        let mut x = self;
+        if e > x.exponent {
+            let scale = 10i64.checked_pow((e - x.exponent) as u32)?;
+            x.sum = x.sum.checked_mul(scale)?;
+            x.correction = x.correction.checked_mul(scale)?;
+            x.last = x.last.checked_mul(scale)?;
+            x.exponent = e;
+        } else {
+            i = i.checked_mul(10i64.checked_pow((x.exponent - e) as u32)?)?;
+        }
+        // Scaled to one exponent, decimals that are doubles compare as the doubles do (the
+        // rounding from one to the other keeps order, and equal doubles are equal decimals):
+        // the same drops as `correction` finds.
+        if i < x.last {
+            x.correction = x.correction.checked_add(x.last)?;
+        }
+        x.sum = x.sum.checked_add(i)?;
+        x.last = i;
+        Some(x)
+    }
+
+    /// A scaled integer as the double nearest its decimal: exact below 2^53, where the one
+    /// division rounds once; `None` above.
+    fn value(scaled: i64, exponent: usize) -> Option<f64> {
+        (scaled.unsigned_abs() < 1 << 53).then(|| crate::chunkenc::dense::decimal_value(scaled, exponent))
+    }
+}
+
+/// Gives a closed bucket the exact sums of its samples, where they were kept.
+fn exact_sums(b: &mut Bucket, exact: Option<ExactSums>) {
+    let Some(x) = exact else { return };
+    if let Some(sum) = ExactSums::value(x.sum, x.exponent) {
+        b.sum = sum;
+    }
+    if let Some(correction) = ExactSums::value(x.correction, x.exponent) {
+        b.reset_correction = correction;
     }
 }
 
