@@ -9,7 +9,9 @@
 //!
 //! Layout: `[0x06][bucket count u16 BE]`, then for each column in `Column` order its length as
 //! an unsigned LEB128 varint and its bytes (`encoding::put_bytes`); the last two (a Graphite
-//! archive's values) only in chunks where some bucket keeps one. The byte layout is in `docs/format/rollup.md`.
+//! archive's values) only in chunks where some bucket keeps one. The min and max columns are
+//! empty where they would repeat the first and last values (`Column::elided`). The byte layout
+//! is in `docs/format/rollup.md`.
 
 use strata_model::Sample;
 
@@ -104,6 +106,10 @@ impl ColumnSet {
     pub fn has(self, c: Column) -> bool {
         self.0 & (1 << c as u16) != 0
     }
+
+    fn with(self, c: Column) -> ColumnSet {
+        ColumnSet(self.0 | 1 << c as u16)
+    }
 }
 
 /// Encodes `buckets` (1..=`SAMPLES_MAX`, ends strictly increasing) as a rollup chunk.
@@ -115,11 +121,39 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     let mut column = Vec::with_capacity(buckets.len());
     let archived = buckets.iter().any(|b| b.archive != ArchiveValue::NotKept);
     for c in Column::ALL.into_iter().take(if archived { COLUMNS } else { COLUMNS_ALWAYS }) {
+        if c.elided(buckets) {
+            put_bytes(&mut out, &[]);
+            continue;
+        }
         column.clear();
         column.extend(buckets.iter().map(|b| c.of(b)));
         put_bytes(&mut out, &dense::encode(&column));
     }
     out
+}
+
+impl Column {
+    /// Whether the column is left empty in a chunk of `buckets`: the min where every bucket's
+    /// is its first value, the max where every bucket's is its last value, bit for bit. A
+    /// counter's buckets without a reset (nearly all of them) rise from their first sample to
+    /// their last, so its min and max columns were a quarter of its tier bytes and repeated
+    /// two others.
+    fn elided(self, buckets: &[Bucket]) -> bool {
+        match self {
+            Column::Min => buckets.iter().all(|b| b.min.to_bits() == b.first.v.to_bits()),
+            Column::Max => buckets.iter().all(|b| b.max.to_bits() == b.last.v.to_bits()),
+            _ => false,
+        }
+    }
+
+    /// The column an elided one repeats the values of (`elided`).
+    fn repeated(self) -> Option<Column> {
+        match self {
+            Column::Min => Some(Column::First),
+            Column::Max => Some(Column::Last),
+            _ => None,
+        }
+    }
 }
 
 fn corrupt(what: &str) -> ChunkError {
@@ -322,6 +356,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     let start = out.len();
     out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
+    // The columns wanted, with those an elided wanted column repeats (`Column::elided`); and
+    // which elided columns are to be filled from them.
+    let mut want = want;
+    let (mut min_is_first, mut max_is_last) = (false, false);
     let no_count = || corrupt("count column holds a value that is no count");
     // The count column and where its timestamps (the bucket ends) end: the columns stamped at
     // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
@@ -334,6 +372,17 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             }
             let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
             let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
+            if column.is_empty() {
+                let Some(repeated) = c.repeated() else {
+                    return Err(corrupt(&format!("column {c:?} is empty")));
+                };
+                if want.has(c) {
+                    want = want.with(repeated);
+                    min_is_first |= c == Column::Min;
+                    max_is_last |= c == Column::Max;
+                }
+                continue;
+            }
             // The ends (in the count column) are always read.
             if !want.has(c) && c != Column::Count {
                 continue;
@@ -406,6 +455,14 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         if !columns.is_empty() {
             return Err(corrupt("bytes after the last column"));
         }
+        for b in &mut out[start..] {
+            if min_is_first {
+                b.min = b.first.v;
+            }
+            if max_is_last {
+                b.max = b.last.v;
+            }
+        }
         // A read of the last samples without the first ones (a plain selector's) takes each
         // bucket's last sample as its first too, rather than a zero: runs of buckets cut by
         // block boundaries are combined in time order by those times (`Bucket::absorb`), and
@@ -450,6 +507,72 @@ mod tests {
         }
     }
 
+    /// A counter's buckets without resets rise from their first sample to their last: the
+    /// min and max columns are left empty, the chunk is smaller, and every read gives them
+    /// back; one reset in a bucket keeps the min column (its min is no longer its first value).
+    #[test]
+    fn a_counters_extremes_are_its_first_and_last_values() {
+        let mut counter = 0.0;
+        let samples: Vec<Sample> = (0..600)
+            .map(|i| {
+                counter += (i * 13 % 21) as f64;
+                Sample { t: 1_700_000_000_000 + i * 60_000 + i % 7, v: counter }
+            })
+            .collect();
+        let buckets = aggregate(&samples, 300_000);
+        let chunk = encode(&buckets);
+        let lengths = column_lengths(&chunk);
+        assert_eq!((lengths[Column::Min as usize], lengths[Column::Max as usize]), (0, 0));
+        for want in [ColumnSet::ALL, ColumnSet::of(&[Column::Min]), ColumnSet::of(&[Column::Max, Column::Sum])] {
+            let mut back = Vec::new();
+            decode(&chunk, want, &mut back).unwrap();
+            assert_eq!(back.len(), buckets.len());
+            for (a, b) in back.iter().zip(&buckets) {
+                assert_eq!(a.min.to_bits(), if want.has(Column::Min) { b.min.to_bits() } else { 0 });
+                assert_eq!(a.max.to_bits(), if want.has(Column::Max) { b.max.to_bits() } else { 0 });
+            }
+        }
+        let mut reset = samples.clone();
+        // Inside a bucket, not its first sample.
+        reset[303].v = 0.0;
+        let chunk = encode(&aggregate(&reset, 300_000));
+        let lengths = column_lengths(&chunk);
+        assert!(lengths[Column::Min as usize] > 0);
+        assert_eq!(lengths[Column::Max as usize], 0);
+    }
+
+    /// Only the min and max columns may be empty; any other is damage.
+    #[test]
+    fn an_empty_column_other_than_the_extremes_is_damage() {
+        let buckets = aggregate(&[Sample { t: 1000, v: 1.5 }, Sample { t: 2000, v: 2.5 }], 60_000);
+        let chunk = encode(&buckets);
+        let lengths = column_lengths(&chunk);
+        // Rebuild it with the sum column empty.
+        let mut damaged = chunk[..HEADER_BYTES].to_vec();
+        let mut at = HEADER_BYTES;
+        for (c, &len) in Column::ALL.iter().zip(&lengths) {
+            let mut d = Decoder::new(&chunk[at..]);
+            d.uvarint("len").unwrap();
+            let body = d.bytes(len, "column").unwrap();
+            at = chunk.len() - d.remaining();
+            put_bytes(&mut damaged, if *c == Column::Sum { &[] } else { body });
+        }
+        let err = decode(&damaged, ColumnSet::ALL, &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("column Sum is empty"), "{err}");
+    }
+
+    /// Each column's length in a chunk, in `Column` order.
+    fn column_lengths(chunk: &[u8]) -> Vec<usize> {
+        let mut d = Decoder::new(&chunk[HEADER_BYTES..]);
+        let mut out = Vec::new();
+        while !d.is_empty() {
+            let len = d.uvarint("len").unwrap() as usize;
+            d.bytes(len, "column").unwrap();
+            out.push(len);
+        }
+        out
+    }
+
     fn series() -> impl Strategy<Value = Vec<Sample>> {
         prop::collection::vec((1i64..90_000, -1000i64..100_000, 0u8..6), 1..2000).prop_map(|steps| {
             let mut t = 1_700_000_000_000i64;
@@ -492,6 +615,14 @@ mod tests {
             decode(&chunk, ColumnSet::of(&[Column::Sum]), &mut sums).unwrap();
             for (a, b) in sums.iter().zip(&buckets) {
                 prop_assert_eq!((a.end, a.count, a.sum.to_bits()), (b.end, b.count, b.sum.to_bits()));
+            }
+            // The extremes alone, whether their columns are kept or elided (`Column::elided`).
+            for (column, pick) in [(Column::Min, (|b: &Bucket| b.min) as fn(&Bucket) -> f64), (Column::Max, |b: &Bucket| b.max)] {
+                let mut alone = Vec::new();
+                decode(&chunk, ColumnSet::of(&[column]), &mut alone).unwrap();
+                for (a, b) in alone.iter().zip(&buckets) {
+                    prop_assert_eq!((a.end, pick(a).to_bits()), (b.end, pick(b).to_bits()), "{:?}", column);
+                }
             }
             // The last samples without the first: each bucket's last sample stands for both.
             let mut lasts = Vec::new();
