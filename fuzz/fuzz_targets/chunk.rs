@@ -9,7 +9,7 @@ use strata_tsdb::chunkenc::ChunkIterator;
 
 fuzz_target!(|data: &[u8]| {
     let _ = strata_tsdb::chunkenc::num_samples(data);
-    for want in [ColumnSet::ALL, ColumnSet::of(&[Column::Sum, Column::Last])] {
+    for want in [ColumnSet::ALL, ColumnSet::of(&[Column::Sum, Column::Last]), ColumnSet::of(&[Column::Min, Column::Max])] {
         let mut buckets = Vec::new();
         if decode(data, want, &mut buckets).is_ok() {
             assert!(buckets.len() <= 1 << 16, "a chunk holds at most u16::MAX buckets");

@@ -121,29 +121,59 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     let mut column = Vec::with_capacity(buckets.len());
     let archived = buckets.iter().any(|b| b.archive != ArchiveValue::NotKept);
     for c in Column::ALL.into_iter().take(if archived { COLUMNS } else { COLUMNS_ALWAYS }) {
-        if c.elided(buckets) {
+        let repeats = c.repeats(buckets);
+        if repeats.as_ref().is_some_and(|r| r.is_empty()) {
             put_bytes(&mut out, &[]);
             continue;
         }
         column.clear();
         column.extend(buckets.iter().map(|b| c.of(b)));
-        put_bytes(&mut out, &dense::encode(&column));
+        let dense = dense::encode(&column);
+        match repeats {
+            Some(patched) if patched.len() < dense.len() => put_bytes(&mut out, &patched),
+            _ => put_bytes(&mut out, &dense),
+        }
     }
     out
 }
 
+/// One aggregate of a bucket.
+type Pick = fn(&Bucket) -> f64;
+
+/// The first byte of a min or max column written as the first or last values with patches
+/// (`Column::repeats`); a dense chunk's is `Encoding::Dense`.
+const REPEATS_PATCHED: u8 = 0x80;
+
 impl Column {
-    /// Whether the column is left empty in a chunk of `buckets`: the min where every bucket's
-    /// is its first value, the max where every bucket's is its last value, bit for bit. A
-    /// counter's buckets without a reset (nearly all of them) rise from their first sample to
-    /// their last, so its min and max columns were a quarter of its tier bytes and repeated
-    /// two others.
-    fn elided(self, buckets: &[Bucket]) -> bool {
-        match self {
-            Column::Min => buckets.iter().all(|b| b.min.to_bits() == b.first.v.to_bits()),
-            Column::Max => buckets.iter().all(|b| b.max.to_bits() == b.last.v.to_bits()),
-            _ => false,
+    /// The min column as the first values, the max column as the last values, with the
+    /// buckets where they differ (bit for bit) patched: empty where none does, else
+    /// `[REPEATS_PATCHED][patches uvarint]` and per patch its bucket's index (the first as
+    /// itself, each later one as its distance from the one before) and the value's 64 bits
+    /// (little-endian). `None` for the other columns. A counter's buckets rise from their
+    /// first sample to their last but where it resets: its min and max columns were a quarter
+    /// of its tier bytes and repeated two others, where a chunk of a 1 h tier (up to 240
+    /// buckets) now holds a patch or two.
+    fn repeats(self, buckets: &[Bucket]) -> Option<Vec<u8>> {
+        let (value, repeated): (Pick, Pick) = match self {
+            Column::Min => (|b| b.min, |b| b.first.v),
+            Column::Max => (|b| b.max, |b| b.last.v),
+            _ => return None,
+        };
+        let differ = |b: &&Bucket| value(b).to_bits() != repeated(b).to_bits();
+        let patches = buckets.iter().filter(differ).count();
+        let mut out = Vec::new();
+        if patches == 0 {
+            return Some(out);
         }
+        out.push(REPEATS_PATCHED);
+        crate::encoding::put_uvarint(&mut out, patches as u64);
+        let mut prev = 0;
+        for (j, b) in buckets.iter().enumerate().filter(|(_, b)| differ(b)) {
+            crate::encoding::put_uvarint(&mut out, (j - prev) as u64);
+            out.extend_from_slice(&value(b).to_bits().to_le_bytes());
+            prev = j;
+        }
+        Some(out)
     }
 
     /// The column an elided one repeats the values of (`elided`).
@@ -318,6 +348,43 @@ fn decode_values<F: Fn(&mut Bucket, f64)>(
     Ok(sink.counts)
 }
 
+/// Fills a min or max column written as repeats (`Column::repeats`) into `buckets`, whose
+/// first or last values have been read.
+fn fill_repeats(c: Column, column: &[u8], buckets: &mut [Bucket]) -> Result<(), ChunkError> {
+    let set: fn(&mut Bucket, f64) = match c {
+        Column::Min => |b, v| b.min = v,
+        _ => |b, v| b.max = v,
+    };
+    for b in buckets.iter_mut() {
+        let v = if c == Column::Min { b.first.v } else { b.last.v };
+        set(b, v);
+    }
+    let Some(patches) = column.get(1..) else { return Ok(()) };
+    let damaged = |what: &str| corrupt(&format!("column {c:?}: {what}"));
+    let mut d = Decoder::new(patches);
+    let count = d.uvarint("patch count").map_err(|e| damaged(&e.to_string()))?;
+    if count == 0 || count > buckets.len() as u64 {
+        return Err(damaged("patch count out of range"));
+    }
+    let mut j = 0u64;
+    for x in 0..count {
+        let gap = d.uvarint("patch index").map_err(|e| damaged(&e.to_string()))?;
+        if x > 0 && gap == 0 {
+            return Err(damaged("patches out of order"));
+        }
+        j = j
+            .checked_add(gap)
+            .filter(|&j| j < buckets.len() as u64)
+            .ok_or_else(|| damaged("patch index out of range"))?;
+        let bits = d.u64_le("patch value").map_err(|e| damaged(&e.to_string()))?;
+        set(&mut buckets[j as usize], f64::from_bits(bits));
+    }
+    if !d.is_empty() {
+        return Err(damaged("bytes after the last patch"));
+    }
+    Ok(())
+}
+
 const BLANK: Bucket = Bucket {
     end: 0,
     count: 0,
@@ -356,10 +423,10 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     let start = out.len();
     out.reserve(n);
     let mut columns = Decoder::new(&data[HEADER_BYTES..]);
-    // The columns wanted, with those an elided wanted column repeats (`Column::elided`); and
-    // which elided columns are to be filled from them.
+    // The columns wanted, with those a wanted min or max column repeats (`Column::repeats`);
+    // and those repeating columns with their patches, filled once the repeated ones are read.
     let mut want = want;
-    let (mut min_is_first, mut max_is_last) = (false, false);
+    let mut repeating: Vec<(Column, &[u8])> = Vec::new();
     let no_count = || corrupt("count column holds a value that is no count");
     // The count column and where its timestamps (the bucket ends) end: the columns stamped at
     // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
@@ -372,14 +439,13 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             }
             let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
             let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
-            if column.is_empty() {
+            if column.first().is_none_or(|&b| b == REPEATS_PATCHED) {
                 let Some(repeated) = c.repeated() else {
-                    return Err(corrupt(&format!("column {c:?} is empty")));
+                    return Err(corrupt(&format!("column {c:?} is neither a dense chunk nor repeats another")));
                 };
                 if want.has(c) {
                     want = want.with(repeated);
-                    min_is_first |= c == Column::Min;
-                    max_is_last |= c == Column::Max;
+                    repeating.push((c, column));
                 }
                 continue;
             }
@@ -455,13 +521,8 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         if !columns.is_empty() {
             return Err(corrupt("bytes after the last column"));
         }
-        for b in &mut out[start..] {
-            if min_is_first {
-                b.min = b.first.v;
-            }
-            if max_is_last {
-                b.max = b.last.v;
-            }
+        for &(c, column) in &repeating {
+            fill_repeats(c, column, &mut out[start..])?;
         }
         // A read of the last samples without the first ones (a plain selector's) takes each
         // bucket's last sample as its first too, rather than a zero: runs of buckets cut by
@@ -508,8 +569,8 @@ mod tests {
     }
 
     /// A counter's buckets without resets rise from their first sample to their last: the
-    /// min and max columns are left empty, the chunk is smaller, and every read gives them
-    /// back; one reset in a bucket keeps the min column (its min is no longer its first value).
+    /// min and max columns are left empty, and every read gives them back; one reset inside a
+    /// bucket makes the min column that bucket's patch (its min is no longer its first value).
     #[test]
     fn a_counters_extremes_are_its_first_and_last_values() {
         let mut counter = 0.0;
@@ -535,10 +596,47 @@ mod tests {
         let mut reset = samples.clone();
         // Inside a bucket, not its first sample.
         reset[303].v = 0.0;
-        let chunk = encode(&aggregate(&reset, 300_000));
+        let buckets = aggregate(&reset, 300_000);
+        let chunk = encode(&buckets);
         let lengths = column_lengths(&chunk);
-        assert!(lengths[Column::Min as usize] > 0);
+        // The marker, one patch, its index (one byte) and value.
+        assert_eq!(lengths[Column::Min as usize], 1 + 1 + 1 + 8);
         assert_eq!(lengths[Column::Max as usize], 0);
+        let mut back = Vec::new();
+        decode(&chunk, ColumnSet::of(&[Column::Min]), &mut back).unwrap();
+        assert_eq!(
+            back.iter().map(|b| b.min.to_bits()).collect::<Vec<_>>(),
+            buckets.iter().map(|b| b.min.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(back.iter().zip(&buckets).any(|(a, b)| a.min == 0.0 && b.first.v > 0.0));
+    }
+
+    /// A damaged patch list is refused, never read past or applied out of range.
+    #[test]
+    fn damaged_patches_are_refused() {
+        let mut counter = 0.0;
+        let mut samples: Vec<Sample> = (0..60)
+            .map(|i| {
+                counter += 5.0;
+                Sample { t: 1_700_000_000_000 + i * 60_000, v: counter }
+            })
+            .collect();
+        samples[33].v = 1.0;
+        let chunk = encode(&aggregate(&samples, 300_000));
+        let lengths = column_lengths(&chunk);
+        let min_len = lengths[Column::Min as usize];
+        assert_eq!(min_len, 11);
+        // Where the min column's bytes start: after the count and sum columns and its length.
+        let at = HEADER_BYTES + 1 + lengths[0] + 1 + lengths[1] + 1;
+        assert_eq!(chunk[at], REPEATS_PATCHED);
+        for (offset, byte, what) in
+            [(1, 0, "patch count out of range"), (1, 2, "patch index"), (2, 200, "patch index out of range")]
+        {
+            let mut damaged = chunk.clone();
+            damaged[at + offset] = byte;
+            let err = decode(&damaged, ColumnSet::of(&[Column::Min]), &mut Vec::new()).unwrap_err();
+            assert!(err.to_string().contains(what), "{err}");
+        }
     }
 
     /// Only the min and max columns may be empty; any other is damage.
@@ -558,7 +656,7 @@ mod tests {
             put_bytes(&mut damaged, if *c == Column::Sum { &[] } else { body });
         }
         let err = decode(&damaged, ColumnSet::ALL, &mut Vec::new()).unwrap_err();
-        assert!(err.to_string().contains("column Sum is empty"), "{err}");
+        assert!(err.to_string().contains("column Sum is neither a dense chunk nor repeats another"), "{err}");
     }
 
     /// Each column's length in a chunk, in `Column` order.
