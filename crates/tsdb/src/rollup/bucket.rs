@@ -306,8 +306,10 @@ impl Aggregator {
             }
             match &mut self.open {
                 Some(b) if s.t <= self.closed.span(b.end, self.interval).1 => {
+                    // A drop as `Bucket::push` finds it, between the doubles.
+                    let dropped = s.v < b.last.v;
                     b.push(s);
-                    self.exact = self.exact.and_then(|x| x.push(s.v));
+                    self.exact = self.exact.and_then(|x| x.push(s.v, dropped));
                 }
                 open => {
                     if let Some(mut done) = open.take() {
@@ -383,9 +385,11 @@ impl ExactSums {
         Some(ExactSums { sum: i, correction: 0, last: i, exponent })
     }
 
-    /// The sums with a later sample `v` added; `None` when `v` is no short decimal or a sum
-    /// leaves i64 (the bucket then keeps its float sums).
-    fn push(self, v: f64) -> Option<ExactSums> {
+    /// The sums with a later sample `v` added, `dropped` if it is below the one before (as the
+    /// doubles compare: a double of 16 or 17 digits may stand for two neighbouring decimals
+    /// at one exponent, so the scaled integers are not compared); `None` when `v` is no short
+    /// decimal or a sum leaves i64 (the bucket then keeps its float sums).
+    fn push(self, v: f64, dropped: bool) -> Option<ExactSums> {
         let (mut i, e) = ExactSums::decimal(v, self.exponent)?;
         let mut x = self;
         if e > x.exponent {
@@ -397,10 +401,7 @@ impl ExactSums {
         } else {
             i = i.checked_mul(10i64.checked_pow((x.exponent - e) as u32)?)?;
         }
-        // Scaled to one exponent, decimals that are doubles compare as the doubles do (the
-        // rounding from one to the other keeps order, and equal doubles are equal decimals):
-        // the same drops as `correction` finds.
-        if i < x.last {
+        if dropped {
             x.correction = x.correction.checked_add(x.last)?;
         }
         x.sum = x.sum.checked_add(i)?;
