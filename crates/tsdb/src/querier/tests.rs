@@ -129,11 +129,11 @@ proptest::proptest! {
 }
 
 proptest::proptest! {
-    /// Label sets ordered by their symbols' ranks are in `Labels`' order: names and values
+    /// Label sets ordered by their symbols' ranks are in `Labels`' order, and resolve to themselves: names and values
     /// drawn from strings that are prefixes of each other (and the empty value), sets of
     /// different lengths, interned in any order.
     #[test]
-    fn label_order_by_symbol_ranks_is_the_order_of_labels(
+    fn ranked_labels_order_and_resolve_label_sets(
         sets in proptest::collection::vec(
             proptest::collection::btree_map(
                 proptest::sample::select(vec!["__name__", "a", "ab", "b", "instance", "z"]),
@@ -146,11 +146,20 @@ proptest::proptest! {
         let symbols = crate::head::symbols::Symbols::default();
         let labels: Vec<Labels> = sets.iter().map(|m| Labels::from_pairs(m.iter().map(|(n, v)| (*n, *v)))).collect();
         let packed: Vec<_> = labels.iter().map(|l| symbols.intern_labels(l)).collect();
-        let order = symbols.with(|get| label_order(packed.iter(), get));
+        let mut ranked = RankedLabels::default();
+        for p in &packed {
+            ranked.add(p);
+        }
+        symbols.with(|get| ranked.rank(get));
+        let order = ranked.order();
         let got: Vec<&Labels> = order.iter().map(|&i| &labels[i as usize]).collect();
         let mut want: Vec<&Labels> = labels.iter().collect();
         want.sort();
         proptest::prop_assert_eq!(got, want);
+        // Each set resolves to its labels.
+        for (i, l) in labels.iter().enumerate() {
+            proptest::prop_assert_eq!(&ranked.labels(i as u32), l);
+        }
     }
 }
 
