@@ -659,6 +659,16 @@ mod tests {
         assert!(err.to_string().contains("column Sum is neither a dense chunk nor repeats another"), "{err}");
     }
 
+    /// Where a chunk's ninth column ends, if its first nine column lengths fit in it.
+    fn nine_columns_end(chunk: &[u8]) -> Option<usize> {
+        let mut d = Decoder::new(chunk.get(HEADER_BYTES..)?);
+        for _ in 0..COLUMNS_ALWAYS {
+            let len = d.uvarint("len").ok()?;
+            d.bytes(usize::try_from(len).ok()?, "column").ok()?;
+        }
+        Some(chunk.len() - d.remaining())
+    }
+
     /// Each column's length in a chunk, in `Column` order.
     fn column_lengths(chunk: &[u8]) -> Vec<usize> {
         let mut d = Decoder::new(&chunk[HEADER_BYTES..]);
@@ -813,7 +823,13 @@ mod tests {
             chunk[i] = byte;
             let _ = decode(&chunk, ColumnSet::ALL, &mut Vec::new());
             let short = cut.index(chunk.len());
-            prop_assert!(decode(&chunk[..short], ColumnSet::ALL, &mut Vec::new()).is_err() || short == chunk.len());
+            // A chunk with archive values cut right after its ninth column is, byte for byte, a
+            // chunk without them (the layout of `docs/format/rollup.md`): it may read. A cut there
+            // is caught by the chunk segment's checksum, not by the chunk's own layout.
+            let nine_columns = short == nine_columns_end(&chunk).unwrap_or(usize::MAX);
+            prop_assert!(
+                decode(&chunk[..short], ColumnSet::ALL, &mut Vec::new()).is_err() || short == chunk.len() || nine_columns
+            );
         }
     }
 
