@@ -207,6 +207,9 @@ impl Evaluator<'_> {
         let Some(func) = WindowFn::of(name) else {
             return Err(EvalError::RollupUnsuitable("a range function tiers do not answer"));
         };
+        // Whether a window of several buckets combines them in time order, or only adds up
+        // their totals (decided once, not per bucket).
+        let reads_ends = func.reads_ends();
         let map = |s: &RollupSeries| {
             if matches!(name, "rate" | "increase") {
                 note_not_counter(self, &s.labels, matrix.start);
@@ -235,7 +238,7 @@ impl Evaluator<'_> {
                     [head, rest @ ..] => {
                         combined = *head;
                         for b in rest {
-                            if func.reads_ends() {
+                            if reads_ends {
                                 combined.append(b);
                             } else {
                                 combined.append_totals(b);
@@ -336,23 +339,17 @@ impl WindowFn {
 
     /// Whether the function reads a window's first or last sample, or what combining buckets
     /// in time order computes from them (`changes`, `resets` and the reset correction count the
-    /// step from one bucket's last sample to the next one's first).
+    /// step from one bucket's last sample to the next one's first): whether it reads those
+    /// columns.
     fn reads_ends(self) -> bool {
-        !matches!(
-            self,
-            WindowFn::SumOverTime
-                | WindowFn::AvgOverTime
-                | WindowFn::CountOverTime
-                | WindowFn::MinOverTime
-                | WindowFn::MaxOverTime
-                | WindowFn::PresentOverTime
-        )
+        self.columns().contains(&Column::First)
     }
 
     /// The aggregates `value` reads (the count and the bucket ends come with every read):
-    /// the first and last samples only where the function reads them (`reads_ends`), since
-    /// they are four of a bucket's columns (two timestamps, two values) and most of the cost
-    /// of decoding one for an average or an extreme.
+    /// the first and last samples only where the function reads them or what combining
+    /// buckets in time order computes from them (`reads_ends`), since they are four of a
+    /// bucket's columns (two timestamps, two values) and most of the cost of decoding one for
+    /// an average or an extreme.
     fn columns(self) -> &'static [Column] {
         match self {
             WindowFn::Rate | WindowFn::Increase => &[Column::First, Column::Last, Column::ResetCorrection],

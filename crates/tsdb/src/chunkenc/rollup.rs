@@ -9,8 +9,8 @@
 //!
 //! Layout: `[0x06][bucket count u16 BE]`, then for each column in `Column` order its length as
 //! an unsigned LEB128 varint and its bytes (`encoding::put_bytes`); the last two (a Graphite
-//! archive's values) only in chunks where some bucket keeps one. The min and max columns are
-//! empty where they would repeat the first and last values (`Column::elided`). The byte layout
+//! archive's values) only in chunks where some bucket keeps one. The min and max columns may
+//! repeat the first and last values instead, with patches (`Column::repeats`). The byte layout
 //! is in `docs/format/rollup.md`.
 
 use strata_model::Sample;
@@ -137,14 +137,37 @@ pub fn encode(buckets: &[Bucket]) -> Vec<u8> {
     out
 }
 
-/// One aggregate of a bucket.
-type Pick = fn(&Bucket) -> f64;
-
 /// The first byte of a min or max column written as the first or last values with patches
 /// (`Column::repeats`); a dense chunk's is `Encoding::Dense`.
 const REPEATS_PATCHED: u8 = 0x80;
 
+/// A column that may be written as another's values (`Column::repeats`): the min as the
+/// first samples' values, the max as the last samples'.
+#[derive(Clone, Copy)]
+struct Repeat {
+    /// The column whose values it repeats.
+    of: Column,
+    /// A bucket's value in this column, and in the repeated one.
+    value: fn(&Bucket) -> f64,
+    repeated: fn(&Bucket) -> f64,
+    /// Sets a bucket's value in this column.
+    set: fn(&mut Bucket, f64),
+}
+
 impl Column {
+    /// How the column repeats another, for the min and max columns; `None` for the others.
+    fn repeat(self) -> Option<Repeat> {
+        match self {
+            Column::Min => {
+                Some(Repeat { of: Column::First, value: |b| b.min, repeated: |b| b.first.v, set: |b, v| b.min = v })
+            }
+            Column::Max => {
+                Some(Repeat { of: Column::Last, value: |b| b.max, repeated: |b| b.last.v, set: |b, v| b.max = v })
+            }
+            _ => None,
+        }
+    }
+
     /// The min column as the first values, the max column as the last values, with the
     /// buckets where they differ (bit for bit) patched: empty where none does, else
     /// `[REPEATS_PATCHED][patches uvarint]` and per patch its bucket's index (the first as
@@ -154,11 +177,7 @@ impl Column {
     /// of its tier bytes and repeated two others, where a chunk of a 1 h tier (up to 240
     /// buckets) now holds a patch or two.
     fn repeats(self, buckets: &[Bucket]) -> Option<Vec<u8>> {
-        let (value, repeated): (Pick, Pick) = match self {
-            Column::Min => (|b| b.min, |b| b.first.v),
-            Column::Max => (|b| b.max, |b| b.last.v),
-            _ => return None,
-        };
+        let Repeat { value, repeated, .. } = self.repeat()?;
         let differ = |b: &&Bucket| value(b).to_bits() != repeated(b).to_bits();
         let patches = buckets.iter().filter(differ).count();
         let mut out = Vec::new();
@@ -174,15 +193,6 @@ impl Column {
             prev = j;
         }
         Some(out)
-    }
-
-    /// The column an elided one repeats the values of (`elided`).
-    fn repeated(self) -> Option<Column> {
-        match self {
-            Column::Min => Some(Column::First),
-            Column::Max => Some(Column::Last),
-            _ => None,
-        }
     }
 }
 
@@ -350,14 +360,10 @@ fn decode_values<F: Fn(&mut Bucket, f64)>(
 
 /// Fills a min or max column written as repeats (`Column::repeats`) into `buckets`, whose
 /// first or last values have been read.
-fn fill_repeats(c: Column, column: &[u8], buckets: &mut [Bucket]) -> Result<(), ChunkError> {
-    let set: fn(&mut Bucket, f64) = match c {
-        Column::Min => |b, v| b.min = v,
-        _ => |b, v| b.max = v,
-    };
+fn fill_repeats(c: Column, repeat: Repeat, column: &[u8], buckets: &mut [Bucket]) -> Result<(), ChunkError> {
+    let Repeat { repeated, set, .. } = repeat;
     for b in buckets.iter_mut() {
-        let v = if c == Column::Min { b.first.v } else { b.last.v };
-        set(b, v);
+        set(b, repeated(b));
     }
     let Some(patches) = column.get(1..) else { return Ok(()) };
     let damaged = |what: &str| corrupt(&format!("column {c:?}: {what}"));
@@ -426,7 +432,7 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     // The columns wanted, with those a wanted min or max column repeats (`Column::repeats`);
     // and those repeating columns with their patches, filled once the repeated ones are read.
     let mut want = want;
-    let mut repeating: Vec<(Column, &[u8])> = Vec::new();
+    let mut repeating: Vec<(Column, Repeat, &[u8])> = Vec::new();
     let no_count = || corrupt("count column holds a value that is no count");
     // The count column and where its timestamps (the bucket ends) end: the columns stamped at
     // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
@@ -440,12 +446,12 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
             let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
             let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
             if column.first().is_none_or(|&b| b == REPEATS_PATCHED) {
-                let Some(repeated) = c.repeated() else {
+                let Some(repeat) = c.repeat() else {
                     return Err(corrupt(&format!("column {c:?} is neither a dense chunk nor repeats another")));
                 };
                 if want.has(c) {
-                    want = want.with(repeated);
-                    repeating.push((c, column));
+                    want = want.with(repeat.of);
+                    repeating.push((c, repeat, column));
                 }
                 continue;
             }
@@ -521,8 +527,8 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
         if !columns.is_empty() {
             return Err(corrupt("bytes after the last column"));
         }
-        for &(c, column) in &repeating {
-            fill_repeats(c, column, &mut out[start..])?;
+        for &(c, repeat, column) in &repeating {
+            fill_repeats(c, repeat, column, &mut out[start..])?;
         }
         // A read of the last samples without the first ones (a plain selector's) takes each
         // bucket's last sample as its first too, rather than a zero: runs of buckets cut by
@@ -724,7 +730,7 @@ mod tests {
             for (a, b) in sums.iter().zip(&buckets) {
                 prop_assert_eq!((a.end, a.count, a.sum.to_bits()), (b.end, b.count, b.sum.to_bits()));
             }
-            // The extremes alone, whether their columns are kept or elided (`Column::elided`).
+            // The extremes alone, whether their columns are dense or repeat (`Column::repeats`).
             for (column, pick) in [(Column::Min, (|b: &Bucket| b.min) as fn(&Bucket) -> f64), (Column::Max, |b: &Bucket| b.max)] {
                 let mut alone = Vec::new();
                 decode(&chunk, ColumnSet::of(&[column]), &mut alone).unwrap();

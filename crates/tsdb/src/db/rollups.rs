@@ -222,11 +222,15 @@ fn block_sources(b: &Block) -> impl Iterator<Item = &str> {
     b.meta().compaction.sources.iter().map(String::as_str)
 }
 
+/// Whether two blocks' time ranges (`[min, max)`) overlap.
+fn overlap(a: &Block, b: &Block) -> bool {
+    a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time
+}
+
 /// Whether another block of `blocks` overlaps `b` in time (their samples may be the same
 /// ones, or interleave: such raw blocks are merged before they are rolled up).
 fn overlaps_another(blocks: &[Arc<Block>], b: &Arc<Block>) -> bool {
-    let (mint, maxt) = (b.meta().min_time, b.meta().max_time);
-    blocks.iter().any(|o| !Arc::ptr_eq(o, b) && o.meta().min_time < maxt && mint < o.meta().max_time)
+    blocks.iter().any(|o| !Arc::ptr_eq(o, b) && overlap(o, b))
 }
 
 /// Whether the head's samples (its inclusive range `head`) reach into block `b`'s `[min, max)`.
@@ -612,8 +616,6 @@ impl Inner {
         // only the raw read, which merges them by timestamp, aggregates them exactly.
         let head = self.head.time_range();
         let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || overlaps_head(head, b)).collect();
-        let overlap =
-            |a: &Block, b: &Block| a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time;
         // A tier block some of whose raw data is read raw (merged with late samples since, or
         // overlapped by them) is left out: that raw data is read instead, and so is the rest of
         // what it holds (a coarse block holds several raw blocks, which all remain).
