@@ -205,8 +205,11 @@ fn is_any_char(hir: &Hir) -> bool {
 
 /// Patterns of at most this many bytes are kept compiled (`compiled`).
 const REGEX_CACHE_PATTERN_MAX: usize = 4096;
-/// At most this many compiled patterns are kept; the cache is emptied when it would hold more.
-const REGEX_CACHE_ENTRIES: usize = 512;
+/// At most this many compiled patterns are kept (a dashboard's worth); the cache is emptied
+/// when it would hold more. Few, because a kept regex keeps its matching caches (the lazy DFA's,
+/// up to a few MiB for a complex pattern used by several threads): what 64 queries running at
+/// once held before the cache.
+const REGEX_CACHE_ENTRIES: usize = 64;
 
 /// The `RegexMatcher` of `pattern`, compiled once per process while the cache keeps it: a
 /// dashboard asks the same queries at every refresh, and compiling their regexes was 5% of
