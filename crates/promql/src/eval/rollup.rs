@@ -217,53 +217,26 @@ impl Evaluator<'_> {
             let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, spec.range, spec.at.is_some()));
             // `rate`, `increase` and `delta` extrapolate as on raw data, and by the same
             // arithmetic: a batch of windows at a time (`Batch`), so every bit is the same.
-            let mut batch = func
+            let batch = func
                 .extrapolates()
                 .then(|| take_batch(func != WindowFn::Delta, per_second_divisor(spec.range, func == WindowFn::Rate)));
-            let (mut lo, mut hi) = (0usize, 0usize);
-            let mut combined;
-            for i in 0..ctx.n {
-                let end = spec.end_at(ctx.ts(i));
-                while hi < s.buckets.len() && s.buckets[hi].end <= end {
-                    hi += 1;
-                }
-                while lo < hi && s.buckets[lo].end <= end - spec.range {
-                    lo += 1;
-                }
-                // A window of one bucket (the step and range of the tier's interval, a
-                // dashboard's usual shape) is read in place.
-                let w = match &s.buckets[lo..hi] {
-                    [] => continue,
-                    [one] => one,
-                    [head, rest @ ..] => {
-                        combined = *head;
-                        for b in rest {
-                            if reads_ends {
-                                combined.append(b);
-                            } else {
-                                combined.append_totals(b);
-                            }
+            match batch {
+                Some(mut batch) => {
+                    for_windows(&s.buckets, ctx, &spec, reads_ends, |i, end, w| {
+                        if w.count < 2 {
+                            return;
                         }
-                        &combined
-                    }
-                };
-                if let Some(batch) = batch.as_deref_mut() {
-                    if w.count < 2 {
-                        continue;
-                    }
-                    let first = Point { t: w.first.t, f: w.first.v };
-                    batch.push_parts(first, w.last.t, w.count as usize, func.change(w), end, spec.range);
-                    points.push(Point { t: ctx.ts(i), f: 0.0 });
-                    if batch.is_full() {
-                        batch.finish(&mut points);
-                    }
-                } else {
-                    points.push(Point { t: ctx.ts(i), f: func.value(w) });
+                        let first = Point { t: w.first.t, f: w.first.v };
+                        batch.push_parts(first, w.last.t, w.count as usize, func.change(w), end, spec.range);
+                        points.push(Point { t: ctx.ts(i), f: 0.0 });
+                        if batch.is_full() {
+                            batch.finish(&mut points);
+                        }
+                    });
+                    batch.finish(&mut points);
+                    give_batch(batch);
                 }
-            }
-            if let Some(mut batch) = batch {
-                batch.finish(&mut points);
-                give_batch(batch);
+                None => func.values_over_windows(&s.buckets, ctx, &spec, reads_ends, &mut points),
             }
             if points.is_empty() {
                 point_buffers::POOL.give(points);
@@ -272,6 +245,48 @@ impl Evaluator<'_> {
             Some(Series { labels: s.labels.clone(), points, hists: Vec::new(), drop_name: !keeps_name })
         };
         self.map_buckets(tier, &m.vector, (first - spec.range + 1, last), func.columns(), &map, sink)
+    }
+}
+
+/// Calls `f` with each step's index, its window's end and the buckets of its window combined
+/// (`Bucket::append`, or `append_totals` without `reads_ends`), for the steps whose window
+/// holds a bucket. A window of one bucket (the step and range of the tier's interval, a
+/// dashboard's usual shape) is passed in place. Inlined into each caller, so that what `f`
+/// computes is not chosen per step.
+#[inline(always)]
+fn for_windows(
+    buckets: &[Bucket],
+    ctx: &Ctx,
+    spec: &RangeSpec,
+    reads_ends: bool,
+    mut f: impl FnMut(usize, i64, &Bucket),
+) {
+    let (mut lo, mut hi) = (0usize, 0usize);
+    let mut combined;
+    for i in 0..ctx.n {
+        let end = spec.end_at(ctx.ts(i));
+        while hi < buckets.len() && buckets[hi].end <= end {
+            hi += 1;
+        }
+        while lo < hi && buckets[lo].end <= end - spec.range {
+            lo += 1;
+        }
+        let w = match &buckets[lo..hi] {
+            [] => continue,
+            [one] => one,
+            [head, rest @ ..] => {
+                combined = *head;
+                for b in rest {
+                    if reads_ends {
+                        combined.append(b);
+                    } else {
+                        combined.append_totals(b);
+                    }
+                }
+                &combined
+            }
+        };
+        f(i, end, w);
     }
 }
 
@@ -384,9 +399,50 @@ impl WindowFn {
         }
     }
 
+    /// The points of a function that does not extrapolate over `buckets`' windows, appended to
+    /// `points`: a loop per function, so that the function is not chosen again at every step
+    /// (a jump through a table per step was the loop's hottest instruction: over a month of
+    /// 1 h buckets of a thousand series, the loop fell from 17.3% to 12.7% of an average's
+    /// profile, and from 19.6% to 15.2% of a maximum's).
+    fn values_over_windows(
+        self,
+        buckets: &[Bucket],
+        ctx: &Ctx,
+        spec: &RangeSpec,
+        reads_ends: bool,
+        points: &mut Vec<Point>,
+    ) {
+        #[inline(always)]
+        fn each(
+            (buckets, ctx, spec, reads_ends): (&[Bucket], &Ctx, &RangeSpec, bool),
+            points: &mut Vec<Point>,
+            value: impl Fn(&Bucket) -> f64,
+        ) {
+            for_windows(buckets, ctx, spec, reads_ends, |i, _, w| points.push(Point { t: ctx.ts(i), f: value(w) }))
+        }
+        let on = (buckets, ctx, spec, reads_ends);
+        match self {
+            WindowFn::SumOverTime => each(on, points, |w| WindowFn::SumOverTime.value(w)),
+            WindowFn::AvgOverTime => each(on, points, |w| WindowFn::AvgOverTime.value(w)),
+            WindowFn::CountOverTime => each(on, points, |w| WindowFn::CountOverTime.value(w)),
+            WindowFn::MinOverTime => each(on, points, |w| WindowFn::MinOverTime.value(w)),
+            WindowFn::MaxOverTime => each(on, points, |w| WindowFn::MaxOverTime.value(w)),
+            WindowFn::LastOverTime => each(on, points, |w| WindowFn::LastOverTime.value(w)),
+            WindowFn::FirstOverTime => each(on, points, |w| WindowFn::FirstOverTime.value(w)),
+            WindowFn::PresentOverTime => each(on, points, |w| WindowFn::PresentOverTime.value(w)),
+            WindowFn::Changes => each(on, points, |w| WindowFn::Changes.value(w)),
+            WindowFn::Resets => each(on, points, |w| WindowFn::Resets.value(w)),
+            WindowFn::TsOfFirstOverTime => each(on, points, |w| WindowFn::TsOfFirstOverTime.value(w)),
+            WindowFn::TsOfLastOverTime => each(on, points, |w| WindowFn::TsOfLastOverTime.value(w)),
+            WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
+                unreachable!("extrapolating functions are computed in batches")
+            }
+        }
+    }
+
     /// The value over the window whose buckets combine to `w`, of a function that does not
     /// extrapolate.
-    #[inline]
+    #[inline(always)]
     fn value(self, w: &Bucket) -> f64 {
         match self {
             WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
