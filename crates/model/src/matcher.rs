@@ -78,8 +78,18 @@ pub struct RegexMatcher {
 
 impl RegexMatcher {
     pub fn new(pattern: &str) -> Result<Self, String> {
+        Self::with_size_limit(pattern, None)
+    }
+
+    /// `new`, its compiled program limited to `size_limit` bytes if given (else the regex
+    /// crate's default limit).
+    fn with_size_limit(pattern: &str, size_limit: Option<usize>) -> Result<Self, String> {
         let anchored = format!("^(?s:{pattern})$");
-        let re = regex::Regex::new(&anchored).map_err(|e| e.to_string())?;
+        let mut builder = regex::RegexBuilder::new(&anchored);
+        if let Some(limit) = size_limit {
+            builder.size_limit(limit);
+        }
+        let re = builder.build().map_err(|e| e.to_string())?;
         let hir = regex_syntax::ParserBuilder::new()
             .dot_matches_new_line(true)
             .build()
@@ -206,10 +216,13 @@ fn is_any_char(hir: &Hir) -> bool {
 /// Patterns of at most this many bytes are kept compiled (`compiled`).
 const REGEX_CACHE_PATTERN_MAX: usize = 4096;
 /// At most this many compiled patterns are kept (a dashboard's worth); the cache is emptied
-/// when it would hold more. Few, because a kept regex keeps its matching caches (the lazy DFA's,
-/// up to a few MiB for a complex pattern used by several threads): what 64 queries running at
-/// once held before the cache.
+/// when it would hold more.
 const REGEX_CACHE_ENTRIES: usize = 64;
+/// Only patterns whose compiled program fits in this many bytes are kept (the regex crate
+/// allows 10 MiB to any one): what the cache holds stays within 64 MiB of programs, plus each
+/// kept regex's matching caches, which grow only as far as its matches need (a lazy DFA's
+/// states). Dashboards' patterns (`eth.*|ifb.*`, a variable's `host-(a|b|c)`) take kilobytes.
+const REGEX_CACHE_PROGRAM_MAX: usize = 1 << 20;
 
 /// The `RegexMatcher` of `pattern`, compiled once per process while the cache keeps it: a
 /// dashboard asks the same queries at every refresh, and compiling their regexes was 5% of
@@ -223,8 +236,13 @@ fn compiled(pattern: &str) -> Result<Arc<RegexMatcher>, String> {
     if let Some(re) = lock().get(pattern) {
         return Ok(re.clone());
     }
-    let re = Arc::new(RegexMatcher::new(pattern)?);
-    if pattern.len() <= REGEX_CACHE_PATTERN_MAX {
+    let small = (pattern.len() <= REGEX_CACHE_PATTERN_MAX)
+        .then(|| RegexMatcher::with_size_limit(pattern, Some(REGEX_CACHE_PROGRAM_MAX)).ok())
+        .flatten();
+    // A large or invalid one is compiled with the default limit (and its error), and not kept.
+    let Some(small) = small else { return RegexMatcher::new(pattern).map(Arc::new) };
+    let re = Arc::new(small);
+    {
         let mut kept = lock();
         if kept.len() >= REGEX_CACHE_ENTRIES {
             kept.clear();
@@ -385,6 +403,12 @@ mod tests {
         let (c, d) = (m(MatchOp::RegexMatch, &long), m(MatchOp::RegexMatch, &long));
         assert!(!Arc::ptr_eq(c.re.as_ref().unwrap(), d.re.as_ref().unwrap()));
         assert!(c.matches("x") && !c.matches("a"));
+        // So is one whose program is past the kept size (Unicode word characters, repeated).
+        let big = r"\w{120}";
+        assert!(RegexMatcher::with_size_limit(big, Some(REGEX_CACHE_PROGRAM_MAX)).is_err());
+        let (e, f) = (m(MatchOp::RegexMatch, big), m(MatchOp::RegexMatch, big));
+        assert!(!Arc::ptr_eq(e.re.as_ref().unwrap(), f.re.as_ref().unwrap()));
+        assert!(e.matches(&"x".repeat(120)) && !e.matches("x"));
         // A failed pattern is not kept: it fails again, with its message.
         for _ in 0..2 {
             assert!(Matcher::new(MatchOp::RegexMatch, "job", "b(").unwrap_err().to_string().contains("b("));
