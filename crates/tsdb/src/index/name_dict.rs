@@ -683,7 +683,7 @@ fn key_word(bytes: &[u8], e: &NodeEntry, depth: usize, reversed: bool) -> u64 {
 }
 
 /// Runs shorter than this are sorted by comparisons; longer ones by radix.
-const RADIX_SORT_MIN: usize = 48;
+const RADIX_SORT_MIN: usize = 128;
 
 /// Sorts `sorted_order`'s keys by their word and length (bits 32 to 104; the entry
 /// index below is left in any order). Long runs by a least-significant-digit radix sort over
@@ -696,27 +696,40 @@ fn sort_words(keys: &mut Vec<u128>, scratch: &mut Vec<u128>) {
         keys.sort_unstable_by_key(|k| k >> 32);
         return;
     }
-    let digit = |k: u128, d: usize| (k >> (32 + 8 * d)) as u8 as usize;
+    // A digit's shift is a whole number of bytes from bit 32, so each digit lies within one
+    // half of the key: shifting that half is one instruction where a shift of the u128 by a
+    // variable amount is four.
+    let digit = |k: u128, d: usize| {
+        let shift = 32 + 8 * d;
+        let half = if shift >= 64 { (k >> 64) as u64 } else { k as u64 };
+        (half >> (shift % 64)) as u8 as usize
+    };
     // The bits in which some key differs from the first: digits without any are skipped.
     let differing = keys.iter().fold(0u128, |acc, &k| acc | (k ^ keys[0])) >> 32;
     scratch.clear();
     scratch.resize(keys.len(), 0);
+    let (mut from, mut to) = (&mut keys[..], &mut scratch[..]);
+    let mut in_scratch = false;
     for d in (0..9).filter(|d| (differing >> (8 * d)) as u8 != 0) {
-        let mut counts = [0usize; 256];
-        for &k in keys.iter() {
-            counts[digit(k, d)] += 1;
+        // Counts, then in place where each digit's keys go (u32: fewer than 2^32 keys, and a
+        // quarter of the bytes to clear per pass, which short runs notice).
+        let mut next = [0u32; 256];
+        for &k in from.iter() {
+            next[digit(k, d)] += 1;
         }
-        let mut next = [0usize; 256];
         let mut at = 0;
-        for (slot, &count) in next.iter_mut().zip(&counts) {
-            *slot = at;
-            at += count;
+        for slot in next.iter_mut() {
+            (*slot, at) = (at, at + *slot);
         }
-        for &k in keys.iter() {
+        for &k in from.iter() {
             let b = digit(k, d);
-            scratch[next[b]] = k;
+            to[next[b] as usize] = k;
             next[b] += 1;
         }
+        std::mem::swap(&mut from, &mut to);
+        in_scratch = !in_scratch;
+    }
+    if in_scratch {
         std::mem::swap(keys, scratch);
     }
 }
@@ -1513,6 +1526,31 @@ mod tests {
     }
 
     proptest! {
+        /// The radix sort orders keys by bits 32 to 104 as a comparison sort does, whichever
+        /// digits differ (an odd or even number of passes) and wherever the run is long enough
+        /// for it; the index bits below go along with their keys.
+        #[test]
+        fn radix_sorted_words_are_in_key_order(
+            words in proptest::collection::vec((0u64..4, any::<u64>(), 0u8..9), RADIX_SORT_MIN..RADIX_SORT_MIN * 4),
+            mask in any::<u64>(),
+        ) {
+            let keys: Vec<u128> = words
+                .iter()
+                .enumerate()
+                .map(|(i, &(high, low, left))| {
+                    let word = (u128::from(high) << 62) | u128::from(low & mask);
+                    (word << 40) | (u128::from(left) << 32) | i as u128
+                })
+                .collect();
+            let mut sorted = keys.clone();
+            sort_words(&mut sorted, &mut Vec::new());
+            let mut want = keys.clone();
+            want.sort_by_key(|k| (k >> 32, *k as u32));
+            prop_assert!(sorted.windows(2).all(|w| w[0] >> 32 <= w[1] >> 32), "sorted by word and length");
+            sorted.sort_by_key(|k| (k >> 32, *k as u32));
+            prop_assert_eq!(sorted, want, "the same keys, each with its index");
+        }
+
         #[test]
         fn extend_reversed_reverses(prefix in proptest::collection::vec(any::<u8>(), 0..4), bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
             let mut out = prefix.clone();
