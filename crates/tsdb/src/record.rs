@@ -148,6 +148,12 @@ pub fn encode_series_entry(r: SeriesRef, labels: &Labels, buf: &mut Vec<u8>) {
     }
 }
 
+/// Sets the reference of the series entry `encode_series_entry` wrote at the start of `entry`
+/// (its first eight bytes): an entry can be encoded before its reference is handed out.
+pub fn set_series_entry_ref(entry: &mut [u8], r: SeriesRef) {
+    entry[..8].copy_from_slice(&r.0.to_le_bytes());
+}
+
 /// Appends a samples record to `buf`. Without start times it is a `PackedSamples` record: the
 /// first sample's reference and time in full, the time unit (uvarint: the greatest common
 /// divisor of the time differences, 1 if none), then per sample its reference and time as
@@ -687,6 +693,19 @@ mod tests {
                 RefSeries { series: SeriesRef(9), labels: b }
             ])
         );
+    }
+
+    /// An entry encoded before its reference was known, then given it, is the entry encoded
+    /// with it.
+    #[test]
+    fn a_series_entry_takes_its_reference_afterwards() {
+        let labels = Labels::from_pairs([("__name__", "servers.dc1.host-00001.cpu.user")]);
+        let (mut late, mut direct) = (vec![RecordType::Series as u8], vec![RecordType::Series as u8]);
+        encode_series_entry(SeriesRef(0), &labels, &mut late);
+        set_series_entry_ref(&mut late[1..], SeriesRef(u64::MAX - 3));
+        encode_series_entry(SeriesRef(u64::MAX - 3), &labels, &mut direct);
+        assert_eq!(late, direct);
+        assert_eq!(decode(&late).unwrap(), Record::Series(vec![RefSeries { series: SeriesRef(u64::MAX - 3), labels }]));
     }
 
     /// A samples record of type 2, as versions before packed records wrote them.

@@ -500,6 +500,16 @@ impl Head {
     ) -> Result<Arc<MemSeries>, AppendError> {
         let ids = self.symbols.intern_labels(labels);
         let name_symbol = self.symbols.lookup(METRIC_NAME);
+        // The series and its log entry are made before the postings lock, which every
+        // appender creating a series waits on (a million new carbon paths over four
+        // connections: spinning and yielding on it were 3% of the server's CPU); under it they
+        // only get their reference, written over the placeholder.
+        let mut series = Arc::new(MemSeries::new(SeriesRef(0), ids));
+        let mut entry = Vec::new();
+        if self.wal.is_some() {
+            entry.reserve(64);
+            record::encode_series_entry(SeriesRef(0), labels, &mut entry);
+        }
         let mut postings = self.postings.writer();
         let r = match fixed {
             Some(r) => {
@@ -508,12 +518,11 @@ impl Head {
             }
             None => SeriesRef(self.next_ref.fetch_add(1, Ordering::Relaxed)),
         };
+        Arc::get_mut(&mut series).expect("no other reference to a series being made").series_ref = r;
         if let Some(wal) = &self.wal {
-            let mut entry = Vec::with_capacity(64);
-            record::encode_series_entry(r, labels, &mut entry);
+            record::set_series_entry_ref(&mut entry, r);
             wal.buffer_entry(RecordType::Series as u8, &entry).map_err(|e| AppendError::Wal(e.to_string()))?;
         }
-        let series = Arc::new(MemSeries::new(r, ids));
         let replaced = self.by_ref[Self::stripe(r.0)].write().insert(Self::stripe_index(r.0), series.clone());
         debug_assert!(replaced.is_none(), "reference {r:?} handed out twice");
         postings.add(r, series.labels.pairs());
