@@ -42,19 +42,23 @@ struct Values {
 }
 
 impl Values {
-    fn insert(&mut self, v: SymbolId, r: SeriesRef) {
+    /// Adds `r` to the list of `v`; returns how many series that list holds now.
+    fn insert(&mut self, v: SymbolId, r: SeriesRef) -> usize {
         if let Some(list) = self.lists.get_mut(&v) {
-            return list.insert(r);
+            list.insert(r);
+            return list.len();
         }
         match self.singles.entry(v) {
             Entry::Vacant(e) => {
                 e.insert(r.0);
+                1
             }
-            Entry::Occupied(e) if *e.get() == r.0 => {}
+            Entry::Occupied(e) if *e.get() == r.0 => 1,
             Entry::Occupied(e) => {
                 let mut both = [SeriesRef(e.remove()), r];
                 both.sort_unstable();
                 self.lists.insert(v, PackedPostings::from_sorted(&both));
+                2
             }
         }
     }
@@ -111,11 +115,28 @@ pub struct PostingsWriter<'a>(parking_lot::RwLockWriteGuard<'a, Inner>);
 
 impl PostingsWriter<'_> {
     pub fn add(&mut self, r: SeriesRef, labels: impl Iterator<Item = (SymbolId, SymbolId)>) {
+        self.add_counting(r, labels, None);
+    }
+
+    /// `add`, returning how many series the list of the label at position `count_at` of
+    /// `labels` holds with `r` in it (0 without one): whether a series is its name's first
+    /// is known without looking the list up again.
+    pub fn add_counting(
+        &mut self,
+        r: SeriesRef,
+        labels: impl Iterator<Item = (SymbolId, SymbolId)>,
+        count_at: Option<usize>,
+    ) -> usize {
         let w = &mut *self.0;
-        for (n, v) in labels {
-            w.by_name.entry(n).or_default().insert(v, r);
+        let mut counted = 0;
+        for (i, (n, v)) in labels.enumerate() {
+            let len = w.by_name.entry(n).or_default().insert(v, r);
+            if count_at == Some(i) {
+                counted = len;
+            }
         }
         w.all.insert(r);
+        counted
     }
 
     /// How many series `n=v` has.
@@ -304,6 +325,19 @@ mod tests {
         }
     }
 
+    /// The count is the list of the label at the position asked for, not another's.
+    #[test]
+    fn add_counts_the_list_at_the_position_asked() {
+        let p = MemPostings::default();
+        let mut w = p.writer();
+        assert_eq!(w.add_counting(SeriesRef(1), [(0, 5), (1, 7)].into_iter(), Some(1)), 1);
+        assert_eq!(w.add_counting(SeriesRef(2), [(0, 5), (1, 8)].into_iter(), Some(1)), 1);
+        assert_eq!(w.add_counting(SeriesRef(3), [(0, 5), (1, 8)].into_iter(), Some(0)), 3);
+        assert_eq!(w.add_counting(SeriesRef(4), [(0, 5), (1, 8)].into_iter(), Some(1)), 3);
+        assert_eq!(w.add_counting(SeriesRef(5), [(0, 6)].into_iter(), Some(1)), 0);
+        assert_eq!(w.add_counting(SeriesRef(6), [(0, 6)].into_iter(), None), 0);
+    }
+
     proptest! {
         /// Adds and deletes agree with a model of sorted sets, whether a pair is held by one
         /// series (a single) or more (a list), and as pairs move between the two.
@@ -315,8 +349,9 @@ mod tests {
             let p = MemPostings::default();
             let mut model: std::collections::BTreeMap<u32, std::collections::BTreeSet<u64>> = Default::default();
             for &(r, v) in &adds {
-                p.add(SeriesRef(r), [(1, v)].into_iter());
+                let counted = p.writer().add_counting(SeriesRef(r), [(1, v)].into_iter(), Some(0));
                 model.entry(v).or_default().insert(r);
+                prop_assert_eq!(counted, model[&v].len(), "the list's length with the series in it");
             }
             let check = |model: &std::collections::BTreeMap<u32, std::collections::BTreeSet<u64>>| -> Result<(), TestCaseError> {
                 let mut values = p.label_values(1);

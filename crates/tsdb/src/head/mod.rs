@@ -499,7 +499,8 @@ impl Head {
         fixed: Option<SeriesRef>,
     ) -> Result<Arc<MemSeries>, AppendError> {
         let ids = self.symbols.intern_labels(labels);
-        let name_symbol = self.symbols.lookup(METRIC_NAME);
+        // Where the name is among the labels, so among their ids (in the same order).
+        let name_at = labels.iter().position(|l| &*l.name == METRIC_NAME);
         // The series and its log entry are made before the postings lock, which every
         // appender creating a series waits on (a million new carbon paths over four
         // connections: spinning and yielding on it were 3% of the server's CPU); under it they
@@ -525,14 +526,11 @@ impl Head {
         }
         let replaced = self.by_ref[Self::stripe(r.0)].write().insert(Self::stripe_index(r.0), series.clone());
         debug_assert!(replaced.is_none(), "reference {r:?} handed out twice");
-        postings.add(r, series.labels.pairs());
-        let new_name = name_symbol
-            .and_then(|n| series.labels.pairs().find(|p| p.0 == n))
-            .is_some_and(|(n, v)| postings.list_len(n, v) == 1);
+        let new_name = postings.add_counting(r, series.labels.pairs(), name_at) == 1;
         drop(postings);
         if new_name {
-            if let Some(name) = labels.get(METRIC_NAME) {
-                self.names.add(name);
+            if let Some(name) = name_at.and_then(|k| labels.iter().nth(k)) {
+                self.names.add(&name.value);
             }
         }
         match stripe.first.entry(hash) {
