@@ -131,12 +131,17 @@ impl Series {
             match data.first().map(|&b| Encoding::from_byte(b)) {
                 Some(Ok(Encoding::Dense)) if data.len() >= HEADER_BYTES => dense::decode(&data, out)?,
                 Some(Ok(Encoding::Xor)) if data.len() >= HEADER_BYTES => {
+                    // Samples before the range are decoded (XOR decodes from the chunk's start)
+                    // but not written: an instant query's window is a few samples at the end
+                    // of a head chunk of up to 120, which were written and then drained.
                     let mut it = XorIterator::new(&data[..]);
                     while let Some(s) = it.next() {
                         if s.t > maxt {
                             break;
                         }
-                        out.push(s);
+                        if s.t >= mint {
+                            out.push(s);
+                        }
                     }
                     if let Some(e) = it.err() {
                         return Err(e.clone());
