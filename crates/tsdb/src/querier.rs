@@ -561,11 +561,29 @@ impl RankedLabels {
         &self.runs[if i == 0 { 0 } else { self.ends[i - 1] }..self.ends[i]]
     }
 
-    /// Indexes of the sets in label order.
+    /// Indexes of the sets in label order (after `rank`).
+    ///
+    /// Each run's first ranks are packed into a `u128`, most significant first, each as rank + 1
+    /// in as few bits as the largest needs, 0 past the run's end: the packed words compare as
+    /// those ranks do in the slices, a shorter run first. Only runs that agree on all of them
+    /// (equal words) are compared further, past them. Sorting the slices themselves walked the
+    /// labels every set shares (the name, most of the rest) at each of a sort's comparisons: a
+    /// tenth of an instant query over 8000 head series.
     fn order(&self) -> Vec<u32> {
-        let mut order: Vec<u32> = (0..self.ends.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| self.run(a).cmp(self.run(b)));
-        order
+        // Ranks are below `strings.len()`, so rank + 1 fits in the bits of that length.
+        let bits = (u32::BITS - (self.strings.len() as u32).leading_zeros()).max(1);
+        let per_key = (u128::BITS / bits) as usize;
+        let mut keyed: Vec<(u128, u32)> = (0..self.ends.len() as u32)
+            .map(|i| {
+                let run = self.run(i);
+                let key =
+                    (0..per_key).fold(0u128, |key, k| (key << bits) | run.get(k).map_or(0, |&r| u128::from(r) + 1));
+                (key, i)
+            })
+            .collect();
+        let rest = |i: u32| self.run(i).get(per_key..).unwrap_or(&[]);
+        keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| rest(a.1).cmp(rest(b.1))));
+        keyed.into_iter().map(|(_, i)| i).collect()
     }
 
     /// Set `i` as labels.

@@ -163,6 +163,41 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// Many symbols (so few ranks fit in a packed word) and long sets (so runs outlast it and
+    /// are compared past it): the order is still `Labels`' order.
+    #[test]
+    fn ranked_labels_order_long_sets_of_many_symbols(
+        sets in proptest::collection::vec(
+            (0usize..10, proptest::collection::btree_map(0u32..16, 0u32..700, 0..10)),
+            0..60,
+        ),
+    ) {
+        let symbols = crate::head::symbols::Symbols::default();
+        // Up to nine labels every set of that length shares, then its own: long runs agree on
+        // all their packed ranks and differ past them.
+        let labels: Vec<Labels> = sets
+            .iter()
+            .map(|(shared, own)| {
+                let shared = (0..*shared as u32).map(|n| (n, n));
+                Labels::from_pairs(
+                    shared.chain(own.iter().map(|(n, v)| (n + 10, *v))).map(|(n, v)| (format!("l{n:02}"), format!("v{v}"))),
+                )
+            })
+            .collect();
+        let packed: Vec<_> = labels.iter().map(|l| symbols.intern_labels(l)).collect();
+        let mut ranked = RankedLabels::default();
+        for p in &packed {
+            ranked.add(p);
+        }
+        symbols.with(|get| ranked.rank(get));
+        let got: Vec<&Labels> = ranked.order().iter().map(|&i| &labels[i as usize]).collect();
+        let mut want: Vec<&Labels> = labels.iter().collect();
+        want.sort();
+        proptest::prop_assert_eq!(got, want);
+    }
+}
+
 /// A selection large enough to be split over threads finds what one thread finds: the same
 /// series in the same order with the same samples, open chunks (copied into the shared
 /// buffer), closed chunks and late samples alike.
