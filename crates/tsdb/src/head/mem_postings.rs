@@ -63,13 +63,6 @@ impl Values {
         }
     }
 
-    fn len_of(&self, v: SymbolId) -> usize {
-        match self.lists.get(&v) {
-            Some(list) => list.len(),
-            None => usize::from(self.singles.contains_key(&v)),
-        }
-    }
-
     fn to_vec(&self, v: SymbolId) -> Option<Vec<SeriesRef>> {
         match self.lists.get(&v) {
             Some(list) => Some(list.to_vec()),
@@ -137,11 +130,6 @@ impl PostingsWriter<'_> {
         }
         w.all.insert(r);
         counted
-    }
-
-    /// How many series `n=v` has.
-    pub fn list_len(&self, n: SymbolId, v: SymbolId) -> usize {
-        self.0.by_name.get(&n).map_or(0, |values| values.len_of(v))
     }
 }
 
@@ -360,7 +348,6 @@ mod tests {
                 for (v, refs) in model {
                     let want: Vec<SeriesRef> = refs.iter().map(|&r| SeriesRef(r)).collect();
                     prop_assert_eq!(p.get_many(1, [*v].into_iter()), vec![want]);
-                    prop_assert_eq!(p.writer().list_len(1, *v), refs.len());
                 }
                 let (per_name, mut pairs) = p.stats();
                 pairs.sort_unstable();
