@@ -405,6 +405,17 @@ fn change_over_with(s: &[Point], is_counter: bool, may_reset: bool) -> Option<(f
     Some((result, Sampled::new(first.t, last.t, s.len(), zero_at)))
 }
 
+/// A count as a double, through `i64`: the same value for any count below 2^63, in one
+/// conversion instruction, where baseline x86-64 converts a `u64` by a sequence of five
+/// (unpack, subtract, shuffle, add; seen in the annotated window loop of a 30-day average
+/// over a rollup tier).
+/// No wall-time change was measurable; it is the plainer code for the same value.
+#[inline(always)]
+pub(super) fn count_as_f64(n: u64) -> f64 {
+    debug_assert!(n <= i64::MAX as u64);
+    n as i64 as f64
+}
+
 /// The divisor that makes a change per second (the range in seconds), or None.
 #[inline(always)]
 pub(super) fn per_second_divisor(range: i64, per_second: bool) -> Option<f64> {
@@ -757,8 +768,7 @@ impl Batch {
         debug_assert!(samples >= 2 && self.len < BATCH);
         let i = self.len;
         self.sampled_ms[i] = (last_t - first.t) as f64;
-        // Through `i64` (as `rollup::count_as_f64` explains): the same value, one conversion instruction.
-        self.gaps[i] = (samples - 1) as i64 as f64;
+        self.gaps[i] = count_as_f64((samples - 1) as u64);
         self.change[i] = change;
         self.first_f[i] = first.f;
         self.to_start_ms[i] = (first.t - (end - range)) as f64;

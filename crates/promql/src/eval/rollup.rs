@@ -27,7 +27,7 @@ use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::db::RollupSeries;
 use strata_tsdb::rollup::{Bucket, RollupTier};
 
-use super::range_functions::{give_batch, per_second_divisor, take_batch};
+use super::range_functions::{count_as_f64, give_batch, per_second_divisor, take_batch};
 use super::{point_buffers, Ctx, Evaluator, RangeSpec, SelectorValue};
 use crate::ast::{Call, Expr, ExprKind, RangeMode, VectorSelector};
 use crate::error::EvalError;
@@ -288,16 +288,6 @@ fn for_windows(
         };
         f(i, end, w);
     }
-}
-
-/// A count as a double, through `i64`: the same value for any count below 2^63, in one
-/// conversion instruction, where baseline x86-64 converts a `u64` by a sequence of five
-/// (unpack, subtract, shuffle, add; seen in the annotated window loop of a 30-day average).
-/// No wall-time change was measurable; it is the plainer code for the same value.
-#[inline(always)]
-fn count_as_f64(n: u64) -> f64 {
-    debug_assert!(n <= i64::MAX as u64);
-    n as i64 as f64
 }
 
 /// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): sized
