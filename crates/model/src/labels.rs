@@ -153,6 +153,16 @@ impl Labels {
         Labels(v.into())
     }
 
+    /// `from_sorted_unchecked` of labels given one by one, with their count known: written
+    /// straight into the shared allocation (one allocation, no vector first and no copy of it;
+    /// a query's selection builds one set per series).
+    pub fn from_sorted_iter_unchecked(labels: impl ExactSizeIterator<Item = Label>) -> Self {
+        let set = Labels(labels.collect());
+        debug_assert!(set.0.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
+        debug_assert!(set.0.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
+        set
+    }
+
     /// Checks the invariants; used on label sets that come from outside.
     pub fn validate(&self) -> Result<(), LabelsError> {
         if self.0.is_empty() {
@@ -303,6 +313,16 @@ mod tests {
         assert_eq!(l.get("a"), None);
         assert_eq!(l.metric_name(), Some("up"));
         assert_eq!(l.to_string(), r#"up{b="2", c="3"}"#);
+    }
+
+    #[test]
+    fn a_set_built_from_an_iterator_equals_one_built_from_a_vector() {
+        let labels = [Label::new("__name__", "up"), Label::new("instance", "a:9100"), Label::new("job", "node")];
+        let from_iter = Labels::from_sorted_iter_unchecked(labels.iter().cloned());
+        let from_vec = Labels::from_sorted_unchecked(labels.to_vec());
+        assert_eq!(from_iter, from_vec);
+        assert_eq!(from_iter.as_slice(), &labels);
+        assert_eq!(from_iter.stable_hash(), from_vec.stable_hash());
     }
 
     #[test]

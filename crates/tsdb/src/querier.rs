@@ -543,8 +543,12 @@ impl RankedLabels {
 
     /// Resolves the distinct symbols, sorts them, and turns every run into ranks.
     fn rank(&mut self, get: &dyn Fn(crate::head::symbols::SymbolId) -> Arc<str>) {
+        // Copies of the head's strings, not clones: every label of every selected series
+        // clones one of these, and the head's own are shared with every other thread (the
+        // other half of a parallel selection, appenders, the evaluation dropping labels), so a
+        // clone of theirs is an atomic increment on a cache line other cores keep taking away.
         let mut symbols: Vec<(Arc<str>, u32)> =
-            self.ids.iter().enumerate().map(|(i, &id)| (get(id), i as u32)).collect();
+            self.ids.iter().enumerate().map(|(i, &id)| (Arc::from(&*get(id)), i as u32)).collect();
         symbols.sort_unstable();
         let mut rank_of = vec![0u32; symbols.len()];
         for (r, (_, local)) in symbols.iter().enumerate() {
@@ -590,7 +594,7 @@ impl RankedLabels {
     fn labels(&self, i: u32) -> Labels {
         let label =
             |p: &[u32]| Label { name: self.strings[p[0] as usize].clone(), value: self.strings[p[1] as usize].clone() };
-        Labels::from_sorted_unchecked(self.run(i).chunks_exact(2).map(label).collect())
+        Labels::from_sorted_iter_unchecked(self.run(i).chunks_exact(2).map(label))
     }
 }
 
