@@ -23,5 +23,6 @@ pub mod db;
 pub mod hash;
 pub mod head;
 pub mod querier;
+pub mod workers;
 
 pub use db::{CompactOutcome, Db, DbOptions, DbStats};

@@ -797,7 +797,7 @@ impl<'a> Querier<'a> {
         let panicked = Mutex::new(None);
         let next_piece = AtomicUsize::new(0);
         let read: Mutex<Vec<(usize, Result<Vec<Series>>)>> = Mutex::new(Vec::new());
-        let head = std::thread::scope(|scope| -> Result<Vec<Series>> {
+        let head = crate::workers::scope(|scope| -> Result<Vec<Series>> {
             for _ in 0..threads {
                 scope.spawn(|| {
                     // Every thread reaches the barrier, even past a panic (raised again once
@@ -866,7 +866,7 @@ impl<'a> Querier<'a> {
         }
         // Contiguous parts on as many threads (copying chunks, resolving and sorting labels
         // is per-series work), merged by labels after.
-        let parts = std::thread::scope(|scope| -> Result<Vec<Vec<Series>>> {
+        let parts = crate::workers::scope(|scope| -> Result<Vec<Vec<Series>>> {
             let workers: Vec<_> = refs
                 .chunks(refs.len().div_ceil(threads))
                 .map(|part| scope.spawn(move || self.select_head_refs(part)))

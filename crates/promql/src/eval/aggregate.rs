@@ -1093,7 +1093,7 @@ fn step_quantiles(q: &[f64], starts: &[usize], values: &mut [f64], threads: usiz
         }
     }
     cuts.push(n);
-    std::thread::scope(|scope| {
+    strata_tsdb::workers::scope(|scope| {
         let (mut f_rest, mut values_rest) = (&mut f[..], &mut values[..]);
         for w in cuts.windows(2) {
             let (first, last) = (w[0], w[1]);

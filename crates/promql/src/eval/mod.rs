@@ -710,7 +710,7 @@ impl<'a> Evaluator<'a> {
         let batch = (PIPELINE_POINTS / steps.max(1)).clamp(PIPELINE_BATCH_MIN, PIPELINE_BATCH_MAX);
         let batches = stored.chunks(batch);
         let n_batches = batches.len();
-        std::thread::scope(|scope| {
+        strata_tsdb::workers::scope(|scope| {
             let mut rxs = Vec::with_capacity(threads);
             for w in 0..threads {
                 let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Series>, EvalError>>(PIPELINE_DEPTH);

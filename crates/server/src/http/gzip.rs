@@ -58,7 +58,7 @@ pub(super) fn gzip_in_parallel(
     if !send(HEADER.to_vec()) {
         return;
     }
-    std::thread::scope(|scope| {
+    strata_tsdb::workers::scope(|scope| {
         let mut inputs = Vec::with_capacity(threads);
         let mut outputs = Vec::with_capacity(threads);
         for _ in 0..threads {

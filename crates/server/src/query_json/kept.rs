@@ -272,7 +272,7 @@ pub fn keep_series(series: &[Series], threads: usize) -> Vec<KeptSeries> {
         }
     }
     parts.push(start..series.len());
-    std::thread::scope(|scope| {
+    strata_tsdb::workers::scope(|scope| {
         let written: Vec<_> = parts
             .into_iter()
             .map(|part| {

@@ -500,7 +500,7 @@ fn matrix_in_parallel(w: &mut Chunks<'_>, series: &[Series], longest: usize, thr
         batches.push(start..series.len());
     }
     let chunk = w.chunk;
-    std::thread::scope(|scope| {
+    strata_tsdb::workers::scope(|scope| {
         let mut receivers = Vec::with_capacity(threads);
         for k in 0..threads {
             // Two batches written ahead per thread at most.
