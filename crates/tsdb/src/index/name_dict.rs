@@ -95,7 +95,7 @@ impl NameDict {
     /// `union` with the nodes of `lists` too.
     pub fn union_lists(dicts: &[&NameDict], lists: &[&NameList], delta: &NameDelta) -> NameDict {
         let forward_nodes = delta.nodes(false);
-        let (forward, reversed) = std::thread::scope(|scope| {
+        let (forward, reversed) = crate::workers::scope(|scope| {
             let forward = scope.spawn(|| union_maps(dicts.iter().map(|d| &d.forward), lists, &forward_nodes, false));
             let reversed_nodes = delta.nodes(true);
             let reversed = union_maps(dicts.iter().map(|d| &d.reversed), lists, &reversed_nodes, true);
