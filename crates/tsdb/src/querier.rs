@@ -855,6 +855,12 @@ impl<'a> Querier<'a> {
         if !self.read_head {
             return Ok(Vec::new());
         }
+        // A range the head's samples do not reach (a dashboard's older panels, a refresh of a
+        // window kept in blocks) selects nothing there: no walk over the matching series, each
+        // looked up and locked to find no chunk (a fifth of such a refresh's time).
+        if !self.head.may_hold_samples_in(self.mint, self.maxt) {
+            return Ok(Vec::new());
+        }
         // Series found here may be removed by a truncation before their labels are resolved;
         // the gate keeps their symbols alive until then.
         let _gate = self.head.read_gate();

@@ -409,6 +409,26 @@ impl Head {
         (min <= max).then_some((min, max))
     }
 
+    /// Whether the head may hold samples in `[mint, maxt]`; false only when it holds none there
+    /// that a reader must see. A commit raises `max_time` and lowers `min_time` before it
+    /// returns (samples of a commit still under way may be passed over, as a read beside it
+    /// may miss them anyway). Below, `min_time` only ever falls until a truncation stores the
+    /// recomputed one, which a late append racing it may lie under; from then on appends under
+    /// `min_valid_time` are refused unless backfilling (truncation raises it before dropping
+    /// the samples under it), so the lower of the two is the bound.
+    pub fn may_hold_samples_in(&self, mint: i64, maxt: i64) -> bool {
+        if self.max_time.load(Ordering::Relaxed) < mint {
+            return false;
+        }
+        let min_time = self.min_time.load(Ordering::Relaxed);
+        let low = match self.min_valid_time.load(Ordering::Relaxed) {
+            i64::MIN => min_time,
+            _ if self.opts.backfill => return true,
+            valid => min_time.min(valid),
+        };
+        low <= maxt
+    }
+
     /// Oldest timestamp an append may carry: half a block range behind the newest sample, so that
     /// a block cut from the head's oldest range is never written to again.
     pub fn min_append_time(&self) -> i64 {

@@ -720,3 +720,35 @@ fn memory_recent_walks_again_only_past_its_age() {
     assert_eq!(head.memory_recent(Duration::ZERO), now);
     assert_eq!(head.memory_recent(Duration::from_secs(3600)), now);
 }
+
+#[test]
+fn the_head_says_which_ranges_it_may_hold_samples_in_and_selections_skip_the_others() {
+    let head = late_head(WINDOW);
+    assert!(!head.may_hold_samples_in(0, i64::MAX), "an empty head holds nothing");
+    let a = l(&[("__name__", "x")]);
+    let mut app = head.appender();
+    for t in 100..=200 {
+        app.append(&a, t * MINUTE, t as f64).unwrap();
+    }
+    app.commit().unwrap();
+    let selected = |mint: i64, maxt: i64| {
+        let q = Querier::new(&head, mint * MINUTE, maxt * MINUTE);
+        q.select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap().iter().map(|s| s.samples().len()).sum::<usize>()
+    };
+    let may = |mint: i64, maxt: i64| head.may_hold_samples_in(mint * MINUTE, maxt * MINUTE);
+    assert_eq!((may(0, 99), may(0, 100), may(200, 300), may(201, 300)), (false, true, true, false));
+    assert_eq!((selected(0, 99), selected(0, 100), selected(200, 300), selected(201, 300)), (0, 1, 1, 0));
+    // Truncated at 150: whole chunks go, so the head keeps from the start of the chunk that
+    // holds 150 on.
+    head.truncate(150 * MINUTE, u64::MAX);
+    let kept_from = head.time_range().expect("samples remain").0 / MINUTE;
+    assert!((101..=150).contains(&kept_from), "kept from {kept_from}");
+    assert_eq!((may(0, kept_from - 1), may(0, kept_from)), (false, true));
+    assert_eq!((selected(0, kept_from - 1), selected(140, 155)), (0, 16));
+    // A late sample inside the window, above the truncation: seen by the range that holds it.
+    let mut app = head.appender();
+    app.append(&l(&[("__name__", "x"), ("late", "yes")]), 152 * MINUTE, 1.0).unwrap();
+    app.commit().unwrap();
+    assert!(may(151, 152));
+    assert_eq!(selected(151, 152), 3);
+}
