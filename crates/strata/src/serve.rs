@@ -71,7 +71,7 @@ pub struct ServeArgs {
     #[arg(long = "storage.wal-segment-size")]
     wal_segment_size: Option<String>,
     /// Memory kept for decompressed chunk groups and index frames of blocks, shared by every
-    /// query (a group or frame is about 16 KiB); 0 decompresses one at each read [default: 16MB].
+    /// query (a group or frame is about 16 KiB); 0 decompresses one at each read [default: 64MB].
     #[arg(long = "storage.chunk-cache-size")]
     chunk_cache_size: Option<String>,
     /// Largest request body accepted (compressed size for remote write and read) [default: 32MB].
@@ -360,7 +360,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         wal_segment_size,
     )?;
     let chunk_cache_bytes =
-        pick(f, "storage.chunk-cache-size", args.chunk_cache_size.clone(), st.chunk_cache_size, "16MB", size_or_zero)?;
+        pick(f, "storage.chunk-cache-size", args.chunk_cache_size.clone(), st.chunk_cache_size, "64MB", size_or_zero)?;
     let ms = |s: &str| strata_model::parse_duration_ms(s).map(|v| Duration::from_millis(v.max(1) as u64));
     let limits = Limits {
         max_body_bytes: pick(

@@ -374,12 +374,17 @@ struct CacheInner {
     bytes: usize,
 }
 
-/// Default byte budget of the group cache. Reads go through a block in label order, so a small
-/// cache already decompresses each group once per query; a bigger one made block reads slower
-/// in the churn bench (`CACHE_BYTES=… cargo bench -p strata-tsdb --bench tsdb_bench -- churn`:
-/// 1.65 ms at 16 MiB, 1.87 ms at 64 MiB, 1.61 ms at 8 MB; XOR chunks with no groups 1.55–1.60),
-/// its memory scattered over the heap.
-pub const GROUP_CACHE_BYTES_DEFAULT: usize = 16 << 20;
+/// Default byte budget of the group cache. Reads go through a block in label order, so within
+/// one query each group is decompressed once whatever the budget; across queries, a budget
+/// below what a dashboard query reads has it decompress everything again each time (the
+/// cache is a FIFO). A day of 500 instances' 24-bucket histograms is 24 MB of groups: at the
+/// former 16 MiB, `histogram_quantile(0.99, sum by (le, handler) (rate(…[9m])))` over it spent
+/// 9% of its CPU time in zstd and missed on 79,591 reads for 1,440 at 64 MiB, which took it
+/// from 224 to 193 ms of CPU (111 against 121-137 ms wall); the other rows of that bench did
+/// not move. (An older measurement on the small churn bench, `CACHE_BYTES=… cargo bench -p
+/// strata-tsdb --bench tsdb_bench -- churn`, had block reads 1.65 ms at 16 MiB and 1.87 ms at
+/// 64 MiB: a working set that fits either way.)
+pub const GROUP_CACHE_BYTES_DEFAULT: usize = 64 << 20;
 
 impl GroupCache {
     /// The process-wide cache.
