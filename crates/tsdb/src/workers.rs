@@ -22,8 +22,11 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Idle threads kept for the next scope; more than this end when their closure returns.
-const IDLE_KEPT: usize = 32;
+/// Idle threads kept for the next scope; more than this end when their closure returns. A
+/// kept thread keeps its thread-local scratch too (a window plan, decoding columns, a zstd
+/// context: a few MiB at most), so this bounds memory as well; a server on a few cores runs
+/// a handful of parts at once.
+const IDLE_KEPT: usize = 16;
 
 /// A kept thread idle this long ends.
 const IDLE_EXIT: Duration = Duration::from_secs(60);
@@ -99,8 +102,8 @@ impl<'env> Scope<'env> {
             }
             *lock(&theirs.result) = Some(result);
             theirs.ready.notify_all();
-            // Nothing of `'env` may be touched once the scope is told: the result (which may
-            // borrow) goes with the last handle to the slot, never from here after that.
+            // Nothing of `'env` may be touched once the scope is told, so the slot goes first:
+            // if no handle holds it any more, the result (which may borrow) is dropped here.
             drop(theirs);
             let mut running = lock(&pending.running);
             *running -= 1;
