@@ -148,9 +148,7 @@ impl Labels {
     /// Wraps labels already known to be sorted, unique and non-empty (e.g. decoded from our own
     /// storage, which only ever stores valid sets). Checked in debug builds.
     pub fn from_sorted_unchecked(v: Vec<Label>) -> Self {
-        debug_assert!(v.windows(2).all(|w| w[0].name < w[1].name), "labels not sorted/unique");
-        debug_assert!(v.iter().all(|l| !l.name.is_empty() && !l.value.is_empty()));
-        Labels(v.into())
+        Labels::from_sorted_iter_unchecked(v.into_iter())
     }
 
     /// `from_sorted_unchecked` of labels given one by one, with their count known: written

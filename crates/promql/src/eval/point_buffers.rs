@@ -42,7 +42,7 @@ impl PointBuffers {
                 let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
                 // Not one far larger than asked for: a series that keeps its points (one per
                 // series in an instant result) would hold the rest idle.
-                let fits = |v: &Vec<Point>| v.capacity() <= capacity.saturating_mul(4).max(64);
+                let fits = |v: &Vec<Point>| v.capacity() <= capacity.saturating_mul(4);
                 let v = if kept.buffers.last().is_some_and(fits) { kept.buffers.pop() } else { None };
                 if let Some(v) = &v {
                     kept.bytes -= bytes_of(v);

@@ -379,9 +379,9 @@ struct CacheInner {
 /// below what a dashboard query reads has it decompress everything again each time (the
 /// cache is a FIFO). A day of 500 instances' 24-bucket histograms is 24 MB of groups: at the
 /// former 16 MiB, `histogram_quantile(0.99, sum by (le, handler) (rate(…[9m])))` over it spent
-/// 9% of its CPU time in zstd and missed on 79,591 reads for 1,440 at 64 MiB, which took it
-/// from 224 to 193 ms of CPU (111 against 121-137 ms wall); the other rows of that bench did
-/// not move. (An older measurement on the small churn bench, `CACHE_BYTES=… cargo bench -p
+/// 9% of its CPU time in zstd. At 64 MiB it took 193 ms of CPU against 224 (111 against
+/// 121-137 ms wall), and over four of that bench's queries run 24 times each the cache missed
+/// on 1,617 reads against 79,591; the other three queries did not move. (An older measurement on the small churn bench, `CACHE_BYTES=… cargo bench -p
 /// strata-tsdb --bench tsdb_bench -- churn`, had block reads 1.65 ms at 16 MiB and 1.87 ms at
 /// 64 MiB: a working set that fits either way.)
 pub const GROUP_CACHE_BYTES_DEFAULT: usize = 64 << 20;
