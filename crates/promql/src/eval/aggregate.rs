@@ -10,7 +10,7 @@ use strata_model::histogram::{HistogramMean, KahanSum};
 use strata_model::{CounterResetHint, FloatHistogram, HistogramError, Label, Labels, METRIC_NAME};
 
 use super::labels::{go_quote_bytes, keep, without};
-use super::{point_buffers, Ctx, Evaluator, Val};
+use super::{point_buffers, Ctx, Evaluator, GroupSink, Val};
 use crate::ast::{Aggregate, AggregateOp, ExprKind};
 use crate::error::{exec, EvalError};
 use crate::value::{HPoint, Point, Series};
@@ -488,98 +488,123 @@ fn is_accumulating(op: AggregateOp) -> bool {
     )
 }
 
+/// The accumulators of an accumulating aggregation's groups, or of those dealt to one of its
+/// parts (`GroupSink`), by group number.
+#[derive(Default)]
+struct Part {
+    /// A group's accumulation, once a member came.
+    accs: Vec<Option<GroupAcc>>,
+    /// Histogram sums of each group, made only for groups that meet a histogram.
+    haccs: Vec<Option<Vec<HistAcc>>>,
+    /// Whether a member's name was to be dropped (delayed name removal).
+    drops: Vec<bool>,
+    /// The input position of each group's first member: groups are output in that order.
+    first: Vec<usize>,
+    notes: HistNotes,
+}
+
+impl Part {
+    /// Folds series `s`, the `index`-th of the input, into group `g`'s accumulators.
+    fn add(
+        &mut self,
+        ev: &Evaluator,
+        a: &Aggregate,
+        ctx: &Ctx,
+        g: usize,
+        index: usize,
+        s: Series,
+    ) -> Result<(), EvalError> {
+        if g >= self.accs.len() {
+            self.accs.resize_with(g + 1, || None);
+            self.haccs.resize_with(g + 1, || None);
+            self.drops.resize(g + 1, false);
+            self.first.resize(g + 1, usize::MAX);
+        }
+        self.drops[g] |= s.drop_name;
+        let Series { points, hists, .. } = s;
+        let acc = match &mut self.accs[g] {
+            Some(acc) => acc,
+            empty => {
+                ev.take(ctx.n, "aggregation")?;
+                self.first[g] = index;
+                if hists.is_empty() {
+                    *empty = Some(GroupAcc::Single(points));
+                    return Ok(());
+                }
+                empty.insert(GroupAcc::Folded(StepAccs::new(a.op)))
+            }
+        };
+        fold(a.op, acc.folded(a.op, ctx), &points, ctx);
+        point_buffers::POOL.give(points);
+        if !hists.is_empty() {
+            match a.op {
+                AggregateOp::Sum | AggregateOp::Avg => {
+                    let h = self.haccs[g].get_or_insert_with(|| vec![HistAcc::default(); ctx.n]);
+                    let mut steps = ctx.walker();
+                    for p in &hists {
+                        h[steps.index(p.t)].add(a.op, &p.h, &mut self.notes);
+                    }
+                }
+                // A histogram is a sample like any other to count.
+                AggregateOp::Count | AggregateOp::Group => {
+                    let pts: Vec<Point> = hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
+                    fold(a.op, acc.folded(a.op, ctx), &pts, ctx);
+                }
+                op => ev.info(a.expr.start, format!("ignored histogram in {} aggregation", op.name())),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An accumulating aggregation fed on the selection's workers, a part per worker.
+struct Parts<'e, 'a> {
+    ev: &'e Evaluator<'a>,
+    a: &'e Aggregate,
+    ctx: &'e Ctx,
+    groups: std::sync::OnceLock<Vec<Labels>>,
+    parts: std::sync::OnceLock<Vec<parking_lot::Mutex<Part>>>,
+}
+
+impl GroupSink for Parts<'_, '_> {
+    fn group_of(&self, labels: &Labels) -> Labels {
+        group_labels(labels, &self.a.grouping, self.a.without)
+    }
+
+    fn start(&self, groups: Vec<Labels>, parts: usize) {
+        let fresh = self.groups.set(groups).is_ok();
+        let fresh = fresh && self.parts.set((0..parts).map(|_| Default::default()).collect()).is_ok();
+        assert!(fresh, "a grouped stream started twice");
+    }
+
+    fn put(&self, part: usize, group: usize, index: usize, s: Series) -> Result<(), EvalError> {
+        let parts = self.parts.get().expect("started before the first series");
+        // Each part is fed from one thread at a time: the lock is never waited for.
+        parts[part].lock().add(self.ev, self.a, self.ctx, group, index, s)
+    }
+}
+
 pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, EvalError> {
     let mut grouper = Grouper::default();
     if is_accumulating(a.op) {
         // Streams: each input series is folded into its group's per-step accumulators and
-        // dropped, so memory is groups × steps, not input series × steps.
-        let mut accs: Vec<GroupAcc> = Vec::new();
-        // Histogram sums of each group, made only for groups that meet a histogram.
-        let mut haccs: Vec<Option<Vec<HistAcc>>> = Vec::new();
-        let mut notes = HistNotes::default();
-        let sums_histograms = matches!(a.op, AggregateOp::Sum | AggregateOp::Avg);
-        ev.stream(&a.expr, ctx, &mut |s: Series| {
-            let g = grouper.assign(&s, &a.grouping, a.without);
-            let Series { points, hists, .. } = s;
-            if g == accs.len() {
-                ev.take(ctx.n, "aggregation")?;
-                haccs.push(None);
-                if hists.is_empty() {
-                    accs.push(GroupAcc::Single(points));
-                    return Ok(());
-                }
-                accs.push(GroupAcc::Folded(StepAccs::new(a.op)));
-            }
-            fold(a.op, accs[g].folded(a.op, ctx), &points, ctx);
-            point_buffers::POOL.give(points);
-            if !hists.is_empty() {
-                match a.op {
-                    AggregateOp::Sum | AggregateOp::Avg => {
-                        let h = haccs[g].get_or_insert_with(|| vec![HistAcc::default(); ctx.n]);
-                        let mut steps = ctx.walker();
-                        for p in &hists {
-                            h[steps.index(p.t)].add(a.op, &p.h, &mut notes);
-                        }
-                    }
-                    // A histogram is a sample like any other to count.
-                    AggregateOp::Count | AggregateOp::Group => {
-                        let pts: Vec<Point> = hists.iter().map(|p| Point { t: p.t, f: 0.0 }).collect();
-                        fold(a.op, accs[g].folded(a.op, ctx), &pts, ctx);
-                    }
-                    op => ev.info(a.expr.start, format!("ignored histogram in {} aggregation", op.name())),
-                }
-            }
-            Ok(())
-        })?;
-        if notes.collision {
-            ev.warn(a.expr.start, "conflicting counter resets during histogram aggregation");
-        }
-        if notes.reconciled {
-            ev.info(a.expr.start, "mismatched custom buckets were reconciled during aggregation");
-        }
-        if notes.incompatible {
-            ev.warn(
-                a.expr.start,
-                "vector contains a mix of histograms with exponential and custom buckets schemas for metric name \"\"",
-            );
-        }
-        let mut out = Vec::with_capacity(accs.len());
-        let mut mixed = false;
-        for (((labels, mut acc), hacc), drops) in
-            grouper.groups.into_iter().zip(accs).zip(haccs).zip(grouper.drops_name)
-        {
-            let mut points: Vec<Point> = Vec::new();
-            let mut hists: Vec<HPoint> = Vec::new();
-            match hacc.as_ref().filter(|_| sums_histograms) {
-                // Floats only (a group that met a histogram was folded).
-                None => points = acc.into_points(a.op, ctx),
-                Some(hacc) => {
-                    let acc = acc.folded(a.op, ctx);
-                    for (i, h) in hacc.iter().enumerate() {
-                        match (acc.result(a.op, i), Some(h).filter(|h| h.count > 0.0)) {
-                            (Some(f), None) => points.push(Point { t: ctx.ts(i), f }),
-                            (None, Some(h)) => {
-                                if let Some(r) = h.result() {
-                                    hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
-                                }
-                            }
-                            (Some(_), Some(_)) => mixed = true,
-                            (None, None) => {}
-                        }
-                    }
-                }
-            }
-            ev.release(ctx.n);
-            if !points.is_empty() || !hists.is_empty() {
-                ev.take(points.len() + hists.len(), "aggregation")?;
-                let drop_name = drops && labels.get(METRIC_NAME).is_some();
-                out.push(Series { labels, points, hists, drop_name });
-            }
-        }
-        if mixed {
-            ev.warn(a.expr.start, "encountered a mix of histograms and floats for aggregation");
-        }
-        return Ok(Val::Vector(out));
+        // dropped, so memory is groups × steps, not input series × steps. A selection whose
+        // results keep its labels is folded on its workers, each group by one of them.
+        let on_workers = Parts { ev, a, ctx, groups: Default::default(), parts: Default::default() };
+        let (groups, parts) = if ev.stream_grouped(&a.expr, ctx, &on_workers)? {
+            let parts = on_workers.parts.into_inner().unwrap_or_default();
+            (on_workers.groups.into_inner().unwrap_or_default(), parts.into_iter().map(|p| p.into_inner()).collect())
+        } else {
+            let mut part = Part::default();
+            let mut index = 0;
+            ev.stream(&a.expr, ctx, &mut |s: Series| {
+                let g = grouper.assign(&s, &a.grouping, a.without);
+                index += 1;
+                part.add(ev, a, ctx, g, index, s)
+            })?;
+            (std::mem::take(&mut grouper.groups), vec![part])
+        };
+        return accumulated(ev, a, ctx, groups, parts);
     }
 
     let mut input = ev.eval_vector(&a.expr, ctx)?;
@@ -633,6 +658,82 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
     }
     ev.release(input_held);
     ev.take(out.iter().map(Series::len).sum(), "aggregation")?;
+    Ok(Val::Vector(out))
+}
+
+/// The result of an accumulating aggregation from the accumulators of its parts (each group
+/// in one part), groups in the order their first members came.
+fn accumulated(
+    ev: &Evaluator,
+    a: &Aggregate,
+    ctx: &Ctx,
+    groups: Vec<Labels>,
+    parts: Vec<Part>,
+) -> Result<Val, EvalError> {
+    let sums_histograms = matches!(a.op, AggregateOp::Sum | AggregateOp::Avg);
+    let mut notes = HistNotes::default();
+    // (first member, labels, accumulation, histogram sums, drops the name)
+    let mut found = Vec::with_capacity(groups.len());
+    let mut groups: Vec<Option<Labels>> = groups.into_iter().map(Some).collect();
+    for part in parts {
+        notes.collision |= part.notes.collision;
+        notes.reconciled |= part.notes.reconciled;
+        notes.incompatible |= part.notes.incompatible;
+        let members = part.accs.into_iter().zip(part.haccs).zip(part.drops).zip(part.first).enumerate();
+        for (g, (((acc, hacc), drops), first)) in members {
+            if let Some(acc) = acc {
+                let labels = groups[g].take().expect("a group is dealt to one part");
+                found.push((first, labels, acc, hacc, drops));
+            }
+        }
+    }
+    found.sort_unstable_by_key(|f| f.0);
+    if notes.collision {
+        ev.warn(a.expr.start, "conflicting counter resets during histogram aggregation");
+    }
+    if notes.reconciled {
+        ev.info(a.expr.start, "mismatched custom buckets were reconciled during aggregation");
+    }
+    if notes.incompatible {
+        ev.warn(
+            a.expr.start,
+            "vector contains a mix of histograms with exponential and custom buckets schemas for metric name \"\"",
+        );
+    }
+    let mut out = Vec::with_capacity(found.len());
+    let mut mixed = false;
+    for (_, labels, mut acc, hacc, drops) in found {
+        let mut points: Vec<Point> = Vec::new();
+        let mut hists: Vec<HPoint> = Vec::new();
+        match hacc.as_ref().filter(|_| sums_histograms) {
+            // Floats only (a group that met a histogram was folded).
+            None => points = acc.into_points(a.op, ctx),
+            Some(hacc) => {
+                let acc = acc.folded(a.op, ctx);
+                for (i, h) in hacc.iter().enumerate() {
+                    match (acc.result(a.op, i), Some(h).filter(|h| h.count > 0.0)) {
+                        (Some(f), None) => points.push(Point { t: ctx.ts(i), f }),
+                        (None, Some(h)) => {
+                            if let Some(r) = h.result() {
+                                hists.push(HPoint { t: ctx.ts(i), h: Arc::new(r) });
+                            }
+                        }
+                        (Some(_), Some(_)) => mixed = true,
+                        (None, None) => {}
+                    }
+                }
+            }
+        }
+        ev.release(ctx.n);
+        if !points.is_empty() || !hists.is_empty() {
+            ev.take(points.len() + hists.len(), "aggregation")?;
+            let drop_name = drops && labels.get(METRIC_NAME).is_some();
+            out.push(Series { labels, points, hists, drop_name });
+        }
+    }
+    if mixed {
+        ev.warn(a.expr.start, "encountered a mix of histograms and floats for aggregation");
+    }
     Ok(Val::Vector(out))
 }
 

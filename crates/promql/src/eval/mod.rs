@@ -22,6 +22,7 @@ mod range_functions;
 pub(crate) mod range_histograms;
 mod rollup;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration as StdDuration, Instant};
 
@@ -204,6 +205,118 @@ const PIPELINE_BATCH_MIN: usize = 32;
 const PIPELINE_BATCH_MAX: usize = 1024;
 /// Batches a selection worker may hold ahead of the consumer.
 const PIPELINE_DEPTH: usize = 2;
+/// Groups are dealt to the workers of a grouped selection only if no worker gets more than
+/// this fraction above an even share of the series (in eighths); otherwise the pipeline, whose
+/// workers take batches in turn, spreads the work better (three groups on two workers).
+const GROUPS_UNEVEN_EIGHTHS: usize = 1;
+/// Aggregations over fewer steps than this are folded by the pipeline's consumer.
+const GROUPED_STEPS_MIN: usize = 8;
+
+/// Reads one selected series into a reused buffer and maps it to its result, if any.
+type MapOne<'f> = dyn Fn(&StoredSeries, &mut SeriesBuf) -> Result<Option<Series>, EvalError> + Sync + 'f;
+
+/// Where a stream of series goes.
+pub(crate) enum Feed<'s> {
+    /// One consumer, in label order.
+    Series(&'s mut dyn FnMut(Series) -> Result<(), EvalError>),
+    /// An aggregation's parts, fed on the selection's workers (see `GroupSink`).
+    Groups(&'s dyn GroupSink),
+}
+
+/// An aggregation fed on the selection's workers. Its groups are dealt to parts, one part per
+/// worker; a part gets all the members of its groups, each on that worker and in label order.
+/// So every group folds its members in the order one consumer would, and its sums are the same
+/// to the last bit, while the points of a member are folded where they were computed, not sent
+/// to another core, and no single consumer folds for all the workers.
+pub(crate) trait GroupSink: Sync {
+    /// The labels of the group of a selected series (the stream's result for it has the same
+    /// labels).
+    fn group_of(&self, labels: &Labels) -> Labels;
+    /// Called once, before any `put`: the groups, numbered by first appearance in the
+    /// selection, and how many parts they are dealt to.
+    fn start(&self, groups: Vec<Labels>, parts: usize);
+    /// The result for the selection's `index`-th series, a member of group `group`, dealt to
+    /// `part`. Each part is fed from one thread at a time, with its members in selection order.
+    fn put(&self, part: usize, group: usize, index: usize, s: Series) -> Result<(), EvalError>;
+}
+
+/// The order part `part` of a grouped selection takes its series in (indexes of `stored`).
+/// Any order that keeps each group's members in selection order folds every group as one
+/// consumer would; of three such orders (selection order, group after group, and the groups'
+/// first members, then their second ones, …) it is the one where most neighbours seem to
+/// share their timestamps, since a range function reuses the window plan of the series before
+/// for a series with the same timestamps, as a scrape's series have. Group after group suits
+/// `sum by (instance)`; the members in turn suit `sum by (device)`, whose groups each hold one
+/// series per instance; selection order suits buckets of a histogram, which sit together.
+fn part_order(stored: &[StoredSeries], group_of: &[usize], part_of: &[usize], part: usize) -> Vec<usize> {
+    let in_selection: Vec<usize> = (0..stored.len()).filter(|&i| part_of[group_of[i]] == part).collect();
+    let mut members_before = vec![0usize; part_of.len()];
+    let rank: Vec<usize> = in_selection
+        .iter()
+        .map(|&i| {
+            let g = group_of[i];
+            members_before[g] += 1;
+            members_before[g] - 1
+        })
+        .collect();
+    let ranks = rank.iter().max().map_or(0, |r| r + 1);
+    let by_group = stable_sort_by_key(&in_selection, |k| group_of[in_selection[k]], part_of.len());
+    let by_rank = stable_sort_by_key(&in_selection, |k| rank[k], ranks);
+    let alike = |order: &[usize]| order.windows(2).filter(|p| same_times(&stored[p[0]], &stored[p[1]])).count();
+    let (a, b, c) = (alike(&in_selection), alike(&by_group), alike(&by_rank));
+    if a >= b && a >= c {
+        in_selection
+    } else if b >= c {
+        by_group
+    } else {
+        by_rank
+    }
+}
+
+/// `items` ordered by `key` of their positions (below `keys`), equal keys in their order.
+fn stable_sort_by_key(items: &[usize], key: impl Fn(usize) -> usize, keys: usize) -> Vec<usize> {
+    let mut starts = vec![0usize; keys + 1];
+    for k in 0..items.len() {
+        starts[key(k) + 1] += 1;
+    }
+    for j in 0..keys {
+        starts[j + 1] += starts[j];
+    }
+    let mut out = vec![0usize; items.len()];
+    for (k, &item) in items.iter().enumerate() {
+        let slot = &mut starts[key(k)];
+        out[*slot] = item;
+        *slot += 1;
+    }
+    out
+}
+
+/// Whether two selected series seem to hold samples at the same times: their chunks in range
+/// start and end together (series of one scrape target do; staggered targets' do not).
+fn same_times(a: &StoredSeries, b: &StoredSeries) -> bool {
+    let ends = |s: &StoredSeries| (s.chunks.first().map(|c| c.mint), s.chunks.last().map(|c| c.maxt), s.chunks.len());
+    ends(a) == ends(b)
+}
+
+/// Deals groups of `sizes[g]` members to `parts` parts (largest group first, each to the part
+/// with the fewest members so far), or `None` if that leaves one part over an even share by
+/// more than `GROUPS_UNEVEN_EIGHTHS` eighths.
+fn deal_groups(sizes: &[usize], parts: usize) -> Option<Vec<usize>> {
+    assert!(parts > 0, "dealing to no part");
+    let total: usize = sizes.iter().sum();
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&g| std::cmp::Reverse(sizes[g]));
+    let mut loads = vec![0usize; parts];
+    let mut part_of = vec![0usize; sizes.len()];
+    for g in order {
+        let (p, _) = loads.iter().enumerate().min_by_key(|&(p, &l)| (l, p)).expect("at least one part");
+        part_of[g] = p;
+        loads[p] += sizes[g];
+    }
+    let most = loads.iter().copied().max().unwrap_or(0);
+    // most ≤ (1 + k/8) · total / parts
+    (most * parts * 8 <= total * (8 + GROUPS_UNEVEN_EIGHTHS)).then_some(part_of)
+}
 
 impl Engine {
     pub fn new(opts: EngineOptions) -> Engine {
@@ -619,7 +732,9 @@ impl<'a> Evaluator<'a> {
                     let hists: Vec<HPoint> = hists.iter().filter(|p| inside(p.t)).cloned().collect();
                     Some(Series::with_hists(labels.clone(), points, hists))
                 };
-                Ok(Val::Matrix(self.collect("query evaluation", |sink| self.stream_range(e, ctx, window, sink))?))
+                Ok(Val::Matrix(
+                    self.collect("query evaluation", |sink| self.stream_range(e, ctx, window, Feed::Series(sink)))?,
+                ))
             }
             ExprKind::Vector(_) | ExprKind::Neg(_) => Err(exec("selector or negation of a non-vector")),
             ExprKind::Binary(b) => binary::eval(self, b, ctx),
@@ -662,9 +777,9 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Reads the series a selector matches in `[mint, maxt]`, maps each through `f` and hands
-    /// the results to `sink` in label order. `f` runs in parallel over batches of series, so
-    /// memory holds a few batches of results (sized by the `steps` each result may hold), not
-    /// the whole selection. Stale markers are kept (instant selectors need them).
+    /// the results to `out`. `f` runs in parallel over batches of series, so memory holds a few
+    /// batches of results (sized by the `steps` each result may hold), not the whole
+    /// selection. Stale markers are kept (instant selectors need them).
     fn for_each_selected<F>(
         &self,
         matchers: &[Matcher],
@@ -672,7 +787,7 @@ impl<'a> Evaluator<'a> {
         (mint, maxt): (i64, i64),
         steps: usize,
         f: F,
-        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
+        out: Feed<'_>,
     ) -> Result<(), EvalError>
     where
         F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>) -> Option<Series> + Sync,
@@ -689,15 +804,98 @@ impl<'a> Evaluator<'a> {
             Ok(f(&s.labels, &buf.floats, &buf.hists, buf.starts()).filter(|r| !r.is_empty()))
         };
         let new_buf = || SeriesBuf { read_starts: starts, ..SeriesBuf::default() };
+        let groups = match out {
+            Feed::Series(sink) => return self.map_in_order(&stored, None, steps, &one, &new_buf, &mut |_, s| sink(s)),
+            Feed::Groups(groups) => groups,
+        };
+        // Each series' group, numbered by first appearance.
+        let mut numbers: HashMap<Labels, usize> = HashMap::new();
+        let mut sizes: Vec<usize> = Vec::new();
+        let mut labels: Vec<Labels> = Vec::new();
+        let group_of: Vec<usize> = stored
+            .iter()
+            .map(|s| {
+                let g = groups.group_of(&s.labels);
+                let n = *numbers.entry(g).or_insert_with_key(|g| {
+                    labels.push(g.clone());
+                    sizes.push(0);
+                    sizes.len() - 1
+                });
+                sizes[n] += 1;
+                n
+            })
+            .collect();
+        drop(numbers);
         let threads = self.engine.opts.parallelism.max(1);
+        let dealt =
+            (threads > 1 && stored.len() >= PARALLEL_SERIES_MIN).then(|| deal_groups(&sizes, threads)).flatten();
+        let Some(part_of) = dealt else {
+            // One part, fed by the pipeline's consumer.
+            groups.start(labels, 1);
+            let order = part_order(&stored, &group_of, &vec![0; sizes.len()], 0);
+            return self.map_in_order(&stored, Some(&order), steps, &one, &new_buf, &mut |i, s| {
+                groups.put(0, group_of[i], i, s)
+            });
+        };
+        groups.start(labels, threads);
+        let failed = AtomicBool::new(false);
+        strata_tsdb::workers::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|w| {
+                    let (stored, group_of, part_of, one, new_buf, failed) =
+                        (&stored, &group_of, &part_of, &one, &new_buf, &failed);
+                    scope.spawn(move || -> Result<(), EvalError> {
+                        let order = part_order(stored, group_of, part_of, w);
+                        let mut buf = new_buf();
+                        for (k, &i) in order.iter().enumerate() {
+                            if k % 256 == 0 && failed.load(Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            let r = (if k % 256 == 0 { self.check("series selection") } else { Ok(()) })
+                                .and_then(|()| one(&stored[i], &mut buf))
+                                .and_then(|r| r.map_or(Ok(()), |r| groups.put(w, group_of[i], i, r)));
+                            if r.is_err() {
+                                failed.store(true, Ordering::Relaxed);
+                                return r;
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut first_error = Ok(());
+            for h in handles {
+                match h.join() {
+                    Ok(r) => first_error = first_error.and(r),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            first_error
+        })
+    }
+
+    /// Maps `stored` through `one` and hands the results to `sink` in selection order (or in
+    /// `order`, indexes of `stored`), with each result's index in `stored`.
+    fn map_in_order(
+        &self,
+        stored: &[StoredSeries],
+        order: Option<&[usize]>,
+        steps: usize,
+        one: &MapOne<'_>,
+        new_buf: &(dyn Fn() -> SeriesBuf + Sync),
+        sink: &mut dyn FnMut(usize, Series) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
+        let threads = self.engine.opts.parallelism.max(1);
+        let at = |k: usize| order.map_or(k, |o| o[k]);
         if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
             let mut buf = new_buf();
-            for (i, s) in stored.iter().enumerate() {
-                if i % 256 == 0 {
+            for k in 0..stored.len() {
+                if k % 256 == 0 {
                     self.check("series selection")?;
                 }
-                if let Some(r) = one(s, &mut buf)? {
-                    sink(r)?;
+                let i = at(k);
+                if let Some(r) = one(&stored[i], &mut buf)? {
+                    sink(i, r)?;
                 }
             }
             return Ok(());
@@ -708,21 +906,22 @@ impl<'a> Evaluator<'a> {
         // batches are held at once. Batches, not single series, so that handing results over
         // costs a wake-up per batch.
         let batch = (PIPELINE_POINTS / steps.max(1)).clamp(PIPELINE_BATCH_MIN, PIPELINE_BATCH_MAX);
-        let batches = stored.chunks(batch);
-        let n_batches = batches.len();
+        let n_batches = stored.len().div_ceil(batch);
         strata_tsdb::workers::scope(|scope| {
             let mut rxs = Vec::with_capacity(threads);
             for w in 0..threads {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Series>, EvalError>>(PIPELINE_DEPTH);
+                type Mapped = Result<Vec<(usize, Series)>, EvalError>;
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Mapped>(PIPELINE_DEPTH);
                 rxs.push(rx);
-                let (batches, one, new_buf) = (batches.clone(), &one, &new_buf);
                 scope.spawn(move || {
                     let mut buf = new_buf();
-                    for batch in batches.skip(w).step_by(threads) {
+                    for b in (w..n_batches).step_by(threads) {
+                        let range = b * batch..((b + 1) * batch).min(stored.len());
                         let r = self.check("series selection").and_then(|()| {
-                            let mut out = Vec::with_capacity(batch.len());
-                            for s in batch {
-                                out.extend(one(s, &mut buf)?);
+                            let mut out = Vec::with_capacity(range.len());
+                            for k in range {
+                                let i = at(k);
+                                out.extend(one(&stored[i], &mut buf)?.map(|r| (i, r)));
                             }
                             Ok(out)
                         });
@@ -733,9 +932,9 @@ impl<'a> Evaluator<'a> {
                     }
                 });
             }
-            for i in 0..n_batches {
-                match rxs[i % threads].recv() {
-                    Ok(Ok(batch)) => batch.into_iter().try_for_each(&mut *sink)?,
+            for b in 0..n_batches {
+                match rxs[b % threads].recv() {
+                    Ok(Ok(batch)) => batch.into_iter().try_for_each(|(i, s)| sink(i, s))?,
                     Ok(Err(e)) => return Err(e),
                     Err(_) => return Err(exec("evaluation worker stopped")),
                 }
@@ -816,6 +1015,36 @@ impl<'a> Evaluator<'a> {
         }
     }
 
+    /// Streams `e` into an aggregation's parts on the selection's workers (see `GroupSink`)
+    /// where each selected series maps to one result with its labels: a selector, or a range
+    /// function of a range selector alone, read from raw data. Returns false, having read
+    /// nothing, for anything else.
+    pub(crate) fn stream_grouped(&self, e: &Expr, ctx: &Ctx, groups: &dyn GroupSink) -> Result<bool, EvalError> {
+        // An instant query's series hold a point each: folding them is little work, and
+        // numbering the groups before the workers start would hold them up for longer.
+        if self.tier.is_some() || ctx.n < GROUPED_STEPS_MIN {
+            return Ok(false);
+        }
+        match &e.kind {
+            ExprKind::Paren(inner) | ExprKind::Pos(inner) => self.stream_grouped(inner, ctx, groups),
+            ExprKind::Vector(sel) => {
+                self.check("query evaluation")?;
+                self.stream_selector_to(sel, e.start, ctx, SelectorValue::Value, Feed::Groups(groups))?;
+                Ok(true)
+            }
+            ExprKind::Call(c)
+                if range_functions::is_range_function(c.func.name)
+                    && c.args.len() == 1
+                    && matches!(c.args[0].unparen().kind, ExprKind::Matrix(_)) =>
+            {
+                self.check("query evaluation")?;
+                range_functions::stream_to(self, c, ctx, Feed::Groups(groups))?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// An instant-vector selector at every step: the newest sample in `(t - lookback, t]`,
     /// unless it is a stale marker; `value` says what of the sample each point holds.
     pub(crate) fn stream_selector(
@@ -826,11 +1055,26 @@ impl<'a> Evaluator<'a> {
         value: SelectorValue,
         sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
+        self.stream_selector_to(sel, pos, ctx, value, Feed::Series(sink))
+    }
+
+    /// `stream_selector`, to either kind of output.
+    fn stream_selector_to(
+        &self,
+        sel: &VectorSelector,
+        pos: usize,
+        ctx: &Ctx,
+        value: SelectorValue,
+        out: Feed<'_>,
+    ) -> Result<(), EvalError> {
         if value == SelectorValue::StartTime && !self.engine.opts.use_start_timestamps {
             // Without start times read there is nothing to return (as in Prometheus).
             return Ok(());
         }
         if let Some(tier) = self.tier {
+            let Feed::Series(sink) = out else {
+                return Err(exec("a tier's selection cannot be grouped on its workers"));
+            };
             return self.stream_selector_from_tier(tier, sel, ctx, value, sink);
         }
         let keep_sample_time = value == SelectorValue::SampleTime;
@@ -906,7 +1150,7 @@ impl<'a> Evaluator<'a> {
             }
             Some(Series::with_hists(labels.clone(), points, hists))
         };
-        self.for_each_selected(&sel.matchers, sel.stats_only, (first - lookback + 1, maxt), ctx.n, per_series, sink)
+        self.for_each_selected(&sel.matchers, sel.stats_only, (first - lookback + 1, maxt), ctx.n, per_series, out)
     }
 
     /// The window a range selector or subquery reads at each step.
@@ -931,13 +1175,7 @@ impl<'a> Evaluator<'a> {
     /// Maps each series of a range selector or subquery through `f`, with its samples (stale
     /// markers removed) covering every window the steps of `ctx` need, and feeds the results
     /// to `sink`. Selector series are read and mapped in parallel batches.
-    pub(crate) fn stream_range<F>(
-        &self,
-        e: &Expr,
-        ctx: &Ctx,
-        f: F,
-        sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
-    ) -> Result<(), EvalError>
+    pub(crate) fn stream_range<F>(&self, e: &Expr, ctx: &Ctx, f: F, out: Feed<'_>) -> Result<(), EvalError>
     where
         F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>, bool) -> Option<Series> + Sync,
     {
@@ -973,9 +1211,12 @@ impl<'a> Evaluator<'a> {
                         f(labels, samples, hists, Starts { floats: starts.floats, hists: hist_starts }, false)
                     }
                 };
-                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, (mint, maxt), ctx.n, per_series, sink)
+                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, (mint, maxt), ctx.n, per_series, out)
             }
             ExprKind::Subquery(sq) => {
+                let Feed::Series(sink) = out else {
+                    return Err(exec("a subquery's series cannot be grouped on the selection's workers"));
+                };
                 let step = match &sq.step {
                     Some(d) => self.duration_ms(d),
                     None => self.engine.opts.subquery_step_ms,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::aggregate::{kahan_inc, quantile};
 use super::range_histograms::{self, Notes, Out};
-use super::{point_buffers, Ctx, Evaluator, RangeSpec, Starts};
+use super::{point_buffers, Ctx, Evaluator, Feed, RangeSpec, Starts};
 use crate::ast::{Call, Expr, RangeMode};
 use crate::error::{exec, EvalError};
 use crate::value::{HPoint, Point, Series};
@@ -101,9 +101,17 @@ pub(super) fn stream(
     ctx: &Ctx,
     sink: &mut dyn FnMut(Series) -> Result<(), EvalError>,
 ) -> Result<(), EvalError> {
+    stream_to(ev, call, ctx, Feed::Series(sink))
+}
+
+/// `stream`, to either kind of output.
+pub(super) fn stream_to(ev: &Evaluator, call: &Call, ctx: &Ctx, out: Feed<'_>) -> Result<(), EvalError> {
     let name = call.func.name;
     if let Some(tier) = ev.tier {
         // The planner picked a tier only if it answers this function.
+        let Feed::Series(sink) = out else {
+            return Err(exec("a tier's selection cannot be grouped on its workers"));
+        };
         return ev.stream_range_function_from_tier(tier, call, ctx, sink);
     }
     let (f, keeps_name) = lookup(name).ok_or_else(|| exec(format!("unknown range function {name}")))?;
@@ -228,7 +236,7 @@ pub(super) fn stream(
         }
         series
     };
-    ev.stream_range(matrix, ctx, per_series, sink)
+    ev.stream_range(matrix, ctx, per_series, out)
 }
 
 /// `anchored`/`smoothed` are refused for functions that cannot use them.

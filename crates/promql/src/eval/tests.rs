@@ -46,12 +46,48 @@ fn parallel_evaluation_matches_sequential() {
         "max_over_time(m_total[10m]) - min_over_time(m_total[10m] offset 5m)",
         "m_total / on(instance) group_left m_total",
         "count(abs(m_total) > 100)",
+        // Aggregations whose groups are dealt to the workers (each group folded by one),
+        // and those left to the pipeline's consumer (one group, or groups too uneven).
+        "avg by (job) (m_total)",
+        "stddev without (instance) (irate(m_total[2m]))",
+        "max by (job) (max_over_time(m_total[10m]))",
+        "count by (instance) (changes(m_total[10m]))",
+        "sum(increase(m_total[5m]))",
+        r#"sum by (job) (rate(m_total{job=~"j1|j2|j3"}[5m]))"#,
+        r#"sum by (job) (rate(m_total{job=~"j1.*|j2"}[5m]))"#,
     ] {
         let one = run(&head, q, 1);
         let four = run(&head, q, 4);
         assert_eq!(one, four, "{q}");
+        let two = run(&head, q, 2);
+        assert_eq!(one, two, "{q}");
         let Value::Matrix(m) = &one else { panic!("{q}") };
         assert!(!m.is_empty(), "{q} selects something");
+    }
+}
+
+/// An instant query's aggregation gives its groups in the order their first members come in
+/// label order, however the groups were dealt to workers.
+#[test]
+fn parallel_aggregation_keeps_the_order_of_groups() {
+    let head = head();
+    for q in ["sum by (job) (rate(m_total[5m]))", "count by (instance) (m_total)", "min without (job) (m_total)"] {
+        let e = parse_with(q, Features::all()).unwrap();
+        let at = |parallelism| {
+            let engine = Engine::new(EngineOptions { parallelism, ..EngineOptions::default() });
+            engine.instant(&head, &e, 3_000_000).unwrap().value
+        };
+        let one = at(1);
+        assert_eq!(one, at(2), "{q}");
+        assert_eq!(one, at(3), "{q}");
+        let Value::Vector(v) = &one else { panic!("{q}") };
+        assert!(v.len() >= 30, "{q}");
+        // Over a range, where groups are dealt to the workers.
+        let over_range = |parallelism| {
+            let engine = Engine::new(EngineOptions { parallelism, ..EngineOptions::default() });
+            engine.range(&head, &e, 3_000_000, 3_600_000, 60_000).unwrap().value
+        };
+        assert_eq!(over_range(1), over_range(2), "{q}");
     }
 }
 
@@ -184,5 +220,108 @@ proptest::proptest! {
         }
         let bits = |v: &[Point]| v.iter().map(|p| (p.t, p.f.to_bits())).collect::<Vec<_>>();
         proptest::prop_assert_eq!(bits(&got), bits(&want));
+    }
+}
+
+#[test]
+fn groups_are_dealt_evenly_or_not_at_all() {
+    // Largest first, each to the least loaded part.
+    let part_of = deal_groups(&[5, 3, 3, 2, 2, 1], 2).unwrap();
+    let load = |p| (0..6).filter(|&g| part_of[g] == p).map(|g| [5, 3, 3, 2, 2, 1][g]).sum::<usize>();
+    assert_eq!((load(0), load(1)), (8, 8));
+    // Three equal groups on two parts: one part would get a third more than half.
+    assert_eq!(deal_groups(&[500, 500, 500], 2), None);
+    // One group: never dealt.
+    assert_eq!(deal_groups(&[3000], 4), None);
+    // Within an eighth over an even share.
+    assert!(deal_groups(&[9, 8, 8, 9], 2).is_some());
+    assert!(deal_groups(&[100; 17], 2).is_some());
+    assert_eq!(deal_groups(&[100; 7], 2), None);
+    // Every group goes to a part that exists.
+    let many: Vec<usize> = (0..500).map(|g| 100 + g % 37).collect();
+    let part_of = deal_groups(&many, 3).unwrap();
+    assert!(part_of.iter().all(|&p| p < 3));
+}
+
+/// 200 instances scraped at staggered times, three devices and two directions each: series of
+/// one instance share their timestamps, neighbours in label order (device before instance)
+/// do not.
+fn staggered_head() -> Head {
+    let head = Head::in_memory(HeadOptions { backfill: true, ..HeadOptions::default() });
+    let mut app = head.appender();
+    for i in 0..200 {
+        for device in ["eth0", "eth1", "lo"] {
+            for dir in ["rx", "tx"] {
+                let l = Labels::from_pairs([
+                    ("__name__", "bytes_total".to_string()),
+                    ("device", device.to_string()),
+                    ("dir", dir.to_string()),
+                    ("instance", format!("i{i:03}")),
+                ]);
+                for k in 0..240 {
+                    let t = k * 15_000 + (i * 37 % 15_000);
+                    let v = (k * (i % 13 + 1)) as f64 * 1.37 + if device == "lo" { 0.1 } else { 0.0 };
+                    app.append(&l, t, v).unwrap();
+                }
+            }
+        }
+    }
+    app.commit().unwrap();
+    head
+}
+
+#[test]
+fn grouped_parts_fold_in_any_order_that_keeps_each_group_in_label_order() {
+    let head = staggered_head();
+    let stored = Storage::select(&head, &[Matcher::equal("__name__", "bytes_total")], 0, 3_600_000).unwrap();
+    let label = |i: usize, name: &str| stored[i].labels.get(name).unwrap().to_string();
+    let numbered = |name: &str| -> Vec<usize> {
+        let mut seen: Vec<String> = Vec::new();
+        (0..stored.len())
+            .map(|i| {
+                let v = label(i, name);
+                seen.iter().position(|s| *s == v).unwrap_or_else(|| {
+                    seen.push(v);
+                    seen.len() - 1
+                })
+            })
+            .collect()
+    };
+    let keeps_group_order = |order: &[usize], group_of: &[usize]| {
+        let mut last = vec![None; stored.len()];
+        order.iter().all(|&i| {
+            let ok = last[group_of[i]].is_none_or(|l| l < i);
+            last[group_of[i]] = Some(i);
+            ok
+        })
+    };
+    // By instance: group after group, each group's six series sharing timestamps.
+    let by_instance = numbered("instance");
+    let order = part_order(&stored, &by_instance, &vec![0; 200], 0);
+    assert!(keeps_group_order(&order, &by_instance));
+    assert!(order.windows(2).all(|p| by_instance[p[0]] <= by_instance[p[1]]), "group after group");
+    // By device: each device's first member (instance 0), then the second ones, ….
+    let by_device = numbered("device");
+    let order = part_order(&stored, &by_device, &[0, 0, 0], 0);
+    assert_eq!(order.len(), stored.len());
+    assert!(keeps_group_order(&order, &by_device));
+    assert_eq!(label(order[0], "instance"), label(order[2], "instance"), "members in turn");
+    // Only the part's own series.
+    let order = part_order(&stored, &by_device, &[0, 1, 0], 1);
+    assert!(order.iter().all(|&i| label(i, "device") == "eth1") && order.len() == 400);
+
+    // The answers do not depend on the order or on how groups are dealt.
+    for q in [
+        "sum by (instance) (rate(bytes_total[2m]))",
+        "sum by (device) (rate(bytes_total[2m]))",
+        "avg by (dir) (increase(bytes_total[5m]))",
+        "sum by (device, dir) (rate(bytes_total[2m]))",
+        "max by (instance, dir) (bytes_total)",
+    ] {
+        let one = run(&head, q, 1);
+        assert_eq!(one, run(&head, q, 2), "{q}");
+        assert_eq!(one, run(&head, q, 3), "{q}");
+        let Value::Matrix(m) = &one else { panic!("{q}") };
+        assert!(!m.is_empty(), "{q} selects something");
     }
 }
