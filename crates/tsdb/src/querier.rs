@@ -490,6 +490,13 @@ impl std::fmt::Debug for ReadLimits<'_> {
 const HEAD_PARALLEL_SERIES_MIN: usize = 256;
 /// The most series of a block one thread reads at once when blocks are read in parallel
 /// (`Querier::select_in_parallel`; tests, whose blocks hold a handful, take several pieces).
+/// A selection of this many series or more reads them on background threads
+/// (`workers::background`): a query over 100k series then takes the cores a dashboard's small
+/// queries leave it, instead of holding them up (a panel over 1000 series took 3.3 times as
+/// long beside two such queries). Small in this crate's tests, so that their selections take
+/// that path too.
+pub const BACKGROUND_SERIES: usize = if cfg!(test) { 8 } else { 32_768 };
+
 const SELECT_PIECE_IDS: usize = if cfg!(test) { 3 } else { 2048 };
 
 /// The size of the buffers a head selection copies open chunks into.
@@ -814,22 +821,34 @@ impl<'a> Querier<'a> {
                     found_ids.wait();
                     // Every thread lists the same pieces from the same ids.
                     let pieces = pieces_of(&ids);
-                    let mut interner = ReadCache::default();
-                    loop {
-                        let p = next_piece.fetch_add(1, Relaxed);
-                        let Some((b, range)) = pieces.get(p) else { break };
-                        let (block, block_ids) = (&blocks[*b], ids[*b].get().and_then(|r| r.as_ref().ok()));
-                        let piece = &block_ids.expect("pieces are of blocks whose ids were found")[range.clone()];
-                        let r = self
-                            .select_block_series(block, piece, &mut interner, &found[*b])
-                            .inspect_err(|e| block.mark_corrupt_if(e));
-                        let failed = r.is_err();
-                        read.lock().unwrap_or_else(|e| e.into_inner()).push((p, r));
-                        if failed {
-                            // The others stop before their next piece.
-                            next_piece.store(usize::MAX / 2, Relaxed);
-                            break;
+                    let series: usize = pieces.iter().map(|(_, range)| range.len()).sum();
+                    let read_pieces = || {
+                        let mut interner = ReadCache::default();
+                        loop {
+                            let p = next_piece.fetch_add(1, Relaxed);
+                            let Some((b, range)) = pieces.get(p) else { break };
+                            let (block, block_ids) = (&blocks[*b], ids[*b].get().and_then(|r| r.as_ref().ok()));
+                            let piece = &block_ids.expect("pieces are of blocks whose ids were found")[range.clone()];
+                            let r = self
+                                .select_block_series(block, piece, &mut interner, &found[*b])
+                                .inspect_err(|e| block.mark_corrupt_if(e));
+                            let failed = r.is_err();
+                            read.lock().unwrap_or_else(|e| e.into_inner()).push((p, r));
+                            if failed {
+                                // The others stop before their next piece.
+                                next_piece.store(usize::MAX / 2, Relaxed);
+                                break;
+                            }
                         }
+                    };
+                    if series >= BACKGROUND_SERIES && !crate::workers::in_background() {
+                        // A heavy selection reads in the background (see `BACKGROUND_SERIES`),
+                        // this thread waiting for its stand-in.
+                        let _background = crate::workers::background(true);
+                        crate::workers::scope(|scope| scope.spawn(read_pieces).join())
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    } else {
+                        read_pieces();
                     }
                 });
             }
@@ -872,6 +891,7 @@ impl<'a> Querier<'a> {
         }
         // Contiguous parts on as many threads (copying chunks, resolving and sorting labels
         // is per-series work), merged by labels after.
+        let _background = crate::workers::background(refs.len() >= BACKGROUND_SERIES);
         let parts = crate::workers::scope(|scope| -> Result<Vec<Vec<Series>>> {
             let workers: Vec<_> = refs
                 .chunks(refs.len().div_ceil(threads))

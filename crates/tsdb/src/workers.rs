@@ -13,6 +13,12 @@
 //! at the same time, as scoped threads do, so they may wait on each other (a barrier, a
 //! channel), and a heavy query's parts never queue a small query's behind them. At most
 //! `IDLE_KEPT` threads wait for work; one idle for `IDLE_EXIT` ends.
+//!
+//! Heavy work runs in the background (`background`): its closures go to kept threads of their
+//! own whose nice value is `BACKGROUND_NICE`, so that when the cores are short the scheduler
+//! gives a small query's threads most of them, and a heavy query takes what is left. A thread
+//! cannot lower its nice value again without privileges, so background threads stay
+//! background and are kept apart from the others.
 
 use std::any::Any;
 use std::marker::PhantomData;
@@ -22,7 +28,8 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Idle threads kept for the next scope; more than this end when their closure returns. A
+/// Idle threads of each kind kept for the next scope; more than this end when their closure
+/// returns. A
 /// kept thread keeps its thread-local scratch too (a window plan, decoding columns, a zstd
 /// context: a few MiB at most), so this bounds memory as well; a server on a few cores runs
 /// a handful of parts at once.
@@ -37,6 +44,44 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// Idle threads, each by the sending end of its own queue and a number naming it.
 static IDLE: Mutex<Vec<(u64, Sender<Job>)>> = Mutex::new(Vec::new());
+/// Idle background threads, likewise.
+static IDLE_BACKGROUND: Mutex<Vec<(u64, Sender<Job>)>> = Mutex::new(Vec::new());
+
+/// The nice value of background threads. CFS weighs a thread at nice 10 about a tenth of one
+/// at nice 0: a query in the foreground beside one in the background gets about 90% of a core
+/// they share, and the background one all of it when alone.
+pub const BACKGROUND_NICE: i32 = 10;
+
+thread_local! {
+    /// Whether closures spawned from this thread go to background threads: set on background
+    /// threads (their own spawns stay there) and, for a while, by `background`.
+    static IN_BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While the returned guard lives, closures spawned from this thread (and from the closures,
+/// which run on background threads) run on background threads, if `heavy`. The calling thread
+/// itself keeps its priority.
+pub fn background(heavy: bool) -> BackgroundGuard {
+    let was = IN_BACKGROUND.with(|b| b.replace(b.get() || heavy));
+    BackgroundGuard { was }
+}
+
+/// Restores whether this thread spawns in the background (see `background`).
+#[derive(Debug)]
+pub struct BackgroundGuard {
+    was: bool,
+}
+
+impl Drop for BackgroundGuard {
+    fn drop(&mut self) {
+        IN_BACKGROUND.with(|b| b.set(self.was));
+    }
+}
+
+/// Whether closures spawned from this thread now run in the background.
+pub fn in_background() -> bool {
+    IN_BACKGROUND.with(|b| b.get())
+}
 
 /// Numbers for kept threads.
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -116,7 +161,7 @@ impl<'env> Scope<'env> {
         // run `f` and let go of everything that borrows `'env`; the data it borrows outlives
         // `scope`'s call.
         let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'env>, Job>(job) };
-        if let Err(e) = run(job) {
+        if let Err(e) = run(job, in_background()) {
             // The closure went unrun (dropped with the refused thread's start): no longer
             // waited for. As `std::thread::scope`'s spawn, a refused thread is a panic.
             let mut running = lock(&self.pending.running);
@@ -163,10 +208,12 @@ impl<T> Handle<T> {
     }
 }
 
-/// Hands `job` to an idle kept thread, or to a new one; an error if the OS refuses a thread.
-fn run(mut job: Job) -> std::io::Result<()> {
+/// Hands `job` to an idle kept thread (a background one if `background`), or to a new one;
+/// an error if the OS refuses a thread.
+fn run(mut job: Job, background: bool) -> std::io::Result<()> {
+    let list = if background { &IDLE_BACKGROUND } else { &IDLE };
     loop {
-        let idle = lock(&IDLE).pop();
+        let idle = lock(list).pop();
         match idle {
             Some((_, tx)) => match tx.send(job) {
                 Ok(()) => return Ok(()),
@@ -174,22 +221,42 @@ fn run(mut job: Job) -> std::io::Result<()> {
                 // itself off the list; kept for safety): try the next.
                 Err(e) => job = e.0,
             },
-            None => return start_thread(job),
+            None => return start_thread(job, background),
         }
     }
 }
 
+/// Lowers the calling thread's priority to `BACKGROUND_NICE` (on Linux, `setpriority` of
+/// `PRIO_PROCESS` 0 sets the calling thread's nice value, not the process's).
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a plain system call on the calling thread, with no pointers.
+    unsafe {
+        // Raising one's own nice value needs no privilege; a failure leaves the thread at its
+        // priority, which is still correct, only less fair.
+        let _ = libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
+    }
+}
+
 /// A new kept thread that runs `first`, then whatever it is handed while idle.
-fn start_thread(first: Job) -> std::io::Result<()> {
+fn start_thread(first: Job, background: bool) -> std::io::Result<()> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = channel::<Job>();
-    let spawned = std::thread::Builder::new().name("strata-worker".into()).spawn(move || {
+    let name = if background { "strata-bg-worker" } else { "strata-worker" };
+    let list = if background { &IDLE_BACKGROUND } else { &IDLE };
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+        if background {
+            lower_this_threads_priority();
+            IN_BACKGROUND.with(|b| b.set(true));
+        }
         let mut job = first;
         loop {
             job();
+            // A closure may leave its thread's spawn setting changed only inside a guard.
+            debug_assert_eq!(in_background(), background, "a background guard outlived its closure");
             // Idle: on the list if there is room, else done.
             {
-                let mut idle = lock(&IDLE);
+                let mut idle = lock(list);
                 if idle.len() >= IDLE_KEPT {
                     return;
                 }
@@ -200,7 +267,7 @@ fn start_thread(first: Job) -> std::io::Result<()> {
                     Ok(next) => break next,
                     Err(RecvTimeoutError::Timeout) => {
                         // Off the list, unless a spawner has just taken it (its job is coming).
-                        let mut idle = lock(&IDLE);
+                        let mut idle = lock(list);
                         if let Some(at) = idle.iter().position(|(other, _)| *other == id) {
                             idle.swap_remove(at);
                             return;
@@ -258,6 +325,37 @@ mod tests {
             }
         });
         assert_eq!(done.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn background_closures_run_on_lowered_threads_and_spawn_there_too() {
+        fn nice() -> i32 {
+            // SAFETY: a plain system call on the calling thread.
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+        }
+        let name = || std::thread::current().name().map(String::from);
+        let ours = nice();
+        let (fore, back, nested) = {
+            let fore = scope(|s| s.spawn(|| (nice(), name())).join().unwrap());
+            let _bg = background(true);
+            assert!(in_background());
+            let back = scope(|s| s.spawn(|| (nice(), name())).join().unwrap());
+            let nested = scope(|s| s.spawn(|| scope(|s| s.spawn(|| (nice(), name())).join().unwrap())).join().unwrap());
+            (fore, back, nested)
+        };
+        // The guard is gone: this thread spawns in the foreground again, and kept its own nice.
+        assert!(!in_background());
+        assert_eq!(nice(), ours);
+        assert_eq!(fore.1.as_deref(), Some("strata-worker"));
+        assert_eq!(back.1.as_deref(), Some("strata-bg-worker"));
+        assert_eq!(nested.1.as_deref(), Some("strata-bg-worker"));
+        assert_eq!(fore.0, ours);
+        assert_eq!(back.0, BACKGROUND_NICE.max(ours));
+        assert_eq!(nested.0, back.0);
+        // `background(false)` changes nothing, and does not undo an enclosing guard.
+        let _bg = background(true);
+        drop(background(false));
+        assert!(in_background());
     }
 
     #[test]

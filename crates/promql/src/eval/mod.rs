@@ -209,6 +209,10 @@ const PIPELINE_DEPTH: usize = 2;
 /// this fraction above an even share of the series (in eighths); otherwise the pipeline, whose
 /// workers take batches in turn, spreads the work better (three groups on two workers).
 const GROUPS_UNEVEN_EIGHTHS: usize = 1;
+/// A selection whose series hold this many steps in all is mapped on background threads
+/// (`strata_tsdb::workers::background`), as one of `BACKGROUND_SERIES` series is: 10,000 series
+/// over a day at a 60 s step.
+const BACKGROUND_POINTS: usize = 16 << 20;
 /// Aggregations over fewer steps than this are folded by the pipeline's consumer.
 const GROUPED_STEPS_MIN: usize = 8;
 
@@ -793,6 +797,10 @@ impl<'a> Evaluator<'a> {
         F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>) -> Option<Series> + Sync,
     {
         let stored = self.st.select(matchers, mint, maxt)?;
+        // A heavy selection is mapped on background threads, as the storage read it.
+        let heavy = stored.len() >= strata_tsdb::querier::BACKGROUND_SERIES
+            || stored.len().saturating_mul(steps) >= BACKGROUND_POINTS;
+        let _background = strata_tsdb::workers::background(heavy);
         let starts = self.engine.opts.use_start_timestamps;
         // Reads one series and maps it; `buf` is reused across series.
         let one = |s: &StoredSeries, buf: &mut SeriesBuf| -> Result<Option<Series>, EvalError> {
