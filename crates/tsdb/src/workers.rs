@@ -38,6 +38,21 @@ const IDLE_KEPT: usize = 16;
 /// A kept thread idle this long ends.
 const IDLE_EXIT: Duration = Duration::from_secs(60);
 
+/// A kept thread idle this long runs the idle hook (`on_idle`) once: back-to-back queries (a
+/// dashboard's panels) find their heaps warm, and memory they freed goes back to the system
+/// after a quiet second rather than staying with idle threads.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+
+/// What a kept thread runs once it has been idle for `IDLE_RELEASE` (see `on_idle`).
+static IDLE_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets what a kept thread runs once idle for a second: the server gives its allocator's
+/// freed pages of that thread back to the system (`mi_collect`), which the allocator does
+/// itself only when the thread allocates again. Set once; later calls are ignored.
+pub fn on_idle(hook: fn()) {
+    let _ = IDLE_HOOK.set(hook);
+}
+
 /// A closure with its lifetime erased: only `Scope::spawn` makes them, and its scope waits
 /// for each to have run before the borrowed data can go.
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -262,9 +277,17 @@ fn start_thread(first: Job, background: bool) -> std::io::Result<()> {
                 }
                 idle.push((id, tx.clone()));
             }
+            let mut released = false;
             job = loop {
-                match rx.recv_timeout(IDLE_EXIT) {
+                let wait = if released { IDLE_EXIT - IDLE_RELEASE } else { IDLE_RELEASE };
+                match rx.recv_timeout(wait) {
                     Ok(next) => break next,
+                    Err(RecvTimeoutError::Timeout) if !released => {
+                        released = true;
+                        if let Some(hook) = IDLE_HOOK.get() {
+                            hook();
+                        }
+                    }
                     Err(RecvTimeoutError::Timeout) => {
                         // Off the list, unless a spawner has just taken it (its job is coming).
                         let mut idle = lock(list);
@@ -356,6 +379,22 @@ mod tests {
         let _bg = background(true);
         drop(background(false));
         assert!(in_background());
+    }
+
+    #[test]
+    fn a_thread_idle_for_a_second_runs_the_idle_hook() {
+        static RAN_ON: Mutex<Vec<String>> = Mutex::new(Vec::new());
+        fn note() {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            lock(&RAN_ON).push(name);
+        }
+        on_idle(note);
+        scope(|s| s.spawn(|| ()).join().unwrap());
+        std::thread::sleep(IDLE_RELEASE + Duration::from_millis(500));
+        // On the kept thread (other tests' threads may have run it too), once per idle spell.
+        let ran = lock(&RAN_ON).clone();
+        assert!(ran.iter().any(|n| n == "strata-worker"), "{ran:?}");
+        assert!(ran.iter().all(|n| n.starts_with("strata-")), "{ran:?}");
     }
 
     #[test]
