@@ -1320,6 +1320,10 @@ impl strata_promql::Storage for QueryStorage {
         self.db.rollup_tiers()
     }
 
+    fn label_value_count(&self, name: &str) -> Option<usize> {
+        Some(self.db.head().label_value_count(name))
+    }
+
     fn map_rollup(
         &self,
         interval_ms: i64,

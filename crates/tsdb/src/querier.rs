@@ -745,7 +745,7 @@ impl<'a> Querier<'a> {
     /// it aside.
     pub fn select(&self, matchers: &[Matcher]) -> Result<Vec<Series>> {
         let blocks = self.blocks();
-        let threads = self.threads.min(blocks.len());
+        let threads = crate::workers::threads_here(self.threads).min(blocks.len());
         // Each source's selection is in label order; they are merged, not sorted together.
         let mut sources = Vec::with_capacity(1 + blocks.len());
         if threads <= 1 {
@@ -885,7 +885,7 @@ impl<'a> Querier<'a> {
         let _gate = self.head.read_gate();
         self.check_interrupt(0)?;
         let refs = postings::expand(self.head.postings_for(matchers));
-        let threads = self.threads.min(refs.len() / HEAD_PARALLEL_SERIES_MIN).max(1);
+        let threads = crate::workers::threads_here(self.threads).min(refs.len() / HEAD_PARALLEL_SERIES_MIN).max(1);
         if threads == 1 {
             return self.select_head_refs(&refs);
         }

@@ -98,6 +98,39 @@ pub fn in_background() -> bool {
     IN_BACKGROUND.with(|b| b.get())
 }
 
+thread_local! {
+    /// Whether work on this thread is one of several parallel parts already (see `serial`).
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While the returned guard lives, work on this thread that would split itself over threads
+/// (a selection, an evaluation) runs on this thread alone (`threads_here`): it is one of
+/// several parts already running in parallel, such as a time slice of a range query.
+pub fn serial() -> SerialGuard {
+    SerialGuard { was: SERIAL.with(|s| s.replace(true)) }
+}
+
+/// Restores whether this thread's work runs serially (see `serial`).
+#[derive(Debug)]
+pub struct SerialGuard {
+    was: bool,
+}
+
+impl Drop for SerialGuard {
+    fn drop(&mut self) {
+        SERIAL.with(|s| s.set(self.was));
+    }
+}
+
+/// How many threads work started here may use, of `threads`: one inside `serial`.
+pub fn threads_here(threads: usize) -> usize {
+    if SERIAL.with(|s| s.get()) {
+        1
+    } else {
+        threads.max(1)
+    }
+}
+
 /// Numbers for kept threads.
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 

@@ -474,7 +474,7 @@ impl Grouper {
     }
 }
 
-fn is_accumulating(op: AggregateOp) -> bool {
+pub(super) fn is_accumulating(op: AggregateOp) -> bool {
     matches!(
         op,
         AggregateOp::Sum
@@ -1115,7 +1115,7 @@ fn quantiles(
     for (i, &g) in group_of.iter().enumerate() {
         members[g].push(i);
     }
-    let threads = ev.engine.opts.parallelism.max(1);
+    let threads = ev.threads();
     let mut warned = false;
     let mut out = Vec::new();
     // One group at a time, its values laid out step after step in one buffer (counted, then

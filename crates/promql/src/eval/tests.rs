@@ -325,3 +325,47 @@ fn grouped_parts_fold_in_any_order_that_keeps_each_group_in_label_order() {
         assert!(!m.is_empty(), "{q} selects something");
     }
 }
+
+#[test]
+fn range_queries_in_time_slices_answer_as_one_evaluation() {
+    let head = staggered_head();
+    let parse = |q: &str| parse_with(q, Features::all()).unwrap();
+    // Which queries are sliced: aggregations with few groups (by the head's label values) or
+    // that pick series.
+    for (q, sliced) in [
+        ("sum by (device) (rate(bytes_total[2m]))", true),
+        ("sum(rate(bytes_total[2m]))", true),
+        ("topk(3, rate(bytes_total[2m]))", true),
+        ("histogram_quantile(0.9, sum by (device) (rate(bytes_total[2m])))", true),
+        ("sum by (instance) (rate(bytes_total[2m]))", false),
+        ("sum without (instance) (rate(bytes_total[2m]))", false),
+        ("rate(bytes_total[2m])", false),
+    ] {
+        assert_eq!(gains_from_time_slices(&parse(q), &head, 2), sliced, "{q}");
+    }
+    // 301 steps: two slices of at least SLICE_STEPS_MIN.
+    let range = |q: &str, parallelism| {
+        let engine = Engine::new(EngineOptions { parallelism, ..EngineOptions::default() });
+        engine.range(&head, &parse(q), 600_000, 3_600_000, 10_000).unwrap()
+    };
+    for q in [
+        "sum by (device) (rate(bytes_total[2m]))",
+        "avg(increase(bytes_total[5m]))",
+        "topk(3, rate(bytes_total[2m]))",
+        "bottomk(2, bytes_total)",
+        "quantile(0.3, rate(bytes_total[2m]))",
+        "count(bytes_total @ start())",
+        "max by (dir) (bytes_total offset 3m) - min by (dir) (bytes_total)",
+        "sum by (device) (rate(bytes_total[2m])) / on() group_left sum(rate(bytes_total[2m]))",
+    ] {
+        let one = range(q, 1);
+        for parallelism in [2, 3] {
+            let sliced = range(q, parallelism);
+            assert_eq!(one.value, sliced.value, "{q}");
+            assert_eq!(one.annotations, sliced.annotations, "{q}");
+            assert_eq!(one.stats.samples_read > 0, sliced.stats.samples_read > 0, "{q}");
+        }
+        let Value::Matrix(m) = &one.value else { panic!("{q}") };
+        assert!(m.iter().map(|s| s.points.len()).sum::<usize>() > 250, "{q} answers over the range");
+    }
+}

@@ -278,6 +278,11 @@ impl MemPostings {
         self.inner.read().by_name.get(&name).map(|m| m.lens().map(|(v, _)| v).collect()).unwrap_or_default()
     }
 
+    /// How many values label `name` has.
+    pub fn label_value_count(&self, name: SymbolId) -> usize {
+        self.inner.read().by_name.get(&name).map_or(0, |m| m.lens().count())
+    }
+
     /// Series count per label name and per label pair (for cardinality statistics).
     pub fn stats(&self) -> PostingsStats {
         let r = self.inner.read();

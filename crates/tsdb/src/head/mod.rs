@@ -638,6 +638,11 @@ impl Head {
         self.sorted_strings(ids)
     }
 
+    /// How many values label `name` has among the head's series.
+    pub fn label_value_count(&self, name: &str) -> usize {
+        self.symbols.lookup(name).map_or(0, |id| self.postings.label_value_count(id))
+    }
+
     /// Values of label `name` among series matching `matchers` (all series if none), sorted.
     pub fn label_values(&self, name: &str, matchers: &[Matcher]) -> Vec<String> {
         let _gate = self.read_gate();
