@@ -507,9 +507,10 @@ fn gains_from_time_slices(expr: &Expr, st: &dyn Storage, slices: usize) -> bool 
         }
         let mut groups = 1usize;
         for name in &a.grouping {
+            // No value in the head says nothing (data only in blocks): not sliced.
             match st.label_value_count(name) {
-                Some(n) => groups = groups.saturating_mul(n.max(1)),
-                None => return false,
+                Some(n) if n > 0 => groups = groups.saturating_mul(n),
+                _ => return false,
             }
         }
         groups < GROUPS_PER_THREAD * slices

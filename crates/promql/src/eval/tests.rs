@@ -340,6 +340,8 @@ fn range_queries_in_time_slices_answer_as_one_evaluation() {
         ("sum by (instance) (rate(bytes_total[2m]))", false),
         ("sum without (instance) (rate(bytes_total[2m]))", false),
         ("rate(bytes_total[2m])", false),
+        // A label the head has no value of: unknown, not sliced.
+        ("sum by (pod) (rate(bytes_total[2m]))", false),
     ] {
         assert_eq!(gains_from_time_slices(&parse(q), &head, 2), sliced, "{q}");
     }
