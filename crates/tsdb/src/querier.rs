@@ -488,15 +488,14 @@ impl std::fmt::Debug for ReadLimits<'_> {
 /// Fewer head series than this per thread are not worth a thread of their own (a few
 /// microseconds each: a thread costs tens).
 const HEAD_PARALLEL_SERIES_MIN: usize = 256;
-/// The most series of a block one thread reads at once when blocks are read in parallel
-/// (`Querier::select_in_parallel`; tests, whose blocks hold a handful, take several pieces).
 /// A selection of this many series or more reads them on background threads
 /// (`workers::background`): a query over 100k series then takes the cores a dashboard's small
 /// queries leave it, instead of holding them up (a panel over 1000 series took 3.3 times as
 /// long beside two such queries). Small in this crate's tests, so that their selections take
 /// that path too.
 pub const BACKGROUND_SERIES: usize = if cfg!(test) { 8 } else { 32_768 };
-
+/// The most series of a block one thread reads at once when blocks are read in parallel
+/// (`Querier::select_in_parallel`; tests, whose blocks hold a handful, take several pieces).
 const SELECT_PIECE_IDS: usize = if cfg!(test) { 3 } else { 2048 };
 
 /// The size of the buffers a head selection copies open chunks into.
