@@ -224,8 +224,9 @@ const PIPELINE_DEPTH: usize = 2;
 const GROUPS_UNEVEN_EIGHTHS: usize = 1;
 /// A selection whose series hold this many steps in all is mapped on background threads
 /// (`strata_tsdb::workers::background`), as one of `BACKGROUND_SERIES` series is: 10,000 series
-/// over a day at a 60 s step.
-const BACKGROUND_POINTS: usize = 16 << 20;
+/// over a day at a 60 s step. Small in this crate's tests, so that their selections take that
+/// path too.
+const BACKGROUND_POINTS: usize = if cfg!(test) { 4096 } else { 16 << 20 };
 /// A range query is evaluated in time slices (`eval_in_time_slices`) only with at least this
 /// many steps per slice.
 const SLICE_STEPS_MIN: usize = 120;
@@ -938,7 +939,9 @@ impl<'a> Evaluator<'a> {
         };
         let new_buf = || SeriesBuf { read_starts: starts, ..SeriesBuf::default() };
         let groups = match out {
-            Feed::Series(sink) => return self.map_in_order(&stored, None, steps, &one, &new_buf, &mut |_, s| sink(s)),
+            Feed::Series(sink) => {
+                return self.map_in_order(&stored, None, (steps, heavy), &one, &new_buf, &mut |_, s| sink(s))
+            }
             Feed::Groups(groups) => groups,
         };
         // Each series' group, numbered by first appearance.
@@ -966,7 +969,7 @@ impl<'a> Evaluator<'a> {
             // One part, fed by the pipeline's consumer.
             groups.start(labels, 1);
             let order = part_order(&stored, &group_of, &vec![0; sizes.len()], 0);
-            return self.map_in_order(&stored, Some(&order), steps, &one, &new_buf, &mut |i, s| {
+            return self.map_in_order(&stored, Some(&order), (steps, heavy), &one, &new_buf, &mut |i, s| {
                 groups.put(0, group_of[i], i, s)
             });
         };
@@ -1008,19 +1011,24 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Maps `stored` through `one` and hands the results to `sink` in selection order (or in
-    /// `order`, indexes of `stored`), with each result's index in `stored`.
+    /// `order`, indexes of `stored`), with each result's index in `stored`. `heavy`: the
+    /// selection is mapped in the background (`BACKGROUND_POINTS`), which takes a worker even
+    /// when this evaluation may use one thread only.
     fn map_in_order(
         &self,
         stored: &[StoredSeries],
         order: Option<&[usize]>,
-        steps: usize,
+        (steps, heavy): (usize, bool),
         one: &MapOne<'_>,
         new_buf: &(dyn Fn() -> SeriesBuf + Sync),
         sink: &mut dyn FnMut(usize, Series) -> Result<(), EvalError>,
     ) -> Result<(), EvalError> {
         let threads = self.threads();
         let at = |k: usize| order.map_or(k, |o| o[k]);
-        if threads == 1 || stored.len() < PARALLEL_SERIES_MIN {
+        // A heavy selection on one thread (a time slice's) is still mapped in the background:
+        // by one background worker, this thread consuming (the sink need not be `Send`).
+        let stand_in = threads == 1 && heavy;
+        if (threads == 1 && !stand_in) || stored.len() < PARALLEL_SERIES_MIN {
             let mut buf = new_buf();
             for k in 0..stored.len() {
                 if k % 256 == 0 {
