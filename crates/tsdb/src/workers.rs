@@ -76,20 +76,22 @@ thread_local! {
 /// While the returned guard lives, closures spawned from this thread (and from the closures,
 /// which run on background threads) run on background threads, if `heavy`. The calling thread
 /// itself keeps its priority.
-pub fn background(heavy: bool) -> BackgroundGuard {
+pub fn background(heavy: bool) -> FlagGuard {
     let was = IN_BACKGROUND.with(|b| b.replace(b.get() || heavy));
-    BackgroundGuard { was }
+    FlagGuard { flag: &IN_BACKGROUND, was }
 }
 
-/// Restores whether this thread spawns in the background (see `background`).
+/// Restores one of this module's thread-local flags when dropped (see `background` and
+/// `serial`).
 #[derive(Debug)]
-pub struct BackgroundGuard {
+pub struct FlagGuard {
+    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
     was: bool,
 }
 
-impl Drop for BackgroundGuard {
+impl Drop for FlagGuard {
     fn drop(&mut self) {
-        IN_BACKGROUND.with(|b| b.set(self.was));
+        self.flag.with(|f| f.set(self.was));
     }
 }
 
@@ -106,20 +108,8 @@ thread_local! {
 /// While the returned guard lives, work on this thread that would split itself over threads
 /// (a selection, an evaluation) runs on this thread alone (`threads_here`): it is one of
 /// several parts already running in parallel, such as a time slice of a range query.
-pub fn serial() -> SerialGuard {
-    SerialGuard { was: SERIAL.with(|s| s.replace(true)) }
-}
-
-/// Restores whether this thread's work runs serially (see `serial`).
-#[derive(Debug)]
-pub struct SerialGuard {
-    was: bool,
-}
-
-impl Drop for SerialGuard {
-    fn drop(&mut self) {
-        SERIAL.with(|s| s.set(self.was));
-    }
+pub fn serial() -> FlagGuard {
+    FlagGuard { flag: &SERIAL, was: SERIAL.with(|s| s.replace(true)) }
 }
 
 /// How many threads work started here may use, of `threads`: one inside `serial`.

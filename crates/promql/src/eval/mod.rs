@@ -799,13 +799,14 @@ impl<'a> Evaluator<'a> {
                     let mut at: HashMap<(Labels, bool), usize> =
                         a.iter().enumerate().map(|(i, s)| ((s.labels.clone(), s.drop_name), i)).collect();
                     for s in b {
-                        match at.get(&(s.labels.clone(), s.drop_name)) {
-                            Some(&i) => {
-                                a[i].points.extend(s.points);
-                                a[i].hists.extend(s.hists);
+                        match at.entry((s.labels.clone(), s.drop_name)) {
+                            std::collections::hash_map::Entry::Occupied(e) => {
+                                let earlier = &mut a[*e.get()];
+                                earlier.points.extend(s.points);
+                                earlier.hists.extend(s.hists);
                             }
-                            None => {
-                                at.insert((s.labels.clone(), s.drop_name), a.len());
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(a.len());
                                 a.push(s);
                             }
                         }
