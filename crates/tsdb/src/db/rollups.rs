@@ -736,8 +736,15 @@ impl Inner {
             // Room for every bucket at once (the count is in each chunk's header), in a buffer
             // an earlier series or read used (`rollup::buffers`).
             let mut buckets = buffers::take(chunks.iter().map(|c| bucket_count(c)).sum());
+            // Whether the buckets' ends increase across the chunks' seams too (a chunk's own
+            // ends increase, as `decode` checks): then there is nothing to coalesce, found
+            // without walking every bucket again.
+            let mut ends_increase = true;
             for (k, bytes) in chunks.iter().enumerate() {
+                let seam = buckets.last().map(|b| b.end);
+                let at = buckets.len();
                 decode(bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+                ends_increase &= seam.zip(buckets.get(at)).is_none_or(|(before, b)| before < b.end);
                 if k == 0 {
                     // Buckets before the range are dropped while they are all there is (the
                     // first chunk, in time order): dropped at the end, the rest of a long read
@@ -745,7 +752,10 @@ impl Inner {
                     buckets.drain(..buckets.partition_point(|b| b.end < first_end));
                 }
             }
-            coalesce(&mut buckets);
+            if !ends_increase {
+                coalesce(&mut buckets);
+            }
+            debug_assert!(buckets.windows(2).all(|p| p[0].end < p[1].end), "coalesced buckets");
             // The buckets of the range (ends in order now), without those a deletion touches.
             buckets.truncate(buckets.partition_point(|b| b.end <= last_end));
             buckets.drain(..buckets.partition_point(|b| b.end < first_end));
@@ -779,7 +789,9 @@ impl Inner {
             // Worker w decodes and maps batches w, w+T, …; this thread takes them in turn, so
             // results arrive in label order while a few batches are decoded ahead.
             let batches: Vec<&[crate::querier::Series]> = selected.chunks(PARALLEL_BATCH).collect();
-            std::thread::scope(|scope| -> Result<()> {
+            // On the kept workers: threads started for each query cost their start, their
+            // stacks' page faults and their exit (a twentieth of a month-long tier query).
+            crate::workers::scope(|scope| -> Result<()> {
                 let mut rxs = Vec::with_capacity(threads);
                 for w in 0..threads {
                     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Option<T>>>>(2);
