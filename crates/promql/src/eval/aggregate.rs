@@ -331,11 +331,17 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
     let span = (first - base, last - base);
     let (seen, values, comps) = match &mut accs.steps {
         Steps::Full(acc) => {
+            // A series on consecutive steps (the common case) walks its steps' accumulators
+            // alongside its points; others find their steps.
+            let consecutive = span.1 - span.0 + 1 == points.len();
             macro_rules! each {
                 ($op:expr) => {{
-                    let mut steps = ctx.walker();
-                    for p in points {
-                        acc[steps.index(p.t) - base].add($op, p.f);
+                    if consecutive {
+                        for (a, p) in acc[span.0..=span.1].iter_mut().zip(points) {
+                            a.add($op, p.f);
+                        }
+                    } else {
+                        ctx.each_step(points, |i, p| acc[i - base].add($op, p.f));
                     }
                 }};
             }
@@ -1130,9 +1136,7 @@ fn quantiles(
         starts.clear();
         starts.resize(ctx.n + 1, 0usize);
         for &m in &members {
-            for p in &input[m].points {
-                starts[ctx.index(p.t) + 1] += 1;
-            }
+            ctx.each_step(&input[m].points, |i, _| starts[i + 1] += 1);
         }
         for i in 0..ctx.n {
             starts[i + 1] += starts[i];
@@ -1142,11 +1146,10 @@ fn quantiles(
         values.clear();
         values.resize(starts[ctx.n], 0.0);
         for &m in &members {
-            for p in &input[m].points {
-                let i = ctx.index(p.t);
+            ctx.each_step(&input[m].points, |i, p| {
                 values[next[i]] = p.f;
                 next[i] += 1;
-            }
+            });
         }
         let held = |i: usize| starts[i + 1] > starts[i];
         if !warned {

@@ -647,9 +647,8 @@ fn bucket_groups(ev: &Evaluator, arg: &Expr, input: &[Series], ctx: &Ctx) -> (Bu
             groups.push((without(&key, &[METRIC_NAME]), vec![Vec::new(); ctx.n]));
             groups.len() - 1
         });
-        for p in &s.points {
-            groups[g].1[ctx.index(p.t)].push(Bucket { upper, count: p.f });
-        }
+        let steps = &mut groups[g].1;
+        ctx.each_step(&s.points, |i, p| steps[i].push(Bucket { upper, count: p.f }));
     }
     (groups, index)
 }

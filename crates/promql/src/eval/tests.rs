@@ -380,3 +380,20 @@ fn range_queries_in_time_slices_answer_as_one_evaluation() {
         assert!(m.iter().map(|s| s.points.len()).sum::<usize>() > 250, "{q} answers over the range");
     }
 }
+
+/// `Ctx::each_step` gives each point's step index whether its points fill consecutive steps
+/// (counted) or leave gaps (walked), as a division would.
+#[test]
+fn each_step_gives_the_step_of_every_point() {
+    let ctx = Ctx { start: -120_000, step: 30_000, n: 40 };
+    let at = |steps: &[usize]| steps.iter().map(|&i| Point { t: ctx.ts(i), f: i as f64 }).collect::<Vec<_>>();
+    for steps in [vec![], vec![0], vec![39], vec![3, 4, 5, 6], vec![0, 2, 3, 39], vec![5, 6, 30, 31, 32]] {
+        let points = at(&steps);
+        let mut seen = Vec::new();
+        ctx.each_step(&points, |i, p| {
+            assert_eq!(i, ctx.index(p.t));
+            seen.push(i);
+        });
+        assert_eq!(seen, steps);
+    }
+}
