@@ -453,30 +453,96 @@ fn fold_steps(
     }
 }
 
-/// Assigns series to groups by their grouping labels, as they arrive.
-#[derive(Default)]
-struct Grouper {
+/// Assigns series to groups by their grouping labels, as they arrive. A member's group is found
+/// by hashing the labels it keeps where they are and comparing them with the groups' under
+/// that hash: a group's label set is built once, for its first member (building one for every
+/// member and hashing it whole took a third of an instant aggregation's consumer thread).
+pub(crate) struct Grouper {
+    /// The labels kept (`by`), or dropped with the metric name (`without`).
+    names: Vec<String>,
+    without: bool,
     groups: Vec<Labels>,
-    index: HashMap<Labels, usize>,
+    /// The first group with each hash, and the next group with the same hash after each group
+    /// (`NO_GROUP`: none).
+    first_with_hash: strata_tsdb::hash::U64Map<u64, usize>,
+    next_with_hash: Vec<usize>,
     /// A group keeps `__name__` only when grouping by it; then the name is dropped at the end
     /// if any member's was to be (delayed name removal).
     drops_name: Vec<bool>,
 }
 
+const NO_GROUP: usize = usize::MAX;
+
 impl Grouper {
-    fn assign(&mut self, s: &Series, grouping: &[String], without_: bool) -> usize {
-        let g = group_labels(&s.labels, grouping, without_);
-        let i = match self.index.get(&g) {
-            Some(&i) => i,
-            None => {
-                self.groups.push(g.clone());
-                self.drops_name.push(false);
-                self.index.insert(g, self.groups.len() - 1);
-                self.groups.len() - 1
+    pub(crate) fn new(grouping: &[String], without_: bool) -> Grouper {
+        let mut names = grouping.to_vec();
+        if without_ {
+            names.push(METRIC_NAME.to_string());
+        }
+        Grouper {
+            names,
+            without: without_,
+            groups: Vec::new(),
+            first_with_hash: Default::default(),
+            next_with_hash: Vec::new(),
+            drops_name: Vec::new(),
+        }
+    }
+
+    /// The labels of `labels` its group keeps (`group_labels`), borrowed.
+    fn kept<'l>(&'l self, labels: &'l Labels) -> impl Iterator<Item = &'l Label> + Clone + 'l {
+        labels.iter().filter(move |l| self.names.iter().any(|n| **n == *l.name) != self.without)
+    }
+
+    /// The group whose labels `labels` keeps, if there is one yet, and the kept labels' hash.
+    fn find(&self, labels: &Labels) -> (Option<usize>, u64) {
+        let kept = self.kept(labels);
+        let hash = strata_model::labels::stable_hash_pairs(kept.clone().map(|l| (&*l.name, &*l.value)));
+        let mut g = self.first_with_hash.get(&hash).copied().unwrap_or(NO_GROUP);
+        while g != NO_GROUP {
+            if self.groups[g].iter().eq(kept.clone()) {
+                return (Some(g), hash);
             }
-        };
-        self.drops_name[i] |= s.drop_name;
-        i
+            g = self.next_with_hash[g];
+        }
+        (None, hash)
+    }
+
+    /// The group of `labels` (a label set of the aggregation's input), made if new; whether
+    /// it was new.
+    pub(crate) fn assign_labels(&mut self, labels: &Labels) -> (usize, bool) {
+        let (found, hash) = self.find(labels);
+        if let Some(g) = found {
+            return (g, false);
+        }
+        let g = self.groups.len();
+        self.groups.push(Labels::from_sorted_unchecked(self.kept(labels).cloned().collect()));
+        self.drops_name.push(false);
+        let before = self.first_with_hash.insert(hash, g).unwrap_or(NO_GROUP);
+        self.next_with_hash.push(before);
+        debug_assert_eq!(self.groups[g], group_labels(labels, &self.grouping(), self.without));
+        (g, true)
+    }
+
+    fn assign(&mut self, s: &Series) -> usize {
+        let (g, _) = self.assign_labels(&s.labels);
+        self.drops_name[g] |= s.drop_name;
+        g
+    }
+
+    /// The group with exactly these labels (a group's own label set keeps all of them).
+    fn group_with(&self, group: &Labels) -> Option<usize> {
+        self.find(group).0
+    }
+
+    /// The grouping names as written (without the metric name `without` adds).
+    fn grouping(&self) -> Vec<String> {
+        let n = self.names.len() - self.without as usize;
+        self.names[..n].to_vec()
+    }
+
+    pub(crate) fn into_groups(self) -> Vec<Labels> {
+        self.groups
     }
 }
 
@@ -573,8 +639,8 @@ struct Parts<'e, 'a> {
 }
 
 impl GroupSink for Parts<'_, '_> {
-    fn group_of(&self, labels: &Labels) -> Labels {
-        group_labels(labels, &self.a.grouping, self.a.without)
+    fn grouper(&self) -> Grouper {
+        Grouper::new(&self.a.grouping, self.a.without)
     }
 
     fn start(&self, groups: Vec<Labels>, parts: usize) {
@@ -591,7 +657,7 @@ impl GroupSink for Parts<'_, '_> {
 }
 
 pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, EvalError> {
-    let mut grouper = Grouper::default();
+    let mut grouper = Grouper::new(&a.grouping, a.without);
     if is_accumulating(a.op) {
         // Streams: each input series is folded into its group's per-step accumulators and
         // dropped, so memory is groups × steps, not input series × steps. A selection whose
@@ -604,7 +670,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
             let mut part = Part::default();
             let mut index = 0;
             ev.stream(&a.expr, ctx, &mut |s: Series| {
-                let g = grouper.assign(&s, &a.grouping, a.without);
+                let g = grouper.assign(&s);
                 index += 1;
                 part.add(ev, a, ctx, g, index, s)
             })?;
@@ -621,8 +687,8 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         ev.info(a.expr.start, format!("ignored histogram in {} aggregation", a.op.name()));
         input.iter_mut().for_each(|s| s.hists.clear());
     }
-    let group_of: Vec<usize> = input.iter().map(|s| grouper.assign(s, &a.grouping, a.without)).collect();
-    let groups = grouper.groups;
+    let group_of: Vec<usize> = input.iter().map(|s| grouper.assign(s)).collect();
+    let groups = grouper.groups.clone();
     let param = a.param.as_ref().expect("the parser requires a parameter");
     let mut out = match a.op {
         AggregateOp::TopK | AggregateOp::BottomK | AggregateOp::LimitK => {
@@ -657,7 +723,7 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
     };
     if a.op == AggregateOp::Quantile {
         for s in &mut out {
-            if let Some(&g) = grouper.index.get(&s.labels) {
+            if let Some(g) = grouper.group_with(&s.labels) {
                 s.drop_name = grouper.drops_name[g] && s.labels.get(METRIC_NAME).is_some();
             }
         }
@@ -1257,6 +1323,51 @@ pub(crate) fn fmt_float(f: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The grouper numbers groups as building each member's group label set and looking it up
+    /// would, for `by` and `without` (with and without the metric name), and finds a group by
+    /// its own labels.
+    #[test]
+    fn grouper_numbers_groups_as_their_label_sets_would() {
+        let mut sets = Vec::new();
+        for i in 0..200usize {
+            let name = ["a_total", "b_total", "c"][i % 3];
+            let mut pairs = vec![("__name__", name.to_string()), ("job", format!("j{}", i % 2))];
+            if i % 5 != 0 {
+                pairs.push(("instance", format!("h{}", i % 7)));
+            }
+            if i % 4 == 0 {
+                pairs.push(("le", format!("{}", i % 3)));
+            }
+            sets.push(Labels::from_pairs(pairs));
+        }
+        let groupings: [(&[&str], bool); 6] = [
+            (&[], false),
+            (&["instance"], false),
+            (&["job", "instance", "missing"], false),
+            (&["__name__", "le"], false),
+            (&["instance"], true),
+            (&[], true),
+        ];
+        for (names, without_) in groupings {
+            let grouping: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            let mut grouper = Grouper::new(&grouping, without_);
+            let mut numbers: HashMap<Labels, usize> = HashMap::new();
+            for l in &sets {
+                let want = group_labels(l, &grouping, without_);
+                let fresh = !numbers.contains_key(&want);
+                let n = numbers.len();
+                let want_number = *numbers.entry(want.clone()).or_insert(n);
+                assert_eq!(grouper.assign_labels(l), (want_number, fresh), "{l} by {names:?} without {without_}");
+                assert_eq!(grouper.group_with(&want), Some(want_number));
+            }
+            let groups = grouper.into_groups();
+            assert_eq!(groups.len(), numbers.len());
+            for (g, n) in numbers {
+                assert_eq!(groups[n], g);
+            }
+        }
+    }
 
     #[test]
     fn quantile_interpolates() {

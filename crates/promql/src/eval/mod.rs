@@ -254,9 +254,9 @@ pub(crate) enum Feed<'s> {
 /// to the last bit, while the points of a member are folded where they were computed, not sent
 /// to another core, and no single consumer folds for all the workers.
 pub(crate) trait GroupSink: Sync {
-    /// The labels of the group of a selected series (the stream's result for it has the same
-    /// labels).
-    fn group_of(&self, labels: &Labels) -> Labels;
+    /// A grouper of the aggregation's input by its groups' labels (the stream's result for a
+    /// selected series has that series' labels).
+    fn grouper(&self) -> aggregate::Grouper;
     /// Called once, before any `put`: the groups, numbered by first appearance in the
     /// selection, and how many parts they are dealt to.
     fn start(&self, groups: Vec<Labels>, parts: usize);
@@ -967,23 +967,20 @@ impl<'a> Evaluator<'a> {
             Feed::Groups(groups) => groups,
         };
         // Each series' group, numbered by first appearance.
-        let mut numbers: HashMap<Labels, usize> = HashMap::new();
+        let mut grouper = groups.grouper();
         let mut sizes: Vec<usize> = Vec::new();
-        let mut labels: Vec<Labels> = Vec::new();
         let group_of: Vec<usize> = stored
             .iter()
             .map(|s| {
-                let g = groups.group_of(&s.labels);
-                let n = *numbers.entry(g).or_insert_with_key(|g| {
-                    labels.push(g.clone());
+                let (g, new) = grouper.assign_labels(&s.labels);
+                if new {
                     sizes.push(0);
-                    sizes.len() - 1
-                });
-                sizes[n] += 1;
-                n
+                }
+                sizes[g] += 1;
+                g
             })
             .collect();
-        drop(numbers);
+        let labels = grouper.into_groups();
         let threads = self.threads();
         let dealt =
             (threads > 1 && stored.len() >= PARALLEL_SERIES_MIN).then(|| deal_groups(&sizes, threads)).flatten();
