@@ -57,8 +57,9 @@ impl Acc {
     }
 
     /// Prometheus' mean: a compensated sum while it stays finite, then an incremental mean.
+    /// The sum is inlined into the fold's loop; the rest is the rare case, kept out of it.
+    #[inline(always)]
     fn add_mean(&mut self, f: f64) {
-        let n = self.count;
         if !self.incremental {
             let (v, c) = kahan_inc(f, self.value, self.comp);
             if !v.is_infinite() {
@@ -66,6 +67,17 @@ impl Acc {
                 self.comp = c;
                 return;
             }
+        }
+        self.add_mean_past_the_sum(f);
+    }
+
+    /// `add_mean` once the compensated sum would overflow (switching to the incremental mean
+    /// when it first does).
+    #[cold]
+    #[inline(never)]
+    fn add_mean_past_the_sum(&mut self, f: f64) {
+        let n = self.count;
+        if !self.incremental {
             self.incremental = true;
             self.mean = self.value / (n - 1.0);
             self.comp /= n - 1.0;
