@@ -206,6 +206,10 @@ fn vector_scalar(ev: &Evaluator, b: &Binary, mut v: Vec<Series>, s: &[f64], swap
             }
             series.points.sort_by_key(|p| p.t);
         }
+        if arithmetic_in_place(b.op, swap, &mut series.points, s, ctx) {
+            series.drop_name |= drop;
+            continue;
+        }
         let mut steps = ctx.walker();
         series.points.retain_mut(|p| {
             let sv = s[steps.index(p.t)];
@@ -226,6 +230,41 @@ fn vector_scalar(ev: &Evaluator, b: &Binary, mut v: Vec<Series>, s: &[f64], swap
     }
     v.retain(|s| !s.is_empty());
     v
+}
+
+/// `point op scalar` (or `scalar op point` when `swap`) for each point in place, for the four
+/// IEEE operations, which keep every point: a loop with the operation chosen once, over the
+/// scalar's steps alongside the points when they fill consecutive steps (`1 - x`, `x * 100`:
+/// the common dashboard shapes), rather than a compaction deciding on each point. False,
+/// having changed nothing, for other operations.
+fn arithmetic_in_place(op: BinaryOp, swap: bool, points: &mut [Point], s: &[f64], ctx: &Ctx) -> bool {
+    fn apply(points: &mut [Point], s: &[f64], ctx: &Ctx, f: impl Fn(f64, f64) -> f64) {
+        let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
+        let from = ctx.index(first.t);
+        if ctx.index(last.t) - from + 1 == points.len() {
+            for (p, &sv) in points.iter_mut().zip(&s[from..]) {
+                p.f = f(p.f, sv);
+            }
+        } else {
+            let mut steps = ctx.walker();
+            for p in points {
+                p.f = f(p.f, s[steps.index(p.t)]);
+            }
+        }
+    }
+    // The operands in the order the general path passes them (NaN payloads depend on it).
+    match (op, swap) {
+        (BinaryOp::Add, false) => apply(points, s, ctx, |v, sv| v + sv),
+        (BinaryOp::Add, true) => apply(points, s, ctx, |v, sv| sv + v),
+        (BinaryOp::Sub, false) => apply(points, s, ctx, |v, sv| v - sv),
+        (BinaryOp::Sub, true) => apply(points, s, ctx, |v, sv| sv - v),
+        (BinaryOp::Mul, false) => apply(points, s, ctx, |v, sv| v * sv),
+        (BinaryOp::Mul, true) => apply(points, s, ctx, |v, sv| sv * v),
+        (BinaryOp::Div, false) => apply(points, s, ctx, |v, sv| v / sv),
+        (BinaryOp::Div, true) => apply(points, s, ctx, |v, sv| sv / v),
+        _ => return false,
+    }
+    true
 }
 
 /// A signature as a hashable key.
@@ -537,5 +576,41 @@ fn sorted_pair<'a>(a: &'a Labels, b: &'a Labels) -> (&'a Labels, &'a Labels) {
         (a, b)
     } else {
         (b, a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place arithmetic gives, bit for bit, what the general path's `elem` gives with
+    /// the operands in the same order, over consecutive and gapped points, NaNs included; and
+    /// leaves the points alone for operations it does not take.
+    #[test]
+    fn arithmetic_in_place_is_elem_in_place() {
+        let ctx = Ctx { start: 1_000, step: 10_000, n: 12 };
+        let scalar: Vec<f64> = (0..ctx.n).map(|i| if i == 5 { f64::NAN } else { 1.5 - i as f64 }).collect();
+        let values = [3.0, -0.0, f64::NAN, 7.25, f64::INFINITY, 1e300, -2.0];
+        for steps in [vec![0, 1, 2, 3, 4, 5, 6], vec![2, 3, 5, 8, 9, 10, 11], vec![], vec![11]] {
+            let points: Vec<Point> =
+                steps.iter().zip(values.iter().cycle()).map(|(&i, &f)| Point { t: ctx.ts(i), f }).collect();
+            for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+                for swap in [false, true] {
+                    let mut got = points.clone();
+                    assert!(arithmetic_in_place(op, swap, &mut got, &scalar, &ctx));
+                    for (p, g) in points.iter().zip(&got) {
+                        let sv = scalar[ctx.index(p.t)];
+                        let (l, r) = if swap { (sv, p.f) } else { (p.f, sv) };
+                        assert_eq!(g.f.to_bits(), elem(op, l, r).0.to_bits(), "{op:?} swap {swap} at {}", p.t);
+                        assert_eq!(g.t, p.t);
+                    }
+                }
+            }
+            for op in [BinaryOp::Mod, BinaryOp::Pow, BinaryOp::Gtr] {
+                let mut got = points.clone();
+                assert!(!arithmetic_in_place(op, false, &mut got, &scalar, &ctx));
+                assert!(got.iter().zip(&points).all(|(a, b)| a.f.to_bits() == b.f.to_bits()));
+            }
+        }
     }
 }
