@@ -353,7 +353,10 @@ fn fold(op: AggregateOp, accs: &mut StepAccs, points: &[Point], ctx: &Ctx) {
                             a.add($op, p.f);
                         }
                     } else {
-                        ctx.each_step(points, |i, p| acc[i - base].add($op, p.f));
+                        let mut steps = ctx.walker_from(first);
+                        for p in points {
+                            acc[steps.index(p.t) - base].add($op, p.f);
+                        }
                     }
                 }};
             }
@@ -426,7 +429,7 @@ impl Compact<'_> {
             }
             fold_steps(seen, values, comps, points, update);
         } else {
-            let mut steps = ctx.walker();
+            let mut steps = ctx.walker_from(from + self.base);
             for p in points {
                 let i = steps.index(p.t) - self.base;
                 (self.values[i], self.comps[i]) = update(self.values[i], self.comps[i], p.f, self.seen[i]);

@@ -239,16 +239,18 @@ fn vector_scalar(ev: &Evaluator, b: &Binary, mut v: Vec<Series>, s: &[f64], swap
 /// having changed nothing, for other operations.
 fn arithmetic_in_place(op: BinaryOp, swap: bool, points: &mut [Point], s: &[f64], ctx: &Ctx) -> bool {
     fn apply(points: &mut [Point], s: &[f64], ctx: &Ctx, f: impl Fn(f64, f64) -> f64) {
-        let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
-        let from = ctx.index(first.t);
-        if ctx.index(last.t) - from + 1 == points.len() {
-            for (p, &sv) in points.iter_mut().zip(&s[from..]) {
-                p.f = f(p.f, sv);
+        match ctx.first_step(points) {
+            None => {}
+            Some((from, true)) => {
+                for (p, &sv) in points.iter_mut().zip(&s[from..]) {
+                    p.f = f(p.f, sv);
+                }
             }
-        } else {
-            let mut steps = ctx.walker();
-            for p in points {
-                p.f = f(p.f, s[steps.index(p.t)]);
+            Some((from, false)) => {
+                let mut steps = ctx.walker_from(from);
+                for p in points {
+                    p.f = f(p.f, s[steps.index(p.t)]);
+                }
             }
         }
     }

@@ -615,23 +615,39 @@ impl Ctx {
         StepWalker { ctx: self, i: 0 }
     }
 
-    /// Calls `f` with each point's step index and the point (points at step times, in order,
-    /// as a series' are): counted from the first one's where they fill consecutive steps (a
-    /// series present throughout the range), else walked to; two divisions per series rather
-    /// than one per point (that division was most of a 30-day quantile's transposition).
+    /// Where `points` (at step times, in order, as a series' are) start, and whether they fill
+    /// consecutive steps from there (a series present throughout its span: its k-th point is
+    /// at step `from + k`); `None` for no points. Two divisions per series, so that loops over
+    /// its points count or walk to their steps (`walker_from`) rather than divide for each
+    /// (that division was most of a 30-day quantile's transposition).
+    #[inline]
+    pub fn first_step(&self, points: &[Point]) -> Option<(usize, bool)> {
+        let (first, last) = (points.first()?, points.last()?);
+        let from = self.index(first.t);
+        Some((from, self.index(last.t) - from + 1 == points.len()))
+    }
+
+    /// A walker over the steps from `from` on (`first_step`'s).
+    pub fn walker_from(&self, from: usize) -> StepWalker<'_> {
+        StepWalker { ctx: self, i: from }
+    }
+
+    /// Calls `f` with each point's step index and the point, counted or walked (`first_step`).
     #[inline]
     pub fn each_step<'p>(&self, points: &'p [Point], mut f: impl FnMut(usize, &'p Point)) {
-        let (Some(first), Some(last)) = (points.first(), points.last()) else { return };
-        let from = self.index(first.t);
-        if self.index(last.t) - from + 1 == points.len() {
-            for (k, p) in points.iter().enumerate() {
-                debug_assert_eq!(self.ts(from + k), p.t, "points are at step times, in order");
-                f(from + k, p);
+        match self.first_step(points) {
+            None => {}
+            Some((from, true)) => {
+                for (k, p) in points.iter().enumerate() {
+                    debug_assert_eq!(self.ts(from + k), p.t, "points are at step times, in order");
+                    f(from + k, p);
+                }
             }
-        } else {
-            let mut steps = StepWalker { ctx: self, i: from };
-            for p in points {
-                f(steps.index(p.t), p);
+            Some((from, false)) => {
+                let mut steps = self.walker_from(from);
+                for p in points {
+                    f(steps.index(p.t), p);
+                }
             }
         }
     }
