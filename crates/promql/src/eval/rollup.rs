@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use strata_model::{Labels, METRIC_NAME};
 use strata_tsdb::chunkenc::rollup::{Column, ColumnSet};
 use strata_tsdb::db::RollupSeries;
-use strata_tsdb::rollup::{Bucket, RollupTier};
+use strata_tsdb::rollup::{Bucket, BucketColumns, RollupTier};
 
 use super::range_functions::{count_as_f64, give_batch, per_second_divisor, take_batch};
 use super::{point_buffers, Ctx, Evaluator, RangeSpec, SelectorValue};
@@ -160,19 +160,20 @@ impl Evaluator<'_> {
         let (first, last) = (end_at(ctx.start), end_at(ctx.end()));
         let map = |s: &RollupSeries| {
             let mut points = point_buffers::POOL.take(points_capacity(ctx, &s.buckets, lookback, at.is_some()));
+            let (ends, lasts) = (s.buckets.ends(), s.buckets.lasts());
             let mut j = 0;
             for i in 0..ctx.n {
                 let te = end_at(ctx.ts(i));
-                while j < s.buckets.len() && s.buckets[j].end <= te {
+                while j < ends.len() && ends[j] <= te {
                     j += 1;
                 }
-                let Some(b) = j.checked_sub(1).map(|j| &s.buckets[j]) else { continue };
-                if b.last.t <= te - lookback {
+                let Some(last) = j.checked_sub(1).map(|j| lasts[j]) else { continue };
+                if last.t <= te - lookback {
                     continue;
                 }
                 let f = match value {
-                    SelectorValue::Value => b.last.v,
-                    SelectorValue::SampleTime => b.last.t as f64 / 1000.0,
+                    SelectorValue::Value => last.v,
+                    SelectorValue::SampleTime => last.t as f64 / 1000.0,
                     SelectorValue::StartTime => unreachable!("the planner refuses start_timestamp"),
                 };
                 points.push(Point { t: ctx.ts(i), f });
@@ -222,12 +223,27 @@ impl Evaluator<'_> {
                 .then(|| take_batch(func != WindowFn::Delta, per_second_divisor(spec.range, func == WindowFn::Rate)));
             match batch {
                 Some(mut batch) => {
-                    for_windows(&s.buckets, ctx, &spec, reads_ends, |i, end, w| {
-                        if w.count < 2 {
+                    let b = &s.buckets;
+                    let (counts, firsts, lasts, corrections) =
+                        (b.counts(), b.firsts(), b.lasts(), b.reset_corrections());
+                    for_windows(b, ctx, &spec, reads_ends, |i, end, w| {
+                        let (count, first, last, change) = match w {
+                            Window::One(k) => {
+                                let (first, last) = (firsts[k], lasts[k]);
+                                let change = if func == WindowFn::Delta {
+                                    last.v - first.v
+                                } else {
+                                    last.v - first.v + corrections[k]
+                                };
+                                (counts[k], first, last, change)
+                            }
+                            Window::Many(w) => (w.count, w.first, w.last, func.change(w)),
+                        };
+                        if count < 2 {
                             return;
                         }
-                        let first = Point { t: w.first.t, f: w.first.v };
-                        batch.push_parts(first, w.last.t, w.count as usize, func.change(w), end, spec.range);
+                        let first = Point { t: first.t, f: first.v };
+                        batch.push_parts(first, last.t, count as usize, change, end, spec.range);
                         points.push(Point { t: ctx.ts(i), f: 0.0 });
                         if batch.is_full() {
                             batch.finish(&mut points);
@@ -248,42 +264,51 @@ impl Evaluator<'_> {
     }
 }
 
-/// Calls `f` with each step's index, its window's end and the buckets of its window combined
-/// (`Bucket::append`, or `append_totals` without `reads_ends`), for the steps whose window
-/// holds a bucket. A window of one bucket (the step and range of the tier's interval, a
-/// dashboard's usual shape) is passed in place. Inlined into each caller, so that what `f`
-/// computes is not chosen per step.
+/// A step's window: one bucket (by its index in the columns), or several combined.
+#[derive(Clone, Copy)]
+enum Window<'a> {
+    One(usize),
+    Many(&'a Bucket),
+}
+
+/// Calls `f` with each step's index, its window's end and its window, for the steps whose
+/// window holds a bucket. A window of one bucket (the step and range of the tier's interval, a
+/// dashboard's usual shape) is passed as its index, to be read from the columns; a window of
+/// several is combined as whole buckets (`Bucket::append`, or `append_totals` without
+/// `reads_ends`). Inlined into each caller, so that what `f` computes is not chosen per step.
 #[inline(always)]
 fn for_windows(
-    buckets: &[Bucket],
+    buckets: &BucketColumns,
     ctx: &Ctx,
     spec: &RangeSpec,
     reads_ends: bool,
-    mut f: impl FnMut(usize, i64, &Bucket),
+    mut f: impl FnMut(usize, i64, Window<'_>),
 ) {
+    let ends = buckets.ends();
     let (mut lo, mut hi) = (0usize, 0usize);
     let mut combined;
     for i in 0..ctx.n {
         let end = spec.end_at(ctx.ts(i));
-        while hi < buckets.len() && buckets[hi].end <= end {
+        while hi < ends.len() && ends[hi] <= end {
             hi += 1;
         }
-        while lo < hi && buckets[lo].end <= end - spec.range {
+        while lo < hi && ends[lo] <= end - spec.range {
             lo += 1;
         }
-        let w = match &buckets[lo..hi] {
-            [] => continue,
-            [one] => one,
-            [head, rest @ ..] => {
-                combined = *head;
-                for b in rest {
+        let w = match hi - lo {
+            0 => continue,
+            1 => Window::One(lo),
+            _ => {
+                combined = buckets.bucket(lo);
+                for k in lo + 1..hi {
+                    let b = buckets.bucket(k);
                     if reads_ends {
-                        combined.append(b);
+                        combined.append(&b);
                     } else {
-                        combined.append_totals(b);
+                        combined.append_totals(&b);
                     }
                 }
-                &combined
+                Window::Many(&combined)
             }
         };
         f(i, end, w);
@@ -292,9 +317,8 @@ fn for_windows(
 
 /// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): sized
 /// once, the buffer never grows (a 30-day range of a thousand series is megabytes of points).
-fn points_capacity(ctx: &Ctx, buckets: &[Bucket], window: i64, pinned: bool) -> usize {
-    let span = buckets.first().zip(buckets.last()).map(|(a, b)| (a.end, b.end));
-    ctx.capacity_for_span(span, window, pinned)
+fn points_capacity(ctx: &Ctx, buckets: &BucketColumns, window: i64, pinned: bool) -> usize {
+    ctx.capacity_for_span(buckets.span(), window, pinned)
 }
 
 /// Prometheus' note on `rate`/`increase` of a metric whose name does not say counter.
@@ -406,7 +430,7 @@ impl WindowFn {
     /// profile, and from 19.6% to 15.2% of a maximum's).
     fn values_over_windows(
         self,
-        buckets: &[Bucket],
+        buckets: &BucketColumns,
         ctx: &Ctx,
         spec: &RangeSpec,
         reads_ends: bool,
@@ -414,36 +438,65 @@ impl WindowFn {
     ) {
         #[inline(always)]
         fn each(
-            (buckets, ctx, spec, reads_ends): (&[Bucket], &Ctx, &RangeSpec, bool),
+            (buckets, ctx, spec, reads_ends): (&BucketColumns, &Ctx, &RangeSpec, bool),
             points: &mut Vec<Point>,
-            value: impl Fn(&Bucket) -> f64,
+            value: impl Fn(&BucketColumns, Window<'_>) -> f64,
         ) {
-            for_windows(buckets, ctx, spec, reads_ends, |i, _, w| points.push(Point { t: ctx.ts(i), f: value(w) }))
+            for_windows(buckets, ctx, spec, reads_ends, |i, _, w| {
+                points.push(Point { t: ctx.ts(i), f: value(buckets, w) })
+            })
         }
         let on = (buckets, ctx, spec, reads_ends);
         match self {
-            WindowFn::SumOverTime => each(on, points, |w| WindowFn::SumOverTime.value(w)),
-            WindowFn::AvgOverTime => each(on, points, |w| WindowFn::AvgOverTime.value(w)),
-            WindowFn::CountOverTime => each(on, points, |w| WindowFn::CountOverTime.value(w)),
-            WindowFn::MinOverTime => each(on, points, |w| WindowFn::MinOverTime.value(w)),
-            WindowFn::MaxOverTime => each(on, points, |w| WindowFn::MaxOverTime.value(w)),
-            WindowFn::LastOverTime => each(on, points, |w| WindowFn::LastOverTime.value(w)),
-            WindowFn::FirstOverTime => each(on, points, |w| WindowFn::FirstOverTime.value(w)),
-            WindowFn::PresentOverTime => each(on, points, |w| WindowFn::PresentOverTime.value(w)),
-            WindowFn::Changes => each(on, points, |w| WindowFn::Changes.value(w)),
-            WindowFn::Resets => each(on, points, |w| WindowFn::Resets.value(w)),
-            WindowFn::TsOfFirstOverTime => each(on, points, |w| WindowFn::TsOfFirstOverTime.value(w)),
-            WindowFn::TsOfLastOverTime => each(on, points, |w| WindowFn::TsOfLastOverTime.value(w)),
+            WindowFn::SumOverTime => each(on, points, |b, w| WindowFn::SumOverTime.value(b, w)),
+            WindowFn::AvgOverTime => each(on, points, |b, w| WindowFn::AvgOverTime.value(b, w)),
+            WindowFn::CountOverTime => each(on, points, |b, w| WindowFn::CountOverTime.value(b, w)),
+            WindowFn::MinOverTime => each(on, points, |b, w| WindowFn::MinOverTime.value(b, w)),
+            WindowFn::MaxOverTime => each(on, points, |b, w| WindowFn::MaxOverTime.value(b, w)),
+            WindowFn::LastOverTime => each(on, points, |b, w| WindowFn::LastOverTime.value(b, w)),
+            WindowFn::FirstOverTime => each(on, points, |b, w| WindowFn::FirstOverTime.value(b, w)),
+            WindowFn::PresentOverTime => each(on, points, |b, w| WindowFn::PresentOverTime.value(b, w)),
+            WindowFn::Changes => each(on, points, |b, w| WindowFn::Changes.value(b, w)),
+            WindowFn::Resets => each(on, points, |b, w| WindowFn::Resets.value(b, w)),
+            WindowFn::TsOfFirstOverTime => each(on, points, |b, w| WindowFn::TsOfFirstOverTime.value(b, w)),
+            WindowFn::TsOfLastOverTime => each(on, points, |b, w| WindowFn::TsOfLastOverTime.value(b, w)),
             WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
                 unreachable!("extrapolating functions are computed in batches")
             }
         }
     }
 
-    /// The value over the window whose buckets combine to `w`, of a function that does not
+    /// The value over window `w` of `buckets`, of a function that does not extrapolate.
+    #[inline(always)]
+    fn value(self, buckets: &BucketColumns, w: Window<'_>) -> f64 {
+        let k = match w {
+            Window::One(k) => k,
+            Window::Many(w) => return self.value_of_combined(w),
+        };
+        let b = buckets;
+        match self {
+            WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
+                unreachable!("extrapolating functions are computed in batches")
+            }
+            WindowFn::SumOverTime => b.sums()[k],
+            WindowFn::AvgOverTime => b.sums()[k] / count_as_f64(b.counts()[k]),
+            WindowFn::CountOverTime => count_as_f64(b.counts()[k]),
+            WindowFn::MinOverTime => b.mins()[k],
+            WindowFn::MaxOverTime => b.maxs()[k],
+            WindowFn::LastOverTime => b.lasts()[k].v,
+            WindowFn::FirstOverTime => b.firsts()[k].v,
+            WindowFn::PresentOverTime => 1.0,
+            WindowFn::Changes => count_as_f64(b.changes()[k]),
+            WindowFn::Resets => count_as_f64(b.resets()[k]),
+            WindowFn::TsOfFirstOverTime => b.firsts()[k].t as f64 / 1000.0,
+            WindowFn::TsOfLastOverTime => b.lasts()[k].t as f64 / 1000.0,
+        }
+    }
+
+    /// The value over a window whose buckets combine to `w`, of a function that does not
     /// extrapolate.
     #[inline(always)]
-    fn value(self, w: &Bucket) -> f64 {
+    fn value_of_combined(self, w: &Bucket) -> f64 {
         match self {
             WindowFn::Rate | WindowFn::Increase | WindowFn::Delta => {
                 unreachable!("extrapolating functions are computed in batches")

@@ -135,7 +135,7 @@ fn read_tier<T: Send>(
 ) -> Result<bool, strata_tsdb::Error> {
     let step_s = tier.interval_ms / 1000;
     let map = |s: &RollupSeries| {
-        let intervals: Vec<TierInterval> = s.buckets.iter().map(|b| interval_of(b, step_s)).collect();
+        let intervals: Vec<TierInterval> = s.buckets.iter().map(|b| interval_of(&b, step_s)).collect();
         answer(&s.labels, &intervals)
     };
     let histograms = db.rollup_map(tier.meta(), matchers, mint, maxt, columns(needs), limits, &map, &mut |t| {
@@ -382,7 +382,7 @@ mod tests {
             .series[2]
             .buckets
             .iter()
-            .map(|b| TierInterval { archive: IntervalArchive::NotKept, ..interval_of(b, 3600) })
+            .map(|b| TierInterval { archive: IntervalArchive::NotKept, ..interval_of(&b, 3600) })
             .collect();
         let lenient = fetch_from_tier(&approximate, 3600, &policy, (from, now, now), false).unwrap().unwrap();
         assert_ne!(lenient.3, fetch(c, &policy, from, now, now).unwrap().3);

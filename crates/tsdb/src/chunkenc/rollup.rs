@@ -18,7 +18,7 @@ use strata_model::Sample;
 use super::dense::{self, ValueSink};
 use super::{ChunkError, Encoding, HEADER_BYTES, SAMPLES_MAX};
 use crate::encoding::{put_bytes, Decoder};
-use crate::rollup::{ArchiveValue, Bucket};
+use crate::rollup::{ArchiveValue, Bucket, BucketColumns};
 
 /// The columns, in the order they are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +110,11 @@ impl ColumnSet {
     fn with(self, c: Column) -> ColumnSet {
         ColumnSet(self.0 | 1 << c as u16)
     }
+
+    /// With the count column (which every read holds: it makes the buckets).
+    pub(crate) fn with_counts(self) -> ColumnSet {
+        self.with(Column::Count)
+    }
 }
 
 /// Encodes `buckets` (1..=`SAMPLES_MAX`, ends strictly increasing) as a rollup chunk.
@@ -150,20 +155,14 @@ struct Repeat {
     /// A bucket's value in this column, and in the repeated one.
     value: fn(&Bucket) -> f64,
     repeated: fn(&Bucket) -> f64,
-    /// Sets a bucket's value in this column.
-    set: fn(&mut Bucket, f64),
 }
 
 impl Column {
     /// How the column repeats another, for the min and max columns; `None` for the others.
     fn repeat(self) -> Option<Repeat> {
         match self {
-            Column::Min => {
-                Some(Repeat { of: Column::First, value: |b| b.min, repeated: |b| b.first.v, set: |b, v| b.min = v })
-            }
-            Column::Max => {
-                Some(Repeat { of: Column::Last, value: |b| b.max, repeated: |b| b.last.v, set: |b, v| b.max = v })
-            }
+            Column::Min => Some(Repeat { of: Column::First, value: |b| b.min, repeated: |b| b.first.v }),
+            Column::Max => Some(Repeat { of: Column::Last, value: |b| b.max, repeated: |b| b.last.v }),
             _ => None,
         }
     }
@@ -230,146 +229,167 @@ fn is_count(v: f64) -> bool {
 }
 
 /// The count column, which makes the buckets: each one's end (the column's timestamps) and
-/// count, the other aggregates zero until their columns fill them.
+/// count.
 struct NewBuckets<'a> {
-    out: &'a mut Vec<Bucket>,
+    ends: &'a mut Vec<i64>,
+    counts: &'a mut Vec<u64>,
     start: usize,
-    counts: bool,
+    whole: bool,
 }
 
 impl ValueSink for NewBuckets<'_> {
     #[inline(always)]
     fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
-        let mut counts = true;
-        self.out.extend(times.iter().zip(values).map(|(&end, v)| {
-            counts &= is_count(v);
-            Bucket { end, count: count_bits(v) as u64, ..BLANK }
+        let mut whole = true;
+        self.ends.extend_from_slice(times);
+        self.counts.extend(values.map(|v| {
+            whole &= is_count(v);
+            count_bits(v) as u64
         }));
-        self.counts &= counts;
+        self.whole &= whole;
     }
 
     fn patch(&mut self, j: usize, v: f64) {
-        self.counts &= is_count(v);
-        self.out[self.start + j].count = count_bits(v) as u64;
+        self.whole &= is_count(v);
+        self.counts[self.start + j] = count_bits(v) as u64;
     }
 }
 
-/// The first (`LAST` false) or last sample column: each bucket's sample.
-struct SetSamples<'a, const LAST: bool> {
-    buckets: &'a mut [Bucket],
+/// The first or last sample column: each bucket's sample, with its own timestamp.
+struct PushSamples<'a> {
+    out: &'a mut Vec<Sample>,
+    start: usize,
 }
 
-impl<const LAST: bool> SetSamples<'_, LAST> {
-    #[inline(always)]
-    fn sample(b: &mut Bucket) -> &mut Sample {
-        if LAST {
-            &mut b.last
-        } else {
-            &mut b.first
-        }
-    }
-}
-
-impl<const LAST: bool> ValueSink for SetSamples<'_, LAST> {
+impl ValueSink for PushSamples<'_> {
     #[inline(always)]
     fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
-        for (b, (&t, v)) in self.buckets.iter_mut().zip(times.iter().zip(values)) {
-            *Self::sample(b) = Sample { t, v };
-        }
+        self.out.extend(times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
     }
 
     fn patch(&mut self, j: usize, v: f64) {
-        Self::sample(&mut self.buckets[j]).v = v;
+        self.out[self.start + j].v = v;
     }
 }
 
-/// Any other column: each bucket's aggregate (`set`), the values checked to be counts where
-/// they are (`counts` starts true for those columns).
-struct SetValues<'a, F> {
-    buckets: &'a mut [Bucket],
-    set: F,
-    counted: bool,
-    counts: bool,
+/// The sum, min, max and reset correction columns.
+struct PushValues<'a> {
+    out: &'a mut Vec<f64>,
+    start: usize,
 }
 
-impl<F: Fn(&mut Bucket, f64)> ValueSink for SetValues<'_, F> {
+impl ValueSink for PushValues<'_> {
     #[inline(always)]
     fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
-        let mut counts = true;
-        for (b, v) in self.buckets.iter_mut().zip(values) {
-            if self.counted {
-                counts &= is_count(v);
-            }
-            (self.set)(b, v);
-        }
-        self.counts &= counts;
+        self.out.extend(values);
     }
 
     fn patch(&mut self, j: usize, v: f64) {
-        if self.counted {
-            self.counts &= is_count(v);
-        }
-        (self.set)(&mut self.buckets[j], v);
+        self.out[self.start + j] = v;
     }
 }
 
-/// The archive state column: 0 not kept, 1 unknown, 2 a value (set by the next column).
+/// The changes and resets columns: integers, checked to be counts.
+struct PushCounts<'a> {
+    out: &'a mut Vec<u64>,
+    start: usize,
+    whole: bool,
+}
+
+impl ValueSink for PushCounts<'_> {
+    #[inline(always)]
+    fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
+        let mut whole = true;
+        self.out.extend(values.map(|v| {
+            whole &= is_count(v);
+            count_bits(v) as u64
+        }));
+        self.whole &= whole;
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        self.whole &= is_count(v);
+        self.out[self.start + j] = count_bits(v) as u64;
+    }
+}
+
+/// The archive state column (0 not kept, 1 unknown, 2 a value, set by the next column).
 struct ArchiveStates<'a> {
-    buckets: &'a mut [Bucket],
+    out: &'a mut Vec<ArchiveValue>,
+    start: usize,
     states: bool,
 }
 
 impl ArchiveStates<'_> {
-    fn set(b: &mut Bucket, v: f64) -> bool {
-        b.archive = match count_of(v) {
-            Ok(0) => ArchiveValue::NotKept,
-            Ok(1) => ArchiveValue::Unknown,
-            Ok(2) => ArchiveValue::Value(0.0),
-            _ => return false,
-        };
-        true
+    fn state(v: f64) -> Option<ArchiveValue> {
+        match count_of(v) {
+            Ok(0) => Some(ArchiveValue::NotKept),
+            Ok(1) => Some(ArchiveValue::Unknown),
+            Ok(2) => Some(ArchiveValue::Value(0.0)),
+            _ => None,
+        }
     }
 }
 
 impl ValueSink for ArchiveStates<'_> {
     fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
-        for (b, v) in self.buckets.iter_mut().zip(values) {
-            self.states &= ArchiveStates::set(b, v);
+        let mut states = true;
+        self.out.extend(values.map(|v| {
+            let s = ArchiveStates::state(v);
+            states &= s.is_some();
+            s.unwrap_or_default()
+        }));
+        self.states &= states;
+    }
+
+    fn patch(&mut self, j: usize, v: f64) {
+        let s = ArchiveStates::state(v);
+        self.states &= s.is_some();
+        self.out[self.start + j] = s.unwrap_or_default();
+    }
+}
+
+/// The archive value column, into the states its buckets have (the values of those without
+/// one are zero, and dropped).
+struct ArchiveValues<'a> {
+    out: &'a mut [ArchiveValue],
+    taken: usize,
+}
+
+impl ArchiveValues<'_> {
+    fn set(a: &mut ArchiveValue, v: f64) {
+        if let ArchiveValue::Value(x) = a {
+            *x = v;
+        }
+    }
+}
+
+impl ValueSink for ArchiveValues<'_> {
+    fn extend(&mut self, _times: &[i64], values: impl Iterator<Item = f64>) {
+        for v in values {
+            if let Some(a) = self.out.get_mut(self.taken) {
+                ArchiveValues::set(a, v);
+            }
+            self.taken += 1;
         }
     }
 
     fn patch(&mut self, j: usize, v: f64) {
-        self.states &= ArchiveStates::set(&mut self.buckets[j], v);
+        ArchiveValues::set(&mut self.out[j], v);
     }
 }
 
-/// Decodes a values column into `sink`'s buckets; whether its values are counts where they
-/// must be.
-#[inline(always)]
-fn decode_values<F: Fn(&mut Bucket, f64)>(
-    column: &[u8],
-    ends: (&[u8], usize),
-    buckets: &mut [Bucket],
-    counted: bool,
-    set: F,
-) -> Result<bool, ChunkError> {
-    let mut sink = SetValues { buckets, set, counted, counts: true };
-    dense::decode_values_into(column, ends, &mut sink)?;
-    Ok(sink.counts)
-}
-
-/// Fills a min or max column written as repeats (`Column::repeats`) into `buckets`, whose
-/// first or last values have been read.
-fn fill_repeats(c: Column, repeat: Repeat, column: &[u8], buckets: &mut [Bucket]) -> Result<(), ChunkError> {
-    let Repeat { repeated, set, .. } = repeat;
-    for b in buckets.iter_mut() {
-        set(b, repeated(b));
-    }
+/// Fills a min or max column written as repeats (`Column::repeats`): `repeated`'s values (the
+/// first or last samples of the same buckets), with the patches.
+fn fill_repeats(c: Column, repeated: &[Sample], column: &[u8], out: &mut Vec<f64>) -> Result<(), ChunkError> {
+    let start = out.len();
+    out.extend(repeated.iter().map(|s| s.v));
+    let values = &mut out[start..];
     let Some(patches) = column.get(1..) else { return Ok(()) };
     let damaged = |what: &str| corrupt(&format!("column {c:?}: {what}"));
     let mut d = Decoder::new(patches);
     let count = d.uvarint("patch count").map_err(|e| damaged(&e.to_string()))?;
-    if count == 0 || count > buckets.len() as u64 {
+    if count == 0 || count > values.len() as u64 {
         return Err(damaged("patch count out of range"));
     }
     let mut j = 0u64;
@@ -380,30 +400,16 @@ fn fill_repeats(c: Column, repeat: Repeat, column: &[u8], buckets: &mut [Bucket]
         }
         j = j
             .checked_add(gap)
-            .filter(|&j| j < buckets.len() as u64)
+            .filter(|&j| j < values.len() as u64)
             .ok_or_else(|| damaged("patch index out of range"))?;
         let bits = d.u64_le("patch value").map_err(|e| damaged(&e.to_string()))?;
-        set(&mut buckets[j as usize], f64::from_bits(bits));
+        values[j as usize] = f64::from_bits(bits);
     }
     if !d.is_empty() {
         return Err(damaged("bytes after the last patch"));
     }
     Ok(())
 }
-
-const BLANK: Bucket = Bucket {
-    end: 0,
-    count: 0,
-    sum: 0.0,
-    min: 0.0,
-    max: 0.0,
-    first: Sample { t: 0, v: 0.0 },
-    last: Sample { t: 0, v: 0.0 },
-    reset_correction: 0.0,
-    changes: 0,
-    resets: 0,
-    archive: ArchiveValue::NotKept,
-};
 
 /// The bucket count a rollup chunk's header gives (0 for bytes that are no rollup chunk:
 /// `decode` says what is wrong with them). For sizing buffers; nothing is checked.
@@ -416,9 +422,24 @@ pub fn bucket_count(data: &[u8]) -> usize {
 
 /// Decodes the buckets of a rollup chunk into `out` (appended): the columns in `want` (and the
 /// bucket ends); the others are left zero, except the first sample, which is the last one
-/// where only that is wanted. Every column's length and bucket count is checked;
-/// on error `out` is as it was.
+/// where only that is wanted (`BucketColumns::bucket`). Every column's length and bucket count
+/// is checked; on error `out` is as it was.
 pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(), ChunkError> {
+    thread_local! {
+        static COLUMNS: std::cell::RefCell<BucketColumns> = std::cell::RefCell::new(BucketColumns::default());
+    }
+    COLUMNS.with_borrow_mut(|columns| {
+        columns.reset(want);
+        decode_columns(data, columns)?;
+        out.extend(columns.iter());
+        Ok(())
+    })
+}
+
+/// Decodes the buckets of a rollup chunk into `out` (appended), the columns it holds
+/// (`BucketColumns::columns`) and no others. Every column's length and bucket count is
+/// checked; on error `out` is as it was.
+pub fn decode_columns(data: &[u8], out: &mut BucketColumns) -> Result<(), ChunkError> {
     if data.len() < HEADER_BYTES {
         return Err(ChunkError::ShortHeader(data.len()));
     }
@@ -428,130 +449,166 @@ pub fn decode(data: &[u8], want: ColumnSet, out: &mut Vec<Bucket>) -> Result<(),
     let n = u16::from_be_bytes([data[1], data[2]]) as usize;
     let start = out.len();
     out.reserve(n);
-    let mut columns = Decoder::new(&data[HEADER_BYTES..]);
-    // The columns wanted, with those a wanted min or max column repeats (`Column::repeats`);
-    // and those repeating columns with their patches, filled once the repeated ones are read.
-    let mut want = want;
-    let mut repeating: Vec<(Column, Repeat, &[u8])> = Vec::new();
-    let no_count = || corrupt("count column holds a value that is no count");
-    // The count column and where its timestamps (the bucket ends) end: the columns stamped at
-    // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
-    let mut ends: (&[u8], usize) = (&[], 0);
-    let decoded = (|| {
-        for c in Column::ALL {
-            // Chunks without archive values end after the ninth column.
-            if c == Column::ArchiveState && columns.is_empty() {
-                break;
-            }
-            let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
-            let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
-            if column.first().is_none_or(|&b| b == REPEATS_PATCHED) {
-                let Some(repeat) = c.repeat() else {
-                    return Err(corrupt(&format!("column {c:?} is neither a dense chunk nor repeats another")));
-                };
-                if want.has(c) {
-                    want = want.with(repeat.of);
-                    repeating.push((c, repeat, column));
-                }
-                continue;
-            }
-            // The ends (in the count column) are always read.
-            if !want.has(c) && c != Column::Count {
-                continue;
-            }
-            if column.len() < HEADER_BYTES || column[0] != Encoding::Dense as u8 {
-                return Err(corrupt("column is not a dense chunk"));
-            }
-            if u16::from_be_bytes([column[1], column[2]]) as usize != n {
-                return Err(corrupt("column holds another bucket count"));
-            }
-            let damaged = |e: ChunkError| corrupt(&format!("column {c:?}: {e}"));
-            // Each column is decoded straight into the buckets' field, one loop per column
-            // (the match outside it, not taken per bucket).
-            let counts = match c {
-                Column::Count => {
-                    let mut sink = NewBuckets { out: &mut *out, start, counts: true };
-                    ends = (column, dense::decode_into(column, &mut sink).map_err(damaged)?);
-                    let counts = sink.counts;
-                    if out.len() - start != n {
-                        return Err(corrupt("count column holds another bucket count"));
-                    }
-                    counts
-                }
-                Column::First | Column::Last => {
-                    let buckets = &mut out[start..];
-                    if c == Column::First {
-                        dense::decode_into(column, &mut SetSamples::<false> { buckets })
-                    } else {
-                        dense::decode_into(column, &mut SetSamples::<true> { buckets })
-                    }
-                    .map_err(damaged)?;
-                    true
-                }
-                Column::ArchiveState => {
-                    let mut sink = ArchiveStates { buckets: &mut out[start..], states: true };
-                    dense::decode_values_into(column, ends, &mut sink).map_err(damaged)?;
-                    if !sink.states {
-                        return Err(corrupt("archive state column holds no state"));
-                    }
-                    true
-                }
-                _ => {
-                    let buckets = &mut out[start..];
-                    match c {
-                        Column::Sum => decode_values(column, ends, buckets, false, |b, v| b.sum = v),
-                        Column::Min => decode_values(column, ends, buckets, false, |b, v| b.min = v),
-                        Column::Max => decode_values(column, ends, buckets, false, |b, v| b.max = v),
-                        Column::ResetCorrection => {
-                            decode_values(column, ends, buckets, false, |b, v| b.reset_correction = v)
-                        }
-                        Column::Changes => {
-                            decode_values(column, ends, buckets, true, |b, v| b.changes = count_bits(v) as u64)
-                        }
-                        Column::Resets => {
-                            decode_values(column, ends, buckets, true, |b, v| b.resets = count_bits(v) as u64)
-                        }
-                        _ => decode_values(column, ends, buckets, false, |b, v| {
-                            if let ArchiveValue::Value(x) = &mut b.archive {
-                                *x = v;
-                            }
-                        }),
-                    }
-                    .map_err(damaged)?
-                }
-            };
-            if !counts {
-                return Err(no_count());
-            }
-        }
-        if !columns.is_empty() {
-            return Err(corrupt("bytes after the last column"));
-        }
-        for &(c, repeat, column) in &repeating {
-            fill_repeats(c, repeat, column, &mut out[start..])?;
-        }
-        // A read of the last samples without the first ones (a plain selector's) takes each
-        // bucket's last sample as its first too, rather than a zero: runs of buckets cut by
-        // block boundaries are combined in time order by those times (`Bucket::absorb`), and
-        // the last sample then stays the latest one at any timestamp, negative ones included.
-        if want.has(Column::Last) && !want.has(Column::First) {
-            for b in &mut out[start..] {
-                b.first = b.last;
-            }
-        }
-        if want.has(Column::First) && out[start..].iter().any(|b| b.first.t > b.end) {
-            return Err(corrupt("a first sample after its bucket's end"));
-        }
-        if want.has(Column::Last) && out[start..].iter().any(|b| b.last.t > b.end) {
-            return Err(corrupt("a last sample after its bucket's end"));
-        }
-        Ok(())
-    })();
+    let held = out.columns;
+    let decoded = decode_columns_at(data, n, held, start, out);
+    debug_assert!(decoded.is_err() || out.is_consistent(), "every column held was decoded");
     // Nothing of a damaged chunk is kept.
     if decoded.is_err() {
         out.truncate(start);
     }
     decoded
+}
+
+fn decode_columns_at(
+    data: &[u8],
+    n: usize,
+    held: ColumnSet,
+    start: usize,
+    out: &mut BucketColumns,
+) -> Result<(), ChunkError> {
+    let mut columns = Decoder::new(&data[HEADER_BYTES..]);
+    // Min or max columns written as repeats of the first or last samples, filled once those
+    // are read; and those samples where they are not held themselves.
+    let mut repeating: Vec<(Column, &[u8])> = Vec::new();
+    let (mut first_scratch, mut last_scratch) = (None::<Vec<Sample>>, None::<Vec<Sample>>);
+    // The count column and where its timestamps (the bucket ends) end: the columns stamped at
+    // the ends hold the same bits there, and step over them (`dense::decode_values_into`).
+    let mut ends: (&[u8], usize) = (&[], 0);
+    let no_count = |c: Column| corrupt(&format!("{c:?} column holds a value that is no count"));
+    for c in Column::ALL {
+        // Chunks without archive values end after the ninth column.
+        if c == Column::ArchiveState && columns.is_empty() {
+            break;
+        }
+        let len = columns.uvarint("column length").map_err(|e| corrupt(&e.to_string()))? as usize;
+        let column = columns.bytes(len, "column").map_err(|e| corrupt(&e.to_string()))?;
+        if column.first().is_none_or(|&b| b == REPEATS_PATCHED) {
+            let Some(repeat) = c.repeat() else {
+                return Err(corrupt(&format!("column {c:?} is neither a dense chunk nor repeats another")));
+            };
+            if held.has(c) {
+                if !held.has(repeat.of) {
+                    match repeat.of {
+                        Column::First => first_scratch = Some(Vec::with_capacity(n)),
+                        _ => last_scratch = Some(Vec::with_capacity(n)),
+                    }
+                }
+                repeating.push((c, column));
+            }
+            continue;
+        }
+        let scratch = match c {
+            Column::First => first_scratch.as_mut(),
+            Column::Last => last_scratch.as_mut(),
+            _ => None,
+        };
+        // The ends (in the count column) are always read.
+        if !held.has(c) && c != Column::Count && scratch.is_none() {
+            continue;
+        }
+        if column.len() < HEADER_BYTES || column[0] != Encoding::Dense as u8 {
+            return Err(corrupt("column is not a dense chunk"));
+        }
+        if u16::from_be_bytes([column[1], column[2]]) as usize != n {
+            return Err(corrupt("column holds another bucket count"));
+        }
+        let damaged = |e: ChunkError| corrupt(&format!("column {c:?}: {e}"));
+        let values = |out: &mut Vec<f64>| {
+            dense::decode_values_into(column, ends, &mut PushValues { start: out.len(), out }).map_err(damaged)
+        };
+        let counts = |out: &mut Vec<u64>| {
+            let mut sink = PushCounts { start: out.len(), out, whole: true };
+            dense::decode_values_into(column, ends, &mut sink).map_err(damaged)?;
+            if !sink.whole {
+                return Err(no_count(c));
+            }
+            Ok(())
+        };
+        // Each column is decoded straight into its vector, one loop per column.
+        match c {
+            Column::Count => {
+                let mut sink = NewBuckets { ends: &mut out.ends, counts: &mut out.counts, start, whole: true };
+                ends = (column, dense::decode_into(column, &mut sink).map_err(damaged)?);
+                if !sink.whole {
+                    return Err(no_count(c));
+                }
+                if out.ends.len() - start != n || out.counts.len() - start != n {
+                    return Err(corrupt("count column holds another bucket count"));
+                }
+            }
+            Column::First | Column::Last => {
+                let samples = match (scratch, c) {
+                    (Some(s), _) => s,
+                    (None, Column::First) => &mut out.firsts,
+                    (None, _) => &mut out.lasts,
+                };
+                dense::decode_into(column, &mut PushSamples { start: samples.len(), out: samples }).map_err(damaged)?;
+            }
+            Column::Sum => values(&mut out.sums)?,
+            Column::Min => values(&mut out.mins)?,
+            Column::Max => values(&mut out.maxs)?,
+            Column::ResetCorrection => values(&mut out.reset_corrections)?,
+            Column::Changes => counts(&mut out.changes)?,
+            Column::Resets => counts(&mut out.resets)?,
+            Column::ArchiveState => {
+                let mut sink = ArchiveStates { out: &mut out.archives, start, states: true };
+                dense::decode_values_into(column, ends, &mut sink).map_err(damaged)?;
+                if !sink.states {
+                    return Err(corrupt("archive state column holds no state"));
+                }
+            }
+            Column::Archive => {
+                let states = out.archives.get_mut(start..).unwrap_or_default();
+                let mut sink = ArchiveValues { out: states, taken: 0 };
+                dense::decode_values_into(column, ends, &mut sink).map_err(damaged)?;
+                if sink.taken != n {
+                    return Err(corrupt("archive column holds another bucket count"));
+                }
+            }
+        }
+    }
+    if !columns.is_empty() {
+        return Err(corrupt("bytes after the last column"));
+    }
+    for (c, column) in repeating {
+        let (repeated, into) = match c {
+            Column::Min => (first_scratch.as_deref().unwrap_or_else(|| &out.firsts[start..]), &mut out.mins),
+            _ => (last_scratch.as_deref().unwrap_or_else(|| &out.lasts[start..]), &mut out.maxs),
+        };
+        if repeated.len() != n {
+            return Err(corrupt(&format!("column {c:?} repeats a column that was not read whole")));
+        }
+        fill_repeats(c, repeated, column, into)?;
+    }
+    // Every column held, as long as the ends (a chunk from an older writer may lack the
+    // archive columns: none kept).
+    if held.has(Column::ArchiveState) && out.archives.len() == start {
+        out.archives.resize(start + n, ArchiveValue::NotKept);
+    }
+    let whole = |len: usize, c: Column| {
+        if held.has(c) && len != start + n {
+            Err(corrupt(&format!("column {c:?} holds another bucket count")))
+        } else {
+            Ok(())
+        }
+    };
+    whole(out.sums.len(), Column::Sum)?;
+    whole(out.mins.len(), Column::Min)?;
+    whole(out.maxs.len(), Column::Max)?;
+    whole(out.firsts.len(), Column::First)?;
+    whole(out.lasts.len(), Column::Last)?;
+    whole(out.reset_corrections.len(), Column::ResetCorrection)?;
+    whole(out.changes.len(), Column::Changes)?;
+    whole(out.resets.len(), Column::Resets)?;
+    whole(out.archives.len(), Column::ArchiveState)?;
+    let ends = &out.ends[start..];
+    if held.has(Column::First) && out.firsts[start..].iter().zip(ends).any(|(s, &end)| s.t > end) {
+        return Err(corrupt("a first sample after its bucket's end"));
+    }
+    if held.has(Column::Last) && out.lasts[start..].iter().zip(ends).any(|(s, &end)| s.t > end) {
+        return Err(corrupt("a last sample after its bucket's end"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -561,6 +618,30 @@ mod tests {
 
     use super::*;
     use crate::rollup::aggregate;
+
+    /// A counter's min and max columns repeat its first and last values: read alone, into
+    /// columns, they are filled from those (not held themselves), with the patches.
+    #[test]
+    fn repeated_extremes_read_alone_into_columns() {
+        let mut v = 0.0;
+        let samples: Vec<Sample> = (0..4000)
+            .map(|i| {
+                v = if i % 700 == 699 { 1.0 } else { v + (i % 7) as f64 };
+                Sample { t: i * 15_000 + 1, v }
+            })
+            .collect();
+        let buckets = aggregate(&samples, 300_000);
+        let chunk = encode(&buckets[..200]);
+        for c in [Column::Min, Column::Max] {
+            let set = ColumnSet::of(&[c]);
+            let mut columns = BucketColumns::new(set);
+            decode_columns(&chunk, &mut columns).unwrap();
+            assert!(columns.is_consistent() && columns.lasts().is_empty() && columns.firsts().is_empty());
+            assert_eq!(columns, BucketColumns::from_buckets(&buckets[..200], set), "{c:?}");
+        }
+        let lengths = column_lengths(&chunk);
+        assert!(lengths[Column::Min as usize] < 100 && lengths[Column::Max as usize] < 100, "repeats: {lengths:?}");
+    }
 
     #[test]
     fn counts_are_whole_non_negative_and_exact() {
@@ -744,6 +825,17 @@ mod tests {
             for (a, b) in lasts.iter().zip(&buckets) {
                 prop_assert_eq!((a.end, a.last.t, a.last.v.to_bits()), (b.end, b.last.t, b.last.v.to_bits()));
                 prop_assert_eq!((a.first.t, a.first.v.to_bits()), (b.last.t, b.last.v.to_bits()));
+            }
+            // Into columns: each column alone, and in twos, is the whole decode's (compared as
+            // text: NaNs are equal there).
+            for (i, &c) in Column::ALL.iter().enumerate() {
+                for set in [ColumnSet::of(&[c]), ColumnSet::of(&[c, Column::ALL[(i + 3) % COLUMNS]])] {
+                    let mut columns = BucketColumns::new(set);
+                    decode_columns(&chunk, &mut columns).unwrap();
+                    prop_assert!(columns.is_consistent(), "{:?}", set);
+                    let want = BucketColumns::from_buckets(&back, set);
+                    prop_assert_eq!(format!("{columns:?}"), format!("{want:?}"));
+                }
             }
         }
 

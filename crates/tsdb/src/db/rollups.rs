@@ -53,13 +53,13 @@ use strata_model::{Labels, Matcher};
 
 use super::{open_blocks, swap_in, Db, Inner};
 use crate::block::{Block, BlockMeta, RollupMeta};
-use crate::chunkenc::rollup::{bucket_count, decode, ColumnSet};
+use crate::chunkenc::rollup::{bucket_count, decode_columns, ColumnSet};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
-use crate::rollup::{append_runs, buffers, coalesce, Aggregator, ArchiveValue, Bucket, RollupTier};
+use crate::rollup::{buffers, coalesce, Aggregator, ArchiveValue, Bucket, BucketColumns, RollupTier};
 use crate::vfs::Vfs;
 
 /// The directory of the rollup tiers, inside the data directory.
@@ -147,8 +147,8 @@ pub struct RollupSelection {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupSeries {
     pub labels: Labels,
-    /// Sorted by end, each end once.
-    pub buckets: Vec<Bucket>,
+    /// Sorted by end, each end once; the aggregates the read asked for.
+    pub buckets: BucketColumns,
 }
 
 impl Db {
@@ -600,7 +600,7 @@ impl Inner {
         // Each series lent to `map`, its buffer kept for the next.
         let map = |s: RollupSeries| {
             let mapped = map(&s);
-            buffers::give(s.buckets);
+            buffers::give_columns(s.buckets);
             mapped
         };
         let (interval, closed) = (tier.spec.interval_ms, tier.spec.closed);
@@ -702,7 +702,9 @@ impl Inner {
             }
             histogram_series += histograms as usize;
             if !buckets.is_empty() {
-                from_raw.push(RollupSeries { labels: s.labels, buckets });
+                let mut held = buffers::take_columns(columns, buckets.len());
+                held.extend_from_buckets(&buckets);
+                from_raw.push(RollupSeries { labels: s.labels, buckets: held });
             }
         }
         if histogram_series > 0 {
@@ -733,40 +735,42 @@ impl Inner {
         let decode_one = |i: usize, s: &crate::querier::Series| -> Result<Option<T>> {
             let chunks = s.chunks.iter().map(|c| c.data.bytes()).collect::<Result<Vec<_>, _>>();
             let chunks = chunks.map_err(|e| corrupt_tier(tier, &s.labels, e))?;
-            // Room for every bucket at once (the count is in each chunk's header), in a buffer
+            // Room for every bucket at once (the count is in each chunk's header), in buffers
             // an earlier series or read used (`rollup::buffers`).
-            let mut buckets = buffers::take(chunks.iter().map(|c| bucket_count(c)).sum());
+            let mut buckets = buffers::take_columns(columns, chunks.iter().map(|c| bucket_count(c)).sum());
             // Whether the buckets' ends increase across the chunks' seams too (a chunk's own
             // ends increase, as `decode` checks): then there is nothing to coalesce, found
             // without walking every bucket again.
             let mut ends_increase = true;
             for (k, bytes) in chunks.iter().enumerate() {
-                let seam = buckets.last().map(|b| b.end);
+                let seam = buckets.ends().last().copied();
                 let at = buckets.len();
-                decode(bytes, columns, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
-                ends_increase &= seam.zip(buckets.get(at)).is_none_or(|(before, b)| before < b.end);
+                decode_columns(bytes, &mut buckets).map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+                ends_increase &= seam.zip(buckets.ends().get(at)).is_none_or(|(before, &end)| before < end);
                 if k == 0 {
                     // Buckets before the range are dropped while they are all there is (the
                     // first chunk, in time order): dropped at the end, the rest of a long read
                     // would move over them. Those of later chunks are dropped below.
-                    buckets.drain(..buckets.partition_point(|b| b.end < first_end));
+                    buckets.drop_front(buckets.partition_point(|&end| end < first_end));
                 }
             }
             if !ends_increase {
-                coalesce(&mut buckets);
+                buckets.edit(coalesce);
             }
-            debug_assert!(buckets.windows(2).all(|p| p[0].end < p[1].end), "coalesced buckets");
+            debug_assert!(buckets.ends().windows(2).all(|p| p[0] < p[1]), "coalesced buckets");
             // The buckets of the range (ends in order now), without those a deletion touches.
-            buckets.truncate(buckets.partition_point(|b| b.end <= last_end));
-            buckets.drain(..buckets.partition_point(|b| b.end < first_end));
+            buckets.truncate(buckets.partition_point(|&end| end <= last_end));
+            buckets.drop_front(buckets.partition_point(|&end| end < first_end));
             if !s.deleted_intervals().is_empty() {
-                buckets.retain(|b| !deleted_touches(s.deleted_intervals(), b, tier.spec.meta()));
+                let meta = tier.spec.meta();
+                buckets.edit(|b| b.retain(|b| !deleted_touches(s.deleted_intervals(), b, meta)));
             }
             if let Some(raw_part) = &raw_parts[i] {
-                append_runs(&mut buckets, &raw_part.buckets);
+                buckets.append_runs(&raw_part.buckets);
             }
+            debug_assert!(buckets.is_consistent());
             if buckets.is_empty() {
-                buffers::give(buckets);
+                buffers::give_columns(buckets);
                 return Ok(None);
             }
             Ok(Some(map(RollupSeries { labels: s.labels.clone(), buckets })))

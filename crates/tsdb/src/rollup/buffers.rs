@@ -8,7 +8,8 @@
 
 use parking_lot::Mutex;
 
-use super::Bucket;
+use super::{Bucket, BucketColumns};
+use crate::chunkenc::rollup::ColumnSet;
 
 /// Bytes of bucket capacity kept at most.
 pub const KEPT_BYTES_MAX: usize = 16 << 20;
@@ -58,7 +59,57 @@ pub fn give(buffer: Vec<Bucket>) {
 
 /// Bytes of capacity kept now (`strata_tsdb_rollup_bucket_buffers_bytes` in `/metrics`).
 pub fn kept_bytes() -> usize {
-    KEPT.lock().bytes
+    KEPT.lock().bytes + KEPT_COLUMNS.lock().bytes
+}
+
+/// The same for the columns tier reads decode into (`BucketColumns`), within the same bound.
+struct KeptColumns {
+    buffers: Vec<BucketColumns>,
+    bytes: usize,
+}
+
+static KEPT_COLUMNS: Mutex<KeptColumns> = Mutex::new(KeptColumns { buffers: Vec::new(), bytes: 0 });
+
+fn column_bytes(c: &BucketColumns) -> usize {
+    use std::mem::size_of_val;
+    let bytes = |len: usize, one: usize| len * one;
+    bytes(c.ends.capacity(), size_of_val(&0i64))
+        + bytes(c.counts.capacity() + c.changes.capacity() + c.resets.capacity(), size_of_val(&0u64))
+        + bytes(
+            c.sums.capacity() + c.mins.capacity() + c.maxs.capacity() + c.reset_corrections.capacity(),
+            size_of_val(&0f64),
+        )
+        + bytes(c.firsts.capacity() + c.lasts.capacity(), std::mem::size_of::<strata_model::Sample>())
+        + bytes(c.archives.capacity(), std::mem::size_of::<super::ArchiveValue>())
+}
+
+/// Empty columns holding `columns`, with room for `capacity` buckets: kept ones if there are.
+pub fn take_columns(columns: ColumnSet, capacity: usize) -> BucketColumns {
+    let kept = {
+        let mut kept = KEPT_COLUMNS.lock();
+        let buffer = kept.buffers.pop();
+        if let Some(b) = &buffer {
+            kept.bytes -= column_bytes(b);
+        }
+        buffer
+    };
+    let mut buffer = kept.unwrap_or_default();
+    buffer.reset(columns);
+    buffer.reserve(capacity);
+    buffer
+}
+
+/// Hands `columns` back for a later `take_columns`, unless the kept buffers are at their bound.
+pub fn give_columns(columns: BucketColumns) {
+    let size = column_bytes(&columns);
+    if columns.ends.capacity() < KEPT_BUFFER_MIN {
+        return;
+    }
+    let mut kept = KEPT_COLUMNS.lock();
+    if kept.bytes + size <= KEPT_BYTES_MAX {
+        kept.bytes += size;
+        kept.buffers.push(columns);
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 pub mod bucket;
 pub mod buffers;
+pub mod columns;
 pub mod tier;
 pub mod write;
 
@@ -12,4 +13,5 @@ pub use bucket::{
     aggregate, aggregate_closed, append_runs, bucket_end, coalesce, merge_runs, Aggregator, ArchiveRule, ArchiveValue,
     Bucket, Closed,
 };
+pub use columns::BucketColumns;
 pub use tier::{check_tiers, parse_tiers, RollupTier, SeriesFilter, INTERVAL_MIN_MS, TIERS_MAX};
