@@ -1639,8 +1639,13 @@ async fn query_range(
         )));
     }
     let params = eval_params(&st, &p)?;
-    let cache = range_cache(&st, &p, &params, &expr)?;
+    let cache = range_cache(&st, &p, &expr)?;
     evaluate(&st, q, &headers, params, move |engine, storage, cancel| match &cache {
+        // A query a rollup tier answers bypasses the cache: see `range_cache`.
+        Some(cache) if engine.planned_tier(storage, &expr, start, step).is_some() => {
+            cache.stats.bypassed.fetch_add(1, Ordering::Relaxed);
+            engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)).map(Into::into)
+        }
         Some(cache) => {
             let key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
             let mut eval = |from| engine.range_with_cancel(storage, &expr, from, end, step, Some(cancel));
@@ -1654,14 +1659,20 @@ async fn query_range(
 }
 
 /// The result cache, when this range query may go through it: the cache is on, the request
-/// did not turn it off (`nocache=1`, as VictoriaMetrics names it), no rollup tier may answer
-/// (which one depends on the whole range), and the query reads nothing of its own start or end
-/// ([`query_cache::cacheable`]). Statistics asked for describe the work done: none for steps
-/// taken from the cache.
+/// did not turn it off (`nocache=1`, as VictoriaMetrics names it), and the query reads nothing
+/// of its own start or end ([`query_cache::cacheable`]). Statistics asked for describe the work
+/// done: none for steps taken from the cache.
+///
+/// A query the planner answers from a rollup tier (`Engine::planned_tier`, decided where the
+/// evaluation starts) bypasses the cache too: a tier's buckets may be rewritten at the last
+/// bit of a sum when rollup compaction combines the parts of a bucket that a block boundary
+/// cut, and the change log does not note that, so kept steps could differ from a fresh
+/// evaluation. Queries the planner reads raw (steps that are no multiple of a tier's interval,
+/// starts off its grid, functions tiers do not answer) are cached as on a server without
+/// tiers: the plan of a range's later steps is the whole range's.
 fn range_cache(
     st: &AppState,
     p: &Params,
-    params: &EvalParams,
     expr: &strata_promql::ast::Expr,
 ) -> Result<Option<Arc<query_cache::QueryCache>>, ApiError> {
     let Some(cache) = &st.query_cache else { return Ok(None) };
@@ -1670,8 +1681,7 @@ fn range_cache(
         Some("1") | Some("true") => true,
         Some(v) => return Err(ApiError::bad_data(format!("invalid parameter \"nocache\": {v:?} (1 or 0)"))),
     };
-    let tiers = params.resolution != SourceResolution::Raw && !db(st)?.rollup_tiers().is_empty();
-    if off || tiers || !query_cache::cacheable(expr) {
+    if off || !query_cache::cacheable(expr) {
         cache.stats.bypassed.fetch_add(1, Ordering::Relaxed);
         return Ok(None);
     }

@@ -173,7 +173,44 @@ fn dashboards_read_rollup_tiers_and_answer_as_raw_data_does() {
     assert!(!blocks_line.ends_with(" 0"), "{blocks_line}");
     // Read from the tiers' blocks now: the same answers.
     tier_answers_are_raw_answers(server.port, start, last);
+    queries_read_raw_are_cached_beside_tiers(server.port, start, last);
     server.terminate();
+}
+
+/// With tiers configured, a range query the planner reads raw (a 15 s step, no multiple of a
+/// tier's interval) goes through the result cache as on a server without tiers, its answer
+/// the uncached one byte for byte; one a tier answers bypasses it.
+fn queries_read_raw_are_cached_beside_tiers(port: u16, start: i64, end: i64) {
+    let count = |result: &str| -> f64 {
+        let (_, metrics) = http(port, "GET", "/metrics", &[], b"");
+        let line = format!("strata_query_cache_requests_total{{result=\"{result}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("{line}: {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let get = |q: &str, from: i64, step: i64, extra: &str| -> String {
+        let q: String = form_urlencoded::byte_serialize(q.as_bytes()).collect();
+        let path = format!("/api/v1/query_range?query={q}&start={from}&end={end}&step={step}{extra}");
+        let (status, body) = http(port, "GET", &path, &[], b"");
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let q = "sum(rate(requests_total[5m]))";
+    let (hits, bypassed) = (count("hit"), count("bypass"));
+    let from = end - 6 * HOUR_S;
+    let first = get(q, from, 15, "");
+    // The same window, then moved by a step: answered from the kept steps.
+    assert_eq!(get(q, from, 15, ""), first);
+    assert_eq!(count("hit"), hits + 1.0);
+    assert_eq!(get(q, from + 15, 15, ""), get(q, from + 15, 15, "&nocache=1"));
+    assert!(!first.contains("rollup tier"), "{first}");
+    // A 1 h step on the hour: the 5 m tier answers, and the cache is not asked.
+    let tiered = get(q, start, 3600, "");
+    assert!(tiered.contains("answered from the 5m rollup tier"), "{tiered}");
+    assert_eq!(count("bypass"), bypassed + 2.0, "the nocache=1 request and the tier's");
 }
 
 const SCHEMAS: &str = "[default]\npattern = .*\nretentions = 60s:1d,10m:30d,1h:1y\n";

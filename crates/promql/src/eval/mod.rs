@@ -394,9 +394,7 @@ impl Engine {
         run: impl Fn(&Evaluator) -> Result<Value, EvalError>,
     ) -> Result<QueryOutput, EvalError> {
         let mut ev = Evaluator::new(self, st, start, end, step, cancel);
-        // Left-closed tiers (Graphite's) do not cut PromQL's windows `(t - r, t]`.
-        let tiers: Vec<RollupTier> = st.rollup_tiers().into_iter().filter(|t| t.closed.is_right()).collect();
-        if let Some(tier) = ev.plan_tier(expr, start, step, &tiers) {
+        if let Some(tier) = ev.plan_tier(expr, start, step, &promql_tiers(st)) {
             ev.tier = Some(tier);
             match run(&ev) {
                 Err(EvalError::RollupUnsuitable(_)) => {}
@@ -424,6 +422,20 @@ impl Engine {
             peak_samples: ev.peak.load(Ordering::Relaxed),
         };
         Ok(QueryOutput { value, annotations: ev.into_annotations(), stats })
+    }
+
+    /// The rollup tier the planner picks for a range query of `expr` from `start` at `step`
+    /// (`None`: raw data), before evaluating it: a tier that turns out unable to answer (native
+    /// histograms match) falls back to raw data then. The choice depends on the start only
+    /// through its alignment to the tiers' intervals, which every later step of the same range
+    /// shares (`start + k * step`, with the step a multiple of the interval): the steps of a
+    /// range evaluated in parts are planned as the whole range is.
+    pub fn planned_tier(&self, st: &dyn Storage, expr: &Expr, start: i64, step: i64) -> Option<RollupTier> {
+        let tiers = promql_tiers(st);
+        if tiers.is_empty() {
+            return None;
+        }
+        Evaluator::new(self, st, start, start, step, None).plan_tier(expr, start, step, &tiers)
     }
 
     /// Evaluates `expr` at `start, start+step, … ≤ end`; the result is a matrix sorted by labels.
@@ -487,6 +499,12 @@ impl Engine {
             Ok(Value::Matrix(series))
         })
     }
+}
+
+/// The tiers PromQL may read: left-closed ones (Graphite's) do not cut PromQL's windows
+/// `(t - r, t]`.
+fn promql_tiers(st: &dyn Storage) -> Vec<RollupTier> {
+    st.rollup_tiers().into_iter().filter(|t| t.closed.is_right()).collect()
 }
 
 /// Whether a range query of `expr` is better evaluated in `slices` time slices than with its
