@@ -217,6 +217,18 @@ impl Db {
     }
 }
 
+/// Asks the CPU to bring every cache line of `bytes` closer (a hint: nothing is read).
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch reads nothing and cannot fault; SSE is part of x86-64.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// The raw blocks (by their first ULIDs) block `b` holds the samples of.
 fn block_sources(b: &Block) -> impl Iterator<Item = &str> {
     b.meta().compaction.sources.iter().map(String::as_str)
@@ -735,6 +747,12 @@ impl Inner {
         let decode_one = |i: usize, s: &crate::querier::Series| -> Result<Option<T>> {
             let chunks = s.chunks.iter().map(|c| c.data.bytes()).collect::<Result<Vec<_>, _>>();
             let chunks = chunks.map_err(|e| corrupt_tier(tier, &s.labels, e))?;
+            // The column lengths are read one after the other, each a jump over the column
+            // before it: fetched from memory one at a time, they were a twelfth of a month-long
+            // tier query's CPU, stalled. Asked for all at once first, the misses overlap.
+            for bytes in &chunks {
+                prefetch(bytes);
+            }
             // Room for every bucket at once (the count is in each chunk's header), in buffers
             // an earlier series or read used (`rollup::buffers`).
             let mut buckets = buffers::take_columns(columns, chunks.iter().map(|c| bucket_count(c)).sum());
