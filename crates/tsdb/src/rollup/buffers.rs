@@ -1,5 +1,5 @@
 //! Bucket buffers kept between tier reads. A long read decodes each series' buckets into a
-//! buffer, hands it to the caller and gets it back; the buffers in flight (a few batches of
+//! buffer (columns, `BucketColumns`), hands it to the caller and gets it back; the buffers in flight (a few batches of
 //! series per decoding worker) are the same from one read to the next, so keeping them spares
 //! each read the allocation and the page faults of fresh memory (a 30-day Graphite render of
 //! 1000 series from a 10-minute tier grew a 405 KiB buffer per series afresh: a fifth of its
@@ -11,34 +11,88 @@ use parking_lot::Mutex;
 use super::{Bucket, BucketColumns};
 use crate::chunkenc::rollup::ColumnSet;
 
-/// Bytes of bucket capacity kept at most.
+/// Bytes of capacity kept at most, by each of the two kinds of buffer (`Bucket` runs, which
+/// merges and compaction use, and the columns tier reads decode into).
 pub const KEPT_BYTES_MAX: usize = 16 << 20;
 
-/// A buffer that never holds more than this is not worth keeping (cheap to allocate).
+/// A buffer that never holds more than this many buckets is not worth keeping (cheap to
+/// allocate).
 const KEPT_BUFFER_MIN: usize = 64;
 
-struct Kept {
-    buffers: Vec<Vec<Bucket>>,
+/// Buffers of one kind kept, and their bytes.
+struct Kept<T> {
+    buffers: Vec<T>,
     bytes: usize,
 }
 
-static KEPT: Mutex<Kept> = Mutex::new(Kept { buffers: Vec::new(), bytes: 0 });
-
-fn bytes_of(buffer: &Vec<Bucket>) -> usize {
-    buffer.capacity() * std::mem::size_of::<Bucket>()
+/// What a kept buffer is: its bytes and its room in buckets.
+trait Buffer: Default {
+    fn bytes(&self) -> usize;
+    fn room(&self) -> usize;
 }
+
+impl Buffer for Vec<Bucket> {
+    fn bytes(&self) -> usize {
+        self.capacity() * std::mem::size_of::<Bucket>()
+    }
+
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl Buffer for BucketColumns {
+    fn bytes(&self) -> usize {
+        use std::mem::size_of;
+        let c = self;
+        c.ends.capacity() * size_of::<i64>()
+            + (c.counts.capacity() + c.changes.capacity() + c.resets.capacity()) * size_of::<u64>()
+            + (c.sums.capacity() + c.mins.capacity() + c.maxs.capacity() + c.reset_corrections.capacity())
+                * size_of::<f64>()
+            + (c.firsts.capacity() + c.lasts.capacity()) * size_of::<strata_model::Sample>()
+            + c.archives.capacity() * size_of::<super::ArchiveValue>()
+    }
+
+    fn room(&self) -> usize {
+        self.ends.capacity()
+    }
+}
+
+impl<T: Buffer> Kept<T> {
+    const fn new() -> Kept<T> {
+        Kept { buffers: Vec::new(), bytes: 0 }
+    }
+
+    /// A kept buffer, or a new one.
+    fn take(kept: &Mutex<Kept<T>>) -> T {
+        let mut kept = kept.lock();
+        let buffer = kept.buffers.pop();
+        if let Some(b) = &buffer {
+            kept.bytes -= b.bytes();
+        }
+        buffer.unwrap_or_default()
+    }
+
+    /// Keeps `buffer` unless it is small or the kept ones are at their bound.
+    fn give(kept: &Mutex<Kept<T>>, buffer: T) {
+        let size = buffer.bytes();
+        if buffer.room() < KEPT_BUFFER_MIN {
+            return;
+        }
+        let mut kept = kept.lock();
+        if kept.bytes + size <= KEPT_BYTES_MAX {
+            kept.bytes += size;
+            kept.buffers.push(buffer);
+        }
+    }
+}
+
+static KEPT: Mutex<Kept<Vec<Bucket>>> = Mutex::new(Kept::new());
+static KEPT_COLUMNS: Mutex<Kept<BucketColumns>> = Mutex::new(Kept::new());
 
 /// An empty buffer with room for at least `capacity` buckets: a kept one if there is one.
 pub fn take(capacity: usize) -> Vec<Bucket> {
-    let kept = {
-        let mut kept = KEPT.lock();
-        let buffer = kept.buffers.pop();
-        if let Some(b) = &buffer {
-            kept.bytes -= bytes_of(b);
-        }
-        buffer
-    };
-    let mut buffer = kept.unwrap_or_default();
+    let mut buffer = Kept::take(&KEPT);
     buffer.clear();
     buffer.reserve(capacity);
     buffer
@@ -46,15 +100,20 @@ pub fn take(capacity: usize) -> Vec<Bucket> {
 
 /// Hands `buffer` back for a later `take`, unless the kept buffers are at their bound.
 pub fn give(buffer: Vec<Bucket>) {
-    let size = bytes_of(&buffer);
-    if buffer.capacity() < KEPT_BUFFER_MIN {
-        return;
-    }
-    let mut kept = KEPT.lock();
-    if kept.bytes + size <= KEPT_BYTES_MAX {
-        kept.bytes += size;
-        kept.buffers.push(buffer);
-    }
+    Kept::give(&KEPT, buffer)
+}
+
+/// Empty columns holding `columns`, with room for `capacity` buckets: kept ones if there are.
+pub fn take_columns(columns: ColumnSet, capacity: usize) -> BucketColumns {
+    let mut buffer = Kept::take(&KEPT_COLUMNS);
+    buffer.reset(columns);
+    buffer.reserve(capacity);
+    buffer
+}
+
+/// Hands `columns` back for a later `take_columns`, unless the kept ones are at their bound.
+pub fn give_columns(columns: BucketColumns) {
+    Kept::give(&KEPT_COLUMNS, columns)
 }
 
 /// Bytes of capacity kept now (`strata_tsdb_rollup_bucket_buffers_bytes` in `/metrics`).
@@ -62,59 +121,10 @@ pub fn kept_bytes() -> usize {
     KEPT.lock().bytes + KEPT_COLUMNS.lock().bytes
 }
 
-/// The same for the columns tier reads decode into (`BucketColumns`), within the same bound.
-struct KeptColumns {
-    buffers: Vec<BucketColumns>,
-    bytes: usize,
-}
-
-static KEPT_COLUMNS: Mutex<KeptColumns> = Mutex::new(KeptColumns { buffers: Vec::new(), bytes: 0 });
-
-fn column_bytes(c: &BucketColumns) -> usize {
-    use std::mem::size_of_val;
-    let bytes = |len: usize, one: usize| len * one;
-    bytes(c.ends.capacity(), size_of_val(&0i64))
-        + bytes(c.counts.capacity() + c.changes.capacity() + c.resets.capacity(), size_of_val(&0u64))
-        + bytes(
-            c.sums.capacity() + c.mins.capacity() + c.maxs.capacity() + c.reset_corrections.capacity(),
-            size_of_val(&0f64),
-        )
-        + bytes(c.firsts.capacity() + c.lasts.capacity(), std::mem::size_of::<strata_model::Sample>())
-        + bytes(c.archives.capacity(), std::mem::size_of::<super::ArchiveValue>())
-}
-
-/// Empty columns holding `columns`, with room for `capacity` buckets: kept ones if there are.
-pub fn take_columns(columns: ColumnSet, capacity: usize) -> BucketColumns {
-    let kept = {
-        let mut kept = KEPT_COLUMNS.lock();
-        let buffer = kept.buffers.pop();
-        if let Some(b) = &buffer {
-            kept.bytes -= column_bytes(b);
-        }
-        buffer
-    };
-    let mut buffer = kept.unwrap_or_default();
-    buffer.reset(columns);
-    buffer.reserve(capacity);
-    buffer
-}
-
-/// Hands `columns` back for a later `take_columns`, unless the kept buffers are at their bound.
-pub fn give_columns(columns: BucketColumns) {
-    let size = column_bytes(&columns);
-    if columns.ends.capacity() < KEPT_BUFFER_MIN {
-        return;
-    }
-    let mut kept = KEPT_COLUMNS.lock();
-    if kept.bytes + size <= KEPT_BYTES_MAX {
-        kept.bytes += size;
-        kept.buffers.push(columns);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunkenc::rollup::Column;
 
     #[test]
     fn buffers_come_back_empty_and_the_kept_bytes_stay_bounded() {
@@ -131,6 +141,12 @@ mod tests {
         for _ in 0..10 {
             give(Vec::with_capacity(per));
         }
-        assert!(kept_bytes() <= KEPT_BYTES_MAX);
+        assert!(kept_bytes() <= 2 * KEPT_BYTES_MAX);
+        // Columns come back emptied, holding the columns asked for.
+        let mut c = take_columns(ColumnSet::ALL, 100);
+        c.push(&blank);
+        give_columns(c);
+        let again = take_columns(ColumnSet::of(&[Column::Max]), 10);
+        assert!(again.is_empty() && again.columns() == ColumnSet::of(&[Column::Max]) && again.is_consistent());
     }
 }
