@@ -1641,13 +1641,11 @@ async fn query_range(
     let params = eval_params(&st, &p)?;
     let cache = range_cache(&st, &p, &expr)?;
     evaluate(&st, q, &headers, params, move |engine, storage, cancel| match &cache {
-        // A query a rollup tier answers bypasses the cache: see `range_cache`.
-        Some(cache) if engine.planned_tier(storage, &expr, start, step).is_some() => {
-            cache.stats.bypassed.fetch_add(1, Ordering::Relaxed);
-            engine.range_with_cancel(storage, &expr, start, end, step, Some(cancel)).map(Into::into)
-        }
         Some(cache) => {
-            let key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
+            let mut key = query_cache::CacheKey::new(&expr, start, step, engine.opts.lookback_ms);
+            if let Some(tier) = engine.planned_tier(storage, &expr, start, step) {
+                key = key.from_tier(tier.interval_ms);
+            }
             let mut eval = |from| engine.range_with_cancel(storage, &expr, from, end, step, Some(cancel));
             let threads = storage.parallelism.max(1);
             query_cache::evaluate_range(cache, storage.db.changes(), key, start, end, now_ms(), threads, &mut eval)
@@ -1663,13 +1661,13 @@ async fn query_range(
 /// of its own start or end ([`query_cache::cacheable`]). Statistics asked for describe the work
 /// done: none for steps taken from the cache.
 ///
-/// A query the planner answers from a rollup tier (`Engine::planned_tier`, decided where the
-/// evaluation starts) bypasses the cache too: a tier's buckets may be rewritten at the last
-/// bit of a sum when rollup compaction combines the parts of a bucket that a block boundary
-/// cut, and the change log does not note that, so kept steps could differ from a fresh
-/// evaluation. Queries the planner reads raw (steps that are no multiple of a tier's interval,
-/// starts off its grid, functions tiers do not answer) are cached as on a server without
-/// tiers: the plan of a range's later steps is the whole range's.
+/// With rollup tiers, results are kept by the tier the planner answers the query from
+/// (`Engine::planned_tier`, raw data or a tier's interval, in the key): the plan depends on
+/// the start only through its alignment to the tiers' grid, which every later step of the
+/// range shares, so the steps a refresh evaluates are planned as the whole range was. A
+/// tier's kept steps are also cut back when its blocks change (rolled up, merged, dropped:
+/// a bucket's sum may change at its last bit), and a refresh whose new steps fall back to raw
+/// data raises other annotations than the kept ones and is evaluated whole.
 fn range_cache(
     st: &AppState,
     p: &Params,

@@ -28,7 +28,7 @@
 //! Each query (a 30-day dashboard at a 1 h step, `start` aligned to the step as Grafana sends
 //! it) runs once per server to warm up, then RUNS rounds, each asking every server in turn (the
 //! order rotating). The table shows the median wall time per request (HTTP, evaluation, JSON),
-//! what each read (raw samples, or the buckets the tier's info annotation reports), and the
+//! what each read (raw samples, or the buckets a tier answer's stats report), and the
 //! ratios; Strata's tier answer is checked against its raw answer (1e-9 relative). Then the
 //! disk: raw blocks, each tier, VictoriaMetrics' data directory.
 
@@ -246,12 +246,12 @@ fn matrix(body: &str) -> Vec<(String, Vec<(f64, f64)>)> {
     out
 }
 
+/// The buckets a tier answer read (its stats, asked with `stats=all`); `None` for an answer
+/// from raw samples (no tier info annotation).
 fn buckets_read(body: &str) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    v["infos"].as_array()?.iter().find_map(|i| {
-        let s = i.as_str()?;
-        s.split('(').nth(1)?.split(' ').next()?.parse().ok()
-    })
+    v["infos"].as_array()?.iter().find(|i| i.as_str().is_some_and(|s| s.contains("rollup tier")))?;
+    v["data"]["stats"]["samples"]["totalQueryableSamples"].as_u64()
 }
 
 fn main() {
@@ -401,7 +401,7 @@ fn main() {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
         let mut bodies: Vec<String> = vec![String::new(); servers.len()];
         for (k, (_, port, res)) in servers.iter().enumerate() {
-            let (status, body, _) = get(*port, &url(q, res));
+            let (status, body, _) = get(*port, &format!("{}&stats=all", url(q, res)));
             assert_eq!(status, 200, "{q}: {body}");
             bodies[k] = body;
         }

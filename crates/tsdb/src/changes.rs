@@ -38,6 +38,10 @@ pub struct Change {
     pub seq: u64,
     pub mint: i64,
     pub maxt: i64,
+    /// Only rollup tiers' blocks changed there (rolled up, merged, dropped): the samples did
+    /// not, but a bucket's sum may have changed at its last bit (parts of a bucket a block
+    /// boundary cut, combined in another order). Only readers of tiers care.
+    pub tiers_only: bool,
 }
 
 impl ChangeLog {
@@ -57,7 +61,18 @@ impl ChangeLog {
 
     /// The oldest time changed after change `seq` (`i64::MIN` when those changes are no longer
     /// all remembered); `None` when nothing changed since.
+    /// Changes to tiers' blocks alone (`Change::tiers_only`) are not counted: see
+    /// `changed_in_tiers_since`.
     pub fn changed_since(&self, seq: u64) -> Option<i64> {
+        self.changed(seq, false)
+    }
+
+    /// `changed_since` for a reader of rollup tiers: changes to tiers' blocks count too.
+    pub fn changed_in_tiers_since(&self, seq: u64) -> Option<i64> {
+        self.changed(seq, true)
+    }
+
+    fn changed(&self, seq: u64, tiers: bool) -> Option<i64> {
         if self.seq() <= seq {
             return None;
         }
@@ -65,7 +80,7 @@ impl ChangeLog {
         if seq < recent.forgotten_through {
             return Some(i64::MIN);
         }
-        recent.changes.iter().rev().take_while(|c| c.seq > seq).map(|c| c.mint).min()
+        recent.changes.iter().rev().take_while(|c| c.seq > seq).filter(|c| tiers || !c.tiers_only).map(|c| c.mint).min()
     }
 
     /// A commit wrote samples in `[mint, maxt]`: noted when it reaches behind the horizon.
@@ -84,6 +99,16 @@ impl ChangeLog {
 
     /// Data in `[mint, maxt]` changed (deleted, imported, removed by retention).
     pub(crate) fn note(&self, mint: i64, maxt: i64) {
+        self.push(mint, maxt, false);
+    }
+
+    /// A rollup tier's blocks over `[mint, maxt]` were replaced, added or removed (after the
+    /// swap: a reader that saw the old blocks has an older number).
+    pub(crate) fn note_tiers(&self, mint: i64, maxt: i64) {
+        self.push(mint, maxt, true);
+    }
+
+    fn push(&self, mint: i64, maxt: i64, tiers_only: bool) {
         debug_assert!(mint <= maxt, "a change covers a time range");
         let mut recent = self.recent.lock();
         // Numbered under the lock, so the log is in sequence order; published after it is in
@@ -93,7 +118,7 @@ impl ChangeLog {
             let dropped = recent.changes.pop_front().expect("full");
             recent.forgotten_through = dropped.seq;
         }
-        recent.changes.push_back(Change { seq, mint, maxt });
+        recent.changes.push_back(Change { seq, mint, maxt, tiers_only });
         self.seq.store(seq, Ordering::Release);
     }
 }
@@ -121,6 +146,18 @@ mod tests {
         log.note(5, 7);
         assert_eq!(log.changed_since(seen), Some(5));
         assert_eq!(log.changed_since(log.seq()), None);
+    }
+
+    #[test]
+    fn tier_changes_count_for_tier_readers_only() {
+        let log = ChangeLog::default();
+        let seen = log.seq();
+        log.note_tiers(100, 200);
+        assert_eq!(log.changed_since(seen), None);
+        assert_eq!(log.changed_in_tiers_since(seen), Some(100));
+        log.note(300, 400);
+        assert_eq!(log.changed_since(seen), Some(300));
+        assert_eq!(log.changed_in_tiers_since(seen), Some(100));
     }
 
     #[test]

@@ -401,10 +401,12 @@ impl Engine {
                 Err(e) => return Err(e),
                 Ok(value) => {
                     let buckets = ev.buckets_read.load(Ordering::Relaxed);
+                    // Without the count read (it is in the stats): the result cache compares
+                    // the annotations of the steps it kept with those of the steps it adds.
                     ev.info(
                         0,
                         format!(
-                            "answered from the {} rollup tier ({buckets} buckets read); max_source_resolution=raw reads raw samples",
+                            "answered from the {} rollup tier; max_source_resolution=raw reads raw samples",
                             strata_model::format_duration_ms(tier.interval_ms)
                         ),
                     );

@@ -2,7 +2,8 @@
 //! VictoriaMetrics' rollup result cache do for dashboards): a dashboard refreshing the same
 //! query with its window moved by a few steps evaluates only the steps it has not seen.
 //!
-//! A result is kept per query text, step, phase (start modulo step) and lookback, as the
+//! A result is kept per query text, step, phase (start modulo step), lookback and source
+//! (raw data or the rollup tier the planner reads, `CacheKey::tier_ms`), as the
 //! points of the steps at least `delay` behind the wall clock when it was evaluated (newer
 //! steps may still receive samples, so they are never kept). A later request with the same key
 //! whose start is not before the kept one takes the kept steps it covers and evaluates the
@@ -56,12 +57,22 @@ pub struct CacheKey {
     /// The start modulo the step: only results on the same grid combine.
     pub phase_ms: i64,
     pub lookback_ms: i64,
+    /// The interval of the rollup tier the planner answers the query from (0: raw data).
+    /// Results of different sources are never combined; those of a tier are cut back by
+    /// changes to the tier's blocks too (`ChangeLog::changed_in_tiers_since`).
+    pub tier_ms: i64,
 }
 
 impl CacheKey {
     pub fn new(expr: &Expr, start: i64, step_ms: i64, lookback_ms: i64) -> CacheKey {
         assert!(step_ms > 0, "a range query has a positive step");
-        CacheKey { query: expr.to_string(), step_ms, phase_ms: start.rem_euclid(step_ms), lookback_ms }
+        CacheKey { query: expr.to_string(), step_ms, phase_ms: start.rem_euclid(step_ms), lookback_ms, tier_ms: 0 }
+    }
+
+    /// The key of results the planner answers from the tier of `interval_ms`.
+    pub fn from_tier(self, interval_ms: i64) -> CacheKey {
+        assert!(interval_ms > 0, "a tier has a positive interval");
+        CacheKey { tier_ms: interval_ms, ..self }
     }
 }
 
@@ -99,8 +110,7 @@ pub struct CacheStats {
     pub partial_hits: AtomicU64,
     /// Cacheable requests with nothing kept for them.
     pub misses: AtomicU64,
-    /// Requests the cache could not serve (asked off, a query reading its own start or end,
-    /// rollup tiers).
+    /// Requests the cache could not serve (asked off, a query reading its own start or end).
     pub bypassed: AtomicU64,
     /// Results dropped to stay within the size.
     pub evictions: AtomicU64,
@@ -157,7 +167,9 @@ impl QueryCache {
         entry.used = clock;
         // The number first: a change made while looking is then seen next time.
         let seq = changes.seq();
-        if let Some(changed) = changes.changed_since(entry.seq) {
+        let changed =
+            if key.tier_ms > 0 { changes.changed_in_tiers_since(entry.seq) } else { changes.changed_since(entry.seq) };
+        if let Some(changed) = changed {
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
             if changed <= entry.first {
                 let gone = inner.entries.remove(key).expect("found above");

@@ -278,7 +278,7 @@ fn the_size_is_kept_by_dropping_the_least_recently_used() {
             (0..n as i64).map(|k| strata_promql::Point { t: k * STEP, f: 1.0 }).collect(),
         )]
     };
-    let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1 };
+    let key = |q: &str| CacheKey { query: q.into(), step_ms: STEP, phase_ms: 0, lookback_ms: 1, tier_ms: 0 };
     cache.put(key("a"), 0, 100 * STEP, now, 0, Arc::new(keep_series(&series(100), 1)), &[]);
     cache.put(key("b"), 0, 100 * STEP, now, 0, Arc::new(keep_series(&series(100), 1)), &[]);
     assert!(cache.get(&key("a"), 0, 100 * STEP, &log).is_some(), "a used last");

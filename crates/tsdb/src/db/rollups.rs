@@ -217,6 +217,23 @@ impl Db {
     }
 }
 
+impl Inner {
+    /// Replaces `remove` by `add` among tier `t`'s blocks, and notes the change of their time
+    /// range in the change log (after the swap), for readers that keep answers from tiers.
+    fn swap_tier(&self, t: &Tier, remove: &[Arc<Block>], add: Option<Arc<Block>>) {
+        let range = remove
+            .iter()
+            .chain(add.iter())
+            .map(|b| (b.meta().min_time, b.meta().max_time))
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+        swap_in(&t.blocks, remove, add);
+        if let Some((min, max)) = range {
+            // Block ranges are `[min, max)`.
+            self.head.changes.note_tiers(min, (max - 1).max(min));
+        }
+    }
+}
+
 /// Asks the CPU to bring every cache line of `bytes` closer (a hint: nothing is read).
 #[inline]
 fn prefetch(bytes: &[u8]) {
@@ -342,7 +359,7 @@ impl Inner {
             match merge_tier_blocks(&t.dir, t.spec.meta(), &inputs) {
                 Ok(meta) => {
                     let block = meta.map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m)));
-                    swap_in(&t.blocks, &inputs, block);
+                    self.swap_tier(t, &inputs, block);
                     self.stats.rollup_compactions.fetch_add(1, Ordering::Relaxed);
                     for r in &inputs {
                         if let Err(e) = self.delete_unlisted_from(&t.blocks, r) {
@@ -391,7 +408,7 @@ impl Inner {
     /// of both sides, combined), and dropping it first keeps a crash from leaving both `c` and
     /// a newer rollup of the same samples.
     fn drop_coarse(&self, t: &Tier, c: &Arc<Block>, because: &Block) -> Result<()> {
-        swap_in(&t.blocks, std::slice::from_ref(c), None);
+        self.swap_tier(t, std::slice::from_ref(c), None);
         self.stats.rollup_coarse_blocks_dropped.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             tier = %t.spec, ulid = c.ulid(), raw = because.ulid(),
@@ -422,7 +439,7 @@ impl Inner {
                 .cloned()
                 .collect();
             let block = Arc::new(Block::written(&self.fs, &t.dir.join(&meta.ulid), meta));
-            swap_in(&t.blocks, &replaced, Some(block));
+            self.swap_tier(t, &replaced, Some(block));
             self.stats.rollup_blocks_written.fetch_add(1, Ordering::Relaxed);
             for r in &replaced {
                 self.delete_unlisted_from(&t.blocks, r)?;
@@ -479,7 +496,7 @@ impl Inner {
             let replaced: Vec<Arc<Block>> =
                 listed.iter().filter(|b| !kept.iter().any(|k| Arc::ptr_eq(k, b))).cloned().collect();
             if !replaced.is_empty() {
-                swap_in(&t.blocks, &replaced, None);
+                self.swap_tier(t, &replaced, None);
                 for b in &replaced {
                     self.delete_unlisted_from(&t.blocks, b)?;
                 }
@@ -517,7 +534,7 @@ impl Inner {
             }
         })?;
         let out = meta.as_ref().map(|m| Arc::new(Block::written(&self.fs, &t.dir.join(&m.ulid), m.clone())));
-        swap_in(&t.blocks, group, out);
+        self.swap_tier(t, group, out);
         for b in group {
             self.delete_unlisted_from(&t.blocks, b)?;
         }
@@ -586,7 +603,7 @@ impl Inner {
             if doomed.is_empty() {
                 continue;
             }
-            swap_in(&t.blocks, &doomed, None);
+            self.swap_tier(t, &doomed, None);
             for b in &doomed {
                 tracing::info!(tier = %t.spec, ulid = b.ulid(), min_time = b.meta().min_time, max_time = b.meta().max_time, "rollup retention deletes block");
                 self.delete_unlisted_from(&t.blocks, b)?;

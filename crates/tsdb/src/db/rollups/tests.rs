@@ -443,3 +443,22 @@ fn coarse_tier_blocks_over_remaining_raw_blocks_answer_as_the_samples_do() {
     }
     assert!(!coarse(&db).is_empty(), "newer coarse blocks");
 }
+
+/// Rolling up, merging and dropping tier blocks notes their ranges in the change log for
+/// readers of tiers (a result cache keeping answers from tiers), not for readers of samples.
+#[test]
+fn tier_block_changes_are_noted_for_tier_readers_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let db = Db::open(tmp.path(), opts(0, &TIERS)).unwrap();
+    let seen = db.changes().seq();
+    run(&db, &mut model, 0, 10 * MIN);
+    assert!(db.stats().rollup_blocks_written.load(Ordering::Relaxed) > 0);
+    let oldest = db.status(1).unwrap().tiers.iter().map(|t| t.blocks[0].min_time).min().unwrap();
+    assert_eq!(db.changes().changed_in_tiers_since(seen), Some(oldest));
+    assert_eq!(db.changes().changed_since(seen), None, "no sample changed");
+    let later = db.changes().seq();
+    run(&db, &mut model, 10 * MIN, 20 * MIN);
+    let changed = db.changes().changed_in_tiers_since(later).expect("newer blocks rolled up");
+    assert!(changed >= 5 * MIN, "only the newer blocks' ranges: {changed}");
+}
