@@ -276,8 +276,29 @@ enum Window<'a> {
 /// dashboard's usual shape) is passed as its index, to be read from the columns; a window of
 /// several is combined as whole buckets (`Bucket::append`, or `append_totals` without
 /// `reads_ends`). Inlined into each caller, so that what `f` computes is not chosen per step.
+/// The dashboard's shape (`step_per_bucket`) skips the walk.
 #[inline(always)]
 fn for_windows(
+    buckets: &BucketColumns,
+    ctx: &Ctx,
+    spec: &RangeSpec,
+    reads_ends: bool,
+    mut f: impl FnMut(usize, i64, Window<'_>),
+) {
+    if let Some((run, first_step)) = step_per_bucket(buckets, ctx, spec) {
+        let skipped = run.start;
+        for k in run {
+            let i = first_step + (k - skipped);
+            f(i, spec.end_at(ctx.ts(i)), Window::One(k));
+        }
+        return;
+    }
+    walk_windows(buckets, ctx, spec, reads_ends, f);
+}
+
+/// `for_windows` for any shape: each step's window found by walking the bucket ends.
+#[inline(always)]
+fn walk_windows(
     buckets: &BucketColumns,
     ctx: &Ctx,
     spec: &RangeSpec,
@@ -313,6 +334,39 @@ fn for_windows(
         };
         f(i, end, w);
     }
+}
+
+/// When each step's window is one bucket of the series and each bucket one step's window (the
+/// range is the step, and the buckets, one step apart without gaps, end where the windows
+/// end: a dashboard's panel over the tier of its step), the buckets that fall in the query's
+/// steps and the step of the first of them: bucket `k` answers step `first_step + (k -
+/// run.start)`, and the steps before and after the run have no bucket. `None` for any other
+/// shape (gaps, `@`, ranges over several buckets), which `for_windows` walks.
+fn step_per_bucket(buckets: &BucketColumns, ctx: &Ctx, spec: &RangeSpec) -> Option<(std::ops::Range<usize>, usize)> {
+    let ends = buckets.ends();
+    let (&first, &last) = (ends.first()?, ends.last()?);
+    let step = ctx.step;
+    if spec.at.is_some() || ctx.n < 2 || step <= 0 || spec.range != step {
+        return None;
+    }
+    let len = ends.len() as i64;
+    // A pass of subtractions (the span alone would not do: with the step a multiple of the
+    // interval, ends one and three intervals apart span two steps).
+    if last - first != (len - 1) * step || ends.windows(2).any(|w| w[1] - w[0] != step) {
+        return None;
+    }
+    let from = first - spec.end_at(ctx.start);
+    if from.rem_euclid(step) != 0 {
+        return None;
+    }
+    // The step whose window is the first bucket: before the first step or past the last for
+    // buckets outside the query's range.
+    let step_of_first = from.div_euclid(step);
+    let run = (-step_of_first).clamp(0, len)..(ctx.n as i64 - step_of_first).clamp(0, len);
+    if run.is_empty() {
+        return Some((0..0, 0));
+    }
+    Some((run.start as usize..run.end as usize, (step_of_first + run.start) as usize))
 }
 
 /// Room for the points a series' buckets can give (`Ctx::points_capacity` for buckets): sized
@@ -442,7 +496,16 @@ impl WindowFn {
             points: &mut Vec<Point>,
             value: impl Fn(&BucketColumns, Window<'_>) -> f64,
         ) {
-            for_windows(buckets, ctx, spec, reads_ends, |i, _, w| {
+            if let Some((run, first_step)) = step_per_bucket(buckets, ctx, spec) {
+                // One extend of a known length: no window walk, and the vector's length kept
+                // in a register rather than stored back at every push.
+                let skipped = run.start;
+                points.extend(
+                    run.map(|k| Point { t: ctx.ts(first_step + (k - skipped)), f: value(buckets, Window::One(k)) }),
+                );
+                return;
+            }
+            walk_windows(buckets, ctx, spec, reads_ends, |i, _, w| {
                 points.push(Point { t: ctx.ts(i), f: value(buckets, w) })
             })
         }

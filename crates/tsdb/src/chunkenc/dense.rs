@@ -823,6 +823,12 @@ pub(super) trait ValueSink {
     /// Takes the chunk's values in order, with its timestamps (`times`: empty when they were
     /// skipped, else one per value).
     fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>);
+    /// `extend` with values that are whole numbers, as read (a decimal chunk of exponent 0):
+    /// a sink of counts takes them as they are, without a trip through `f64` and back.
+    #[inline(always)]
+    fn extend_ints(&mut self, times: &[i64], ints: &[i64]) {
+        self.extend(times, ints.iter().map(|&i| i as f64));
+    }
     /// Replaces the `j`-th value taken (an exception: a value stored as its raw bits).
     fn patch(&mut self, j: usize, v: f64);
 }
@@ -874,7 +880,7 @@ fn read_values(
             read_ints(r, data, n, ints)?;
             let p = POW10[e];
             if e == 0 {
-                sink.extend(times, ints.iter().map(|&i| i as f64));
+                sink.extend_ints(times, ints);
             } else {
                 sink.extend(times, ints.iter().map(|&i| i as f64 / p));
             }

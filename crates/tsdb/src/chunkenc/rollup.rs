@@ -220,6 +220,13 @@ fn count_bits(v: f64) -> i64 {
     v as i64
 }
 
+/// Whether the whole number `i` is a count, as `is_count` of it as a float: `i` converts to
+/// a float exactly below 2^53, and from there on is no count either way.
+#[inline(always)]
+fn is_count_int(i: i64) -> bool {
+    (0..1 << 53).contains(&i)
+}
+
 /// Whether `v` is a count (`count_of`), as a flag: folded over a whole column, the check does
 /// not stop at the first value that is not (which only damage has) and stays out of the way of
 /// the loop around it.
@@ -245,6 +252,17 @@ impl ValueSink for NewBuckets<'_> {
         self.counts.extend(values.map(|v| {
             whole &= is_count(v);
             count_bits(v) as u64
+        }));
+        self.whole &= whole;
+    }
+
+    #[inline(always)]
+    fn extend_ints(&mut self, times: &[i64], ints: &[i64]) {
+        let mut whole = true;
+        self.ends.extend_from_slice(times);
+        self.counts.extend(ints.iter().map(|&i| {
+            whole &= is_count_int(i);
+            i as u64
         }));
         self.whole &= whole;
     }
@@ -303,6 +321,16 @@ impl ValueSink for PushCounts<'_> {
         self.out.extend(values.map(|v| {
             whole &= is_count(v);
             count_bits(v) as u64
+        }));
+        self.whole &= whole;
+    }
+
+    #[inline(always)]
+    fn extend_ints(&mut self, _times: &[i64], ints: &[i64]) {
+        let mut whole = true;
+        self.out.extend(ints.iter().map(|&i| {
+            whole &= is_count_int(i);
+            i as u64
         }));
         self.whole &= whole;
     }
@@ -932,7 +960,7 @@ mod tests {
     }
 
     /// A count, changes or resets column holding a value that is no count (a fraction, a
-    /// negative, NaN; anywhere in the chunk) is damage, and nothing of the chunk is kept.
+    /// negative, NaN, 2^53; anywhere in the chunk) is damage, and nothing of the chunk is kept.
     #[test]
     fn counts_that_are_no_counts_are_damage() {
         let samples: Vec<Sample> =
@@ -955,7 +983,8 @@ mod tests {
         assert_eq!(out.len(), buckets.len());
         for column in [Column::Count, Column::Changes, Column::Resets] {
             for at in [0, buckets.len() / 2, buckets.len() - 1] {
-                for v in [2.5, -1.0, f64::NAN] {
+                // 2^53: a whole number, read as an integer, past what a count holds.
+                for v in [2.5, -1.0, f64::NAN, 9_007_199_254_740_992.0] {
                     let mut out = vec![buckets[0]];
                     let err = decode(&chunk_with(Some((column, at, v))), ColumnSet::ALL, &mut out).unwrap_err();
                     assert!(err.to_string().contains("no count"), "{column:?} {at} {v}: {err}");

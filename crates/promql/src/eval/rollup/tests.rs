@@ -227,3 +227,56 @@ fn the_planner_reads_raw_data_when_no_tier_fits() {
     assert!(!at_most(SourceResolution::Raw).annotations.iter().any(|a| a.msg.contains("rollup tier")));
     assert!(at_most(SourceResolution::AtMost(MIN)).annotations.iter().any(|a| a.msg.contains("the 1m rollup tier")));
 }
+
+proptest! {
+    #![proptest_config(Config { cases: 2000, failure_persistence: None, ..Config::default() })]
+
+    /// Where `step_per_bucket` finds the dashboard shape, its steps and buckets are exactly
+    /// the one-bucket windows `walk_windows` finds, and that walk finds no window of several
+    /// buckets; where it does not, the shape is not there.
+    #[test]
+    fn steps_per_bucket_are_the_windows_walked(
+        interval in prop::sample::select(vec![1_000i64, 3_000]),
+        first_bucket in -6i64..30,
+        gaps in proptest::collection::vec(prop::sample::select(vec![1i64, 1, 1, 1, 2, 3]), 0..30),
+        start in -8i64..40,
+        step in 1i64..4,
+        n in 1usize..40,
+        range in 1i64..4,
+        offset in -3i64..4,
+        at in proptest::option::weighted(0.1, -5i64..40),
+    ) {
+        use strata_tsdb::chunkenc::rollup::ColumnSet;
+        use strata_tsdb::rollup::{Bucket, BucketColumns};
+        use super::{step_per_bucket, walk_windows, Window};
+        use crate::ast::RangeMode;
+        use crate::eval::{Ctx, RangeSpec};
+
+        let mut buckets = BucketColumns::new(ColumnSet::of(&[]));
+        let mut end = first_bucket * interval;
+        for gap in gaps {
+            end += gap * interval;
+            let sample = strata_model::Sample { t: end, v: 1.0 };
+            buckets.push(&Bucket::ending(sample, end));
+        }
+        let ctx = Ctx { start: start * interval, step: step * interval, n };
+        let spec = RangeSpec { range: range * interval, offset: offset * interval, at: at.map(|a| a * interval), mode: RangeMode::Plain };
+        let mut walked = Vec::new();
+        let mut several = false;
+        walk_windows(&buckets, &ctx, &spec, false, |i, _, w| match w {
+            Window::One(k) => walked.push((i, k)),
+            Window::Many(_) => several = true,
+        });
+        if let Some((run, first_step)) = step_per_bucket(&buckets, &ctx, &spec) {
+            prop_assert!(!several);
+            let found: Vec<(usize, usize)> = run.clone().map(|k| (first_step + (k - run.start), k)).collect();
+            prop_assert_eq!(found, walked);
+        } else {
+            // Not found where it applies: contiguous buckets on the windows' grid.
+            let applies = at.is_none() && n > 1 && range == step && !buckets.ends().is_empty()
+                && buckets.ends().windows(2).all(|w| w[1] - w[0] == ctx.step)
+                && (buckets.ends()[0] - spec.end_at(ctx.start)).rem_euclid(ctx.step) == 0;
+            prop_assert!(!applies);
+        }
+    }
+}
