@@ -275,30 +275,11 @@ enum Window<'a> {
 /// window holds a bucket. A window of one bucket (the step and range of the tier's interval, a
 /// dashboard's usual shape) is passed as its index, to be read from the columns; a window of
 /// several is combined as whole buckets (`Bucket::append`, or `append_totals` without
-/// `reads_ends`). Inlined into each caller, so that what `f` computes is not chosen per step.
-/// The dashboard's shape (`step_per_bucket`) skips the walk.
+/// `reads_ends`). Inlined into each caller, so that what `f` computes is not chosen per step
+/// (and so called from this one place: with a second call site, the rate's closure was no
+/// longer inlined but called per bucket).
 #[inline(always)]
 fn for_windows(
-    buckets: &BucketColumns,
-    ctx: &Ctx,
-    spec: &RangeSpec,
-    reads_ends: bool,
-    mut f: impl FnMut(usize, i64, Window<'_>),
-) {
-    if let Some((run, first_step)) = step_per_bucket(buckets, ctx, spec) {
-        let skipped = run.start;
-        for k in run {
-            let i = first_step + (k - skipped);
-            f(i, spec.end_at(ctx.ts(i)), Window::One(k));
-        }
-        return;
-    }
-    walk_windows(buckets, ctx, spec, reads_ends, f);
-}
-
-/// `for_windows` for any shape: each step's window found by walking the bucket ends.
-#[inline(always)]
-fn walk_windows(
     buckets: &BucketColumns,
     ctx: &Ctx,
     spec: &RangeSpec,
@@ -505,7 +486,7 @@ impl WindowFn {
                 );
                 return;
             }
-            walk_windows(buckets, ctx, spec, reads_ends, |i, _, w| {
+            for_windows(buckets, ctx, spec, reads_ends, |i, _, w| {
                 points.push(Point { t: ctx.ts(i), f: value(buckets, w) })
             })
         }

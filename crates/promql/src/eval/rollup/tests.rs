@@ -232,7 +232,7 @@ proptest! {
     #![proptest_config(Config { cases: 2000, failure_persistence: None, ..Config::default() })]
 
     /// Where `step_per_bucket` finds the dashboard shape, its steps and buckets are exactly
-    /// the one-bucket windows `walk_windows` finds, and that walk finds no window of several
+    /// the one-bucket windows `for_windows` walks, and that walk finds no window of several
     /// buckets; where it does not, the shape is not there.
     #[test]
     fn steps_per_bucket_are_the_windows_walked(
@@ -248,7 +248,7 @@ proptest! {
     ) {
         use strata_tsdb::chunkenc::rollup::ColumnSet;
         use strata_tsdb::rollup::{Bucket, BucketColumns};
-        use super::{step_per_bucket, walk_windows, Window};
+        use super::{for_windows, step_per_bucket, Window};
         use crate::ast::RangeMode;
         use crate::eval::{Ctx, RangeSpec};
 
@@ -263,7 +263,7 @@ proptest! {
         let spec = RangeSpec { range: range * interval, offset: offset * interval, at: at.map(|a| a * interval), mode: RangeMode::Plain };
         let mut walked = Vec::new();
         let mut several = false;
-        walk_windows(&buckets, &ctx, &spec, false, |i, _, w| match w {
+        for_windows(&buckets, &ctx, &spec, false, |i, _, w| match w {
             Window::One(k) => walked.push((i, k)),
             Window::Many(_) => several = true,
         });
