@@ -23,8 +23,10 @@ pub struct Node<'a> {
 impl Node<'_> {
     /// The last component (`dc1`), the node's name in graphite-web's answers.
     pub fn name(&self) -> &str {
-        // Bytes, not `rsplit('.')`: its char searcher compares each candidate with `memcmp`.
-        match self.path.as_bytes().iter().rposition(|&b| b == b'.') {
+        // `memrchr`, not `rsplit('.')` (its char searcher compares each candidate with `memcmp`)
+        // nor a byte loop (a find of ten thousand nodes asks twice per node: sorted by name,
+        // then written).
+        match memchr::memrchr(b'.', self.path.as_bytes()) {
             Some(dot) => &self.path[dot + 1..],
             None => &self.path,
         }
