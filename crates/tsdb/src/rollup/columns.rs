@@ -59,6 +59,22 @@ macro_rules! each_column {
     }};
 }
 
+/// Calls `$m!(vector, Column, Bucket field)` for every column held only when asked for (all
+/// but the ends and counts): the one list of them, for the methods that treat each alike.
+macro_rules! optional_columns {
+    ($m:ident) => {
+        $m!(sums, Sum, sum);
+        $m!(mins, Min, min);
+        $m!(maxs, Max, max);
+        $m!(firsts, First, first);
+        $m!(lasts, Last, last);
+        $m!(reset_corrections, ResetCorrection, reset_correction);
+        $m!(changes, Changes, changes);
+        $m!(resets, Resets, resets);
+        $m!(archives, ArchiveState, archive);
+    };
+}
+
 impl BucketColumns {
     /// No buckets, holding `columns` (and the ends and counts).
     pub fn new(columns: ColumnSet) -> BucketColumns {
@@ -97,33 +113,14 @@ impl BucketColumns {
         self.ends.reserve(n);
         self.counts.reserve(n);
         let c = self.columns;
-        if c.has(Column::Sum) {
-            self.sums.reserve(n);
+        macro_rules! reserve {
+            ($field:ident, $column:ident, $aggregate:ident) => {
+                if c.has(Column::$column) {
+                    self.$field.reserve(n);
+                }
+            };
         }
-        if c.has(Column::Min) {
-            self.mins.reserve(n);
-        }
-        if c.has(Column::Max) {
-            self.maxs.reserve(n);
-        }
-        if c.has(Column::First) {
-            self.firsts.reserve(n);
-        }
-        if c.has(Column::Last) {
-            self.lasts.reserve(n);
-        }
-        if c.has(Column::ResetCorrection) {
-            self.reset_corrections.reserve(n);
-        }
-        if c.has(Column::Changes) {
-            self.changes.reserve(n);
-        }
-        if c.has(Column::Resets) {
-            self.resets.reserve(n);
-        }
-        if c.has(Column::ArchiveState) {
-            self.archives.reserve(n);
-        }
+        optional_columns!(reserve);
     }
 
     pub fn columns(&self) -> ColumnSet {
@@ -228,33 +225,14 @@ impl BucketColumns {
         let c = self.columns;
         self.ends.push(b.end);
         self.counts.push(b.count);
-        if c.has(Column::Sum) {
-            self.sums.push(b.sum);
+        macro_rules! push {
+            ($field:ident, $column:ident, $aggregate:ident) => {
+                if c.has(Column::$column) {
+                    self.$field.push(b.$aggregate);
+                }
+            };
         }
-        if c.has(Column::Min) {
-            self.mins.push(b.min);
-        }
-        if c.has(Column::Max) {
-            self.maxs.push(b.max);
-        }
-        if c.has(Column::First) {
-            self.firsts.push(b.first);
-        }
-        if c.has(Column::Last) {
-            self.lasts.push(b.last);
-        }
-        if c.has(Column::ResetCorrection) {
-            self.reset_corrections.push(b.reset_correction);
-        }
-        if c.has(Column::Changes) {
-            self.changes.push(b.changes);
-        }
-        if c.has(Column::Resets) {
-            self.resets.push(b.resets);
-        }
-        if c.has(Column::ArchiveState) {
-            self.archives.push(b.archive);
-        }
+        optional_columns!(push);
     }
 
     pub fn extend_from_buckets(&mut self, buckets: &[Bucket]) {
@@ -345,17 +323,14 @@ impl BucketColumns {
     pub fn is_consistent(&self) -> bool {
         let n = self.len();
         let c = self.columns;
-        let ok = |held: bool, len: usize| if held { len == n } else { len == 0 };
-        ok(true, self.counts.len())
-            && ok(c.has(Column::Sum), self.sums.len())
-            && ok(c.has(Column::Min), self.mins.len())
-            && ok(c.has(Column::Max), self.maxs.len())
-            && ok(c.has(Column::First), self.firsts.len())
-            && ok(c.has(Column::Last), self.lasts.len())
-            && ok(c.has(Column::ResetCorrection), self.reset_corrections.len())
-            && ok(c.has(Column::Changes), self.changes.len())
-            && ok(c.has(Column::Resets), self.resets.len())
-            && ok(c.has(Column::ArchiveState), self.archives.len())
+        let mut ok = self.counts.len() == n;
+        macro_rules! check {
+            ($field:ident, $column:ident, $aggregate:ident) => {
+                ok &= self.$field.len() == if c.has(Column::$column) { n } else { 0 };
+            };
+        }
+        optional_columns!(check);
+        ok
     }
 }
 
@@ -388,6 +363,14 @@ mod tests {
         for (k, b) in maxima.iter().enumerate() {
             assert_eq!((b.end, b.count, b.max, b.sum), (buckets[k].end, buckets[k].count, buckets[k].max, 0.0));
         }
+        // A column not held that holds something, or a held one out of step, breaks the
+        // invariant.
+        let mut stray = maxima.clone();
+        stray.sums.push(1.0);
+        assert!(!stray.is_consistent());
+        let mut short = maxima.clone();
+        short.maxs.pop();
+        assert!(!short.is_consistent());
         let lasts = BucketColumns::from_buckets(&buckets, ColumnSet::of(&[Column::Last]));
         assert!(lasts.iter().zip(&buckets).all(|(b, w)| b.first == w.last && b.last == w.last));
         assert_eq!(lasts.firsts(), lasts.lasts());
