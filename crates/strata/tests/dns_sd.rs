@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{free_port, http, which, Server};
+use support::{free_port, http, sample_value, which, Server};
 
 struct Dnsmasq(Child);
 
@@ -85,10 +85,7 @@ fn wait_until(what: &str, srv: &Server, mut cond: impl FnMut(&BTreeMap<String, V
 
 fn errors_counted(port: u16) -> f64 {
     let (_, m) = http(port, "GET", "/metrics", &[], b"");
-    m.lines()
-        .find_map(|l| l.strip_prefix("strata_sd_file_read_errors_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    sample_value(&m, "strata_sd_file_read_errors_total").unwrap_or(0.0)
 }
 
 #[test]

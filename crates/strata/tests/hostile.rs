@@ -142,11 +142,7 @@ fn slow_oversized_and_idle_connections_cannot_exhaust_the_server() {
     answers(p);
     let (_, metrics) = http(p, "GET", "/metrics", &[], b"");
     assert!(metrics.contains("strata_http_connections_max 64"), "{metrics}");
-    let failed: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("strata_http_connections_failed_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
+    let failed = sample_value(&metrics, "strata_http_connections_failed_total").unwrap();
     assert!(failed >= 50.0, "timed-out connections are counted: {failed}");
 }
 

@@ -8,7 +8,7 @@ mod support;
 use std::io::Write;
 use std::process::Command;
 
-use support::{http, Server};
+use support::{http, sample_value, Server};
 
 const HOUR_S: i64 = 3600;
 
@@ -184,13 +184,8 @@ fn dashboards_read_rollup_tiers_and_answer_as_raw_data_does() {
 fn range_queries_are_cached_beside_tiers(port: u16, start: i64, end: i64) {
     let count = |result: &str| -> f64 {
         let (_, metrics) = http(port, "GET", "/metrics", &[], b"");
-        let line = format!("strata_query_cache_requests_total{{result=\"{result}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .unwrap_or_else(|| panic!("{line}: {metrics}"))
-            .parse()
-            .unwrap()
+        let series = format!("strata_query_cache_requests_total{{result=\"{result}\"}}");
+        sample_value(&metrics, &series).unwrap_or_else(|| panic!("{series}: {metrics}"))
     };
     // Two hours back: every step older than the cache's delay (steps newer are not kept,
     // and a second request would be a partial hit).
@@ -344,10 +339,7 @@ fn graphite_renders_read_the_tiers_of_their_retention_schema_as_whisper_would() 
     let server = Server::start(&dir, &flags);
     check(server.port);
     let (_, metrics) = http(server.port, "GET", "/metrics", &[], b"");
-    let tier_reads = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("strata_graphite_render_series_tier_total ")?.parse::<f64>().ok())
-        .unwrap();
+    let tier_reads = sample_value(&metrics, "strata_graphite_render_series_tier_total").unwrap();
     assert_eq!(tier_reads, 6.0, "{metrics}");
     assert!(metrics.contains("strata_graphite_render_tier_archive_missing_total 0\n"), "{metrics}");
     drop(server);

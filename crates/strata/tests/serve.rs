@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{http, now_ms, remote_write_body, Server};
+use support::{http, now_ms, remote_write_body, sample_value, Server};
 
 #[test]
 fn written_samples_are_queryable_and_survive_sigkill_and_graceful_restarts() {
@@ -824,13 +824,8 @@ fn range_results_are_cached_and_stay_exact() {
     check(end - 1_800_000 + 30_000, end + 30_000);
     let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
     let count = |result: &str| -> f64 {
-        let line = format!("strata_query_cache_requests_total{{result=\"{result}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .unwrap_or_else(|| panic!("{line}: {metrics}"))
-            .parse()
-            .unwrap()
+        let series = format!("strata_query_cache_requests_total{{result=\"{result}\"}}");
+        sample_value(&metrics, &series).unwrap_or_else(|| panic!("{series}: {metrics}"))
     };
     assert!(count("hit") >= 1.0 && count("partial") >= 1.0, "{metrics}");
     assert_eq!(count("bypass"), 5.0, "the nocache=1 requests");
@@ -1055,10 +1050,10 @@ fn a_query_whose_client_goes_away_is_canceled() {
     drop(conn);
     let canceled = || {
         let (_, metrics) = http(srv.port, "GET", "/metrics", &[], b"");
-        metrics.lines().find_map(|l| l.strip_prefix("strata_engine_queries_canceled_total ")).map(str::to_owned)
+        sample_value(&metrics, "strata_engine_queries_canceled_total")
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while canceled().as_deref() != Some("1") {
+    while canceled() != Some(1.0) {
         assert!(std::time::Instant::now() < deadline, "the query ran on after its client left: {:?}", canceled());
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The value of the sample whose series is exactly `series` (a name, with its labels as the
+/// exposition writes them) in `/metrics` text; `None` when there is none.
+pub fn sample_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
