@@ -220,11 +220,17 @@ fn count_bits(v: f64) -> i64 {
     v as i64
 }
 
-/// Whether the whole number `i` is a count, as `is_count` of it as a float: `i` converts to
-/// a float exactly below 2^53, and from there on is no count either way.
+/// Appends the whole numbers `ints` to `out` as counts; false if any is no count: the check
+/// `is_count` makes of a float, for the float `i` converts to exactly below 2^53 (from there
+/// on it is no count either way).
 #[inline(always)]
-fn is_count_int(i: i64) -> bool {
-    (0..1 << 53).contains(&i)
+fn push_int_counts(out: &mut Vec<u64>, ints: &[i64]) -> bool {
+    let mut whole = true;
+    out.extend(ints.iter().map(|&i| {
+        whole &= (0..1 << 53).contains(&i);
+        i as u64
+    }));
+    whole
 }
 
 /// Whether `v` is a count (`count_of`), as a flag: folded over a whole column, the check does
@@ -258,13 +264,8 @@ impl ValueSink for NewBuckets<'_> {
 
     #[inline(always)]
     fn extend_ints(&mut self, times: &[i64], ints: &[i64]) {
-        let mut whole = true;
         self.ends.extend_from_slice(times);
-        self.counts.extend(ints.iter().map(|&i| {
-            whole &= is_count_int(i);
-            i as u64
-        }));
-        self.whole &= whole;
+        self.whole &= push_int_counts(self.counts, ints);
     }
 
     fn patch(&mut self, j: usize, v: f64) {
@@ -327,12 +328,7 @@ impl ValueSink for PushCounts<'_> {
 
     #[inline(always)]
     fn extend_ints(&mut self, _times: &[i64], ints: &[i64]) {
-        let mut whole = true;
-        self.out.extend(ints.iter().map(|&i| {
-            whole &= is_count_int(i);
-            i as u64
-        }));
-        self.whole &= whole;
+        self.whole &= push_int_counts(self.out, ints);
     }
 
     fn patch(&mut self, j: usize, v: f64) {
@@ -983,7 +979,8 @@ mod tests {
         assert_eq!(out.len(), buckets.len());
         for column in [Column::Count, Column::Changes, Column::Resets] {
             for at in [0, buckets.len() / 2, buckets.len() - 1] {
-                // 2^53: a whole number, read as an integer, past what a count holds.
+                // -1 is read as a whole number (`push_int_counts`), the others as floats (2^53
+                // is past what a decimal column holds: its raw bits, patched in).
                 for v in [2.5, -1.0, f64::NAN, 9_007_199_254_740_992.0] {
                     let mut out = vec![buckets[0]];
                     let err = decode(&chunk_with(Some((column, at, v))), ColumnSet::ALL, &mut out).unwrap_err();
