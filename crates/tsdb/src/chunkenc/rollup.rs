@@ -242,35 +242,27 @@ fn is_count(v: f64) -> bool {
 }
 
 /// The count column, which makes the buckets: each one's end (the column's timestamps) and
-/// count.
+/// count (taken as the changes and resets columns take theirs).
 struct NewBuckets<'a> {
     ends: &'a mut Vec<i64>,
-    counts: &'a mut Vec<u64>,
-    start: usize,
-    whole: bool,
+    counts: PushCounts<'a>,
 }
 
 impl ValueSink for NewBuckets<'_> {
     #[inline(always)]
     fn extend(&mut self, times: &[i64], values: impl Iterator<Item = f64>) {
-        let mut whole = true;
         self.ends.extend_from_slice(times);
-        self.counts.extend(values.map(|v| {
-            whole &= is_count(v);
-            count_bits(v) as u64
-        }));
-        self.whole &= whole;
+        self.counts.extend(times, values);
     }
 
     #[inline(always)]
     fn extend_ints(&mut self, times: &[i64], ints: &[i64]) {
         self.ends.extend_from_slice(times);
-        self.whole &= push_int_counts(self.counts, ints);
+        self.counts.extend_ints(times, ints);
     }
 
     fn patch(&mut self, j: usize, v: f64) {
-        self.whole &= is_count(v);
-        self.counts[self.start + j] = count_bits(v) as u64;
+        self.counts.patch(j, v);
     }
 }
 
@@ -551,9 +543,10 @@ fn decode_columns_at(
         // Each column is decoded straight into its vector, one loop per column.
         match c {
             Column::Count => {
-                let mut sink = NewBuckets { ends: &mut out.ends, counts: &mut out.counts, start, whole: true };
+                let counts = PushCounts { out: &mut out.counts, start, whole: true };
+                let mut sink = NewBuckets { ends: &mut out.ends, counts };
                 ends = (column, dense::decode_into(column, &mut sink).map_err(damaged)?);
-                if !sink.whole {
+                if !sink.counts.whole {
                     return Err(no_count(c));
                 }
                 if out.ends.len() - start != n || out.counts.len() - start != n {
