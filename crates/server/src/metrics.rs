@@ -628,6 +628,12 @@ fn render_db(o: &mut String, db: &Db) {
                 "counter",
                 load(&d.rollup_coarse_blocks_dropped),
             ),
+            (
+                "strata_tsdb_rollup_raw_blocks_read_total",
+                "Raw blocks that rollup tier reads aggregated sample by sample (not rolled up yet, or overlapped by late samples).",
+                "counter",
+                load(&d.rollup_raw_blocks_read),
+            ),
         ],
     );
     render_tiers(o, &db.tier_status());

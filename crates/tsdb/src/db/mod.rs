@@ -112,6 +112,10 @@ pub struct DbStats {
     /// Coarse tier blocks (merged while their raw blocks remain) dropped so that their raw
     /// blocks are rolled up again one by one: late data reached one, or retention deletes one.
     pub rollup_coarse_blocks_dropped: AtomicU64,
+    /// Raw blocks that tier reads aggregated sample by sample: not rolled up yet, or
+    /// overlapped by late samples of the series read (a block read so by every query that
+    /// reaches it is a tier read's slow path).
+    pub rollup_raw_blocks_read: AtomicU64,
 }
 
 /// What one `compact` call did.

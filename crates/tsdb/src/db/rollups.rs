@@ -643,7 +643,14 @@ impl Inner {
         // or the head overlap (late data not merged yet; samples a crash left both in a block
         // and in the log, replayed into the head): their samples interleave or repeat, and
         // only the raw read, which merges them by timestamp, aggregates them exactly.
-        let head = self.head.time_range();
+        // Only the head's samples of the series this read selects can interleave with a held
+        // block's: the head's whole range (other series, such as the server's own metrics
+        // scraped since a backfill, or one late series) would send every series of the block
+        // through the raw path. Narrowed only when the whole range reaches a held block.
+        let mut head = self.head.time_range();
+        if raw.iter().any(|b| holds(&held, b) && overlaps_head(head, b)) {
+            head = self.head.time_range_of(matchers);
+        }
         let mut read_raw: Vec<bool> = raw.iter().map(|b| !holds(&held, b) || overlaps_head(head, b)).collect();
         // A tier block some of whose raw data is read raw (merged with late samples since, or
         // overlapped by them) is left out: that raw data is read instead, and so is the rest of
@@ -679,6 +686,7 @@ impl Inner {
 
         // The raw part first (it is the newest data, usually small): it decides whether a
         // native histogram matches.
+        self.stats.rollup_raw_blocks_read.fetch_add(unheld_raw.len() as u64, Ordering::Relaxed);
         let unheld: BlockList = RwLock::new(Arc::new(unheld_raw));
         let mut from_raw = Vec::new();
         let mut histogram_series = 0;

@@ -409,6 +409,23 @@ impl Head {
         (min <= max).then_some((min, max))
     }
 
+    /// Time range of the samples (in order or late) of the series matching `matchers`; `None`
+    /// when they hold none. Narrower than `time_range` when other series reach further: a read
+    /// of these series alone finds nothing of the head outside it. Samples committed while it
+    /// looks may be passed over, as a read beside the commit may miss them anyway.
+    pub fn time_range_of(&self, matchers: &[Matcher]) -> Option<(i64, i64)> {
+        let mut range: Option<(i64, i64)> = None;
+        let mut refs = self.postings_for(matchers);
+        while let Some(r) = refs.next() {
+            let Some(series) = self.series(r) else { continue };
+            let state = series.lock();
+            if let (Some(min), Some(max)) = (state.min_time(), state.newest_time()) {
+                range = Some(range.map_or((min, max), |(lo, hi)| (lo.min(min), hi.max(max))));
+            }
+        }
+        range
+    }
+
     /// Whether the head may hold samples in `[mint, maxt]`; false only when it holds none there
     /// that a reader must see. A commit raises `max_time` and lowers `min_time` before it
     /// returns (samples of a commit still under way may be passed over, as a read beside it

@@ -54,6 +54,32 @@ fn append_then_select_sorted_by_labels() {
 }
 
 #[test]
+fn time_range_of_covers_the_selected_series_only() {
+    let head = Head::in_memory(HeadOptions {
+        out_of_order: OutOfOrder { window_ms: 60_000, replace: false },
+        ..HeadOptions::default()
+    });
+    let mut app = head.appender();
+    for t in 100..200 {
+        app.append(&l(&[("__name__", "late"), ("job", "a")]), t * 1000, 1.0).unwrap();
+        app.append(&l(&[("__name__", "early")]), (t - 100) * 1000, 1.0).unwrap();
+    }
+    app.commit().unwrap();
+    // A late sample counts too: before the series' first in-order one.
+    let mut app = head.appender();
+    app.append(&l(&[("__name__", "late"), ("job", "b")]), 180_000, 2.0).unwrap();
+    app.commit().unwrap();
+    let mut app = head.appender();
+    app.append(&l(&[("__name__", "late"), ("job", "b")]), 145_000, 2.0).unwrap();
+    app.commit().unwrap();
+    assert_eq!(head.time_range(), Some((0, 199_000)));
+    assert_eq!(head.time_range_of(&[m(MatchOp::Equal, "__name__", "late")]), Some((100_000, 199_000)));
+    assert_eq!(head.time_range_of(&[m(MatchOp::Equal, "job", "b")]), Some((145_000, 180_000)));
+    assert_eq!(head.time_range_of(&[m(MatchOp::Equal, "__name__", "early")]), Some((0, 99_000)));
+    assert_eq!(head.time_range_of(&[m(MatchOp::Equal, "__name__", "none")]), None);
+}
+
+#[test]
 fn typed_append_errors() {
     let head = Head::in_memory(HeadOptions::default());
     let a = l(&[("__name__", "x")]);

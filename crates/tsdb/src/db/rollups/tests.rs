@@ -89,8 +89,14 @@ fn close(a: f64, b: f64) -> bool {
 /// The tier's answer over `[mint, maxt]` equals aggregating the model's samples of the
 /// buckets that range covers.
 fn check(db: &Db, model: &Model, tier: RollupTier, mint: i64, maxt: i64) {
+    check_with(db, model, &all(), tier, mint, maxt);
+}
+
+/// `check` of the series `matchers` select (`model` holds those only).
+fn check_with(db: &Db, model: &Model, matchers: &[Matcher], tier: RollupTier, mint: i64, maxt: i64) {
     let (interval, closed) = (tier.interval_ms, tier.closed);
-    let selection = db.rollup_select(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
+    let selection =
+        db.rollup_select(tier.meta(), matchers, mint, maxt, ColumnSet::ALL, &ReadLimits::default()).unwrap();
     let got = selection.series;
     assert!(got.windows(2).all(|p| p[0].labels < p[1].labels), "series in label order, each once");
     // Mapped, on this thread alone (the selection above took the decoding workers): the same
@@ -102,7 +108,7 @@ fn check(db: &Db, model: &Model, tier: RollupTier, mint: i64, maxt: i64) {
         (s.labels.clone(), s.buckets.iter().map(|b| (b.end, b.count, b.last.t, b.last.v.to_bits())).collect())
     };
     let histograms = db
-        .rollup_map(tier.meta(), &all(), mint, maxt, ColumnSet::ALL, &one_thread, &brief, &mut |m| {
+        .rollup_map(tier.meta(), matchers, mint, maxt, ColumnSet::ALL, &one_thread, &brief, &mut |m| {
             mapped.push(m);
             Ok(())
         })
@@ -238,6 +244,45 @@ fn late_samples_into_rolled_up_ranges_replace_the_rollup() {
     db.close().unwrap();
     let db = Db::open(tmp.path(), opts(30 * MIN, &TIERS[1..])).unwrap();
     check(&db, &model, TIERS[1], 0, 12 * MIN);
+}
+
+#[test]
+fn late_head_samples_send_only_their_series_blocks_through_the_raw_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let db = Db::open(tmp.path(), opts(0, &TIERS[1..2])).unwrap();
+    run(&db, &mut model, 0, 12 * MIN);
+    let raw_blocks_read = || db.stats().rollup_raw_blocks_read.load(Ordering::Relaxed);
+    let only = |i: usize| {
+        vec![
+            Matcher::new(MatchOp::Equal, "__name__", "m").unwrap(),
+            Matcher::new(MatchOp::Equal, "i", i.to_string()).unwrap(),
+        ]
+    };
+    let model_of = |model: &Model, i: usize| Model::from([(i, model[&i].clone())]);
+    // Settled minutes: every block there is rolled up, none is read raw.
+    let before = raw_blocks_read();
+    check(&db, &model, TIERS[1], 0, 6 * MIN);
+    assert_eq!(raw_blocks_read(), before, "rolled-up blocks are read from the tier");
+    // A late sample of series 0 into a rolled-up block (inside the head's out-of-order window).
+    let late = 4 * MIN + 250;
+    let mut app = db.appender();
+    app.append(&series(0), late, 1234.5).unwrap();
+    app.commit().unwrap();
+    model.get_mut(&0).unwrap().insert(late, 1234.5);
+    // Series 1 has no head samples back there: its read still takes the tier's buckets.
+    let before = raw_blocks_read();
+    check_with(&db, &model_of(&model, 1), &only(1), TIERS[1], 0, 6 * MIN);
+    assert_eq!(raw_blocks_read(), before, "another series' late sample leaves this read on the tier");
+    // Series 0's read (and any read that selects it) merges its block's samples with the late one.
+    check_with(&db, &model_of(&model, 0), &only(0), TIERS[1], 0, 6 * MIN);
+    assert!(raw_blocks_read() > before, "the late sample's block is read raw");
+    check(&db, &model, TIERS[1], 0, 6 * MIN);
+    // Compaction merges the late sample and rolls the block up again: no raw read after it.
+    db.compact().unwrap();
+    let before = raw_blocks_read();
+    check(&db, &model, TIERS[1], 0, 6 * MIN);
+    assert_eq!(raw_blocks_read(), before, "rolled up again with the late sample");
 }
 
 #[test]
