@@ -765,16 +765,40 @@ pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<usiz
             return Ok(HEADER_BYTES * 8);
         }
         let mut r = BitReader::new(HEADER_BYTES);
-        read_ints(&mut r, data, n, &mut c.times)?;
+        read_times(&mut r, data, n, &mut c.times)?;
         let times_end = r.pos();
-        // Checked without stopping at the first disorder (which only damage has): a loop that
-        // runs to the end vectorizes, one that may stop does not.
-        if c.times.iter().zip(&c.times[1..]).fold(false, |disorder, (a, b)| disorder | (a >= b)) {
-            return Err(corrupt("timestamps do not increase"));
-        }
         read_values(&mut r, data, n, &mut c.ints, &c.times, sink)?;
         Ok(times_end)
     })
+}
+
+/// Decodes the timestamps of a whole dense chunk into `out` (appended), not its values (a
+/// rollup chunk's bucket ends, from its count column, for a reader of other aggregates). The
+/// header must have been checked. Returns where the timestamps end, as `decode_into` does.
+pub(super) fn decode_times_into(data: &[u8], out: &mut Vec<i64>) -> Result<usize, ChunkError> {
+    with_columns(|c| {
+        let n = u16::from_be_bytes([data[1], data[2]]) as usize;
+        if n == 0 {
+            return Ok(HEADER_BYTES * 8);
+        }
+        let mut r = BitReader::new(HEADER_BYTES);
+        read_times(&mut r, data, n, &mut c.times)?;
+        out.extend_from_slice(&c.times);
+        Ok(r.pos())
+    })
+}
+
+/// Reads the timestamp column of `n` (at least one) samples into `times`, checking that they
+/// increase.
+#[inline(always)]
+fn read_times(r: &mut BitReader, data: &[u8], n: usize, times: &mut Vec<i64>) -> Result<(), ChunkError> {
+    read_ints(r, data, n, times)?;
+    // Checked without stopping at the first disorder (which only damage has): a loop that runs
+    // to the end vectorizes, one that may stop does not.
+    if times.iter().zip(&times[1..]).fold(false, |disorder, (a, b)| disorder | (a >= b)) {
+        return Err(corrupt("timestamps do not increase"));
+    }
+    Ok(())
 }
 
 /// Decodes the values of a whole dense chunk into `sink`, skipping its timestamps (a rollup

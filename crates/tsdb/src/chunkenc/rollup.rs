@@ -94,9 +94,11 @@ pub struct ColumnSet(u16);
 impl ColumnSet {
     pub const ALL: ColumnSet = ColumnSet((1 << COLUMNS) - 1);
 
+    /// The aggregates `columns` name (the bucket ends come with every read: they are the count
+    /// column's timestamps, read without its counts where `Count` is not asked for); the
+    /// archive values need their states.
     pub fn of(columns: &[Column]) -> ColumnSet {
-        // The bucket ends come from the count column; the archive values need their states.
-        let mut set = columns.iter().fold(1, |m, &c| m | 1 << c as u16);
+        let mut set = columns.iter().fold(0, |m, &c| m | 1 << c as u16);
         if set & (1 << Column::Archive as u16) != 0 {
             set |= 1 << Column::ArchiveState as u16;
         }
@@ -105,15 +107,6 @@ impl ColumnSet {
 
     pub fn has(self, c: Column) -> bool {
         self.0 & (1 << c as u16) != 0
-    }
-
-    fn with(self, c: Column) -> ColumnSet {
-        ColumnSet(self.0 | 1 << c as u16)
-    }
-
-    /// With the count column (which every read holds: it makes the buckets).
-    pub(crate) fn with_counts(self) -> ColumnSet {
-        self.with(Column::Count)
     }
 }
 
@@ -518,7 +511,7 @@ fn decode_columns_at(
             Column::Last => last_scratch.as_mut(),
             _ => None,
         };
-        // The ends (in the count column) are always read.
+        // The ends (the count column's timestamps) are always read.
         if !held.has(c) && c != Column::Count && scratch.is_none() {
             continue;
         }
@@ -542,6 +535,13 @@ fn decode_columns_at(
         };
         // Each column is decoded straight into its vector, one loop per column.
         match c {
+            // The ends alone, for a reader that does not want the counts.
+            Column::Count if !held.has(Column::Count) => {
+                ends = (column, dense::decode_times_into(column, &mut out.ends).map_err(damaged)?);
+                if out.ends.len() - start != n {
+                    return Err(corrupt("count column holds another bucket count"));
+                }
+            }
             Column::Count => {
                 let counts = PushCounts { out: &mut out.counts, start, whole: true };
                 let mut sink = NewBuckets { ends: &mut out.ends, counts };
@@ -609,6 +609,7 @@ fn decode_columns_at(
             Ok(())
         }
     };
+    whole(out.counts.len(), Column::Count)?;
     whole(out.sums.len(), Column::Sum)?;
     whole(out.mins.len(), Column::Min)?;
     whole(out.maxs.len(), Column::Max)?;
@@ -822,10 +823,15 @@ mod tests {
             for (a, b) in back.iter().zip(&buckets) {
                 prop_assert!(same(a, b), "{:?} vs {:?}", a, b);
             }
-            // One column only: the ends and that column.
+            // One column only: the ends and that column (the counts are not read: zero).
             let mut sums = Vec::new();
             decode(&chunk, ColumnSet::of(&[Column::Sum]), &mut sums).unwrap();
             for (a, b) in sums.iter().zip(&buckets) {
+                prop_assert_eq!((a.end, a.count, a.sum.to_bits()), (b.end, 0, b.sum.to_bits()));
+            }
+            let mut averages = Vec::new();
+            decode(&chunk, ColumnSet::of(&[Column::Count, Column::Sum]), &mut averages).unwrap();
+            for (a, b) in averages.iter().zip(&buckets) {
                 prop_assert_eq!((a.end, a.count, a.sum.to_bits()), (b.end, b.count, b.sum.to_bits()));
             }
             // The extremes alone, whether their columns are dense or repeat (`Column::repeats`).

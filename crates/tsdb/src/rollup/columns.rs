@@ -2,7 +2,7 @@
 //! chunk's own columns, `chunkenc::rollup`), holding only the aggregates the reader asked for.
 //!
 //! Why columns and not `Bucket`s: a bucket is 112 bytes, and a reader wants one to four of its
-//! eleven aggregates (a maximum: the ends, counts and maxima, 24 bytes). Decoded into
+//! eleven aggregates (a maximum: the ends and maxima, 16 bytes). Decoded into
 //! `Bucket`s, a month of hourly buckets of a thousand series was 80 MB written and read again
 //! per query, and the writes of the blank buckets and the walk over them were a quarter of a
 //! tier query's CPU. A window of several buckets is still combined as `Bucket`s
@@ -10,6 +10,8 @@
 //! buckets with each other or with late raw data (`BucketColumns::edit`).
 //!
 //! Invariant: every column in `columns` holds one value per end; every other column is empty.
+//! The ends are always held (they are the count column's timestamps); the counts only where
+//! asked for, like any other aggregate.
 
 use strata_model::Sample;
 
@@ -19,7 +21,7 @@ use crate::chunkenc::rollup::{Column, ColumnSet};
 /// A series' buckets, ends strictly increasing once a read has put them in order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketColumns {
-    /// The aggregates held (the ends and counts always are).
+    /// The aggregates held (and the ends, always).
     pub(crate) columns: ColumnSet,
     pub(crate) ends: Vec<i64>,
     pub(crate) counts: Vec<u64>,
@@ -60,9 +62,10 @@ macro_rules! each_column {
 }
 
 /// Calls `$m!(vector, Column, Bucket field)` for every column held only when asked for (all
-/// but the ends and counts): the one list of them, for the methods that treat each alike.
+/// but the ends): the one list of them, for the methods that treat each alike.
 macro_rules! optional_columns {
     ($m:ident) => {
+        $m!(counts, Count, count);
         $m!(sums, Sum, sum);
         $m!(mins, Min, min);
         $m!(maxs, Max, max);
@@ -76,10 +79,10 @@ macro_rules! optional_columns {
 }
 
 impl BucketColumns {
-    /// No buckets, holding `columns` (and the ends and counts).
+    /// No buckets, holding `columns` (and the ends).
     pub fn new(columns: ColumnSet) -> BucketColumns {
         BucketColumns {
-            columns: columns.with_counts(),
+            columns,
             ends: Vec::new(),
             counts: Vec::new(),
             sums: Vec::new(),
@@ -98,7 +101,7 @@ impl BucketColumns {
     pub fn reset(&mut self, columns: ColumnSet) {
         self.ends.clear();
         each_column!(&mut *self, clear);
-        self.columns = columns.with_counts();
+        self.columns = columns;
     }
 
     /// `buckets`' aggregates in `columns`.
@@ -111,7 +114,6 @@ impl BucketColumns {
     /// Room for `n` more buckets in each column held.
     pub fn reserve(&mut self, n: usize) {
         self.ends.reserve(n);
-        self.counts.reserve(n);
         let c = self.columns;
         macro_rules! reserve {
             ($field:ident, $column:ident, $aggregate:ident) => {
@@ -144,11 +146,11 @@ impl BucketColumns {
         &self.ends
     }
 
+    // Each aggregate's column: empty where not held.
+
     pub fn counts(&self) -> &[u64] {
         &self.counts
     }
-
-    // Each aggregate's column: empty where not held.
 
     pub fn sums(&self) -> &[f64] {
         &self.sums
@@ -202,7 +204,7 @@ impl BucketColumns {
         let last = self.lasts.get(k).copied().unwrap_or(Sample { t: 0, v: 0.0 });
         Bucket {
             end: self.ends[k],
-            count: self.counts[k],
+            count: n(&self.counts),
             sum: f(&self.sums),
             min: f(&self.mins),
             max: f(&self.maxs),
@@ -224,7 +226,6 @@ impl BucketColumns {
     pub fn push(&mut self, b: &Bucket) {
         let c = self.columns;
         self.ends.push(b.end);
-        self.counts.push(b.count);
         macro_rules! push {
             ($field:ident, $column:ident, $aggregate:ident) => {
                 if c.has(Column::$column) {
@@ -323,7 +324,7 @@ impl BucketColumns {
     pub fn is_consistent(&self) -> bool {
         let n = self.len();
         let c = self.columns;
-        let mut ok = self.counts.len() == n;
+        let mut ok = true;
         macro_rules! check {
             ($field:ident, $column:ident, $aggregate:ident) => {
                 ok &= self.$field.len() == if c.has(Column::$column) { n } else { 0 };
@@ -361,7 +362,12 @@ mod tests {
         let maxima = BucketColumns::from_buckets(&buckets, ColumnSet::of(&[Column::Max]));
         assert!(maxima.is_consistent());
         for (k, b) in maxima.iter().enumerate() {
-            assert_eq!((b.end, b.count, b.max, b.sum), (buckets[k].end, buckets[k].count, buckets[k].max, 0.0));
+            assert_eq!((b.end, b.count, b.max, b.sum), (buckets[k].end, 0, buckets[k].max, 0.0));
+        }
+        let averages = BucketColumns::from_buckets(&buckets, ColumnSet::of(&[Column::Count, Column::Sum]));
+        assert!(averages.is_consistent() && averages.maxs().is_empty());
+        for (k, b) in averages.iter().enumerate() {
+            assert_eq!((b.end, b.count, b.sum, b.max), (buckets[k].end, buckets[k].count, buckets[k].sum, 0.0));
         }
         // A column not held that holds something, or a held one out of step, breaks the
         // invariant.
