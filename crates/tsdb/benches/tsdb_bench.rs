@@ -308,9 +308,10 @@ fn bench_chunks() {
     }
 }
 
-/// Rollup chunks: bytes and decode speed per bucket, by buckets per chunk (a tier block of a
+/// Rollup chunks: bytes and decode speed per bucket (into columns, as tier reads decode them), by buckets per chunk (a tier block of a
 /// few hours holds a handful, a compacted one up to `SAMPLES_MAX`) and by the columns a reader
-/// asks for (a plain selector's `last`; `rate`'s count, first, last and reset correction; all).
+/// asks for (a plain selector's `last`; a maximum's `max`; an average's count and sum; `rate`'s
+/// count, first, last and reset correction; all).
 /// Series: a counter scraped every 60 s with ±250 ms jitter and a reset now and then, and a
 /// decimal gauge, rolled up at 1 h. `ROLLUP_RUNS=N` sets the timed runs (7), each of 20
 /// passes; with 1 the pass runs once (for counting instructions under callgrind).
@@ -322,8 +323,8 @@ fn bench_rollup() {
     let passes = if runs_wanted == 1 { 1 } else { 20 };
     let (only_series, only_set) = (env("ROLLUP_SERIES"), env("ROLLUP_SET"));
     let only_size: Option<usize> = env("ROLLUP_SIZE").and_then(|v| v.parse().ok());
-    use strata_tsdb::chunkenc::rollup::{decode, encode, Column, ColumnSet};
-    use strata_tsdb::rollup::aggregate;
+    use strata_tsdb::chunkenc::rollup::{decode_columns, encode, Column, ColumnSet};
+    use strata_tsdb::rollup::{aggregate, BucketColumns};
     let (mut rng, mut counter, mut gauge) = (0x2545_f491_4f6c_dd1du64, 0.0f64, 20.0f64);
     let mut next = || {
         rng ^= rng << 13;
@@ -339,9 +340,11 @@ fn bench_rollup() {
         counters.push(Sample { t, v: counter });
         gauges.push(Sample { t, v: (gauge * 100.0).round() / 100.0 });
     }
-    let sets: [(&str, &[Column]); 3] = [
+    let sets: [(&str, &[Column]); 5] = [
         ("last", &[Column::Last]),
-        ("rate", &[Column::First, Column::Last, Column::ResetCorrection]),
+        ("max", &[Column::Max]),
+        ("avg", &[Column::Count, Column::Sum]),
+        ("rate", &[Column::Count, Column::First, Column::Last, Column::ResetCorrection]),
         ("all", &Column::ALL),
     ];
     for (name, samples) in [("counter", &counters), ("gauge", &gauges)]
@@ -358,15 +361,15 @@ fn bench_rollup() {
             );
             for (set_name, columns) in sets.into_iter().filter(|(n, _)| only_set.as_deref().is_none_or(|o| o == *n)) {
                 let want = ColumnSet::of(columns);
-                let mut out = Vec::with_capacity(per_chunk);
+                let mut out = BucketColumns::new(want);
                 let mut runs = Vec::new();
                 for _ in 0..runs_wanted {
                     let t0 = Instant::now();
                     let mut sum = 0u64;
                     for _ in 0..passes {
                         for c in &chunks {
-                            out.clear();
-                            decode(c, want, &mut out).unwrap();
+                            out.reset(want);
+                            decode_columns(c, &mut out).unwrap();
                             sum = sum.wrapping_add(out.len() as u64);
                         }
                     }
