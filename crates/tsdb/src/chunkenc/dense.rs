@@ -759,15 +759,9 @@ pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkErro
 /// have been checked. Returns where its timestamps end (a bit position in `data`), for
 /// `decode_values_into` of columns with the same timestamps.
 pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<usize, ChunkError> {
-    with_columns(|c| {
-        let n = u16::from_be_bytes([data[1], data[2]]) as usize;
-        if n == 0 {
-            return Ok(HEADER_BYTES * 8);
-        }
-        let mut r = BitReader::new(HEADER_BYTES);
-        read_times(&mut r, data, n, &mut c.times)?;
+    after_times(data, |r, c, n| {
         let times_end = r.pos();
-        read_values(&mut r, data, n, &mut c.ints, &c.times, sink)?;
+        read_values(r, data, n, &mut c.ints, &c.times, sink)?;
         Ok(times_end)
     })
 }
@@ -776,6 +770,20 @@ pub(super) fn decode_into(data: &[u8], sink: &mut impl ValueSink) -> Result<usiz
 /// rollup chunk's bucket ends, from its count column, for a reader of other aggregates). The
 /// header must have been checked. Returns where the timestamps end, as `decode_into` does.
 pub(super) fn decode_times_into(data: &[u8], out: &mut Vec<i64>) -> Result<usize, ChunkError> {
+    after_times(data, |r, c, _| {
+        out.extend_from_slice(&c.times);
+        Ok(r.pos())
+    })
+}
+
+/// Reads a dense chunk's timestamps into the thread's `Columns::times`, then calls `then` with
+/// the reader after them, the columns and the sample count; an empty chunk's answer is where
+/// its header ends. The header must have been checked.
+#[inline(always)]
+fn after_times(
+    data: &[u8],
+    then: impl FnOnce(&mut BitReader, &mut Columns, usize) -> Result<usize, ChunkError>,
+) -> Result<usize, ChunkError> {
     with_columns(|c| {
         let n = u16::from_be_bytes([data[1], data[2]]) as usize;
         if n == 0 {
@@ -783,8 +791,7 @@ pub(super) fn decode_times_into(data: &[u8], out: &mut Vec<i64>) -> Result<usize
         }
         let mut r = BitReader::new(HEADER_BYTES);
         read_times(&mut r, data, n, &mut c.times)?;
-        out.extend_from_slice(&c.times);
-        Ok(r.pos())
+        then(&mut r, c, n)
     })
 }
 
