@@ -190,7 +190,8 @@ fn group_labels(labels: &Labels, grouping: &[String], without_: bool) -> Labels 
 /// One group's accumulators at the steps from `base` on that its members' points span so far,
 /// laid out by what the operator needs. `sum`, `count`, `group`, `min` and `max` keep a value
 /// and a compensation (16 bytes a step, and a flag); `avg` a compensated sum and a count
-/// until a sum would overflow, then, as `stddev` and `stdvar` always, the whole `Acc`. Every input point is added into its group's step, and with thousands of groups the
+/// until a sum would overflow, then, as `stddev` and `stdvar` always, the whole `Acc`. Every
+/// input point is added into its group's step, and with thousands of groups the
 /// accumulators do not fit in the cache, so their size is most of what folding costs. Only
 /// the span is kept: under churn (pods replaced every few minutes, a day's range) each group
 /// lives for a few dozen of the range's thousands of steps, and accumulators for every step
@@ -520,12 +521,17 @@ impl Mean<'_> {
             }
             return mean_steps(seen, values, comps, counts, points);
         }
+        // Walked twice (points are in step order): the check, then the sums.
         let mut steps = ctx.walker_from(from + base);
-        let at: Vec<usize> = points.iter().map(|p| steps.index(p.t) - base).collect();
-        if at.iter().zip(points).any(|(&i, p)| overflows(self.seen[i], self.values[i], p.f)) {
+        if points.iter().any(|p| {
+            let i = steps.index(p.t) - base;
+            overflows(self.seen[i], self.values[i], p.f)
+        }) {
             return false;
         }
-        for (&i, p) in at.iter().zip(points) {
+        let mut steps = ctx.walker_from(from + base);
+        for p in points {
+            let i = steps.index(p.t) - base;
             (self.values[i], self.comps[i], self.counts[i]) =
                 mean_add(self.seen[i], self.values[i], self.comps[i], self.counts[i], p.f);
             self.seen[i] = true;
@@ -1376,6 +1382,9 @@ fn group_quantiles(q: &[f64], input: &[Series], members: &[usize], ctx: &Ctx, th
     let mut f = vec![None; ctx.n];
     let run = |first: usize, f: &mut [Option<f64>]| {
         let n = f.len();
+        if n == 0 {
+            return;
+        }
         let (from, to) = (ctx.ts(first), ctx.ts(first + n - 1));
         let parts: Vec<&[Point]> = members
             .iter()
