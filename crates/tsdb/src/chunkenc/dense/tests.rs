@@ -120,6 +120,7 @@ fn radix_groups_fill_32_bits() {
     assert_eq!(radix_group(5, SAMPLES_MAX), (13, 31));
     assert_eq!(radix_group(65, SAMPLES_MAX), (5, 31));
     assert_eq!(radix_group(65, 1), (1, 7));
+    assert!((3..=RADIX_MAX).all(|r| radix_group(r, SAMPLES_MAX).0 <= RADIX_GROUP_DIGITS_MAX));
     for d in 3..=RADIX_MAX {
         let inverse = reciprocal(d);
         for v in [0u64, 1, d - 1, d, d + 1, (1 << 32) - 1, (1 << 32) - d, 123_456_789] {
