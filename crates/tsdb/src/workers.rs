@@ -413,8 +413,14 @@ mod tests {
         }
         on_idle(note);
         scope(|s| s.spawn(|| ()).join().unwrap());
-        std::thread::sleep(IDLE_RELEASE + Duration::from_millis(500));
         // On the kept thread (other tests' threads may have run it too), once per idle spell.
+        // Waited for rather than slept on: tests running beside this one take the kept threads
+        // for their own scopes, and each use starts a thread's idle spell again (a fixed
+        // sleep of the spell and half a second failed on a loaded 2-core machine).
+        let deadline = std::time::Instant::now() + IDLE_RELEASE * 30;
+        while !lock(&RAN_ON).iter().any(|n| n == "strata-worker") && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let ran = lock(&RAN_ON).clone();
         assert!(ran.iter().any(|n| n == "strata-worker"), "{ran:?}");
         assert!(ran.iter().all(|n| n.starts_with("strata-")), "{ran:?}");
