@@ -534,21 +534,22 @@ fn decode_columns_at(
         };
         // Each column is decoded straight into its vector, one loop per column.
         match c {
-            // The ends alone, for a reader that does not want the counts.
-            Column::Count if !held.has(Column::Count) => {
-                ends = (column, dense::decode_times_into(column, &mut out.ends).map_err(damaged)?);
-                if out.ends.len() - start != n {
-                    return Err(corrupt("count column holds another bucket count"));
-                }
-            }
+            // The ends, with the counts where the reader wants them (their length is checked
+            // with the other columns' below).
             Column::Count => {
-                let counts = PushCounts { out: &mut out.counts, start, whole: true };
-                let mut sink = NewBuckets { ends: &mut out.ends, counts };
-                ends = (column, dense::decode_into(column, &mut sink).map_err(damaged)?);
-                if !sink.counts.whole {
-                    return Err(no_count(c));
-                }
-                if out.ends.len() - start != n || out.counts.len() - start != n {
+                let times_end = if held.has(Column::Count) {
+                    let counts = PushCounts { out: &mut out.counts, start, whole: true };
+                    let mut sink = NewBuckets { ends: &mut out.ends, counts };
+                    let times_end = dense::decode_into(column, &mut sink).map_err(damaged)?;
+                    if !sink.counts.whole {
+                        return Err(no_count(c));
+                    }
+                    times_end
+                } else {
+                    dense::decode_times_into(column, &mut out.ends).map_err(damaged)?
+                };
+                ends = (column, times_end);
+                if out.ends.len() - start != n {
                     return Err(corrupt("count column holds another bucket count"));
                 }
             }
