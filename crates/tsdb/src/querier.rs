@@ -135,14 +135,7 @@ impl Series {
                     // but not written: an instant query's window is a few samples at the end
                     // of a head chunk of up to 120, which were written and then drained.
                     let mut it = XorIterator::new(&data[..]);
-                    while let Some(s) = it.next() {
-                        if s.t > maxt {
-                            break;
-                        }
-                        if s.t >= mint {
-                            out.push(s);
-                        }
-                    }
+                    it.decode_range_into(mint, maxt, out);
                     if let Some(e) = it.err() {
                         return Err(e.clone());
                     }

@@ -365,6 +365,45 @@ impl<B: AsRef<[u8]>> XorIterator<B> {
         self.st = st;
     }
 
+    /// Decodes the remaining samples into `out` as `decode_into` does, writing only those with
+    /// timestamps in `[mint, maxt]` and stopping at the first past `maxt` (decoded, not
+    /// written). A range read of a head chunk wants its samples from some point to some other:
+    /// calling `next` per sample kept the decoder's state in memory, not in registers, and
+    /// was a quarter of a range query over 1000 head series scraped with jitter.
+    pub fn decode_range_into(&mut self, mint: i64, maxt: i64, out: &mut Vec<Sample>) {
+        if self.err.is_some() {
+            return;
+        }
+        let data = self.data.as_ref();
+        let mut st = self.st.clone();
+        'samples: while st.read < st.total {
+            let Some(s) = st.decode_next(data) else {
+                self.err = Some(ChunkError::Truncated { sample: st.read as usize, samples: st.total as usize });
+                break;
+            };
+            st.read += 1;
+            if s.t > maxt {
+                break;
+            }
+            if s.t >= mint {
+                out.push(s);
+            }
+            // A run of repeated samples, each one interval on.
+            while st.run > 0 {
+                st.run -= 1;
+                st.read += 1;
+                st.t = (st.t as u64).wrapping_add(st.delta) as i64;
+                if st.t > maxt {
+                    break 'samples;
+                }
+                if st.t >= mint {
+                    out.push(Sample { t: st.t, v: s.v });
+                }
+            }
+        }
+        self.st = st;
+    }
+
     /// Advances to the first sample with timestamp ≥ `t`.
     pub fn seek(&mut self, t: i64) -> Option<Sample> {
         loop {
