@@ -17,6 +17,7 @@ pub mod eval;
 pub mod value;
 
 pub use eval::{
-    map_rollup_with, Engine, EngineOptions, QueryOutput, QueryStats, RollupMapFn, SourceResolution, Storage,
+    map_rollup_with, release_idle_memory, Engine, EngineOptions, QueryOutput, QueryStats, RollupMapFn,
+    SourceResolution, Storage,
 };
 pub use value::{Annotation, Point, Series, Value};

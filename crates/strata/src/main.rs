@@ -363,7 +363,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// Sets `PURGE_DELAY_MS`, unless `MIMALLOC_PURGE_DELAY` says otherwise, and has kept worker
-/// threads give their freed memory back once idle for a second (mimalloc purges a thread's
+/// threads give their kept and freed memory back once idle for a second (mimalloc purges a thread's
 /// pages only when that thread allocates again, and an idle worker does not).
 fn purge_freed_memory_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
@@ -373,8 +373,10 @@ fn purge_freed_memory_promptly() {
     strata_tsdb::workers::on_idle(release_this_threads_free_memory);
 }
 
-/// Returns the calling thread's free allocator pages to the system.
+/// Frees the buffers query evaluation keeps between queries, then returns the calling
+/// thread's free allocator pages to the system.
 fn release_this_threads_free_memory() {
+    strata_promql::release_idle_memory();
     // SAFETY: collects the calling thread's own heap; no pointers are passed.
     unsafe { libmimalloc_sys::mi_collect(true) };
 }

@@ -864,7 +864,13 @@ pub(super) fn eval(ev: &Evaluator, a: &Aggregate, ctx: &Ctx) -> Result<Val, Eval
         }
         AggregateOp::Quantile => {
             let q = ev.eval_scalar(param, ctx)?;
-            quantiles(ev, &input, &group_of, groups, &q, param.start, ctx)
+            let out = quantiles(ev, &input, &group_of, groups, &q, param.start, ctx);
+            // The members' points, for the next query's series (as accumulating groups give
+            // theirs back member by member).
+            for s in input.drain(..) {
+                point_buffers::POOL.give(s.points);
+            }
+            out
         }
         AggregateOp::CountValues => {
             if let ExprKind::String(Err(bytes)) = &param.unparen().kind {
@@ -1366,6 +1372,20 @@ fn quantiles(
     out
 }
 
+thread_local! {
+    /// `group_quantiles`' buffer of laid-out values, kept between runs on this thread.
+    static QUANTILE_VALUES: std::cell::Cell<Vec<f64>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest values buffer a thread keeps between quantiles (8 MiB: a million values, a
+/// thousand series over a thousand steps on one thread).
+const QUANTILE_VALUES_KEPT_MAX: usize = 1 << 20;
+
+/// Lets go of this thread's kept quantile buffer (`crate::release_idle_memory`).
+pub(crate) fn release_thread_buffers() {
+    QUANTILE_VALUES.with(|v| drop(v.take()));
+}
+
 /// Values of one group at or above which its steps' quantiles are taken by several threads.
 const PARALLEL_QUANTILE_VALUES: usize = 64 * 1024;
 
@@ -1376,6 +1396,10 @@ const PARALLEL_QUANTILE_VALUES: usize = 64 * 1024;
 /// binary search), and takes their quantiles while they are in the cache. Laid out for the
 /// whole range on one thread before the quantiles, a month-long dashboard's quantile over a
 /// thousand series spent a fifth of its CPU there, after the read and before any quantile.
+///
+/// The values' buffer is kept on the thread for the next run: freshly allocated, its pages were
+/// new to the process each time (the allocator returns freed pages to the system after 10 ms),
+/// and faulting them in took a quarter of such a quantile's CPU.
 fn group_quantiles(q: &[f64], input: &[Series], members: &[usize], ctx: &Ctx, threads: usize) -> Vec<Option<f64>> {
     let total: usize = members.iter().map(|&m| input[m].points.len()).sum();
     let runs = if threads <= 1 || total < PARALLEL_QUANTILE_VALUES { 1 } else { threads.min(ctx.n) };
@@ -1402,7 +1426,9 @@ fn group_quantiles(q: &[f64], input: &[Series], members: &[usize], ctx: &Ctx, th
             starts[k + 1] += starts[k];
         }
         let mut next = starts[..n].to_vec();
-        let mut values = vec![0.0; starts[n]];
+        let mut values = QUANTILE_VALUES.with(|v| v.take());
+        values.clear();
+        values.resize(starts[n], 0.0);
         for points in &parts {
             ctx.each_step(points, |i, p| {
                 values[next[i - first]] = p.f;
@@ -1414,6 +1440,9 @@ fn group_quantiles(q: &[f64], input: &[Series], members: &[usize], ctx: &Ctx, th
             if b > a {
                 *f = Some(quantile(q[first + k], &mut values[a..b]));
             }
+        }
+        if values.capacity() <= QUANTILE_VALUES_KEPT_MAX {
+            QUANTILE_VALUES.with(|v| v.set(values));
         }
     };
     if runs <= 1 {

@@ -119,6 +119,14 @@ impl Storage for strata_tsdb::Db {
     }
 }
 
+/// Frees the buffers evaluation keeps for the next query: the shared point buffers, and this
+/// thread's own. For a thread that has gone idle (the server calls it from the worker pool's
+/// idle hook), so that an idle server does not hold a busy one's memory.
+pub fn release_idle_memory() {
+    point_buffers::POOL.clear();
+    aggregate::release_thread_buffers();
+}
+
 /// `Db::rollup_map` with a consumer that fails with the engine's errors: the first one (from
 /// `map` or `sink`) stops the read and is returned as it is (`Ok(Err(e))`); storage errors are
 /// the outer ones.

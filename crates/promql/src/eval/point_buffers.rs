@@ -58,6 +58,13 @@ impl PointBuffers {
         Vec::with_capacity(capacity)
     }
 
+    /// Frees every kept buffer.
+    pub(crate) fn clear(&self) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.buffers = Vec::new();
+        kept.bytes = 0;
+    }
+
     /// Keeps `points`' allocation for a later `take`, if there is room.
     pub(crate) fn give(&self, mut points: Vec<Point>) {
         let bytes = bytes_of(&points);
@@ -128,5 +135,12 @@ mod tests {
         assert_eq!(pool.kept.lock().unwrap().buffers.len(), 10);
         // Nothing is kept of an empty vector, and nothing reused for an empty request.
         assert!(pool.take(0).capacity() == 0);
+        // Cleared (an idle server), it keeps nothing, and takes buffers again.
+        pool.clear();
+        let kept = pool.kept.lock().unwrap();
+        assert!(kept.buffers.is_empty() && kept.bytes == 0);
+        drop(kept);
+        pool.give(Vec::with_capacity(300));
+        assert_eq!(pool.kept.lock().unwrap().bytes, 16 * 300);
     }
 }
