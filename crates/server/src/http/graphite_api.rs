@@ -85,14 +85,48 @@ fn request_clock(st: &AppState, p: &Params) -> Result<(TimeZone, i64), ApiError>
 /// graphite-web's order of a find's nodes: by name (the last component), nodes of one name by
 /// path (graphite-web lists those in random order). The nodes come sorted by path, so a find
 /// whose nodes share one name (`*.*.*.net.eth0.rx_bytes`) is only checked.
-fn by_name(nodes: &mut [Node]) {
-    let mut names = nodes.iter().map(Node::name);
-    let mut previous = names.next();
-    if names.all(|name| previous.replace(name).is_some_and(|p| p <= name)) {
+///
+/// Each node's name is found once, and the nodes are placed by a counting sort over the
+/// ranks of their distinct names: a find's names repeat (`servers.dc2.*.load.1*` gives 4000
+/// nodes of two names), and sorting the nodes by comparing their names was a quarter of such
+/// a `completer` find.
+fn by_name(nodes: &mut Vec<Node>) {
+    let names: Vec<&str> = nodes.iter().map(Node::name).collect();
+    if names.windows(2).all(|w| w[0] <= w[1]) {
         return;
     }
-    // Stable: equal names keep their path order.
-    nodes.sort_by(|a, b| a.name().cmp(b.name()));
+    // Each distinct name's id (in the order first met), then its rank among them.
+    let mut ids: std::collections::HashMap<&str, usize, foldhash::fast::RandomState> = Default::default();
+    let id_of: Vec<usize> = names
+        .iter()
+        .map(|&name| {
+            let next = ids.len();
+            *ids.entry(name).or_insert(next)
+        })
+        .collect();
+    let mut distinct: Vec<(&str, usize)> = ids.into_iter().collect();
+    distinct.sort_unstable();
+    let mut rank_of = vec![0; distinct.len()];
+    for (rank, &(_, id)) in distinct.iter().enumerate() {
+        rank_of[id] = rank;
+    }
+    // Where each rank's nodes start, then the nodes placed in path order within their rank.
+    let mut next = vec![0usize; distinct.len() + 1];
+    for &id in &id_of {
+        next[rank_of[id] + 1] += 1;
+    }
+    for r in 1..next.len() {
+        next[r] += next[r - 1];
+    }
+    let mut order = vec![0; nodes.len()];
+    for (i, &id) in id_of.iter().enumerate() {
+        let slot = &mut next[rank_of[id]];
+        order[*slot] = i;
+        *slot += 1;
+    }
+    drop(names);
+    let mut taken: Vec<Option<Node>> = std::mem::take(nodes).into_iter().map(Some).collect();
+    nodes.extend(order.into_iter().map(|i| taken[i].take().expect("each node is placed once")));
 }
 
 /// `from` or `until` of a find, in milliseconds: Graphite's time syntax (epoch seconds as
@@ -1228,6 +1262,19 @@ mod tests {
         by_name(&mut nodes);
         let paths: Vec<&str> = nodes.iter().map(|n| &*n.path).collect();
         assert_eq!(paths, ["b.b.a", "a.y.b", "a.x.zz", "b.a.zz"]);
+    }
+
+    proptest::proptest! {
+        /// The nodes come out as a stable sort by name leaves them, whatever their order and
+        /// however often names repeat.
+        #[test]
+        fn found_nodes_are_a_stable_sort_by_name(paths in proptest::collection::vec("[ab]{1,2}(\\.[abc]{0,3}){0,3}", 0..60)) {
+            let mut nodes: Vec<Node> = paths.iter().enumerate().map(|(i, p)| Node { path: p.as_str().into(), is_leaf: i % 2 == 0 }).collect();
+            let mut want = nodes.clone();
+            want.sort_by(|a, b| a.name().cmp(b.name()));
+            by_name(&mut nodes);
+            proptest::prop_assert_eq!(nodes, want);
+        }
     }
 
     #[test]
