@@ -176,7 +176,7 @@ pub fn render_v3(series: &[Series], requested: &[(i64, i64)]) -> Vec<u8> {
 fn glob_response(query: &str, nodes: &[Node]) -> GlobResponse {
     GlobResponse {
         name: query.to_owned(),
-        matches: nodes.iter().map(|n| GlobMatch { path: n.path.to_string(), is_leaf: n.is_leaf }).collect(),
+        matches: nodes.iter().map(|n| GlobMatch { path: n.path().to_string(), is_leaf: n.is_leaf }).collect(),
     }
 }
 
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn find_answers_carry_the_query_and_its_nodes() {
-        let nodes = vec![Node { path: "a.b".into(), is_leaf: true }, Node { path: "a.c".into(), is_leaf: false }];
+        let nodes = vec![Node::new("a.b", true), Node::new("a.c", false)];
         let v2 = GlobResponse::decode(&find_v2("a.*", &nodes)[..]).unwrap();
         assert_eq!(v2.name, "a.*");
         assert_eq!(

@@ -63,7 +63,7 @@ fn nodes_of(q: &Querier<'_>, pattern: &NamePattern, limits: &Limits) -> Result<N
 
 /// The nodes of a set, their paths borrowed from it.
 fn as_nodes(set: &NodeSet) -> Vec<Node<'_>> {
-    set.iter_text().map(|(path, flags)| Node { path, is_leaf: flags & LEAF != 0 }).collect()
+    set.iter_text().map(|(path, flags)| Node::new(path, flags & LEAF != 0)).collect()
 }
 
 /// A request's clock: the time zone its times are read in (`tz`, else `--graphite.time-zone`)
@@ -305,7 +305,7 @@ fn nodes_json(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"path\":");
-        json_string(&mut out, &[&n.path]);
+        json_string(&mut out, &[n.path()]);
         if n.is_leaf {
             let _ = write!(out, ",\"is_leaf\":true,\"intervals\":[{{\"start\":{start},\"end\":{end}}}]}}");
         } else {
@@ -355,7 +355,7 @@ fn pickle_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
     let mut p = strata_graphite::pickle::Pickler::new();
     p.begin_list();
     for n in nodes {
-        p.begin_dict().str("path").str(&n.path).str("is_leaf").bool(n.is_leaf);
+        p.begin_dict().str("path").str(n.path()).str("is_leaf").bool(n.is_leaf);
         if n.is_leaf {
             p.str("intervals").begin_list().begin_tuple().int(start).int(end).end().end();
         }
@@ -372,7 +372,7 @@ fn msgpack_nodes(nodes: &[Node], (start, end): (i64, i64)) -> Vec<u8> {
     p.array(nodes.len());
     for n in nodes {
         p.map(if n.is_leaf { 3 } else { 2 });
-        p.str("path").str(&n.path).str("is_leaf").bool(n.is_leaf);
+        p.str("path").str(n.path()).str("is_leaf").bool(n.is_leaf);
         if n.is_leaf {
             p.str("intervals").array(1).array(2).int(start).int(end);
         }
@@ -499,9 +499,9 @@ fn completer(nodes: &[Node], wildcards: bool) -> Vec<u8> {
             out.push(b',');
         }
         // The name is the path's end: one check for escapes serves both.
-        let escape = needs_escape(n.path.as_bytes());
+        let escape = needs_escape(n.path().as_bytes());
         out.extend_from_slice(b"{\"path\":\"");
-        escaped(&mut out, n.path.as_bytes(), escape);
+        escaped(&mut out, n.path().as_bytes(), escape);
         out.extend_from_slice(if n.is_leaf { b"\",\"name\":\"" } else { b".\",\"name\":\"" });
         escaped(&mut out, n.name().as_bytes(), escape);
         out.extend_from_slice(if n.is_leaf { b"\",\"is_leaf\":\"1\"}" } else { b"\",\"is_leaf\":\"0\"}" });
@@ -519,10 +519,10 @@ fn completer(nodes: &[Node], wildcards: bool) -> Vec<u8> {
 fn node_list(nodes: &[Node], position: i64) -> Result<Vec<u8>, ApiError> {
     let mut found = std::collections::BTreeSet::new();
     for n in nodes {
-        let parts: Vec<&str> = n.path.split('.').collect();
+        let parts: Vec<&str> = n.path().split('.').collect();
         let at = if position < 0 { parts.len() as i64 + position } else { position };
         let part = usize::try_from(at).ok().and_then(|i| parts.get(i)).ok_or_else(|| {
-            ApiError::bad_data(format!("position={position}: {:?} has {} components", n.path, parts.len()))
+            ApiError::bad_data(format!("position={position}: {:?} has {} components", n.path(), parts.len()))
         })?;
         found.insert(*part);
     }
@@ -1216,7 +1216,7 @@ mod tests {
 
     #[test]
     fn find_answers_are_the_json_graphite_web_writes() {
-        let node = |path: &'static str, is_leaf: bool| Node { path: path.into(), is_leaf };
+        let node = |path: &'static str, is_leaf: bool| Node::new(path, is_leaf);
         let nodes = [node("a.b\"c", false), node("a.d\\\n", true), node("a.é", true)];
         let parse = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).unwrap();
         assert_eq!(
@@ -1257,10 +1257,10 @@ mod tests {
 
     #[test]
     fn found_nodes_are_ordered_by_name_then_path() {
-        let node = |path: &'static str| Node { path: path.into(), is_leaf: true };
+        let node = |path: &'static str| Node::new(path, true);
         let mut nodes = vec![node("a.x.zz"), node("a.y.b"), node("b.a.zz"), node("b.b.a")];
         by_name(&mut nodes);
-        let paths: Vec<&str> = nodes.iter().map(|n| &*n.path).collect();
+        let paths: Vec<&str> = nodes.iter().map(|n| n.path()).collect();
         assert_eq!(paths, ["b.b.a", "a.y.b", "a.x.zz", "b.a.zz"]);
     }
 
@@ -1269,7 +1269,7 @@ mod tests {
         /// however often names repeat.
         #[test]
         fn found_nodes_are_a_stable_sort_by_name(paths in proptest::collection::vec("[ab]{1,2}(\\.[abc]{0,3}){0,3}", 0..60)) {
-            let mut nodes: Vec<Node> = paths.iter().enumerate().map(|(i, p)| Node { path: p.as_str().into(), is_leaf: i % 2 == 0 }).collect();
+            let mut nodes: Vec<Node> = paths.iter().enumerate().map(|(i, p)| Node::new(p.as_str(), i % 2 == 0)).collect();
             let mut want = nodes.clone();
             want.sort_by(|a, b| a.name().cmp(b.name()));
             by_name(&mut nodes);
@@ -1305,7 +1305,7 @@ mod tests {
         let pattern = glob_pattern("query", &Glob::parse("*.net.*").unwrap()).unwrap();
         let got = q.find_first_of_each_name(&pattern, 3).unwrap();
         let nodes = as_nodes(&got);
-        let paths: Vec<&str> = nodes.iter().map(|n| &*n.path).collect();
+        let paths: Vec<&str> = nodes.iter().map(|n| n.path()).collect();
         assert_eq!(paths, ["h00.net.drops", "h00.net.rx", "h00.net.tx"], "150 nodes, three names");
         assert!(matches!(q.find_first_of_each_name(&pattern, 2), Err(strata_tsdb::Error::TooManySeries { limit: 2 })));
         assert!(q.find_names(&pattern, 149).is_err(), "the full find counts every node");
