@@ -87,12 +87,16 @@ proptest! {
     #[test]
     fn decode_range_into_is_next_clipped(
         start in -1i64 << 50..1 << 50,
-        gaps in prop::collection::vec(prop_oneof![6 => Just(10_000i64), 1 => 9_995i64..10_006, 1 => 1i64..100_000], 0..300),
+        gaps in prop::collection::vec(
+            prop_oneof![6 => Just(10_000i64), 1 => 9_995i64..10_006, 1 => 1i64..100_000],
+            0..300,
+        ),
         values in prop::collection::vec((interesting_f64(), 0u8..4), 301),
         skip in 0usize..5,
         bounds in (any::<i64>(), any::<i64>(), 0usize..310, 0usize..310),
     ) {
-        let times: Vec<i64> = std::iter::once(start).chain(gaps.iter().scan(start, |t, g| { *t += g; Some(*t) })).collect();
+        let later = gaps.iter().scan(start, |t, g| { *t += g; Some(*t) });
+        let times: Vec<i64> = std::iter::once(start).chain(later).collect();
         let mut v = 0.0;
         let samples: Vec<Sample> = times.iter().zip(&values).map(|(&t, &(f, keep))| {
             if keep == 0 { v = f; }
@@ -101,13 +105,15 @@ proptest! {
         let bytes = encode(&samples);
         // Bounds drawn anywhere, or at sample timestamps (and one either side).
         let at = |i: usize, d: i64| samples.get(i).map_or(bounds.0, |s| s.t.saturating_add(d));
-        for (mint, maxt) in [(bounds.0, bounds.1), (at(bounds.2, 0), at(bounds.3, 0)), (at(bounds.2, 1), at(bounds.3, -1))] {
+        let ranges = [(bounds.0, bounds.1), (at(bounds.2, 0), at(bounds.3, 0)), (at(bounds.2, 1), at(bounds.3, -1))];
+        for (mint, maxt) in ranges {
+            let inside = |s: &Sample| s.t >= mint && s.t <= maxt;
             let mut it = XorIterator::new(&bytes[..]);
-            let mut got: Vec<Sample> = (0..skip).filter_map(|_| it.next()).filter(|s| s.t >= mint && s.t <= maxt).collect();
+            let mut got: Vec<Sample> = (0..skip).filter_map(|_| it.next()).filter(inside).collect();
             let consumed = got.len();
             it.decode_range_into(mint, maxt, &mut got);
             prop_assert_eq!(it.err(), None);
-            let mut want: Vec<Sample> = samples.iter().take(skip).copied().filter(|s| s.t >= mint && s.t <= maxt).collect();
+            let mut want: Vec<Sample> = samples.iter().take(skip).copied().filter(inside).collect();
             prop_assert_eq!(want.len(), consumed);
             // Past the skipped ones: up to (not including) the first one after `maxt`.
             want.extend(samples.iter().skip(skip).take_while(|s| s.t <= maxt).filter(|s| s.t >= mint));
