@@ -41,11 +41,6 @@ impl<'a> Node<'a> {
     pub fn name(&self) -> &str {
         &self.path[self.name_at..]
     }
-
-    /// The path, owned or as borrowed.
-    pub fn into_path(self) -> Cow<'a, str> {
-        self.path
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
