@@ -124,7 +124,6 @@ fn by_name(nodes: &mut Vec<Node>) {
         order[*slot] = i;
         *slot += 1;
     }
-    drop(names);
     let mut taken: Vec<Option<Node>> = std::mem::take(nodes).into_iter().map(Some).collect();
     nodes.extend(order.into_iter().map(|i| taken[i].take().expect("each node is placed once")));
 }
