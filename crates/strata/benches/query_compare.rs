@@ -31,7 +31,8 @@
 //! Strata's result cache is bypassed in that table (`nocache=1`: it compares evaluations, and
 //! VictoriaMetrics runs with its cache off); a second table then shows the cache: each range
 //! query refreshed with its window moved by one step, against the same window evaluated whole,
-//! the two answers compared byte for byte. A last table shows fairness: a small panel's
+//! the two answers compared byte for byte (the windows move up to the end of the data, so each
+//! new step has samples to read, as a live dashboard's has). A last table shows fairness: a small panel's
 //! latency alone and while heavy queries run back to back beside it, per server
 //! (`QUERY_NO_FAIRNESS=1` skips it).
 //! `QUERY_DATA_DIR=path` keeps each server's data there: a later run with the same INSTANCES
@@ -468,7 +469,8 @@ fn main() {
         }
     }
     // The result cache: a dashboard refreshing each range query with its window moved by one
-    // step, against the same request evaluated whole (nocache=1); answers must be equal.
+    // step, against the same request evaluated whole (nocache=1); answers must be equal. The
+    // windows end inside the data, the last one where it ends.
     let mut refreshes: Vec<(&str, Duration, Duration)> = Vec::new();
     if let Some((_, strata)) = peers.iter().find(|(si, _)| servers[*si] == "strata") {
         for (label, q, range) in QUERIES.iter() {
@@ -476,8 +478,12 @@ fn main() {
                 continue;
             }
             let q = urlencode(&q.replace("[10m]", &format!("[{window}]")));
+            // The first window ends `runs` steps before the data does, so every refresh's new
+            // step has data behind it, as a live dashboard's has (a window moved past the end
+            // of the data would evaluate new steps over fewer and fewer samples, down to none).
+            let back = runs as i64;
             let at = |k: i64, extra: &str| {
-                let (s, e) = (start_s + k * STEP_S, end_s + k * STEP_S);
+                let (s, e) = (start_s + (k - back) * STEP_S, end_s + (k - back) * STEP_S);
                 format!("/api/v1/query_range?query={q}&start={s}&end={e}&step={STEP_S}{extra}")
             };
             let (status, _, _) = get(strata.port, &at(0, ""));
