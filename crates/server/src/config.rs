@@ -41,6 +41,8 @@ pub struct StorageConfig {
     pub wal_compression: bool,
     /// Bytes of decompressed block chunk groups kept for queries (`GroupCache`).
     pub chunk_cache_bytes: u64,
+    /// Bytes of block series entries kept for queries (`SeriesCache`).
+    pub series_cache_bytes: u64,
     /// Blocks entirely older than this behind the newest sample are deleted (0: never).
     pub retention_ms: i64,
     /// Oldest blocks are deleted while blocks and WAL exceed this (0: no limit).
@@ -67,6 +69,7 @@ impl Default for StorageConfig {
             wal_segment_bytes: SEGMENT_BYTES_DEFAULT,
             wal_compression: true,
             chunk_cache_bytes: strata_tsdb::block::chunks::GROUP_CACHE_BYTES_DEFAULT as u64,
+            series_cache_bytes: strata_tsdb::block::series_cache::SERIES_CACHE_BYTES_DEFAULT as u64,
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             out_of_order_window_ms: 0,
@@ -78,10 +81,13 @@ impl Default for StorageConfig {
 }
 
 impl StorageConfig {
-    /// Opens the database with these options, and sizes the process' chunk group cache.
+    /// Opens the database with these options, and sizes the process' chunk group and series
+    /// caches.
     pub fn open_db(&self) -> strata_tsdb::Result<strata_tsdb::Db> {
         strata_tsdb::block::GroupCache::global()
             .set_budget(usize::try_from(self.chunk_cache_bytes).unwrap_or(usize::MAX));
+        strata_tsdb::block::SeriesCache::global()
+            .set_budget(usize::try_from(self.series_cache_bytes).unwrap_or(usize::MAX));
         strata_tsdb::Db::open(&self.data_dir, self.db_options())
     }
 

@@ -11,6 +11,7 @@
 //!   wal_fsync: always
 //!   wal_segment_size: 64MB
 //!   chunk_cache_size: 256MB
+//!   series_cache_size: 64MB
 //!   out_of_order_time_window: 30m
 //!   rollup_tiers: 5m:90d,1h:2y
 //!   exemplars:
@@ -98,6 +99,8 @@ pub struct StorageSection {
     pub wal_segment_size: Option<String>,
     /// Memory for decompressed chunk groups, e.g. `64MB`.
     pub chunk_cache_size: Option<String>,
+    /// Memory for series entries read from block indexes, e.g. `32MB`.
+    pub series_cache_size: Option<String>,
     /// Prometheus' `storage.tsdb.out_of_order_time_window`.
     pub out_of_order_time_window: Option<String>,
     /// Rollup tiers, `interval:retention` by commas (`5m:90d,1h:2y`; `docs/rollups.md`).

@@ -412,6 +412,7 @@ fn render_db(o: &mut String, db: &Db) {
         ],
     );
     let (cache_bytes, cache_groups, hits, misses) = strata_tsdb::block::GroupCache::global().stats();
+    let (series_bytes, series_entries, series_hits, series_misses) = strata_tsdb::block::SeriesCache::global().stats();
     singles(
         o,
         &[
@@ -428,6 +429,25 @@ fn render_db(o: &mut String, db: &Db) {
                 "Chunk and index reads that had to read their group or frame from its file (checksum, decompression).",
                 "counter",
                 misses as f64,
+            ),
+            (
+                "strata_tsdb_series_cache_bytes",
+                "Bytes of block series entries (labels and chunk references) held for queries (--storage.series-cache-size).",
+                "gauge",
+                series_bytes as f64,
+            ),
+            ("strata_tsdb_series_cache_entries", "Block series entries held.", "gauge", series_entries as f64),
+            (
+                "strata_tsdb_series_cache_hits_total",
+                "Block series entries a selection found held.",
+                "counter",
+                series_hits as f64,
+            ),
+            (
+                "strata_tsdb_series_cache_misses_total",
+                "Block series entries a cached selection read from their index.",
+                "counter",
+                series_misses as f64,
             ),
             (
                 "strata_tsdb_rollup_bucket_buffers_bytes",

@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// query (a group or frame is about 16 KiB); 0 decompresses one at each read [default: 64MB].
     #[arg(long = "storage.chunk-cache-size")]
     chunk_cache_size: Option<String>,
+    /// Memory kept for series entries read from block indexes (labels and chunk references),
+    /// shared by every query, for selections that take at most half of it; 0 reads every
+    /// selected series' entry from its index each time [default: 32MB].
+    #[arg(long = "storage.series-cache-size")]
+    series_cache_size: Option<String>,
     /// Largest request body accepted (compressed size for remote write and read) [default: 32MB].
     #[arg(long = "write.max-body-size")]
     max_body: Option<String>,
@@ -361,6 +366,14 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
     )?;
     let chunk_cache_bytes =
         pick(f, "storage.chunk-cache-size", args.chunk_cache_size.clone(), st.chunk_cache_size, "64MB", size_or_zero)?;
+    let series_cache_bytes = pick(
+        f,
+        "storage.series-cache-size",
+        args.series_cache_size.clone(),
+        st.series_cache_size,
+        "32MB",
+        size_or_zero,
+    )?;
     let ms = |s: &str| strata_model::parse_duration_ms(s).map(|v| Duration::from_millis(v.max(1) as u64));
     let limits = Limits {
         max_body_bytes: pick(
@@ -526,6 +539,7 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         wal_compression,
         wal_segment_bytes,
         chunk_cache_bytes,
+        series_cache_bytes,
         retention_ms: retention,
         retention_bytes: retention_size,
         out_of_order_window_ms,

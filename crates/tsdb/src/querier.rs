@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use strata_model::{Label, Labels, Matcher, Sample, SeriesRef, METRIC_NAME};
 
+use crate::block::series_cache::{CachedSeries, SeriesCache};
 use crate::block::{Block, ChunkBytes, ChunkReader, ChunkRef, ReadCache};
 use crate::chunkenc::xor::XorIterator;
 use crate::chunkenc::{by_rank, decode_merged, dense, ChunkError, ChunkIterator, Encoding, TypedSample, HEADER_BYTES};
@@ -433,6 +434,9 @@ pub struct Querier<'a> {
     read_head: bool,
     /// `select` lists the series with samples in range without their chunks (`labels_only`).
     labels_only: bool,
+    /// Block series entries go through the process' `SeriesCache` (always, but in tests that
+    /// compare with reads straight from the indexes).
+    series_cache: bool,
 }
 
 impl std::fmt::Debug for Querier<'_> {
@@ -638,6 +642,7 @@ impl<'a> Querier<'a> {
             chunks_found: AtomicUsize::new(0),
             read_head: true,
             labels_only: false,
+            series_cache: true,
         }
     }
 
@@ -680,6 +685,14 @@ impl<'a> Querier<'a> {
             return Err(crate::Error::TooManyChunks { limit: self.max_chunks });
         }
         Ok(())
+    }
+
+    /// Makes `select` read every block series entry from its index, as if the `SeriesCache`
+    /// held none (for tests that compare the two).
+    #[cfg(test)]
+    pub(crate) fn without_series_cache(mut self) -> Self {
+        self.series_cache = false;
+        self
     }
 
     /// Lets `select` read blocks on up to `n` threads, the calling one reading the head meanwhile
@@ -814,6 +827,7 @@ impl<'a> Querier<'a> {
                     // Every thread lists the same pieces from the same ids.
                     let pieces = pieces_of(&ids);
                     let series: usize = pieces.iter().map(|(_, range)| range.len()).sum();
+                    let use_cache = self.series_cache && SeriesCache::global().admits(series);
                     let read_pieces = || {
                         let mut interner = ReadCache::default();
                         loop {
@@ -822,7 +836,7 @@ impl<'a> Querier<'a> {
                             let (block, block_ids) = (&blocks[*b], ids[*b].get().and_then(|r| r.as_ref().ok()));
                             let piece = &block_ids.expect("pieces are of blocks whose ids were found")[range.clone()];
                             let r = self
-                                .select_block_series(block, piece, &mut interner, &found[*b])
+                                .select_block_series(block, piece, &mut interner, &found[*b], use_cache)
                                 .inspect_err(|e| block.mark_corrupt_if(e));
                             let failed = r.is_err();
                             read.lock().unwrap_or_else(|e| e.into_inner()).push((p, r));
@@ -989,7 +1003,8 @@ impl<'a> Querier<'a> {
 
     fn select_block(&self, block: &Block, matchers: &[Matcher], interner: &mut ReadCache) -> Result<Vec<Series>> {
         let ids = self.select_block_ids(block, matchers)?;
-        self.select_block_series(block, &ids, interner, &AtomicUsize::new(0))
+        let use_cache = self.series_cache && SeriesCache::global().admits(ids.len());
+        self.select_block_series(block, &ids, interner, &AtomicUsize::new(0), use_cache)
     }
 
     /// The ids of a block's series that `matchers` select and whose time bounds reach the
@@ -1004,31 +1019,48 @@ impl<'a> Querier<'a> {
     /// The series `ids` of a block (in order) that have a chunk in range, with those chunks;
     /// the few the time bounds let through without one are left out. `found` counts the
     /// block's series found so far, by every thread reading a piece of it: the series limit
-    /// holds for the block's whole selection, as soon as it is passed.
+    /// holds for the block's whole selection, as soon as it is passed. With `use_cache`,
+    /// entries are looked up in and kept by the `SeriesCache` (for a selection it admits).
     fn select_block_series(
         &self,
         block: &Block,
         ids: &[SeriesRef],
         interner: &mut ReadCache,
         found: &AtomicUsize,
+        use_cache: bool,
     ) -> Result<Vec<Series>> {
         let count_one = || self.check_limit(found.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         let data = block.data()?;
         let stones = block.tombstones();
+        let (cache, reader) = (SeriesCache::global(), data.index.opened_id());
+        let in_range = |c: &&crate::block::ChunkMetaRef| c.maxt >= self.mint && c.mint <= self.maxt;
         let mut metas = Vec::new();
         let mut out = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             self.check_interrupt(i)?;
-            let Some(labels) = data
-                .index
-                .series_in_range(id, self.mint, self.maxt, &mut metas, interner)
-                .map_err(|e| block.corrupt(e))?
-            else {
-                continue;
+            // The entry as a query read it before (`SeriesCache`), or read from the index (and
+            // kept when its labels were read, that is when a chunk is in range).
+            let entry = if use_cache { cache.get(reader, id) } else { None };
+            let (labels, metas): (Labels, &[crate::block::ChunkMetaRef]) = match &entry {
+                Some(entry) if entry.chunks.iter().any(|c| in_range(&c)) => (entry.labels.clone(), &entry.chunks),
+                Some(_) => continue,
+                None => {
+                    let Some(labels) = data
+                        .index
+                        .series_in_range(id, self.mint, self.maxt, &mut metas, interner)
+                        .map_err(|e| block.corrupt(e))?
+                    else {
+                        continue;
+                    };
+                    if use_cache {
+                        let entry = CachedSeries { labels: labels.clone(), chunks: metas.as_slice().into() };
+                        cache.insert_missed(reader, id, Arc::new(entry));
+                    }
+                    (labels, &metas)
+                }
             };
             // Sized exactly: most series have one chunk in a block, and collecting from a
             // filter would allocate room for four.
-            let in_range = |c: &&crate::block::ChunkMetaRef| c.maxt >= self.mint && c.mint <= self.maxt;
             let count = metas.iter().filter(in_range).count();
             debug_assert!(count > 0, "series_in_range returns labels only with a chunk in range");
             let deleted = stones.get(&id.0).cloned().unwrap_or_default();

@@ -17,6 +17,7 @@ pub mod chunks;
 pub mod index;
 pub mod meta;
 pub mod names;
+pub mod series_cache;
 pub mod tombstones;
 pub mod writer;
 
@@ -30,6 +31,7 @@ use strata_model::{Matcher, SeriesRef};
 pub use chunks::{ChunkBytes, ChunkReader, ChunkRef, GroupCache};
 pub use index::{ChunkMetaRef, IndexFile, IndexSections, MmapPostings, ReadCache};
 pub use meta::{BlockMeta, BlockStats, Compaction, RollupMeta};
+pub use series_cache::SeriesCache;
 pub use tombstones::Tombstones;
 pub use writer::{BlockWriter, ChunkInput};
 

@@ -382,3 +382,65 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn block_selections_through_the_series_cache_are_reads_from_the_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = crate::Db::open(dir.path(), crate::DbOptions::default()).unwrap();
+    // 300 series over three hours (two blocks, several chunks of each series in each), a fifth
+    // of them ending after the first hour.
+    let source = Head::in_memory(HeadOptions::default());
+    let mut app = source.appender();
+    for s in 0..300i64 {
+        let job = if s % 3 == 0 { "a" } else { "b" };
+        let labels = Labels::from_pairs([("__name__", "m"), ("i", format!("{s:03}").as_str()), ("job", job)]);
+        let end = if s % 5 == 0 { 3_600_000 } else { 3 * 3_600_000 };
+        for t in (0..end).step_by(10_000) {
+            app.append(&labels, t + s, (t / 1000 + s) as f64).unwrap();
+        }
+    }
+    app.commit().unwrap();
+    db.import_head(&source).unwrap();
+    assert!(db.blocks().len() >= 2, "the data spans blocks");
+    let m = |op, name: &str, value: &str| Matcher::new(op, name, value).unwrap();
+    // Tombstones are read per query, past the cache.
+    db.delete(&[m(MatchOp::RegexMatch, "i", "01.")], 1_000_000, 2_000_000).unwrap();
+    let selections = [
+        vec![m(MatchOp::Equal, "__name__", "m")],
+        vec![m(MatchOp::Equal, "job", "a")],
+        vec![m(MatchOp::RegexMatch, "i", "0[0-4].")],
+    ];
+    let ranges =
+        [(i64::MIN, i64::MAX), (0, 100), (3_000_000, 4_000_000), (7_300_000, 7_400_000), (9_000_000, 9_900_000)];
+    let hits_before = SeriesCache::global().stats().2;
+    let fingerprint = |series: Vec<Series>| -> Vec<(Labels, Vec<Sample>, usize)> {
+        series.into_iter().map(|s| (s.labels.clone(), s.samples(), s.chunks.len())).collect()
+    };
+    for matchers in &selections {
+        for &(mint, maxt) in &ranges {
+            for threads in [1, 2] {
+                for labels_only in [false, true] {
+                    let querier = |cached: bool| {
+                        let q = db.querier(mint, maxt).parallelism(threads);
+                        let q = if labels_only { q.labels_only() } else { q };
+                        if cached {
+                            q
+                        } else {
+                            q.without_series_cache()
+                        }
+                    };
+                    let direct = fingerprint(querier(false).select(matchers).unwrap());
+                    // The first read keeps the entries, the second finds them.
+                    for round in 0..2 {
+                        let cached = fingerprint(querier(true).select(matchers).unwrap());
+                        assert_eq!(
+                            cached, direct,
+                            "{matchers:?} in [{mint}, {maxt}], {threads} threads, round {round}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(SeriesCache::global().stats().2 > hits_before, "the second reads were served by the cache");
+}

@@ -882,6 +882,12 @@ impl IndexFile {
         Ok(labels.expect("labels are resolved when no range is asked"))
     }
 
+    /// This opening of the file's number: unique in the process, so it keys what caches keep
+    /// of it (`block::series_cache`).
+    pub fn opened_id(&self) -> u64 {
+        self.opened
+    }
+
     /// `series`, but the labels are resolved only when a chunk overlaps `[mint, maxt]`: a
     /// query over a block that holds many short-lived series (pods replaced every few
     /// minutes) pays for the labels of the ones alive in its range, not of every one its
