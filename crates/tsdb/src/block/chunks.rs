@@ -10,7 +10,6 @@
 //! bounded process-wide cache (`GroupCache`), so a query reading the series of a group in order
 //! decompresses it once. Version-1 segments (one checksummed chunk per entry) are still read.
 
-use std::collections::{HashMap, VecDeque};
 use std::io::{BufWriter, Write};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -21,6 +20,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::checksum_ok;
+use super::fifo::Fifo;
 use crate::chunkenc::ChunkError;
 use crate::encoding::{put_uvarint, Decoder};
 use crate::error::{io_err, Error, Result};
@@ -361,17 +361,10 @@ impl ChunkWriter {
 /// order mostly agree, and a FIFO needs no bookkeeping on a hit).
 #[derive(Debug)]
 pub struct GroupCache {
-    inner: Mutex<CacheInner>,
+    groups: Mutex<Fifo<(u64, u32, u32), Arc<Group>>>,
     budget: AtomicUsize,
     hits: AtomicU64,
     misses: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct CacheInner {
-    groups: HashMap<(u64, u32, u32), Arc<Group>, foldhash::fast::RandomState>,
-    order: VecDeque<(u64, u32, u32)>,
-    bytes: usize,
 }
 
 /// Default byte budget of the group cache. Reads go through a block in label order, so within
@@ -391,7 +384,7 @@ impl GroupCache {
     pub fn global() -> &'static GroupCache {
         static CACHE: std::sync::OnceLock<GroupCache> = std::sync::OnceLock::new();
         CACHE.get_or_init(|| GroupCache {
-            inner: Mutex::new(CacheInner::default()),
+            groups: Mutex::new(Fifo::default()),
             budget: AtomicUsize::new(GROUP_CACHE_BYTES_DEFAULT),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -405,14 +398,14 @@ impl GroupCache {
 
     /// `(bytes held, groups held, hits, misses)`, for `/metrics`.
     pub fn stats(&self) -> (usize, usize, u64, u64) {
-        let inner = self.inner.lock();
-        (inner.bytes, inner.groups.len(), self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed))
+        let groups = self.groups.lock();
+        (groups.bytes(), groups.len(), self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed))
     }
 
     /// The cached group, counted as a hit when found (a miss is counted where a group is read
     /// from its segment).
     pub(crate) fn get(&self, key: (u64, u32, u32)) -> Option<Arc<Group>> {
-        let found = self.inner.lock().groups.get(&key).cloned();
+        let found = self.groups.lock().get(&key).cloned();
         if found.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -427,20 +420,7 @@ impl GroupCache {
 
     fn insert(&self, key: (u64, u32, u32), group: Arc<Group>) {
         let budget = self.budget.load(Ordering::Relaxed);
-        let size = group.heap_bytes();
-        let mut inner = self.inner.lock();
-        if size > budget || inner.groups.contains_key(&key) {
-            return;
-        }
-        while inner.bytes + size > budget {
-            let Some(old) = inner.order.pop_front() else { break };
-            if let Some(g) = inner.groups.remove(&old) {
-                inner.bytes -= g.heap_bytes();
-            }
-        }
-        inner.bytes += size;
-        inner.order.push_back(key);
-        inner.groups.insert(key, group);
+        self.groups.lock().insert(key, group, budget, |g| g.heap_bytes());
     }
 }
 
@@ -753,7 +733,7 @@ mod tests {
     #[test]
     fn the_group_cache_stays_within_its_budget() {
         let cache = GroupCache {
-            inner: Mutex::new(CacheInner::default()),
+            groups: Mutex::new(Fifo::default()),
             budget: AtomicUsize::new(10_000),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),

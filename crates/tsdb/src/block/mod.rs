@@ -14,6 +14,7 @@
 //! a data directory with hundreds of blocks reads a few KiB per block.
 
 pub mod chunks;
+mod fifo;
 pub mod index;
 pub mod meta;
 pub mod names;

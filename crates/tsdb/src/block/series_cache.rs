@@ -16,13 +16,13 @@
 //! with its share of the budget, so that selections on several threads rarely meet on a lock
 //! and a hit needs no bookkeeping.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use strata_model::{Label, Labels, SeriesRef};
 
+use super::fifo::Fifo;
 use super::index::ChunkMetaRef;
 
 /// Default byte budget: about 100k node-exporter series (labels and a few chunk references
@@ -59,12 +59,7 @@ impl CachedSeries {
 
 type Key = (u64, u64);
 
-#[derive(Debug, Default)]
-struct Shard {
-    entries: HashMap<Key, Arc<CachedSeries>, foldhash::fast::RandomState>,
-    order: VecDeque<Key>,
-    bytes: usize,
-}
+type Shard = Fifo<Key, Arc<CachedSeries>>;
 
 /// The process-wide cache of series entries (`SeriesCache::global`).
 #[derive(Debug)]
@@ -122,8 +117,8 @@ impl SeriesCache {
         let (mut bytes, mut entries) = (0, 0);
         for shard in &self.shards {
             let s = shard.lock();
-            bytes += s.bytes;
-            entries += s.entries.len();
+            bytes += s.bytes();
+            entries += s.len();
         }
         (bytes, entries, self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed))
     }
@@ -137,7 +132,7 @@ impl SeriesCache {
     /// (a miss is counted where the entry is read from the index: `insert_missed`).
     pub fn get(&self, reader: u64, id: SeriesRef) -> Option<Arc<CachedSeries>> {
         let key = (reader, id.0);
-        let found = self.shard(key).lock().entries.get(&key).cloned();
+        let found = self.shard(key).lock().get(&key).cloned();
         if found.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -149,25 +144,8 @@ impl SeriesCache {
     pub fn insert_missed(&self, reader: u64, id: SeriesRef, entry: Arc<CachedSeries>) {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let share = self.budget.load(Ordering::Relaxed) / SHARDS;
-        let size = entry.bytes();
-        if size > share {
-            return;
-        }
         let key = (reader, id.0);
-        let mut shard = self.shard(key).lock();
-        if shard.entries.contains_key(&key) {
-            return;
-        }
-        while shard.bytes + size > share {
-            let Some(old) = shard.order.pop_front() else { break };
-            if let Some(e) = shard.entries.remove(&old) {
-                shard.bytes -= e.bytes();
-            }
-        }
-        shard.bytes += size;
-        shard.order.push_back(key);
-        shard.entries.insert(key, entry);
-        debug_assert_eq!(shard.order.len(), shard.entries.len(), "every kept entry is in the FIFO once");
+        self.shard(key).lock().insert(key, entry, share, |e| e.bytes());
     }
 }
 
