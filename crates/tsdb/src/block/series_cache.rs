@@ -4,14 +4,14 @@
 //! A dashboard asks the same selections again and again: every refresh, every panel reloaded.
 //! Over block data each of them read every selected series' entry from its block's index again
 //! (varints, symbol lookups, label strings made and freed): for a one-step refresh of a count
-//! over 180k series, about two fifths of its CPU. Blocks never change, so an entry read once
+//! over 180k series, about a third of its CPU (`perf`). Blocks never change, so an entry read once
 //! stays right for as long as its index is open; this cache keeps them, shared by every query,
 //! within a byte budget (`--storage.series-cache-size`). Tombstones are not kept here (they are
 //! read per query), nor are entries of series the query's range left out (their labels are
 //! not read).
 //!
-//! Keys are an opened index's reader id (`chunks::next_reader_id`: never reused in a process)
-//! and the series' ref. Entries of an index that was closed (its block compacted away or
+//! Keys are an opened index's number (`IndexFile::opened_id`: never reused in a process) and
+//! the series' ref. Entries of an index that was closed (its block compacted away or
 //! deleted) are never asked for again and go as the budget makes room. Shards, each a FIFO
 //! with its share of the budget, so that selections on several threads rarely meet on a lock
 //! and a hit needs no bookkeeping.
@@ -25,8 +25,8 @@ use strata_model::{Label, Labels, SeriesRef};
 use super::fifo::Fifo;
 use super::index::ChunkMetaRef;
 
-/// Default byte budget: about 100k node-exporter series (labels and a few chunk references
-/// each, counted as if no string were shared with another entry).
+/// Default byte budget: about 70k node-exporter series (labels and a few chunk references
+/// each, counted as if no string were shared with another entry: about 450 bytes).
 pub const SERIES_CACHE_BYTES_DEFAULT: usize = 32 << 20;
 
 const SHARDS: usize = 16;
@@ -95,11 +95,6 @@ impl SeriesCache {
                 *shard.lock() = Shard::default();
             }
         }
-    }
-
-    /// Whether anything is kept at all.
-    pub fn enabled(&self) -> bool {
-        self.budget.load(Ordering::Relaxed) > 0
     }
 
     /// Whether a selection of `series` entries is looked up and kept: only one that takes at
@@ -190,7 +185,7 @@ mod tests {
         assert_eq!(kept, [false, false, false, false, false, false, true, true, true, true]);
         let (bytes, entries, ..) = cache.stats();
         assert_eq!((bytes, entries), (4 * one, 4));
-        // An entry larger than a shard's share is not kept.
+        // An entry larger than a shard's share (a chunk reference is 24 bytes) is not kept.
         cache.insert_missed(0, SeriesRef(1), entry("a_metric_name", 4 * one / 24 + 1));
         assert!(cache.get(0, SeriesRef(1)).is_none());
         // A budget of 0 empties it and keeps nothing after.
@@ -198,7 +193,6 @@ mod tests {
         assert_eq!(cache.stats().1, 0);
         cache.insert_missed(0, SeriesRef(2), entry("up", 1));
         assert!(cache.get(0, SeriesRef(2)).is_none());
-        assert!(!cache.enabled());
     }
 
     #[test]
