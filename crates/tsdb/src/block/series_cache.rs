@@ -4,7 +4,7 @@
 //! A dashboard asks the same selections again and again: every refresh, every panel reloaded.
 //! Over block data each of them read every selected series' entry from its block's index again
 //! (varints, symbol lookups, label strings made and freed): for a one-step refresh of a count
-//! over 180k series, about a third of its CPU (`perf`). Blocks never change, so an entry read once
+//! over 180k series, over a quarter of its CPU (`perf`). Blocks never change, so an entry read once
 //! stays right for as long as its index is open; this cache keeps them, shared by every query,
 //! within a byte budget (`--storage.series-cache-size`). Tombstones are not kept here (they are
 //! read per query), nor are entries of series the query's range left out (their labels are
