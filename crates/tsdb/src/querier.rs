@@ -945,7 +945,10 @@ impl<'a> Querier<'a> {
                 arena.reserve_exact(ARENA_BLOCK);
             }
             let chunks = {
-                let state = s.lock();
+                let mut state = s.lock();
+                if state.wants_cut(self.mint) {
+                    state.move_cut(self.mint);
+                }
                 state.each_chunk_into(self.mint, self.maxt, u64::MAX, &mut arena, |c, rank| pending.push((c, rank)));
                 drop(state);
                 let mut chunks = Vec::with_capacity(pending.len());

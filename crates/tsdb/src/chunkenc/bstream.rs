@@ -67,6 +67,38 @@ impl BitWriter {
         }
     }
 
+    /// Writes the bits of `data` from bit `from` (most significant first) to its end: a byte
+    /// at a time, each put together from the two source bytes it straddles, once the last
+    /// byte written is full.
+    pub fn write_bits_of(&mut self, data: &[u8], from: usize) {
+        let end = data.len() * 8;
+        if from >= end {
+            return;
+        }
+        let mut bit = from;
+        if self.free_bits > 0 {
+            let n = (self.free_bits as usize).min(end - bit) as u32;
+            let mut r = BitReader::new(0);
+            r.skip(data, bit);
+            self.write_bits(r.read_bits_unchecked(data, n), n);
+            bit += n as usize;
+        }
+        // Byte-aligned now (or done).
+        let (first, shift) = (bit / 8, (bit % 8) as u32);
+        if shift == 0 {
+            self.bytes.extend_from_slice(&data[first.min(data.len())..]);
+            return;
+        }
+        // The bits left end with data's last byte: every output byte but the last takes the
+        // low bits of one byte and the high bits of the next.
+        let rest = &data[first..];
+        self.bytes.reserve(rest.len());
+        self.bytes.extend(rest.windows(2).map(|w| (w[0] << shift) | (w[1] >> (8 - shift))));
+        let last = rest[rest.len() - 1] << shift;
+        self.bytes.push(last);
+        self.free_bits = shift as u8;
+    }
+
     /// Writes a whole byte; the fast path when the stream is byte-aligned.
     pub fn write_byte(&mut self, b: u8) {
         if self.free_bits == 0 {
@@ -301,6 +333,25 @@ mod tests {
                 let mask = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
                 prop_assert_eq!(r.read_bits(&data, n), Some(v & mask));
             }
+        }
+
+        /// Copied bits are the source's, after any number of bits already written, from any
+        /// bit on: the same as writing them one by one.
+        #[test]
+        fn bits_of_are_copied(prefix in (any::<u64>(), 0u32..=64), data in prop::collection::vec(any::<u8>(), 0..40), from in 0usize..330) {
+            let mut fast = BitWriter::default();
+            fast.write_bits(prefix.0, prefix.1);
+            let mut slow = fast.clone();
+            fast.write_bits_of(&data, from);
+            let mut r = BitReader::new(0);
+            for i in 0..data.len() * 8 {
+                let bit = r.read_bits(&data, 1) == Some(1);
+                if i >= from {
+                    slow.write_bit(bit);
+                }
+            }
+            prop_assert_eq!(fast.bytes(), slow.bytes());
+            prop_assert_eq!(fast.free_bits, slow.free_bits);
         }
 
         /// Varints of every length: any bits (mostly ten bytes), small values and single bits.

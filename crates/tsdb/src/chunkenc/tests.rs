@@ -212,3 +212,64 @@ fn unknown_encoding_is_a_typed_error() {
     assert_eq!(ChunkIterator::new(&[9u8, 0, 0][..]).err(), Some(ChunkError::UnknownEncoding(9)));
     assert_eq!(ChunkIterator::new(&[1u8][..]).err(), Some(ChunkError::ShortHeader(1)));
 }
+
+/// Scrape-like samples for the cut tests: a regular interval mostly (jittered or irregular now
+/// and then), values repeating in stretches (runs of `0 0` samples) and changing in few or
+/// many bits.
+fn scrape_like() -> impl Strategy<Value = Vec<Sample>> {
+    (
+        -1i64 << 50..1 << 50,
+        prop::collection::vec(prop_oneof![6 => Just(10_000i64), 1 => 9_995i64..10_006, 1 => 1i64..100_000], 1..250),
+        prop::collection::vec((interesting_f64(), 0u8..4), 251),
+    )
+        .prop_map(|(start, gaps, values)| {
+            let later = gaps.iter().scan(start, |t, g| {
+                *t += g;
+                Some(*t)
+            });
+            let mut v = 0.0;
+            std::iter::once(start)
+                .chain(later)
+                .zip(&values)
+                .map(|(t, &(f, keep))| {
+                    if keep == 0 {
+                        v = f;
+                    }
+                    Sample::new(t, v)
+                })
+                .collect()
+        })
+}
+
+proptest! {
+    /// A cut is at the last sample at or before its time that has a sample after it, and the
+    /// tail written from it holds exactly the samples from there on, also once the chunk has
+    /// grown since the cut was found; a cut found from an earlier cut is the one found from the
+    /// chunk's start.
+    #[test]
+    fn tails_from_cuts_are_the_chunks_samples_from_there(
+        samples in scrape_like(),
+        grown_from in 0usize..260,
+        at in (0usize..260, -1i64..=1, 0usize..260, -1i64..=1),
+    ) {
+        let early = grown_from.clamp(1, samples.len());
+        let (prefix, whole) = (encode(&samples[..early]), encode(&samples));
+        let time = |i: usize, d: i64| samples[i.min(samples.len() - 1)].t + d;
+        let (t1, t2) = (time(at.0, at.1), time(at.2, at.3));
+        let cut = xor::find_cut(&prefix, None, t1);
+        // Where it must be: the last index with a successor whose time is at or before t1.
+        let want = (1..early.saturating_sub(1)).rev().find(|&i| samples[i].t <= t1);
+        prop_assert_eq!(cut.map(|c| c.index()), want);
+        let Some(cut) = cut else { return Ok(()) };
+        prop_assert_eq!(cut.t(), samples[cut.index()].t);
+        for (bytes, n) in [(&prefix, early), (&whole, samples.len())] {
+            let mut tail = vec![0xaa; 3];
+            xor::write_tail(bytes, &cut, &mut tail);
+            prop_assert_eq!(&tail[..3], &[0xaa; 3], "appended after what the buffer held");
+            assert_bit_equal(&decode(&tail[3..]), &samples[cut.index()..n]);
+        }
+        // From the first cut to a second one in the grown chunk.
+        let from_start = xor::find_cut(&whole, None, t2).filter(|c| c.index() > cut.index());
+        prop_assert_eq!(xor::find_cut(&whole, Some(&cut), t2), from_start);
+    }
+}

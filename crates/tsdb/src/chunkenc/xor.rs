@@ -441,3 +441,137 @@ impl DecodeState {
         Some(Sample { t: self.t, v: f64::from_bits(self.v_bits) })
     }
 }
+
+/// A place in an XOR chunk from which the rest of it can be written out as a chunk of its own
+/// ([`write_tail`]): a reader that wants only the last samples of a long open head chunk
+/// (an alerting rule's or a refreshing dashboard's window of a few minutes at the end of a
+/// chunk of two hours) then copies and decodes those, not the chunk from its start. XOR
+/// decodes only forwards, each sample from the one before, so the cut holds what the tail's
+/// first two samples need: the first one whole, the second one's time and value and the value
+/// window after it, and where the bits after it begin.
+///
+/// A cut stays valid for as long as the chunk only grows (an open chunk's written bits never
+/// change); it must not be used on another chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XorCut {
+    /// The index of the tail's first sample in the chunk (at least 1: a cut at 0 is the chunk).
+    index: u16,
+    t: i64,
+    v_bits: u64,
+    /// The sample after it, and the value window the decoder holds after that sample.
+    next_t: i64,
+    next_v_bits: u64,
+    leading: u8,
+    trailing: u8,
+    /// The bit (from the chunk's first byte) where the sample after `next_t`'s begins.
+    bit: u32,
+}
+
+impl XorCut {
+    /// The time of the tail's first sample: the tail holds every sample at or after it.
+    pub fn t(&self) -> i64 {
+        self.t
+    }
+
+    /// The index of the tail's first sample in the chunk.
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+}
+
+/// The cut at the last sample at or before `t` that has a sample after it, found by decoding
+/// the XOR chunk `data` (header included, no start-time column) from `from` (a cut of the same
+/// chunk) or from its start. `None` when that sample is the chunk's first (there is nothing to
+/// cut off), is not past `from`, or the chunk cannot be decoded that far (a reader of the whole
+/// chunk reports that).
+pub fn find_cut(data: &[u8], from: Option<&XorCut>, t: i64) -> Option<XorCut> {
+    if data.len() < HEADER_BYTES || data[0] != Encoding::Xor as u8 {
+        return None;
+    }
+    let total = u16::from_be_bytes([data[1], data[2]]);
+    if total < 2 {
+        return None;
+    }
+    // The decoder's state after the sample it last returned, and that sample.
+    let (mut st, mut prev) = match from {
+        Some(c) => {
+            let mut r = BitReader::new(0);
+            r.skip(data, c.bit as usize);
+            let st = DecodeState {
+                r,
+                total,
+                read: c.index + 2,
+                t: c.next_t,
+                delta: (c.next_t as u64).wrapping_sub(c.t as u64),
+                v_bits: c.next_v_bits,
+                leading: c.leading,
+                trailing: c.trailing,
+                bad_window: false,
+                run: 0,
+            };
+            (st, Sample { t: c.next_t, v: f64::from_bits(c.next_v_bits) })
+        }
+        None => {
+            let mut st = XorIterator::new(data).st;
+            let first = st.decode_next(data)?;
+            st.read = 1;
+            (st, first)
+        }
+    };
+    let mut found = None;
+    while st.read < st.total && prev.t <= t {
+        let s = st.decode_next(data)?;
+        st.read += 1;
+        // `prev` (at index read - 2) is at or before `t` and has `s` after it.
+        let index = st.read - 2;
+        if index > from.map_or(0, |c| c.index) {
+            found = Some(XorCut {
+                index,
+                t: prev.t,
+                v_bits: prev.v.to_bits(),
+                next_t: s.t,
+                next_v_bits: s.v.to_bits(),
+                leading: st.leading,
+                trailing: st.trailing,
+                // Inside a run of repeated samples the decoder has consumed the whole run's
+                // bits (two per sample) already.
+                bit: (st.r.pos() - 2 * st.run as usize) as u32,
+            });
+        }
+        prev = s;
+    }
+    found
+}
+
+/// Appends to `out` the XOR chunk of `data`'s samples from `cut` on (`data` as `find_cut`
+/// took it, or grown since): its first sample written whole, the second as a chunk's second
+/// (a plain interval) with an explicit value window, and the rest of `data`'s bits as they
+/// are, which then decode exactly as in `data`.
+pub fn write_tail(data: &[u8], cut: &XorCut, out: &mut Vec<u8>) {
+    let total = u16::from_be_bytes([data[1], data[2]]);
+    assert!(cut.index >= 1 && cut.index + 1 < total, "a cut of this chunk: {} of {total} samples", cut.index);
+    let mut w = BitWriter::with_bytes(std::mem::take(out));
+    w.write_byte(Encoding::Xor as u8);
+    w.write_bits((total - cut.index) as u64, 16);
+    w.write_varint(cut.t);
+    w.write_bits(cut.v_bits, 64);
+    w.write_uvarint((cut.next_t as u64).wrapping_sub(cut.t as u64));
+    let xor = cut.v_bits ^ cut.next_v_bits;
+    if xor == 0 && cut.leading == 0 && cut.trailing == 0 {
+        // The decoder's window starts at (0, 0): an unchanged value keeps it so.
+        w.write_bit(false);
+    } else {
+        // The window the decoder holds in `data` after this sample, set explicitly even when
+        // the value did not change there: the samples after it may reuse it.
+        let sig = 64 - cut.leading as u32 - cut.trailing as u32;
+        debug_assert!(
+            xor == 0 || (xor.leading_zeros() >= cut.leading as u32 && xor.trailing_zeros() >= cut.trailing as u32)
+        );
+        w.write_bits(0b11, 2);
+        w.write_bits(cut.leading as u64, 5);
+        w.write_bits((sig & 63) as u64, 6);
+        w.write_bits(xor >> cut.trailing, sig);
+    }
+    w.write_bits_of(data, cut.bit as usize);
+    *out = w.into_bytes();
+}

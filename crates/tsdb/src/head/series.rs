@@ -12,6 +12,7 @@ use strata_model::{CounterResetHint, FloatHistogram, SeriesRef};
 
 use super::overlay::Overlay;
 use super::symbols::PackedLabels;
+use crate::chunkenc::xor::{self, XorCut};
 use crate::chunkenc::{
     start_time, ChunkIterator, HistogramAppender, Layout, StartTimeWriter, TypedSample, TypedValue, XorAppender,
     CHUNK_BYTES_TARGET, SAMPLES_PER_CHUNK,
@@ -162,6 +163,10 @@ struct Open {
     /// at first, then (once the chunk is a quarter full) an estimate that spreads the range's
     /// remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
     next_at: i64,
+    /// Where a reader of the chunk's recent samples starts (`XorCut`): placed by reads, moved
+    /// forward by later ones (`SeriesState::move_cut`), gone with the chunk. Boxed: only the
+    /// series that queries read recent windows of (rules, dashboards) have one.
+    cut: Option<Box<XorCut>>,
 }
 
 impl Open {
@@ -185,7 +190,49 @@ impl Open {
     fn overlaps(&self, mint: i64, maxt: i64) -> bool {
         self.chunk.num_samples() > 0 && self.chunk.last_t() >= mint && self.mint <= maxt
     }
+
+    /// The XOR appender, if the chunk is a plain XOR chunk (no start-time column): the chunks
+    /// a cut applies to.
+    fn plain_xor(&self) -> Option<&XorAppender> {
+        match (&self.chunk, &self.starts) {
+            (OpenChunk::Xor(a), None) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Whether a read from `mint` would decode about `CUT_MIN_SKIP` samples or more before it
+    /// (from the cut, or the chunk's start), estimated from the chunk's mean interval.
+    fn wants_cut(&self, mint: i64) -> bool {
+        let Some(a) = self.plain_xor() else { return false };
+        let (n, from) = (a.num_samples(), self.cut.as_ref().map_or(self.mint, |c| c.t()));
+        if n < CUT_MIN_SKIP + 2 || mint <= from {
+            return false;
+        }
+        let span = i128::from(a.last_t()) - i128::from(self.mint);
+        let skipped = (i128::from(mint.min(a.last_t())) - i128::from(from)) * (n as i128 - 1);
+        skipped >= CUT_MIN_SKIP as i128 * span
+    }
+
+    /// Writes the chunk's samples that a read from `mint` needs to `out` (from the cut when it
+    /// is at or before `mint`, else all of them), and returns the first one's time.
+    fn write_from(&self, mint: i64, out: &mut Vec<u8>) -> i64 {
+        match (self.plain_xor(), &self.cut) {
+            (Some(a), Some(c)) if c.t() <= mint => {
+                xor::write_tail(a.bytes(), c, out);
+                c.t()
+            }
+            _ => {
+                self.write_bytes(out);
+                self.mint
+            }
+        }
+    }
 }
+
+/// Samples a read of the open chunk must be able to skip before it moves the chunk's cut: each
+/// move decodes the samples it passes (under the series' lock), and a tail is written out
+/// rather than copied, so a cut a few samples on would not pay for itself.
+const CUT_MIN_SKIP: usize = 16;
 
 #[derive(Debug, Default)]
 pub struct SeriesState {
@@ -433,6 +480,7 @@ impl SeriesState {
             starts: (st != 0).then(Box::default),
             mint: t,
             next_at: chunk_range_end(t, chunk_range),
+            cut: None,
         }));
     }
 
@@ -618,6 +666,8 @@ impl SeriesState {
     /// their place there (`HeadChunk::InArena`): a reader copying the open chunks of many
     /// series then allocates one buffer for all of them instead of one per series (and frees
     /// one).
+    /// A read from after the open chunk's start gets the chunk from its cut on, when there is
+    /// one at or before `mint` (`wants_cut`, `move_cut`).
     pub fn each_chunk_into(
         &self,
         mint: i64,
@@ -629,11 +679,39 @@ impl SeriesState {
         self.closed_overlapping(mint, maxt).for_each(|c| f(HeadChunk::Shared(c.clone()), 0));
         if let Some(o) = self.open.as_ref().filter(|o| o.overlaps(mint, maxt)) {
             let start = arena.len();
-            o.write_bytes(arena);
-            f(HeadChunk::InArena { mint: o.mint, maxt: o.chunk.last_t(), bytes: start..arena.len() }, 0);
+            let first = o.write_from(mint, arena);
+            f(HeadChunk::InArena { mint: first, maxt: o.chunk.last_t(), bytes: start..arena.len() }, 0);
         }
         if let Some(o) = &self.overlay {
             o.each_chunk(mint, maxt, max_epoch, |c, rank| f(HeadChunk::Shared(c), rank));
+        }
+    }
+
+    /// Whether a read from `mint` should move the open chunk's cut first (`move_cut`): it
+    /// would skip enough of the chunk's samples before `mint` to pay for finding the place.
+    pub fn wants_cut(&self, mint: i64) -> bool {
+        self.open.as_ref().is_some_and(|o| o.wants_cut(mint))
+    }
+
+    /// The time the open chunk's cut is at, if it has one.
+    #[cfg(test)]
+    pub(crate) fn open_cut_t(&self) -> Option<i64> {
+        self.open.as_ref().and_then(|o| o.cut.as_ref()).map(|c| c.t())
+    }
+
+    /// Moves the open chunk's cut to its last sample at or before `mint` (one with a sample
+    /// after it), decoding from the cut it had. Readers from `mint` or later then copy and
+    /// decode the chunk from there (`each_chunk_into`): a rule or a refreshing dashboard reading
+    /// the last minutes of a long open chunk again and again decodes those, not the whole
+    /// chunk each time.
+    pub fn move_cut(&mut self, mint: i64) {
+        let Some(o) = self.open.as_deref_mut() else { return };
+        let Some(a) = o.plain_xor() else { return };
+        if let Some(c) = xor::find_cut(a.bytes(), o.cut.as_deref(), mint) {
+            match &mut o.cut {
+                Some(kept) => **kept = c,
+                None => o.cut = Some(Box::new(c)),
+            }
         }
     }
 

@@ -778,3 +778,91 @@ fn the_head_says_which_ranges_it_may_hold_samples_in_and_selections_skip_the_oth
     assert!(may(151, 152));
     assert_eq!(selected(151, 152), 3);
 }
+
+proptest! {
+    /// Reads of recent windows go through the open chunks' cuts (`SeriesState::move_cut`): what
+    /// every read returns is the series' samples in its range, whether the cut moved for it,
+    /// was moved past its start by an earlier read, or the chunk grew or was closed since.
+    #[test]
+    fn reads_through_open_chunk_cuts_return_the_samples_in_range(
+        ops in prop::collection::vec(prop_oneof![
+            2 => (1usize..60).prop_map(Err),
+            4 => (0i64..30, 0i64..60).prop_map(Ok),
+            1 => (0i64..400, 0i64..400).prop_map(Ok),
+        ], 1..40),
+        values in prop::collection::vec((0u8..4, any::<u32>()), 64),
+    ) {
+        let head = Head::in_memory(HeadOptions::default());
+        let labels = l(&[("__name__", "x")]);
+        let mut model: Vec<strata_model::Sample> = Vec::new();
+        let (mut t, mut v, mut k) = (1_000_000i64, 0.0, 0usize);
+        for op in ops {
+            match op {
+                Err(n) => {
+                    let mut app = head.appender();
+                    for _ in 0..n {
+                        // A 10 s scrape, jittered now and then; values repeating in stretches.
+                        let (kind, r) = values[k % values.len()];
+                        k += 1;
+                        t += if kind == 3 { 9_000 + (r % 2_000) as i64 } else { 10_000 };
+                        if kind == 0 {
+                            v = (r % 1000) as f64 / 8.0;
+                        }
+                        app.append(&labels, t, v).unwrap();
+                        model.push(strata_model::Sample::new(t, v));
+                    }
+                    app.commit().unwrap();
+                }
+                Ok((back, len)) => {
+                    // A window ending `back` scrapes before the newest sample, `len` long.
+                    let maxt = t - back * 10_000 + 5_000;
+                    let mint = maxt - len * 10_000;
+                    let got = Querier::new(&head, mint, maxt).select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap();
+                    let want: Vec<strata_model::Sample> = model.iter().copied().filter(|s| s.t >= mint && s.t <= maxt).collect();
+                    let (samples, mut floats) = match got.first() {
+                        Some(s) => {
+                            let mut floats = Vec::new();
+                            prop_assert!(s.read_floats(&mut floats).unwrap());
+                            (s.samples(), floats)
+                        }
+                        None => (Vec::new(), Vec::new()),
+                    };
+                    floats.retain(|s| s.t >= mint);
+                    prop_assert_eq!(&samples, &want);
+                    prop_assert_eq!(&floats, &want);
+                }
+            }
+        }
+    }
+}
+
+/// A window moving along a long open chunk reads it from a cut that follows the window: the
+/// chunk handed out starts at most a cut's move (`CUT_MIN_SKIP` samples, about) before the
+/// window, not at the chunk's start.
+#[test]
+fn a_moving_window_reads_the_open_chunk_from_its_cut() {
+    let head = Head::in_memory(HeadOptions::default());
+    let labels = l(&[("__name__", "x")]);
+    let series_at = |t: i64| {
+        let mut app = head.appender();
+        app.append(&labels, t, (t / 1000) as f64).unwrap();
+        app.commit().unwrap();
+    };
+    for i in 0..60 {
+        series_at(i * 10_000);
+    }
+    for step in 0..40 {
+        let t = (60 + step) * 10_000;
+        series_at(t);
+        // Five minutes back: 30 samples of a chunk of 61 and more.
+        let (mint, maxt) = (t - 300_000 + 1, t);
+        let got = Querier::new(&head, mint, maxt).select(&[m(MatchOp::Equal, "__name__", "x")]).unwrap();
+        assert_eq!(got[0].samples().len(), 30);
+        let first = got[0].chunks[0].mint;
+        assert!(
+            first < mint && first >= mint - 20 * 10_000,
+            "step {step}: the chunk handed out starts at {first}, the window at {mint}"
+        );
+        assert_eq!(head.find_series(&labels).unwrap().lock().open_cut_t(), Some(first));
+    }
+}
