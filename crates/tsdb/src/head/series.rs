@@ -155,24 +155,51 @@ impl AsRef<[u8]> for HeadChunkBytes {
 #[derive(Debug)]
 struct Open {
     chunk: OpenChunk,
-    /// The chunk's start-time column: present once a sample with a start time opened the
-    /// chunk (a chunk without start times pays one pointer).
-    starts: Option<Box<StartTimeWriter>>,
+    /// What the chunk has beside its samples, if anything (a chunk with nothing pays one
+    /// pointer).
+    beside: Option<Box<Beside>>,
     mint: i64,
     /// The chunk is cut at the first sample at or after this time: the end of its block range
     /// at first, then (once the chunk is a quarter full) an estimate that spreads the range's
     /// remaining samples evenly over chunks of about `SAMPLES_PER_CHUNK`.
     next_at: i64,
+}
+
+// Every series with samples keeps an `Open`: what a few readers use (a cut) shares the box of
+// what a few writers use (start times) rather than growing all of them.
+const _: () = assert!(std::mem::size_of::<Open>() <= 88);
+
+/// What an open chunk may have beside its samples. One box for either: they never go
+/// together (a cut is of a plain XOR chunk), and an open chunk is kept for every series.
+#[derive(Debug)]
+enum Beside {
+    /// The chunk's start-time column: present once a sample with a start time opened the
+    /// chunk.
+    Starts(StartTimeWriter),
     /// Where a reader of the chunk's recent samples starts (`XorCut`): placed by reads, moved
-    /// forward by later ones (`SeriesState::move_cut`), gone with the chunk. Boxed: only the
-    /// series that queries read recent windows of (rules, dashboards) have one.
-    cut: Option<Box<XorCut>>,
+    /// forward by later ones (`SeriesState::move_cut`), gone with the chunk. Only the series
+    /// that queries read recent windows of (rules, dashboards) have one.
+    Cut(XorCut),
 }
 
 impl Open {
+    fn starts(&self) -> Option<&StartTimeWriter> {
+        match self.beside.as_deref() {
+            Some(Beside::Starts(col)) => Some(col),
+            _ => None,
+        }
+    }
+
+    fn cut(&self) -> Option<&XorCut> {
+        match self.beside.as_deref() {
+            Some(Beside::Cut(c)) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The chunk's bytes, with its start-time column if it has one.
     fn bytes(&self) -> HeadChunkBytes {
-        match &self.starts {
+        match self.starts() {
             Some(col) => start_time::join(self.chunk.bytes(), col).into(),
             None => self.chunk.bytes().into(),
         }
@@ -180,7 +207,7 @@ impl Open {
 
     /// `bytes`, appended to `out`.
     fn write_bytes(&self, out: &mut Vec<u8>) {
-        match &self.starts {
+        match self.starts() {
             Some(col) => out.extend_from_slice(&start_time::join(self.chunk.bytes(), col)),
             None => out.extend_from_slice(self.chunk.bytes()),
         }
@@ -194,7 +221,7 @@ impl Open {
     /// The XOR appender, if the chunk is a plain XOR chunk (no start-time column): the chunks
     /// a cut applies to.
     fn plain_xor(&self) -> Option<&XorAppender> {
-        match (&self.chunk, &self.starts) {
+        match (&self.chunk, self.starts()) {
             (OpenChunk::Xor(a), None) => Some(a),
             _ => None,
         }
@@ -204,7 +231,7 @@ impl Open {
     /// (from the cut, or the chunk's start), estimated from the chunk's mean interval.
     fn wants_cut(&self, mint: i64) -> bool {
         let Some(a) = self.plain_xor() else { return false };
-        let (n, from) = (a.num_samples(), self.cut.as_ref().map_or(self.mint, |c| c.t()));
+        let (n, from) = (a.num_samples(), self.cut().map_or(self.mint, |c| c.t()));
         if n < CUT_MIN_SKIP + 2 || mint <= from {
             return false;
         }
@@ -216,7 +243,7 @@ impl Open {
     /// Writes the chunk's samples that a read from `mint` needs to `out` (from the cut when it
     /// is at or before `mint`, else all of them), and returns the first one's time.
     fn write_from(&self, mint: i64, out: &mut Vec<u8>) -> i64 {
-        match (self.plain_xor(), &self.cut) {
+        match (self.plain_xor(), self.cut()) {
             (Some(a), Some(c)) if c.t() <= mint => {
                 xor::write_tail(a.bytes(), c, out);
                 c.t()
@@ -477,22 +504,21 @@ impl SeriesState {
         self.close_open_chunk();
         self.open = Some(Box::new(Open {
             chunk,
-            starts: (st != 0).then(Box::default),
+            beside: (st != 0).then(|| Box::new(Beside::Starts(StartTimeWriter::default()))),
             mint: t,
             next_at: chunk_range_end(t, chunk_range),
-            cut: None,
         }));
     }
 
     /// Whether a sample with start time `st` needs a new chunk for it: the open chunk has no
     /// start-time column.
     fn cut_for_start_time(&self, st: i64) -> bool {
-        st != 0 && self.open.as_ref().is_none_or(|o| o.starts.is_none())
+        st != 0 && self.open.as_ref().is_none_or(|o| o.starts().is_none())
     }
 
     /// Records the start time of the sample just appended to the open chunk.
     fn push_start(&mut self, t: i64, st: i64) {
-        if let Some(col) = self.open.as_mut().and_then(|o| o.starts.as_mut()) {
+        if let Some(Beside::Starts(col)) = self.open.as_mut().and_then(|o| o.beside.as_deref_mut()) {
             col.push(t, st);
         }
     }
@@ -696,7 +722,7 @@ impl SeriesState {
     /// The time the open chunk's cut is at, if it has one.
     #[cfg(test)]
     pub(crate) fn open_cut_t(&self) -> Option<i64> {
-        self.open.as_ref().and_then(|o| o.cut.as_ref()).map(|c| c.t())
+        self.open.as_ref().and_then(|o| o.cut()).map(|c| c.t())
     }
 
     /// Moves the open chunk's cut to its last sample at or before `mint` (one with a sample
@@ -707,10 +733,10 @@ impl SeriesState {
     pub fn move_cut(&mut self, mint: i64) {
         let Some(o) = self.open.as_deref_mut() else { return };
         let Some(a) = o.plain_xor() else { return };
-        if let Some(c) = xor::find_cut(a.bytes(), o.cut.as_deref(), mint) {
-            match &mut o.cut {
-                Some(kept) => **kept = c,
-                None => o.cut = Some(Box::new(c)),
+        if let Some(c) = xor::find_cut(a.bytes(), o.cut(), mint) {
+            match o.beside.as_deref_mut() {
+                Some(kept) => *kept = Beside::Cut(c),
+                None => o.beside = Some(Box::new(Beside::Cut(c))),
             }
         }
     }
@@ -808,7 +834,7 @@ impl SeriesState {
     pub fn chunk_index_bytes(&self) -> usize {
         self.closed.len() * std::mem::size_of::<ChunkMeta>()
             + self.open.as_ref().map_or(0, |o| {
-                std::mem::size_of::<Open>() + o.starts.as_ref().map_or(0, |_| std::mem::size_of::<StartTimeWriter>())
+                std::mem::size_of::<Open>() + o.beside.as_ref().map_or(0, |_| std::mem::size_of::<Beside>())
             })
     }
 
