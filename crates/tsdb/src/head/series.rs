@@ -692,6 +692,7 @@ impl SeriesState {
     /// their place there (`HeadChunk::InArena`): a reader copying the open chunks of many
     /// series then allocates one buffer for all of them instead of one per series (and frees
     /// one).
+    ///
     /// A read from after the open chunk's start gets the chunk from its cut on, when there is
     /// one at or before `mint` (`wants_cut`, `move_cut`).
     pub fn each_chunk_into(
