@@ -946,6 +946,8 @@ impl<'a> Querier<'a> {
             }
             let chunks = {
                 let mut state = s.lock();
+                // Asked first, through a shared borrow: a mutable one marks the state changed
+                // (`SeriesGuard`), which only a read that moves the cut should pay for.
                 if state.wants_cut(self.mint) {
                     state.move_cut(self.mint);
                 }
