@@ -226,29 +226,58 @@ impl Evaluator<'_> {
                     let b = &s.buckets;
                     let (counts, firsts, lasts, corrections) =
                         (b.counts(), b.firsts(), b.lasts(), b.reset_corrections());
-                    for_windows(b, ctx, &spec, reads_ends, |i, end, w| {
-                        let (count, first, last, change) = match w {
-                            Window::One(k) => {
-                                let (first, last) = (firsts[k], lasts[k]);
-                                let change = if func == WindowFn::Delta {
-                                    last.v - first.v
-                                } else {
-                                    last.v - first.v + corrections[k]
-                                };
-                                (counts[k], first, last, change)
+                    if let Some((run, first_step)) = step_per_bucket(b, ctx, &spec) {
+                        // A dashboard over the tier of its step: bucket `run.start + j` is
+                        // step `first_step + j`'s window, and its end is that window's end.
+                        // Read straight from the columns, without the walk of windows and
+                        // its index checks: a month's `sum(rate(...[1h]))` of a thousand
+                        // series at a 1 h step spent a fifth of its CPU in the walk, and
+                        // 7-12% less in all without it.
+                        let ends = &b.ends()[run.clone()];
+                        let columns = counts[run.clone()].iter().zip(&firsts[run.clone()]).zip(&lasts[run.clone()]);
+                        let corrections = if func == WindowFn::Delta { &[][..] } else { &corrections[run.clone()] };
+                        for (j, ((&count, first), last)) in columns.enumerate() {
+                            if count < 2 {
+                                continue;
                             }
-                            Window::Many(w) => (w.count, w.first, w.last, func.change(w)),
-                        };
-                        if count < 2 {
-                            return;
+                            let change = match corrections.get(j) {
+                                Some(c) => last.v - first.v + c,
+                                None => last.v - first.v,
+                            };
+                            let (i, end) = (first_step + j, ends[j]);
+                            debug_assert_eq!(end, spec.end_at(ctx.ts(i)));
+                            let first = Point { t: first.t, f: first.v };
+                            batch.push_parts(first, last.t, count as usize, change, end, spec.range);
+                            points.push(Point { t: ctx.ts(i), f: 0.0 });
+                            if batch.is_full() {
+                                batch.finish(&mut points);
+                            }
                         }
-                        let first = Point { t: first.t, f: first.v };
-                        batch.push_parts(first, last.t, count as usize, change, end, spec.range);
-                        points.push(Point { t: ctx.ts(i), f: 0.0 });
-                        if batch.is_full() {
-                            batch.finish(&mut points);
-                        }
-                    });
+                    } else {
+                        for_windows(b, ctx, &spec, reads_ends, |i, end, w| {
+                            let (count, first, last, change) = match w {
+                                Window::One(k) => {
+                                    let (first, last) = (firsts[k], lasts[k]);
+                                    let change = if func == WindowFn::Delta {
+                                        last.v - first.v
+                                    } else {
+                                        last.v - first.v + corrections[k]
+                                    };
+                                    (counts[k], first, last, change)
+                                }
+                                Window::Many(w) => (w.count, w.first, w.last, func.change(w)),
+                            };
+                            if count < 2 {
+                                return;
+                            }
+                            let first = Point { t: first.t, f: first.v };
+                            batch.push_parts(first, last.t, count as usize, change, end, spec.range);
+                            points.push(Point { t: ctx.ts(i), f: 0.0 });
+                            if batch.is_full() {
+                                batch.finish(&mut points);
+                            }
+                        });
+                    }
                     batch.finish(&mut points);
                     give_batch(batch);
                 }

@@ -196,6 +196,33 @@ fn tier_answers_equal_raw_answers() {
         .unwrap();
 }
 
+/// A dashboard over the tier of its step (the window is the step, one bucket per step:
+/// `step_per_bucket`'s shape, which `rate`, `increase` and `delta` read straight from the
+/// columns) answers as raw data does, at every alignment of its start, over series with gaps
+/// (no bucket for some steps) and without.
+#[test]
+fn extrapolating_functions_over_one_bucket_per_step_equal_raw_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = database(tmp.path());
+    let (raw, auto) = (engine(SourceResolution::Raw), engine(SourceResolution::Auto));
+    for func in ["rate", "increase", "delta"] {
+        for (step_min, metric) in
+            [(1, "requests_total"), (5, "requests_total"), (5, "temperature"), (1, "{i=~\"1|5\"}")]
+        {
+            let step = step_min * MIN;
+            for start in [0, 3, 47, 100, 170, 235].map(|m| m / step_min * step) {
+                let end = (start + 80 * step).min(HOURS * 60 * MIN);
+                let query = format!("{func}({metric}[{step_min}m])");
+                let expr = crate::parser::parse(&query).unwrap();
+                let want = raw.range(&db, &expr, start, end, step).unwrap();
+                let got = auto.range(&db, &expr, start, end, step).unwrap();
+                assert!(got.annotations.iter().any(|a| a.msg.contains("rollup tier")), "{query}: no tier used");
+                compare(&want.value, &got.value, false, &format!("{query} {start}..{end} step {step}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn the_planner_reads_raw_data_when_no_tier_fits() {
     let tmp = tempfile::tempdir().unwrap();
