@@ -21,6 +21,10 @@ struct KeptPoints {
     text: String,
     /// Offset in `text` of each point's comma; the points' times ascend.
     starts: Vec<u32>,
+    /// The first and the last point's time (when there are points). Every window cut reads
+    /// them; read back from the text, they were two more places of it to fetch per cut (a
+    /// full hit of 3,000 series × 20 steps took 12% longer).
+    bounds: Option<(i64, i64)>,
 }
 
 impl KeptPoints {
@@ -34,6 +38,8 @@ impl KeptPoints {
         self.starts.push(start);
         self.text.push(',');
         write(&mut self.text);
+        let t = self.time(self.len() - 1);
+        self.bounds = Some((self.bounds.map_or(t, |b| b.0), t));
     }
 
     fn end_of(&self, i: usize) -> usize {
@@ -54,11 +60,11 @@ impl KeptPoints {
         if n == 0 {
             return 0;
         }
-        let first = self.time(0);
+        let (first, last) = self.bounds.expect("points have bounds");
+        debug_assert_eq!((first, last), (self.time(0), self.time(n - 1)));
         if t <= first {
             return 0;
         }
-        let last = self.time(n - 1);
         if t > last {
             return n;
         }
@@ -109,6 +115,7 @@ impl KeptPoints {
             let shift = from as u32;
             self.starts.iter_mut().for_each(|s| *s -= shift);
         }
+        self.bounds = (self.len() > 0).then(|| (self.time(0), self.time(self.len() - 1)));
     }
 
     /// Appends `other`'s points, which all come after these.
@@ -117,10 +124,14 @@ impl KeptPoints {
         let shift = u32::try_from(self.text.len()).expect("a series' text stays below 4 GiB (at most 11,000 steps)");
         self.text.push_str(&other.text);
         self.starts.extend(other.starts.into_iter().map(|s| s + shift));
+        self.bounds = match (self.bounds, other.bounds) {
+            (Some((first, _)), Some((_, last))) => Some((first, last)),
+            (mine, theirs) => mine.or(theirs),
+        };
     }
 
     fn bytes(&self) -> usize {
-        self.text.len() + 4 * self.starts.len()
+        self.text.len() + 4 * self.starts.len() + std::mem::size_of::<Option<(i64, i64)>>()
     }
 }
 
