@@ -190,7 +190,10 @@ impl AsRef<[u8]> for ChunkBytes<'_> {
 }
 
 /// The writer's zstd context, kept across groups, and the level it is set to.
-struct GroupCompressor(zstd::bulk::Compressor<'static>, i32);
+struct GroupCompressor {
+    zstd: zstd::bulk::Compressor<'static>,
+    level: i32,
+}
 
 thread_local! {
     /// One zstd decompression context per reading thread: creating one costs more than
@@ -299,16 +302,17 @@ impl ChunkWriter {
         };
         let compressor = match &mut self.compressor {
             Some(c) => c,
-            None => self.compressor.insert(GroupCompressor(
-                zstd::bulk::Compressor::new(level).map_err(io_err("start zstd for", &self.dir))?,
+            None => self.compressor.insert(GroupCompressor {
+                zstd: zstd::bulk::Compressor::new(level).map_err(io_err("start zstd for", &self.dir))?,
                 level,
-            )),
+            }),
         };
-        if compressor.1 != level {
-            compressor.0.set_compression_level(level).map_err(io_err("set the zstd level for", &self.dir))?;
-            compressor.1 = level;
+        if compressor.level != level {
+            compressor.zstd.set_compression_level(level).map_err(io_err("set the zstd level for", &self.dir))?;
+            compressor.level = level;
         }
-        let compressed = compressor.0.compress(&self.group).map_err(io_err("compress a chunk group of", &self.dir))?;
+        let compressed =
+            compressor.zstd.compress(&self.group).map_err(io_err("compress a chunk group of", &self.dir))?;
         let mut body = std::mem::take(&mut self.scratch);
         body.clear();
         let saved = self.group.len().saturating_sub(compressed.len());
@@ -638,8 +642,10 @@ mod tests {
         assert!(r.chunk(ChunkRef::new(2, 8)).is_err());
     }
 
-    /// Groups of small chunks (compressed at their own level) and of large ones, one after
-    /// the other, so the writer's level changes back and forth: every chunk reads back.
+    /// Groups of small chunks and of large ones, one after the other, so the writer's level
+    /// changes back and forth: each group's zstd frame is the one its level writes (level 6
+    /// for small chunks, 3 for large ones, whose frames differ here), and every chunk reads
+    /// back.
     #[test]
     fn groups_of_small_and_of_large_chunks_round_trip() {
         let tmp = tempfile::tempdir().unwrap();
@@ -661,6 +667,35 @@ mod tests {
         for (i, c) in chunks.iter().enumerate() {
             assert_eq!(&*r.chunk(refs[i]).unwrap(), &c[..], "chunk {i}");
         }
+        // Each group's frame, against its chunks compressed at the level for their size.
+        let file = std::fs::read(tmp.path().join("chunks/000001")).unwrap();
+        let mut levels = Vec::new();
+        let mut first = 0;
+        while first < chunks.len() {
+            let group = refs[first].offset() >> 8;
+            let members: Vec<&Vec<u8>> =
+                (first..chunks.len()).take_while(|&i| refs[i].offset() >> 8 == group).map(|i| &chunks[i]).collect();
+            let mut raw_group = Vec::new();
+            for c in &members {
+                crate::encoding::put_uvarint(&mut raw_group, c.len() as u64);
+                raw_group.extend_from_slice(c);
+            }
+            let small = raw_group.len() <= SMALL_CHUNK_BYTES * members.len();
+            let level = if small { GROUP_ZSTD_LEVEL_SMALL_CHUNKS } else { GROUP_ZSTD_LEVEL };
+            let want = zstd::bulk::compress(&raw_group, level).unwrap();
+            let other = if small { GROUP_ZSTD_LEVEL } else { GROUP_ZSTD_LEVEL_SMALL_CHUNKS };
+            assert_ne!(want, zstd::bulk::compress(&raw_group, other).unwrap(), "the levels write other frames");
+            // `len uvarint | kind | raw len uvarint | frame | crc`.
+            let mut d = crate::encoding::Decoder::new(&file[group as usize * GROUP_ALIGN as usize..]);
+            let len = d.uvarint("len").unwrap() as usize;
+            let body = d.bytes(len, "body").unwrap();
+            let mut b = crate::encoding::Decoder::new(&body[1..]);
+            assert_eq!((body[0], b.uvarint("raw len").unwrap() as usize), (GROUP_ZSTD, raw_group.len()));
+            assert!(b.bytes(want.len(), "frame").unwrap() == &want[..] && b.is_empty(), "group at {group}");
+            levels.push(level);
+            first += members.len();
+        }
+        assert!(levels.windows(2).filter(|w| w[0] != w[1]).count() >= 3, "the level changes: {levels:?}");
     }
 
     #[test]
