@@ -69,6 +69,11 @@ pub fn float(out: &mut String, v: f64) {
 /// Integers below this are written from an `i64` (exactly, and the same as a float would be).
 const EXACT_INTEGER: f64 = 1e15;
 
+/// Magnitudes zmij writes without an exponent (its decimal exponents -5 to 15), with a margin
+/// at both ends so that no rounding at a bound matters; the test
+/// `plain_range_values_are_written_without_exponent_by_zmij` checks the bounds' neighbours.
+const PLAIN_RANGE: std::ops::Range<f64> = 1e-4..1e15;
+
 /// A sample value as Prometheus prints it, unquoted (also the text exposition's form): Go's
 /// `strconv.FormatFloat(v, 'f', -1, 64)`, the shortest decimal that reads back to the same
 /// float, never with an exponent (which is also what Rust's `Display` writes).
@@ -87,12 +92,13 @@ pub fn sample_value(out: &mut String, v: f64) {
     } else {
         let mut buffer = zmij::Buffer::new();
         let shortest = buffer.format_finite(v);
-        // zmij writes an exponent only at the end (`1e-7`, `1.2345e21`, `5e-324`), so its `e`
-        // is among the last five bytes: looked for there (a byte-by-byte loop on so short a
-        // slice), not in the whole text (`memchr`'s word-at-a-time search on every value: 4% of
-        // a 1000-series answer's CPU).
-        let tail = &shortest.as_bytes()[shortest.len().saturating_sub(5)..];
-        if tail.contains(&b'e') {
+        // zmij writes a decimal exponent from -5 to 15 in plain digits (`FIXED_DEC_EXP`), so a
+        // value in `PLAIN_RANGE` never has one: not looked for (the search was 2% of a wide
+        // answer's CPU). Outside it, the `e` comes at the end (`1e-7`, `1.2345e21`, `5e-324`),
+        // among the last five bytes.
+        let plain =
+            PLAIN_RANGE.contains(&v.abs()) || !shortest.as_bytes()[shortest.len().saturating_sub(5)..].contains(&b'e');
+        if !plain {
             plain_decimal(out, shortest);
         } else {
             // Already plain (`12.34`, `0.001234`; an integer past `EXACT_INTEGER` ends in
@@ -173,6 +179,9 @@ struct Stamps {
     slots: Vec<(i64, u32, u32)>,
     /// The grid's step in milliseconds, once a series of two points has shown it.
     step: Option<i64>,
+    /// The last timestamp opened and its slot: the next step's slot is the one after it,
+    /// without the division (a tenth of opening a point).
+    last: Option<(i64, usize)>,
     text: String,
 }
 
@@ -180,20 +189,28 @@ impl Stamps {
     /// Room for series of up to `longest` points.
     fn new(longest: usize) -> Stamps {
         let slots = longest.next_power_of_two().clamp(1, STAMP_SLOTS_MAX);
-        Stamps { slots: vec![(i64::MIN, 0, 0); slots], step: None, text: String::new() }
+        Stamps { slots: vec![(i64::MIN, 0, 0); slots], step: None, last: None, text: String::new() }
     }
 
     /// Takes the step of a series' first two points as the grid's, if none yet.
     fn learn_step(&mut self, points: &[strata_promql::Point]) {
         if let (None, [a, b, ..]) = (self.step, points) {
             self.step = Some(b.t.saturating_sub(a.t).max(1));
+            self.last = None;
         }
     }
 
     /// Writes `[<seconds of t>,"`.
     #[inline]
     fn open_point(&mut self, out: &mut String, t: i64) {
-        let slot = (t.div_euclid(self.step.unwrap_or(1000)) as usize) & (self.slots.len() - 1);
+        let step = self.step.unwrap_or(1000);
+        let mask = self.slots.len() - 1;
+        let slot = match self.last {
+            Some((before, slot)) if before.checked_add(step) == Some(t) => (slot + 1) & mask,
+            _ => (t.div_euclid(step) as usize) & mask,
+        };
+        debug_assert_eq!(slot, (t.div_euclid(step) as usize) & mask);
+        self.last = Some((t, slot));
         let (held, start, end) = self.slots[slot];
         if held == t && t != i64::MIN {
             out.push_str(&self.text[start as usize..end as usize]);
@@ -638,6 +655,33 @@ mod tests {
         }
     }
 
+    /// `sample_value` skips looking for an exponent in `PLAIN_RANGE`: zmij must write none
+    /// there, at its bounds and their neighbours (and at zmij's own bounds, 1e-5 and 1e16,
+    /// just outside it), and across it.
+    #[test]
+    fn plain_range_values_are_written_without_exponent_by_zmij() {
+        let has_exponent = |v: f64| zmij::Buffer::new().format_finite(v).contains('e');
+        for bound in [PLAIN_RANGE.start, PLAIN_RANGE.end, 1e-5, 1e16] {
+            for v in [bound.next_down(), bound, bound.next_up()] {
+                for v in [v, -v] {
+                    let inside = PLAIN_RANGE.contains(&v.abs());
+                    assert!(!(inside && has_exponent(v)), "{v:e}");
+                    // Inside or out, the value is written plain and reads back.
+                    let s = shown(v);
+                    assert!(!s.contains('e') && s.parse::<f64>().unwrap() == v, "{v:e}: {s}");
+                }
+            }
+        }
+        // Magnitudes across the range, a few hundred per decade.
+        let mut v = PLAIN_RANGE.start;
+        while v < PLAIN_RANGE.end {
+            assert!(!has_exponent(v) && !has_exponent(v.next_down().max(PLAIN_RANGE.start)), "{v:e}");
+            v *= 1.0 + 1.0 / 97.0;
+        }
+        // Just below the range zmij does write exponents: the check is still needed there.
+        assert!(has_exponent(9e-6) && has_exponent(2e16));
+    }
+
     /// Values whose shortest decimals tie (two candidates equally near), as Go 1.26's
     /// `strconv.FormatFloat(v, 'f', -1, 64)` writes them: it rounds the tie to even, where
     /// Rust's `Display` rounds it up (`…783.3`).
@@ -738,6 +782,37 @@ mod tests {
                     proptest::prop_assert_eq!(kept, whole);
                 }
             }
+        }
+    }
+
+    /// Series on one grid (with gaps, starting anywhere on it) write each timestamp's text
+    /// once: every step has a slot of its own, also when it is reached from the step before.
+    #[test]
+    fn a_grid_of_steps_writes_each_timestamp_once() {
+        for (base, step) in [(1_700_000_000_000i64, 60_000i64), (-7_000, 15_000), (1, 1), (5, 3_600_000)] {
+            let steps = 300;
+            let mut stamps = Stamps::new(steps);
+            let mut distinct = std::collections::BTreeSet::new();
+            for s in 0..40i64 {
+                let points: Vec<strata_promql::Point> = (0..steps as i64)
+                    .filter(|k| (k + s) % 7 != 0 && *k >= s % 5)
+                    .map(|k| strata_promql::Point { t: base + k * step, f: 0.0 })
+                    .collect();
+                stamps.learn_step(&points);
+                for p in &points {
+                    stamps.open_point(&mut String::new(), p.t);
+                    distinct.insert(p.t);
+                }
+            }
+            let written: usize = distinct
+                .iter()
+                .map(|&t| {
+                    let mut whole = String::from("[");
+                    seconds(&mut whole, t);
+                    whole.len() + 2
+                })
+                .sum();
+            assert_eq!(stamps.text.len(), written, "base {base}, step {step}");
         }
     }
 
