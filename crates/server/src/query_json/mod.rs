@@ -180,7 +180,8 @@ struct Stamps {
     /// The grid's step in milliseconds, once a series of two points has shown it.
     step: Option<i64>,
     /// The last timestamp opened and its slot: the next step's slot is the one after it,
-    /// without the division (a tenth of opening a point).
+    /// without the division (`div_euclid` was 1.1% of a 720,000-point answer's CPU, a fifth
+    /// of `value_point`'s own time, in a profile).
     last: Option<(i64, usize)>,
     text: String,
 }
