@@ -51,6 +51,10 @@ pub struct StorageConfig {
     /// imports (Prometheus' `out_of_order_time_window`); 0, the default as in Prometheus,
     /// refuses late samples. Carbon has its own (`CarbonConfig::window`).
     pub out_of_order_window_ms: i64,
+    /// How far behind the newest sample other writers may write (carbon's out-of-order
+    /// window, when carbon listens): rollup tiers merge blocks only of raw data late writes
+    /// cannot reach (`DbOptions::late_window_ms`).
+    pub late_window_ms: i64,
     /// Rollup tiers, finest first (`--storage.rollup-tiers`); none by default.
     pub rollup_tiers: Vec<strata_tsdb::rollup::RollupTier>,
     /// Which series each tier keeps (`http::graphite_rollup_filter`); `None`: every one.
@@ -73,6 +77,7 @@ impl Default for StorageConfig {
             retention_ms: RETENTION_DEFAULT_MS,
             retention_bytes: 0,
             out_of_order_window_ms: 0,
+            late_window_ms: 0,
             rollup_tiers: Vec::new(),
             rollup_filter: None,
             max_exemplars: strata_tsdb::head::exemplars::MAX_EXEMPLARS_DEFAULT,
@@ -112,6 +117,7 @@ impl StorageConfig {
             retention_bytes: self.retention_bytes,
             rollups: self.rollup_tiers.clone(),
             rollup_filter: self.rollup_filter.clone(),
+            late_window_ms: self.late_window_ms,
             ..Default::default()
         }
     }

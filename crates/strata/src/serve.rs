@@ -622,6 +622,9 @@ fn settings(args: &ServeArgs) -> Result<(Settings, String), String> {
         },
         ..CarbonConfig::default()
     };
+    if carbon.enabled() {
+        storage.late_window_ms = carbon.window.out_of_order.window_ms;
+    }
     let schemas_file = args.storage_schemas.clone().or(file.graphite.storage_schemas.map(PathBuf::from));
     let aggregation_file = args.storage_aggregation.clone().or(file.graphite.storage_aggregation.map(PathBuf::from));
     let read = |p: &Option<PathBuf>| -> Result<Option<String>, String> {

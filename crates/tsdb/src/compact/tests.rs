@@ -20,6 +20,7 @@ fn opts(retention_ms: i64) -> DbOptions {
         compact_interval: None,
         rollups: Vec::new(),
         rollup_filter: None,
+        late_window_ms: 0,
     }
 }
 

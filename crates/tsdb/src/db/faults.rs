@@ -361,6 +361,7 @@ fn run_seed(seed: u64, rollups: bool) -> (FaultCounts, CompactOutcome, usize) {
             (true, _) => vec![RollupTier::left(RANGE / 2, 0)],
         },
         rollup_filter: None,
+        late_window_ms: 0,
     };
     let rates = FaultRates { write: 0.02, fsync: 0.02, read: 0.02, namespace: 0.02 };
     let mut run = Run {
@@ -513,6 +514,7 @@ fn samples_of_a_failed_commit_are_cut_into_a_block_once_a_later_commit_acknowled
         compact_interval: None,
         rollups: Vec::new(),
         rollup_filter: None,
+        late_window_ms: 0,
     };
     let db = Db::open_on(Arc::new(fs.clone()), Path::new("/data"), opts).unwrap();
     let l = labels(0);

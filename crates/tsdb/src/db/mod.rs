@@ -63,6 +63,11 @@ pub struct DbOptions {
     pub rollups: Vec<RollupTier>,
     /// Which series each tier keeps; `None`: every one.
     pub rollup_filter: Option<SeriesFilter>,
+    /// How far behind the newest sample writers other than the head's default appender may
+    /// still write (carbon's out-of-order window), in milliseconds; the head's own window
+    /// (`HeadOptions::out_of_order`) counts too. Rollup tiers merge their blocks of raw blocks
+    /// only once late data cannot reach those any more: late data would undo the merge.
+    pub late_window_ms: i64,
 }
 
 impl Default for DbOptions {
@@ -74,6 +79,7 @@ impl Default for DbOptions {
             compact_interval: Some(Duration::from_secs(60)),
             rollups: Vec::new(),
             rollup_filter: None,
+            late_window_ms: 0,
         }
     }
 }

@@ -24,6 +24,12 @@
 //!   never rewritten in part: when late data merges into one of its raw blocks, or retention is
 //!   about to delete one, it is dropped and its raw blocks (all still there) rolled up again
 //!   one by one (`roll_up`); readers read raw whatever a left-out tier block held.
+//! - Likewise, tier blocks of settled raw blocks of any range are merged in the windows of one
+//!   raw range (`Tier::filling_window`) once a window holds three, ahead of raw compaction,
+//!   which leaves a window's blocks apart until it closes. Settled blocks here and above also
+//!   end before late writes can reach (`late_horizon`). A tier that holds every source of a
+//!   raw block holds its samples however its blocks cut them: nothing is dropped or rolled
+//!   up again when raw compaction merges them later.
 //! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
 //!   (raw data deleted by retention): until then each is one raw block's rollup (or the merge
 //!   of raw blocks merged since, or a coarse block), so late data replaces it exactly. Merged
@@ -71,6 +77,16 @@ const PARALLEL_SERIES_MIN: usize = if cfg!(test) { 2 } else { 256 };
 /// Series a decoding worker handles at once, and the most workers.
 const PARALLEL_BATCH: usize = if cfg!(test) { 1 } else { 32 };
 const PARALLEL_THREADS_MAX: usize = 8;
+
+/// A tier merges its blocks of a raw window still filling (`Tier::filling_window`) once this
+/// many are there: raw compaction leaves up to two blocks per level in such a window (a 54 h
+/// window holds 18 h, 18 h, 6 h, 6 h, 2 h, 2 h before it closes), and an hourly tier's block
+/// of a 2-hour raw block holds 2 buckets per series, so per-block work (series lookup, chunk
+/// and column headers) was most of what reading the newest days cost. Three, not two: each
+/// merge rewrites the window's buckets so far, and merging every other raw block halves that.
+const FILLING_WINDOW_BLOCKS: usize = 3;
+/// The longest filling window, in tier intervals: what one merge rewrites per series at most.
+const FILLING_WINDOW_INTERVALS_MAX: i64 = 64;
 
 /// One configured tier and its blocks.
 #[derive(Debug)]
@@ -130,6 +146,16 @@ impl Tier {
             max = max.min(self.spec.retention_ms / 10);
         }
         compact::ranges(base, max.max(base))
+    }
+
+    /// The raw compaction range whose windows this tier merges its blocks in ahead of raw
+    /// compaction (`FILLING_WINDOW_BLOCKS`): the longest raw range of at most
+    /// `FILLING_WINDOW_INTERVALS_MAX` intervals, above the block range (blocks of one raw
+    /// block are what it merges). Aligned to raw windows, a merged block never holds part of
+    /// a raw merge's inputs beside other raw blocks. `None`: the tier's blocks are long enough.
+    fn filling_window(&self, raw_ranges: &[i64]) -> Option<i64> {
+        let longest = self.spec.interval_ms.saturating_mul(FILLING_WINDOW_INTERVALS_MAX);
+        raw_ranges.iter().skip(1).copied().filter(|&r| r <= longest).max()
     }
 }
 
@@ -281,6 +307,25 @@ fn holds_part_with_others(c: &Block, sources: &[String], whole_too: bool) -> boo
     shared > 0 && shared < theirs.len() && (whole_too || shared < sources.len())
 }
 
+/// The blocks of the first window (of `window`, aligned as raw compaction aligns its own) that
+/// holds at least `FILLING_WINDOW_BLOCKS` of `blocks` (sorted by start) whole, whether or not
+/// the window is closed.
+fn crowded_window(blocks: &[Arc<Block>], window: i64) -> Option<Vec<Arc<Block>>> {
+    let within = |b: &Arc<Block>| {
+        let start = b.meta().min_time.div_euclid(window).saturating_mul(window);
+        (b.meta().max_time <= start.saturating_add(window)).then_some(start)
+    };
+    let mut groups: Vec<(i64, Vec<Arc<Block>>)> = Vec::new();
+    for b in blocks {
+        let Some(start) = within(b) else { continue };
+        match groups.last_mut() {
+            Some((s, group)) if *s == start => group.push(b.clone()),
+            _ => groups.push((start, vec![b.clone()])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).find(|g| g.len() >= FILLING_WINDOW_BLOCKS)
+}
+
 /// The tiers whose directories `dir` holds, each kept forever: what a tool opening a data
 /// directory without the server's configuration uses, so that it reads and keeps them.
 pub fn discover_tiers(fs: &dyn Vfs, dir: &Path) -> Vec<RollupTier> {
@@ -374,16 +419,21 @@ impl Inner {
         }
     }
 
-    /// Writes `raw`'s rollup for every tier that lacks it; true if any did. A coarse tier
-    /// block that holds part of `raw`'s data beside other raw blocks' (late data merged into one
-    /// of its raw blocks), or with `for_deletion` any coarse block holding `raw` with others, is
-    /// dropped first (`drop_coarse`), and the other raw blocks it held are rolled up again one
-    /// by one after `raw`.
+    /// Writes `raw`'s rollup for every tier that lacks it; true if any did. In a tier that
+    /// lacks it, a coarse tier block that holds part of `raw`'s data beside other raw blocks'
+    /// (late data merged into one of its raw blocks), or with `for_deletion` in any tier any
+    /// coarse block holding `raw` with others, is dropped first (`drop_coarse`), and the other
+    /// raw blocks it held are rolled up again one by one after `raw`. A tier that holds every
+    /// source of `raw` holds its samples (a source is rolled up only while it overlaps no
+    /// other raw block, so `raw` is a side-by-side merge of them), however its blocks cut them.
     fn roll_up(&self, raw: &Arc<Block>, for_deletion: bool) -> Result<bool> {
         let mine = &raw.meta().compaction.sources;
         let mut dropped: HashSet<String> = HashSet::new();
         for t in &self.tiers {
             let listed = live(&t.blocks.read());
+            if !for_deletion && holds(&tier_sources(&listed), raw) {
+                continue;
+            }
             for c in listed.iter().filter(|c| holds_part_with_others(c, mine, for_deletion)) {
                 self.drop_coarse(t, c, raw)?;
                 dropped.extend(c.meta().compaction.sources.iter().cloned());
@@ -512,17 +562,38 @@ impl Inner {
                 self.merge_tier_group(t, &group, "compacted rollup blocks")?;
                 n += 1;
             }
-            // Blocks of settled raw blocks, merged while those remain (`coarse_candidates`).
+            // Blocks of settled raw blocks, merged while those remain (`candidates_over_raw`):
+            // coarse blocks of raw blocks at the largest range, and blocks of a raw window
+            // still filling.
+            let horizon = self.late_horizon();
             if let [base, coarse, ..] = ranges[..] {
                 loop {
-                    let candidates = self.coarse_candidates(t, base, coarse);
+                    let candidates = self.candidates_over_raw(t, coarse, base, horizon);
                     let Some(group) = compact::plan(&candidates, &[base, coarse]) else { break };
                     self.merge_tier_group(t, &group, "merged rollup blocks of settled raw blocks")?;
                     n += 1;
                 }
             }
+            if let Some(window) = t.filling_window(raw_ranges) {
+                loop {
+                    let candidates = self.candidates_over_raw(t, window, 0, horizon);
+                    let Some(group) = crowded_window(&candidates, window) else { break };
+                    self.merge_tier_group(t, &group, "merged rollup blocks of a filling raw window")?;
+                    n += 1;
+                }
+            }
         }
         Ok(n)
+    }
+
+    /// The newest time late data cannot reach any more: the newest sample less the widest
+    /// late-write window (`DbOptions::late_window_ms`, the head's out-of-order window). A raw
+    /// block ending at or before it gets no late samples but a backfill's.
+    fn late_horizon(&self) -> i64 {
+        let late = self.opts.late_window_ms.max(self.opts.head.out_of_order.window_ms);
+        let newest_block = self.blocks.read().iter().map(|b| b.meta().max_time - 1).max();
+        let newest = self.head.time_range().map(|r| r.1).max(newest_block);
+        newest.map_or(i64::MIN, |n| n.saturating_sub(late))
     }
 
     /// Merges tier `t`'s blocks `group` into one, listed in their place.
@@ -546,20 +617,22 @@ impl Inner {
         Ok(())
     }
 
-    /// Tier `t`'s blocks that may be merged into coarse blocks (windows of `coarse`) while
-    /// their raw blocks remain, sorted by start. Each holds exactly the sources of the raw
-    /// blocks its sources are in, and those are settled: at the largest raw range `base` (never
-    /// merged side by side again), overlapping no other raw block nor the head (late data would
-    /// merge into them), without deletions. The window of the oldest raw block is left out: it
-    /// is the one retention reaches first, and a coarse block is dropped when retention deletes
-    /// one of its raw blocks (`roll_up`), so merging there would only be undone.
-    fn coarse_candidates(&self, t: &Tier, base: i64, coarse: i64) -> Vec<Arc<Block>> {
+    /// Tier `t`'s blocks that may be merged (in windows of `window`) while their raw blocks
+    /// remain, sorted by start. Each holds exactly the sources of the raw blocks its sources
+    /// are in, and those are settled: at least `min_raw_range` long (the largest raw range:
+    /// never merged side by side again), ending by `horizon` (`late_horizon`), overlapping no
+    /// other raw block nor the head (late data would merge into them), without deletions. The
+    /// window of the oldest raw block is left out: it is the one retention reaches first, and
+    /// a block holding several raw blocks is dropped when retention deletes one of them
+    /// (`roll_up`), so merging there would only be undone.
+    fn candidates_over_raw(&self, t: &Tier, window: i64, min_raw_range: i64, horizon: i64) -> Vec<Arc<Block>> {
         let raw = self.blocks.read().clone();
         let Some(oldest) = raw.iter().map(|b| b.meta().min_time).min() else { return Vec::new() };
-        let first_window_end = (oldest.div_euclid(coarse) + 1).saturating_mul(coarse);
+        let first_window_end = (oldest.div_euclid(window) + 1).saturating_mul(window);
         let head = self.head.time_range();
         let settled = |x: &Arc<Block>| {
-            x.meta().max_time - x.meta().min_time >= base
+            x.meta().max_time - x.meta().min_time >= min_raw_range
+                && x.meta().max_time <= horizon
                 && x.tombstones().is_empty()
                 && !overlaps_another(&raw, x)
                 && !overlaps_head(head, x)

@@ -47,6 +47,7 @@ fn database(dir: &std::path::Path) -> Db {
         // PromQL's windows, so answers from it would differ from raw ones.
         rollups: vec![RollupTier::new(MIN, 0), RollupTier::new(5 * MIN, 0), RollupTier::left(15 * MIN, 0)],
         rollup_filter: None,
+        late_window_ms: 0,
     };
     let db = Db::open(dir, opts).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;

@@ -33,6 +33,7 @@ fn opts(retention_ms: i64, tiers: &[RollupTier]) -> DbOptions {
         compact_interval: None,
         rollups: tiers.to_vec(),
         rollup_filter: None,
+        late_window_ms: 0,
     }
 }
 
@@ -506,4 +507,97 @@ fn tier_block_changes_are_noted_for_tier_readers_only() {
     run(&db, &mut model, 10 * MIN, 20 * MIN);
     let changed = db.changes().changed_in_tiers_since(later).expect("newer blocks rolled up");
     assert!(changed >= 5 * MIN, "only the newer blocks' ranges: {changed}");
+}
+
+/// The tiers' blocks of each raw block in `db`'s tiers that hold the sources of more than one
+/// remaining raw block (merged ahead of raw compaction), by tier.
+fn merged_over_raw(db: &Db) -> Vec<(usize, BlockMeta)> {
+    let raw: Vec<BlockMeta> = db.blocks().iter().map(|b| b.meta().clone()).collect();
+    let mut out = Vec::new();
+    for (k, t) in db.status(1).unwrap().tiers.iter().enumerate() {
+        for b in &t.blocks {
+            let theirs = raw.iter().filter(|r| r.compaction.sources.iter().any(|s| b.compaction.sources.contains(s)));
+            if theirs.count() > 1 {
+                out.push((k, b.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn tier_blocks_of_a_filling_raw_window_are_merged_ahead_of_raw_compaction() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    // Raw kept 2 h: raw ranges 1, 3 and 9 min; late samples refused, so raw blocks settle as
+    // they leave the head. Both tiers' filling windows are the 9-minute one.
+    let tiers = &TIERS[..2];
+    let in_order = |late_window_ms| DbOptions {
+        head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
+        late_window_ms,
+        ..opts(120 * MIN, tiers)
+    };
+    let db = Db::open(tmp.path(), in_order(0)).unwrap();
+    // Minutes 0-8: raw blocks of 3, 3 and 1 minutes, but in the oldest raw window, which
+    // retention reaches first: left as raw cut it.
+    run(&db, &mut model, 0, 8 * MIN);
+    assert!(db.blocks().len() >= 3);
+    assert_eq!(merged_over_raw(&db), Vec::new());
+    // Minutes 18-25: raw blocks of 3, 1 and 1 minutes while the window fills.
+    run(&db, &mut model, 8 * MIN, 25 * MIN);
+    let merged = merged_over_raw(&db);
+    for k in 0..tiers.len() {
+        let mine: Vec<&BlockMeta> = merged.iter().filter(|(t, _)| *t == k).map(|(_, b)| b).collect();
+        assert!(
+            mine.iter().any(|b| b.min_time == 18 * MIN && b.max_time > 21 * MIN && b.max_time <= 27 * MIN),
+            "tier {k} merged the filling window's blocks: {mine:?}"
+        );
+    }
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 25 * MIN);
+        check(&db, &model, *tier, 17 * MIN + 4_321, 24 * MIN + 17);
+    }
+    // Raw compaction catches up (3-minute, then 9-minute merges of the blocks the tiers merged
+    // with others): the tiers hold those blocks' samples, nothing is dropped or rolled up again.
+    let written = db.stats().rollup_blocks_written.load(Ordering::Relaxed);
+    run(&db, &mut model, 25 * MIN, 52 * MIN);
+    let stats = db.stats();
+    assert_eq!(stats.rollup_coarse_blocks_dropped.load(Ordering::Relaxed), 0);
+    // One rollup per raw block cut since (a block a minute, give or take the head's span).
+    let cut = stats.rollup_blocks_written.load(Ordering::Relaxed) - written;
+    assert!(cut <= 28 * tiers.len() as u64, "{cut} tier blocks written for 27 raw blocks");
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 52 * MIN);
+    }
+
+    // Late samples into a raw block a merged tier block (of the window filling again, minutes
+    // 45-52) holds with others: that tier block is dropped, its raw blocks rolled up again,
+    // the answers still every sample's.
+    let (_, target) = merged_over_raw(&db).into_iter().find(|(_, b)| b.min_time == 45 * MIN).unwrap();
+    let late_from = target.min_time + 500;
+    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
+    let mut app = backfill.appender();
+    for t in (late_from..late_from + MIN).step_by(1000) {
+        app.append(&series(0), t, 5.0).unwrap();
+        model.get_mut(&0).unwrap().insert(t, 5.0);
+    }
+    app.commit().unwrap();
+    db.import_head(&backfill).unwrap();
+    db.compact().unwrap();
+    assert!(db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed) > 0, "the late data dropped it");
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 52 * MIN);
+        check(&db, &model, *tier, target.min_time + 17, target.max_time - 17);
+    }
+    db.close().unwrap();
+
+    // Writers that may write 30 minutes late (carbon's window): nothing that recent merged.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let db = Db::open(tmp.path(), in_order(30 * MIN)).unwrap();
+    run(&db, &mut model, 0, 43 * MIN);
+    assert_eq!(merged_over_raw(&db), Vec::new());
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 43 * MIN);
+    }
 }
