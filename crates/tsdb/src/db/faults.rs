@@ -82,9 +82,9 @@ impl Run {
     }
 
     /// Samples older than this may be gone: retention deletes a block once its end is
-    /// `RETENTION` behind the newest sample.
+    /// the retention behind the newest sample.
     fn floor(&self) -> i64 {
-        self.newest.saturating_sub(RETENTION)
+        self.newest.saturating_sub(self.opts.retention_ms)
     }
 
     fn open(&mut self) -> Db {
@@ -352,7 +352,10 @@ fn run_seed(seed: u64, rollups: bool) -> (FaultCounts, CompactOutcome, usize) {
             wal: WalOptions { segment_bytes: 2048, fsync: FsyncPolicy::Always, compression: true, progress: None },
             ..HeadOptions::default()
         },
-        retention_ms: RETENTION,
+        // With a tier, every other pair of seeds keeps raw data 90 ranges: compaction ranges
+        // 1, 3 and 9, so that raw windows fill with several blocks the tier merges ahead of
+        // raw compaction (`Tier::filling_window`).
+        retention_ms: if rollups && seed % 4 >= 2 { 3 * RETENTION } else { RETENTION },
         retention_bytes: 0,
         compact_interval: None,
         rollups: match (rollups, seed % 2) {
