@@ -25,11 +25,11 @@
 //!   about to delete one, it is dropped and its raw blocks (all still there) rolled up again
 //!   one by one (`roll_up`); readers read raw whatever a left-out tier block held.
 //! - Likewise, tier blocks of settled raw blocks of any range are merged in the windows of one
-//!   raw range (`Tier::filling_window`) once a window holds three, ahead of raw compaction,
-//!   which leaves a window's blocks apart until it closes. Settled blocks here and above also
-//!   end before late writes can reach (`late_horizon`). A tier that holds every source of a
-//!   raw block holds its samples however its blocks cut them: nothing is dropped or rolled
-//!   up again when raw compaction merges them later.
+//!   raw range (`Tier::filling_window`) once a window holds three (`filling_group`), ahead of
+//!   raw compaction, which leaves a window's blocks apart until it closes. Settled blocks here
+//!   and above also end before late writes can reach (`late_horizon`). A tier that holds every
+//!   source of a raw block holds its samples however its blocks cut them: nothing is dropped
+//!   or rolled up again when raw compaction merges them later.
 //! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
 //!   (raw data deleted by retention): until then each is one raw block's rollup (or the merge
 //!   of raw blocks merged since, or a coarse block), so late data replaces it exactly. Merged
@@ -83,7 +83,7 @@ const PARALLEL_THREADS_MAX: usize = 8;
 /// window holds 18 h, 18 h, 6 h, 6 h, 2 h, 2 h before it closes), and an hourly tier's block
 /// of a 2-hour raw block holds 2 buckets per series, so per-block work (series lookup, chunk
 /// and column headers) was most of what reading the newest days cost. Three, not two: each
-/// merge rewrites the window's buckets so far, and merging every other raw block halves that.
+/// merge rewrites the window's buckets so far.
 const FILLING_WINDOW_BLOCKS: usize = 3;
 /// The longest filling window, in tier intervals: what one merge rewrites per series at most.
 const FILLING_WINDOW_INTERVALS_MAX: i64 = 64;
@@ -150,9 +150,9 @@ impl Tier {
 
     /// The raw compaction range whose windows this tier merges its blocks in ahead of raw
     /// compaction (`FILLING_WINDOW_BLOCKS`): the longest raw range of at most
-    /// `FILLING_WINDOW_INTERVALS_MAX` intervals, above the block range (blocks of one raw
-    /// block are what it merges). Aligned to raw windows, a merged block never holds part of
-    /// a raw merge's inputs beside other raw blocks. `None`: the tier's blocks are long enough.
+    /// `FILLING_WINDOW_INTERVALS_MAX` intervals, above the block range (`filling_group`).
+    /// Aligned to raw windows, a merged block never holds raw blocks of two windows, which raw
+    /// compaction never merges. `None`: the tier's blocks are long enough.
     fn filling_window(&self, raw_ranges: &[i64]) -> Option<i64> {
         let longest = self.spec.interval_ms.saturating_mul(FILLING_WINDOW_INTERVALS_MAX);
         raw_ranges.iter().skip(1).copied().filter(|&r| r <= longest).max()
@@ -305,25 +305,6 @@ fn holds_part_with_others(c: &Block, sources: &[String], whole_too: bool) -> boo
     let theirs = &c.meta().compaction.sources;
     let shared = theirs.iter().filter(|s| sources.binary_search(s).is_ok()).count();
     shared > 0 && shared < theirs.len() && (whole_too || shared < sources.len())
-}
-
-/// The blocks of the first window (of `window`, aligned as raw compaction aligns its own) that
-/// holds at least `FILLING_WINDOW_BLOCKS` of `blocks` (sorted by start) whole, whether or not
-/// the window is closed.
-fn crowded_window(blocks: &[Arc<Block>], window: i64) -> Option<Vec<Arc<Block>>> {
-    let within = |b: &Arc<Block>| {
-        let start = b.meta().min_time.div_euclid(window).saturating_mul(window);
-        (b.meta().max_time <= start.saturating_add(window)).then_some(start)
-    };
-    let mut groups: Vec<(i64, Vec<Arc<Block>>)> = Vec::new();
-    for b in blocks {
-        let Some(start) = within(b) else { continue };
-        match groups.last_mut() {
-            Some((s, group)) if *s == start => group.push(b.clone()),
-            _ => groups.push((start, vec![b.clone()])),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).find(|g| g.len() >= FILLING_WINDOW_BLOCKS)
 }
 
 /// The tiers whose directories `dir` holds, each kept forever: what a tool opening a data
@@ -575,9 +556,7 @@ impl Inner {
                 }
             }
             if let Some(window) = t.filling_window(raw_ranges) {
-                loop {
-                    let candidates = self.candidates_over_raw(t, window, 0, horizon);
-                    let Some(group) = crowded_window(&candidates, window) else { break };
+                while let Some(group) = self.filling_group(t, window, horizon) {
                     self.merge_tier_group(t, &group, "merged rollup blocks of a filling raw window")?;
                     n += 1;
                 }
@@ -658,6 +637,60 @@ impl Inner {
             .collect();
         out.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
         out
+    }
+
+    /// Tier `t`'s blocks of the first window (of `window`, aligned as raw compaction aligns its
+    /// own; not the oldest raw block's, as in `candidates_over_raw`) where at least
+    /// `FILLING_WINDOW_BLOCKS` may be merged, whether or not the window is closed. A block
+    /// may be merged when it lies within the window, without deletions, and each raw block
+    /// sharing a source with it is settled (as in `candidates_over_raw`) and has all its
+    /// sources among the window's tier blocks: raw compaction merging raw blocks of the window
+    /// after the tier merged some of their tier blocks (the tier holds the merged block's
+    /// sources, cut otherwise) does not keep those from being merged again. Merging only
+    /// blocks each of one raw block (`candidates_over_raw`'s rule) left more blocks in the
+    /// newest windows than following raw compaction (the steady-state test: 4.99 blocks over
+    /// the newest 50 raw block ranges on average, raw 4.60; this rule: 3.01).
+    fn filling_group(&self, t: &Tier, window: i64, horizon: i64) -> Option<Vec<Arc<Block>>> {
+        let raw = self.blocks.read().clone();
+        let oldest = raw.iter().map(|b| b.meta().min_time).min()?;
+        let first_window_end = (oldest.div_euclid(window) + 1).saturating_mul(window);
+        let head = self.head.time_range();
+        let settled = |x: &Arc<Block>| {
+            x.meta().max_time <= horizon
+                && x.tombstones().is_empty()
+                && !overlaps_another(&raw, x)
+                && !overlaps_head(head, x)
+        };
+        let window_of = |b: &Arc<Block>| {
+            let start = b.meta().min_time.div_euclid(window).saturating_mul(window);
+            (b.meta().max_time <= start.saturating_add(window)).then_some(start)
+        };
+        let mut blocks: Vec<(i64, Arc<Block>)> = live(&t.blocks.read())
+            .into_iter()
+            .filter(|b| b.meta().min_time >= first_window_end && b.tombstones().is_empty())
+            .filter_map(|b| window_of(&b).map(|w| (w, b)))
+            .collect();
+        blocks.sort_by(|(_, a), (_, b)| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+        for same in blocks.chunk_by(|a, b| a.0 == b.0) {
+            let held: HashSet<&str> = same.iter().flat_map(|(_, b)| block_sources(b)).collect();
+            let group: Vec<Arc<Block>> = same
+                .iter()
+                .map(|(_, b)| b)
+                .filter(|b| {
+                    let mine = &b.meta().compaction.sources;
+                    let mut theirs = raw
+                        .iter()
+                        .filter(|x| x.meta().compaction.sources.iter().any(|s| mine.binary_search(s).is_ok()))
+                        .peekable();
+                    theirs.peek().is_some() && theirs.all(|x| settled(x) && block_sources(x).all(|s| held.contains(s)))
+                })
+                .cloned()
+                .collect();
+            if group.len() >= FILLING_WINDOW_BLOCKS {
+                return Some(group);
+            }
+        }
+        None
     }
 
     /// Deletes tier blocks entirely older than their tier's retention behind the newest sample.

@@ -601,3 +601,40 @@ fn tier_blocks_of_a_filling_raw_window_are_merged_ahead_of_raw_compaction() {
         check(&db, &model, *tier, 0, 43 * MIN);
     }
 }
+
+/// Over many windows, the steady state the filling-window merges reach: fewer tier blocks
+/// over the newest raw windows than raw compaction leaves there (what a month's read of an
+/// hourly tier pays per block). Scaled down: 1-minute raw blocks and ranges 1, 3, 9 and 27 min
+/// (as 2 h blocks and 2, 6, 18, 54 h), a 30 s tier whose filling window is 27 min (54 of its
+/// intervals, as 54 h for an hourly tier).
+#[test]
+fn filling_window_merges_keep_fewer_tier_blocks_than_raw_over_the_newest_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tier = TIERS[1];
+    let db = Db::open(
+        tmp.path(),
+        DbOptions { head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, &[tier]).head }, ..opts(0, &[tier]) },
+    )
+    .unwrap();
+    let (mut raw_blocks, mut tier_blocks, mut rounds) = (0, 0, 0);
+    let mut t = 0;
+    while t < 300 * MIN {
+        let mut app = db.appender();
+        app.append(&series(0), t, value(0, t)).unwrap();
+        app.commit().unwrap();
+        t += 10_000;
+        if t % MIN == 0 {
+            db.compact().unwrap();
+            if t >= 120 * MIN {
+                // The newest 50 min: 50 raw block ranges, as the newest 100 h of 2 h blocks.
+                let newest = |b: &BlockMeta| b.max_time > t - 50 * MIN;
+                raw_blocks += db.blocks().iter().filter(|b| newest(b.meta())).count();
+                tier_blocks += db.status(1).unwrap().tiers[0].blocks.iter().filter(|b| newest(b)).count();
+                rounds += 1;
+            }
+        }
+    }
+    let (raw, tiered) = (raw_blocks as f64 / rounds as f64, tier_blocks as f64 / rounds as f64);
+    println!("blocks over the newest 50 min, mean of {rounds} rounds: raw {raw:.2}, tier {tiered:.2}");
+    assert!(tiered < raw - 1.0, "raw {raw:.2}, tier {tiered:.2}");
+}
