@@ -509,8 +509,8 @@ fn tier_block_changes_are_noted_for_tier_readers_only() {
     assert!(changed >= 5 * MIN, "only the newer blocks' ranges: {changed}");
 }
 
-/// The tiers' blocks of each raw block in `db`'s tiers that hold the sources of more than one
-/// remaining raw block (merged ahead of raw compaction), by tier.
+/// The blocks of `db`'s tiers that hold the sources of more than one remaining raw block
+/// (merged ahead of raw compaction), each with its tier's index.
 fn merged_over_raw(db: &Db) -> Vec<(usize, BlockMeta)> {
     let raw: Vec<BlockMeta> = db.blocks().iter().map(|b| b.meta().clone()).collect();
     let mut out = Vec::new();
