@@ -27,7 +27,7 @@
 //! - Likewise, tier blocks of settled raw blocks of any range are merged in the windows of one
 //!   raw range (`Tier::filling_window`) once a window holds three (`filling_group`), ahead of
 //!   raw compaction, which leaves a window's blocks apart until it closes. Settled blocks here
-//!   and above also end before late writes can reach (`late_horizon`). A tier that holds every
+//!   and above also end before late writes can reach (`RawView::settled`). A tier that holds every
 //!   source of a raw block holds its samples however its blocks cut them: nothing is dropped
 //!   or rolled up again when raw compaction merges them later.
 //! - Otherwise tier blocks are merged only once none of their sources is a raw block any more
@@ -307,6 +307,111 @@ fn holds_part_with_others(c: &Block, sources: &[String], whole_too: bool) -> boo
     shared > 0 && shared < theirs.len() && (whole_too || shared < sources.len())
 }
 
+/// The raw blocks as the merges of tier blocks over them (coarse and filling-window blocks)
+/// see them.
+struct RawView {
+    raw: Arc<Vec<Arc<Block>>>,
+    /// The head's time range.
+    head: Option<(i64, i64)>,
+    /// The newest time late writes cannot reach any more (`Inner::raw_view`): a raw block
+    /// ending at or before it gets no late samples but a backfill's.
+    horizon: i64,
+}
+
+impl RawView {
+    /// Where the window (of `window`) of the oldest raw block ends: merging before it would be
+    /// undone, as it is the window retention reaches first, and a tier block holding several
+    /// raw blocks is dropped when retention deletes one of them (`roll_up`). `None`: no raw
+    /// block.
+    fn first_window_end(&self, window: i64) -> Option<i64> {
+        let oldest = self.raw.iter().map(|b| b.meta().min_time).min()?;
+        Some((oldest.div_euclid(window) + 1).saturating_mul(window))
+    }
+
+    /// Whether late data can no longer merge into raw block `x`: it ends by the horizon,
+    /// overlaps no other raw block nor the head, and has no deletions.
+    fn settled(&self, x: &Arc<Block>) -> bool {
+        x.meta().max_time <= self.horizon
+            && x.tombstones().is_empty()
+            && !overlaps_another(&self.raw, x)
+            && !overlaps_head(self.head, x)
+    }
+
+    /// The raw blocks holding some of the sources `mine` (sorted).
+    fn sharing<'a>(&'a self, mine: &'a [String]) -> impl Iterator<Item = &'a Arc<Block>> + 'a {
+        self.raw.iter().filter(|x| block_sources(x).any(|s| mine.binary_search_by(|m| m.as_str().cmp(s)).is_ok()))
+    }
+
+    /// Tier `t`'s blocks that may be merged into coarse blocks (windows of `coarse`) while
+    /// their raw blocks remain, sorted by start, past the oldest raw block's window. Each holds
+    /// exactly the sources of the raw blocks its sources are in, and those are settled and at
+    /// the largest raw range `base` (never merged side by side again).
+    fn coarse_candidates(&self, t: &Tier, base: i64, coarse: i64) -> Vec<Arc<Block>> {
+        let Some(first_window_end) = self.first_window_end(coarse) else { return Vec::new() };
+        let mut out: Vec<Arc<Block>> = live(&t.blocks.read())
+            .into_iter()
+            .filter(|b| {
+                let mine = &b.meta().compaction.sources;
+                if b.meta().min_time < first_window_end || !b.tombstones().is_empty() {
+                    return false;
+                }
+                let theirs: Vec<&Arc<Block>> = self.sharing(mine).collect();
+                let covered: usize = theirs.iter().map(|x| x.meta().compaction.sources.len()).sum();
+                !theirs.is_empty()
+                    && covered == mine.len()
+                    && theirs.iter().all(|x| {
+                        x.meta().max_time - x.meta().min_time >= base
+                            && self.settled(x)
+                            && block_sources(x).all(|s| mine.binary_search_by(|m| m.as_str().cmp(s)).is_ok())
+                    })
+            })
+            .collect();
+        out.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+        out
+    }
+
+    /// Tier `t`'s blocks of the first window (of `window`, aligned as raw compaction aligns its
+    /// own; past the oldest raw block's) where at least `FILLING_WINDOW_BLOCKS` may be merged,
+    /// whether or not the window is closed. A block may be merged when it lies within the
+    /// window, without deletions, and each raw block sharing a source with it is settled and
+    /// has all its sources among the window's tier blocks: raw compaction merging raw blocks
+    /// of the window after the tier merged some of their tier blocks (the tier holds the merged
+    /// block's sources, cut otherwise) does not keep those from being merged again. Merging
+    /// only blocks each of one raw block (`coarse_candidates`' rule) left more blocks in the
+    /// newest windows than following raw compaction (the steady-state test: 4.99 blocks over
+    /// the newest 50 raw block ranges on average, raw 4.60; this rule: 3.01).
+    fn filling_group(&self, t: &Tier, window: i64) -> Option<Vec<Arc<Block>>> {
+        let first_window_end = self.first_window_end(window)?;
+        let window_of = |b: &Arc<Block>| {
+            let start = b.meta().min_time.div_euclid(window).saturating_mul(window);
+            (b.meta().max_time <= start.saturating_add(window)).then_some(start)
+        };
+        let mut blocks: Vec<(i64, Arc<Block>)> = live(&t.blocks.read())
+            .into_iter()
+            .filter(|b| b.meta().min_time >= first_window_end && b.tombstones().is_empty())
+            .filter_map(|b| window_of(&b).map(|w| (w, b)))
+            .collect();
+        blocks.sort_by(|(_, a), (_, b)| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
+        for same in blocks.chunk_by(|a, b| a.0 == b.0) {
+            let held: HashSet<&str> = same.iter().flat_map(|(_, b)| block_sources(b)).collect();
+            let group: Vec<Arc<Block>> = same
+                .iter()
+                .map(|(_, b)| b)
+                .filter(|b| {
+                    let mut theirs = self.sharing(&b.meta().compaction.sources).peekable();
+                    theirs.peek().is_some()
+                        && theirs.all(|x| self.settled(x) && block_sources(x).all(|s| held.contains(s)))
+                })
+                .cloned()
+                .collect();
+            if group.len() >= FILLING_WINDOW_BLOCKS {
+                return Some(group);
+            }
+        }
+        None
+    }
+}
+
 /// The tiers whose directories `dir` holds, each kept forever: what a tool opening a data
 /// directory without the server's configuration uses, so that it reads and keeps them.
 pub fn discover_tiers(fs: &dyn Vfs, dir: &Path) -> Vec<RollupTier> {
@@ -543,20 +648,20 @@ impl Inner {
                 self.merge_tier_group(t, &group, "compacted rollup blocks")?;
                 n += 1;
             }
-            // Blocks of settled raw blocks, merged while those remain (`candidates_over_raw`):
-            // coarse blocks of raw blocks at the largest range, and blocks of a raw window
-            // still filling.
-            let horizon = self.late_horizon();
+            // Blocks of settled raw blocks, merged while those remain: coarse blocks of raw
+            // blocks at the largest range (`coarse_candidates`), and blocks of a raw window
+            // still filling (`filling_group`).
+            let raw = self.raw_view();
             if let [base, coarse, ..] = ranges[..] {
                 loop {
-                    let candidates = self.candidates_over_raw(t, coarse, base, horizon);
+                    let candidates = raw.coarse_candidates(t, base, coarse);
                     let Some(group) = compact::plan(&candidates, &[base, coarse]) else { break };
                     self.merge_tier_group(t, &group, "merged rollup blocks of settled raw blocks")?;
                     n += 1;
                 }
             }
             if let Some(window) = t.filling_window(raw_ranges) {
-                while let Some(group) = self.filling_group(t, window, horizon) {
+                while let Some(group) = raw.filling_group(t, window) {
                     self.merge_tier_group(t, &group, "merged rollup blocks of a filling raw window")?;
                     n += 1;
                 }
@@ -565,14 +670,26 @@ impl Inner {
         Ok(n)
     }
 
-    /// The newest time late data cannot reach any more: the newest sample less the widest
-    /// late-write window (`DbOptions::late_window_ms`, the head's out-of-order window). A raw
-    /// block ending at or before it gets no late samples but a backfill's.
-    fn late_horizon(&self) -> i64 {
+    /// The raw blocks as merges of tier blocks over them see them now. The horizon is the
+    /// newest sample less the widest late-write window (`DbOptions::late_window_ms`, the
+    /// head's out-of-order window).
+    fn raw_view(&self) -> RawView {
         let late = self.opts.late_window_ms.max(self.opts.head.out_of_order.window_ms);
-        let newest_block = self.blocks.read().iter().map(|b| b.meta().max_time - 1).max();
-        let newest = self.head.time_range().map(|r| r.1).max(newest_block);
-        newest.map_or(i64::MIN, |n| n.saturating_sub(late))
+        RawView {
+            raw: self.blocks.read().clone(),
+            head: self.head.time_range(),
+            horizon: self.newest_sample().map_or(i64::MIN, |n| n.saturating_sub(late)),
+        }
+    }
+
+    /// The newest sample's timestamp, in the head, raw blocks or tiers.
+    fn newest_sample(&self) -> Option<i64> {
+        let mut newest = self.head.time_range().map(|r| r.1);
+        for list in std::iter::once(&self.blocks).chain(self.tiers.iter().map(|t| &t.blocks)) {
+            let last = list.read().iter().map(|b| b.meta().max_time - 1).max();
+            newest = newest.max(last);
+        }
+        newest
     }
 
     /// Merges tier `t`'s blocks `group` into one, listed in their place.
@@ -596,111 +713,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Tier `t`'s blocks that may be merged (in windows of `window`) while their raw blocks
-    /// remain, sorted by start. Each holds exactly the sources of the raw blocks its sources
-    /// are in, and those are settled: at least `min_raw_range` long (the largest raw range:
-    /// never merged side by side again), ending by `horizon` (`late_horizon`), overlapping no
-    /// other raw block nor the head (late data would merge into them), without deletions. The
-    /// window of the oldest raw block is left out: it is the one retention reaches first, and
-    /// a block holding several raw blocks is dropped when retention deletes one of them
-    /// (`roll_up`), so merging there would only be undone.
-    fn candidates_over_raw(&self, t: &Tier, window: i64, min_raw_range: i64, horizon: i64) -> Vec<Arc<Block>> {
-        let raw = self.blocks.read().clone();
-        let Some(oldest) = raw.iter().map(|b| b.meta().min_time).min() else { return Vec::new() };
-        let first_window_end = (oldest.div_euclid(window) + 1).saturating_mul(window);
-        let head = self.head.time_range();
-        let settled = |x: &Arc<Block>| {
-            x.meta().max_time - x.meta().min_time >= min_raw_range
-                && x.meta().max_time <= horizon
-                && x.tombstones().is_empty()
-                && !overlaps_another(&raw, x)
-                && !overlaps_head(head, x)
-        };
-        let mut out: Vec<Arc<Block>> = live(&t.blocks.read())
-            .into_iter()
-            .filter(|b| {
-                let mine = &b.meta().compaction.sources;
-                if b.meta().min_time < first_window_end || !b.tombstones().is_empty() {
-                    return false;
-                }
-                let theirs: Vec<&Arc<Block>> = raw
-                    .iter()
-                    .filter(|x| x.meta().compaction.sources.iter().any(|s| mine.binary_search(s).is_ok()))
-                    .collect();
-                let covered: usize = theirs.iter().map(|x| x.meta().compaction.sources.len()).sum();
-                !theirs.is_empty()
-                    && covered == mine.len()
-                    && theirs.iter().all(|x| {
-                        settled(x) && x.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok())
-                    })
-            })
-            .collect();
-        out.sort_by(|a, b| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
-        out
-    }
-
-    /// Tier `t`'s blocks of the first window (of `window`, aligned as raw compaction aligns its
-    /// own; not the oldest raw block's, as in `candidates_over_raw`) where at least
-    /// `FILLING_WINDOW_BLOCKS` may be merged, whether or not the window is closed. A block
-    /// may be merged when it lies within the window, without deletions, and each raw block
-    /// sharing a source with it is settled (as in `candidates_over_raw`) and has all its
-    /// sources among the window's tier blocks: raw compaction merging raw blocks of the window
-    /// after the tier merged some of their tier blocks (the tier holds the merged block's
-    /// sources, cut otherwise) does not keep those from being merged again. Merging only
-    /// blocks each of one raw block (`candidates_over_raw`'s rule) left more blocks in the
-    /// newest windows than following raw compaction (the steady-state test: 4.99 blocks over
-    /// the newest 50 raw block ranges on average, raw 4.60; this rule: 3.01).
-    fn filling_group(&self, t: &Tier, window: i64, horizon: i64) -> Option<Vec<Arc<Block>>> {
-        let raw = self.blocks.read().clone();
-        let oldest = raw.iter().map(|b| b.meta().min_time).min()?;
-        let first_window_end = (oldest.div_euclid(window) + 1).saturating_mul(window);
-        let head = self.head.time_range();
-        let settled = |x: &Arc<Block>| {
-            x.meta().max_time <= horizon
-                && x.tombstones().is_empty()
-                && !overlaps_another(&raw, x)
-                && !overlaps_head(head, x)
-        };
-        let window_of = |b: &Arc<Block>| {
-            let start = b.meta().min_time.div_euclid(window).saturating_mul(window);
-            (b.meta().max_time <= start.saturating_add(window)).then_some(start)
-        };
-        let mut blocks: Vec<(i64, Arc<Block>)> = live(&t.blocks.read())
-            .into_iter()
-            .filter(|b| b.meta().min_time >= first_window_end && b.tombstones().is_empty())
-            .filter_map(|b| window_of(&b).map(|w| (w, b)))
-            .collect();
-        blocks.sort_by(|(_, a), (_, b)| (a.meta().min_time, a.ulid()).cmp(&(b.meta().min_time, b.ulid())));
-        for same in blocks.chunk_by(|a, b| a.0 == b.0) {
-            let held: HashSet<&str> = same.iter().flat_map(|(_, b)| block_sources(b)).collect();
-            let group: Vec<Arc<Block>> = same
-                .iter()
-                .map(|(_, b)| b)
-                .filter(|b| {
-                    let mine = &b.meta().compaction.sources;
-                    let mut theirs = raw
-                        .iter()
-                        .filter(|x| x.meta().compaction.sources.iter().any(|s| mine.binary_search(s).is_ok()))
-                        .peekable();
-                    theirs.peek().is_some() && theirs.all(|x| settled(x) && block_sources(x).all(|s| held.contains(s)))
-                })
-                .cloned()
-                .collect();
-            if group.len() >= FILLING_WINDOW_BLOCKS {
-                return Some(group);
-            }
-        }
-        None
-    }
-
     /// Deletes tier blocks entirely older than their tier's retention behind the newest sample.
     pub(super) fn apply_tier_retention(&self) -> Result<usize> {
-        let mut newest = self.head.time_range().map(|r| r.1);
-        for list in std::iter::once(&self.blocks).chain(self.tiers.iter().map(|t| &t.blocks)) {
-            let last = list.read().iter().map(|b| b.meta().max_time - 1).max();
-            newest = newest.max(last);
-        }
-        let Some(newest) = newest else { return Ok(0) };
+        let Some(newest) = self.newest_sample() else { return Ok(0) };
         let mut gone = 0;
         for t in self.tiers.iter().filter(|t| t.spec.retention_ms > 0) {
             let cutoff = newest.saturating_sub(t.spec.retention_ms);
