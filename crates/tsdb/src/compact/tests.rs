@@ -244,6 +244,63 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
     assert_eq!(read_x(&db), want);
 }
 
+/// Copies directory `from` (files only, one level: a block's `chunks/` is a directory) to `to`.
+fn copy_block_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        match e.file_type().unwrap().is_dir() {
+            true => copy_block_dir(&e.path(), &target),
+            false => _ = std::fs::copy(e.path(), target).unwrap(),
+        }
+    }
+}
+
+#[test]
+fn inputs_a_crash_left_beside_their_compaction_are_removed_on_open_and_deletions_stay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let aside = tempfile::tempdir().unwrap();
+    let l = Labels::from_pairs([("__name__", "x")]);
+    // Two overlapping blocks, kept aside too: what a crash between the compaction's rename and
+    // its inputs' deletion leaves in place.
+    let mut inputs = Vec::new();
+    for ts in [0..1000, 500..1500] {
+        let h = Head::in_memory(HeadOptions { chunk_range_ms: 10 * RANGE, ..Default::default() });
+        let mut app = h.appender();
+        for t in ts.clone().step_by(10) {
+            app.append(&l, t, t as f64).unwrap();
+        }
+        app.commit().unwrap();
+        let meta = write_head_block(&crate::vfs::OsFs::shared(), &h, tmp.path(), ts.start, ts.end, HeadCut::ALL)
+            .unwrap()
+            .unwrap();
+        copy_block_dir(&tmp.path().join(&meta.ulid), &aside.path().join(&meta.ulid));
+        inputs.push(meta.ulid);
+    }
+    let x = [Matcher::new(MatchOp::Equal, "__name__", "x").unwrap()];
+    let read_x =
+        |db: &Db| -> Vec<i64> { db.querier(0, 2000).select(&x).unwrap()[0].samples().iter().map(|s| s.t).collect() };
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    assert_eq!(db.compact().unwrap().compactions, 1);
+    // Deleted after the compaction: only the output's tombstones know.
+    db.delete(&x, 100, 199).unwrap();
+    let want: Vec<i64> = (0..1500).step_by(10).filter(|t| !(100..200).contains(t)).collect();
+    assert_eq!(read_x(&db), want);
+    let output = db.blocks()[0].ulid().to_owned();
+    db.close().unwrap();
+    for ulid in &inputs {
+        copy_block_dir(&aside.path().join(ulid), &tmp.path().join(ulid));
+    }
+
+    let db = Db::open(tmp.path(), opts(0)).unwrap();
+    let blocks: Vec<String> = db.blocks().iter().map(|b| b.ulid().to_owned()).collect();
+    assert_eq!(blocks, [output], "the compaction's inputs are not listed again");
+    for ulid in &inputs {
+        assert!(!tmp.path().join(ulid).exists(), "input {ulid} is removed on open");
+    }
+    assert_eq!(read_x(&db), want, "samples deleted after the compaction stay deleted");
+}
+
 #[test]
 fn a_corrupt_block_is_reported_then_set_aside_and_the_rest_stays_queryable() {
     let tmp = tempfile::tempdir().unwrap();
