@@ -1007,3 +1007,38 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn settings_of(args: &[&str]) -> Settings {
+        let cli = Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied())).expect("flags parse");
+        settings(&cli.serve).expect("settings").0
+    }
+
+    /// Carbon senders deliver late (relays retry): tier merges over raw blocks wait until
+    /// carbon's out-of-order window has passed them (`DbOptions::late_window_ms`), and without
+    /// a carbon listener only the head's own window holds them back.
+    #[test]
+    fn a_carbon_listener_holds_tier_merges_back_by_its_out_of_order_window() {
+        assert_eq!(settings_of(&[]).storage.late_window_ms, 0, "no carbon listener");
+        let carbon = ["--carbon.plaintext-listen-address", "127.0.0.1:0"];
+        assert_eq!(settings_of(&carbon).storage.late_window_ms, 86_400_000, "carbon's default window, a day");
+        let two_hours = [&carbon[..], &["--carbon.out-of-order-window", "2h"]].concat();
+        assert_eq!(settings_of(&two_hours).storage.late_window_ms, 7_200_000);
+        let udp = ["--carbon.udp-listen-address", "127.0.0.1:0", "--carbon.out-of-order-window", "30m"];
+        assert_eq!(settings_of(&udp).storage.late_window_ms, 1_800_000, "any carbon listener");
+        let pickle_only = ["--carbon.pickle-listen-address", "127.0.0.1:0", "--carbon.out-of-order-window", "3h"];
+        assert_eq!(settings_of(&pickle_only).storage.late_window_ms, 10_800_000);
+        let window_alone = ["--carbon.out-of-order-window", "2h"];
+        assert_eq!(settings_of(&window_alone).storage.late_window_ms, 0, "a window without a listener");
+    }
+}
