@@ -602,6 +602,61 @@ fn tier_blocks_of_a_filling_raw_window_are_merged_ahead_of_raw_compaction() {
     }
 }
 
+/// A raw block the head's samples reach into (a backfill of the newest minute) is not
+/// settled: the head's next cut overlaps it and raw compaction merges the two, so its tier
+/// blocks wait for that instead of being merged with others (a merged block would be dropped
+/// and its raw blocks rolled up again when raw compaction merges it).
+#[test]
+fn tier_blocks_of_a_raw_block_the_head_reaches_into_wait_for_raw_compaction() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let tiers = &TIERS[..2];
+    let db = Db::open(
+        tmp.path(),
+        DbOptions {
+            head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
+            ..opts(120 * MIN, tiers)
+        },
+    )
+    .unwrap();
+    // The filling window of minutes 18-27 holds raw blocks 18-21 and 21-22; the head 22-23.
+    run(&db, &mut model, 0, 23 * MIN);
+    assert_eq!(db.head().time_range().map(|(lo, _)| lo), Some(22 * MIN));
+    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
+    let mut app = backfill.appender();
+    for t in (22 * MIN + 30_000..23 * MIN).step_by(1000) {
+        app.append(&series(5), t, 1.5).unwrap();
+        model.entry(5).or_default().insert(t, 1.5);
+    }
+    app.commit().unwrap();
+    db.import_head(&backfill).unwrap();
+    db.compact().unwrap();
+    // Three tier blocks in the window, one of them over the head's minute: none merged.
+    let in_window = |db: &Db| -> Vec<Vec<(i64, usize)>> {
+        let tiers = db.status(1).unwrap().tiers;
+        tiers
+            .iter()
+            .map(|t| {
+                let mine = t.blocks.iter().filter(|b| b.min_time >= 18 * MIN && b.max_time <= 27 * MIN);
+                mine.map(|b| (b.min_time, b.compaction.sources.len())).collect()
+            })
+            .collect()
+    };
+    for blocks in in_window(&db) {
+        assert_eq!(blocks, [(18 * MIN, 3), (21 * MIN, 1), (22 * MIN, 1)]);
+    }
+    // The head's cut overlaps the backfill and raw compaction merges them (then the window):
+    // the tiers follow without dropping anything, and answer every sample.
+    run(&db, &mut model, 23 * MIN, 30 * MIN);
+    assert_eq!(db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed), 0);
+    for blocks in in_window(&db) {
+        assert_eq!(blocks, [(18 * MIN, 10)], "the window as raw compaction merged it");
+    }
+    for tier in tiers {
+        check(&db, &model, *tier, 0, 30 * MIN);
+    }
+}
+
 /// Over many windows, the steady state the filling-window merges reach: fewer tier blocks
 /// over the newest raw windows than raw compaction leaves there (what a month's read of an
 /// hourly tier pays per block). Scaled down: 1-minute raw blocks and ranges 1, 3, 9 and 27 min
