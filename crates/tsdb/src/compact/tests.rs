@@ -244,7 +244,7 @@ fn overlapping_blocks_are_merged_and_deduplicated() {
     assert_eq!(read_x(&db), want);
 }
 
-/// Copies directory `from` (files only, one level: a block's `chunks/` is a directory) to `to`.
+/// Copies block directory `from` to `to`, subdirectories (a block's `chunks/`) too.
 fn copy_block_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
