@@ -16,11 +16,13 @@
 //! `.net.eth0.rx_bytes`.
 
 use std::cmp::Ordering;
+use std::sync::OnceLock;
 
 use regex_automata::dfa::Automaton as _;
 
 use super::{
-    common_prefix_len, start_state, CompiledDfa, NameDelta, NamePattern, SortBuffers, SortedNodes, BRANCH, LEAF,
+    common_prefix_len, merged_in_order, start_state, CompiledDfa, NameDelta, NamePattern, NodeEntry, SortBuffers,
+    SortedNodes, BRANCH, LEAF,
 };
 
 /// The nodes of a set of names, sorted both ways.
@@ -29,7 +31,12 @@ pub struct NameList {
     /// The names, back to back (a node is a name or the start of one).
     text: Vec<u8>,
     forward: Vec<Node>,
-    reversed: Vec<Node>,
+    /// Sorted when first read (`reversed`): only a search for names by their ends (a leading
+    /// star) and the main dictionary's rebuild read it. While a burst of new carbon paths
+    /// is folded into levels, neither usually comes, and sorting every fold's nodes both ways
+    /// and merging both orders level into level was half of the folds' work (a fifth of the
+    /// server's CPU while a million new paths arrived, in `perf`).
+    reversed: OnceLock<Vec<Node>>,
 }
 
 /// A node: `text[start..start + len]` and its flags, in 8 bytes.
@@ -79,39 +86,27 @@ impl Node {
 }
 
 impl NameList {
-    /// The nodes of `delta`'s names.
+    /// The nodes of `delta`'s names (the reversed order is sorted when first read).
     pub fn from_delta(delta: &NameDelta) -> NameList {
         let text = delta.bytes.clone();
-        // One set of sort buffers for both orders: freed in between, they came back as fresh
-        // pages to fault in again.
-        let mut buffers = SortBuffers::default();
-        let mut sorted = |reversed: bool| {
-            let mut runs: Vec<Vec<Node>> = delta
-                .nodes_sorted_in(reversed, &mut buffers)
-                .into_iter()
-                .map(|run: SortedNodes<'_>| {
-                    run.nodes.iter().map(|e| Node::new(e.start, e.len as usize, e.flags)).collect()
-                })
-                .collect();
-            // The runs (of `NAMES_PER_RUN` names each) merged two by two.
-            while runs.len() > 1 {
-                let mut merged = Vec::with_capacity(runs.len().div_ceil(2));
-                let mut pairs = runs.into_iter();
-                while let Some(a) = pairs.next() {
-                    merged.push(match pairs.next() {
-                        Some(b) => match reversed {
-                            false => merge::<Forward>(&text, &a, &b, 0),
-                            true => merge::<Backward>(&text, &a, &b, 0),
-                        },
-                        None => a,
-                    });
-                }
-                runs = merged;
+        let mut runs: Vec<Vec<Node>> = delta
+            .nodes_sorted_in(false, &mut SortBuffers::default())
+            .into_iter()
+            .map(|run: SortedNodes<'_>| run.nodes.iter().map(|e| Node::new(e.start, e.len as usize, e.flags)).collect())
+            .collect();
+        // The runs (of `NAMES_PER_RUN` names each) merged two by two.
+        while runs.len() > 1 {
+            let mut merged = Vec::with_capacity(runs.len().div_ceil(2));
+            let mut pairs = runs.into_iter();
+            while let Some(a) = pairs.next() {
+                merged.push(match pairs.next() {
+                    Some(b) => merge::<Forward>(&text, &a, &b, 0),
+                    None => a,
+                });
             }
-            runs.pop().unwrap_or_default()
-        };
-        let (forward, reversed) = (sorted(false), sorted(true));
-        NameList { text, forward, reversed }
+            runs = merged;
+        }
+        NameList { forward: runs.pop().unwrap_or_default(), text, reversed: OnceLock::new() }
     }
 
     /// The nodes of both, flags merged where both have a node.
@@ -120,8 +115,23 @@ impl NameList {
         text.extend_from_slice(&a.text);
         text.extend_from_slice(&b.text);
         let forward = merge::<Forward>(&text, &a.forward, &b.forward, a.text.len());
-        let reversed = merge::<Backward>(&text, &a.reversed, &b.reversed, a.text.len());
+        // Both sorted already: merged as the forward order is; otherwise sorted when read.
+        let reversed = match (a.reversed.get(), b.reversed.get()) {
+            (Some(ra), Some(rb)) => OnceLock::from(merge::<Backward>(&text, ra, rb, a.text.len())),
+            _ => OnceLock::new(),
+        };
         NameList { text, forward, reversed }
+    }
+
+    /// The nodes by bytes read last first, sorted on the first call.
+    fn reversed(&self) -> &[Node] {
+        self.reversed.get_or_init(|| {
+            let mut entries: Vec<NodeEntry> =
+                self.forward.iter().map(|n| NodeEntry::new(n.start(), n.start() + n.len(), n.flags())).collect();
+            let sorted = merged_in_order(&self.text, &mut entries, true, &mut SortBuffers::default());
+            debug_assert_eq!(sorted.len(), self.forward.len(), "the forward order holds each node once");
+            sorted.iter().map(|e| Node::new(e.start, e.len as usize, e.flags)).collect()
+        })
     }
 
     /// Number of nodes (leaves and branches; a node that is both counts once).
@@ -135,13 +145,14 @@ impl NameList {
 
     /// Heap bytes held.
     pub fn bytes(&self) -> usize {
-        self.text.capacity() + (self.forward.capacity() + self.reversed.capacity()) * std::mem::size_of::<Node>()
+        let reversed = self.reversed.get().map_or(0, Vec::capacity);
+        self.text.capacity() + (self.forward.capacity() + reversed) * std::mem::size_of::<Node>()
     }
 
     /// The nodes with their flags, by bytes (`reversed`: by bytes read last first), each
     /// given as written.
     pub(super) fn nodes(&self, reversed: bool) -> impl ExactSizeIterator<Item = (&[u8], u8)> {
-        let nodes = if reversed { &self.reversed } else { &self.forward };
+        let nodes = if reversed { self.reversed() } else { &self.forward };
         nodes.iter().map(|n| (n.key(&self.text), n.flags()))
     }
 
@@ -152,7 +163,7 @@ impl NameList {
     pub fn search(&self, pattern: &NamePattern, visit: impl FnMut(&[u8], u8) -> bool) {
         match pattern.pinned.unwrap_or(pattern.reverse) {
             false => walk::<Forward>(&self.text, &self.forward, &pattern.forward, visit),
-            true => walk::<Backward>(&self.text, &self.reversed, &pattern.backward, visit),
+            true => walk::<Backward>(&self.text, self.reversed(), &pattern.backward, visit),
         };
     }
 }
@@ -428,12 +439,18 @@ mod tests {
         let (first, second) = names.split_at(names.len() / 3);
         let a = NameList::from_delta(&delta_of(first.iter().map(String::as_str).chain(["a.b"])));
         let b = NameList::from_delta(&delta_of(second.iter().map(String::as_str).chain(["a.b.c", "servers"])));
-        let merged = NameList::merge(&a, &b);
         let whole =
             NameList::from_delta(&delta_of(names.iter().map(String::as_str).chain(["a.b", "a.b.c", "servers"])));
+        // The reversed order sorted on read (neither side had it), and merged (both had it).
+        let merged = NameList::merge(&a, &b);
+        assert!(merged.reversed.get().is_none(), "not sorted before it is read");
         for reversed in [false, true] {
             assert!(merged.nodes(reversed).eq(whole.nodes(reversed)), "reversed: {reversed}");
         }
+        let (_, _) = (a.reversed(), b.reversed());
+        let merged = NameList::merge(&a, &b);
+        assert!(merged.reversed.get().is_some(), "merged as both sides had it");
+        assert!(merged.nodes(true).eq(whole.nodes(true)));
         let servers = merged.nodes(false).find(|(k, _)| *k == b"servers").unwrap();
         assert_eq!(servers.1, LEAF | BRANCH, "a branch in one, a leaf in the other");
     }
@@ -447,7 +464,7 @@ mod tests {
             let p = NamePattern::new(re).unwrap().walking(reversed);
             let work = match reversed {
                 false => walk::<Forward>(&list.text, &list.forward, &p.forward, |_, _| true),
-                true => walk::<Backward>(&list.text, &list.reversed, &p.backward, |_, _| true),
+                true => walk::<Backward>(&list.text, list.reversed(), &p.backward, |_, _| true),
             };
             assert!(work < nodes / 20, "{re}: work {work} over {nodes} nodes");
             let want: BTreeMap<String, u8> = nodes_matching(&names, re);
