@@ -2,7 +2,7 @@
 //! retention waiting for the tiers, the reader equal to aggregating every sample, lineage
 //! surviving a reopen, deletions, late data and tier retention.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use strata_model::{FloatHistogram, Labels, MatchOp, Matcher, Sample};
 
@@ -655,6 +655,60 @@ fn tier_blocks_of_a_raw_block_the_head_reaches_into_wait_for_raw_compaction() {
     for tier in tiers {
         check(&db, &model, *tier, 0, 30 * MIN);
     }
+}
+
+/// A raw block shorter than the largest raw range (its window's other minutes had no data) is
+/// settled but not final: a backfill into its window makes raw compaction merge it again. Its
+/// tier blocks are therefore kept out of coarse blocks, so that a coarse block still holds
+/// exactly the sources of the raw blocks it shares sources with after that merge (what
+/// retention's roll-up and the coarse rule read a coarse block as).
+#[test]
+fn tier_blocks_of_a_raw_block_shorter_than_its_window_stay_out_of_coarse_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    let tiers = &TIERS[1..2];
+    let db = Db::open(
+        tmp.path(),
+        DbOptions {
+            head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
+            ..opts(120 * MIN, tiers)
+        },
+    )
+    .unwrap();
+    assert_eq!(db.inner.opts.compaction_ranges(), [MIN, 3 * MIN, 9 * MIN]);
+    // Raw window 27-36 holds only minutes 27-30; the coarse window 27-54 the windows after.
+    run(&db, &mut model, 0, 30 * MIN);
+    run(&db, &mut model, 36 * MIN, 70 * MIN);
+    let raw: Vec<(i64, i64)> = db.blocks().iter().map(|b| (b.meta().min_time, b.meta().max_time)).collect();
+    assert!(raw.contains(&(27 * MIN, 30 * MIN)), "a short raw block: {raw:?}");
+    let coarse = |db: &Db| -> Vec<BlockMeta> {
+        let blocks = db.status(1).unwrap().tiers[0].blocks.clone();
+        blocks.into_iter().filter(|b| b.max_time - b.min_time > 9 * MIN).collect()
+    };
+    assert!(!coarse(&db).is_empty(), "the coarse window's settled blocks merged");
+    // The backfill: raw compaction merges it with minutes 27-30.
+    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
+    let mut app = backfill.appender();
+    for t in (31 * MIN..32 * MIN).step_by(1000) {
+        app.append(&series(5), t, 2.5).unwrap();
+        model.entry(5).or_default().insert(t, 2.5);
+    }
+    app.commit().unwrap();
+    db.import_head(&backfill).unwrap();
+    run(&db, &mut model, 70 * MIN, 75 * MIN);
+    let raw: Vec<(i64, i64)> = db.blocks().iter().map(|b| (b.meta().min_time, b.meta().max_time)).collect();
+    assert!(raw.contains(&(27 * MIN, 32 * MIN)), "the backfill merged with minutes 27-30: {raw:?}");
+    for c in coarse(&db) {
+        let mine: BTreeSet<&String> = c.compaction.sources.iter().collect();
+        let blocks = db.blocks();
+        let theirs: BTreeSet<&String> = blocks
+            .iter()
+            .filter(|r| r.meta().compaction.sources.iter().any(|s| mine.contains(s)))
+            .flat_map(|r| &r.meta().compaction.sources)
+            .collect();
+        assert_eq!(mine, theirs, "coarse block {}-{} min", c.min_time / MIN, c.max_time / MIN);
+    }
+    check(&db, &model, tiers[0], 0, 75 * MIN);
 }
 
 /// Over many windows, the steady state the filling-window merges reach: fewer tier blocks
