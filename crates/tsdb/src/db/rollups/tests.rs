@@ -83,6 +83,26 @@ fn run(db: &Db, model: &mut Model, from: i64, to: i64) {
     }
 }
 
+/// Imports samples of series `i` at `times` (value `v`) as a backfill does, into `model` too.
+fn import_backfill(db: &Db, model: &mut Model, i: usize, times: impl Iterator<Item = i64>, v: f64) {
+    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
+    let mut app = backfill.appender();
+    for t in times {
+        app.append(&series(i), t, v).unwrap();
+        model.entry(i).or_default().insert(t, v);
+    }
+    app.commit().unwrap();
+    db.import_head(&backfill).unwrap();
+}
+
+/// `opts` with the head refusing out-of-order samples: later data comes by backfill only.
+fn in_order_opts(retention_ms: i64, tiers: &[RollupTier]) -> DbOptions {
+    DbOptions {
+        head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
+        ..opts(retention_ms, tiers)
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
@@ -532,11 +552,7 @@ fn tier_blocks_of_a_filling_raw_window_are_merged_ahead_of_raw_compaction() {
     // Raw kept 2 h: raw ranges 1, 3 and 9 min; late samples refused, so raw blocks settle as
     // they leave the head. Both tiers' filling windows are the 9-minute one.
     let tiers = &TIERS[..2];
-    let in_order = |late_window_ms| DbOptions {
-        head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
-        late_window_ms,
-        ..opts(120 * MIN, tiers)
-    };
+    let in_order = |late_window_ms| DbOptions { late_window_ms, ..in_order_opts(120 * MIN, tiers) };
     let db = Db::open(tmp.path(), in_order(0)).unwrap();
     // Minutes 0-8: raw blocks of 3, 3 and 1 minutes, but in the oldest raw window, which
     // retention reaches first: left as raw cut it.
@@ -575,14 +591,7 @@ fn tier_blocks_of_a_filling_raw_window_are_merged_ahead_of_raw_compaction() {
     // the answers still every sample's.
     let (_, target) = merged_over_raw(&db).into_iter().find(|(_, b)| b.min_time == 45 * MIN).unwrap();
     let late_from = target.min_time + 500;
-    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
-    let mut app = backfill.appender();
-    for t in (late_from..late_from + MIN).step_by(1000) {
-        app.append(&series(0), t, 5.0).unwrap();
-        model.get_mut(&0).unwrap().insert(t, 5.0);
-    }
-    app.commit().unwrap();
-    db.import_head(&backfill).unwrap();
+    import_backfill(&db, &mut model, 0, (late_from..late_from + MIN).step_by(1000), 5.0);
     db.compact().unwrap();
     assert!(db.stats().rollup_coarse_blocks_dropped.load(Ordering::Relaxed) > 0, "the late data dropped it");
     for tier in tiers {
@@ -611,25 +620,11 @@ fn tier_blocks_of_a_raw_block_the_head_reaches_into_wait_for_raw_compaction() {
     let tmp = tempfile::tempdir().unwrap();
     let mut model = Model::new();
     let tiers = &TIERS[..2];
-    let db = Db::open(
-        tmp.path(),
-        DbOptions {
-            head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
-            ..opts(120 * MIN, tiers)
-        },
-    )
-    .unwrap();
+    let db = Db::open(tmp.path(), in_order_opts(120 * MIN, tiers)).unwrap();
     // The filling window of minutes 18-27 holds raw blocks 18-21 and 21-22; the head 22-23.
     run(&db, &mut model, 0, 23 * MIN);
     assert_eq!(db.head().time_range().map(|(lo, _)| lo), Some(22 * MIN));
-    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
-    let mut app = backfill.appender();
-    for t in (22 * MIN + 30_000..23 * MIN).step_by(1000) {
-        app.append(&series(5), t, 1.5).unwrap();
-        model.entry(5).or_default().insert(t, 1.5);
-    }
-    app.commit().unwrap();
-    db.import_head(&backfill).unwrap();
+    import_backfill(&db, &mut model, 5, (22 * MIN + 30_000..23 * MIN).step_by(1000), 1.5);
     db.compact().unwrap();
     // Three tier blocks in the window, one of them over the head's minute: none merged.
     let in_window = |db: &Db| -> Vec<Vec<(i64, usize)>> {
@@ -667,14 +662,7 @@ fn tier_blocks_of_a_raw_block_shorter_than_its_window_stay_out_of_coarse_blocks(
     let tmp = tempfile::tempdir().unwrap();
     let mut model = Model::new();
     let tiers = &TIERS[1..2];
-    let db = Db::open(
-        tmp.path(),
-        DbOptions {
-            head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, tiers).head },
-            ..opts(120 * MIN, tiers)
-        },
-    )
-    .unwrap();
+    let db = Db::open(tmp.path(), in_order_opts(120 * MIN, tiers)).unwrap();
     assert_eq!(db.inner.opts.compaction_ranges(), [MIN, 3 * MIN, 9 * MIN]);
     // Raw window 27-36 holds only minutes 27-30; the coarse window 27-54 the windows after.
     run(&db, &mut model, 0, 30 * MIN);
@@ -687,14 +675,7 @@ fn tier_blocks_of_a_raw_block_shorter_than_its_window_stay_out_of_coarse_blocks(
     };
     assert!(!coarse(&db).is_empty(), "the coarse window's settled blocks merged");
     // The backfill: raw compaction merges it with minutes 27-30.
-    let backfill = crate::head::Head::in_memory(HeadOptions { chunk_range_ms: MIN, ..Default::default() });
-    let mut app = backfill.appender();
-    for t in (31 * MIN..32 * MIN).step_by(1000) {
-        app.append(&series(5), t, 2.5).unwrap();
-        model.entry(5).or_default().insert(t, 2.5);
-    }
-    app.commit().unwrap();
-    db.import_head(&backfill).unwrap();
+    import_backfill(&db, &mut model, 5, (31 * MIN..32 * MIN).step_by(1000), 2.5);
     run(&db, &mut model, 70 * MIN, 75 * MIN);
     let raw: Vec<(i64, i64)> = db.blocks().iter().map(|b| (b.meta().min_time, b.meta().max_time)).collect();
     assert!(raw.contains(&(27 * MIN, 32 * MIN)), "the backfill merged with minutes 27-30: {raw:?}");
@@ -720,11 +701,7 @@ fn tier_blocks_of_a_raw_block_shorter_than_its_window_stay_out_of_coarse_blocks(
 fn filling_window_merges_keep_fewer_tier_blocks_than_raw_over_the_newest_windows() {
     let tmp = tempfile::tempdir().unwrap();
     let tier = TIERS[1];
-    let db = Db::open(
-        tmp.path(),
-        DbOptions { head: HeadOptions { out_of_order: OutOfOrder::OFF, ..opts(0, &[tier]).head }, ..opts(0, &[tier]) },
-    )
-    .unwrap();
+    let db = Db::open(tmp.path(), in_order_opts(0, &[tier])).unwrap();
     let (mut raw_blocks, mut tier_blocks, mut rounds) = (0, 0, 0);
     let mut t = 0;
     while t < 300 * MIN {
