@@ -115,10 +115,13 @@ impl NameList {
         text.extend_from_slice(&a.text);
         text.extend_from_slice(&b.text);
         let forward = merge::<Forward>(&text, &a.forward, &b.forward, a.text.len());
-        // Both sorted already: merged as the forward order is; otherwise sorted when read.
-        let reversed = match (a.reversed.get(), b.reversed.get()) {
-            (Some(ra), Some(rb)) => OnceLock::from(merge::<Backward>(&text, ra, rb, a.text.len())),
-            _ => OnceLock::new(),
+        // Kept where a search has read either side's (the other, usually the newest and
+        // smallest level, sorted now): a leading-star find during a burst of new paths would
+        // otherwise sort the whole merged level again after every fold. Neither read: sorted
+        // when read.
+        let reversed = match a.reversed.get().is_some() || b.reversed.get().is_some() {
+            true => OnceLock::from(merge::<Backward>(&text, a.reversed(), b.reversed(), a.text.len())),
+            false => OnceLock::new(),
         };
         NameList { text, forward, reversed }
     }
@@ -441,16 +444,19 @@ mod tests {
         let b = NameList::from_delta(&delta_of(second.iter().map(String::as_str).chain(["a.b.c", "servers"])));
         let whole =
             NameList::from_delta(&delta_of(names.iter().map(String::as_str).chain(["a.b", "a.b.c", "servers"])));
-        // The reversed order sorted on read (neither side had it), and merged (both had it).
+        // The reversed order sorted on read (neither side had it), then merged (one side had
+        // it, then both).
         let merged = NameList::merge(&a, &b);
         assert!(merged.reversed.get().is_none(), "not sorted before it is read");
         for reversed in [false, true] {
             assert!(merged.nodes(reversed).eq(whole.nodes(reversed)), "reversed: {reversed}");
         }
-        let (_, _) = (a.reversed(), b.reversed());
-        let merged = NameList::merge(&a, &b);
-        assert!(merged.reversed.get().is_some(), "merged as both sides had it");
-        assert!(merged.nodes(true).eq(whole.nodes(true)));
+        for side in [&a, &b] {
+            side.reversed();
+            let merged = NameList::merge(&a, &b);
+            assert!(merged.reversed.get().is_some(), "kept as a side had it");
+            assert!(merged.nodes(true).eq(whole.nodes(true)));
+        }
         let servers = merged.nodes(false).find(|(k, _)| *k == b"servers").unwrap();
         assert_eq!(servers.1, LEAF | BRANCH, "a branch in one, a leaf in the other");
     }
