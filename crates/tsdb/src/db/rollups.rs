@@ -111,7 +111,7 @@ pub struct TierStatus {
 /// listed again). Of two with the same sources the one of the higher level (then ULID) stays.
 fn replaced_by(b: &Block, other: &Block) -> bool {
     let (mine, theirs) = (&b.meta().compaction.sources, &other.meta().compaction.sources);
-    if std::ptr::eq(b, other) || !mine.iter().all(|s| theirs.binary_search(s).is_ok()) {
+    if std::ptr::eq(b, other) || !mine.iter().all(|s| has_source(theirs, s)) {
         return false;
     }
     theirs.len() > mine.len() || (other.meta().compaction.level, other.ulid()) > (b.meta().compaction.level, b.ulid())
@@ -277,6 +277,11 @@ fn block_sources(b: &Block) -> impl Iterator<Item = &str> {
     b.meta().compaction.sources.iter().map(String::as_str)
 }
 
+/// Whether the sorted sources `mine` hold `source`.
+fn has_source(mine: &[String], source: &str) -> bool {
+    mine.binary_search_by(|m| m.as_str().cmp(source)).is_ok()
+}
+
 /// Whether two blocks' time ranges (`[min, max)`) overlap.
 fn overlap(a: &Block, b: &Block) -> bool {
     a.meta().min_time < b.meta().max_time && b.meta().min_time < a.meta().max_time
@@ -303,7 +308,7 @@ fn holds(sources: &HashSet<String>, b: &Block) -> bool {
 /// deletes).
 fn holds_part_with_others(c: &Block, sources: &[String], whole_too: bool) -> bool {
     let theirs = &c.meta().compaction.sources;
-    let shared = theirs.iter().filter(|s| sources.binary_search(s).is_ok()).count();
+    let shared = theirs.iter().filter(|s| has_source(sources, s)).count();
     shared > 0 && shared < theirs.len() && (whole_too || shared < sources.len())
 }
 
@@ -339,7 +344,7 @@ impl RawView {
 
     /// The raw blocks holding some of the sources `mine` (sorted).
     fn sharing<'a>(&'a self, mine: &'a [String]) -> impl Iterator<Item = &'a Arc<Block>> + 'a {
-        self.raw.iter().filter(|x| block_sources(x).any(|s| mine.binary_search_by(|m| m.as_str().cmp(s)).is_ok()))
+        self.raw.iter().filter(|x| block_sources(x).any(|s| has_source(mine, s)))
     }
 
     /// Tier `t`'s blocks that may be merged into coarse blocks (windows of `coarse`) while
@@ -362,7 +367,7 @@ impl RawView {
                     && theirs.iter().all(|x| {
                         x.meta().max_time - x.meta().min_time >= base
                             && self.settled(x)
-                            && block_sources(x).all(|s| mine.binary_search_by(|m| m.as_str().cmp(s)).is_ok())
+                            && block_sources(x).all(|s| has_source(mine, s))
                     })
             })
             .collect();
@@ -480,7 +485,7 @@ impl Inner {
         for t in &self.tiers {
             let inputs: Vec<Arc<Block>> = live(&t.blocks.read())
                 .into_iter()
-                .filter(|r| r.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok()))
+                .filter(|r| r.meta().compaction.sources.iter().all(|s| has_source(mine, s)))
                 .collect();
             let held: HashSet<&str> =
                 inputs.iter().flat_map(|r| r.meta().compaction.sources.iter().map(String::as_str)).collect();
@@ -571,7 +576,7 @@ impl Inner {
                 .blocks
                 .read()
                 .iter()
-                .filter(|r| r.meta().compaction.sources.iter().all(|s| mine.binary_search(s).is_ok()))
+                .filter(|r| r.meta().compaction.sources.iter().all(|s| has_source(mine, s)))
                 .cloned()
                 .collect();
             let block = Arc::new(Block::written(&self.fs, &t.dir.join(&meta.ulid), meta));
