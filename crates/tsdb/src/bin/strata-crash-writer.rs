@@ -10,12 +10,9 @@
 //!
 //! With `RETENTION_STEPS` as well, raw blocks older than that are deleted and two rollup
 //! tiers (`ROLLUP_TIERS`) are kept, so kills also land in rollups, tier merges and the raw
-//! retention that waits for them. `STEP_PAUSE_MS` paces the steps (a pause after each), so
-//! that the compactor keeps up with the writer and kills land in its work on many blocks
-//! rather than while it is far behind.
+//! retention that waits for them.
 //!
-//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS
-//! [STEP_PAUSE_MS]]]`
+//! Usage: `strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS]]`
 //! Output: `READY <samples present>`, then `A <thread> <batch> <step>` per commit, then `DONE`.
 
 use std::io::Write;
@@ -55,20 +52,23 @@ fn value(series: usize, step: usize) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, series, steps, threads, batch, optional @ ..] = &args[..] else {
-        eprintln!(
-            "usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS [STEP_PAUSE_MS]]]"
-        );
-        std::process::exit(2);
+    let (dir, series, steps, threads, batch, block_steps, retention_steps) = match &args[..] {
+        [_, d, s, st, th, b] => (d, s, st, th, b, None, None),
+        [_, d, s, st, th, b, bs] => (d, s, st, th, b, Some(bs.parse::<i64>().expect("BLOCK_STEPS")), None),
+        [_, d, s, st, th, b, bs, rs] => (
+            d,
+            s,
+            st,
+            th,
+            b,
+            Some(bs.parse::<i64>().expect("BLOCK_STEPS")),
+            Some(rs.parse::<i64>().expect("RETENTION_STEPS")),
+        ),
+        _ => {
+            eprintln!("usage: strata-crash-writer DATA_DIR SERIES STEPS THREADS BATCH [BLOCK_STEPS [RETENTION_STEPS]]");
+            std::process::exit(2);
+        }
     };
-    if optional.len() > 3 {
-        eprintln!("strata-crash-writer: {} arguments past BATCH, at most 3", optional.len());
-        std::process::exit(2);
-    }
-    let optional = |i: usize, what: &str| optional.get(i).map(|a| a.parse::<i64>().expect(what));
-    let block_steps = optional(0, "BLOCK_STEPS");
-    let retention_steps = optional(1, "RETENTION_STEPS");
-    let step_pause = optional(2, "STEP_PAUSE_MS").map(|ms| std::time::Duration::from_millis(ms as u64));
     let dir = PathBuf::from(dir);
     let n_series: usize = series.parse().expect("SERIES");
     let n_steps: usize = steps.parse().expect("STEPS");
@@ -117,10 +117,6 @@ fn main() {
                 let mut refs: Vec<Option<SeriesRef>> = vec![None; mine.len()];
                 for step in first_step..n_steps {
                     if block_steps.is_some() {
-                        // The first thread's pause holds the others at the next step's barrier.
-                        if let (Some(pause), 0) = (step_pause, th) {
-                            std::thread::sleep(pause);
-                        }
                         barrier.wait();
                     }
                     for (b, part) in mine.chunks(batch).enumerate() {
