@@ -1316,6 +1316,15 @@ impl strata_promql::Storage for QueryStorage {
             .map_err(read_error)
     }
 
+    fn select_newest(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
+        let stop = || self.stopper.stop();
+        limited_querier(&self.db, &self.limits, &stop, mint, maxt)
+            .parallelism(self.parallelism)
+            .newest_only()
+            .select(matchers)
+            .map_err(read_error)
+    }
+
     fn rollup_tiers(&self) -> Vec<strata_tsdb::rollup::RollupTier> {
         self.db.rollup_tiers()
     }

@@ -47,6 +47,13 @@ pub trait Storage: Sync {
     /// Series matching all matchers with samples in `[mint, maxt]`, sorted by labels.
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError>;
 
+    /// `select` for a reader that uses only each series' newest sample at or before `maxt`
+    /// (an instant selector at one time): a storage may leave the older samples out (the
+    /// head's `Querier::newest_only`).
+    fn select_newest(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
+        self.select(matchers, mint, maxt)
+    }
+
     /// The rollup tiers it has, finest first.
     fn rollup_tiers(&self) -> Vec<RollupTier> {
         Vec::new()
@@ -86,6 +93,13 @@ impl Storage for strata_tsdb::head::Head {
             .map_err(|e| EvalError::Storage(e.to_string()))
     }
 
+    fn select_newest(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
+        strata_tsdb::querier::Querier::new(self, mint, maxt)
+            .newest_only()
+            .select(matchers)
+            .map_err(|e| EvalError::Storage(e.to_string()))
+    }
+
     fn label_value_count(&self, name: &str) -> Option<usize> {
         Some(strata_tsdb::head::Head::label_value_count(self, name))
     }
@@ -94,6 +108,10 @@ impl Storage for strata_tsdb::head::Head {
 impl Storage for strata_tsdb::Db {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
         self.querier(mint, maxt).select(matchers).map_err(|e| EvalError::Storage(e.to_string()))
+    }
+
+    fn select_newest(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<StoredSeries>, EvalError> {
+        self.querier(mint, maxt).newest_only().select(matchers).map_err(|e| EvalError::Storage(e.to_string()))
     }
 
     fn label_value_count(&self, name: &str) -> Option<usize> {
@@ -976,10 +994,12 @@ impl<'a> Evaluator<'a> {
     /// the results to `out`. `f` runs in parallel over batches of series, so memory holds a few
     /// batches of results (sized by the `steps` each result may hold), not the whole
     /// selection. Stale markers are kept (instant selectors need them).
+    #[allow(clippy::too_many_arguments, reason = "a selection, how it is read, and its consumer")]
     fn for_each_selected<F>(
         &self,
         matchers: &[Matcher],
         stats_only: bool,
+        newest_only: bool,
         (mint, maxt): (i64, i64),
         steps: usize,
         f: F,
@@ -988,7 +1008,11 @@ impl<'a> Evaluator<'a> {
     where
         F: Fn(&Labels, &[Point], &[HPoint], Starts<'_>) -> Option<Series> + Sync,
     {
-        let stored = self.st.select(matchers, mint, maxt)?;
+        let stored = if newest_only {
+            self.st.select_newest(matchers, mint, maxt)?
+        } else {
+            self.st.select(matchers, mint, maxt)?
+        };
         // A heavy selection is mapped on background threads, as the storage read it.
         let heavy = stored.len() >= strata_tsdb::querier::BACKGROUND_SERIES
             || stored.len().saturating_mul(steps) >= BACKGROUND_POINTS;
@@ -1354,7 +1378,18 @@ impl<'a> Evaluator<'a> {
             }
             Some(Series::with_hists(labels.clone(), points, hists))
         };
-        self.for_each_selected(&sel.matchers, sel.stats_only, (first - lookback + 1, maxt), ctx.n, per_series, out)
+        // Every step reads the newest sample at or before one and the same time: the only
+        // sample of each series that matters (not so for the start times, or smoothing).
+        let newest_only = (ctx.n == 1 || at.is_some()) && !smoothed && value != SelectorValue::StartTime;
+        self.for_each_selected(
+            &sel.matchers,
+            sel.stats_only,
+            newest_only,
+            (first - lookback + 1, maxt),
+            ctx.n,
+            per_series,
+            out,
+        )
     }
 
     /// The window a range selector or subquery reads at each step.
@@ -1415,7 +1450,15 @@ impl<'a> Evaluator<'a> {
                         f(labels, samples, hists, Starts { floats: starts.floats, hists: hist_starts }, false)
                     }
                 };
-                self.for_each_selected(&m.vector.matchers, m.vector.stats_only, (mint, maxt), ctx.n, per_series, out)
+                self.for_each_selected(
+                    &m.vector.matchers,
+                    m.vector.stats_only,
+                    false,
+                    (mint, maxt),
+                    ctx.n,
+                    per_series,
+                    out,
+                )
             }
             ExprKind::Subquery(sq) => {
                 let Feed::Series(sink) = out else {

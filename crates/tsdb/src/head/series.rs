@@ -714,6 +714,30 @@ impl SeriesState {
         }
     }
 
+    /// For a reader of the newest sample at or before `maxt` only (an instant selector): when
+    /// that is the open chunk's last sample, a plain float, and the series has no late
+    /// samples (which may rewrite it), writes it to `arena` as a chunk of its own and hands it
+    /// to `f` if it is at or after `mint` (else the series has nothing in range), and returns
+    /// true; otherwise does nothing and returns false (the caller reads the chunks). The
+    /// older samples it leaves out are never the newest at or before `maxt`, so a reader
+    /// that merges this with other sources (blocks) finds the same newest sample.
+    pub fn newest_float_into(&self, mint: i64, maxt: i64, arena: &mut Vec<u8>, f: impl FnOnce(HeadChunk)) -> bool {
+        if self.overlay.is_some() {
+            return false;
+        }
+        let Some(a) = self.open.as_ref().and_then(|o| o.plain_xor()) else { return false };
+        if a.num_samples() == 0 || a.last_t() > maxt {
+            return false;
+        }
+        let t = a.last_t();
+        if t >= mint {
+            let start = arena.len();
+            xor::write_one(t, a.last_v(), arena);
+            f(HeadChunk::InArena { mint: t, maxt: t, bytes: start..arena.len() });
+        }
+        true
+    }
+
     /// Whether a read from `mint` should move the open chunk's cut first (`move_cut`): it
     /// would skip enough of the chunk's samples before `mint` to pay for finding the place.
     pub fn wants_cut(&self, mint: i64) -> bool {

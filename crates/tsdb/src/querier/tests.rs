@@ -444,3 +444,77 @@ fn block_selections_through_the_series_cache_are_reads_from_the_indexes() {
     }
     assert!(SeriesCache::global().stats().2 > hits_before, "the second reads were served by the cache");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 64, ..Default::default() })]
+
+    /// A `newest_only` selection finds, of every series, the same newest sample in range as a
+    /// whole selection read through (deletions applied): over series of one to a few chunks,
+    /// with stale markers, late samples (some rewriting the newest timestamp, as carbon's
+    /// last write wins does), deletions, and ranges before, inside and after the samples.
+    #[test]
+    fn a_newest_only_selection_finds_the_newest_sample_a_whole_one_does(
+        series in proptest::collection::vec(
+            (
+                proptest::collection::vec((1i64..20_000, proptest::bool::weighted(0.05)), 0..300),
+                proptest::option::weighted(0.3, (0i64..3_000_000, proptest::bool::ANY)),
+                proptest::option::weighted(0.3, (0i64..100_000, 0i64..100_000)),
+            ),
+            1..8,
+        ),
+        mint in -10_000i64..3_000_000,
+        span in 0i64..1_000_000,
+    ) {
+        let head = Head::in_memory(HeadOptions::default());
+        let labels = |i: usize| Labels::from_pairs([("__name__", "s"), ("i", &i.to_string())]);
+        let late_rules = crate::head::OutOfOrder { window_ms: i64::MAX / 4, replace: true };
+        let mut newest_t = vec![0; series.len()];
+        for (i, (gaps, late, _)) in series.iter().enumerate() {
+            let mut app = head.appender_with(late_rules);
+            let mut t = 0;
+            for (k, &(gap, stale)) in gaps.iter().enumerate() {
+                t += gap;
+                let v = if stale { f64::from_bits(strata_model::STALE_NAN_BITS) } else { (k % 11) as f64 * 0.5 };
+                app.append(&labels(i), t, v).unwrap();
+            }
+            app.commit().unwrap();
+            if let Some((at, rewrite_newest)) = *late {
+                // A late sample, or a new value at the newest timestamp.
+                let at = if rewrite_newest && t > 0 { t } else { at.min(t.max(1)) };
+                let mut app = head.appender_with(late_rules);
+                app.append(&labels(i), at, -1.0).unwrap();
+                app.commit().unwrap();
+            }
+            newest_t[i] = t;
+        }
+        // Deletions reaching back from around the newest sample: a deleted newest sample
+        // leaves an older one the newest.
+        for (i, (_, _, deleted)) in series.iter().enumerate() {
+            if let Some((back, len)) = *deleted {
+                let m = [Matcher::new(MatchOp::Equal, "i", i.to_string()).unwrap()];
+                head.delete(&m, newest_t[i] - back, newest_t[i] - back + len).unwrap();
+            }
+        }
+        let all = [Matcher::new(MatchOp::Equal, "__name__", "s").unwrap()];
+        let maxt = mint + span;
+        // Each series' newest sample in range, as (labels, time, value bits).
+        let newest = |selected: Vec<Series>| -> Vec<(Labels, i64, u64)> {
+            selected
+                .into_iter()
+                .filter_map(|s| {
+                    let mut last = None;
+                    s.visit(|x| {
+                        if let crate::chunkenc::TypedValue::Float(v) = x.value {
+                            last = Some((x.t, v.to_bits()));
+                        }
+                    })
+                    .unwrap();
+                    last.map(|(t, v)| (s.labels.clone(), t, v))
+                })
+                .collect()
+        };
+        let whole = newest(Querier::new(&head, mint, maxt).select(&all).unwrap());
+        let only = newest(Querier::new(&head, mint, maxt).newest_only().select(&all).unwrap());
+        proptest::prop_assert_eq!(only, whole);
+    }
+}
