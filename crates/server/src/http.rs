@@ -1307,22 +1307,29 @@ fn read_error(e: strata_tsdb::Error) -> EvalError {
     }
 }
 
+impl QueryStorage {
+    /// A selection under the request's limits and stop; `newest_only` as `Querier::newest_only`.
+    fn select_in(
+        &self,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        newest_only: bool,
+    ) -> Result<Vec<Series>, EvalError> {
+        let stop = || self.stopper.stop();
+        let querier = limited_querier(&self.db, &self.limits, &stop, mint, maxt).parallelism(self.parallelism);
+        let querier = if newest_only { querier.newest_only() } else { querier };
+        querier.select(matchers).map_err(read_error)
+    }
+}
+
 impl strata_promql::Storage for QueryStorage {
     fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
-        let stop = || self.stopper.stop();
-        limited_querier(&self.db, &self.limits, &stop, mint, maxt)
-            .parallelism(self.parallelism)
-            .select(matchers)
-            .map_err(read_error)
+        self.select_in(matchers, mint, maxt, false)
     }
 
     fn select_newest(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Result<Vec<Series>, EvalError> {
-        let stop = || self.stopper.stop();
-        limited_querier(&self.db, &self.limits, &stop, mint, maxt)
-            .parallelism(self.parallelism)
-            .newest_only()
-            .select(matchers)
-            .map_err(read_error)
+        self.select_in(matchers, mint, maxt, true)
     }
 
     fn rollup_tiers(&self) -> Vec<strata_tsdb::rollup::RollupTier> {

@@ -967,12 +967,12 @@ impl<'a> Querier<'a> {
                 let newest = self.newest_only
                     && !stones.as_ref().is_some_and(|st| st.contains_key(&r))
                     && state.newest_float_into(self.mint, self.maxt, &mut arena, |c| pending.push((c, 0)));
-                // Asked first, through a shared borrow: a mutable one marks the state changed
-                // (`SeriesGuard`), which only a read that moves the cut should pay for.
-                if !newest && state.wants_cut(self.mint) {
-                    state.move_cut(self.mint);
-                }
                 if !newest {
+                    // Asked first, through a shared borrow: a mutable one marks the state changed
+                    // (`SeriesGuard`), which only a read that moves the cut should pay for.
+                    if state.wants_cut(self.mint) {
+                        state.move_cut(self.mint);
+                    }
                     state
                         .each_chunk_into(self.mint, self.maxt, u64::MAX, &mut arena, |c, rank| pending.push((c, rank)));
                 }

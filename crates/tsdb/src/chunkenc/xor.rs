@@ -543,10 +543,6 @@ pub fn find_cut(data: &[u8], from: Option<&XorCut>, t: i64) -> Option<XorCut> {
     found
 }
 
-/// Appends to `out` the XOR chunk of `data`'s samples from `cut` on (`data` as `find_cut`
-/// took it, or grown since): its first sample written whole, the second as a chunk's second
-/// (a plain interval) with an explicit value window, and the rest of `data`'s bits as they
-/// are, which then decode exactly as in `data`.
 /// Appends to `out` the chunk of the one sample `(t, v)`, as `XorAppender` writes it.
 pub fn write_one(t: i64, v: f64, out: &mut Vec<u8>) {
     let mut w = BitWriter::with_bytes(std::mem::take(out));
@@ -557,6 +553,10 @@ pub fn write_one(t: i64, v: f64, out: &mut Vec<u8>) {
     *out = w.into_bytes();
 }
 
+/// Appends to `out` the XOR chunk of `data`'s samples from `cut` on (`data` as `find_cut`
+/// took it, or grown since): its first sample written whole, the second as a chunk's second
+/// (a plain interval) with an explicit value window, and the rest of `data`'s bits as they
+/// are, which then decode exactly as in `data`.
 pub fn write_tail(data: &[u8], cut: &XorCut, out: &mut Vec<u8>) {
     let total = u16::from_be_bytes([data[1], data[2]]);
     assert!(cut.index >= 1 && cut.index + 1 < total, "a cut of this chunk: {} of {total} samples", cut.index);
