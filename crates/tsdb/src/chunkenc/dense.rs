@@ -779,6 +779,316 @@ pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkErro
     decode_into(data, &mut Samples { out, start }).map(|_| ())
 }
 
+/// Decodes the samples of a dense chunk at or after `from` into `out` (appended). The header
+/// must have been checked.
+///
+/// A read of the last minutes of a chunk (an instant query or a refreshed dashboard's new step
+/// over a block's newest chunk of 240 samples, or over the head's newest written-out chunk)
+/// needs a few of its samples. Columns coded raw or off a line hold each value on its own, so
+/// those are unpacked from the first sample wanted on, found from the line (`RandomColumn`);
+/// deltas need every residual before it, so such a column is read whole and the samples before
+/// `from` dropped, as are those of XOR-coded values. What is returned is checked as `decode`
+/// checks it: the timestamps read increase, every column ends where its length says, and the
+/// chunk ends with its last sample.
+pub(crate) fn decode_since(data: &[u8], from: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+    let n = u16::from_be_bytes([data[1], data[2]]) as usize;
+    let mut r = BitReader::new(HEADER_BYTES);
+    let times = match n {
+        0 => None,
+        _ => RandomColumn::open(&mut r, data, n)?,
+    };
+    let Some(times) = times else {
+        // Deltas (or an empty chunk): decoded whole.
+        let start = out.len();
+        decode(data, out)?;
+        let early = out[start..].partition_point(|s| s.t < from);
+        out.drain(start..start + early);
+        return Ok(());
+    };
+    let first = times.first_at_or_after(data, from);
+    if first == 0 {
+        return decode(data, out);
+    }
+    with_columns(|c| {
+        times.values_from(data, first, &mut c.times);
+        if c.times.windows(2).fold(false, |disorder, p| disorder | (p[0] >= p[1])) {
+            return Err(corrupt("timestamps do not increase"));
+        }
+        let start = out.len();
+        let mut values = Values { out, first, times: &c.times, start };
+        let mut r = BitReader::new(0);
+        r.skip(data, times.end);
+        read_values_since(&mut r, data, n, first, &mut c.ints, &mut values)
+    })
+}
+
+/// Values `first..` of a chunk paired with its timestamps from `first` on, the samples before
+/// `first` not written.
+struct Values<'a> {
+    out: &'a mut Vec<Sample>,
+    /// The index of the first sample written.
+    first: usize,
+    /// The timestamps from `first` on.
+    times: &'a [i64],
+    start: usize,
+}
+
+impl Values<'_> {
+    /// Takes the values from `first` on (as many as `times`).
+    fn extend(&mut self, values: impl Iterator<Item = f64>) {
+        self.out.extend(self.times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
+    }
+
+    /// Replaces value `j` of the chunk, if it is one written.
+    fn patch(&mut self, j: usize, v: f64) {
+        if let Some(i) = j.checked_sub(self.first) {
+            self.out[self.start + i].v = v;
+        }
+    }
+}
+
+/// `read_values` from value `first` on (at least 1), into `sink`.
+fn read_values_since(
+    r: &mut BitReader,
+    data: &[u8],
+    n: usize,
+    first: usize,
+    ints: &mut Vec<i64>,
+    sink: &mut Values,
+) -> Result<(), ChunkError> {
+    let ends = || corrupt("value section ends early");
+    match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
+        VALUES_DECIMAL => {
+            let e = r.read_bits(data, 8).ok_or_else(ends)? as usize;
+            if e > DECIMAL_EXPONENT_MAX {
+                return Err(corrupt("decimal exponent over 18"));
+            }
+            let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+            if exceptions > n {
+                return Err(corrupt("more exceptions than values"));
+            }
+            let mut patches = Vec::new();
+            let mut j = 0usize;
+            for x in 0..exceptions {
+                j = read_exception_index(r, data, x, j, n)?;
+                let bits = r.read_bits(data, 64).ok_or_else(ends)?;
+                if j >= first {
+                    patches.push((j, bits));
+                }
+            }
+            let mut after = *r;
+            match RandomColumn::open(&mut after, data, n)? {
+                Some(column) => {
+                    column.values_from(data, first, ints);
+                    *r = after;
+                }
+                None => {
+                    read_ints(r, data, n, ints)?;
+                    ints.drain(..first);
+                }
+            }
+            let p = POW10[e];
+            if e == 0 {
+                sink.extend(ints.iter().map(|&i| i as f64));
+            } else {
+                sink.extend(ints.iter().map(|&i| i as f64 / p));
+            }
+            for (j, bits) in patches {
+                sink.patch(j, f64::from_bits(bits));
+            }
+        }
+        VALUES_XOR => {
+            let mut bits = r.read_bits(data, 64).ok_or_else(ends)?;
+            let (mut leading, mut trailing) = (0u8, 0u8);
+            for _ in 1..first {
+                if !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
+                    return Err(corrupt("XOR value window over 64 bits"));
+                }
+            }
+            let mut bad_window = false;
+            sink.extend((first..n).map_while(|_| {
+                if !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
+                    bad_window = true;
+                    return None;
+                }
+                Some(f64::from_bits(bits))
+            }));
+            if bad_window {
+                return Err(corrupt("XOR value window over 64 bits"));
+            }
+            if r.overran(data) {
+                return Err(ends());
+            }
+        }
+        other => return Err(corrupt(&format!("unknown value mode {other}"))),
+    }
+    if r.pos().div_ceil(8) != data.len() {
+        return Err(corrupt("bytes after the last sample"));
+    }
+    Ok(())
+}
+
+/// An integer column whose values are each read on their own: coded raw (order 0) or off a
+/// line, where a value is its own residual (plus the line at its index), not a sum of those
+/// before it.
+struct RandomColumn {
+    header: IntsHeader,
+    n: usize,
+    /// Where the packed offsets start and where the column ends (bit positions).
+    packed: usize,
+    end: usize,
+    /// Exceptions: residual index and what is added to its packed part, in index order.
+    patches: Vec<(usize, u64)>,
+}
+
+impl RandomColumn {
+    /// Reads the header of a column of `n` values at `r` and its exception list, leaving `r`
+    /// after the column; `None` (and `r` after the header) when the column is coded as deltas.
+    fn open(r: &mut BitReader, data: &[u8], n: usize) -> Result<Option<RandomColumn>, ChunkError> {
+        let ends = || corrupt("integer column ends early");
+        let header = read_ints_header(r, data, n)?;
+        if header.order != 0 && header.order != ORDER_LINE {
+            return Ok(None);
+        }
+        let packed = r.pos();
+        let m = residual_count(header.order, n);
+        r.skip(data, header.packing.packed_bits(m));
+        if r.overran(data) {
+            return Err(ends());
+        }
+        let modulus = header.packing.modulus().unwrap_or(0);
+        let mut patches = Vec::with_capacity(header.exceptions);
+        let mut j = 0usize;
+        for x in 0..header.exceptions {
+            j = read_exception_index(r, data, x, j, m)?;
+            let high = r.read_uvarint(data).ok_or_else(ends)?;
+            patches.push((j, high.wrapping_mul(modulus)));
+        }
+        Ok(Some(RandomColumn { header, n, packed, end: r.pos(), patches }))
+    }
+
+    /// The index of value `j`'s residual among the packed ones (`None`: the line's head).
+    fn residual_index(&self, j: usize) -> Option<usize> {
+        match self.header.order {
+            ORDER_LINE => j.checked_sub(1),
+            _ => Some(j),
+        }
+    }
+
+    /// Value `j` from residual `i`'s offset (patched).
+    #[inline(always)]
+    fn value(&self, j: usize, offset: u64) -> i64 {
+        let h = &self.header;
+        let residual = h.base.wrapping_add(offset.wrapping_mul(h.factor) as i64);
+        match h.order {
+            ORDER_LINE => h.heads[0].wrapping_add((j as i64).wrapping_mul(h.heads[1])).wrapping_add(residual),
+            _ => residual,
+        }
+    }
+
+    /// Value `j` (below `n`).
+    fn at(&self, data: &[u8], j: usize) -> i64 {
+        let Some(i) = self.residual_index(j) else { return self.header.heads[0] };
+        let mut offset = match self.header.packing {
+            Packing::Bits(0) => 0,
+            Packing::Bits(w) => {
+                let mut r = BitReader::new(0);
+                r.skip(data, self.packed + i * w as usize);
+                r.read_bits_unchecked(data, w)
+            }
+            Packing::Radix(radix) => {
+                let (k, bits) = radix_group(radix, SAMPLES_MAX);
+                let m = residual_count(self.header.order, self.n);
+                let group = i / k;
+                let digits = (m - group * k).min(k);
+                let group_bits = if digits == k { bits } else { radix_group(radix, digits).1 };
+                let mut r = BitReader::new(0);
+                r.skip(data, self.packed + group * bits);
+                let v = r.read_bits_unchecked(data, group_bits as u32);
+                (v / radix.pow((i - group * k) as u32)) % radix
+            }
+        };
+        if let Ok(x) = self.patches.binary_search_by_key(&i, |p| p.0) {
+            offset = offset.wrapping_add(self.patches[x].1);
+        }
+        self.value(j, offset)
+    }
+
+    /// The first index whose value is at least `from` (`n` if none), the values increasing
+    /// (timestamps). Off a line it starts where the line puts `from` and walks from there: a
+    /// scrape's timestamps are within a step of it, so that is one or two reads. Raw values are
+    /// searched by halves.
+    fn first_at_or_after(&self, data: &[u8], from: i64) -> usize {
+        let (x0, step) = (self.header.heads[0], self.header.heads[1]);
+        if self.header.order != ORDER_LINE || step <= 0 {
+            let (mut lo, mut hi) = (0, self.n);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if self.at(data, mid) < from {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            return lo;
+        }
+        let guess = (from as i128 - x0 as i128 - self.header.base as i128).div_euclid(step as i128);
+        let mut j = guess.clamp(0, self.n as i128 - 1) as usize;
+        if self.at(data, j) >= from {
+            while j > 0 && self.at(data, j - 1) >= from {
+                j -= 1;
+            }
+        } else {
+            while j < self.n && self.at(data, j) < from {
+                j += 1;
+            }
+        }
+        j
+    }
+
+    /// Values `first..n` into `out` (cleared).
+    fn values_from(&self, data: &[u8], first: usize, out: &mut Vec<i64>) {
+        out.clear();
+        let m = residual_count(self.header.order, self.n);
+        let i0 = match self.residual_index(first) {
+            Some(i) => i,
+            None => {
+                out.push(self.header.heads[0]);
+                0
+            }
+        };
+        if i0 >= m {
+            return;
+        }
+        // The packed offsets from `i0`: a radix group is read whole, its digits before `i0`
+        // dropped.
+        let mut r = BitReader::new(0);
+        let (from, skipped) = match self.header.packing {
+            Packing::Bits(w) => (self.packed + i0 * w as usize, 0),
+            Packing::Radix(radix) => {
+                let (k, bits) = radix_group(radix, SAMPLES_MAX);
+                (self.packed + (i0 / k) * bits, i0 % k)
+            }
+        };
+        r.skip(data, from);
+        let at = out.len();
+        unpack(&mut r, data, self.header.packing, m - i0 + skipped, out, |o| o as i64);
+        out.drain(at..at + skipped);
+        let patched = self.patches.partition_point(|p| p.0 < i0);
+        for &(i, add) in &self.patches[patched..] {
+            let x = &mut out[at + i - i0];
+            *x = (*x as u64).wrapping_add(add) as i64;
+        }
+        let j0 = match self.header.order {
+            ORDER_LINE => i0 + 1,
+            _ => i0,
+        };
+        for (x, j) in out[at..].iter_mut().zip(j0..) {
+            *x = self.value(j, *x as u64);
+        }
+    }
+}
+
 /// Decodes a whole dense chunk into `sink`, its timestamps with its values. The header must
 /// have been checked. Returns where its timestamps end (a bit position in `data`), for
 /// `decode_values_into` of columns with the same timestamps.

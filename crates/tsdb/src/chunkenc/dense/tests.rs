@@ -264,6 +264,93 @@ proptest! {
         let mut r2 = BitReader::new(0);
         skip_ints(&mut r2, &bytes, xs.len()).unwrap();
         prop_assert_eq!(r2.pos(), r.pos());
+        // Raw and line-coded columns read at any index, and from any index on, as whole.
+        let mut r3 = BitReader::new(0);
+        if let Some(column) = RandomColumn::open(&mut r3, &bytes, xs.len()).unwrap() {
+            prop_assert_eq!(column.end, r.pos());
+            prop_assert_eq!(r3.pos(), r.pos());
+            for (j, &x) in xs.iter().enumerate() {
+                prop_assert_eq!(column.at(&bytes, j), x, "value {}", j);
+            }
+            for first in [0, 1, xs.len() / 3, xs.len() - 1, xs.len()] {
+                column.values_from(&bytes, first, &mut back);
+                prop_assert_eq!(&back[..], &xs[first..], "from {}", first);
+            }
+        }
+    }
+
+    /// `decode_since` gives what a whole decode gives from `from` on, whichever way the chunk's
+    /// columns are coded: timestamps off a line (jittered scrapes, missed ones), as deltas (an
+    /// exact grid) or raw; values as decimals of each order, with exceptions, or XOR.
+    #[test]
+    fn a_decode_since_a_time_is_the_whole_decode_from_it(
+        start in -1i64 << 50..1 << 50,
+        step in prop_oneof![Just(10_000i64), 1i64..100_000],
+        jitter in prop_oneof![Just(0u64), 1u64..40, 1u64..1000],
+        missed in prop::collection::vec(any::<prop::sample::Index>(), 0..3),
+        n in 1usize..241,
+        kind in 0u8..6,
+        seed in any::<u64>(),
+        specials in prop::collection::vec((any::<prop::sample::Index>(), value()), 0..3),
+        at in any::<prop::sample::Index>(),
+        offset in -20_000i64..20_000,
+    ) {
+        let mut x = seed | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let jitter = jitter.min(step as u64 - 1);
+        let mut times: Vec<i64> = (0..n as i64)
+            .map(|j| start + j * step + if jitter > 0 { (next() % jitter) as i64 } else { 0 })
+            .collect();
+        for m in &missed {
+            if times.len() > 2 {
+                times.remove(m.index(times.len()));
+            }
+        }
+        let mut counter = 1_000_000i64;
+        let samples: Vec<Sample> = times
+            .iter()
+            .enumerate()
+            .map(|(j, &t)| {
+                let v = match kind {
+                    // A counter's decimals: deltas.
+                    0 => {
+                        counter += (next() % 500) as i64;
+                        counter as f64 / 100.0
+                    }
+                    // A gauge's: raw.
+                    1 => (next() % 10_000) as f64 / 10.0,
+                    // A steady counter: off a line.
+                    2 => (1_000 + 37 * j as i64 + (next() % 3) as i64) as f64,
+                    // Any bits: XOR.
+                    3 => f64::from_bits(next()),
+                    4 => 0.0,
+                    _ => (next() % 7) as f64 * 0.1 + 0.2,
+                };
+                Sample::new(t, v)
+            })
+            .collect();
+        let mut samples = samples;
+        for (i, v) in &specials {
+            let j = i.index(samples.len());
+            samples[j].v = *v;
+        }
+        let bytes = encode(&samples);
+        let from = samples[at.index(samples.len())].t + offset;
+        let mut want = Vec::new();
+        decode(&bytes, &mut want).unwrap();
+        want.retain(|s| s.t >= from);
+        let mut got = vec![Sample::new(i64::MIN, 1.0)];
+        decode_since(&bytes, from, &mut got).unwrap();
+        prop_assert!(got[0].t == i64::MIN, "what was in `out` stays");
+        prop_assert_eq!(got.len() - 1, want.len());
+        for (a, b) in got[1..].iter().zip(&want) {
+            prop_assert!(a.bit_eq(b), "{:?} against {:?}", a, b);
+        }
     }
 
     #[test]
@@ -276,6 +363,13 @@ proptest! {
         it.decode_into(&mut out);
         prop_assert!(out.len() <= count as usize);
         prop_assert!(out.windows(2).all(|p| p[0].t < p[1].t));
+        for from in [i64::MIN, 0, 1 << 40, i64::MAX] {
+            let mut since = Vec::new();
+            if decode_since(&bytes, from, &mut since).is_ok() {
+                prop_assert!(since.len() <= count as usize);
+                prop_assert!(since.windows(2).all(|p| p[0].t < p[1].t));
+            }
+        }
     }
 }
 
