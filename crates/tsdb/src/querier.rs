@@ -130,11 +130,11 @@ impl Series {
             let data = c.data.bytes()?;
             let start = out.len();
             match data.first().map(|&b| Encoding::from_byte(b)) {
-                // A range starting inside the chunk (the last minutes of a block's newest
-                // chunk of 240 samples) unpacks only the samples from its start where the
-                // chunk's columns allow it.
-                Some(Ok(Encoding::Dense)) if data.len() >= HEADER_BYTES && c.mint < mint => {
-                    dense::decode_since(&data, mint, out)?
+                // A range that starts or ends inside the chunk (the last minutes of a block's
+                // chunk of 240 samples) unpacks the samples in range only, where the chunk's
+                // columns allow it.
+                Some(Ok(Encoding::Dense)) if data.len() >= HEADER_BYTES && (c.mint < mint || c.maxt > maxt) => {
+                    dense::decode_range(&data, mint, maxt, out)?
                 }
                 Some(Ok(Encoding::Dense)) if data.len() >= HEADER_BYTES => dense::decode(&data, out)?,
                 Some(Ok(Encoding::Xor)) if data.len() >= HEADER_BYTES => {

@@ -779,38 +779,44 @@ pub(crate) fn decode(data: &[u8], out: &mut Vec<Sample>) -> Result<(), ChunkErro
     decode_into(data, &mut Samples { out, start }).map(|_| ())
 }
 
-/// Decodes the samples of a dense chunk at or after `from` into `out` (appended). The header
-/// must have been checked.
+/// Decodes the samples of a dense chunk from `from` to `until` (inclusive) into `out`
+/// (appended). The header must have been checked.
 ///
-/// A read of the last minutes of a chunk (an instant query or a refreshed dashboard's new step
-/// over a block's newest chunk of 240 samples, or over the head's newest written-out chunk)
-/// needs a few of its samples. Columns coded raw or off a line hold each value on its own, so
-/// those are unpacked from the first sample wanted on, found from the line (`RandomColumn`);
-/// deltas need every residual before it, so such a column is read whole and the samples before
-/// `from` dropped, as are those of XOR-coded values. What is returned is checked as `decode`
+/// A read of a few minutes of a chunk (an instant query or a refreshed dashboard's new step
+/// over a block's chunk of 240 samples, or over the head's newest written-out chunk) needs a
+/// few of its samples. Columns coded raw or off a line hold each value on its own, and a value
+/// of a delta-coded column is its first plus the residuals before it, so each column is
+/// unpacked into values for the samples in range only (`RandomColumn`): the first and the last
+/// are found from the line or the grid the timestamps are coded on, and the residuals of
+/// deltas before the first are only summed. Timestamps coded as uneven deltas, and columns
+/// coded as deltas of deltas, are read whole and the samples out of range dropped; XOR-coded
+/// values are decoded whole but written in range. What is returned is checked as `decode`
 /// checks it: the timestamps read increase, every column ends where its length says, and the
 /// chunk ends with its last sample.
-pub(crate) fn decode_since(data: &[u8], from: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+pub(crate) fn decode_range(data: &[u8], from: i64, until: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     let n = u16::from_be_bytes([data[1], data[2]]) as usize;
     let mut r = BitReader::new(HEADER_BYTES);
     let times = match n {
         0 => None,
         _ => RandomColumn::open(&mut r, data, n)?,
     };
-    let Some(times) = times else {
-        // Deltas (or an empty chunk): decoded whole.
+    let Some(times) = times.filter(RandomColumn::random_access) else {
+        // Timestamps found only by summing (or an empty chunk): decoded whole.
         let start = out.len();
         decode(data, out)?;
+        let kept = out[start..].partition_point(|s| s.t <= until);
+        out.truncate(start + kept);
         let early = out[start..].partition_point(|s| s.t < from);
         out.drain(start..start + early);
         return Ok(());
     };
     let first = times.first_at_or_after(data, from);
-    if first == 0 {
+    let end = until.checked_add(1).map_or(n, |after| times.first_at_or_after(data, after)).max(first);
+    if first == 0 && end == n {
         return decode(data, out);
     }
     with_columns(|c| {
-        times.values_from(data, first, &mut c.times);
+        times.values_in(data, first..end, &mut c.times);
         if c.times.windows(2).fold(false, |disorder, p| disorder | (p[0] >= p[1])) {
             return Err(corrupt("timestamps do not increase"));
         }
@@ -818,17 +824,17 @@ pub(crate) fn decode_since(data: &[u8], from: i64, out: &mut Vec<Sample>) -> Res
         let mut values = Values { out, first, times: &c.times, start };
         let mut r = BitReader::new(0);
         r.skip(data, times.end);
-        read_values_since(&mut r, data, n, first, &mut c.ints, &mut values)
+        read_values_in(&mut r, data, n, first..end, &mut c.ints, &mut values)
     })
 }
 
-/// Values `first..` of a chunk paired with its timestamps from `first` on, the samples before
-/// `first` not written.
+/// Values `first..` of a chunk paired with its timestamps in a range from `first` on; the
+/// samples before `first` and after the range are not written.
 struct Values<'a> {
     out: &'a mut Vec<Sample>,
     /// The index of the first sample written.
     first: usize,
-    /// The timestamps from `first` on.
+    /// The timestamps of the range.
     times: &'a [i64],
     start: usize,
 }
@@ -841,18 +847,18 @@ impl Values<'_> {
 
     /// Replaces value `j` of the chunk, if it is one written.
     fn patch(&mut self, j: usize, v: f64) {
-        if let Some(i) = j.checked_sub(self.first) {
+        if let Some(i) = j.checked_sub(self.first).filter(|&i| i < self.times.len()) {
             self.out[self.start + i].v = v;
         }
     }
 }
 
-/// `read_values` from value `first` on (at least 1), into `sink`.
-fn read_values_since(
+/// `read_values` of the values in `range` (not starting at 0), into `sink`.
+fn read_values_in(
     r: &mut BitReader,
     data: &[u8],
     n: usize,
-    first: usize,
+    range: std::ops::Range<usize>,
     ints: &mut Vec<i64>,
     sink: &mut Values,
 ) -> Result<(), ChunkError> {
@@ -872,19 +878,20 @@ fn read_values_since(
             for x in 0..exceptions {
                 j = read_exception_index(r, data, x, j, n)?;
                 let bits = r.read_bits(data, 64).ok_or_else(ends)?;
-                if j >= first {
+                if range.contains(&j) {
                     patches.push((j, bits));
                 }
             }
             let mut after = *r;
             match RandomColumn::open(&mut after, data, n)? {
                 Some(column) => {
-                    column.values_from(data, first, ints);
+                    column.values_in(data, range, ints);
                     *r = after;
                 }
                 None => {
                     read_ints(r, data, n, ints)?;
-                    ints.drain(..first);
+                    ints.truncate(range.end);
+                    ints.drain(..range.start);
                 }
             }
             let p = POW10[e];
@@ -898,27 +905,23 @@ fn read_values_since(
             }
         }
         VALUES_XOR => {
+            // Decoded to the end all the same (each value needs the one before it), so that
+            // the chunk is checked as a whole read checks it.
             let mut bits = r.read_bits(data, 64).ok_or_else(ends)?;
             let (mut leading, mut trailing) = (0u8, 0u8);
-            for _ in 1..first {
-                if !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
+            let mut values = Vec::with_capacity(range.len());
+            for j in 0..n {
+                if j > 0 && !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
                     return Err(corrupt("XOR value window over 64 bits"));
                 }
-            }
-            let mut bad_window = false;
-            sink.extend((first..n).map_while(|_| {
-                if !read_xor(r, data, &mut bits, &mut leading, &mut trailing) {
-                    bad_window = true;
-                    return None;
+                if range.contains(&j) {
+                    values.push(f64::from_bits(bits));
                 }
-                Some(f64::from_bits(bits))
-            }));
-            if bad_window {
-                return Err(corrupt("XOR value window over 64 bits"));
             }
             if r.overran(data) {
                 return Err(ends());
             }
+            sink.extend(values.into_iter());
         }
         other => return Err(corrupt(&format!("unknown value mode {other}"))),
     }
@@ -928,9 +931,10 @@ fn read_values_since(
     Ok(())
 }
 
-/// An integer column whose values are each read on their own: coded raw (order 0) or off a
-/// line, where a value is its own residual (plus the line at its index), not a sum of those
-/// before it.
+/// An integer column read from any of its values on, without unpacking those before it into
+/// values: coded raw (order 0) or off a line, where a value is its own residual (plus the
+/// line at its index), or as deltas (order 1), where it is the sum of the residuals before
+/// it, which are then summed rather than turned into values one by one.
 struct RandomColumn {
     header: IntsHeader,
     n: usize,
@@ -943,11 +947,11 @@ struct RandomColumn {
 
 impl RandomColumn {
     /// Reads the header of a column of `n` values at `r` and its exception list, leaving `r`
-    /// after the column; `None` (and `r` after the header) when the column is coded as deltas.
+    /// after the column; `None` (and `r` after the header) for deltas of deltas.
     fn open(r: &mut BitReader, data: &[u8], n: usize) -> Result<Option<RandomColumn>, ChunkError> {
         let ends = || corrupt("integer column ends early");
         let header = read_ints_header(r, data, n)?;
-        if header.order != 0 && header.order != ORDER_LINE {
+        if header.order == 2 {
             return Ok(None);
         }
         let packed = r.pos();
@@ -967,15 +971,21 @@ impl RandomColumn {
         Ok(Some(RandomColumn { header, n, packed, end: r.pos(), patches }))
     }
 
-    /// The index of value `j`'s residual among the packed ones (`None`: the line's head).
+    /// Whether each value can be read on its own (`at`): raw and line-coded columns, and
+    /// deltas that are all the same (an exact scrape grid: no packed bits, no exception).
+    fn random_access(&self) -> bool {
+        self.header.order != 1 || (self.header.packing == Packing::Bits(0) && self.patches.is_empty())
+    }
+
+    /// The index of value `j`'s residual among the packed ones (`None`: the head `x0`).
     fn residual_index(&self, j: usize) -> Option<usize> {
         match self.header.order {
-            ORDER_LINE => j.checked_sub(1),
-            _ => Some(j),
+            0 => Some(j),
+            _ => j.checked_sub(1),
         }
     }
 
-    /// Value `j` from residual `i`'s offset (patched).
+    /// Value `j` from its residual's offset (patched), for raw and line-coded columns.
     #[inline(always)]
     fn value(&self, j: usize, offset: u64) -> i64 {
         let h = &self.header;
@@ -986,9 +996,14 @@ impl RandomColumn {
         }
     }
 
-    /// Value `j` (below `n`).
+    /// Value `j` (below `n`) of a column with `random_access`.
     fn at(&self, data: &[u8], j: usize) -> i64 {
+        debug_assert!(self.random_access());
         let Some(i) = self.residual_index(j) else { return self.header.heads[0] };
+        if self.header.order == 1 {
+            // Equal deltas: the base each.
+            return self.header.heads[0].wrapping_add((j as i64).wrapping_mul(self.header.base));
+        }
         let mut offset = match self.header.packing {
             Packing::Bits(0) => 0,
             Packing::Bits(w) => {
@@ -1014,13 +1029,18 @@ impl RandomColumn {
         self.value(j, offset)
     }
 
-    /// The first index whose value is at least `from` (`n` if none), the values increasing
-    /// (timestamps). Off a line it starts where the line puts `from` and walks from there: a
-    /// scrape's timestamps are within a step of it, so that is one or two reads. Raw values are
-    /// searched by halves.
+    /// The first index whose value is at least `from` (`n` if none), in a column with
+    /// `random_access` whose values increase (timestamps). Off a line or on a grid it starts
+    /// where the line puts `from` and walks from there: a scrape's timestamps are within a
+    /// step of it, so that is one or two reads. Raw values are searched by halves.
     fn first_at_or_after(&self, data: &[u8], from: i64) -> usize {
-        let (x0, step) = (self.header.heads[0], self.header.heads[1]);
-        if self.header.order != ORDER_LINE || step <= 0 {
+        let h = &self.header;
+        let line = match h.order {
+            ORDER_LINE => Some((h.heads[0] as i128 + h.base as i128, h.heads[1])),
+            1 => Some((h.heads[0] as i128, h.base)),
+            _ => None,
+        };
+        let Some((x0, step)) = line.filter(|&(_, step)| step > 0) else {
             let (mut lo, mut hi) = (0, self.n);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
@@ -1031,8 +1051,8 @@ impl RandomColumn {
                 }
             }
             return lo;
-        }
-        let guess = (from as i128 - x0 as i128 - self.header.base as i128).div_euclid(step as i128);
+        };
+        let guess = (from as i128 - x0).div_euclid(step as i128);
         let mut j = guess.clamp(0, self.n as i128 - 1) as usize;
         if self.at(data, j) >= from {
             while j > 0 && self.at(data, j - 1) >= from {
@@ -1046,38 +1066,65 @@ impl RandomColumn {
         j
     }
 
-    /// Values `first..n` into `out` (cleared).
-    fn values_from(&self, data: &[u8], first: usize, out: &mut Vec<i64>) {
+    /// Value `i` of a delta-coded column: `x0` plus the residuals before it, their offsets
+    /// summed as packed.
+    fn delta_prefix(&self, data: &[u8], i: usize) -> i64 {
+        let h = &self.header;
+        let mut sum = sum_offsets(data, self.packed, h.packing, residual_count(h.order, self.n), i);
+        for &(_, add) in self.patches.iter().take_while(|p| p.0 < i) {
+            sum = sum.wrapping_add(add);
+        }
+        h.heads[0].wrapping_add((i as i64).wrapping_mul(h.base)).wrapping_add(sum.wrapping_mul(h.factor) as i64)
+    }
+
+    /// Values `range` (within `0..n`) into `out` (cleared).
+    fn values_in(&self, data: &[u8], range: std::ops::Range<usize>, out: &mut Vec<i64>) {
         out.clear();
+        if range.is_empty() {
+            return;
+        }
         let m = residual_count(self.header.order, self.n);
-        let i0 = match self.residual_index(first) {
+        let i0 = match self.residual_index(range.start) {
             Some(i) => i,
             None => {
                 out.push(self.header.heads[0]);
                 0
             }
         };
-        if i0 >= m {
+        // Residuals `i0..i1` stand for the range's values after any head.
+        let i1 = self.residual_index(range.end - 1).map_or(0, |i| i + 1);
+        if i0 >= i1 {
             return;
         }
-        // The packed offsets from `i0`: a radix group is read whole, its digits before `i0`
-        // dropped.
+        // The packed offsets from `i0`: a radix group is read whole (to its end, or the
+        // column's), its digits outside `i0..i1` dropped.
         let mut r = BitReader::new(0);
-        let (from, skipped) = match self.header.packing {
-            Packing::Bits(w) => (self.packed + i0 * w as usize, 0),
+        let (from, skipped, count) = match self.header.packing {
+            Packing::Bits(w) => (self.packed + i0 * w as usize, 0, i1 - i0),
             Packing::Radix(radix) => {
                 let (k, bits) = radix_group(radix, SAMPLES_MAX);
-                (self.packed + (i0 / k) * bits, i0 % k)
+                let group_start = (i0 / k) * k;
+                (self.packed + (i0 / k) * bits, i0 - group_start, i1.next_multiple_of(k).min(m) - group_start)
             }
         };
         r.skip(data, from);
         let at = out.len();
-        unpack(&mut r, data, self.header.packing, m - i0 + skipped, out, |o| o as i64);
+        unpack(&mut r, data, self.header.packing, count, out, |o| o as i64);
+        out.truncate(at + skipped + (i1 - i0));
         out.drain(at..at + skipped);
         let patched = self.patches.partition_point(|p| p.0 < i0);
-        for &(i, add) in &self.patches[patched..] {
+        for &(i, add) in self.patches[patched..].iter().take_while(|p| p.0 < i1) {
             let x = &mut out[at + i - i0];
             *x = (*x as u64).wrapping_add(add) as i64;
+        }
+        if self.header.order == 1 {
+            let (base, factor) = (self.header.base, self.header.factor);
+            let mut x = self.delta_prefix(data, i0);
+            for o in &mut out[at..] {
+                x = x.wrapping_add(base).wrapping_add((*o as u64).wrapping_mul(factor) as i64);
+                *o = x;
+            }
+            return;
         }
         let j0 = match self.header.order {
             ORDER_LINE => i0 + 1,
@@ -1085,6 +1132,59 @@ impl RandomColumn {
         };
         for (x, j) in out[at..].iter_mut().zip(j0..) {
             *x = self.value(j, *x as u64);
+        }
+    }
+}
+
+/// The sum (wrapping) of the first `count` offsets packed from bit `packed`, unpatched: what
+/// the residuals before a value of a delta-coded column add up to, without unpacking them
+/// into a buffer.
+fn sum_offsets(data: &[u8], packed: usize, packing: Packing, m: usize, count: usize) -> u64 {
+    debug_assert!(count <= m);
+    let mut r = BitReader::new(0);
+    r.skip(data, packed);
+    match packing {
+        Packing::Bits(0) => 0,
+        Packing::Bits(w) if w <= UNPACK_WIDTH_MAX => {
+            let w = w as usize;
+            let mut sum = 0u64;
+            // Each offset from the 8 bytes at its own bit position (as `unpack_bits`), those
+            // near the end through the reader.
+            let whole = match (data.len() * 8).checked_sub(64 + packed) {
+                Some(room) => (room / w + 1).min(count),
+                None => 0,
+            };
+            for j in 0..whole {
+                let bit = packed + j * w;
+                let word = u64::from_be_bytes(data[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+                sum = sum.wrapping_add((word << (bit % 8)) >> (64 - w));
+            }
+            r.skip(data, whole * w);
+            for _ in whole..count {
+                sum = sum.wrapping_add(r.read_bits_unchecked(data, w as u32));
+            }
+            sum
+        }
+        Packing::Bits(w) => (0..count).fold(0u64, |sum, _| sum.wrapping_add(r.read_bits_unchecked(data, w))),
+        Packing::Radix(radix) => {
+            let (k, bits) = radix_group(radix, SAMPLES_MAX);
+            let inverse = reciprocal(radix);
+            let mut sum = 0u64;
+            let mut left = count;
+            // Groups of `k` digits, but for the column's last one (`m % k` digits, fewer bits).
+            let mut groups_whole = m / k;
+            while left > 0 {
+                let group_bits = if groups_whole > 0 { bits } else { radix_group(radix, m % k).1 };
+                groups_whole = groups_whole.saturating_sub(1);
+                let mut v = r.read_bits_unchecked(data, group_bits as u32);
+                for _ in 0..left.min(k) {
+                    let q = divide(v, radix, inverse);
+                    sum = sum.wrapping_add(v - q * radix);
+                    v = q;
+                }
+                left -= left.min(k);
+            }
+            sum
         }
     }
 }

@@ -264,26 +264,33 @@ proptest! {
         let mut r2 = BitReader::new(0);
         skip_ints(&mut r2, &bytes, xs.len()).unwrap();
         prop_assert_eq!(r2.pos(), r.pos());
-        // Raw and line-coded columns read at any index, and from any index on, as whole.
+        // Columns of raw values, of a line or of deltas read from any index on as whole; those
+        // with random access at any index.
         let mut r3 = BitReader::new(0);
         if let Some(column) = RandomColumn::open(&mut r3, &bytes, xs.len()).unwrap() {
             prop_assert_eq!(column.end, r.pos());
             prop_assert_eq!(r3.pos(), r.pos());
-            for (j, &x) in xs.iter().enumerate() {
-                prop_assert_eq!(column.at(&bytes, j), x, "value {}", j);
+            if column.random_access() {
+                for (j, &x) in xs.iter().enumerate() {
+                    prop_assert_eq!(column.at(&bytes, j), x, "value {}", j);
+                }
             }
-            for first in [0, 1, xs.len() / 3, xs.len() - 1, xs.len()] {
-                column.values_from(&bytes, first, &mut back);
-                prop_assert_eq!(&back[..], &xs[first..], "from {}", first);
+            let n = xs.len();
+            for first in [0, 1, n / 3, n - 1, n] {
+                for end in [first, first + 1, (first + 7).min(n), (2 * n / 3).max(first), n] {
+                    let end = end.min(n);
+                    column.values_in(&bytes, first..end, &mut back);
+                    prop_assert_eq!(&back[..], &xs[first..end], "values {}..{}", first, end);
+                }
             }
         }
     }
 
-    /// `decode_since` gives what a whole decode gives from `from` on, whichever way the chunk's
+    /// `decode_range` gives what a whole decode gives in its range, whichever way the chunk's
     /// columns are coded: timestamps off a line (jittered scrapes, missed ones), as deltas (an
     /// exact grid) or raw; values as decimals of each order, with exceptions, or XOR.
     #[test]
-    fn a_decode_since_a_time_is_the_whole_decode_from_it(
+    fn a_decode_of_a_range_is_the_whole_decode_in_it(
         start in -1i64 << 50..1 << 50,
         step in prop_oneof![Just(10_000i64), 1i64..100_000],
         jitter in prop_oneof![Just(0u64), 1u64..40, 1u64..1000],
@@ -293,7 +300,8 @@ proptest! {
         seed in any::<u64>(),
         specials in prop::collection::vec((any::<prop::sample::Index>(), value()), 0..3),
         at in any::<prop::sample::Index>(),
-        offset in -20_000i64..20_000,
+        offset in prop_oneof![Just(0i64), -1i64..=1, -20_000i64..20_000],
+        end in prop_oneof![Just(None), (any::<prop::sample::Index>(), -1i64..=1).prop_map(Some)],
     ) {
         let mut x = seed | 1;
         let mut next = || {
@@ -341,11 +349,13 @@ proptest! {
         }
         let bytes = encode(&samples);
         let from = samples[at.index(samples.len())].t + offset;
+        // To the end, or at, just before or just after a sample.
+        let until = end.map_or(i64::MAX, |(at, d)| samples[at.index(samples.len())].t + d);
         let mut want = Vec::new();
         decode(&bytes, &mut want).unwrap();
-        want.retain(|s| s.t >= from);
+        want.retain(|s| s.t >= from && s.t <= until);
         let mut got = vec![Sample::new(i64::MIN, 1.0)];
-        decode_since(&bytes, from, &mut got).unwrap();
+        decode_range(&bytes, from, until, &mut got).unwrap();
         prop_assert!(got[0].t == i64::MIN, "what was in `out` stays");
         prop_assert_eq!(got.len() - 1, want.len());
         for (a, b) in got[1..].iter().zip(&want) {
@@ -365,7 +375,7 @@ proptest! {
         prop_assert!(out.windows(2).all(|p| p[0].t < p[1].t));
         for from in [i64::MIN, 0, 1 << 40, i64::MAX] {
             let mut since = Vec::new();
-            if decode_since(&bytes, from, &mut since).is_ok() {
+            if decode_range(&bytes, from, from.saturating_add(1 << 20), &mut since).is_ok() {
                 prop_assert!(since.len() <= count as usize);
                 prop_assert!(since.windows(2).all(|p| p[0].t < p[1].t));
             }
