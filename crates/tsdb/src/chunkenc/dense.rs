@@ -735,19 +735,7 @@ fn unpack_radix(
 /// Moves past an integer column of `n` values written by `write_ints`, checking its header
 /// and exception list as `read_ints` does but unpacking nothing.
 fn skip_ints(r: &mut BitReader, data: &[u8], n: usize) -> Result<(), ChunkError> {
-    let ends = || corrupt("integer column ends early");
-    let IntsHeader { order, packing, exceptions, .. } = read_ints_header(r, data, n)?;
-    let m = residual_count(order, n);
-    r.skip(data, packing.packed_bits(m));
-    if r.overran(data) {
-        return Err(ends());
-    }
-    let mut j = 0usize;
-    for x in 0..exceptions {
-        j = read_exception_index(r, data, x, j, m)?;
-        r.read_uvarint(data).ok_or_else(ends)?;
-    }
-    Ok(())
+    RandomColumn::read(r, data, n).map(|_| ())
 }
 
 thread_local! {
@@ -853,7 +841,7 @@ impl Values<'_> {
     }
 }
 
-/// `read_values` of the values in `range` (not starting at 0), into `sink`.
+/// `read_values` of the values in `range` only (part of the chunk), into `sink`.
 fn read_values_in(
     r: &mut BitReader,
     data: &[u8],
@@ -865,23 +853,8 @@ fn read_values_in(
     let ends = || corrupt("value section ends early");
     match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
         VALUES_DECIMAL => {
-            let e = r.read_bits(data, 8).ok_or_else(ends)? as usize;
-            if e > DECIMAL_EXPONENT_MAX {
-                return Err(corrupt("decimal exponent over 18"));
-            }
-            let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
-            if exceptions > n {
-                return Err(corrupt("more exceptions than values"));
-            }
-            let mut patches = Vec::new();
-            let mut j = 0usize;
-            for x in 0..exceptions {
-                j = read_exception_index(r, data, x, j, n)?;
-                let bits = r.read_bits(data, 64).ok_or_else(ends)?;
-                if range.contains(&j) {
-                    patches.push((j, bits));
-                }
-            }
+            let (e, mut patches) = read_decimal_head(r, data, n)?;
+            patches.retain(|(j, _)| range.contains(j));
             let mut after = *r;
             match RandomColumn::open(&mut after, data, n)? {
                 Some(column) => {
@@ -947,13 +920,15 @@ struct RandomColumn {
 
 impl RandomColumn {
     /// Reads the header of a column of `n` values at `r` and its exception list, leaving `r`
-    /// after the column; `None` (and `r` after the header) for deltas of deltas.
+    /// after the column; `None` for deltas of deltas.
     fn open(r: &mut BitReader, data: &[u8], n: usize) -> Result<Option<RandomColumn>, ChunkError> {
+        Ok(Some(Self::read(r, data, n)?).filter(|c| c.header.order != 2))
+    }
+
+    /// `open`, of a column of any order.
+    fn read(r: &mut BitReader, data: &[u8], n: usize) -> Result<RandomColumn, ChunkError> {
         let ends = || corrupt("integer column ends early");
         let header = read_ints_header(r, data, n)?;
-        if header.order == 2 {
-            return Ok(None);
-        }
         let packed = r.pos();
         let m = residual_count(header.order, n);
         r.skip(data, header.packing.packed_bits(m));
@@ -968,7 +943,7 @@ impl RandomColumn {
             let high = r.read_uvarint(data).ok_or_else(ends)?;
             patches.push((j, high.wrapping_mul(modulus)));
         }
-        Ok(Some(RandomColumn { header, n, packed, end: r.pos(), patches }))
+        Ok(RandomColumn { header, n, packed, end: r.pos(), patches })
     }
 
     /// Whether each value can be read on its own (`at`): raw and line-coded columns, and
@@ -1315,6 +1290,27 @@ impl ValueSink for Samples<'_> {
     }
 }
 
+/// Reads what a decimal value section holds before its integers: the exponent, and the
+/// exceptions as (index, raw bits of the value) in index order.
+fn read_decimal_head(r: &mut BitReader, data: &[u8], n: usize) -> Result<(usize, Vec<(usize, u64)>), ChunkError> {
+    let ends = || corrupt("value section ends early");
+    let e = r.read_bits(data, 8).ok_or_else(ends)? as usize;
+    if e > DECIMAL_EXPONENT_MAX {
+        return Err(corrupt("decimal exponent over 18"));
+    }
+    let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
+    if exceptions > n {
+        return Err(corrupt("more exceptions than values"));
+    }
+    let mut patches = Vec::with_capacity(exceptions);
+    let mut j = 0usize;
+    for x in 0..exceptions {
+        j = read_exception_index(r, data, x, j, n)?;
+        patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
+    }
+    Ok((e, patches))
+}
+
 /// Reads the value section of `n` values into `sink`, and checks that the chunk ends there.
 #[inline(always)]
 fn read_values(
@@ -1328,20 +1324,7 @@ fn read_values(
     let ends = || corrupt("value section ends early");
     match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
         VALUES_DECIMAL => {
-            let e = r.read_bits(data, 8).ok_or_else(ends)? as usize;
-            if e > DECIMAL_EXPONENT_MAX {
-                return Err(corrupt("decimal exponent over 18"));
-            }
-            let exceptions = r.read_uvarint(data).ok_or_else(ends)? as usize;
-            if exceptions > n {
-                return Err(corrupt("more exceptions than values"));
-            }
-            let mut patches = Vec::with_capacity(exceptions);
-            let mut j = 0usize;
-            for x in 0..exceptions {
-                j = read_exception_index(r, data, x, j, n)?;
-                patches.push((j, r.read_bits(data, 64).ok_or_else(ends)?));
-            }
+            let (e, patches) = read_decimal_head(r, data, n)?;
             read_ints(r, data, n, ints)?;
             let p = POW10[e];
             if e == 0 {
