@@ -22,6 +22,7 @@ pub use error::{Error, Result};
 pub mod db;
 pub mod hash;
 pub mod head;
+mod prefetch;
 pub mod querier;
 pub mod workers;
 

@@ -932,6 +932,10 @@ impl<'a> Querier<'a> {
 
     /// The series of `refs` with chunks in range, sorted by labels.
     fn select_head_refs(&self, refs: &[SeriesRef]) -> Result<Vec<Series>> {
+        // Each series' entry is a cache miss where it is first touched (its newest-sample
+        // bound, then its lock): asked for this many series ahead, it is mostly there in time
+        // (a one-step rate over 3,000 head series: 10% of it in `series_if` before).
+        const PREFETCH_AHEAD: usize = 8;
         // The open chunks' copies go to buffers of ARENA_BLOCK bytes, each shared by the
         // chunks that point into it once it is full (the `Mapped` below are placeholders until
         // then). Blocks of a fixed size rather than one growing buffer: a selection of many
@@ -952,6 +956,9 @@ impl<'a> Querier<'a> {
         let stones = self.head.tombstones_snapshot();
         for (i, &r) in refs.iter().enumerate() {
             self.check_interrupt(i)?;
+            if let Some(&ahead) = refs.get(i + PREFETCH_AHEAD) {
+                self.head.prefetch_series(ahead);
+            }
             // Series that ended before the range (most of a churned selection's) are passed
             // over without their lock.
             let Some(s) = self.head.series_if(r, |s| s.may_hold_samples_since(self.mint)) else { continue };

@@ -63,6 +63,7 @@ use crate::chunkenc::rollup::{bucket_count, decode_columns, ColumnSet};
 use crate::compact::{self, BLOCK_RANGE_MAX_MS};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_dir_all, fsync_dir};
+use crate::prefetch::prefetch;
 use crate::querier::{BlockList, Querier, ReadLimits};
 use crate::rollup::write::{deleted_touches, merge_tier_blocks, roll_up_block, Target};
 use crate::rollup::{buffers, coalesce, Aggregator, ArchiveValue, Bucket, BucketColumns, RollupTier};
@@ -258,18 +259,6 @@ impl Inner {
             self.head.changes.note_tiers(min, (max - 1).max(min));
         }
     }
-}
-
-/// Asks the CPU to bring every cache line of `bytes` closer (a hint: nothing is read).
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: a prefetch reads nothing and cannot fault; SSE is part of x86-64.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 /// The raw blocks (by their first ULIDs) block `b` holds the samples of.
