@@ -308,6 +308,16 @@ fn radix_group(r: u64, most: usize) -> (usize, usize) {
     (k, (64 - (pow - 1).leading_zeros()) as usize)
 }
 
+/// The bits of group `group` of `m` offsets packed in base `radix`: a whole group's, but for
+/// the column's last one of fewer digits.
+fn radix_group_bits(radix: u64, m: usize, group: usize) -> usize {
+    let (k, bits) = radix_group(radix, SAMPLES_MAX);
+    match m.saturating_sub(group * k) {
+        digits if digits >= k => bits,
+        digits => radix_group(radix, digits).1,
+    }
+}
+
 /// A packed column's plan: offsets from the smallest residual, divided by their common factor,
 /// packed, offsets too large for the packing patched.
 struct Packed {
@@ -809,52 +819,29 @@ pub(crate) fn decode_range(data: &[u8], from: i64, until: i64, out: &mut Vec<Sam
             return Err(corrupt("timestamps do not increase"));
         }
         let start = out.len();
-        let mut values = Values { out, first, times: &c.times, start };
         let mut r = BitReader::new(0);
         r.skip(data, times.end);
-        read_values_in(&mut r, data, n, first..end, &mut c.ints, &mut values)
+        read_values_in(&mut r, data, n, first..end, &mut c.ints, &c.times, &mut Samples { out, start })
     })
 }
 
-/// Values `first..` of a chunk paired with its timestamps in a range from `first` on; the
-/// samples before `first` and after the range are not written.
-struct Values<'a> {
-    out: &'a mut Vec<Sample>,
-    /// The index of the first sample written.
-    first: usize,
-    /// The timestamps of the range.
-    times: &'a [i64],
-    start: usize,
-}
-
-impl Values<'_> {
-    /// Takes the values from `first` on (as many as `times`).
-    fn extend(&mut self, values: impl Iterator<Item = f64>) {
-        self.out.extend(self.times.iter().zip(values).map(|(&t, v)| Sample { t, v }));
-    }
-
-    /// Replaces value `j` of the chunk, if it is one written.
-    fn patch(&mut self, j: usize, v: f64) {
-        if let Some(i) = j.checked_sub(self.first).filter(|&i| i < self.times.len()) {
-            self.out[self.start + i].v = v;
-        }
-    }
-}
-
-/// `read_values` of the values in `range` only (part of the chunk), into `sink`.
+/// `read_values` of the values in `range` only (part of the chunk), into `sink` with their
+/// timestamps `times` (one per value of the range); the sink's value 0 is the range's first.
 fn read_values_in(
     r: &mut BitReader,
     data: &[u8],
     n: usize,
     range: std::ops::Range<usize>,
     ints: &mut Vec<i64>,
-    sink: &mut Values,
+    times: &[i64],
+    sink: &mut impl ValueSink,
 ) -> Result<(), ChunkError> {
     let ends = || corrupt("value section ends early");
     match r.read_bits(data, 8).ok_or_else(ends)? as u8 {
         VALUES_DECIMAL => {
             let (e, mut patches) = read_decimal_head(r, data, n)?;
             patches.retain(|(j, _)| range.contains(j));
+            patches.iter_mut().for_each(|(j, _)| *j -= range.start);
             let mut after = *r;
             match RandomColumn::open(&mut after, data, n)? {
                 Some(column) => {
@@ -867,15 +854,7 @@ fn read_values_in(
                     ints.drain(..range.start);
                 }
             }
-            let p = POW10[e];
-            if e == 0 {
-                sink.extend(ints.iter().map(|&i| i as f64));
-            } else {
-                sink.extend(ints.iter().map(|&i| i as f64 / p));
-            }
-            for (j, bits) in patches {
-                sink.patch(j, f64::from_bits(bits));
-            }
+            decimal_into(sink, times, ints, e, &patches);
         }
         VALUES_XOR => {
             // Decoded to the end all the same (each value needs the one before it), so that
@@ -894,7 +873,7 @@ fn read_values_in(
             if r.overran(data) {
                 return Err(ends());
             }
-            sink.extend(values.into_iter());
+            sink.extend(times, values.into_iter());
         }
         other => return Err(corrupt(&format!("unknown value mode {other}"))),
     }
@@ -990,11 +969,9 @@ impl RandomColumn {
                 let (k, bits) = radix_group(radix, SAMPLES_MAX);
                 let m = residual_count(self.header.order, self.n);
                 let group = i / k;
-                let digits = (m - group * k).min(k);
-                let group_bits = if digits == k { bits } else { radix_group(radix, digits).1 };
                 let mut r = BitReader::new(0);
                 r.skip(data, self.packed + group * bits);
-                let v = r.read_bits_unchecked(data, group_bits as u32);
+                let v = r.read_bits_unchecked(data, radix_group_bits(radix, m, group) as u32);
                 (v / radix.pow((i - group * k) as u32)) % radix
             }
         };
@@ -1142,16 +1119,14 @@ fn sum_offsets(data: &[u8], packed: usize, packing: Packing, m: usize, count: us
         }
         Packing::Bits(w) => (0..count).fold(0u64, |sum, _| sum.wrapping_add(r.read_bits_unchecked(data, w))),
         Packing::Radix(radix) => {
-            let (k, bits) = radix_group(radix, SAMPLES_MAX);
+            let k = radix_group(radix, SAMPLES_MAX).0;
             let inverse = reciprocal(radix);
             let mut sum = 0u64;
             let mut left = count;
-            // Groups of `k` digits, but for the column's last one (`m % k` digits, fewer bits).
-            let mut groups_whole = m / k;
+            let mut group = 0;
             while left > 0 {
-                let group_bits = if groups_whole > 0 { bits } else { radix_group(radix, m % k).1 };
-                groups_whole = groups_whole.saturating_sub(1);
-                let mut v = r.read_bits_unchecked(data, group_bits as u32);
+                let mut v = r.read_bits_unchecked(data, radix_group_bits(radix, m, group) as u32);
+                group += 1;
                 for _ in 0..left.min(k) {
                     let q = divide(v, radix, inverse);
                     sum = sum.wrapping_add(v - q * radix);
@@ -1311,6 +1286,21 @@ fn read_decimal_head(r: &mut BitReader, data: &[u8], n: usize) -> Result<(usize,
     Ok((e, patches))
 }
 
+/// Hands a decimal section's integers to `sink` as values `i / 10^e`, then its exceptions
+/// (`(index in ints, raw bits)`).
+#[inline(always)]
+fn decimal_into(sink: &mut impl ValueSink, times: &[i64], ints: &[i64], e: usize, patches: &[(usize, u64)]) {
+    if e == 0 {
+        sink.extend_ints(times, ints);
+    } else {
+        let p = POW10[e];
+        sink.extend(times, ints.iter().map(|&i| i as f64 / p));
+    }
+    for &(j, bits) in patches {
+        sink.patch(j, f64::from_bits(bits));
+    }
+}
+
 /// Reads the value section of `n` values into `sink`, and checks that the chunk ends there.
 #[inline(always)]
 fn read_values(
@@ -1326,15 +1316,7 @@ fn read_values(
         VALUES_DECIMAL => {
             let (e, patches) = read_decimal_head(r, data, n)?;
             read_ints(r, data, n, ints)?;
-            let p = POW10[e];
-            if e == 0 {
-                sink.extend_ints(times, ints);
-            } else {
-                sink.extend(times, ints.iter().map(|&i| i as f64 / p));
-            }
-            for (j, bits) in patches {
-                sink.patch(j, f64::from_bits(bits));
-            }
+            decimal_into(sink, times, ints, e, &patches);
         }
         VALUES_XOR => {
             let mut bits = r.read_bits(data, 64).ok_or_else(ends)?;
