@@ -2,11 +2,12 @@
 //! scattered objects they will touch a few steps ahead (a selection's series, a merge's
 //! chunk bytes), so that a cache miss is paid while other work runs rather than waited for.
 
-/// Asks the CPU to bring every cache line of `bytes` closer (a hint: nothing is read).
+/// Asks the CPU to bring every cache line of `items` closer (a hint: nothing is read).
 #[inline]
-pub(crate) fn prefetch(bytes: &[u8]) {
-    for line in bytes.chunks(64) {
-        prefetch_line(line.as_ptr());
+pub(crate) fn prefetch<T>(items: &[T]) {
+    let start = items.as_ptr().cast::<u8>();
+    for offset in (0..std::mem::size_of_val(items)).step_by(64) {
+        prefetch_line(start.wrapping_add(offset));
     }
 }
 
