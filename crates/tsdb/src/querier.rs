@@ -558,9 +558,15 @@ struct RankedLabels {
 }
 
 impl RankedLabels {
+    /// Room for `sets` sets, of as many labels as the first one added (`add`).
+    fn with_capacity(sets: usize) -> Self {
+        RankedLabels { ends: Vec::with_capacity(sets), ..Default::default() }
+    }
+
     /// Adds a set (before `rank`).
     fn add(&mut self, set: &crate::head::symbols::PackedLabels) {
         debug_assert!(self.strings.is_empty(), "sets are added before ranking");
+        let first = self.ends.is_empty();
         for (n, v) in set.pairs() {
             for id in [n, v] {
                 let next = self.ids.len() as u32;
@@ -570,6 +576,11 @@ impl RankedLabels {
                 }
                 self.runs.push(at);
             }
+        }
+        if first {
+            // Series of a selection mostly have the same number of labels: the runs sized
+            // once, not grown by doubling through fresh pages.
+            self.runs.reserve(self.runs.len() * self.ends.capacity().saturating_sub(1));
         }
         self.ends.push(self.runs.len());
     }
@@ -987,7 +998,7 @@ impl<'a> Querier<'a> {
         // Each found series' labels, taken while its entry is at hand: the series itself is let
         // go at once (dropping a hundred thousand of them at the end, each a cache miss, was a
         // sixth of a selection's time).
-        let mut ranked = RankedLabels::default();
+        let mut ranked = RankedLabels::with_capacity(refs.len());
         // found[in_arena..] may point into `arena`.
         let mut in_arena = 0;
         let stones = self.head.tombstones_snapshot();
@@ -1382,7 +1393,9 @@ fn merge_sorted(sources: Vec<Vec<Series>>) -> Vec<Series> {
     if sources.len() <= 1 {
         return sources.pop().map(Iterator::collect).unwrap_or_default();
     }
-    let mut merged = Vec::with_capacity(sources.iter().map(ExactSizeIterator::len).max().unwrap_or(0));
+    // At most every series once: sized for that, so that a large selection's merge (the
+    // head's pieces, read on several threads) is not copied at each doubling into fresh pages.
+    let mut merged = Vec::with_capacity(sources.iter().map(ExactSizeIterator::len).sum());
     // Sources whose next series has the smallest labels, in source order.
     let mut smallest: Vec<usize> = Vec::with_capacity(sources.len());
     loop {
