@@ -1428,7 +1428,8 @@ fn eval_error(e: EvalError) -> ApiError {
 /// A small result is written here. A large one is written on a blocking thread, so the async
 /// workers stay free of the writing and compressing, and sent chunk by chunk as it is written:
 /// sending overlaps writing, and the response is never held whole. Its pieces are compressed
-/// by up to `threads` threads (`gzip`).
+/// by up to `threads` threads (`gzip`), unless it is kept steps mostly in groups the cache
+/// keeps deflated (`query_json::gzip_kept`).
 fn query_response(
     out: query_cache::Answer,
     query: &str,
@@ -1457,7 +1458,11 @@ fn query_response(
             crate::query_json::render(body, annotations, &query, stats.as_deref(), RESPONSE_CHUNK_BYTES, threads, emit)
         };
         if gzip {
-            gzip::gzip_in_parallel(threads, write, send);
+            let (body, annotations) = (out.body(), out.annotations());
+            let chunk = RESPONSE_CHUNK_BYTES;
+            if !crate::query_json::gzip_kept(body, annotations, &query, stats.as_deref(), chunk, threads, send) {
+                gzip::gzip_in_parallel(threads, write, send);
+            }
         } else {
             write(&mut |chunk| send(chunk.into_bytes()));
         }
@@ -2166,7 +2171,7 @@ mod exemplars_api;
 mod graphite_api;
 mod graphite_events;
 mod graphite_tiers;
-mod gzip;
+pub(crate) mod gzip;
 mod otlp_api;
 mod query_syntax;
 mod rules_api;

@@ -45,7 +45,7 @@ use std::net::TcpStream;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::time::{Duration, Instant};
 
-use common::{get, read_recording, read_response, start, urlencode, Peer, Scrape, Scraped};
+use common::{get, get_gzip, read_recording, read_response, start, urlencode, Peer, Scrape, Scraped};
 use strata_server::remote::{encode, Label, Sample, TimeSeries, WriteRequest};
 
 /// The recording's 600 scrapes, every `SCRAPE_STRIDE`-th kept, spread evenly over 24 h.
@@ -299,6 +299,18 @@ impl Shape {
     }
 }
 
+/// A gzip body as text (a body that was not compressed comes back as it is, and then
+/// differs from what it is compared with only if its text does).
+fn gunzip(body: &[u8]) -> String {
+    use std::io::Read;
+    if !body.starts_with(&[0x1f, 0x8b]) {
+        return String::from_utf8_lossy(body).into_owned();
+    }
+    let mut out = String::new();
+    flate2::read::GzDecoder::new(body).read_to_string(&mut out).expect("a valid gzip body");
+    out
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -471,17 +483,18 @@ fn main() {
     // The result cache: a dashboard refreshing each range query with its window moved by one
     // step, against the same request evaluated whole (nocache=1); answers must be equal. The
     // windows end inside the data, the last one where it ends.
-    let mut refreshes: Vec<(&str, Duration, Duration)> = Vec::new();
+    let mut refreshes: Vec<(&str, Duration, Duration, Duration, Duration)> = Vec::new();
     if let Some((_, strata)) = peers.iter().find(|(si, _)| servers[*si] == "strata") {
         for (label, q, range) in QUERIES.iter() {
             if !range || only_queries.as_ref().is_some_and(|o| !o.iter().any(|x| label.contains(x.as_str()))) {
                 continue;
             }
             let q = urlencode(&q.replace("[10m]", &format!("[{window}]")));
-            // The first window ends `runs` steps before the data does, so every refresh's new
-            // step has data behind it, as a live dashboard's has (a window moved past the end
-            // of the data would evaluate new steps over fewer and fewer samples, down to none).
-            let back = runs as i64;
+            // The first window ends `2 * runs` steps before the data does, so every refresh's
+            // new step has data behind it, as a live dashboard's has (a window moved past the
+            // end of the data would evaluate new steps over fewer and fewer samples, down to
+            // none).
+            let back = 2 * runs as i64;
             let at = |k: i64, extra: &str| {
                 let (s, e) = (start_s + (k - back) * STEP_S, end_s + (k - back) * STEP_S);
                 format!("/api/v1/query_range?query={q}&start={s}&end={e}&step={STEP_S}{extra}")
@@ -498,7 +511,19 @@ fn main() {
                 cold.push(took);
                 assert_eq!(fresh, whole, "{label}: the cached answer differs from the evaluated one");
             }
-            refreshes.push((label, median(cold), median(refresh)));
+            // The same with gzip asked for, as Grafana asks (its window moved on further).
+            let (mut cold_gz, mut refresh_gz) = (Vec::new(), Vec::new());
+            for k in 1..=runs as i64 {
+                let k = runs as i64 + k;
+                let (_, fresh, took) = get_gzip(strata.port, &at(k, ""));
+                refresh_gz.push(took);
+                let (_, whole, took) = get_gzip(strata.port, &at(k, "&nocache=1"));
+                cold_gz.push(took);
+                let (_, plain, _) = get(strata.port, &at(k, "&nocache=1"));
+                assert_eq!(gunzip(&fresh), plain, "{label}: the cached gzip answer differs from the evaluated one");
+                assert_eq!(gunzip(&whole), plain, "{label}: the gzip answer differs from the plain one");
+            }
+            refreshes.push((label, median(cold), median(refresh), median(cold_gz), median(refresh_gz)));
         }
         let (_, metrics, _) = get(strata.port, "/metrics");
         for line in metrics.lines().filter(|l| l.starts_with("strata_query_cache_")) {
@@ -610,13 +635,21 @@ fn main() {
     }
     if !refreshes.is_empty() {
         println!("\nstrata's result cache: the range moved by one step ({STEP_S} s) per request, median of {runs}, ms");
-        println!("{:<28} {:>12} {:>12} {:>10}", "query", "evaluated", "refresh", "speed-up");
-        for (label, cold, warm) in &refreshes {
+        println!("(gzip: asked for as Grafana asks, timed to the last byte received, before decompressing)");
+        println!(
+            "{:<28} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10}",
+            "query", "evaluated", "refresh", "speed-up", "gzip eval.", "gzip refr.", "speed-up"
+        );
+        let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+        for (label, cold, warm, cold_gz, warm_gz) in &refreshes {
             println!(
-                "{label:<28} {:>12.1} {:>12.1} {:>9.1}x",
-                cold.as_secs_f64() * 1000.0,
-                warm.as_secs_f64() * 1000.0,
-                cold.as_secs_f64() / warm.as_secs_f64()
+                "{label:<28} {:>12.1} {:>12.1} {:>9.1}x {:>12.1} {:>12.1} {:>9.1}x",
+                ms(cold),
+                ms(warm),
+                ms(cold) / ms(warm),
+                ms(cold_gz),
+                ms(warm_gz),
+                ms(cold_gz) / ms(warm_gz)
             );
         }
     }

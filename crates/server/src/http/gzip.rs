@@ -11,16 +11,16 @@
 use flate2::{Compress, Compression, Crc, FlushCompress};
 
 /// gzip's header: deflate, no flags, no time, fastest compression (`xfl` 4), unknown OS.
-const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff];
+pub(crate) const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff];
 
 /// An empty final block (fixed Huffman codes: the final bit, the block type, end of block).
-const LAST_BLOCK: [u8; 2] = [0x03, 0x00];
+pub(crate) const LAST_BLOCK: [u8; 2] = [0x03, 0x00];
 
 /// Compressed pieces waiting per thread (each its input, ~128 KB, and its output).
 const QUEUED_PER_THREAD: usize = 2;
 
 /// `piece` as raw deflate blocks that end on a byte boundary and refer to nothing before them.
-fn deflate_piece(compress: &mut Compress, piece: &[u8]) -> Vec<u8> {
+pub(crate) fn deflate_piece(compress: &mut Compress, piece: &[u8]) -> Vec<u8> {
     compress.reset();
     let mut out = Vec::with_capacity(piece.len() / 3 + 64);
     let mut run = |input: &[u8], flush: FlushCompress, out: &mut Vec<u8>| {
@@ -43,6 +43,19 @@ fn deflate_piece(compress: &mut Compress, piece: &[u8]) -> Vec<u8> {
     assert!(out.len() < out.capacity(), "the flush had room to finish");
     debug_assert!(out.ends_with(&[0, 0, 0xff, 0xff]), "a sync flush ends with an empty stored block");
     out
+}
+
+/// Appends `text` to a deflate stream that is at a byte boundary as stored (uncompressed)
+/// blocks, which leave it at one: for text too short to be worth a compressor's reset.
+pub(crate) fn stored_blocks(out: &mut Vec<u8>, text: &[u8]) {
+    for part in text.chunks(usize::from(u16::MAX)) {
+        let len = part.len() as u16;
+        // Not final, type 00 (stored): the three header bits, then padding to the byte.
+        out.push(0);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(part);
+    }
 }
 
 /// Sends, through `send`, the gzip of what `write` writes: `write` hands each piece to the

@@ -8,15 +8,26 @@
 //! (`,[1796072040,"0.5"]`), with where each starts. A point's time is read back from its text
 //! when a window is cut, so a point costs its text and four bytes.
 
+use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
+use flate2::{Compress, Compression, Crc};
 use strata_model::Labels;
-use strata_promql::Series;
+use strata_promql::{Annotation, Series};
 
 use super::{histogram_point, open_series, value_point, weight, Chunks, Gone, Stamps};
+use crate::http::gzip::{deflate_piece, stored_blocks, HEADER, LAST_BLOCK};
+
+/// Points per group deflated on its own for gzip answers (`gzip`): a group refers to nothing
+/// outside it, so its deflated text is made once and sent in every answer whose window holds
+/// it, and only the points at a window's two ends (fewer than a group each) are sent stored.
+/// Smaller groups deflate worse on their own and cost a compressor's reset each; larger ones
+/// leave more points at the ends.
+const GROUP_POINTS: u64 = 64;
 
 /// Points as the text written for them, each after a comma, and where each starts.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 struct KeptPoints {
     text: String,
     /// Offset in `text` of each point's comma; the points' times ascend.
@@ -25,6 +36,23 @@ struct KeptPoints {
     /// them; read back from the text, they were two more places of it to fetch per cut (a
     /// full hit of 3,000 series × 20 steps took 12% longer).
     bounds: Option<(i64, i64)>,
+    /// Points dropped from the front since these were first written: point `i` is number
+    /// `dropped + i` for good, and group `g` (for gzip answers, `gzip`) is the points numbered
+    /// `g * GROUP_POINTS` up to the next group's.
+    dropped: u64,
+    /// The deflated text of each whole group (all its points here), made when a gzip answer
+    /// first needs it: `deflated[k]` is group `deflated_first + k`. Points are only ever
+    /// dropped at either end or appended, so a group that stays whole keeps its text.
+    deflated: VecDeque<OnceLock<Arc<[u8]>>>,
+    deflated_first: u64,
+}
+
+/// Equal points are equal whatever has been deflated of them, and however many were dropped
+/// before them.
+impl PartialEq for KeptPoints {
+    fn eq(&self, other: &KeptPoints) -> bool {
+        (&self.text, &self.starts, self.bounds) == (&other.text, &other.starts, other.bounds)
+    }
 }
 
 impl KeptPoints {
@@ -115,7 +143,63 @@ impl KeptPoints {
             let shift = from as u32;
             self.starts.iter_mut().for_each(|s| *s -= shift);
         }
+        self.dropped += r.start as u64;
         self.bounds = (self.len() > 0).then(|| (self.time(0), self.time(self.len() - 1)));
+        self.regroup();
+    }
+
+    /// The groups wholly here: `first..end` (empty when none is).
+    fn whole_groups(&self) -> Range<u64> {
+        let first = self.dropped.div_ceil(GROUP_POINTS);
+        first..((self.dropped + self.len() as u64) / GROUP_POINTS).max(first)
+    }
+
+    /// Fits `deflated` to the groups wholly here after points were dropped or appended: those
+    /// no longer whole go (a group cut at the end is deflated again once it is whole again,
+    /// with the points appended then), new whole ones get an empty slot.
+    fn regroup(&mut self) {
+        let whole = self.whole_groups();
+        let kept =
+            self.deflated_first.max(whole.start)..(self.deflated_first + self.deflated.len() as u64).min(whole.end);
+        if kept.is_empty() {
+            self.deflated.clear();
+            self.deflated_first = whole.start;
+        } else {
+            self.deflated.drain(..(kept.start - self.deflated_first) as usize);
+            self.deflated.truncate((kept.end - kept.start) as usize);
+            self.deflated_first = kept.start;
+        }
+        let missing = (whole.end - self.deflated_first) as usize - self.deflated.len();
+        self.deflated.extend(std::iter::repeat_with(OnceLock::new).take(missing));
+        debug_assert_eq!(
+            (self.deflated_first, self.deflated_first + self.deflated.len() as u64),
+            (whole.start, whole.end)
+        );
+    }
+
+    /// Local index range of group `g` (whole here).
+    fn group_points(&self, g: u64) -> Range<usize> {
+        let start = (g * GROUP_POINTS - self.dropped) as usize;
+        start..start + GROUP_POINTS as usize
+    }
+
+    /// The slot of group `g`'s deflated text, and its text: its points without the first
+    /// one's comma (`[…],[…]`). What is deflated is that text and a comma after it, which an
+    /// answer sends only where a point follows the group.
+    fn group(&self, g: u64) -> (&OnceLock<Arc<[u8]>>, &str) {
+        let r = self.group_points(g);
+        let text = &self.text[self.starts[r.start] as usize + 1..self.end_of(r.end)];
+        (&self.deflated[(g - self.deflated_first) as usize], text)
+    }
+
+    /// The groups that a gzip answer of points `r` sends deflated: those wholly inside `r`
+    /// and followed by a point of it (whose comma ends the group's deflated text).
+    fn groups_inside(&self, r: Range<usize>) -> Range<u64> {
+        if r.is_empty() {
+            return 0..0;
+        }
+        let first = (self.dropped + r.start as u64).div_ceil(GROUP_POINTS);
+        first..((self.dropped + r.end as u64 - 1) / GROUP_POINTS).max(first)
     }
 
     /// Appends `other`'s points, which all come after these.
@@ -128,10 +212,12 @@ impl KeptPoints {
             (Some((first, _)), Some((_, last))) => Some((first, last)),
             (mine, theirs) => mine.or(theirs),
         };
+        self.regroup();
     }
 
     fn bytes(&self) -> usize {
-        self.text.len() + 4 * self.starts.len() + std::mem::size_of::<Option<(i64, i64)>>()
+        let deflated: usize = self.deflated.iter().map(|d| 16 + d.get().map_or(0, |b| b.len())).sum();
+        self.text.len() + 4 * self.starts.len() + std::mem::size_of::<Option<(i64, i64)>>() + deflated
     }
 }
 
@@ -197,6 +283,8 @@ impl KeptSeries {
         for p in &s.hists {
             hists.push(|out| histogram_point(out, p.t, &p.h));
         }
+        values.regroup();
+        hists.regroup();
         KeptSeries { labels: s.labels.clone(), head, values, hists }
     }
 
@@ -309,9 +397,333 @@ pub(super) fn matrix(w: &mut Chunks<'_>, series: &[KeptSeries], from: i64, to: i
     Ok(())
 }
 
+/// Kept points deflated on their own can only be used for a gzip answer when more than this
+/// share of its points' text is in whole groups; below it (short windows), the answer is
+/// compressed whole, by several threads.
+const GZIP_GROUPED_SHARE: f64 = 0.5;
+
+/// Stored text (series' labels, the points at windows' ends) shorter than this is sent as it
+/// is; longer runs of it (between groups, e.g. many short series in a row) are deflated.
+const STORED_MAX: usize = 4096;
+
+/// Sends, through `send` in pieces of about `chunk` bytes, the gzip of the success response
+/// `super::render` writes for `Body::Kept(series, from, to)`: each whole group of points in a
+/// window is sent as its deflated text, made once and kept with the points (by up to
+/// `threads` threads when an answer needs many), the rest as stored or freshly deflated
+/// blocks. A refresh's gzip answer is then a copy of deflated text, where compressing it
+/// again cost several times its evaluation. Returns false, having sent nothing, when too
+/// little of the answer is in whole groups (`GZIP_GROUPED_SHARE`).
+#[allow(clippy::too_many_arguments, reason = "what `super::render` takes, and where the gzip goes")]
+pub fn gzip(
+    series: &[KeptSeries],
+    from: i64,
+    to: i64,
+    annotations: &[Annotation],
+    query: &str,
+    stats: Option<&str>,
+    chunk: usize,
+    threads: usize,
+    send: &mut dyn FnMut(Vec<u8>) -> bool,
+) -> bool {
+    let windows: Vec<_> = series.iter().map(|s| (s.values.window(from, to), s.hists.window(from, to))).collect();
+    let (mut grouped, mut total, mut missing) = (0usize, 0usize, Vec::new());
+    for (s, (values, hists)) in series.iter().zip(&windows) {
+        for (points, r) in [(&s.values, values), (&s.hists, hists)] {
+            total += points.inside(r.clone()).len();
+            for g in points.groups_inside(r.clone()) {
+                let (slot, text) = points.group(g);
+                grouped += text.len();
+                if slot.get().is_none() {
+                    missing.push((slot, text));
+                }
+            }
+        }
+    }
+    if (grouped as f64) <= total as f64 * GZIP_GROUPED_SHARE {
+        return false;
+    }
+    deflate_groups(&missing, threads);
+    let mut out = GzipOut::new(chunk, send);
+    if write_gzip(&mut out, series, &windows, annotations, query, stats).is_ok() {
+        out.finish();
+    }
+    true
+}
+
+/// Deflates the text of each slot not filled yet, on up to `threads` threads.
+fn deflate_groups(missing: &[(&OnceLock<Arc<[u8]>>, &str)], threads: usize) {
+    let deflate_all = |part: &[(&OnceLock<Arc<[u8]>>, &str)]| {
+        let mut compress = Compress::new(Compression::fast(), false);
+        let mut with_comma = String::new();
+        for (slot, text) in part {
+            slot.get_or_init(|| {
+                with_comma.clear();
+                with_comma.push_str(text);
+                with_comma.push(',');
+                deflate_piece(&mut compress, with_comma.as_bytes()).into()
+            });
+        }
+    };
+    // A compressor's reset costs about a group's compression: a thread needs a few dozen.
+    let threads = strata_tsdb::workers::threads_here(threads).min(missing.len() / 32).max(1);
+    if threads == 1 {
+        return deflate_all(missing);
+    }
+    strata_tsdb::workers::scope(|scope| {
+        for part in missing.chunks(missing.len().div_ceil(threads)) {
+            scope.spawn(move || deflate_all(part));
+        }
+    });
+}
+
+fn write_gzip(
+    out: &mut GzipOut<'_>,
+    series: &[KeptSeries],
+    windows: &[(Range<usize>, Range<usize>)],
+    annotations: &[Annotation],
+    query: &str,
+    stats: Option<&str>,
+) -> Result<(), Gone> {
+    out.text(r#"{"status":"success","data":{"resultType":"matrix","result":["#)?;
+    let mut first = true;
+    for (s, (values, hists)) in series.iter().zip(windows) {
+        if values.is_empty() && hists.is_empty() {
+            continue;
+        }
+        if !std::mem::take(&mut first) {
+            out.text(",")?;
+        }
+        out.text(&s.head)?;
+        if !values.is_empty() || hists.is_empty() {
+            out.text(r#","values":["#)?;
+            out.points(&s.values, values.clone())?;
+            out.text("]")?;
+        }
+        if !hists.is_empty() {
+            out.text(r#","histograms":["#)?;
+            out.points(&s.hists, hists.clone())?;
+            out.text("]")?;
+        }
+        out.text("}")?;
+    }
+    out.text("]")?;
+    // The rest as the plain answer ends.
+    let mut ignore = |_: String| true;
+    let mut rest = Chunks { buf: String::new(), chunk: usize::MAX, emit: &mut ignore };
+    super::finish(&mut rest, annotations, query, stats)?;
+    out.text(&rest.buf)
+}
+
+/// A gzip stream written as stored text, fresh deflate blocks and kept deflated groups.
+struct GzipOut<'a> {
+    out: Vec<u8>,
+    /// Text not written yet: stored or deflated once a group follows or it is long enough.
+    pending: String,
+    crc: Crc,
+    compress: Option<Compress>,
+    chunk: usize,
+    send: &'a mut dyn FnMut(Vec<u8>) -> bool,
+}
+
+impl<'a> GzipOut<'a> {
+    fn new(chunk: usize, send: &'a mut dyn FnMut(Vec<u8>) -> bool) -> GzipOut<'a> {
+        let mut out = Vec::with_capacity(chunk + chunk / 8);
+        out.extend_from_slice(&HEADER);
+        GzipOut { out, pending: String::new(), crc: Crc::new(), compress: None, chunk, send }
+    }
+
+    fn text(&mut self, text: &str) -> Result<(), Gone> {
+        self.crc.update(text.as_bytes());
+        self.pending.push_str(text);
+        if self.pending.len() >= self.chunk {
+            self.write_pending();
+            return self.check();
+        }
+        Ok(())
+    }
+
+    /// Points `r` without the first one's comma (`KeptPoints::inside`): their groups as kept
+    /// deflated (each with the comma of the point after it), the rest as text.
+    fn points(&mut self, points: &KeptPoints, r: Range<usize>) -> Result<(), Gone> {
+        let groups = points.groups_inside(r.clone());
+        if groups.is_empty() {
+            return self.text(points.inside(r));
+        }
+        let (first, last) = (points.group_points(groups.start).start, points.group_points(groups.end - 1).end);
+        debug_assert!(r.start <= first && last < r.end, "a point follows the groups");
+        let text_of = |from: usize, to: usize| &points.text[points.starts[from] as usize + 1..to];
+        if first > r.start {
+            // Up to the first group's comma.
+            self.text(text_of(r.start, points.starts[first] as usize + 1))?;
+        }
+        for g in groups {
+            let (slot, text) = points.group(g);
+            let deflated = slot.get().expect("the groups of an answer are deflated before it is written");
+            self.write_pending();
+            self.crc.update(text.as_bytes());
+            self.crc.update(b",");
+            self.out.extend_from_slice(deflated);
+            self.check()?;
+        }
+        self.text(text_of(last, points.end_of(r.end)))
+    }
+
+    /// Writes the pending text: stored when short, else deflated.
+    fn write_pending(&mut self) {
+        if self.pending.len() < STORED_MAX {
+            stored_blocks(&mut self.out, self.pending.as_bytes());
+        } else {
+            let compress = self.compress.get_or_insert_with(|| Compress::new(Compression::fast(), false));
+            self.out.extend_from_slice(&deflate_piece(compress, self.pending.as_bytes()));
+        }
+        self.pending.clear();
+    }
+
+    fn check(&mut self) -> Result<(), Gone> {
+        if self.out.len() >= self.chunk {
+            let full = std::mem::replace(&mut self.out, Vec::with_capacity(self.chunk + self.chunk / 8));
+            if !(self.send)(full) {
+                return Err(Gone);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) {
+        self.write_pending();
+        self.out.extend_from_slice(&LAST_BLOCK);
+        self.out.extend_from_slice(&self.crc.sum().to_le_bytes());
+        self.out.extend_from_slice(&self.crc.amount().to_le_bytes());
+        (self.send)(self.out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
+    use strata_model::histogram::notation::parse;
+    use strata_promql::value::HPoint;
+    use strata_promql::Point;
+
     use super::*;
+
+    /// Series `i` with points at the steps (of a minute) in `steps`, every third with a few
+    /// histogram points among them.
+    fn series(i: usize, steps: Range<i64>) -> Series {
+        let labels = Labels::from_pairs([("__name__", "m"), ("i", &format!("{i:03}"))]);
+        let points = steps
+            .clone()
+            .filter(|k| k % 5 != 2)
+            .map(|k| Point { t: k * 60_000, f: (i as i64 * k) as f64 / 7.0 })
+            .collect();
+        let mut s = Series::new(labels, points);
+        if i % 3 == 1 {
+            let h = Arc::new(parse("{{count:5 sum:7.5 buckets:[1 0 2]}}").unwrap());
+            s.hists = steps.filter(|k| k % 5 == 2).map(|k| HPoint { t: k * 60_000, h: h.clone() }).collect();
+        }
+        s
+    }
+
+    fn gunzip(bytes: &[u8]) -> String {
+        let mut out = String::new();
+        flate2::read::GzDecoder::new(bytes).read_to_string(&mut out).expect("a valid gzip stream");
+        out
+    }
+
+    /// What `gzip` sends, in pieces of `chunk` bytes, or None when it declined.
+    fn gzipped(kept: &[KeptSeries], from: i64, to: i64, chunk: usize, threads: usize) -> Option<Vec<u8>> {
+        let annotations = [Annotation { msg: "a \"warning\"".into(), info: false, pos: 0 }];
+        let mut out = Vec::new();
+        let sent = gzip(kept, from, to, &annotations, "m", Some(r#"{"x":1}"#), chunk, threads, &mut |piece| {
+            assert!(!piece.is_empty());
+            out.extend_from_slice(&piece);
+            true
+        });
+        sent.then_some(out)
+    }
+
+    fn plain(kept: &[KeptSeries], from: i64, to: i64) -> String {
+        let annotations = [Annotation { msg: "a \"warning\"".into(), info: false, pos: 0 }];
+        super::super::response(super::super::Body::Kept(kept, from, to), &annotations, "m", Some(r#"{"x":1}"#))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// A gzip answer from kept deflated groups reads back as the plain answer, for any
+        /// window, after the kept points were cut at both ends and appended to (as refreshes
+        /// do), with groups deflated by earlier answers and by this one, in any piece size.
+        #[test]
+        fn a_gzip_answer_from_deflated_groups_is_the_plain_answer(
+            n in 1usize..12,
+            len in 1i64..700,
+            refreshes in proptest::collection::vec((0i64..200, 0i64..80, -3i64..300, 0i64..400), 1..6),
+            chunk in proptest::sample::select(vec![1usize, 300, 4096, 1 << 20]),
+            threads in 1usize..4,
+        ) {
+            let mut kept: Vec<KeptSeries> = (0..n).map(|i| KeptSeries::new(&series(i, 0..len))).collect();
+            let mut end = len;
+            for (cut_front, cut_back, from, span) in refreshes {
+                // Drop steps at both ends, then append new ones after what is left.
+                let (first, last) = (cut_front.min(end), (end - 1 - cut_back).max(0));
+                for s in &mut kept {
+                    s.keep(first * 60_000, last * 60_000);
+                }
+                let more = cut_back + 1 + from.rem_euclid(50);
+                for (i, s) in kept.iter_mut().enumerate() {
+                    s.append(KeptSeries::new(&series(i, last + 1..last + 1 + more)));
+                }
+                end = last + 1 + more;
+                let (from, to) = (from * 60_000, (from + span) * 60_000);
+                let want = plain(&kept, from, to);
+                if let Some(gz) = gzipped(&kept, from, to, chunk, threads) {
+                    proptest::prop_assert_eq!(gunzip(&gz), want);
+                }
+                // The whole window, which has the most groups.
+                if let Some(gz) = gzipped(&kept, i64::MIN, i64::MAX, chunk, threads) {
+                    proptest::prop_assert_eq!(gunzip(&gz), plain(&kept, i64::MIN, i64::MAX));
+                }
+            }
+        }
+    }
+
+    /// Long windows are answered from deflated groups (the cache's refreshes do that), kept
+    /// with the points: a second answer deflates nothing again; a short window is left to the
+    /// compression of the whole answer.
+    #[test]
+    fn long_windows_are_sent_from_groups_deflated_once() {
+        let kept: Vec<KeptSeries> = (0..4).map(|i| KeptSeries::new(&series(i, 0..1440))).collect();
+        let before: usize = kept.iter().map(KeptSeries::bytes).sum();
+        let first = gzipped(&kept, 0, 1439 * 60_000, 1 << 20, 2).expect("mostly whole groups");
+        let deflated_now = || -> Vec<Arc<[u8]>> {
+            kept.iter().flat_map(|s| s.values.deflated.iter().filter_map(|d| d.get().cloned())).collect()
+        };
+        let deflated = deflated_now();
+        // Every whole group but the last, which no point follows.
+        assert_eq!(deflated.len(), 4 * (1440 / 5 * 4 / GROUP_POINTS as usize - 1));
+        assert!(kept.iter().map(KeptSeries::bytes).sum::<usize>() > before, "deflated text is counted");
+        let second = gzipped(&kept, 0, 1439 * 60_000, 1 << 20, 2).expect("mostly whole groups");
+        assert_eq!(first, second);
+        let again = deflated_now();
+        assert_eq!(again.len(), deflated.len());
+        assert!(again.iter().zip(&deflated).all(|(a, b)| Arc::ptr_eq(a, b)), "deflated once");
+        // The compressed answer is much smaller than the text, stored ends and all.
+        assert!(first.len() * 3 < plain(&kept, 0, 1439 * 60_000).len());
+        assert!(gzipped(&kept, 0, 60 * 60_000, 1 << 20, 2).is_none(), "no whole group");
+    }
+
+    /// Once the receiver is gone, nothing more is sent.
+    #[test]
+    fn a_gzip_answer_stops_when_the_receiver_is_gone() {
+        let kept: Vec<KeptSeries> = (0..20).map(|i| KeptSeries::new(&series(i, 0..1440))).collect();
+        let mut sends = 0;
+        assert!(gzip(&kept, i64::MIN, i64::MAX, &[], "m", None, 1000, 1, &mut |_| {
+            sends += 1;
+            sends < 3
+        }));
+        assert_eq!(sends, 3);
+    }
 
     proptest::proptest! {
         /// Times read back from their text are the times written, to the millisecond, at the

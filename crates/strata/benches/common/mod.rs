@@ -94,6 +94,21 @@ pub fn get(port: u16, path: &str) -> (u16, String, Duration) {
     })
 }
 
+/// `get` asking for gzip, as Grafana does: the body as it came (compressed when the server
+/// compressed it), timed to its last byte (the client's decompression is not the server's).
+#[allow(dead_code, reason = "used by some of the benches that share this module")]
+pub fn get_gzip(port: u16, path: &str) -> (u16, Vec<u8>, Duration) {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut r = std::io::BufReader::with_capacity(64 << 10, s);
+    let mut body = Vec::new();
+    let status = read_response_into(&mut r, &mut body);
+    (status, body, t0.elapsed())
+}
+
 /// Reads a response that may be chunked (Prometheus, VictoriaMetrics) or sized.
 pub fn read_chunked_or_plain(r: &mut std::io::BufReader<TcpStream>) -> (u16, String) {
     let mut body = Vec::new();
