@@ -12,12 +12,12 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use flate2::{Compress, Compression, Crc};
+use flate2::{Compress, Compression};
 use strata_model::Labels;
 use strata_promql::{Annotation, Series};
 
 use super::{histogram_point, open_series, value_point, weight, Chunks, Gone, Stamps};
-use crate::http::gzip::{deflate_piece, stored_blocks, HEADER, LAST_BLOCK};
+use crate::http::gzip::{deflate_piece, stored_blocks, CrcPiece, HEADER, LAST_BLOCK};
 
 /// Points per group deflated on its own for gzip answers (`gzip`): a group refers to nothing
 /// outside it, so its deflated text is made once and sent in every answer whose window holds
@@ -25,6 +25,14 @@ use crate::http::gzip::{deflate_piece, stored_blocks, HEADER, LAST_BLOCK};
 /// Smaller groups deflate worse on their own and cost a compressor's reset each; larger ones
 /// leave more points at the ends.
 const GROUP_POINTS: u64 = 64;
+
+/// A group's text (with the comma after it) as raw deflate blocks ended by a sync flush, and
+/// its CRC, joined to an answer's without reading the text again.
+#[derive(Debug)]
+struct Deflated {
+    bytes: Box<[u8]>,
+    crc: CrcPiece,
+}
 
 /// Points as the text written for them, each after a comma, and where each starts.
 #[derive(Clone, Debug, Default)]
@@ -43,7 +51,7 @@ struct KeptPoints {
     /// The deflated text of each whole group (all its points here), made when a gzip answer
     /// first needs it: `deflated[k]` is group `deflated_first + k`. Points are only ever
     /// dropped at either end or appended, so a group that stays whole keeps its text.
-    deflated: VecDeque<OnceLock<Arc<[u8]>>>,
+    deflated: VecDeque<OnceLock<Arc<Deflated>>>,
     deflated_first: u64,
 }
 
@@ -186,7 +194,7 @@ impl KeptPoints {
     /// The slot of group `g`'s deflated text, and its text: its points without the first
     /// one's comma (`[…],[…]`). What is deflated is that text and a comma after it, which an
     /// answer sends only where a point follows the group.
-    fn group(&self, g: u64) -> (&OnceLock<Arc<[u8]>>, &str) {
+    fn group(&self, g: u64) -> (&OnceLock<Arc<Deflated>>, &str) {
         let r = self.group_points(g);
         let text = &self.text[self.starts[r.start] as usize + 1..self.end_of(r.end)];
         (&self.deflated[(g - self.deflated_first) as usize], text)
@@ -216,7 +224,7 @@ impl KeptPoints {
     }
 
     fn bytes(&self) -> usize {
-        let deflated: usize = self.deflated.iter().map(|d| 16 + d.get().map_or(0, |b| b.len())).sum();
+        let deflated: usize = self.deflated.iter().map(|d| 16 + d.get().map_or(0, |d| 48 + d.bytes.len())).sum();
         self.text.len() + 4 * self.starts.len() + std::mem::size_of::<Option<(i64, i64)>>() + deflated
     }
 }
@@ -451,8 +459,8 @@ pub fn gzip(
 }
 
 /// Deflates the text of each slot not filled yet, on up to `threads` threads.
-fn deflate_groups(missing: &[(&OnceLock<Arc<[u8]>>, &str)], threads: usize) {
-    let deflate_all = |part: &[(&OnceLock<Arc<[u8]>>, &str)]| {
+fn deflate_groups(missing: &[(&OnceLock<Arc<Deflated>>, &str)], threads: usize) {
+    let deflate_all = |part: &[(&OnceLock<Arc<Deflated>>, &str)]| {
         let mut compress = Compress::new(Compression::fast(), false);
         let mut with_comma = String::new();
         for (slot, text) in part {
@@ -460,7 +468,8 @@ fn deflate_groups(missing: &[(&OnceLock<Arc<[u8]>>, &str)], threads: usize) {
                 with_comma.clear();
                 with_comma.push_str(text);
                 with_comma.push(',');
-                deflate_piece(&mut compress, with_comma.as_bytes()).into()
+                let text = with_comma.as_bytes();
+                Arc::new(Deflated { bytes: deflate_piece(&mut compress, text).into(), crc: CrcPiece::of(text) })
             });
         }
     };
@@ -519,7 +528,8 @@ struct GzipOut<'a> {
     out: Vec<u8>,
     /// Text not written yet: stored or deflated once a group follows or it is long enough.
     pending: String,
-    crc: Crc,
+    /// Of the text written so far (not `pending`).
+    crc: CrcPiece,
     compress: Option<Compress>,
     chunk: usize,
     send: &'a mut dyn FnMut(Vec<u8>) -> bool,
@@ -529,11 +539,10 @@ impl<'a> GzipOut<'a> {
     fn new(chunk: usize, send: &'a mut dyn FnMut(Vec<u8>) -> bool) -> GzipOut<'a> {
         let mut out = Vec::with_capacity(chunk + chunk / 8);
         out.extend_from_slice(&HEADER);
-        GzipOut { out, pending: String::new(), crc: Crc::new(), compress: None, chunk, send }
+        GzipOut { out, pending: String::new(), crc: CrcPiece::empty(), compress: None, chunk, send }
     }
 
     fn text(&mut self, text: &str) -> Result<(), Gone> {
-        self.crc.update(text.as_bytes());
         self.pending.push_str(text);
         if self.pending.len() >= self.chunk {
             self.write_pending();
@@ -559,10 +568,10 @@ impl<'a> GzipOut<'a> {
         for g in groups {
             let (slot, text) = points.group(g);
             let deflated = slot.get().expect("the groups of an answer are deflated before it is written");
+            debug_assert_eq!(deflated.crc.len, text.len() as u64 + 1);
             self.write_pending();
-            self.crc.update(text.as_bytes());
-            self.crc.update(b",");
-            self.out.extend_from_slice(deflated);
+            self.crc.append(&deflated.crc);
+            self.out.extend_from_slice(&deflated.bytes);
             self.check()?;
         }
         self.text(text_of(last, points.end_of(r.end)))
@@ -570,6 +579,10 @@ impl<'a> GzipOut<'a> {
 
     /// Writes the pending text: stored when short, else deflated.
     fn write_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.crc.append(&CrcPiece::of(self.pending.as_bytes()));
         if self.pending.len() < STORED_MAX {
             stored_blocks(&mut self.out, self.pending.as_bytes());
         } else {
@@ -592,8 +605,9 @@ impl<'a> GzipOut<'a> {
     fn finish(mut self) {
         self.write_pending();
         self.out.extend_from_slice(&LAST_BLOCK);
-        self.out.extend_from_slice(&self.crc.sum().to_le_bytes());
-        self.out.extend_from_slice(&self.crc.amount().to_le_bytes());
+        // gzip keeps the length modulo 2^32.
+        self.out.extend_from_slice(&self.crc.crc.to_le_bytes());
+        self.out.extend_from_slice(&(self.crc.len as u32).to_le_bytes());
         (self.send)(self.out);
     }
 }
@@ -696,7 +710,7 @@ mod tests {
         let kept: Vec<KeptSeries> = (0..4).map(|i| KeptSeries::new(&series(i, 0..1440))).collect();
         let before: usize = kept.iter().map(KeptSeries::bytes).sum();
         let first = gzipped(&kept, 0, 1439 * 60_000, 1 << 20, 2).expect("mostly whole groups");
-        let deflated_now = || -> Vec<Arc<[u8]>> {
+        let deflated_now = || -> Vec<Arc<Deflated>> {
             kept.iter().flat_map(|s| s.values.deflated.iter().filter_map(|d| d.get().cloned())).collect()
         };
         let deflated = deflated_now();
