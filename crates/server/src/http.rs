@@ -1462,6 +1462,14 @@ fn query_response(
             let chunk = RESPONSE_CHUNK_BYTES;
             if !crate::query_json::gzip_kept(body, annotations, &query, stats.as_deref(), chunk, threads, send) {
                 gzip::gzip_in_parallel(threads, write, send);
+                // A refreshed result's groups deflated for its next refreshes (not a result
+                // evaluated once: that would double its cost), on a task of their own, since
+                // the response ends when this one returns.
+                if let Some((series, from, to)) = out.refreshed() {
+                    tokio::task::spawn_blocking(move || {
+                        crate::query_json::deflate_kept_groups((&series[..], from, to).into(), threads)
+                    });
+                }
             }
         } else {
             write(&mut |chunk| send(chunk.into_bytes()));

@@ -317,7 +317,15 @@ pub enum Answer {
     Output(QueryOutput),
     /// Series shared with the cache: the answer is their points in `[from, to]` (series
     /// without any there are left out).
-    Shared { series: Arc<Vec<KeptSeries>>, from: i64, to: i64, annotations: Vec<Annotation>, stats: QueryStats },
+    /// `refresh`: some of its steps were kept from an earlier request.
+    Shared {
+        series: Arc<Vec<KeptSeries>>,
+        from: i64,
+        to: i64,
+        annotations: Vec<Annotation>,
+        stats: QueryStats,
+        refresh: bool,
+    },
 }
 
 impl From<QueryOutput> for Answer {
@@ -338,6 +346,16 @@ impl Answer {
         match self {
             Answer::Output(out) => &out.stats,
             Answer::Shared { stats, .. } => stats,
+        }
+    }
+
+    /// The kept series a refresh (an answer partly or wholly from kept steps) is written
+    /// from, and its window (for work after the answer that pays off only if it is refreshed
+    /// again).
+    pub fn refreshed(&self) -> Option<(Arc<Vec<KeptSeries>>, i64, i64)> {
+        match self {
+            Answer::Shared { series, from, to, refresh: true, .. } => Some((series.clone(), *from, *to)),
+            _ => None,
         }
     }
 
@@ -370,12 +388,13 @@ pub fn evaluate_range(
     let step = key.step_ms;
     // Before anything is read: changes from here on are seen by the next request.
     let seq = changes.seq();
-    let shared = |series: Arc<Vec<KeptSeries>>, annotations, stats| Answer::Shared {
+    let shared = |series: Arc<Vec<KeptSeries>>, annotations, stats, refresh| Answer::Shared {
         series,
         from: start,
         to: end,
         annotations,
         stats,
+        refresh,
     };
     let whole = |eval: &mut dyn FnMut(i64) -> _| {
         cache.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -385,7 +404,7 @@ pub fn evaluate_range(
         };
         let series = Arc::new(keep_series(&series, threads));
         cache.put(key.clone(), start, end, now, seq, series.clone(), &annotations);
-        Ok((shared(series, annotations, stats), Outcome::Miss))
+        Ok((shared(series, annotations, stats, false), Outcome::Miss))
     };
     match cache.get(&key, start, end, changes) {
         Some(kept) if kept.last >= end => {
@@ -400,7 +419,7 @@ pub fn evaluate_range(
                 stats = last.stats;
             }
             cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-            Ok((shared(kept.series, kept.annotations, stats), Outcome::Hit))
+            Ok((shared(kept.series, kept.annotations, stats, true), Outcome::Hit))
         }
         Some(kept) => {
             let fresh = eval(kept.last + step)?;
@@ -423,7 +442,7 @@ pub fn evaluate_range(
             held.retain(|s| !s.is_empty());
             let merged = Arc::new(merge(held, keep_series(&fresh_series, threads)));
             cache.put(key, first, end, now, seq, merged.clone(), &fresh.annotations);
-            Ok((shared(merged, fresh.annotations, fresh.stats), Outcome::PartialHit))
+            Ok((shared(merged, fresh.annotations, fresh.stats, true), Outcome::PartialHit))
         }
         None => whole(eval),
     }

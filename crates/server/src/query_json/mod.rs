@@ -300,6 +300,12 @@ pub enum Body<'a> {
     Kept(&'a [KeptSeries], i64, i64),
 }
 
+impl<'a> From<(&'a [KeptSeries], i64, i64)> for Body<'a> {
+    fn from((series, from, to): (&'a [KeptSeries], i64, i64)) -> Body<'a> {
+        Body::Kept(series, from, to)
+    }
+}
+
 impl<'a> From<&'a Value> for Body<'a> {
     fn from(value: &'a Value) -> Body<'a> {
         Body::Value(value)
@@ -319,7 +325,8 @@ pub fn response<'a>(body: impl Into<Body<'a>>, annotations: &[Annotation], query
 
 /// Sends the gzip of `render`'s response for kept series from their kept deflated groups
 /// (`kept::gzip`, several times cheaper than compressing the text); false, having sent
-/// nothing, when `body` is not kept series or too little of it is in whole groups.
+/// nothing, when `body` is not kept series, too little of it is in whole groups or most of
+/// its groups are not deflated yet (then `deflate_kept_groups` after sending it otherwise).
 #[allow(clippy::too_many_arguments, reason = "what `render` takes, and where the gzip goes")]
 pub fn gzip_kept<'a>(
     body: impl Into<Body<'a>>,
@@ -333,6 +340,14 @@ pub fn gzip_kept<'a>(
     match body.into() {
         Body::Kept(series, from, to) => kept::gzip(series, from, to, annotations, query, stats, chunk, threads, send),
         Body::Value(_) => false,
+    }
+}
+
+/// After an answer `gzip_kept` declined because most of its groups were not deflated yet
+/// (and that was compressed whole): deflates them for the next refreshes.
+pub fn deflate_kept_groups(body: Body<'_>, threads: usize) {
+    if let Body::Kept(series, from, to) = body {
+        kept::deflate_groups_of(series, from, to, threads);
     }
 }
 
