@@ -17,17 +17,18 @@ use strata_model::Labels;
 use strata_promql::{Annotation, Series};
 
 use super::{histogram_point, open_series, value_point, weight, Chunks, Gone, Stamps};
-use crate::http::gzip::{deflate_piece, stored_blocks, CrcPiece, HEADER, LAST_BLOCK};
+use crate::http::gzip::{deflate_piece, deflate_then_flush, stored_blocks, CrcPiece, HEADER, LAST_BLOCK};
 
 /// Points per group deflated on its own for gzip answers (`gzip`): a group refers to nothing
 /// outside it, so its deflated text is made once and sent in every answer whose window holds
 /// it, and only the points at a window's two ends (fewer than a group each) are sent stored.
-/// Smaller groups deflate worse on their own and cost a compressor's reset each; larger ones
-/// leave more points at the ends.
+/// Smaller groups deflate worse on their own and cost a compressor's full flush each (most
+/// of a group's deflating); larger ones leave more points at the ends.
 const GROUP_POINTS: u64 = 64;
 
-/// A group's text (with the comma after it) as raw deflate blocks ended by a sync flush, and
-/// its CRC, joined to an answer's without reading the text again.
+/// A group's text (with the comma after it) as raw deflate blocks ended by a full flush
+/// (byte-aligned, referring to nothing before them), and its CRC, joined to an answer's
+/// without reading the text again.
 #[derive(Debug)]
 struct Deflated {
     bytes: Box<[u8]>,
@@ -48,8 +49,9 @@ struct KeptPoints {
     /// `dropped + i` for good, and group `g` (for gzip answers, `gzip`) is the points numbered
     /// `g * GROUP_POINTS` up to the next group's.
     dropped: u64,
-    /// The deflated text of each whole group (all its points here), made when a gzip answer
-    /// first needs it: `deflated[k]` is group `deflated_first + k`. Points are only ever
+    /// The deflated text of each whole group (all its points here), made after a refresh's
+    /// gzip answer or by one that needs only a few: `deflated[k]` is group
+    /// `deflated_first + k`. Points are only ever
     /// dropped at either end or appended, so a group that stays whole keeps its text.
     deflated: VecDeque<OnceLock<Arc<Deflated>>>,
     deflated_first: u64,
@@ -494,7 +496,8 @@ fn deflate_groups(missing: &[(&OnceLock<Arc<Deflated>>, &str)], threads: usize) 
                 with_comma.push_str(text);
                 with_comma.push(',');
                 let text = with_comma.as_bytes();
-                Arc::new(Deflated { bytes: deflate_on_its_own(&mut compress, text).into(), crc: CrcPiece::of(text) })
+                let bytes = deflate_then_flush(&mut compress, text, FlushCompress::Full).into();
+                Arc::new(Deflated { bytes, crc: CrcPiece::of(text) })
             });
         }
     };
@@ -508,30 +511,6 @@ fn deflate_groups(missing: &[(&OnceLock<Arc<Deflated>>, &str)], threads: usize) 
             scope.spawn(move || deflate_all(part));
         }
     });
-}
-
-/// `text` as raw deflate blocks that end on a byte boundary and refer to nothing before them,
-/// by a compressor that did the same for other text before (or a new one): a full flush
-/// clears what a compressor remembers of its input, about half the cost of the reset
-/// `deflate_piece` starts with, which at a group's size was most of its deflating.
-fn deflate_on_its_own(compress: &mut Compress, text: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len() / 3 + 64);
-    let mut input = text;
-    while !input.is_empty() {
-        if out.capacity() - out.len() < 1024 {
-            out.reserve(out.capacity().max(4096));
-        }
-        let before = compress.total_in();
-        compress.compress_vec(input, &mut out, FlushCompress::None).expect("compressing into memory");
-        input = &input[(compress.total_in() - before) as usize..];
-    }
-    // Room for all the text could still be (stored: five bytes per 64 KB block): miniz does
-    // not say when a flush that ran out of room is done.
-    out.reserve(text.len() + text.len() / 4096 + 1024);
-    compress.compress_vec(&[], &mut out, FlushCompress::Full).expect("compressing into memory");
-    assert!(out.len() < out.capacity(), "the flush had room to finish");
-    debug_assert!(out.ends_with(&[0, 0, 0xff, 0xff]), "a full flush ends with an empty stored block");
-    out
 }
 
 fn write_gzip(
