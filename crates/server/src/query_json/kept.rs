@@ -437,20 +437,19 @@ pub fn gzip(
     send: &mut dyn FnMut(Vec<u8>) -> bool,
 ) -> bool {
     let windows: Vec<_> = series.iter().map(|s| (s.values.window(from, to), s.hists.window(from, to))).collect();
-    let (mut grouped, mut total, mut groups, mut missing) = (0usize, 0usize, 0usize, Vec::new());
-    for (s, (values, hists)) in series.iter().zip(&windows) {
-        for (points, r) in [(&s.values, values), (&s.hists, hists)] {
-            total += points.inside(r.clone()).len();
-            for g in points.groups_inside(r.clone()) {
-                let (slot, text) = points.group(g);
-                grouped += text.len();
-                groups += 1;
-                if slot.get().is_none() {
-                    missing.push((slot, text));
-                }
-            }
+    let total: usize = series
+        .iter()
+        .zip(&windows)
+        .map(|(s, (v, h))| s.values.inside(v.clone()).len() + s.hists.inside(h.clone()).len())
+        .sum();
+    let (mut grouped, mut groups, mut missing) = (0usize, 0usize, Vec::new());
+    each_group(series, &windows, |slot, text| {
+        grouped += text.len();
+        groups += 1;
+        if slot.get().is_none() {
+            missing.push((slot, text));
         }
-    }
+    });
     // Most groups not deflated yet (a result just evaluated, or refreshed for the first
     // time): deflating them one by one, a flush that clears the compressor's memory each, is
     // slower than compressing the whole answer on several threads (a day of 600 series: 80 ms
@@ -471,18 +470,31 @@ pub fn gzip(
 /// deflated yet (on up to `threads` threads): after an answer `gzip` left to be compressed
 /// whole, so that the next refresh finds them.
 pub fn deflate_groups_of(series: &[KeptSeries], from: i64, to: i64, threads: usize) {
+    let windows: Vec<_> = series.iter().map(|s| (s.values.window(from, to), s.hists.window(from, to))).collect();
     let mut missing = Vec::new();
-    for s in series {
-        for points in [&s.values, &s.hists] {
-            for g in points.groups_inside(points.window(from, to)) {
+    each_group(series, &windows, |slot, text| {
+        if slot.get().is_none() {
+            missing.push((slot, text));
+        }
+    });
+    deflate_groups(&missing, threads);
+}
+
+/// Visits the groups a gzip answer of each series' `windows` (values, histograms) sends
+/// deflated: each one's slot and text.
+fn each_group<'a>(
+    series: &'a [KeptSeries],
+    windows: &[(Range<usize>, Range<usize>)],
+    mut visit: impl FnMut(&'a OnceLock<Arc<Deflated>>, &'a str),
+) {
+    for (s, (values, hists)) in series.iter().zip(windows) {
+        for (points, r) in [(&s.values, values), (&s.hists, hists)] {
+            for g in points.groups_inside(r.clone()) {
                 let (slot, text) = points.group(g);
-                if slot.get().is_none() {
-                    missing.push((slot, text));
-                }
+                visit(slot, text);
             }
         }
     }
-    deflate_groups(&missing, threads);
 }
 
 /// Deflates the text of each slot not filled yet, on up to `threads` threads.
@@ -501,7 +513,7 @@ fn deflate_groups(missing: &[(&OnceLock<Arc<Deflated>>, &str)], threads: usize) 
             });
         }
     };
-    // A compressor's reset costs about a group's compression: a thread needs a few dozen.
+    // Starting a thread (and its compressor) costs about a few dozen groups' deflating.
     let threads = strata_tsdb::workers::threads_here(threads).min(missing.len() / 32).max(1);
     if threads == 1 {
         return deflate_all(missing);
